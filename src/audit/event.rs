@@ -1,0 +1,331 @@
+//! One audit record: who did what to which checkpoint, and when.
+//!
+//! Events are plain data so they can cross the queue to the writer thread
+//! without borrowing anything from the connection that produced them.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// What the proxy saw or decided. Stored as its snake_case name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Operation {
+    ReadLatest,
+    ReadById,
+    ReadList,
+    BlobPut,
+    CheckpointPut,
+    WritesPut,
+    DeleteThread,
+    Migration,
+    Unrecognized,
+    InterruptParked,
+    ResumeRecorded,
+    ForkServed,
+    WriteRejected,
+    ClaimTaken,
+    ClaimConsumed,
+    ClaimLapsed,
+    ClaimRefused,
+    ClaimWaited,
+    ClaimTakeover,
+    EventsDropped,
+}
+
+impl Operation {
+    /// Every variant, so names can be parsed back without a second table.
+    pub const ALL: [Operation; 20] = [
+        Operation::ReadLatest,
+        Operation::ReadById,
+        Operation::ReadList,
+        Operation::BlobPut,
+        Operation::CheckpointPut,
+        Operation::WritesPut,
+        Operation::DeleteThread,
+        Operation::Migration,
+        Operation::Unrecognized,
+        Operation::InterruptParked,
+        Operation::ResumeRecorded,
+        Operation::ForkServed,
+        Operation::WriteRejected,
+        Operation::ClaimTaken,
+        Operation::ClaimConsumed,
+        Operation::ClaimLapsed,
+        Operation::ClaimRefused,
+        Operation::ClaimWaited,
+        Operation::ClaimTakeover,
+        Operation::EventsDropped,
+    ];
+
+    /// The snake_case name, identical to the serde representation.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::ReadLatest => "read_latest",
+            Operation::ReadById => "read_by_id",
+            Operation::ReadList => "read_list",
+            Operation::BlobPut => "blob_put",
+            Operation::CheckpointPut => "checkpoint_put",
+            Operation::WritesPut => "writes_put",
+            Operation::DeleteThread => "delete_thread",
+            Operation::Migration => "migration",
+            Operation::Unrecognized => "unrecognized",
+            Operation::InterruptParked => "interrupt_parked",
+            Operation::ResumeRecorded => "resume_recorded",
+            Operation::ForkServed => "fork_served",
+            Operation::WriteRejected => "write_rejected",
+            Operation::ClaimTaken => "claim_taken",
+            Operation::ClaimConsumed => "claim_consumed",
+            Operation::ClaimLapsed => "claim_lapsed",
+            Operation::ClaimRefused => "claim_refused",
+            Operation::ClaimWaited => "claim_waited",
+            Operation::ClaimTakeover => "claim_takeover",
+            Operation::EventsDropped => "events_dropped",
+        }
+    }
+
+    /// Inverse of [`Operation::as_str`]; `None` for unknown names.
+    pub fn parse(name: &str) -> Option<Operation> {
+        Operation::ALL.into_iter().find(|op| op.as_str() == name)
+    }
+}
+
+impl std::fmt::Display for Operation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Content hash of one channel blob, so the trail can prove which value was
+/// written without storing the value itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlobDigest {
+    pub channel: String,
+    /// Lowercase hex SHA-256 of the blob bytes.
+    pub sha256: String,
+}
+
+impl BlobDigest {
+    /// Hash `bytes` and label the result with `channel`.
+    pub fn of(channel: impl Into<String>, bytes: &[u8]) -> BlobDigest {
+        BlobDigest {
+            channel: channel.into(),
+            sha256: super::digest::digest(bytes),
+        }
+    }
+}
+
+/// Connection facts that are fixed after startup; built once per connection
+/// and stamped onto every event so callers cannot forget a field.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionContext {
+    pub session_id: u64,
+    pub client_addr: String,
+    pub user: String,
+    pub database: String,
+    pub application_name: String,
+}
+
+impl SessionContext {
+    /// Context for events the proxy emits on its own behalf (e.g. dropped
+    /// event reports), which belong to no client session.
+    pub fn internal() -> SessionContext {
+        SessionContext {
+            application_name: "resumeguard".to_string(),
+            ..SessionContext::default()
+        }
+    }
+}
+
+/// One append-only audit record (pgAudit-like columns plus checkpoint keys).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditEvent {
+    /// RFC 3339 UTC with milliseconds, e.g. `2024-05-01T12:00:00.123Z`.
+    pub time: String,
+    pub session_id: u64,
+    pub client_addr: String,
+    pub user: String,
+    pub database: String,
+    pub application_name: String,
+    pub operation: Operation,
+    pub thread_id: Option<String>,
+    pub checkpoint_ns: Option<String>,
+    pub checkpoint_id: Option<String>,
+    pub parent_checkpoint_id: Option<String>,
+    pub task_id: Option<String>,
+    pub channels: Vec<String>,
+    pub blob_sha256: Vec<BlobDigest>,
+    /// Free-form extras, e.g. `{"rows":1}` or `{"reason":"..."}`.
+    pub detail: serde_json::Value,
+}
+
+impl AuditEvent {
+    /// An event stamped with the current time and the session's identity;
+    /// checkpoint keys start empty and are filled by the caller.
+    pub fn new(ctx: &SessionContext, operation: Operation) -> AuditEvent {
+        AuditEvent {
+            time: AuditEvent::now_string(),
+            session_id: ctx.session_id,
+            client_addr: ctx.client_addr.clone(),
+            user: ctx.user.clone(),
+            database: ctx.database.clone(),
+            application_name: ctx.application_name.clone(),
+            operation,
+            thread_id: None,
+            checkpoint_ns: None,
+            checkpoint_id: None,
+            parent_checkpoint_id: None,
+            task_id: None,
+            channels: Vec::new(),
+            blob_sha256: Vec::new(),
+            detail: serde_json::Value::Null,
+        }
+    }
+
+    /// Current wall-clock time as RFC 3339 UTC with milliseconds.
+    pub fn now_string() -> String {
+        format_rfc3339_millis(SystemTime::now())
+    }
+
+    /// Builder-style setter for the thread id.
+    pub fn with_thread(mut self, thread_id: impl Into<String>) -> AuditEvent {
+        self.thread_id = Some(thread_id.into());
+        self
+    }
+
+    /// Builder-style setter for the checkpoint namespace and id.
+    pub fn with_checkpoint(
+        mut self,
+        checkpoint_ns: impl Into<String>,
+        checkpoint_id: impl Into<String>,
+    ) -> AuditEvent {
+        self.checkpoint_ns = Some(checkpoint_ns.into());
+        self.checkpoint_id = Some(checkpoint_id.into());
+        self
+    }
+
+    /// Builder-style setter for the free-form detail object.
+    pub fn with_detail(mut self, detail: serde_json::Value) -> AuditEvent {
+        self.detail = detail;
+        self
+    }
+}
+
+/// Format `t` as `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC). Instants before 1970 are
+/// handled too, so a skewed clock still yields a valid timestamp.
+pub fn format_rfc3339_millis(t: SystemTime) -> String {
+    let millis: i128 = match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_millis() as i128,
+        Err(e) => -(e.duration().as_millis() as i128),
+    };
+    let days = millis.div_euclid(86_400_000);
+    let ms_of_day = millis.rem_euclid(86_400_000);
+    let (year, month, day) = civil_from_days(days as i64);
+    let secs = ms_of_day / 1000;
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        secs / 3600,
+        (secs / 60) % 60,
+        secs % 60,
+        ms_of_day % 1000
+    )
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian (year, month, day).
+/// Howard Hinnant's `civil_from_days`; exact for the whole i64 day range we
+/// can meet here, and free of any calendar-crate dependency.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097); // [0, 146096]
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365; // [0, 399]
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100); // [0, 365]
+    let mp = (5 * doy + 2) / 153; // [0, 11]
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32; // [1, 31]
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32; // [1, 12]
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn at(millis_since_epoch: u64) -> String {
+        format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(millis_since_epoch))
+    }
+
+    #[test]
+    fn formats_known_instants() {
+        assert_eq!(at(0), "1970-01-01T00:00:00.000Z");
+        // `date -u -d @1000000000`
+        assert_eq!(at(1_000_000_000_000), "2001-09-09T01:46:40.000Z");
+        // `date -u -d @1234567890.123`
+        assert_eq!(at(1_234_567_890_123), "2009-02-13T23:31:30.123Z");
+        // Leap day and the last millisecond of a day.
+        assert_eq!(at(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(at(951_868_799_999), "2000-02-29T23:59:59.999Z");
+        // Century non-leap year: 2100-02-28 is followed by 2100-03-01.
+        assert_eq!(at(4_107_542_400_000), "2100-03-01T00:00:00.000Z");
+        // Year boundary: `date -u -d @1735689599`
+        assert_eq!(at(1_735_689_599_500), "2024-12-31T23:59:59.500Z");
+        assert_eq!(at(1_735_689_600_000), "2025-01-01T00:00:00.000Z");
+    }
+
+    #[test]
+    fn formats_instants_before_epoch() {
+        let t = UNIX_EPOCH - Duration::from_millis(1);
+        assert_eq!(format_rfc3339_millis(t), "1969-12-31T23:59:59.999Z");
+        let t = UNIX_EPOCH - Duration::from_secs(86_400 * 365);
+        assert_eq!(format_rfc3339_millis(t), "1969-01-01T00:00:00.000Z");
+    }
+
+    #[test]
+    fn now_string_has_rfc3339_shape() {
+        let s = AuditEvent::now_string();
+        let b = s.as_bytes();
+        assert_eq!(s.len(), 24, "{s}");
+        assert_eq!(
+            (b[4], b[7], b[10], b[13], b[16], b[19], b[23]),
+            (b'-', b'-', b'T', b':', b':', b'.', b'Z')
+        );
+        assert!(s.as_str() >= "2024-01-01T00:00:00.000Z", "{s}");
+    }
+
+    #[test]
+    fn operation_names_round_trip_and_match_serde() {
+        for op in Operation::ALL {
+            assert_eq!(Operation::parse(op.as_str()), Some(op));
+            let json = serde_json::to_string(&op).unwrap();
+            assert_eq!(json, format!("\"{}\"", op.as_str()));
+        }
+        assert_eq!(Operation::parse("nope"), None);
+        assert_eq!(Operation::InterruptParked.as_str(), "interrupt_parked");
+    }
+
+    #[test]
+    fn new_stamps_session_and_leaves_keys_empty() {
+        let ctx = SessionContext {
+            session_id: 7,
+            client_addr: "10.0.0.1:5000".into(),
+            user: "app".into(),
+            database: "lg".into(),
+            application_name: "worker".into(),
+        };
+        let ev = AuditEvent::new(&ctx, Operation::CheckpointPut)
+            .with_thread("t1")
+            .with_checkpoint("", "c1");
+        assert_eq!(ev.session_id, 7);
+        assert_eq!(ev.user, "app");
+        assert_eq!(ev.database, "lg");
+        assert_eq!(ev.application_name, "worker");
+        assert_eq!(ev.client_addr, "10.0.0.1:5000");
+        assert_eq!(ev.thread_id.as_deref(), Some("t1"));
+        assert_eq!(ev.checkpoint_ns.as_deref(), Some(""));
+        assert_eq!(ev.checkpoint_id.as_deref(), Some("c1"));
+        assert_eq!(ev.task_id, None);
+        assert!(ev.channels.is_empty() && ev.blob_sha256.is_empty());
+        assert!(ev.detail.is_null());
+    }
+}

@@ -1,0 +1,263 @@
+//! SQLite trail: queryable by thread, append-only by construction.
+//!
+//! The schema has no update or delete path in code, and triggers make the
+//! table refuse UPDATE and DELETE even from other tools, so an audit row
+//! once written stays as written.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use rusqlite::{params, Connection, OpenFlags, Row};
+
+use super::event::{AuditEvent, Operation};
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS audit_events (
+    id INTEGER PRIMARY KEY,
+    time TEXT NOT NULL,
+    session_id INTEGER NOT NULL,
+    client_addr TEXT NOT NULL,
+    "user" TEXT NOT NULL,
+    "database" TEXT NOT NULL,
+    application_name TEXT NOT NULL,
+    operation TEXT NOT NULL,
+    thread_id TEXT,
+    checkpoint_ns TEXT,
+    checkpoint_id TEXT,
+    parent_checkpoint_id TEXT,
+    task_id TEXT,
+    channels TEXT NOT NULL,
+    blob_sha256 TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_events_thread_id ON audit_events(thread_id);
+CREATE TRIGGER IF NOT EXISTS audit_events_no_update BEFORE UPDATE ON audit_events
+BEGIN SELECT RAISE(ABORT, 'audit_events is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS audit_events_no_delete BEFORE DELETE ON audit_events
+BEGIN SELECT RAISE(ABORT, 'audit_events is append-only'); END;
+"#;
+
+const INSERT: &str = r#"INSERT INTO audit_events (
+    time, session_id, client_addr, "user", "database", application_name, operation,
+    thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, task_id,
+    channels, blob_sha256, detail
+) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"#;
+
+const SELECT: &str = r#"SELECT time, session_id, client_addr, "user", "database",
+    application_name, operation, thread_id, checkpoint_ns, checkpoint_id,
+    parent_checkpoint_id, task_id, channels, blob_sha256, detail
+FROM audit_events"#;
+
+/// Writable handle on the audit database; owned by the writer thread.
+pub struct Store {
+    conn: Connection,
+}
+
+impl Store {
+    /// Open (creating if needed) the database at `path` in WAL mode, so
+    /// readers such as the timeline command never block the writer.
+    pub fn open(path: &Path) -> anyhow::Result<Store> {
+        let conn = Connection::open(path)
+            .with_context(|| format!("opening audit database {}", path.display()))?;
+        conn.busy_timeout(Duration::from_secs(5))?;
+        let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            tracing::warn!(path = %path.display(), %mode, "audit database is not in WAL mode");
+        }
+        // NORMAL is durable across process crashes in WAL mode; only an OS
+        // crash can lose the last commits, which is fine for an audit tail.
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.execute_batch(SCHEMA)
+            .context("creating audit_events schema")?;
+        Ok(Store { conn })
+    }
+
+    /// Append `events` in one transaction: one fsync per batch, not per event.
+    pub fn append(&mut self, events: &[AuditEvent]) -> anyhow::Result<()> {
+        let tx = self.conn.transaction()?;
+        {
+            let mut stmt = tx.prepare_cached(INSERT)?;
+            for ev in events {
+                stmt.execute(params![
+                    ev.time,
+                    // SQLite integers are i64; ids beyond that wrap visibly
+                    // rather than failing the whole batch.
+                    ev.session_id as i64,
+                    ev.client_addr,
+                    ev.user,
+                    ev.database,
+                    ev.application_name,
+                    ev.operation.as_str(),
+                    ev.thread_id,
+                    ev.checkpoint_ns,
+                    ev.checkpoint_id,
+                    ev.parent_checkpoint_id,
+                    ev.task_id,
+                    serde_json::to_string(&ev.channels)?,
+                    serde_json::to_string(&ev.blob_sha256)?,
+                    serde_json::to_string(&ev.detail)?,
+                ])?;
+            }
+        }
+        tx.commit().context("committing audit batch")
+    }
+}
+
+/// Events for `thread_id`, in the order they were written.
+pub fn thread_events(path: &Path, thread_id: &str) -> anyhow::Result<Vec<AuditEvent>> {
+    let conn = open_read_only(path)?;
+    let mut stmt = conn.prepare(&format!("{SELECT} WHERE thread_id = ?1 ORDER BY id"))?;
+    let rows = stmt.query_map([thread_id], row_to_event)?;
+    collect(rows)
+}
+
+/// Every event in the database, in the order written.
+pub fn all_events(path: &Path) -> anyhow::Result<Vec<AuditEvent>> {
+    let conn = open_read_only(path)?;
+    let mut stmt = conn.prepare(&format!("{SELECT} ORDER BY id"))?;
+    let rows = stmt.query_map([], row_to_event)?;
+    collect(rows)
+}
+
+fn open_read_only(path: &Path) -> anyhow::Result<Connection> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .with_context(|| format!("opening audit database {}", path.display()))?;
+    conn.busy_timeout(Duration::from_secs(5))?;
+    Ok(conn)
+}
+
+fn collect(
+    rows: impl Iterator<Item = rusqlite::Result<anyhow::Result<AuditEvent>>>,
+) -> anyhow::Result<Vec<AuditEvent>> {
+    let mut out = Vec::new();
+    for row in rows {
+        out.push(row??);
+    }
+    Ok(out)
+}
+
+/// Decode one row. SQL errors surface through rusqlite; malformed JSON or an
+/// unknown operation surface as the inner error so one bad row is reported
+/// rather than silently skipped.
+fn row_to_event(r: &Row<'_>) -> rusqlite::Result<anyhow::Result<AuditEvent>> {
+    let op_name: String = r.get(6)?;
+    let channels: String = r.get(12)?;
+    let blobs: String = r.get(13)?;
+    let detail: String = r.get(14)?;
+    let time: String = r.get(0)?;
+    let session_id: i64 = r.get(1)?;
+    let client_addr: String = r.get(2)?;
+    let user: String = r.get(3)?;
+    let database: String = r.get(4)?;
+    let application_name: String = r.get(5)?;
+    let thread_id: Option<String> = r.get(7)?;
+    let checkpoint_ns: Option<String> = r.get(8)?;
+    let checkpoint_id: Option<String> = r.get(9)?;
+    let parent_checkpoint_id: Option<String> = r.get(10)?;
+    let task_id: Option<String> = r.get(11)?;
+    Ok((|| {
+        Ok(AuditEvent {
+            time,
+            session_id: session_id as u64,
+            client_addr,
+            user,
+            database,
+            application_name,
+            operation: Operation::parse(&op_name)
+                .with_context(|| format!("unknown audit operation {op_name:?}"))?,
+            thread_id,
+            checkpoint_ns,
+            checkpoint_id,
+            parent_checkpoint_id,
+            task_id,
+            channels: serde_json::from_str(&channels).context("audit channels column")?,
+            blob_sha256: serde_json::from_str(&blobs).context("audit blob_sha256 column")?,
+            detail: serde_json::from_str(&detail).context("audit detail column")?,
+        })
+    })())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::event::{BlobDigest, SessionContext};
+    use crate::audit::test_util::{remove_db, temp_path};
+
+    fn sample(thread: &str, op: Operation) -> AuditEvent {
+        let ctx = SessionContext {
+            session_id: u64::MAX - 1,
+            client_addr: "127.0.0.1:4242".into(),
+            user: "lg".into(),
+            database: "checkpoints".into(),
+            application_name: "agent".into(),
+        };
+        let mut ev = AuditEvent::new(&ctx, op).with_thread(thread);
+        ev.checkpoint_ns = Some("".into());
+        ev.checkpoint_id = Some("1ef4f797-8335-6428-8001-8a1503f9b875".into());
+        ev.parent_checkpoint_id = Some("1ef4f797-8335-6427-8000-000000000000".into());
+        ev.task_id = Some("task-9".into());
+        ev.channels = vec!["messages".into(), "__interrupt__".into()];
+        ev.blob_sha256 = vec![BlobDigest::of("messages", b"payload")];
+        ev.detail = serde_json::json!({"rows": 1, "sql": "INSERT ..."});
+        ev
+    }
+
+    #[test]
+    fn round_trips_events_by_thread_in_order() {
+        let path = temp_path("sqlite-roundtrip", "db");
+        let a = sample("t1", Operation::BlobPut);
+        let b = sample("t2", Operation::CheckpointPut);
+        let mut c = sample("t1", Operation::WritesPut);
+        c.thread_id = Some("t1".into());
+        c.checkpoint_ns = None;
+        c.detail = serde_json::Value::Null;
+        {
+            let mut store = Store::open(&path).unwrap();
+            store.append(&[a.clone(), b.clone()]).unwrap();
+            store.append(std::slice::from_ref(&c)).unwrap();
+        }
+        // Reopening keeps existing rows (CREATE IF NOT EXISTS).
+        Store::open(&path).unwrap().append(&[]).unwrap();
+
+        assert_eq!(
+            thread_events(&path, "t1").unwrap(),
+            vec![a.clone(), c.clone()]
+        );
+        assert_eq!(thread_events(&path, "t2").unwrap(), vec![b.clone()]);
+        assert!(thread_events(&path, "nope").unwrap().is_empty());
+        assert_eq!(all_events(&path).unwrap(), vec![a, b, c]);
+
+        let conn = Connection::open(&path).unwrap();
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+        remove_db(&path);
+    }
+
+    #[test]
+    fn table_refuses_update_and_delete() {
+        let path = temp_path("sqlite-appendonly", "db");
+        Store::open(&path)
+            .unwrap()
+            .append(&[sample("t", Operation::ReadLatest)])
+            .unwrap();
+        let conn = Connection::open(&path).unwrap();
+        let upd = conn.execute("UPDATE audit_events SET \"user\" = 'x'", []);
+        assert!(upd.unwrap_err().to_string().contains("append-only"));
+        let del = conn.execute("DELETE FROM audit_events", []);
+        assert!(del.unwrap_err().to_string().contains("append-only"));
+        assert_eq!(all_events(&path).unwrap().len(), 1);
+        remove_db(&path);
+    }
+
+    #[test]
+    fn missing_database_is_an_error_for_readers() {
+        let path = temp_path("sqlite-missing", "db");
+        assert!(thread_events(&path, "t").is_err());
+    }
+}

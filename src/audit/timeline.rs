@@ -1,0 +1,321 @@
+//! Human-readable rendering of the trail: the story of each thread.
+//!
+//! The audience is someone asking "what happened to this run?", so each line
+//! ends with a plain phrase (parked, answered, claimed, ...) and long ids are
+//! shortened to the part that differs between neighbouring checkpoints.
+
+use std::fmt::Write;
+
+use super::event::{AuditEvent, Operation};
+
+/// Width of the operation column: the longest operation name.
+const OP_WIDTH: usize = 16;
+
+/// One section per thread (in order of first appearance), one line per
+/// event in the given order. Events without a thread (e.g. dropped-event
+/// reports) get their own section so gaps in the trail stay visible.
+pub fn render_timeline(events: &[AuditEvent]) -> String {
+    let mut threads: Vec<(Option<&str>, Vec<&AuditEvent>)> = Vec::new();
+    for ev in events {
+        let key = ev.thread_id.as_deref();
+        match threads.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, list)) => list.push(ev),
+            None => threads.push((key, vec![ev])),
+        }
+    }
+    let mut out = String::new();
+    for (i, (thread, list)) in threads.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        let plural = if list.len() == 1 { "" } else { "s" };
+        let _ = match thread {
+            Some(t) => writeln!(out, "thread {t} ({} event{plural})", list.len()),
+            None => writeln!(out, "(no thread) ({} event{plural})", list.len()),
+        };
+        for ev in list {
+            out.push_str("  ");
+            out.push_str(&render_line(ev));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The events as a pretty JSON array, for `--json`.
+pub fn render_json(events: &[AuditEvent]) -> String {
+    // Serializing these plain structs cannot fail (string keys only); the
+    // fallback keeps the output valid JSON regardless.
+    serde_json::to_string_pretty(events).unwrap_or_else(|_| "[]".to_string())
+}
+
+/// `time  operation  ns/ckpt  task  channels  who  — phrase`, with empty
+/// fields left out.
+fn render_line(ev: &AuditEvent) -> String {
+    let mut parts: Vec<String> = vec![
+        ev.time.clone(),
+        format!("{:<OP_WIDTH$}", ev.operation.as_str()),
+    ];
+    if let Some(ns) = ev.checkpoint_ns.as_deref().filter(|ns| !ns.is_empty()) {
+        parts.push(format!("ns={}", short_ns(ns)));
+    }
+    if let Some(id) = &ev.checkpoint_id {
+        parts.push(format!("ckpt={}", short_id(id)));
+    }
+    if let Some(task) = &ev.task_id {
+        parts.push(format!("task={}", short_id(task)));
+    }
+    if !ev.channels.is_empty() {
+        parts.push(format!("ch={}", ev.channels.join(",")));
+    }
+    parts.push(who(ev));
+    format!("{}  — {}", parts.join("  "), phrase(ev))
+}
+
+/// `user@client app=name s=session`, or `resumeguard` for internal events.
+fn who(ev: &AuditEvent) -> String {
+    if ev.user.is_empty() && ev.client_addr.is_empty() && ev.session_id == 0 {
+        return format!("app={}", or_dash(&ev.application_name));
+    }
+    format!(
+        "{}@{} app={} s={}",
+        or_dash(&ev.user),
+        or_dash(&ev.client_addr),
+        or_dash(&ev.application_name),
+        ev.session_id
+    )
+}
+
+fn or_dash(s: &str) -> &str {
+    if s.is_empty() {
+        "-"
+    } else {
+        s
+    }
+}
+
+/// The plain-language part of the line: what this event means for the run.
+fn phrase(ev: &AuditEvent) -> String {
+    let by_task = ev
+        .task_id
+        .as_deref()
+        .map(|t| format!(" by task {}", short_id(t)))
+        .unwrap_or_default();
+    let mut p = match ev.operation {
+        Operation::ReadLatest => "read latest checkpoint".to_string(),
+        Operation::ReadById => "read checkpoint by id".to_string(),
+        Operation::ReadList => "listed checkpoints".to_string(),
+        Operation::BlobPut => format!(
+            "stored {} channel value(s)",
+            ev.channels.len().max(ev.blob_sha256.len())
+        ),
+        Operation::CheckpointPut => match &ev.parent_checkpoint_id {
+            Some(parent) => format!("checkpoint saved (parent {})", short_id(parent)),
+            None => "checkpoint saved (first in thread)".to_string(),
+        },
+        Operation::WritesPut => format!("pending writes stored{by_task}"),
+        Operation::DeleteThread => "thread deleted".to_string(),
+        Operation::Migration => "schema migration".to_string(),
+        Operation::Unrecognized => "unrecognized statement relayed".to_string(),
+        Operation::InterruptParked => format!("run parked: interrupt recorded{by_task}"),
+        Operation::ResumeRecorded => match ev.blob_sha256.first() {
+            Some(b) => format!("answer recorded (sha256 {})", short_digest(&b.sha256)),
+            None => "answer recorded".to_string(),
+        },
+        Operation::ForkServed => match &ev.checkpoint_id {
+            Some(id) => format!("fork served from checkpoint {}", short_id(id)),
+            None => "fork served".to_string(),
+        },
+        Operation::WriteRejected => "write rejected".to_string(),
+        Operation::ClaimTaken => format!("resume claimed by session {}", ev.session_id),
+        Operation::ClaimConsumed => "claim consumed: resume completed".to_string(),
+        Operation::ClaimLapsed => "claim lapsed: holder did not finish".to_string(),
+        Operation::ClaimRefused => "claim refused: resume already claimed".to_string(),
+        Operation::ClaimWaited => "waited for another session's claim".to_string(),
+        Operation::ClaimTakeover => "claim taken over from a lapsed holder".to_string(),
+        Operation::EventsDropped => match ev.detail.get("dropped").and_then(|d| d.as_u64()) {
+            Some(n) => format!("audit gap: {n} event(s) dropped (queue full)"),
+            None => "audit gap: events dropped (queue full)".to_string(),
+        },
+    };
+    if let Some(rows) = ev.detail.get("rows").and_then(|r| r.as_u64()) {
+        let _ = write!(p, " ({rows} row{})", if rows == 1 { "" } else { "s" });
+    }
+    if let Some(reason) = ev.detail.get("reason").and_then(|r| r.as_str()) {
+        let _ = write!(p, ": {reason}");
+    }
+    p
+}
+
+/// LangGraph checkpoint ids are UUIDv6: time-ordered, so neighbours share
+/// the prefix and differ at the end. Keep the tail.
+fn short_id(id: &str) -> String {
+    let n = id.chars().count();
+    if n <= 12 {
+        return id.to_string();
+    }
+    let tail: String = id.chars().skip(n - 8).collect();
+    format!("…{tail}")
+}
+
+/// Namespaces look like `node:task_id|child:task_id`; keep node names and
+/// shorten the task ids.
+fn short_ns(ns: &str) -> String {
+    ns.split('|')
+        .map(|seg| match seg.split_once(':') {
+            Some((node, task)) => format!("{node}:{}", short_id(task)),
+            None => seg.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+/// Hashes are uniformly random: the conventional git-style prefix suffices.
+fn short_digest(hex: &str) -> String {
+    if hex.len() <= 12 {
+        return hex.to_string();
+    }
+    format!("{}…", hex.get(..8).unwrap_or(hex))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::event::{BlobDigest, SessionContext};
+
+    fn ctx(session_id: u64) -> SessionContext {
+        SessionContext {
+            session_id,
+            client_addr: "10.1.2.3:40000".into(),
+            user: "lg".into(),
+            database: "db".into(),
+            application_name: "agent".into(),
+        }
+    }
+
+    fn ev(session: u64, op: Operation, thread: &str) -> AuditEvent {
+        let mut e = AuditEvent::new(&ctx(session), op).with_thread(thread);
+        e.time = "2024-05-01T12:00:00.000Z".into();
+        e
+    }
+
+    fn interrupt_story() -> Vec<AuditEvent> {
+        let mut put = ev(1, Operation::CheckpointPut, "t-1")
+            .with_checkpoint("", "1ef4f797-8335-6428-8001-8a1503f9b875");
+        put.parent_checkpoint_id = Some("1ef4f797-8335-6427-8000-0000deadbeef".into());
+        put.channels = vec!["messages".into()];
+
+        let mut parked = ev(1, Operation::InterruptParked, "t-1")
+            .with_checkpoint("", "1ef4f797-8335-6428-8001-8a1503f9b875");
+        parked.task_id = Some("c0ffee00-1111-2222-3333-444455556666".into());
+        parked.channels = vec!["__interrupt__".into()];
+
+        let mut claim = ev(2, Operation::ClaimTaken, "t-1");
+        claim.application_name = "resumer".into();
+
+        let mut answer = ev(2, Operation::ResumeRecorded, "t-1");
+        answer.channels = vec!["__resume__".into()];
+        answer.blob_sha256 = vec![BlobDigest::of("__resume__", b"yes")];
+
+        let refused = ev(3, Operation::ClaimRefused, "t-1")
+            .with_detail(serde_json::json!({"reason": "held by session 2"}));
+        let consumed = ev(2, Operation::ClaimConsumed, "t-1");
+        vec![put, parked, claim, answer, refused, consumed]
+    }
+
+    fn position(haystack: &str, needle: &str) -> usize {
+        haystack
+            .find(needle)
+            .unwrap_or_else(|| panic!("missing {needle:?} in:\n{haystack}"))
+    }
+
+    #[test]
+    fn tells_the_interrupt_story_in_order() {
+        let text = render_timeline(&interrupt_story());
+        let answer_sha = crate::audit::digest::digest(b"yes");
+        let phrases = [
+            "thread t-1 (6 events)",
+            "checkpoint saved (parent …deadbeef)",
+            "run parked: interrupt recorded by task …55556666",
+            "resume claimed by session 2",
+            &format!("answer recorded (sha256 {}…)", &answer_sha[..8]),
+            "claim refused: resume already claimed: held by session 2",
+            "claim consumed: resume completed",
+        ];
+        let mut last = 0;
+        for p in phrases {
+            let at = position(&text, p);
+            assert!(at >= last, "{p:?} out of order in:\n{text}");
+            last = at;
+        }
+        assert_eq!(text.lines().count(), 7, "{text}");
+        let parked_line = text.lines().nth(2).unwrap();
+        assert!(parked_line.starts_with("  2024-05-01T12:00:00.000Z  interrupt_parked "));
+        assert!(parked_line.contains("ckpt=…03f9b875"));
+        assert!(parked_line.contains("ch=__interrupt__"));
+        assert!(parked_line.contains("lg@10.1.2.3:40000 app=agent s=1"));
+        assert!(text.contains("app=resumer s=2"));
+        // The full id appears nowhere: lines stay short.
+        assert!(!text.contains("1ef4f797-8335-6428-8001-8a1503f9b875"));
+    }
+
+    #[test]
+    fn groups_threads_and_shows_gaps() {
+        let mut events = vec![
+            ev(1, Operation::ReadLatest, "a").with_detail(serde_json::json!({"rows": 1})),
+            ev(1, Operation::ReadList, "b").with_detail(serde_json::json!({"rows": 3})),
+            ev(1, Operation::DeleteThread, "a"),
+        ];
+        let mut gap = AuditEvent::new(&SessionContext::internal(), Operation::EventsDropped)
+            .with_detail(serde_json::json!({"dropped": 42}));
+        gap.time = "2024-05-01T12:00:01.000Z".into();
+        events.push(gap);
+        let mut sub = ev(1, Operation::BlobPut, "b");
+        sub.checkpoint_ns = Some("outer:c0ffee00-1111-2222-3333-444455556666".into());
+        sub.channels = vec!["x".into(), "y".into()];
+        events.push(sub);
+
+        let text = render_timeline(&events);
+        let a = position(&text, "thread a (2 events)");
+        let read = position(&text, "read latest checkpoint (1 row)");
+        let deleted = position(&text, "thread deleted");
+        let b = position(&text, "thread b (2 events)");
+        let list = position(&text, "listed checkpoints (3 rows)");
+        let blobs = position(&text, "ns=outer:…55556666");
+        let stored = position(&text, "stored 2 channel value(s)");
+        let none = position(&text, "(no thread) (1 event)");
+        let dropped = position(&text, "audit gap: 42 event(s) dropped (queue full)");
+        assert!(a < read && read < deleted && deleted < b);
+        assert!(b < list && list < blobs && blobs < stored && stored < none && none < dropped);
+        assert!(text.contains("app=resumeguard  — audit gap"), "{text}");
+    }
+
+    #[test]
+    fn renders_empty_input() {
+        assert_eq!(render_timeline(&[]), "");
+        assert_eq!(render_json(&[]), "[]");
+    }
+
+    #[test]
+    fn json_output_round_trips() {
+        let events = interrupt_story();
+        let json = render_json(&events);
+        let back: Vec<AuditEvent> = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, events);
+        assert!(json.contains("\"operation\": \"interrupt_parked\""));
+    }
+
+    #[test]
+    fn shortens_ids_sensibly() {
+        assert_eq!(short_id("short"), "short");
+        assert_eq!(
+            short_id("1ef4f797-8335-6428-8001-8a1503f9b875"),
+            "…03f9b875"
+        );
+        assert_eq!(
+            short_ns("a:1ef4f797-8335-6428-8001-8a1503f9b875|b"),
+            "a:…03f9b875|b"
+        );
+        assert_eq!(short_digest(&"ab".repeat(32)), "abababab…");
+    }
+}

@@ -1,0 +1,10 @@
+//! resumeguard: a transparent PostgreSQL wire-protocol proxy that recognizes
+//! LangGraph checkpoint traffic and holds it to the Resume Contract.
+//!
+//! Layers: [`wire`] frames, relays and tracks protocol state; [`saver`]
+//! recognizes checkpoint statements and decodes their parameters and rows;
+//! [`audit`] records what the proxy saw and decided.
+
+pub mod audit;
+pub mod saver;
+pub mod wire;

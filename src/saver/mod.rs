@@ -1,0 +1,9 @@
+//! Checkpoint-saver traffic: recognition and decoding.
+
+pub mod checkpoint_row;
+pub mod classify;
+pub mod data_row;
+pub mod decode_error;
+pub mod pg_array;
+pub mod profile;
+pub mod value;

@@ -1,0 +1,589 @@
+//! `bytea[]` values: the shape the checkpoint SELECT returns its blobs in.
+//!
+//! `channel_values` and `pending_writes` are `array_agg(array[...])` over
+//! bytea, i.e. 2-D arrays whose rows are one blob or one write. Both the
+//! binary (what the saver asks for) and the text form are decoded here.
+//! The input comes from the network, so every length and dimension is checked
+//! against the bytes actually present before anything is allocated.
+
+use bytes::Bytes;
+
+use super::data_row::{read_i32, read_nullable};
+use super::decode_error::DecodeError;
+use super::value::decode_bytea_text;
+
+/// PostgreSQL's limit on array dimensions (`MAXDIM`).
+const MAX_DIMS: usize = 6;
+/// Type OID of `bytea`, the only element type accepted.
+const BYTEA_OID: u32 = 17;
+
+/// A decoded `bytea[]`: dimension sizes and the elements in row-major order.
+/// An empty array has no dimensions and no elements.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ByteaArray {
+    pub dims: Vec<usize>,
+    pub elements: Vec<Option<Bytes>>,
+}
+
+impl ByteaArray {
+    /// The rows of the innermost dimension: for the 2-D arrays the checkpoint
+    /// SELECT returns, one slice of `dims[1]` elements per row. An empty
+    /// array has no rows; a 1-D array is a single row.
+    pub fn rows(&self) -> impl Iterator<Item = &[Option<Bytes>]> {
+        // `max(1)` keeps `chunks` from panicking on a hand-built value; a
+        // zero-width array has no elements, so it yields nothing either way.
+        let width = self.dims.last().copied().unwrap_or(0).max(1);
+        self.elements.chunks(width)
+    }
+
+    /// Decodes the binary array format: int32 ndim, int32 has-null flag,
+    /// uint32 element OID (must be 17), per dimension int32 size and int32
+    /// lower bound, then each element as int32 length (-1 = NULL) + bytes.
+    pub fn decode_binary(raw: &[u8]) -> Result<ByteaArray, DecodeError> {
+        let mut buf = raw;
+        let ndim = read_i32(&mut buf, "bytea[] ndim")?;
+        let ndim = usize::try_from(ndim)
+            .ok()
+            .filter(|n| *n <= MAX_DIMS)
+            .ok_or_else(|| {
+                DecodeError::ArrayHeader(format!("{ndim} dimensions (expected 0..={MAX_DIMS})"))
+            })?;
+        let flags = read_i32(&mut buf, "bytea[] flags")?;
+        if flags != 0 && flags != 1 {
+            return Err(DecodeError::ArrayHeader(format!(
+                "has-null flag {flags} (expected 0 or 1)"
+            )));
+        }
+        let oid = read_i32(&mut buf, "bytea[] element oid")? as u32;
+        if oid != BYTEA_OID {
+            return Err(DecodeError::ElementOid(oid));
+        }
+
+        let mut dims = Vec::with_capacity(ndim);
+        let mut total: u64 = if ndim == 0 { 0 } else { 1 };
+        for _ in 0..ndim {
+            let size = read_i32(&mut buf, "bytea[] dimension size")?;
+            let _lower_bound = read_i32(&mut buf, "bytea[] lower bound")?;
+            let size = usize::try_from(size)
+                .map_err(|_| DecodeError::ArrayHeader(format!("negative dimension size {size}")))?;
+            total = total.checked_mul(size as u64).ok_or_else(|| {
+                DecodeError::ArrayHeader("dimension sizes overflow the element count".into())
+            })?;
+            dims.push(size);
+        }
+        if total == 0 {
+            // PostgreSQL turns any zero-sized dimension into the empty array.
+            dims.clear();
+        }
+        // Each element needs at least its 4-byte length.
+        if total > (buf.len() / 4) as u64 {
+            return Err(DecodeError::ArrayCount {
+                declared: total,
+                remaining: buf.len(),
+            });
+        }
+        // Bounded by the check above, so this fits in usize.
+        let mut elements = Vec::with_capacity(total as usize);
+        for _ in 0..total {
+            let element = read_nullable(&mut buf, "bytea[] element")?;
+            elements.push(element.map(Bytes::copy_from_slice));
+        }
+        if !buf.is_empty() {
+            return Err(DecodeError::TrailingBytes {
+                what: "bytea[] (more bytes than the dimensions declare)",
+                extra: buf.len(),
+            });
+        }
+        Ok(ByteaArray { dims, elements })
+    }
+
+    /// Decodes the text array form, e.g.
+    /// `{{"\\x6974656d73","\\x6d73677061636b",NULL},{...}}`: elements quoted
+    /// or not, backslash escapes, unquoted `NULL`, each element a bytea in
+    /// text form (hex `\x..` or escape format). 1-D arrays are accepted too.
+    /// A leading dimension decoration (`[0:1][1:3]=`) is skipped.
+    pub fn decode_text(text: &str) -> Result<ByteaArray, DecodeError> {
+        let mut p = TextParser {
+            s: text.as_bytes(),
+            pos: 0,
+            dims: [None; MAX_DIMS],
+            leaf_depth: None,
+            elements: Vec::new(),
+        };
+        p.skip_ws();
+        if p.peek() == Some(b'[') {
+            while p.bump() != Some(b'=') {
+                if p.peek().is_none() {
+                    return Err(p.err("unterminated dimension decoration"));
+                }
+            }
+            p.skip_ws();
+        }
+        p.array(0)?;
+        p.skip_ws();
+        if p.peek().is_some() {
+            return Err(p.err("unexpected characters after the array"));
+        }
+        let TextParser { dims, elements, .. } = p;
+        let dims: Vec<usize> = dims.iter().map_while(|d| *d).collect();
+        if elements.is_empty() {
+            return Ok(ByteaArray::default());
+        }
+        let product = dims.iter().try_fold(1usize, |acc, d| acc.checked_mul(*d));
+        if product != Some(elements.len()) {
+            return Err(DecodeError::ArrayHeader(format!(
+                "dimensions {dims:?} disagree with {} elements",
+                elements.len()
+            )));
+        }
+        Ok(ByteaArray { dims, elements })
+    }
+}
+
+/// Recursive-descent parser state for the text array form.
+struct TextParser<'a> {
+    s: &'a [u8],
+    pos: usize,
+    /// Size of each nesting level, fixed by the first (sub-)array closed there.
+    dims: [Option<usize>; MAX_DIMS],
+    /// Depth at which elements sit; all must sit at the same one.
+    leaf_depth: Option<usize>,
+    elements: Vec<Option<Bytes>>,
+}
+
+impl TextParser<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.s.get(self.pos).copied()
+    }
+
+    fn bump(&mut self) -> Option<u8> {
+        let c = self.peek()?;
+        self.pos += 1;
+        Some(c)
+    }
+
+    fn skip_ws(&mut self) {
+        while self.peek().is_some_and(|c| c.is_ascii_whitespace()) {
+            self.pos += 1;
+        }
+    }
+
+    fn err(&self, reason: &'static str) -> DecodeError {
+        DecodeError::ArraySyntax {
+            pos: self.pos,
+            reason,
+        }
+    }
+
+    /// Parses `{ item, ... }` at nesting `depth`.
+    fn array(&mut self, depth: usize) -> Result<(), DecodeError> {
+        if depth >= MAX_DIMS {
+            return Err(self.err("more than 6 dimensions"));
+        }
+        if self.bump() != Some(b'{') {
+            return Err(self.err("expected '{'"));
+        }
+        self.skip_ws();
+        let mut count = 0;
+        if self.peek() == Some(b'}') {
+            self.pos += 1;
+            if depth > 0 {
+                return Err(self.err("empty sub-array"));
+            }
+        } else {
+            loop {
+                self.skip_ws();
+                if self.peek() == Some(b'{') {
+                    self.array(depth + 1)?;
+                } else {
+                    if *self.leaf_depth.get_or_insert(depth) != depth {
+                        return Err(self.err("elements at different nesting depths"));
+                    }
+                    let element = self.element()?;
+                    self.elements.push(element);
+                }
+                count += 1;
+                self.skip_ws();
+                match self.bump() {
+                    Some(b',') => continue,
+                    Some(b'}') => break,
+                    _ => return Err(self.err("expected ',' or '}'")),
+                }
+            }
+        }
+        // `depth < MAX_DIMS` was checked on entry.
+        match self.dims.get_mut(depth) {
+            Some(slot @ None) => *slot = Some(count),
+            Some(Some(d)) if *d == count => {}
+            _ => return Err(self.err("sub-arrays have different lengths")),
+        }
+        Ok(())
+    }
+
+    /// Parses one element, quoted or not, and decodes it as bytea text.
+    fn element(&mut self) -> Result<Option<Bytes>, DecodeError> {
+        let mut raw = Vec::new();
+        if self.peek() == Some(b'"') {
+            self.pos += 1;
+            loop {
+                match self.bump() {
+                    None => return Err(self.err("unterminated quoted element")),
+                    Some(b'"') => break,
+                    Some(b'\\') => match self.bump() {
+                        Some(c) => raw.push(c),
+                        None => return Err(self.err("backslash at end of input")),
+                    },
+                    Some(c) => raw.push(c),
+                }
+            }
+        } else {
+            let mut escaped = false;
+            // Length of `raw` up to its last escaped or non-space byte:
+            // PostgreSQL trims trailing unescaped whitespace.
+            let mut keep = 0;
+            loop {
+                match self.peek() {
+                    None => return Err(self.err("unterminated array")),
+                    Some(b',' | b'}') => break,
+                    Some(b'{' | b'"') => return Err(self.err("unexpected character in element")),
+                    Some(b'\\') => {
+                        self.pos += 1;
+                        match self.bump() {
+                            Some(c) => raw.push(c),
+                            None => return Err(self.err("backslash at end of input")),
+                        }
+                        escaped = true;
+                        keep = raw.len();
+                    }
+                    Some(c) => {
+                        self.pos += 1;
+                        raw.push(c);
+                        if !c.is_ascii_whitespace() {
+                            keep = raw.len();
+                        }
+                    }
+                }
+            }
+            raw.truncate(keep);
+            if raw.is_empty() {
+                return Err(self.err("empty unquoted element"));
+            }
+            if !escaped && raw.eq_ignore_ascii_case(b"NULL") {
+                return Ok(None);
+            }
+        }
+        decode_bytea_text(&raw).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Builds a binary `bytea[]` with lower bounds 1.
+    fn binary(oid: u32, dims: &[i32], elements: &[Option<&[u8]>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&(dims.len() as i32).to_be_bytes());
+        let has_null = elements.iter().any(Option::is_none) as i32;
+        out.extend_from_slice(&has_null.to_be_bytes());
+        out.extend_from_slice(&oid.to_be_bytes());
+        for d in dims {
+            out.extend_from_slice(&d.to_be_bytes());
+            out.extend_from_slice(&1i32.to_be_bytes());
+        }
+        for e in elements {
+            match e {
+                None => out.extend_from_slice(&(-1i32).to_be_bytes()),
+                Some(b) => {
+                    out.extend_from_slice(&(b.len() as i32).to_be_bytes());
+                    out.extend_from_slice(b);
+                }
+            }
+        }
+        out
+    }
+
+    fn hexbytes(s: &str) -> Vec<u8> {
+        hex::decode(s.replace([' ', '|'], "")).unwrap()
+    }
+
+    fn b(s: &'static [u8]) -> Option<Bytes> {
+        Some(Bytes::from_static(s))
+    }
+
+    /// The `channel_values` example from langgraph-wire.md section 4.
+    fn channel_values_example() -> Vec<u8> {
+        let mut v =
+            hexbytes("00000002 00000000 00000011 00000001 00000001 00000003 00000001 | 00000005");
+        v.extend_from_slice(b"items");
+        v.extend_from_slice(&hexbytes("00000007"));
+        v.extend_from_slice(b"msgpack");
+        v.extend_from_slice(&hexbytes("00000006 91a470726570"));
+        v
+    }
+
+    #[test]
+    fn decodes_the_documented_channel_values_bytes() {
+        let a = ByteaArray::decode_binary(&channel_values_example()).unwrap();
+        assert_eq!(a.dims, vec![1, 3]);
+        assert_eq!(
+            a.elements,
+            vec![b(b"items"), b(b"msgpack"), b(b"\x91\xa4prep")]
+        );
+        let rows: Vec<_> = a.rows().collect();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0][0], b(b"items"));
+    }
+
+    #[test]
+    fn binary_two_rows_of_six_with_null_blob() {
+        let raw = binary(
+            17,
+            &[2, 6],
+            &[
+                Some(b"00000000-0000-0000-0000-000000000000"),
+                Some(b"__resume__"),
+                Some(b"msgpack"),
+                Some(b"\xc3"),
+                Some(b""),
+                Some(b"-4"),
+                Some(b"task-1"),
+                Some(b"out"),
+                Some(b"empty"),
+                None,
+                Some(b"~__pregel_pull, gate"),
+                Some(b"1"),
+            ],
+        );
+        let a = ByteaArray::decode_binary(&raw).unwrap();
+        assert_eq!(a.dims, vec![2, 6]);
+        let rows: Vec<_> = a.rows().collect();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0][5], b(b"-4"));
+        assert_eq!(rows[0][4], b(b""));
+        assert_eq!(rows[1][3], None);
+        assert_eq!(rows[1][4], b(b"~__pregel_pull, gate"));
+    }
+
+    #[test]
+    fn binary_empty_and_one_dimensional() {
+        let a = ByteaArray::decode_binary(&binary(17, &[], &[])).unwrap();
+        assert_eq!(a, ByteaArray::default());
+        assert_eq!(a.rows().count(), 0);
+
+        let a = ByteaArray::decode_binary(&binary(17, &[2], &[Some(b"a"), None])).unwrap();
+        assert_eq!(a.dims, vec![2]);
+        assert_eq!(a.rows().collect::<Vec<_>>(), vec![&[b(b"a"), None][..]]);
+
+        // A zero-sized dimension is the empty array, as in PostgreSQL.
+        let a = ByteaArray::decode_binary(&binary(17, &[0, 3], &[])).unwrap();
+        assert_eq!(a, ByteaArray::default());
+    }
+
+    #[test]
+    fn binary_rejects_wrong_element_oid() {
+        let raw = binary(25, &[1], &[Some(b"x")]);
+        assert!(matches!(
+            ByteaArray::decode_binary(&raw),
+            Err(DecodeError::ElementOid(25))
+        ));
+    }
+
+    #[test]
+    fn binary_rejects_bad_header_values() {
+        let mut raw = binary(17, &[1], &[Some(b"x")]);
+        raw[3] = 7; // ndim 7
+        assert!(matches!(
+            ByteaArray::decode_binary(&raw),
+            Err(DecodeError::ArrayHeader(_))
+        ));
+        raw[0..4].copy_from_slice(&(-1i32).to_be_bytes());
+        assert!(matches!(
+            ByteaArray::decode_binary(&raw),
+            Err(DecodeError::ArrayHeader(_))
+        ));
+
+        let mut raw = binary(17, &[1], &[Some(b"x")]);
+        raw[7] = 2; // flags 2
+        assert!(matches!(
+            ByteaArray::decode_binary(&raw),
+            Err(DecodeError::ArrayHeader(_))
+        ));
+
+        let raw = binary(17, &[-1], &[]);
+        assert!(matches!(
+            ByteaArray::decode_binary(&raw),
+            Err(DecodeError::ArrayHeader(_))
+        ));
+    }
+
+    #[test]
+    fn binary_rejects_dims_that_disagree_with_elements() {
+        // Declares 1x3, carries 4 elements.
+        let raw = binary(
+            17,
+            &[1, 3],
+            &[Some(b"a"), Some(b"b"), Some(b"c"), Some(b"d")],
+        );
+        assert!(matches!(
+            ByteaArray::decode_binary(&raw),
+            Err(DecodeError::TrailingBytes { extra: 5, .. })
+        ));
+        // Declares 2x3, carries 3 (enough bytes to pass the count cap).
+        let raw = binary(17, &[2, 3], &[Some(b"aaaa"), Some(b"bbbb"), Some(b"cccc")]);
+        assert!(matches!(
+            ByteaArray::decode_binary(&raw),
+            Err(DecodeError::Truncated { .. })
+        ));
+    }
+
+    #[test]
+    fn binary_rejects_huge_declared_counts_before_allocating() {
+        let raw = binary(17, &[i32::MAX, i32::MAX], &[Some(b"x")]);
+        assert!(matches!(
+            ByteaArray::decode_binary(&raw),
+            Err(DecodeError::ArrayCount { declared, remaining: 5 })
+                if declared == (i32::MAX as u64) * (i32::MAX as u64)
+        ));
+        let raw = binary(17, &[i32::MAX; 3], &[]);
+        assert!(matches!(
+            ByteaArray::decode_binary(&raw),
+            Err(DecodeError::ArrayHeader(_))
+        ));
+        let raw = binary(17, &[1_000_000], &[]);
+        assert!(matches!(
+            ByteaArray::decode_binary(&raw),
+            Err(DecodeError::ArrayCount { .. })
+        ));
+    }
+
+    #[test]
+    fn binary_rejects_bad_element_lengths() {
+        let mut raw = binary(17, &[1], &[Some(b"x")]);
+        let at = raw.len() - 5;
+        raw[at..at + 4].copy_from_slice(&(-2i32).to_be_bytes());
+        assert!(matches!(
+            ByteaArray::decode_binary(&raw),
+            Err(DecodeError::NegativeLength { len: -2, .. })
+        ));
+        raw[at..at + 4].copy_from_slice(&i32::MAX.to_be_bytes());
+        assert!(matches!(
+            ByteaArray::decode_binary(&raw),
+            Err(DecodeError::Truncated { remaining: 1, .. })
+        ));
+    }
+
+    #[test]
+    fn binary_every_truncation_errors_without_panic() {
+        let full = channel_values_example();
+        for n in 0..full.len() {
+            assert!(ByteaArray::decode_binary(&full[..n]).is_err(), "prefix {n}");
+        }
+        // Single-byte corruption anywhere must not panic either.
+        for i in 0..full.len() {
+            for v in [0x00, 0x7f, 0x80, 0xff] {
+                let mut c = full.clone();
+                c[i] = v;
+                let _ = ByteaArray::decode_binary(&c);
+            }
+        }
+    }
+
+    #[test]
+    fn text_two_dimensional_with_null() {
+        let a = ByteaArray::decode_text(
+            r#"{{"\\x6974656d73","\\x6d73677061636b",NULL},{"\\x6d","\\x6e756c6c","\\x"}}"#,
+        )
+        .unwrap();
+        assert_eq!(a.dims, vec![2, 3]);
+        assert_eq!(
+            a.elements,
+            vec![
+                b(b"items"),
+                b(b"msgpack"),
+                None,
+                b(b"m"),
+                b(b"null"),
+                b(b"")
+            ]
+        );
+        assert_eq!(a.rows().count(), 2);
+    }
+
+    #[test]
+    fn text_matches_binary_for_the_documented_example() {
+        let text =
+            ByteaArray::decode_text(r#"{{"\\x6974656d73","\\x6d73677061636b","\\x91a470726570"}}"#)
+                .unwrap();
+        let bin = ByteaArray::decode_binary(&channel_values_example()).unwrap();
+        assert_eq!(text, bin);
+    }
+
+    #[test]
+    fn text_unquoted_quoted_null_and_whitespace() {
+        let a = ByteaArray::decode_text(r#" { \\x6869 , "NULL" ,null, plain } "#).unwrap();
+        assert_eq!(a.dims, vec![4]);
+        assert_eq!(a.elements, vec![b(b"hi"), b(b"NULL"), None, b(b"plain")]);
+        // Escape-format bytea inside a quoted element: `\\\\` -> `\\` -> `\`.
+        let a = ByteaArray::decode_text(r#"{"a\\\\b\\000"}"#).unwrap();
+        assert_eq!(a.elements, vec![b(b"a\\b\0")]);
+    }
+
+    #[test]
+    fn text_empty_and_decorated() {
+        assert_eq!(
+            ByteaArray::decode_text("{}").unwrap(),
+            ByteaArray::default()
+        );
+        let a = ByteaArray::decode_text(r#"[0:0][1:2]={{"\\x61",NULL}}"#).unwrap();
+        assert_eq!(a.dims, vec![1, 2]);
+        assert_eq!(a.elements, vec![b(b"a"), None]);
+    }
+
+    #[test]
+    fn text_rejects_malformed() {
+        for bad in [
+            "",
+            "{",
+            "}",
+            "x",
+            r#"{"\\x61""#,
+            r#"{"\\x61"} x"#,
+            r#"{{"\\x61"},{"\\x61","\\x62"}}"#,
+            r#"{{"\\x61"},"\\x62"}"#,
+            r#"{"\\x61",{"\\x62"}}"#,
+            "{{}}",
+            "{,}",
+            "{a,}",
+            "{a b\"}",
+            r#"{"\\x6"}"#,
+            r#"{"\\xzz"}"#,
+            "{{{{{{{a}}}}}}}",
+            "[1:1",
+            "{a\\",
+        ] {
+            assert!(ByteaArray::decode_text(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn text_corruption_never_panics() {
+        let full = r#"{{"\\x6974656d73",NULL},{abc,"\\x"}}"#;
+        for i in 0..full.len() {
+            for c in ['{', '}', '"', ',', '\\', ' ', 'N', 'x', '0', '[', '=', 'é'] {
+                let mut s = full.to_string();
+                s.replace_range(i..i + 1, c.encode_utf8(&mut [0; 4]));
+                let _ = ByteaArray::decode_text(&s);
+            }
+        }
+    }
+
+    #[test]
+    fn text_every_truncation_errors_without_panic() {
+        let full = r#"{{"\\x6974656d73","\\x6d73677061636b",NULL},{"\\x6d",abc,"\\x"}}"#;
+        for n in 0..full.len() {
+            assert!(ByteaArray::decode_text(&full[..n]).is_err(), "prefix {n}");
+        }
+        assert!(ByteaArray::decode_text(full).is_ok());
+    }
+}

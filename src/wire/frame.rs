@@ -1,0 +1,162 @@
+//! Framing: PostgreSQL messages are a type byte and a big-endian i32 length
+//! that counts itself but not the type byte. One socket read is not one
+//! message, so every direction frames by that header before looking inside.
+
+use std::fmt;
+
+/// Bytes of the header in front of every typed message.
+pub const HEADER_LEN: usize = 5;
+
+/// A complete message at the front of a buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHeader {
+    /// The message type byte (`'P'`, `'B'`, `'D'`, ...).
+    pub tag: u8,
+    /// Total bytes of the message including the type byte.
+    pub total_len: usize,
+}
+
+/// Why a buffer cannot be framed: the peer broke the protocol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    /// The length field is below 4 (it counts itself) or negative.
+    BadLength { tag: u8, declared: i32 },
+    /// The length field exceeds the configured ceiling.
+    TooLarge {
+        tag: u8,
+        declared: usize,
+        max: usize,
+    },
+}
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FrameError::BadLength { tag, declared } => write!(
+                f,
+                "invalid message length {declared} for message type {}",
+                printable(*tag)
+            ),
+            FrameError::TooLarge { tag, declared, max } => write!(
+                f,
+                "message type {} declares {declared} bytes, above the limit of {max}",
+                printable(*tag)
+            ),
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+fn printable(tag: u8) -> String {
+    if tag.is_ascii_graphic() {
+        format!("'{}'", tag as char)
+    } else {
+        format!("0x{tag:02x}")
+    }
+}
+
+/// Looks at the front of `buf`: `Ok(Some)` when a whole message is there,
+/// `Ok(None)` when more bytes are needed, `Err` when the header is invalid.
+/// The length check happens as soon as the header is in, before any body
+/// is buffered, so a 2 GiB header is refused without reading 2 GiB.
+pub fn peek_frame(buf: &[u8], max_len: usize) -> Result<Option<FrameHeader>, FrameError> {
+    if buf.len() < HEADER_LEN {
+        return Ok(None);
+    }
+    let tag = buf[0];
+    let declared = i32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]);
+    if declared < 4 {
+        return Err(FrameError::BadLength { tag, declared });
+    }
+    let body_and_len = declared as usize;
+    if body_and_len > max_len {
+        return Err(FrameError::TooLarge {
+            tag,
+            declared: body_and_len,
+            max: max_len,
+        });
+    }
+    let total_len = body_and_len + 1;
+    if buf.len() < total_len {
+        return Ok(None);
+    }
+    Ok(Some(FrameHeader { tag, total_len }))
+}
+
+/// Reads a NUL-terminated string at the front of `buf`, returning it and
+/// the rest. Used for the names in Bind/Describe/Execute without copying.
+pub fn cstr(buf: &[u8]) -> Option<(&[u8], &[u8])> {
+    let end = buf.iter().position(|b| *b == 0)?;
+    Some((&buf[..end], &buf[end + 1..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut v = vec![tag];
+        v.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
+        v.extend_from_slice(body);
+        v
+    }
+
+    #[test]
+    fn frames_a_whole_message() {
+        let m = msg(b'Q', b"select 1\0");
+        let h = peek_frame(&m, 1 << 20).unwrap().unwrap();
+        assert_eq!(h.tag, b'Q');
+        assert_eq!(h.total_len, m.len());
+    }
+
+    #[test]
+    fn waits_for_header_and_body() {
+        let m = msg(b'Q', b"select 1\0");
+        for cut in 0..m.len() {
+            assert_eq!(peek_frame(&m[..cut], 1 << 20).unwrap(), None, "cut {cut}");
+        }
+    }
+
+    #[test]
+    fn frames_only_the_first_of_two() {
+        let mut m = msg(b'S', b"");
+        m.extend(msg(b'H', b""));
+        let h = peek_frame(&m, 1 << 20).unwrap().unwrap();
+        assert_eq!((h.tag, h.total_len), (b'S', 5));
+    }
+
+    #[test]
+    fn refuses_negative_and_short_lengths() {
+        let mut m = vec![b'Q'];
+        m.extend_from_slice(&(-1i32).to_be_bytes());
+        assert!(matches!(
+            peek_frame(&m, 1 << 20),
+            Err(FrameError::BadLength { declared: -1, .. })
+        ));
+        let mut m = vec![b'Q'];
+        m.extend_from_slice(&3i32.to_be_bytes());
+        assert!(peek_frame(&m, 1 << 20).is_err());
+    }
+
+    #[test]
+    fn refuses_oversized_header_before_the_body_arrives() {
+        // 2 GiB: the i32 wraps negative; 1.5 GiB stays positive but is too big.
+        let mut m = vec![b'P'];
+        m.extend_from_slice(&0x8000_0000u32.to_be_bytes());
+        assert!(peek_frame(&m, 1 << 30).is_err());
+        let mut m = vec![b'P'];
+        m.extend_from_slice(&0x6000_0000u32.to_be_bytes());
+        let err = peek_frame(&m, 1 << 30).unwrap_err();
+        assert!(err.to_string().contains("above the limit"), "{err}");
+    }
+
+    #[test]
+    fn reads_cstrings() {
+        let (a, rest) = cstr(b"portal\0stmt\0x").unwrap();
+        assert_eq!(a, b"portal");
+        let (b, rest) = cstr(rest).unwrap();
+        assert_eq!((b, rest), (&b"stmt"[..], &b"x"[..]));
+        assert!(cstr(b"no terminator").is_none());
+    }
+}

@@ -1,0 +1,521 @@
+//! The ordered queue of server responses a session is waiting for.
+//!
+//! Every client request that the server answers pushes one entry; every
+//! server message is matched against the front entry. The queue is what
+//! lets the proxy inject its own requests (their responses are swallowed),
+//! answer the client itself (synthesized entries are emitted in order, as
+//! soon as everything before them has been answered), and know which
+//! response belongs to which statement. It follows the protocol's rules:
+//! after an ErrorResponse in the extended protocol the server skips every
+//! message up to the next Sync, so those entries are dropped; a simple
+//! Query and a FunctionCall end at ReadyForQuery; Flush, CopyData and
+//! CopyDone expect nothing.
+
+use std::collections::VecDeque;
+use std::fmt;
+
+use bytes::Bytes;
+
+/// Whether a response reaches the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Forward,
+    /// A response to a request the proxy injected: the client never asked.
+    Swallow,
+}
+
+/// What a queued request expects from the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expect {
+    /// Authentication and session start, up to the first ReadyForQuery.
+    Startup,
+    ParseComplete,
+    BindComplete,
+    CloseComplete,
+    /// ParameterDescription, then RowDescription or NoData.
+    DescribeStatement,
+    /// RowDescription or NoData.
+    DescribePortal,
+    /// DataRows (or COPY), then CommandComplete, EmptyQueryResponse or
+    /// PortalSuspended.
+    Execute,
+    /// ReadyForQuery.
+    Sync,
+    /// Anything, up to ReadyForQuery.
+    Query,
+    /// FunctionCallResponse, then ReadyForQuery.
+    FunctionCall,
+    /// Bytes the proxy sends the client itself, in this position.
+    Synthesized(Bytes),
+}
+
+impl Expect {
+    /// Entries that ReadyForQuery closes.
+    fn ends_at_ready(&self) -> bool {
+        matches!(
+            self,
+            Expect::Startup | Expect::Sync | Expect::Query | Expect::FunctionCall
+        )
+    }
+}
+
+/// One expected response, with what to do with it and, for responses the
+/// proxy inspects, what it needs to know about the request.
+#[derive(Debug)]
+pub struct Entry<T> {
+    pub expect: Expect,
+    pub route: Route,
+    pub payload: Option<T>,
+}
+
+/// Where a server message landed.
+#[derive(Debug)]
+pub enum Progress<T> {
+    /// Part of the front entry's response, which goes on.
+    Within { route: Route },
+    /// The message finished this entry.
+    Completed { route: Route, done: Entry<T> },
+    /// Not an answer to any request: notices, notifications, parameter status.
+    Async,
+}
+
+/// The server sent something the queue did not expect: the session's view
+/// of the protocol is no longer trustworthy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Desync {
+    pub got: u8,
+    pub expected: Option<Expect>,
+}
+
+impl fmt::Display for Desync {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "protocol out of sync: server sent '{}' while expecting {:?}",
+            self.got.escape_ascii(),
+            self.expected
+        )
+    }
+}
+
+impl std::error::Error for Desync {}
+
+#[derive(Debug)]
+pub struct ResponseQueue<T> {
+    entries: VecDeque<Entry<T>>,
+    /// The server failed an extended-protocol message and is discarding
+    /// input up to the next Sync; requests pushed meanwhile get no answer.
+    skipping_to_sync: bool,
+}
+
+impl<T> Default for ResponseQueue<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> ResponseQueue<T> {
+    pub fn new() -> Self {
+        ResponseQueue {
+            entries: VecDeque::with_capacity(8),
+            skipping_to_sync: false,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Queues the response to a request forwarded to the server.
+    pub fn push(&mut self, expect: Expect, route: Route, payload: Option<T>) {
+        if self.skipping_to_sync {
+            if expect != Expect::Sync {
+                return;
+            }
+            self.skipping_to_sync = false;
+        }
+        self.entries.push_back(Entry {
+            expect,
+            route,
+            payload,
+        });
+    }
+
+    /// Queues the response for the client message with type `tag`, if it
+    /// gets one. Returns whether an entry was queued.
+    pub fn push_for_client(&mut self, tag: u8, describe_target: u8, payload: Option<T>) -> bool {
+        let expect = match tag {
+            b'P' => Expect::ParseComplete,
+            b'B' => Expect::BindComplete,
+            b'C' => Expect::CloseComplete,
+            b'D' if describe_target == b'S' => Expect::DescribeStatement,
+            b'D' => Expect::DescribePortal,
+            b'E' => Expect::Execute,
+            b'S' => Expect::Sync,
+            b'Q' => Expect::Query,
+            b'F' => Expect::FunctionCall,
+            _ => return false,
+        };
+        self.push(expect, Route::Forward, payload);
+        true
+    }
+
+    /// Queues bytes the proxy answers the client with, after everything
+    /// queued so far has been answered.
+    pub fn push_synthesized(&mut self, bytes: Bytes) {
+        self.entries.push_back(Entry {
+            expect: Expect::Synthesized(bytes),
+            route: Route::Forward,
+            payload: None,
+        });
+    }
+
+    /// Moves synthesized answers that are now at the front into `out`.
+    pub fn take_synthesized(&mut self, out: &mut Vec<Bytes>) {
+        while let Some(Entry {
+            expect: Expect::Synthesized(_),
+            ..
+        }) = self.entries.front()
+        {
+            if let Some(Entry {
+                expect: Expect::Synthesized(b),
+                ..
+            }) = self.entries.pop_front()
+            {
+                out.push(b);
+            }
+        }
+    }
+
+    /// The payload of the entry the next server message belongs to.
+    pub fn front_payload_mut(&mut self) -> Option<&mut T> {
+        self.entries.front_mut().and_then(|e| e.payload.as_mut())
+    }
+
+    /// True while nothing is outstanding: no request waits for an answer.
+    pub fn idle(&self) -> bool {
+        self.entries.is_empty() && !self.skipping_to_sync
+    }
+
+    /// Matches one server message (by type byte) against the queue.
+    /// Synthesized entries at the front must have been taken first.
+    pub fn on_server(&mut self, tag: u8) -> Result<Progress<T>, Desync> {
+        if matches!(tag, b'N' | b'A' | b'S') {
+            return Ok(Progress::Async);
+        }
+        let Some(front) = self.entries.front() else {
+            // A FATAL error can arrive unasked (administrator shutdown).
+            return if tag == b'E' {
+                Ok(Progress::Async)
+            } else {
+                Err(self.desync(tag))
+            };
+        };
+        let route = front.route;
+        let expect = front.expect.clone();
+        match (tag, &expect) {
+            (_, Expect::Synthesized(_)) => Err(self.desync(tag)),
+            (b'Z', e) if e.ends_at_ready() => self.complete(route),
+            (b'Z', _) => {
+                // Entries that never got their answer: drop them up to the
+                // first one ReadyForQuery closes.
+                while let Some(e) = self.entries.front() {
+                    if e.expect.ends_at_ready() {
+                        return self.complete(route);
+                    }
+                    self.entries.pop_front();
+                }
+                Err(self.desync(tag))
+            }
+            (_, Expect::Startup) => Ok(Progress::Within { route }),
+            (b'E', Expect::Query | Expect::FunctionCall | Expect::Sync) => {
+                Ok(Progress::Within { route })
+            }
+            (b'E', _) => {
+                let done = self.complete_entry();
+                let mut kept = VecDeque::with_capacity(self.entries.len());
+                let mut found_sync = false;
+                while let Some(e) = self.entries.pop_front() {
+                    if found_sync || e.expect == Expect::Sync {
+                        found_sync = true;
+                        kept.push_back(e);
+                    } else if matches!(e.expect, Expect::Synthesized(_)) {
+                        // The proxy's own answer to a skipped request is
+                        // skipped too: the server would have sent nothing.
+                    }
+                }
+                self.entries = kept;
+                self.skipping_to_sync = !found_sync;
+                Ok(Progress::Completed {
+                    route: Route::Forward,
+                    done,
+                })
+            }
+            (b'1', Expect::ParseComplete)
+            | (b'2', Expect::BindComplete)
+            | (b'3', Expect::CloseComplete)
+            | (b'T' | b'n', Expect::DescribeStatement | Expect::DescribePortal)
+            | (b'C' | b'I' | b's', Expect::Execute) => self.complete(route),
+            (b't', Expect::DescribeStatement)
+            | (b'D' | b'G' | b'H' | b'W' | b'd' | b'c', Expect::Execute)
+            | (b'V', Expect::FunctionCall)
+            | (_, Expect::Query) => Ok(Progress::Within { route }),
+            _ => Err(self.desync(tag)),
+        }
+    }
+
+    fn complete(&mut self, route: Route) -> Result<Progress<T>, Desync> {
+        let done = self.complete_entry();
+        Ok(Progress::Completed { route, done })
+    }
+
+    fn complete_entry(&mut self) -> Entry<T> {
+        match self.entries.pop_front() {
+            Some(e) => e,
+            // Callers check for a front entry before completing it.
+            None => Entry {
+                expect: Expect::Sync,
+                route: Route::Forward,
+                payload: None,
+            },
+        }
+    }
+
+    fn desync(&self, got: u8) -> Desync {
+        Desync {
+            got,
+            expected: self.entries.front().map(|e| e.expect.clone()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Q = ResponseQueue<u32>;
+
+    fn push_all(q: &mut Q, client: &[u8]) {
+        for &t in client {
+            q.push_for_client(t, b'P', None);
+        }
+    }
+
+    /// Feeds server messages; returns the routes of those that completed
+    /// an entry, as (tag, route) pairs.
+    fn feed(q: &mut Q, server: &[u8]) -> Vec<(u8, Route)> {
+        let mut out = Vec::new();
+        for &t in server {
+            match q.on_server(t).unwrap() {
+                Progress::Completed { route, .. } => out.push((t, route)),
+                Progress::Within { .. } | Progress::Async => {}
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn extended_round_trip_completes_in_order() {
+        let mut q = Q::new();
+        push_all(&mut q, b"PBDES");
+        let done = feed(&mut q, b"12TDDCZ");
+        let tags: Vec<u8> = done.iter().map(|d| d.0).collect();
+        assert_eq!(tags, b"12TCZ");
+        assert!(q.idle());
+    }
+
+    #[test]
+    fn flush_expects_nothing() {
+        let mut q = Q::new();
+        assert!(!q.push_for_client(b'H', 0, None));
+        assert!(!q.push_for_client(b'd', 0, None));
+        assert!(!q.push_for_client(b'c', 0, None));
+        assert!(q.idle());
+    }
+
+    #[test]
+    fn flush_without_sync_answers_as_it_goes() {
+        // psycopg pipeline mode: Parse Bind Describe Execute Flush, no Sync.
+        let mut q = Q::new();
+        push_all(&mut q, b"PBDE");
+        assert_eq!(feed(&mut q, b"12nC").len(), 4);
+        assert!(q.idle());
+    }
+
+    #[test]
+    fn error_mid_pipeline_skips_to_sync() {
+        // Two statements in one segment; the second Bind fails.
+        let mut q = Q::new();
+        push_all(&mut q, b"BDEBDES");
+        let done = feed(&mut q, b"2nC");
+        assert_eq!(done.len(), 3);
+        // Error at the second Bind: D, E are skipped by the server.
+        match q.on_server(b'E').unwrap() {
+            Progress::Completed { done, route } => {
+                assert_eq!(done.expect, Expect::BindComplete);
+                assert_eq!(route, Route::Forward);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(q.len(), 1);
+        assert_eq!(feed(&mut q, b"Z"), vec![(b'Z', Route::Forward)]);
+        assert!(q.idle());
+    }
+
+    #[test]
+    fn error_without_sync_skips_later_pushes_until_sync() {
+        let mut q = Q::new();
+        push_all(&mut q, b"BDE");
+        q.on_server(b'E').unwrap();
+        assert!(!q.idle(), "server is discarding until Sync");
+        // The client goes on sending before it notices; the server drops these.
+        push_all(&mut q, b"BDE");
+        assert!(q.is_empty());
+        push_all(&mut q, b"S");
+        assert_eq!(feed(&mut q, b"Z").len(), 1);
+        assert!(q.idle());
+        // After the Sync everything is answered again.
+        push_all(&mut q, b"BDES");
+        assert_eq!(feed(&mut q, b"2nCZ").len(), 4);
+    }
+
+    #[test]
+    fn error_in_simple_query_ends_at_ready() {
+        let mut q = Q::new();
+        push_all(&mut q, b"Q");
+        assert!(matches!(
+            q.on_server(b'T').unwrap(),
+            Progress::Within { .. }
+        ));
+        assert!(matches!(
+            q.on_server(b'E').unwrap(),
+            Progress::Within { .. }
+        ));
+        assert_eq!(feed(&mut q, b"Z").len(), 1);
+        assert!(q.idle());
+    }
+
+    #[test]
+    fn multi_statement_query_and_copy() {
+        let mut q = Q::new();
+        push_all(&mut q, b"Q");
+        // COPY out, then another statement's rows, then ready.
+        assert!(feed(&mut q, b"HddcCTDCZ").len() == 1);
+        push_all(&mut q, b"Q");
+        // COPY in: client sends CopyData/CopyDone (no entries), server completes.
+        q.push_for_client(b'd', 0, None);
+        q.push_for_client(b'c', 0, None);
+        assert_eq!(feed(&mut q, b"GCZ").len(), 1);
+        assert!(q.idle());
+    }
+
+    #[test]
+    fn describe_statement_takes_parameter_description() {
+        let mut q = Q::new();
+        q.push_for_client(b'D', b'S', None);
+        q.push_for_client(b'S', 0, None);
+        assert_eq!(feed(&mut q, b"tTZ").len(), 2);
+    }
+
+    #[test]
+    fn notices_and_notifications_are_async() {
+        let mut q = Q::new();
+        push_all(&mut q, b"ES");
+        assert!(matches!(q.on_server(b'N').unwrap(), Progress::Async));
+        assert!(matches!(q.on_server(b'A').unwrap(), Progress::Async));
+        assert!(matches!(q.on_server(b'S').unwrap(), Progress::Async));
+        assert_eq!(feed(&mut q, b"CZ").len(), 2);
+        // Also with nothing outstanding.
+        assert!(matches!(q.on_server(b'A').unwrap(), Progress::Async));
+        assert!(matches!(q.on_server(b'E').unwrap(), Progress::Async));
+    }
+
+    #[test]
+    fn swallowed_injection_and_synthesized_answer_keep_order() {
+        // The proxy injects Parse+Bind ahead of the client's Execute, and
+        // answers a client Describe itself after the Execute's result.
+        let mut q = Q::new();
+        q.push(Expect::ParseComplete, Route::Swallow, None);
+        q.push(Expect::BindComplete, Route::Swallow, None);
+        q.push(Expect::Execute, Route::Forward, Some(7));
+        q.push_synthesized(Bytes::from_static(b"n\0\0\0\x04"));
+        q.push(Expect::Sync, Route::Forward, None);
+
+        let mut synth = Vec::new();
+        q.take_synthesized(&mut synth);
+        assert!(synth.is_empty(), "nothing before it has been answered");
+        assert_eq!(
+            feed(&mut q, b"12"),
+            vec![(b'1', Route::Swallow), (b'2', Route::Swallow)]
+        );
+        assert_eq!(q.front_payload_mut().copied(), Some(7));
+        match q.on_server(b'C').unwrap() {
+            Progress::Completed { done, route } => {
+                assert_eq!((done.payload, route), (Some(7), Route::Forward))
+            }
+            other => panic!("{other:?}"),
+        }
+        q.take_synthesized(&mut synth);
+        assert_eq!(synth, vec![Bytes::from_static(b"n\0\0\0\x04")]);
+        assert_eq!(feed(&mut q, b"Z").len(), 1);
+    }
+
+    #[test]
+    fn error_drops_synthesized_answers_of_skipped_requests() {
+        let mut q = Q::new();
+        q.push(Expect::BindComplete, Route::Forward, None);
+        q.push_synthesized(Bytes::from_static(b"x"));
+        q.push(Expect::Sync, Route::Forward, None);
+        q.on_server(b'E').unwrap();
+        let mut synth = Vec::new();
+        q.take_synthesized(&mut synth);
+        assert!(synth.is_empty());
+        assert_eq!(feed(&mut q, b"Z").len(), 1);
+    }
+
+    #[test]
+    fn startup_runs_until_first_ready() {
+        let mut q = Q::new();
+        q.push(Expect::Startup, Route::Forward, None);
+        for t in b"RRRSSK" {
+            assert!(!matches!(
+                q.on_server(*t).unwrap(),
+                Progress::Completed { .. }
+            ));
+        }
+        assert_eq!(feed(&mut q, b"Z").len(), 1);
+        assert!(q.idle());
+    }
+
+    #[test]
+    fn commit_error_at_sync_keeps_waiting_for_ready() {
+        let mut q = Q::new();
+        push_all(&mut q, b"S");
+        assert!(matches!(
+            q.on_server(b'E').unwrap(),
+            Progress::Within { .. }
+        ));
+        assert_eq!(feed(&mut q, b"Z").len(), 1);
+    }
+
+    #[test]
+    fn unexpected_message_is_a_desync() {
+        let mut q = Q::new();
+        push_all(&mut q, b"P");
+        let err = q.on_server(b'2').unwrap_err();
+        assert_eq!(err.expected, Some(Expect::ParseComplete));
+        let mut q = Q::new();
+        assert!(q.on_server(b'D').is_err());
+    }
+
+    #[test]
+    fn function_call_ends_at_ready() {
+        let mut q = Q::new();
+        push_all(&mut q, b"F");
+        assert_eq!(feed(&mut q, b"VZ").len(), 1);
+    }
+}

@@ -1,0 +1,210 @@
+//! The untyped first packet of a connection: SSLRequest, GSSENCRequest,
+//! CancelRequest or StartupMessage. It has no type byte, only a length and
+//! a 4-byte code, so it is framed apart from everything that follows.
+
+use std::fmt;
+
+/// Startup packets are small; PostgreSQL itself caps them at 10000 bytes.
+pub const MAX_STARTUP_LEN: usize = 10_000;
+
+const SSL_REQUEST: u32 = 80_877_103;
+const GSSENC_REQUEST: u32 = 80_877_104;
+const CANCEL_REQUEST: u32 = 80_877_102;
+
+/// What the client opened with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FirstPacket {
+    SslRequest,
+    GssEncRequest,
+    /// Process id and secret key of the backend to cancel (the key is 4
+    /// bytes in protocol 3.0, up to 256 in 3.2; kept verbatim).
+    Cancel {
+        pid: i32,
+        key: Vec<u8>,
+    },
+    /// A protocol 3.x startup with its parameters, and the raw packet so it
+    /// can be forwarded byte for byte.
+    Startup(StartupMessage),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartupMessage {
+    pub major: u16,
+    pub minor: u16,
+    pub params: Vec<(String, String)>,
+    pub raw: Vec<u8>,
+}
+
+impl StartupMessage {
+    pub fn param(&self, name: &str) -> Option<&str> {
+        self.params
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The role, as PostgreSQL reads it.
+    pub fn user(&self) -> &str {
+        self.param("user").unwrap_or("")
+    }
+
+    /// The database; PostgreSQL defaults it to the user name.
+    pub fn database(&self) -> &str {
+        self.param("database").unwrap_or_else(|| self.user())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartupError {
+    BadLength(i32),
+    UnsupportedProtocol { major: u16, minor: u16 },
+    Malformed(&'static str),
+}
+
+impl fmt::Display for StartupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StartupError::BadLength(n) => write!(f, "invalid length of startup packet: {n}"),
+            StartupError::UnsupportedProtocol { major, minor } => write!(
+                f,
+                "unsupported frontend protocol {major}.{minor}: server supports 3.0 to 3.2"
+            ),
+            StartupError::Malformed(what) => write!(f, "invalid startup packet layout: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for StartupError {}
+
+/// Frames the first packet: `Ok(None)` until all of it is buffered.
+pub fn peek_len(buf: &[u8]) -> Result<Option<usize>, StartupError> {
+    if buf.len() < 4 {
+        return Ok(None);
+    }
+    let len = i32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
+    if !(8..=MAX_STARTUP_LEN as i32).contains(&len) {
+        return Err(StartupError::BadLength(len));
+    }
+    let len = len as usize;
+    Ok((buf.len() >= len).then_some(len))
+}
+
+/// Decodes a whole first packet (length prefix included).
+pub fn parse(packet: &[u8]) -> Result<FirstPacket, StartupError> {
+    let code = u32::from_be_bytes([packet[4], packet[5], packet[6], packet[7]]);
+    let body = &packet[8..];
+    match code {
+        SSL_REQUEST => Ok(FirstPacket::SslRequest),
+        GSSENC_REQUEST => Ok(FirstPacket::GssEncRequest),
+        CANCEL_REQUEST => {
+            if body.len() < 8 {
+                return Err(StartupError::Malformed("cancel request too short"));
+            }
+            let pid = i32::from_be_bytes([body[0], body[1], body[2], body[3]]);
+            Ok(FirstPacket::Cancel {
+                pid,
+                key: body[4..].to_vec(),
+            })
+        }
+        _ => {
+            let major = (code >> 16) as u16;
+            let minor = (code & 0xffff) as u16;
+            if major != 3 {
+                return Err(StartupError::UnsupportedProtocol { major, minor });
+            }
+            Ok(FirstPacket::Startup(StartupMessage {
+                major,
+                minor,
+                params: parse_params(body)?,
+                raw: packet.to_vec(),
+            }))
+        }
+    }
+}
+
+fn parse_params(mut body: &[u8]) -> Result<Vec<(String, String)>, StartupError> {
+    let mut params = Vec::new();
+    loop {
+        let (key, rest) =
+            super::frame::cstr(body).ok_or(StartupError::Malformed("unterminated name"))?;
+        if key.is_empty() {
+            return Ok(params);
+        }
+        let (value, rest) =
+            super::frame::cstr(rest).ok_or(StartupError::Malformed("unterminated value"))?;
+        params.push((
+            String::from_utf8_lossy(key).into_owned(),
+            String::from_utf8_lossy(value).into_owned(),
+        ));
+        body = rest;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn packet(code: u32, body: &[u8]) -> Vec<u8> {
+        let mut v = ((body.len() + 8) as i32).to_be_bytes().to_vec();
+        v.extend_from_slice(&code.to_be_bytes());
+        v.extend_from_slice(body);
+        v
+    }
+
+    #[test]
+    fn decodes_startup_parameters() {
+        let p = packet(
+            196_608,
+            b"user\0alice\0database\0db1\0application_name\0app\0\0",
+        );
+        assert_eq!(peek_len(&p).unwrap(), Some(p.len()));
+        let FirstPacket::Startup(s) = parse(&p).unwrap() else {
+            panic!("not a startup")
+        };
+        assert_eq!((s.user(), s.database()), ("alice", "db1"));
+        assert_eq!(s.param("application_name"), Some("app"));
+        assert_eq!(s.raw, p);
+    }
+
+    #[test]
+    fn database_defaults_to_user() {
+        let p = packet(196_608, b"user\0bob\0\0");
+        let FirstPacket::Startup(s) = parse(&p).unwrap() else {
+            panic!("not a startup")
+        };
+        assert_eq!(s.database(), "bob");
+    }
+
+    #[test]
+    fn recognizes_negotiation_and_cancel() {
+        assert_eq!(
+            parse(&packet(SSL_REQUEST, b"")).unwrap(),
+            FirstPacket::SslRequest
+        );
+        assert_eq!(
+            parse(&packet(GSSENC_REQUEST, b"")).unwrap(),
+            FirstPacket::GssEncRequest
+        );
+        let c = parse(&packet(CANCEL_REQUEST, &[0, 0, 0, 7, 1, 2, 3, 4])).unwrap();
+        assert_eq!(
+            c,
+            FirstPacket::Cancel {
+                pid: 7,
+                key: vec![1, 2, 3, 4]
+            }
+        );
+    }
+
+    #[test]
+    fn refuses_wrong_versions_and_garbage() {
+        let p = packet((9 << 16) | 9, b"user\0x\0\0");
+        assert!(matches!(
+            parse(&p),
+            Err(StartupError::UnsupportedProtocol { major: 9, minor: 9 })
+        ));
+        assert!(peek_len(b"GET / HTTP/1.1\r\n").is_err());
+        assert!(peek_len(&[0, 0, 0, 2]).is_err());
+        assert_eq!(peek_len(&[0, 0]).unwrap(), None);
+        assert!(parse(&packet(196_608, b"user\0x")).is_err());
+    }
+}
