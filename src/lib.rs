@@ -6,5 +6,7 @@
 //! [`audit`] records what the proxy saw and decided.
 
 pub mod audit;
+pub mod config;
+pub mod managed_pg;
 pub mod saver;
 pub mod wire;

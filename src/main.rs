@@ -1,1 +1,202 @@
-fn main() {}
+//! The `resumeguard` command: `serve` runs the proxy, `audit` reads the
+//! audit trail.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use resumeguard::audit::{self, AuditSink};
+use resumeguard::config::{upstream_addr, Config};
+use resumeguard::managed_pg::ManagedPostgres;
+use resumeguard::saver::classify::Classifier;
+use resumeguard::saver::profile::{load_profiles, SaverProfile};
+use resumeguard::wire::{listener, proxy::Proxy};
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "A PostgreSQL proxy that makes LangGraph resume mean resume"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy (with no upstream configured: in front of a managed
+    /// local PostgreSQL).
+    Serve {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Address to listen on (default 127.0.0.1:6432).
+        #[arg(long)]
+        listen: Option<String>,
+        /// Upstream PostgreSQL: host:port or postgres:// URL.
+        #[arg(long)]
+        upstream: Option<String>,
+        /// Directory of saver profiles.
+        #[arg(long)]
+        rules: Option<PathBuf>,
+        /// SQLite file of the audit trail.
+        #[arg(long)]
+        audit_db: Option<PathBuf>,
+        /// Also write audit events as JSON lines to this file ("-" = stdout).
+        #[arg(long)]
+        audit_jsonl: Option<String>,
+        /// Directory for the proxy's state (audit db, managed PostgreSQL).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
+    /// Print the audit trail of one thread.
+    Audit {
+        #[arg(long)]
+        thread: String,
+        /// Machine-readable JSON instead of the timeline.
+        #[arg(long)]
+        json: bool,
+        #[arg(long)]
+        audit_db: Option<PathBuf>,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "resumeguard=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Serve {
+            config,
+            listen,
+            upstream,
+            rules,
+            audit_db,
+            audit_jsonl,
+            state_dir,
+        } => {
+            let mut cfg = load_config(config)?;
+            cfg.listen = listen.unwrap_or(cfg.listen);
+            cfg.upstream = upstream.or(cfg.upstream);
+            cfg.rules_dir = rules.or(cfg.rules_dir);
+            cfg.state_dir = state_dir.unwrap_or(cfg.state_dir);
+            cfg.audit.sqlite = Some(audit_db.unwrap_or_else(|| cfg.audit_db()));
+            cfg.audit.jsonl = audit_jsonl.or(cfg.audit.jsonl);
+            serve(cfg)
+        }
+        Command::Audit {
+            thread,
+            json,
+            audit_db,
+            config,
+        } => {
+            let cfg = load_config(config)?;
+            let db = audit_db.unwrap_or_else(|| cfg.audit_db());
+            let events = audit::thread_events(&db, &thread)
+                .with_context(|| format!("reading audit trail {}", db.display()))?;
+            if json {
+                println!("{}", audit::render_json(&events));
+            } else {
+                print!("{}", audit::render_timeline(&events));
+            }
+            Ok(())
+        }
+    }
+}
+
+fn load_config(path: Option<PathBuf>) -> anyhow::Result<Config> {
+    match path {
+        Some(p) => Config::load(&p),
+        None => Ok(Config::default()),
+    }
+}
+
+fn serve(cfg: Config) -> anyhow::Result<()> {
+    let profiles = match &cfg.rules_dir {
+        Some(dir) => load_profiles(dir)?,
+        None => vec![SaverProfile::langgraph_python()],
+    };
+    if let Some(parent) = cfg.audit_db().parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let audit = AuditSink::start(&cfg.audit)?;
+    let managed = match &cfg.upstream {
+        Some(_) => None,
+        None => Some(ManagedPostgres::start(&cfg.managed, &cfg.state_dir)?),
+    };
+    let upstream = match (&managed, &cfg.upstream) {
+        (Some(m), _) => m.addr(),
+        (None, u) => upstream_addr(u.as_deref().unwrap_or_default())?,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let result = runtime.block_on(async {
+        let listener = TcpListener::bind(&cfg.listen)
+            .await
+            .with_context(|| format!("listening on {}", cfg.listen))?;
+        let local = listener.local_addr()?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let proxy = Arc::new(Proxy::new(
+            cfg.relay(upstream.clone()),
+            Arc::new(Classifier::new(profiles)),
+            audit.clone(),
+            stop_rx,
+        ));
+        tracing::info!(listen = %local, %upstream, audit = %cfg.audit_db().display(), "resumeguard serving");
+        let user = if managed.is_some() { "postgres@" } else { "" };
+        println!("DATABASE_URL=postgres://{user}{local}/postgres");
+        let stop = async move {
+            wait_for_signal().await;
+            tracing::info!("shutdown requested");
+            let _ = stop_tx.send(true);
+        };
+        listener::run(
+            proxy,
+            listener,
+            stop,
+            Duration::from_millis(cfg.shutdown_grace_ms),
+        )
+        .await;
+        anyhow::Ok(())
+    });
+    audit.shutdown(Duration::from_secs(5));
+    if let Some(m) = managed {
+        m.stop();
+    }
+    result
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

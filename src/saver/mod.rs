@@ -1,5 +1,6 @@
 //! Checkpoint-saver traffic: recognition and decoding.
 
+pub mod bind;
 pub mod checkpoint_row;
 pub mod classify;
 pub mod data_row;
@@ -7,3 +8,4 @@ pub mod decode_error;
 pub mod pg_array;
 pub mod profile;
 pub mod value;
+pub mod write_record;

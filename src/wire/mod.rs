@@ -1,5 +1,12 @@
-//! The wire layer: framing, relaying, protocol state.
+//! The wire layer: framing, relaying, protocol state. It routes what the
+//! saver layer recognizes; it decides nothing about checkpoints itself.
 
+pub mod backend;
 pub mod frame;
+pub mod listener;
+pub mod proxy;
 pub mod response_queue;
+pub mod session;
+pub mod session_state;
 pub mod startup;
+pub mod watch;

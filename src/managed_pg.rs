@@ -1,0 +1,177 @@
+//! The embedded default: a PostgreSQL server the proxy starts itself from
+//! the installed server binaries, on loopback, in a data directory it owns.
+//! PostgreSQL refuses to run as root, so when the proxy is root the server
+//! runs as the `postgres` system user.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context};
+
+use crate::config::ManagedConfig;
+
+pub struct ManagedPostgres {
+    bin_dir: PathBuf,
+    data_dir: PathBuf,
+    as_postgres_user: bool,
+    pub port: u16,
+}
+
+impl ManagedPostgres {
+    /// Initializes the data directory if needed and starts the server.
+    pub fn start(cfg: &ManagedConfig, state_dir: &Path) -> anyhow::Result<Self> {
+        let bin_dir = match &cfg.bin_dir {
+            Some(d) => d.clone(),
+            None => find_bin_dir()?,
+        };
+        let data_dir = cfg
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| state_dir.join("postgres"));
+        std::fs::create_dir_all(&data_dir)
+            .with_context(|| format!("creating {}", data_dir.display()))?;
+        let data_dir = data_dir.canonicalize()?;
+        let as_postgres_user = running_as_root();
+        let port = match cfg.port {
+            0 => free_port()?,
+            p => p,
+        };
+        let pg = ManagedPostgres {
+            bin_dir,
+            data_dir,
+            as_postgres_user,
+            port,
+        };
+        if as_postgres_user {
+            run(Command::new("chown")
+                .arg("-R")
+                .arg("postgres:")
+                .arg(&pg.data_dir))?;
+            // The server must be able to reach its data directory.
+            let mut dir = pg.data_dir.parent();
+            while let Some(d) = dir {
+                run(Command::new("chmod").arg("o+x").arg(d))?;
+                dir = d.parent();
+            }
+        }
+        if !pg.data_dir.join("PG_VERSION").exists() {
+            tracing::info!(dir = %pg.data_dir.display(), "initializing managed PostgreSQL");
+            pg.run_pg(
+                "initdb",
+                &[
+                    "-D",
+                    &pg.data_dir.to_string_lossy(),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "-E",
+                    "UTF8",
+                    "--no-instructions",
+                ],
+            )?;
+        }
+        let opts = format!(
+            "-p {} -h 127.0.0.1 -k {}",
+            pg.port,
+            pg.data_dir.to_string_lossy()
+        );
+        let log = pg.data_dir.join("server.log");
+        pg.run_pg(
+            "pg_ctl",
+            &[
+                "-D",
+                &pg.data_dir.to_string_lossy(),
+                "-o",
+                &opts,
+                "-l",
+                &log.to_string_lossy(),
+                "-w",
+                "start",
+            ],
+        )
+        .with_context(|| format!("starting PostgreSQL (log: {})", log.display()))?;
+        tracing::info!(port = pg.port, "managed PostgreSQL started");
+        Ok(pg)
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Stops the server (fast: open transactions roll back).
+    pub fn stop(&self) {
+        let dir = self.data_dir.to_string_lossy().into_owned();
+        match self.run_pg("pg_ctl", &["-D", &dir, "-m", "fast", "-w", "stop"]) {
+            Ok(()) => tracing::info!("managed PostgreSQL stopped"),
+            Err(e) => tracing::warn!(error = %e, "stopping managed PostgreSQL failed"),
+        }
+    }
+
+    fn run_pg(&self, tool: &str, args: &[&str]) -> anyhow::Result<()> {
+        let exe = self.bin_dir.join(tool);
+        let mut cmd = if self.as_postgres_user {
+            let mut c = Command::new("runuser");
+            c.arg("-u").arg("postgres").arg("--").arg(&exe);
+            c
+        } else {
+            Command::new(&exe)
+        };
+        cmd.args(args);
+        run(&mut cmd)
+    }
+}
+
+fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("running {:?}", cmd.get_program()))?;
+    if !out.status.success() {
+        bail!(
+            "{:?} failed ({}): {}",
+            cmd.get_program(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// The newest `/usr/lib/postgresql/<version>/bin` with a `postgres` in it.
+fn find_bin_dir() -> anyhow::Result<PathBuf> {
+    let root = Path::new("/usr/lib/postgresql");
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir(root)
+        .with_context(|| {
+            format!(
+                "no PostgreSQL server found under {} (install postgresql, or set upstream)",
+                root.display()
+            )
+        })?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("postgres").exists().then_some((version, bin))
+        })
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .map(|(_, bin)| bin)
+        .context("no PostgreSQL server binaries under /usr/lib/postgresql/*/bin")
+}
+
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|euid| euid == "0"))
+        })
+        .unwrap_or(false)
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}

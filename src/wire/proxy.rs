@@ -1,0 +1,111 @@
+//! What every session of one proxy process shares: configuration, the
+//! statement classifier, the audit sink, the cancel-key registry.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dashmap::DashMap;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use crate::audit::AuditSink;
+use crate::saver::classify::Classifier;
+
+/// Settings of the relay itself.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// `host:port` of the PostgreSQL server behind the proxy.
+    pub upstream: String,
+    pub connect_timeout: Duration,
+    pub startup_timeout: Duration,
+    /// Largest client message accepted (PostgreSQL's own cap is 1 GiB).
+    pub max_message_bytes: usize,
+    /// Largest server message accepted.
+    pub max_backend_message_bytes: usize,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        RelayConfig {
+            upstream: "127.0.0.1:5432".into(),
+            connect_timeout: Duration::from_secs(5),
+            startup_timeout: Duration::from_secs(30),
+            max_message_bytes: (1 << 30) - 1,
+            max_backend_message_bytes: i32::MAX as usize,
+        }
+    }
+}
+
+pub struct Proxy {
+    pub config: RelayConfig,
+    pub classifier: Arc<Classifier>,
+    pub audit: AuditSink,
+    /// BackendKeyData of live sessions: a CancelRequest is forwarded only
+    /// for a key the proxy handed out, so the proxy cannot be used to
+    /// probe or cancel arbitrary backends.
+    pub cancel_keys: DashMap<(i32, Vec<u8>), ()>,
+    pub next_session_id: AtomicU64,
+    /// Flips to `true` when the proxy starts shutting down.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+impl Proxy {
+    pub fn new(
+        config: RelayConfig,
+        classifier: Arc<Classifier>,
+        audit: AuditSink,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        Proxy {
+            config,
+            classifier,
+            audit,
+            cancel_keys: DashMap::new(),
+            next_session_id: AtomicU64::new(1),
+            shutdown,
+        }
+    }
+
+    pub async fn connect_upstream(&self) -> std::io::Result<TcpStream> {
+        let connect = TcpStream::connect(&self.config.upstream);
+        let stream = tokio::time::timeout(self.config.connect_timeout, connect)
+            .await
+            .map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "connecting to {} timed out after {:?}",
+                        self.config.upstream, self.config.connect_timeout
+                    ),
+                )
+            })??;
+        stream.set_nodelay(true)?;
+        Ok(stream)
+    }
+
+    /// A CancelRequest arrives on its own connection carrying the backend
+    /// key the client saw; the proxy passed the server's key through, so
+    /// the request goes to the upstream verbatim.
+    pub async fn forward_cancel(&self, pid: i32, key: Vec<u8>) {
+        if !self.cancel_keys.contains_key(&(pid, key.clone())) {
+            tracing::info!(pid, "cancel request for an unknown backend key ignored");
+            return;
+        }
+        let mut packet = Vec::with_capacity(12 + key.len());
+        packet.extend_from_slice(&((12 + key.len()) as i32).to_be_bytes());
+        packet.extend_from_slice(&80_877_102i32.to_be_bytes());
+        packet.extend_from_slice(&pid.to_be_bytes());
+        packet.extend_from_slice(&key);
+        match self.connect_upstream().await {
+            Ok(mut s) => {
+                if let Err(e) = s.write_all(&packet).await {
+                    tracing::warn!(pid, error = %e, "forwarding cancel request failed");
+                }
+                tracing::info!(pid, "cancel request forwarded");
+            }
+            Err(e) => tracing::warn!(pid, error = %e, "cancel request: upstream unreachable"),
+        }
+    }
+}

@@ -1,0 +1,340 @@
+//! The session state driven with the message sequences psycopg sends for
+//! the saver, and the server's answers.
+
+use super::*;
+use crate::audit::Operation;
+use crate::saver::profile::SaverProfile;
+
+const WRITE_SQL: &str = "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET channel = EXCLUDED.channel, type = EXCLUDED.type, blob = EXCLUDED.blob";
+const READ_SQL: &str = "select thread_id, checkpoint, checkpoint_ns, checkpoint_id, parent_checkpoint_id, metadata, channel_values, pending_writes from checkpoints WHERE thread_id = $1 AND checkpoint_ns = $2 ORDER BY checkpoint_id DESC LIMIT 1";
+
+fn state() -> SessionState {
+    let classifier = Arc::new(Classifier::new(vec![SaverProfile::langgraph_python()]));
+    SessionState::new(classifier, SessionContext::default())
+}
+
+fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut v = vec![tag];
+    v.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
+    v.extend_from_slice(body);
+    v
+}
+
+fn parse(name: &str, sql: &str) -> Vec<u8> {
+    let mut b = Vec::new();
+    for s in [name, sql] {
+        b.extend_from_slice(s.as_bytes());
+        b.push(0);
+    }
+    b.extend_from_slice(&0i16.to_be_bytes());
+    msg(b'P', &b)
+}
+
+fn bind(stmt: &str, formats: &[i16], params: &[Option<&[u8]>], results: &[i16]) -> Vec<u8> {
+    crate::saver::bind::tests::bind_frame(stmt, formats, params, results)
+}
+
+fn execute() -> Vec<u8> {
+    msg(b'E', b"\0\0\0\0\0")
+}
+
+fn ready(status: u8) -> Vec<u8> {
+    msg(b'Z', &[status])
+}
+
+fn interrupt_bind(stmt: &str) -> Vec<u8> {
+    bind(
+        stmt,
+        &[0, 0, 0, 0, 0, 1, 0, 0, 1],
+        &[
+            Some(b"t1"),
+            Some(b""),
+            Some(b"ck1"),
+            Some(b"task-1"),
+            Some(b"~__pregel_pull, gate"),
+            Some(&[0xff, 0xfd]),
+            Some(b"__interrupt__"),
+            Some(b"msgpack"),
+            Some(&[0x90]),
+        ],
+        &[],
+    )
+}
+
+fn client(st: &mut SessionState, frames: &[Vec<u8>]) {
+    for f in frames {
+        st.on_client(f).unwrap();
+    }
+}
+
+fn server(st: &mut SessionState, frames: &[Vec<u8>]) -> Vec<ServerVerdict> {
+    frames.iter().map(|f| st.on_server(f).unwrap()).collect()
+}
+
+fn ops(st: &mut SessionState) -> Vec<Operation> {
+    std::mem::take(&mut st.ready_events)
+        .into_iter()
+        .map(|e| e.operation)
+        .collect()
+}
+
+#[test]
+fn a_committed_interrupt_write_is_audited_at_ready_for_query() {
+    let mut st = state();
+    client(
+        &mut st,
+        &[
+            parse("_pg3_1", WRITE_SQL),
+            interrupt_bind("_pg3_1"),
+            msg(b'D', b"P\0"),
+            execute(),
+            msg(b'S', b""),
+        ],
+    );
+    server(&mut st, &[msg(b'1', b""), msg(b'2', b""), msg(b'n', b"")]);
+    server(&mut st, &[msg(b'C', b"INSERT 0 1\0")]);
+    assert!(
+        ops(&mut st).is_empty(),
+        "not durable before the Sync's answer"
+    );
+    server(&mut st, &[ready(b'I')]);
+    let events = std::mem::take(&mut st.ready_events);
+    let kinds: Vec<_> = events.iter().map(|e| e.operation).collect();
+    assert_eq!(kinds, [Operation::WritesPut, Operation::InterruptParked]);
+    assert_eq!(events[0].thread_id.as_deref(), Some("t1"));
+    assert_eq!(events[0].task_id.as_deref(), Some("task-1"));
+    assert_eq!(events[0].blob_sha256.len(), 1);
+    assert!(st.is_idle());
+}
+
+#[test]
+fn a_failed_segment_records_no_write() {
+    let mut st = state();
+    client(
+        &mut st,
+        &[
+            parse("_pg3_1", WRITE_SQL),
+            interrupt_bind("_pg3_1"),
+            msg(b'D', b"P\0"),
+            execute(),
+            interrupt_bind("_pg3_1"),
+            msg(b'D', b"P\0"),
+            execute(),
+            msg(b'S', b""),
+        ],
+    );
+    server(
+        &mut st,
+        &[
+            msg(b'1', b""),
+            msg(b'2', b""),
+            msg(b'n', b""),
+            msg(b'C', b"INSERT 0 1\0"),
+            msg(b'E', b"SERROR\0C23505\0Mduplicate\0\0"),
+            ready(b'I'),
+        ],
+    );
+    assert!(
+        ops(&mut st).is_empty(),
+        "the first write rolled back with the segment"
+    );
+    assert!(st.is_idle());
+}
+
+#[test]
+fn writes_in_an_explicit_transaction_wait_for_commit() {
+    let mut st = state();
+    client(&mut st, &[msg(b'Q', b"BEGIN\0")]);
+    server(&mut st, &[msg(b'C', b"BEGIN\0"), ready(b'T')]);
+    client(
+        &mut st,
+        &[
+            parse("", WRITE_SQL),
+            interrupt_bind(""),
+            execute(),
+            msg(b'S', b""),
+        ],
+    );
+    server(
+        &mut st,
+        &[
+            msg(b'1', b""),
+            msg(b'2', b""),
+            msg(b'C', b"INSERT 0 1\0"),
+            ready(b'T'),
+        ],
+    );
+    assert!(ops(&mut st).is_empty());
+    assert!(!st.is_idle(), "a transaction is open");
+    client(&mut st, &[msg(b'Q', b"COMMIT\0")]);
+    server(&mut st, &[msg(b'C', b"COMMIT\0"), ready(b'I')]);
+    assert_eq!(
+        ops(&mut st),
+        [Operation::WritesPut, Operation::InterruptParked]
+    );
+}
+
+#[test]
+fn rolled_back_transaction_records_nothing() {
+    let mut st = state();
+    client(&mut st, &[msg(b'Q', b"BEGIN\0")]);
+    server(&mut st, &[msg(b'C', b"BEGIN\0"), ready(b'T')]);
+    client(
+        &mut st,
+        &[
+            parse("", WRITE_SQL),
+            interrupt_bind(""),
+            execute(),
+            msg(b'S', b""),
+        ],
+    );
+    server(
+        &mut st,
+        &[
+            msg(b'1', b""),
+            msg(b'2', b""),
+            msg(b'C', b"INSERT 0 1\0"),
+            ready(b'T'),
+        ],
+    );
+    client(&mut st, &[msg(b'Q', b"ROLLBACK\0")]);
+    server(&mut st, &[msg(b'C', b"ROLLBACK\0"), ready(b'I')]);
+    assert!(ops(&mut st).is_empty());
+}
+
+/// A binary bytea[] of `rows` rows of `width` elements.
+fn bytea_2d(rows: &[&[&[u8]]]) -> Vec<u8> {
+    let width = rows.first().map_or(0, |r| r.len());
+    let mut v = Vec::new();
+    v.extend_from_slice(&2i32.to_be_bytes());
+    v.extend_from_slice(&0i32.to_be_bytes());
+    v.extend_from_slice(&17u32.to_be_bytes());
+    for n in [rows.len(), width] {
+        v.extend_from_slice(&(n as i32).to_be_bytes());
+        v.extend_from_slice(&1i32.to_be_bytes());
+    }
+    for row in rows {
+        for el in *row {
+            v.extend_from_slice(&(el.len() as i32).to_be_bytes());
+            v.extend_from_slice(el);
+        }
+    }
+    v
+}
+
+fn data_row(fields: &[Option<&[u8]>]) -> Vec<u8> {
+    let mut b = (fields.len() as i16).to_be_bytes().to_vec();
+    for f in fields {
+        match f {
+            Some(x) => {
+                b.extend_from_slice(&(x.len() as i32).to_be_bytes());
+                b.extend_from_slice(x);
+            }
+            None => b.extend_from_slice(&(-1i32).to_be_bytes()),
+        }
+    }
+    msg(b'D', &b)
+}
+
+#[test]
+fn a_read_of_a_parked_head_is_seen_as_parked() {
+    let mut st = state();
+    client(&mut st, &[parse("_pg3_0", READ_SQL), msg(b'S', b"")]);
+    server(&mut st, &[msg(b'1', b""), ready(b'I')]);
+    client(
+        &mut st,
+        &[
+            bind("_pg3_0", &[], &[Some(b"t1"), Some(b"")], &[1]),
+            msg(b'D', b"P\0"),
+            execute(),
+            msg(b'S', b""),
+        ],
+    );
+    let pending = bytea_2d(&[&[
+        b"task-1",
+        b"__interrupt__",
+        b"msgpack",
+        b"\x90",
+        b"~__pregel_pull, gate",
+        b"-3",
+    ]]);
+    let row = data_row(&[
+        Some(b"t1"),
+        Some(b"\x01{\"v\": 4}"),
+        Some(b""),
+        Some(b"ck1"),
+        Some(b"ck0"),
+        Some(b"\x01{}"),
+        None,
+        Some(&pending),
+    ]);
+    let verdicts = server(
+        &mut st,
+        &[
+            msg(b'2', b""),
+            msg(b'T', b"\0\0"),
+            row,
+            msg(b'C', b"SELECT 1\0"),
+            ready(b'I'),
+        ],
+    );
+    assert!(verdicts.iter().all(|v| v.route == Route::Forward));
+    let events = std::mem::take(&mut st.ready_events);
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].operation, Operation::ReadLatest);
+    assert_eq!(events[0].checkpoint_id.as_deref(), Some("ck1"));
+    assert_eq!(events[0].detail["parked"], true);
+    assert_eq!(events[0].detail["rows"], 1);
+}
+
+#[test]
+fn deallocate_all_forgets_named_statements() {
+    let mut st = state();
+    client(&mut st, &[parse("_pg3_1", WRITE_SQL), msg(b'S', b"")]);
+    server(&mut st, &[msg(b'1', b""), ready(b'I')]);
+    client(&mut st, &[msg(b'Q', b"DEALLOCATE ALL\0")]);
+    server(&mut st, &[msg(b'C', b"DEALLOCATE ALL\0"), ready(b'I')]);
+    // The name now means nothing to the proxy: even a malformed Bind of it
+    // is passed on for the server to judge.
+    st.on_client(&msg(b'B', b"\0_pg3_1\0\xff")).unwrap();
+}
+
+#[test]
+fn close_forgets_a_statement() {
+    let mut st = state();
+    client(
+        &mut st,
+        &[parse("s1", WRITE_SQL), msg(b'C', b"Ss1\0"), msg(b'S', b"")],
+    );
+    server(&mut st, &[msg(b'1', b""), msg(b'3', b""), ready(b'I')]);
+    st.on_client(&msg(b'B', b"\0s1\0\xff")).unwrap();
+}
+
+#[test]
+fn an_undecodable_bind_of_a_checkpoint_statement_fails_closed() {
+    let mut st = state();
+    client(&mut st, &[parse("s1", WRITE_SQL)]);
+    let err = st.on_client(&msg(b'B', b"\0s1\0\0\x01")).unwrap_err();
+    assert!(err.to_string().contains("checkpoint statement"), "{err}");
+}
+
+#[test]
+fn backend_key_and_application_name_are_picked_up() {
+    let mut st = state();
+    st.queue.push(
+        super::super::response_queue::Expect::Startup,
+        Route::Forward,
+        None,
+    );
+    let v = st
+        .on_server(&msg(b'K', &[0, 0, 0, 42, 9, 9, 9, 9]))
+        .unwrap();
+    assert_eq!(v.backend_key, Some((42, vec![9, 9, 9, 9])));
+    st.on_server(&msg(b'S', b"application_name\0worker-a\0"))
+        .unwrap();
+    assert_eq!(st.ctx.application_name, "worker-a");
+    let fatal = st
+        .on_server(&msg(b'E', b"SFATAL\0VFATAL\0C28P01\0Mno\0\0"))
+        .unwrap();
+    assert!(fatal.fatal);
+}
