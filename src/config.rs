@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 use serde::Deserialize;
 
 use crate::audit::AuditConfig;
-use crate::wire::proxy::RelayConfig;
+use crate::wire::proxy::{Legs, RelayConfig};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -32,6 +32,21 @@ pub struct Config {
     pub max_message_bytes: usize,
     pub audit: AuditConfig,
     pub managed: ManagedConfig,
+    pub enforce: EnforceConfig,
+}
+
+/// Which enforcement legs run (all on by default).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EnforceConfig {
+    /// Fork determinism: hide recorded answers from forks.
+    pub fork_filter: bool,
+}
+
+impl Default for EnforceConfig {
+    fn default() -> Self {
+        EnforceConfig { fork_filter: true }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -60,6 +75,7 @@ impl Default for Config {
             max_message_bytes: relay.max_message_bytes,
             audit: AuditConfig::default(),
             managed: ManagedConfig::default(),
+            enforce: EnforceConfig::default(),
         }
     }
 }
@@ -79,6 +95,12 @@ impl Config {
             startup_timeout: Duration::from_millis(self.startup_timeout_ms),
             max_message_bytes: self.max_message_bytes,
             ..RelayConfig::default()
+        }
+    }
+
+    pub fn legs(&self) -> Legs {
+        Legs {
+            fork_filter: self.enforce.fork_filter,
         }
     }
 

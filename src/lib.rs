@@ -8,5 +8,6 @@
 pub mod audit;
 pub mod config;
 pub mod managed_pg;
+pub mod policy;
 pub mod saver;
 pub mod wire;

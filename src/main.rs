@@ -1,6 +1,7 @@
 //! The `resumeguard` command: `serve` runs the proxy, `audit` reads the
 //! audit trail.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,6 +53,9 @@ enum Command {
         /// Directory for the proxy's state (audit db, managed PostgreSQL).
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// Turn every enforcement leg off: relay, recognize and audit only.
+        #[arg(long)]
+        no_enforce: bool,
     },
     /// Print the audit trail of one thread.
     Audit {
@@ -74,6 +78,7 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| "resumeguard=info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     match Cli::parse().command {
         Command::Serve {
@@ -84,6 +89,7 @@ fn main() -> anyhow::Result<()> {
             audit_db,
             audit_jsonl,
             state_dir,
+            no_enforce,
         } => {
             let mut cfg = load_config(config)?;
             cfg.listen = listen.unwrap_or(cfg.listen);
@@ -92,6 +98,9 @@ fn main() -> anyhow::Result<()> {
             cfg.state_dir = state_dir.unwrap_or(cfg.state_dir);
             cfg.audit.sqlite = Some(audit_db.unwrap_or_else(|| cfg.audit_db()));
             cfg.audit.jsonl = audit_jsonl.or(cfg.audit.jsonl);
+            if no_enforce {
+                cfg.enforce.fork_filter = false;
+            }
             serve(cfg)
         }
         Command::Audit {
@@ -150,6 +159,7 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         let (stop_tx, stop_rx) = watch::channel(false);
         let proxy = Arc::new(Proxy::new(
             cfg.relay(upstream.clone()),
+            cfg.legs(),
             Arc::new(Classifier::new(profiles)),
             audit.clone(),
             stop_rx,

@@ -43,6 +43,45 @@ impl BoundParams {
         })
     }
 
+    /// Encodes a Bind frame (type byte and length included).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut body = Vec::with_capacity(
+            64 + self
+                .params
+                .iter()
+                .flatten()
+                .map(|p| p.len() + 4)
+                .sum::<usize>(),
+        );
+        for name in [&self.portal, &self.statement] {
+            body.extend_from_slice(name.as_bytes());
+            body.push(0);
+        }
+        body.extend_from_slice(&(self.param_formats.len() as u16).to_be_bytes());
+        for f in &self.param_formats {
+            body.extend_from_slice(&f.to_be_bytes());
+        }
+        body.extend_from_slice(&(self.params.len() as u16).to_be_bytes());
+        for p in &self.params {
+            match p {
+                Some(b) => {
+                    body.extend_from_slice(&(b.len() as i32).to_be_bytes());
+                    body.extend_from_slice(b);
+                }
+                None => body.extend_from_slice(&(-1i32).to_be_bytes()),
+            }
+        }
+        body.extend_from_slice(&(self.result_formats.len() as u16).to_be_bytes());
+        for f in &self.result_formats {
+            body.extend_from_slice(&f.to_be_bytes());
+        }
+        let mut frame = Vec::with_capacity(body.len() + 5);
+        frame.push(b'B');
+        frame.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
+        frame.extend(body);
+        frame
+    }
+
     /// The format of parameter `i` by the protocol's rules: no codes =
     /// text, one code = all, else one per parameter.
     pub fn format_of(&self, i: usize) -> i16 {
@@ -167,6 +206,13 @@ pub(crate) mod tests {
         );
         assert_eq!(b.result_formats, vec![1]);
         assert!(b.value(9, ColumnKind::Text).is_err());
+    }
+
+    #[test]
+    fn encode_round_trips() {
+        let frame = bind_frame("s1", &[0, 1], &[Some(b"abc"), None], &[1, 0, 1]);
+        let b = BoundParams::decode(&frame).unwrap();
+        assert_eq!(b.encode(), frame);
     }
 
     #[test]

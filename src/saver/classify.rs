@@ -124,6 +124,9 @@ pub struct Classified {
     pub kind: StatementKind,
     /// Name of the saver profile that matched, if any.
     pub profile: Option<String>,
+    /// For a read by id: the same read returning the head checkpoint id
+    /// as an extra last column (see `fork_rewrite`), computed once here.
+    pub fork_sql: Option<String>,
 }
 
 /// Caps the cache so a client inventing SQL texts cannot grow it forever.
@@ -144,6 +147,7 @@ impl Classifier {
             other: Arc::new(Classified {
                 kind: StatementKind::Other,
                 profile: None,
+                fork_sql: None,
             }),
         }
     }
@@ -186,25 +190,35 @@ impl Classifier {
             return Classified {
                 kind: StatementKind::Unrecognized,
                 profile: Some(first.name.clone()),
+                fork_sql: None,
             };
         };
         let [statement] = statements.as_slice() else {
             return Classified {
                 kind: StatementKind::Unrecognized,
                 profile: Some(first.name.clone()),
+                fork_sql: None,
             };
         };
         for profile in &self.profiles {
             if let Some(kind) = shape_of(statement, profile) {
+                let fork_sql = match &kind {
+                    StatementKind::Read(r) if r.mode == ReadMode::ById => {
+                        super::fork_rewrite::add_head_column(sql)
+                    }
+                    _ => None,
+                };
                 return Classified {
                     kind,
                     profile: Some(profile.name.clone()),
+                    fork_sql,
                 };
             }
         }
         Classified {
             kind: StatementKind::Other,
             profile: None,
+            fork_sql: None,
         }
     }
 }

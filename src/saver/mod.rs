@@ -5,6 +5,8 @@ pub mod checkpoint_row;
 pub mod classify;
 pub mod data_row;
 pub mod decode_error;
+pub mod fork_rewrite;
+pub mod msgpack;
 pub mod pg_array;
 pub mod profile;
 pub mod value;

@@ -138,6 +138,85 @@ impl ByteaArray {
         }
         Ok(ByteaArray { dims, elements })
     }
+
+    /// Keeps the rows for which `keep` is true (a 2-D array stays 2-D; no
+    /// rows left makes it the empty array, as `array_agg` over nothing
+    /// would be NULL and the saver treats both alike).
+    pub fn retain_rows(&self, mut keep: impl FnMut(&[Option<Bytes>]) -> bool) -> ByteaArray {
+        let width = self.dims.last().copied().unwrap_or(0);
+        let kept: Vec<&[Option<Bytes>]> = self.rows().filter(|r| keep(r)).collect();
+        if kept.is_empty() || width == 0 {
+            return ByteaArray::default();
+        }
+        let mut dims = self.dims.clone();
+        if dims.len() == 2 {
+            dims[0] = kept.len();
+        }
+        ByteaArray {
+            dims,
+            elements: kept.into_iter().flatten().cloned().collect(),
+        }
+    }
+
+    /// Encodes in the binary array format `decode_binary` reads.
+    pub fn encode_binary(&self) -> Vec<u8> {
+        let payload: usize = self.elements.iter().flatten().map(|e| e.len()).sum();
+        let mut out =
+            Vec::with_capacity(12 + 8 * self.dims.len() + 4 * self.elements.len() + payload);
+        out.extend_from_slice(&(self.dims.len() as i32).to_be_bytes());
+        let has_null = self.elements.iter().any(Option::is_none);
+        out.extend_from_slice(&i32::from(has_null).to_be_bytes());
+        out.extend_from_slice(&BYTEA_OID.to_be_bytes());
+        for d in &self.dims {
+            out.extend_from_slice(&(*d as i32).to_be_bytes());
+            out.extend_from_slice(&1i32.to_be_bytes());
+        }
+        for e in &self.elements {
+            match e {
+                Some(b) => {
+                    out.extend_from_slice(&(b.len() as i32).to_be_bytes());
+                    out.extend_from_slice(b);
+                }
+                None => out.extend_from_slice(&(-1i32).to_be_bytes()),
+            }
+        }
+        out
+    }
+
+    /// Encodes in PostgreSQL's text array format with hex bytea elements.
+    pub fn encode_text(&self) -> String {
+        fn level(
+            out: &mut String,
+            dims: &[usize],
+            elems: &mut std::slice::Iter<'_, Option<Bytes>>,
+        ) {
+            out.push('{');
+            for i in 0..dims[0] {
+                if i > 0 {
+                    out.push(',');
+                }
+                if dims.len() > 1 {
+                    level(out, &dims[1..], elems);
+                } else {
+                    match elems.next() {
+                        Some(Some(b)) => {
+                            out.push_str("\"\\\\x");
+                            out.push_str(&hex::encode(b));
+                            out.push('"');
+                        }
+                        _ => out.push_str("NULL"),
+                    }
+                }
+            }
+            out.push('}');
+        }
+        let mut out = String::new();
+        if self.dims.is_empty() {
+            return "{}".into();
+        }
+        level(&mut out, &self.dims, &mut self.elements.iter());
+        out
+    }
 }
 
 /// Recursive-descent parser state for the text array form.
@@ -585,5 +664,39 @@ mod tests {
             assert!(ByteaArray::decode_text(&full[..n]).is_err(), "prefix {n}");
         }
         assert!(ByteaArray::decode_text(full).is_ok());
+    }
+
+    #[test]
+    fn encoders_round_trip_and_filter_rows() {
+        let arr = ByteaArray {
+            dims: vec![2, 3],
+            elements: vec![
+                Some(Bytes::from_static(b"a")),
+                Some(Bytes::from_static(b"__resume__")),
+                None,
+                Some(Bytes::from_static(b"b")),
+                Some(Bytes::from_static(b"items")),
+                Some(Bytes::from_static(b"\x00\xff")),
+            ],
+        };
+        assert_eq!(
+            ByteaArray::decode_binary(&arr.encode_binary()).unwrap(),
+            arr
+        );
+        assert_eq!(ByteaArray::decode_text(&arr.encode_text()).unwrap(), arr);
+        let kept = arr.retain_rows(|r| r[1].as_deref() != Some(&b"__resume__"[..]));
+        assert_eq!(kept.dims, vec![1, 3]);
+        assert_eq!(kept.elements[1].as_deref(), Some(&b"items"[..]));
+        assert_eq!(
+            ByteaArray::decode_binary(&kept.encode_binary()).unwrap(),
+            kept
+        );
+        let none = arr.retain_rows(|_| false);
+        assert_eq!(none, ByteaArray::default());
+        assert_eq!(none.encode_text(), "{}");
+        assert_eq!(
+            ByteaArray::decode_binary(&none.encode_binary()).unwrap(),
+            none
+        );
     }
 }

@@ -6,6 +6,7 @@ pub mod frame;
 pub mod listener;
 pub mod proxy;
 pub mod response_queue;
+pub mod row_rewrite;
 pub mod session;
 pub mod session_state;
 pub mod startup;

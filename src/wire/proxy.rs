@@ -38,8 +38,23 @@ impl Default for RelayConfig {
     }
 }
 
+/// Which enforcement legs run. Off, the proxy is a transparent relay that
+/// still recognizes and audits checkpoint traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Legs {
+    /// Hide recorded answers from reads that fork a superseded checkpoint.
+    pub fork_filter: bool,
+}
+
+impl Default for Legs {
+    fn default() -> Self {
+        Legs { fork_filter: true }
+    }
+}
+
 pub struct Proxy {
     pub config: RelayConfig,
+    pub legs: Legs,
     pub classifier: Arc<Classifier>,
     pub audit: AuditSink,
     /// BackendKeyData of live sessions: a CancelRequest is forwarded only
@@ -54,12 +69,14 @@ pub struct Proxy {
 impl Proxy {
     pub fn new(
         config: RelayConfig,
+        legs: Legs,
         classifier: Arc<Classifier>,
         audit: AuditSink,
         shutdown: watch::Receiver<bool>,
     ) -> Self {
         Proxy {
             config,
+            legs,
             classifier,
             audit,
             cancel_keys: DashMap::new(),

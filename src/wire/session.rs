@@ -130,7 +130,7 @@ async fn run_session(
         return;
     }
 
-    let mut state = SessionState::new(Arc::clone(&proxy.classifier), ctx);
+    let mut state = SessionState::new(Arc::clone(&proxy.classifier), proxy.legs, ctx);
     state.queue.push(Expect::Startup, Route::Forward, None);
     let state = Mutex::new(state);
     let keys = Mutex::new(Vec::new());
@@ -179,6 +179,7 @@ async fn client_to_server(
     mut server: OwnedWriteHalf,
 ) -> End {
     let mut buf = BytesMut::with_capacity(INITIAL_BUFFER);
+    let mut out = BytesMut::new();
     loop {
         match client.read_buf(&mut buf).await {
             Ok(0) => {
@@ -190,17 +191,23 @@ async fn client_to_server(
         }
         // Frame and track under the lock; no await while it is held.
         let (ready, refused) = match state.lock() {
-            Ok(mut st) => track_client(&mut st, &buf, proxy.config.max_message_bytes),
+            Ok(mut st) => track_client(&mut st, &buf, &mut out, proxy.config.max_message_bytes),
             Err(_) => return End::Error("session state poisoned".into()),
         };
-        if let Some(reason) = refused {
-            return client_protocol_error(&mut server, ready, &buf, reason).await;
+        let sent = if out.is_empty() {
+            // Nothing rewritten: forward the received bytes as they are.
+            server.write_all(&buf[..ready]).await
+        } else {
+            let sent = server.write_all(&out).await;
+            out.clear();
+            sent
+        };
+        if let Err(e) = sent {
+            return End::Error(format!("upstream write: {e}"));
         }
-        if ready > 0 {
-            let out = buf.split_to(ready);
-            if let Err(e) = server.write_all(&out).await {
-                return End::Error(format!("upstream write: {e}"));
-            }
+        let _ = buf.split_to(ready);
+        if let Some(reason) = refused {
+            return End::ClientProtocol(format!("resumeguard: invalid client message: {reason}"));
         }
         if buf.is_empty() && buf.capacity() > SHRINK_ABOVE {
             buf = BytesMut::with_capacity(INITIAL_BUFFER);
@@ -208,36 +215,42 @@ async fn client_to_server(
     }
 }
 
-/// The client sent a message the proxy cannot pass: what came before it
-/// is still forwarded, then the session ends and the client is told why.
-async fn client_protocol_error(
-    server: &mut OwnedWriteHalf,
-    ready: usize,
-    buf: &BytesMut,
-    e: String,
-) -> End {
-    if ready > 0 {
-        let _ = server.write_all(&buf[..ready]).await;
-    }
-    End::ClientProtocol(format!("resumeguard: invalid client message: {e}"))
-}
-
 /// Frames and tracks the complete client messages at the front of `buf`:
-/// how many bytes may be forwarded, and why the next message is refused.
-fn track_client(st: &mut SessionState, buf: &[u8], max: usize) -> (usize, Option<String>) {
+/// how many bytes were consumed, and why the next message is refused.
+/// When the state rewrites a message, `out` receives everything consumed
+/// (rewritten where needed); otherwise it stays empty and the consumed
+/// bytes are forwarded unchanged.
+fn track_client(
+    st: &mut SessionState,
+    buf: &[u8],
+    out: &mut BytesMut,
+    max: usize,
+) -> (usize, Option<String>) {
     let mut ready = 0;
-    loop {
+    let mut copied = 0;
+    let refused = loop {
         match peek_frame(&buf[ready..], max) {
             Ok(Some(h)) => {
-                if let Err(e) = st.on_client(&buf[ready..ready + h.total_len]) {
-                    return (ready, Some(e.to_string()));
+                let end = ready + h.total_len;
+                match st.on_client(&buf[ready..end]) {
+                    Ok(None) => {}
+                    Ok(Some(replacement)) => {
+                        out.extend_from_slice(&buf[copied..ready]);
+                        out.extend_from_slice(&replacement);
+                        copied = end;
+                    }
+                    Err(e) => break Some(e.to_string()),
                 }
-                ready += h.total_len;
+                ready = end;
             }
-            Ok(None) => return (ready, None),
-            Err(e) => return (ready, Some(e.to_string())),
+            Ok(None) => break None,
+            Err(e) => break Some(e.to_string()),
         }
+    };
+    if !out.is_empty() {
+        out.extend_from_slice(&buf[copied..ready]);
     }
+    (ready, refused)
 }
 
 /// Server → client: frame, match against the response queue, route.
@@ -345,7 +358,7 @@ fn track_server(
             out.extend_from_slice(synthesized);
         }
         if verdict.route == Route::Forward {
-            out.extend_from_slice(&frame);
+            out.extend_from_slice(verdict.replace.as_deref().unwrap_or(&frame));
         }
         fatal |= verdict.fatal;
         if let Some((pid, key)) = verdict.backend_key {

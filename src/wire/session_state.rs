@@ -12,12 +12,22 @@ use bytes::Bytes;
 
 use super::backend::is_fatal;
 use super::frame::cstr;
+use super::proxy::Legs;
 use super::response_queue::{Desync, Progress, ResponseQueue, Route};
+use super::row_rewrite::drop_last_column_description;
 use super::watch::Watch;
 use crate::audit::{AuditEvent, SessionContext};
 use crate::saver::bind::BoundParams;
 use crate::saver::classify::{Classified, Classifier, StatementKind};
 use crate::saver::decode_error::DecodeError;
+
+/// A prepared statement as the proxy knows it.
+#[derive(Debug, Clone)]
+struct Prepared {
+    class: Arc<Classified>,
+    /// Prepared as its fork rewrite (results carry the head column).
+    rewritten: bool,
+}
 
 /// A portal bound to a checkpoint statement (ordinary portals are not
 /// remembered at all).
@@ -25,6 +35,7 @@ use crate::saver::decode_error::DecodeError;
 struct Binding {
     class: Arc<Classified>,
     bound: Arc<BoundParams>,
+    rewritten: bool,
 }
 
 /// A client message the proxy cannot let through.
@@ -53,6 +64,8 @@ pub struct ServerVerdict {
     pub before: Vec<Bytes>,
     /// The message is a FATAL error: the server closes next.
     pub fatal: bool,
+    /// Bytes the client gets in place of this message.
+    pub replace: Option<Bytes>,
     /// BackendKeyData seen: (pid, key) for cancel routing.
     pub backend_key: Option<(i32, Vec<u8>)>,
 }
@@ -60,8 +73,10 @@ pub struct ServerVerdict {
 pub struct SessionState {
     classifier: Arc<Classifier>,
     pub queue: ResponseQueue<Watch>,
-    statements: HashMap<String, Arc<Classified>>,
-    unnamed_statement: Arc<Classified>,
+    /// Which enforcement legs are on.
+    legs: Legs,
+    statements: HashMap<String, Prepared>,
+    unnamed_statement: Prepared,
     portals: HashMap<String, Binding>,
     unnamed_portal: Option<Binding>,
     /// ReadyForQuery status: `I` idle, `T` in a transaction, `E` failed.
@@ -75,13 +90,17 @@ pub struct SessionState {
 }
 
 impl SessionState {
-    pub fn new(classifier: Arc<Classifier>, ctx: SessionContext) -> Self {
+    pub fn new(classifier: Arc<Classifier>, legs: Legs, ctx: SessionContext) -> Self {
         let other = classifier.other();
         SessionState {
             classifier,
+            legs,
             queue: ResponseQueue::new(),
             statements: HashMap::new(),
-            unnamed_statement: other,
+            unnamed_statement: Prepared {
+                class: other,
+                rewritten: false,
+            },
             portals: HashMap::new(),
             unnamed_portal: None,
             txn_status: b'I',
@@ -98,26 +117,40 @@ impl SessionState {
         self.queue.idle() && self.txn_status == b'I'
     }
 
-    /// Tracks one client message on its way to the server.
-    pub fn on_client(&mut self, frame: &[u8]) -> Result<(), ClientError> {
+    /// Tracks one client message on its way to the server. `Some` is the
+    /// message the server gets instead (a rewritten Parse or Bind).
+    pub fn on_client(&mut self, frame: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
         let tag = frame[0];
         let body = &frame[5..];
         match tag {
             b'P' => {
+                let mut replacement = None;
                 if let Some((name, rest)) = cstr(body) {
-                    let class = match cstr(rest).map(|(q, _)| std::str::from_utf8(q)) {
-                        Some(Ok(sql)) => self.classifier.classify(sql),
-                        // Not UTF-8: the server rejects it; nothing to enforce.
-                        _ => self.classifier.other(),
+                    let (class, oids) = match cstr(rest) {
+                        Some((q, oids)) => match std::str::from_utf8(q) {
+                            Ok(sql) => (self.classifier.classify(sql), oids),
+                            // Not UTF-8: the server rejects it; nothing to enforce.
+                            Err(_) => (self.classifier.other(), oids),
+                        },
+                        None => (self.classifier.other(), &b""[..]),
                     };
+                    let rewritten = match (&class.fork_sql, self.legs.fork_filter) {
+                        (Some(sql), true) => {
+                            replacement = Some(parse_frame(name, sql, oids));
+                            true
+                        }
+                        _ => false,
+                    };
+                    let prepared = Prepared { class, rewritten };
                     if name.is_empty() {
-                        self.unnamed_statement = class;
+                        self.unnamed_statement = prepared;
                     } else {
                         self.statements
-                            .insert(String::from_utf8_lossy(name).into_owned(), class);
+                            .insert(String::from_utf8_lossy(name).into_owned(), prepared);
                     }
                 }
                 self.queue.push_for_client(tag, 0, None);
+                return Ok(replacement);
             }
             b'B' => {
                 let (portal, stmt) = match cstr(body).and_then(|(p, rest)| Some((p, cstr(rest)?.0)))
@@ -125,12 +158,20 @@ impl SessionState {
                     Some(names) => names,
                     None => (&b""[..], &b""[..]),
                 };
-                let class = self.statement(stmt);
-                let binding = if class.kind.is_checkpoint_traffic() {
-                    let bound = BoundParams::decode(frame).map_err(ClientError::UndecodableBind)?;
+                let prepared = self.statement(stmt);
+                let mut replacement = None;
+                let binding = if prepared.class.kind.is_checkpoint_traffic() {
+                    let mut bound =
+                        BoundParams::decode(frame).map_err(ClientError::UndecodableBind)?;
+                    if prepared.rewritten && bound.result_formats.len() > 1 {
+                        // Per-column formats must cover the head column too.
+                        bound.result_formats.push(0);
+                        replacement = Some(bound.encode());
+                    }
                     Some(Binding {
-                        class,
+                        class: prepared.class,
                         bound: Arc::new(bound),
+                        rewritten: prepared.rewritten,
                     })
                 } else {
                     None
@@ -149,23 +190,37 @@ impl SessionState {
                     }
                 }
                 self.queue.push_for_client(tag, 0, None);
+                return Ok(replacement);
             }
             b'E' => {
                 let portal = cstr(body).map(|(p, _)| p).unwrap_or_default();
-                let binding = if portal.is_empty() {
-                    self.unnamed_portal.as_ref()
-                } else {
-                    std::str::from_utf8(portal)
-                        .ok()
-                        .and_then(|p| self.portals.get(p))
-                };
-                let watch =
-                    binding.map(|b| Watch::new(Arc::clone(&b.class), Some(Arc::clone(&b.bound))));
+                let binding = self.portal(portal);
+                let watch = binding.map(|b| {
+                    Watch::new(
+                        Arc::clone(&b.class),
+                        Some(Arc::clone(&b.bound)),
+                        b.rewritten,
+                    )
+                });
                 self.queue.push_for_client(tag, 0, watch);
             }
             b'D' => {
                 let target = body.first().copied().unwrap_or(b'P');
-                self.queue.push_for_client(tag, target, None);
+                let name = cstr(body.get(1..).unwrap_or_default())
+                    .map(|(n, _)| n)
+                    .unwrap_or_default();
+                // Describing a rewritten statement or portal: its
+                // RowDescription loses the head column on the way back.
+                let rewritten_class = if target == b'S' {
+                    let p = self.statement(name);
+                    p.rewritten.then_some(p.class)
+                } else {
+                    self.portal(name)
+                        .filter(|b| b.rewritten)
+                        .map(|b| Arc::clone(&b.class))
+                };
+                let watch = rewritten_class.map(|c| Watch::new(c, None, true));
+                self.queue.push_for_client(tag, target, watch);
             }
             b'C' => {
                 if let (Some(&target), Some((name, _))) =
@@ -173,7 +228,12 @@ impl SessionState {
                 {
                     let name = String::from_utf8_lossy(name);
                     match (target, name.is_empty()) {
-                        (b'S', true) => self.unnamed_statement = self.classifier.other(),
+                        (b'S', true) => {
+                            self.unnamed_statement = Prepared {
+                                class: self.classifier.other(),
+                                rewritten: false,
+                            }
+                        }
                         (b'S', false) => {
                             self.statements.remove(name.as_ref());
                         }
@@ -187,7 +247,10 @@ impl SessionState {
             }
             b'Q' => {
                 // A simple query replaces the unnamed statement and portal.
-                self.unnamed_statement = self.classifier.other();
+                self.unnamed_statement = Prepared {
+                    class: self.classifier.other(),
+                    rewritten: false,
+                };
                 self.unnamed_portal = None;
                 let sql = cstr(body)
                     .and_then(|(q, _)| std::str::from_utf8(q).ok())
@@ -197,25 +260,37 @@ impl SessionState {
                 let watch = class
                     .kind
                     .is_checkpoint_traffic()
-                    .then(|| Watch::new(class, None));
+                    .then(|| Watch::new(class, None, false));
                 self.queue.push_for_client(tag, 0, watch);
             }
             _ => {
                 self.queue.push_for_client(tag, 0, None);
             }
         }
-        Ok(())
+        Ok(None)
     }
 
-    fn statement(&self, name: &[u8]) -> Arc<Classified> {
+    fn statement(&self, name: &[u8]) -> Prepared {
         if name.is_empty() {
-            return Arc::clone(&self.unnamed_statement);
+            return self.unnamed_statement.clone();
         }
         std::str::from_utf8(name)
             .ok()
             .and_then(|n| self.statements.get(n))
-            .map(Arc::clone)
-            .unwrap_or_else(|| self.classifier.other())
+            .cloned()
+            .unwrap_or_else(|| Prepared {
+                class: self.classifier.other(),
+                rewritten: false,
+            })
+    }
+
+    fn portal(&self, name: &[u8]) -> Option<&Binding> {
+        if name.is_empty() {
+            return self.unnamed_portal.as_ref();
+        }
+        std::str::from_utf8(name)
+            .ok()
+            .and_then(|p| self.portals.get(p))
     }
 
     /// `DEALLOCATE [PREPARE] name | ALL` sent as a simple query.
@@ -250,12 +325,15 @@ impl SessionState {
             route: Route::Forward,
             before: Vec::new(),
             fatal: false,
+            replace: None,
             backend_key: None,
         };
         self.queue.take_synthesized(&mut verdict.before);
-        if tag == b'D' {
-            if let Some(watch) = self.queue.front_payload_mut() {
-                watch.on_data_row(frame);
+        if let Some(watch) = self.queue.front_payload_mut() {
+            match tag {
+                b'D' => verdict.replace = watch.on_data_row(frame),
+                b'T' if watch.head_column => verdict.replace = drop_last_column_description(frame),
+                _ => {}
             }
         }
         match self.queue.on_server(tag)? {
@@ -318,6 +396,20 @@ impl SessionState {
             }
         }
     }
+}
+
+/// A Parse frame for `name` with new SQL and the original parameter types.
+fn parse_frame(name: &[u8], sql: &str, oids: &[u8]) -> Vec<u8> {
+    let len = 4 + name.len() + 1 + sql.len() + 1 + oids.len();
+    let mut f = Vec::with_capacity(len + 1);
+    f.push(b'P');
+    f.extend_from_slice(&(len as i32).to_be_bytes());
+    f.extend_from_slice(name);
+    f.push(0);
+    f.extend_from_slice(sql.as_bytes());
+    f.push(0);
+    f.extend_from_slice(oids);
+    f
 }
 
 fn backend_key(frame: &[u8]) -> Option<(i32, Vec<u8>)> {

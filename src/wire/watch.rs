@@ -3,7 +3,13 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use serde_json::json;
+
+use super::row_rewrite;
+use crate::policy::fork::{fork_filter, ForkVerdict};
+use crate::saver::checkpoint_row::PendingWrite;
+use crate::saver::pg_array::ByteaArray;
 
 use crate::audit::{AuditEvent, BlobDigest, Operation, SessionContext};
 use crate::saver::bind::BoundParams;
@@ -23,41 +29,137 @@ pub const RESUME: &str = "__resume__";
 pub struct Watch {
     pub class: Arc<Classified>,
     pub bound: Option<Arc<BoundParams>>,
+    /// The statement runs as its fork rewrite: results carry the head
+    /// checkpoint id as an extra last column, which the client never sees.
+    pub head_column: bool,
     pub rows: Vec<CheckpointRow>,
     pub row_errors: usize,
+    forks: Vec<ForkServed>,
+}
+
+/// A read that addressed a superseded checkpoint, as served.
+#[derive(Debug)]
+struct ForkServed {
+    checkpoint_ns: String,
+    addressed: String,
+    head: Option<String>,
+    hidden: Vec<(String, String)>,
 }
 
 impl Watch {
-    pub fn new(class: Arc<Classified>, bound: Option<Arc<BoundParams>>) -> Self {
+    pub fn new(class: Arc<Classified>, bound: Option<Arc<BoundParams>>, head_column: bool) -> Self {
         Watch {
             class,
             bound,
+            head_column,
             rows: Vec::new(),
             row_errors: 0,
+            forks: Vec::new(),
         }
     }
 
-    /// Decodes one DataRow of a checkpoint read. A row that does not decode
-    /// is counted, logged and forwarded untouched.
-    pub fn on_data_row(&mut self, frame: &[u8]) {
+    /// Decodes one DataRow of a checkpoint read and, for a fork rewrite,
+    /// returns the row the client gets instead: without the head column
+    /// and without what the fork policy hides. A row that does not decode
+    /// is counted and logged; a plain read's row is then forwarded as is,
+    /// a rewritten read's row loses only the head column.
+    pub fn on_data_row(&mut self, frame: &[u8]) -> Option<Bytes> {
         let StatementKind::Read(shape) = &self.class.kind else {
-            return;
+            return None;
         };
-        let Some(layout) = layout_of(shape) else {
-            return;
-        };
-        let formats = self
-            .bound
+        let layout = layout_of(shape)?;
+        let bound = self.bound.clone();
+        let all_formats = bound
             .as_ref()
             .map(|b| b.result_formats.as_slice())
             .unwrap_or_default();
-        let decoded = split_data_row(frame.get(5..).unwrap_or_default())
-            .and_then(|fields| decode_checkpoint_row(&fields, formats, &layout));
-        match decoded {
-            Ok(row) => self.rows.push(row),
+        let fields = match split_data_row(frame.get(5..).unwrap_or_default()) {
+            Ok(f) => f,
             Err(e) => {
                 self.row_errors += 1;
                 tracing::warn!(error = %e, "checkpoint row not decodable; forwarded unchanged");
+                return None;
+            }
+        };
+        let (fields, head) = match (self.head_column, fields.split_last()) {
+            (true, Some((head, rest))) => (
+                rest,
+                Some(head.map(|h| String::from_utf8_lossy(h).into_owned())),
+            ),
+            _ => (fields.as_slice(), None),
+        };
+        // Per-column result formats include the appended column's.
+        let formats = match all_formats {
+            many if many.len() > 1 => &many[..fields.len().min(many.len())],
+            few => few,
+        };
+        let row = match decode_checkpoint_row(fields, formats, &layout) {
+            Ok(row) => row,
+            Err(e) => {
+                self.row_errors += 1;
+                tracing::warn!(error = %e, "checkpoint row not decodable");
+                return head.map(|_| row_rewrite::data_row(fields));
+            }
+        };
+        let replacement =
+            head.map(|head| self.serve_fork_filtered(&row, head, fields, formats, &layout));
+        self.rows.push(row);
+        replacement
+    }
+
+    /// Applies the fork policy to one row of a rewritten read by id.
+    fn serve_fork_filtered(
+        &mut self,
+        row: &CheckpointRow,
+        head: Option<String>,
+        fields: &[Option<&[u8]>],
+        formats: &[i16],
+        layout: &RowLayout,
+    ) -> Bytes {
+        match fork_filter(&row.checkpoint_id, head.as_deref(), &row.pending_writes) {
+            ForkVerdict::Untouched => row_rewrite::data_row(fields),
+            ForkVerdict::Fork { hide } => {
+                let kept: Vec<&PendingWrite> = row
+                    .pending_writes
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| !hide.contains(i))
+                    .map(|(_, w)| w)
+                    .collect();
+                self.forks.push(ForkServed {
+                    checkpoint_ns: row.checkpoint_ns.clone(),
+                    addressed: row.checkpoint_id.clone(),
+                    head,
+                    hidden: hide
+                        .iter()
+                        .filter_map(|i| row.pending_writes.get(*i))
+                        .map(|w| (w.task_id.clone(), w.channel.clone()))
+                        .collect(),
+                });
+                if hide.is_empty() {
+                    return row_rewrite::data_row(fields);
+                }
+                let column = layout.pending_writes;
+                let format = match formats {
+                    [] => 0,
+                    [one] => *one,
+                    many => many.get(column).copied().unwrap_or(0),
+                };
+                let encoded: Option<Vec<u8>> = if kept.is_empty() {
+                    None
+                } else {
+                    let array = pending_writes_array(&kept);
+                    Some(if format == 1 {
+                        array.encode_binary()
+                    } else {
+                        array.encode_text().into_bytes()
+                    })
+                };
+                let mut out: Vec<Option<&[u8]>> = fields.to_vec();
+                if let Some(slot) = out.get_mut(column) {
+                    *slot = encoded.as_deref();
+                }
+                row_rewrite::data_row(&out)
             }
         }
     }
@@ -98,6 +200,21 @@ impl Watch {
         value.as_str().map(str::to_owned)
     }
 
+    fn fork_events(&self, ctx: &SessionContext) -> impl Iterator<Item = AuditEvent> + '_ {
+        let thread = self.rows.first().map(|r| r.thread_id.clone());
+        let ctx = ctx.clone();
+        self.forks.iter().map(move |f| {
+            let mut ev = AuditEvent::new(&ctx, Operation::ForkServed)
+                .with_checkpoint(f.checkpoint_ns.clone(), f.addressed.clone());
+            ev.thread_id = thread.clone();
+            ev.channels = f.hidden.iter().map(|(_, c)| c.clone()).collect();
+            ev.with_detail(json!({
+                "head": f.head,
+                "hidden": f.hidden.iter().map(|(task, channel)| json!({"task_id": task, "channel": channel})).collect::<Vec<_>>(),
+            }))
+        })
+    }
+
     fn read_events(&self, ctx: &SessionContext, shape: &ReadShape) -> Vec<AuditEvent> {
         let op = match shape.mode {
             ReadMode::Latest => Operation::ReadLatest,
@@ -122,7 +239,9 @@ impl Watch {
         if self.row_errors > 0 {
             detail["undecodable_rows"] = json!(self.row_errors);
         }
-        vec![ev.with_detail(detail)]
+        let mut events = vec![ev.with_detail(detail)];
+        events.extend(self.fork_events(ctx));
+        events
     }
 
     fn write_events(&self, ctx: &SessionContext, rec: &WriteRecord) -> Vec<AuditEvent> {
@@ -188,6 +307,24 @@ fn layout_of(shape: &ReadShape) -> Option<RowLayout> {
         channel_values: shape.column("channel_values")?,
         pending_writes: shape.column("pending_writes")?,
     })
+}
+
+/// Pending writes in the saver's array layout: rows of [task_id, channel,
+/// type, blob, task_path, idx as decimal text].
+fn pending_writes_array(writes: &[&PendingWrite]) -> ByteaArray {
+    let mut elements = Vec::with_capacity(writes.len() * 6);
+    for w in writes {
+        elements.push(Some(Bytes::copy_from_slice(w.task_id.as_bytes())));
+        elements.push(Some(Bytes::copy_from_slice(w.channel.as_bytes())));
+        elements.push(Some(Bytes::copy_from_slice(w.type_tag.as_bytes())));
+        elements.push(w.blob.clone());
+        elements.push(Some(Bytes::copy_from_slice(w.task_path.as_bytes())));
+        elements.push(Some(Bytes::from(w.idx.to_string())));
+    }
+    ByteaArray {
+        dims: vec![writes.len(), 6],
+        elements,
+    }
 }
 
 /// Channel names stored inline in a checkpoint's `channel_values`.

@@ -10,7 +10,7 @@ const READ_SQL: &str = "select thread_id, checkpoint, checkpoint_ns, checkpoint_
 
 fn state() -> SessionState {
     let classifier = Arc::new(Classifier::new(vec![SaverProfile::langgraph_python()]));
-    SessionState::new(classifier, SessionContext::default())
+    SessionState::new(classifier, Legs::default(), SessionContext::default())
 }
 
 fn msg(tag: u8, body: &[u8]) -> Vec<u8> {

@@ -1,0 +1,30 @@
+//! Enforcement policy: pure decisions the wire layer applies.
+//!
+//! - [`fork`]: fork determinism (issue 3, part 1).
+//! - Checkpoint validity (issue 3, part 2): channel-schema rules and the
+//!   verdict on each payload a checkpoint write carries. No I/O on the
+//!   proxy path: [`ChannelRules::load`] reads and compiles
+//!   `rules/channels/*.toml` once at startup (format:
+//!   `rules/channels/README.md`); the wire layer then asks
+//!   [`ChannelRules::check_channel_value`],
+//!   [`ChannelRules::check_pending_write`] and
+//!   [`ChannelRules::check_checkpoint`] for a [`Verdict`] and turns
+//!   [`Verdict::Invalid`] into a `23514` ErrorResponse using
+//!   [`Violation::describe`]. Blobs are read with [`crate::saver::msgpack`].
+
+pub mod fork;
+
+mod error;
+mod rule_file;
+mod rules;
+mod schema;
+mod selector;
+mod verdict;
+
+#[cfg(test)]
+mod tests;
+
+pub use error::RuleError;
+pub use rules::ChannelRules;
+pub use schema::is_special_channel;
+pub use verdict::{ChannelPayload, Verdict, Violation, WriteContext};
