@@ -8,6 +8,7 @@ use anyhow::{bail, Context};
 use serde::Deserialize;
 
 use crate::audit::AuditConfig;
+use crate::policy::ChannelRules;
 use crate::wire::proxy::{Legs, RelayConfig};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -41,11 +42,16 @@ pub struct Config {
 pub struct EnforceConfig {
     /// Fork determinism: hide recorded answers from forks.
     pub fork_filter: bool,
+    /// Checkpoint validity: validate writes against `rules/channels`.
+    pub validity: bool,
 }
 
 impl Default for EnforceConfig {
     fn default() -> Self {
-        EnforceConfig { fork_filter: true }
+        EnforceConfig {
+            fork_filter: true,
+            validity: true,
+        }
     }
 }
 
@@ -98,10 +104,18 @@ impl Config {
         }
     }
 
-    pub fn legs(&self) -> Legs {
-        Legs {
+    /// The enforcement legs, with the channel rules loaded from the rules
+    /// directory (a rule that does not load stops the proxy: it must not
+    /// run without a rule it was given).
+    pub fn legs(&self) -> anyhow::Result<Legs> {
+        let validity = match (&self.rules_dir, self.enforce.validity) {
+            (Some(dir), true) => ChannelRules::load(dir).map_err(|e| anyhow::anyhow!("{e}"))?,
+            _ => ChannelRules::default(),
+        };
+        Ok(Legs {
             fork_filter: self.enforce.fork_filter,
-        }
+            validity: std::sync::Arc::new(validity),
+        })
     }
 
     /// The audit database, defaulting into the state directory.

@@ -6,6 +6,7 @@
 //! [`audit`] records what the proxy saw and decided.
 
 pub mod audit;
+pub mod claims;
 pub mod config;
 pub mod managed_pg;
 pub mod policy;

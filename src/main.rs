@@ -3,6 +3,7 @@
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use tokio::sync::watch;
 use resumeguard::audit::{self, AuditSink};
 use resumeguard::config::{upstream_addr, Config};
 use resumeguard::managed_pg::ManagedPostgres;
+use resumeguard::policy::ChannelRules;
 use resumeguard::saver::classify::Classifier;
 use resumeguard::saver::profile::{load_profiles, SaverProfile};
 use resumeguard::wire::{listener, proxy::Proxy};
@@ -57,6 +59,11 @@ enum Command {
         #[arg(long)]
         no_enforce: bool,
     },
+    /// Saver profiles and channel rules.
+    Rules {
+        #[command(subcommand)]
+        command: RulesCommand,
+    },
     /// Print the audit trail of one thread.
     Audit {
         #[arg(long)]
@@ -71,7 +78,27 @@ enum Command {
     },
 }
 
-fn main() -> anyhow::Result<()> {
+#[derive(Subcommand)]
+enum RulesCommand {
+    /// Load a rules directory as `serve` would and print what each rule
+    /// matches; exits non-zero on the first error (file:line: what).
+    Check {
+        /// The rules directory (default: ./rules).
+        dir: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("resumeguard: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -100,8 +127,32 @@ fn main() -> anyhow::Result<()> {
             cfg.audit.jsonl = audit_jsonl.or(cfg.audit.jsonl);
             if no_enforce {
                 cfg.enforce.fork_filter = false;
+                cfg.enforce.validity = false;
             }
             serve(cfg)
+        }
+        Command::Rules {
+            command: RulesCommand::Check { dir },
+        } => {
+            let dir = dir.unwrap_or_else(|| PathBuf::from("rules"));
+            let profiles = load_profiles(&dir)?;
+            for p in &profiles {
+                println!(
+                    "profile {}: tables {}, {}, {}, {}{}",
+                    p.name,
+                    p.tables.checkpoints,
+                    p.tables.blobs,
+                    p.tables.writes,
+                    p.tables.migrations,
+                    p.schema
+                        .as_deref()
+                        .map(|s| format!(" (schema {s})"))
+                        .unwrap_or_default()
+                );
+            }
+            let rules = ChannelRules::load(&dir).map_err(|e| anyhow::anyhow!("{e}"))?;
+            print!("{}", rules.describe());
+            Ok(())
         }
         Command::Audit {
             thread,
@@ -139,6 +190,7 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
     }
+    let legs = cfg.legs()?;
     let audit = AuditSink::start(&cfg.audit)?;
     let managed = match &cfg.upstream {
         Some(_) => None,
@@ -159,7 +211,7 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         let (stop_tx, stop_rx) = watch::channel(false);
         let proxy = Arc::new(Proxy::new(
             cfg.relay(upstream.clone()),
-            cfg.legs(),
+            legs,
             Arc::new(Classifier::new(profiles)),
             audit.clone(),
             stop_rx,

@@ -12,7 +12,9 @@
 //!   [`Verdict::Invalid`] into a `23514` ErrorResponse using
 //!   [`Violation::describe`]. Blobs are read with [`crate::saver::msgpack`].
 
+pub mod claims;
 pub mod fork;
+pub mod write_check;
 
 mod error;
 mod rule_file;

@@ -5,6 +5,7 @@ pub mod backend;
 pub mod frame;
 pub mod listener;
 pub mod proxy;
+pub mod reject;
 pub mod response_queue;
 pub mod row_rewrite;
 pub mod session;

@@ -11,6 +11,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::audit::AuditSink;
+use crate::policy::ChannelRules;
 use crate::saver::classify::Classifier;
 
 /// Settings of the relay itself.
@@ -40,15 +41,21 @@ impl Default for RelayConfig {
 
 /// Which enforcement legs run. Off, the proxy is a transparent relay that
 /// still recognizes and audits checkpoint traffic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct Legs {
     /// Hide recorded answers from reads that fork a superseded checkpoint.
     pub fork_filter: bool,
+    /// Channel schemas every checkpoint write is validated against (empty:
+    /// the validity gate has nothing to check).
+    pub validity: Arc<ChannelRules>,
 }
 
 impl Default for Legs {
     fn default() -> Self {
-        Legs { fork_filter: true }
+        Legs {
+            fork_filter: true,
+            validity: Arc::new(ChannelRules::default()),
+        }
     }
 }
 

@@ -130,7 +130,7 @@ async fn run_session(
         return;
     }
 
-    let mut state = SessionState::new(Arc::clone(&proxy.classifier), proxy.legs, ctx);
+    let mut state = SessionState::new(Arc::clone(&proxy.classifier), proxy.legs.clone(), ctx);
     state.queue.push(Expect::Startup, Route::Forward, None);
     let state = Mutex::new(state);
     let keys = Mutex::new(Vec::new());

@@ -13,10 +13,19 @@ use bytes::Bytes;
 use super::backend::is_fatal;
 use super::frame::cstr;
 use super::proxy::Legs;
+use super::reject::raising_statement;
+use super::response_queue::Expect;
 use super::response_queue::{Desync, Progress, ResponseQueue, Route};
 use super::row_rewrite::drop_last_column_description;
 use super::watch::Watch;
-use crate::audit::{AuditEvent, SessionContext};
+use crate::audit::{AuditEvent, BlobDigest, Operation, SessionContext};
+use crate::policy::write_check::{check_write, WriteKind};
+use crate::policy::Violation;
+use crate::saver::write_record::WriteRecord;
+
+/// SQLSTATE of a rejected write: check_violation, what a CHECK constraint
+/// on the column would have raised.
+pub const CHECK_VIOLATION: &str = "23514";
 use crate::saver::bind::BoundParams;
 use crate::saver::classify::{Classified, Classifier, StatementKind};
 use crate::saver::decode_error::DecodeError;
@@ -163,6 +172,9 @@ impl SessionState {
                 let binding = if prepared.class.kind.is_checkpoint_traffic() {
                     let mut bound =
                         BoundParams::decode(frame).map_err(ClientError::UndecodableBind)?;
+                    if let Some(injected) = self.validate(&prepared.class, &bound) {
+                        return Ok(Some(injected));
+                    }
                     if prepared.rewritten && bound.result_formats.len() > 1 {
                         // Per-column formats must cover the head column too.
                         bound.result_formats.push(0);
@@ -268,6 +280,79 @@ impl SessionState {
             }
         }
         Ok(None)
+    }
+
+    /// The validity gate: a write whose payload breaks a channel rule is
+    /// replaced by a statement that fails in the server with 23514, so
+    /// nothing of its transaction commits (see `reject`). Returns the
+    /// bytes the server gets instead of the client's Bind.
+    fn validate(&mut self, class: &Classified, bound: &BoundParams) -> Option<Vec<u8>> {
+        if self.legs.validity.is_empty() {
+            return None;
+        }
+        let (shape, kind) = match &class.kind {
+            StatementKind::BlobUpsert(s) => (s, WriteKind::Blob),
+            StatementKind::CheckpointUpsert(s) => (s, WriteKind::Checkpoint),
+            StatementKind::WritesUpsert(s) | StatementKind::WritesInsertIgnore(s) => {
+                (s, WriteKind::PendingWrite)
+            }
+            _ => return None,
+        };
+        let record = match WriteRecord::decode(shape, bound) {
+            Ok(r) => r,
+            // Values the proxy cannot read cannot be checked; with rules
+            // active that is a refusal, not a pass.
+            Err(e) => {
+                let message = format!(
+                    "resumeguard: checkpoint write rejected: its parameters do not decode: {e}"
+                );
+                return Some(self.reject_write(&WriteRecord::default(), &message, None));
+            }
+        };
+        let rejection = check_write(&self.legs.validity, kind, &record)?;
+        Some(self.reject_write(&record, &rejection.message, Some(&rejection.violation)))
+    }
+
+    fn reject_write(
+        &mut self,
+        rec: &WriteRecord,
+        message: &str,
+        violation: Option<&Violation>,
+    ) -> Vec<u8> {
+        tracing::warn!(thread = ?rec.thread_id, checkpoint = ?rec.checkpoint_id, "{message}");
+        let mut ev = AuditEvent::new(&self.ctx, Operation::WriteRejected);
+        ev.thread_id = rec.thread_id.clone();
+        ev.checkpoint_ns = rec.checkpoint_ns.clone();
+        ev.checkpoint_id = rec.checkpoint_id.clone();
+        ev.task_id = rec.task_id.clone();
+        ev.channels = rec.channel.iter().cloned().collect();
+        if let (Some(c), Some(b)) = (&rec.channel, &rec.blob) {
+            ev.blob_sha256.push(BlobDigest::of(c.clone(), b));
+        }
+        ev.detail = serde_json::json!({
+            "reason": message,
+            "rule": violation.map(|v| v.rule.clone()),
+            "schema_path": violation.map(|v| v.schema_path.clone()),
+            "instance_path": violation.map(|v| v.instance_path.clone()),
+        });
+        self.ready_events.push(ev);
+        // The injected Parse/Bind answers are the proxy's; the Execute's
+        // error stands where the client expects its Bind's answer.
+        self.queue.push(Expect::ParseComplete, Route::Swallow, None);
+        self.queue.push(Expect::BindComplete, Route::Swallow, None);
+        self.queue.push(Expect::Execute, Route::Forward, None);
+        self.unnamed_statement = Prepared {
+            class: self.classifier.other(),
+            rewritten: false,
+        };
+        self.unnamed_portal = None;
+        let detail = violation.map_or(String::new(), |v| {
+            format!(
+                "rule {} failed at {} (value path {})",
+                v.rule, v.schema_path, v.instance_path
+            )
+        });
+        raising_statement(CHECK_VIOLATION, message, &detail)
     }
 
     fn statement(&self, name: &[u8]) -> Prepared {

@@ -1,0 +1,22 @@
+//! Why the claim store could not answer.
+//!
+//! The proxy fails closed on any of these: a read of a parked head is
+//! refused and the client sees this text, so each message says that the
+//! claim store is unavailable, which file, and what SQLite said.
+
+use thiserror::Error;
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum StoreError {
+    /// The database file could not be opened or prepared.
+    #[error("claim store unavailable: cannot open {path}: {reason}")]
+    Open { path: String, reason: String },
+    /// An operation failed on an open store (locked past the busy
+    /// timeout, disk full, file removed, unreadable row, ...).
+    #[error("claim store unavailable: {op} failed on {path}: {reason}")]
+    Sqlite {
+        path: String,
+        op: &'static str,
+        reason: String,
+    },
+}

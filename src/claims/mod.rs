@@ -1,0 +1,29 @@
+//! Consume-once claims (issue 4): a reader of a parked head takes a claim
+//! on its interrupt in a store shared by every proxy replica; evidence of
+//! the run consumes it; a claim with no evidence lapses, so an inspection
+//! read or a dead holder never strands the thread.
+//!
+//! - `model`: keys, holders, records, the interrupt fingerprint.
+//! - `store`: the shared SQLite file and its one-transaction operations.
+//! - `render`: the table behind `resumeguard claims list`.
+//!
+//! The decision for a read (serve, wait, refuse) is pure and lives in
+//! [`crate::policy::claims`].
+
+mod error;
+mod model;
+mod render;
+mod store;
+
+#[cfg(test)]
+mod tests;
+
+pub use error::StoreError;
+pub use model::{
+    format_ms, interrupt_fingerprint, now_ms, ClaimKey, ClaimRecord, ClaimState, Holder,
+};
+pub use render::render_claims;
+pub use store::{
+    ClaimOutcome, ClaimStore, BUSY_TIMEOUT, DEFAULT_RETAIN_MS, DEFAULT_SUPERSEDED_GRACE_MS,
+    NEXT_CHECKPOINT,
+};
