@@ -104,7 +104,9 @@ mod tests {
     use bytes::Bytes;
 
     fn rules() -> (ChannelRules, std::path::PathBuf) {
-        let dir = std::env::temp_dir().join(format!("rg-write-check-{}", std::process::id()));
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("rg-write-check-{}-{n}", std::process::id()));
         std::fs::create_dir_all(dir.join("channels")).unwrap();
         std::fs::write(
             dir.join("channels/items.toml"),
