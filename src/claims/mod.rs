@@ -11,6 +11,7 @@
 //! [`crate::policy::claims`].
 
 mod error;
+pub mod evidence;
 mod model;
 mod render;
 mod store;

@@ -2,6 +2,7 @@
 //! saver layer recognizes; it decides nothing about checkpoints itself.
 
 pub mod backend;
+pub mod claims_gate;
 pub mod frame;
 pub mod listener;
 pub mod proxy;

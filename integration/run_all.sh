@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The single command that runs every test of resumeguard:
+#   1. checks prerequisites (and names whatever is missing),
+#   2. creates / updates the Python venv at .venv from integration/requirements.txt
+#      (reinstalls only when that file or the Python version changed: stamp file),
+#   3. cargo test --all-targets          (unit + Rust integration tests)
+#   4. cargo build --release             (the binary the Python suite drives)
+#   5. pytest integration/               (real PostgreSQL 15, psql, pgbench, LangGraph)
+#
+# Usage: integration/run_all.sh [extra pytest args...]
+#   e.g. integration/run_all.sh -k psql
+# Environment knobs:
+#   RG_SKIP_UNIT=1      skip step 3
+#   RG_SKIP_BUILD=1     skip step 4 (use whatever binary exists)
+#   PG_BIN=DIR          PostgreSQL server binaries (default /usr/lib/postgresql/15/bin)
+#   PYTHON=python3.x    interpreter used to create .venv (default python3)
+#   RESUMEGUARD_BIN=... proxy binary the Python suite runs (default target/release/resumeguard)
+# Exits non-zero if any step fails. Unit-test failures do not stop the
+# integration run (so one CI run reports both), but still fail the script.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
+PYTHON="${PYTHON:-python3}"
+REQ="integration/requirements.txt"
+VENV=".venv"
+STAMP="$VENV/.rg-requirements.stamp"
+export PG_BIN
+
+log() { printf '\n=== run_all: %s ===\n' "$*"; }
+die() { printf 'run_all: ERROR: %s\n' "$*" >&2; exit 2; }
+
+# ---------------------------------------------------------------- 1. prerequisites
+log "checking prerequisites"
+missing=()
+command -v cargo >/dev/null 2>&1 || missing+=("cargo (Rust toolchain; put ~/.cargo/bin on PATH)")
+if command -v "$PYTHON" >/dev/null 2>&1; then
+    if ! "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' 2>/dev/null; then
+        missing+=("$PYTHON >= 3.10 (found $("$PYTHON" -V 2>&1))")
+    elif ! "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+        missing+=("python venv support for $PYTHON (Debian: apt-get install python3-venv)")
+    fi
+else
+    missing+=("$PYTHON (Python >= 3.10)")
+fi
+for b in initdb pg_ctl postgres psql pgbench; do
+    [ -x "$PG_BIN/$b" ] || missing+=("$PG_BIN/$b (Debian: apt-get install postgresql-15 postgresql-client-15)")
+done
+if [ "$(id -u)" -eq 0 ]; then
+    # PostgreSQL refuses to run as root: the fixture runs it as the 'postgres' OS user.
+    command -v runuser >/dev/null 2>&1 || missing+=("runuser (util-linux)")
+    id -u postgres >/dev/null 2>&1 || missing+=("OS user 'postgres' (created by the postgresql-common package)")
+fi
+if [ "${#missing[@]}" -gt 0 ]; then
+    printf 'run_all: missing prerequisites:\n' >&2
+    printf '  - %s\n' "${missing[@]}" >&2
+    printf 'run_all: .ci/run installs them on a fresh Debian 12 machine.\n' >&2
+    exit 2
+fi
+echo "cargo: $(cargo --version)"
+echo "python: $("$PYTHON" -V 2>&1) ($(command -v "$PYTHON"))"
+echo "postgres: $("$PG_BIN/postgres" --version)"
+
+# ---------------------------------------------------------------- 2. venv
+log "python venv ($VENV)"
+want_stamp="$(sha256sum "$REQ" | cut -d' ' -f1) $("$PYTHON" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')"
+have_stamp="$(cat "$STAMP" 2>/dev/null || true)"
+if [ -x "$VENV/bin/python" ] && ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
+    echo "existing $VENV is broken; recreating"
+    rm -rf "$VENV"
+fi
+if [ ! -x "$VENV/bin/python" ] || [ "${have_stamp#* }" != "${want_stamp#* }" ]; then
+    # new venv, or the Python version changed
+    rm -rf "$VENV"
+    "$PYTHON" -m venv "$VENV" || die "could not create $VENV with $PYTHON"
+    have_stamp=""
+fi
+if [ "$have_stamp" != "$want_stamp" ]; then
+    echo "installing $REQ into $VENV"
+    "$VENV/bin/python" -m pip install --disable-pip-version-check -q -r "$REQ" \
+        || die "pip install -r $REQ failed"
+    echo "$want_stamp" > "$STAMP"
+else
+    echo "$VENV is up to date with $REQ"
+fi
+
+status=0
+
+# ---------------------------------------------------------------- 3. unit tests
+if [ "${RG_SKIP_UNIT:-0}" != "1" ]; then
+    log "cargo test --all-targets"
+    if ! cargo test --all-targets; then
+        echo "run_all: cargo test FAILED (continuing with the integration suite)" >&2
+        status=1
+    fi
+fi
+
+# ---------------------------------------------------------------- 4. release build
+if [ "${RG_SKIP_BUILD:-0}" != "1" ]; then
+    log "cargo build --release"
+    cargo build --release || { echo "run_all: cargo build --release FAILED" >&2; exit 1; }
+fi
+
+# ---------------------------------------------------------------- 5. integration suite
+log "pytest integration/"
+# Keep Python bytecode and pytest caches out of the source tree.
+export PYTHONDONTWRITEBYTECODE=1
+# Never wait for a password prompt or a TLS handshake that cannot happen.
+export PGCONNECT_TIMEOUT=10
+unset PGHOST PGPORT PGUSER PGDATABASE PGPASSWORD PGSERVICE PGSSLMODE PGOPTIONS 2>/dev/null || true
+# The whole suite takes a few minutes; 20 minutes is a hard backstop against a hang.
+timeout -k 30 1200 "$VENV/bin/python" -m pytest integration -q -rA "$@" </dev/null
+rc=$?
+case "$rc" in
+    0) ;;
+    5) echo "run_all: WARNING: pytest collected no tests (exit 5); treated as success" >&2 ;;
+    124|137) echo "run_all: pytest hit the 20-minute backstop and was killed" >&2; status=1 ;;
+    *) status=1 ;;
+esac
+
+if [ "$status" -ne 0 ]; then
+    echo "run_all: FAILED" >&2
+fi
+exit "$status"
