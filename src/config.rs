@@ -7,8 +7,16 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde::Deserialize;
 
-use crate::audit::AuditConfig;
+use std::sync::Arc;
+
+use regex::Regex;
+
+use crate::audit::{AuditConfig, AuditSink};
+use crate::claims::evidence::{self, EvidenceTiming};
+use crate::claims::ClaimStore;
+use crate::policy::claims::WaitPolicy;
 use crate::policy::ChannelRules;
+use crate::wire::claims_gate::ClaimsLeg;
 use crate::wire::proxy::{Legs, RelayConfig};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -34,6 +42,52 @@ pub struct Config {
     pub audit: AuditConfig,
     pub managed: ManagedConfig,
     pub enforce: EnforceConfig,
+    pub claims: ClaimsConfig,
+}
+
+/// Consume-once claims (see README, "Consume-once").
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClaimsConfig {
+    /// The SQLite file every replica in front of the same database shares;
+    /// absent: `<state_dir>/claims.sqlite`.
+    pub store: Option<PathBuf>,
+    /// This proxy's name in claims; absent: `<hostname>-<pid>`.
+    pub proxy_id: Option<String>,
+    /// How long a claim with no evidence of its run holds. A resume racing
+    /// an unmarked inspection waits at most this long.
+    pub lapse_ms: i64,
+    /// `wait` (poll until consumed or lapsed, bounded) or `refuse`.
+    pub policy: String,
+    /// Longest a reader waits under `wait`; absent: lapse_ms + 2000.
+    pub max_wait_ms: Option<i64>,
+    pub poll_ms: i64,
+    /// How long a claim stays held after its run-level answer is recorded
+    /// (a bare-form resume's node is running).
+    pub progress_hold_ms: i64,
+    /// How soon the claim of a holder whose connection closed lapses.
+    pub holder_gone_grace_ms: i64,
+    /// application_name regexes whose reads are inspection (never claim).
+    pub inspection_application_names: Vec<String>,
+    /// A second listen address whose sessions are all inspection.
+    pub inspection_listen: Option<String>,
+}
+
+impl Default for ClaimsConfig {
+    fn default() -> Self {
+        ClaimsConfig {
+            store: None,
+            proxy_id: None,
+            lapse_ms: 3_000,
+            policy: "wait".into(),
+            max_wait_ms: None,
+            poll_ms: 20,
+            progress_hold_ms: 10_000,
+            holder_gone_grace_ms: 1_000,
+            inspection_application_names: Vec::new(),
+            inspection_listen: None,
+        }
+    }
 }
 
 /// Which enforcement legs run (all on by default).
@@ -44,6 +98,8 @@ pub struct EnforceConfig {
     pub fork_filter: bool,
     /// Checkpoint validity: validate writes against `rules/channels`.
     pub validity: bool,
+    /// Consume-once: claim parked heads at the read.
+    pub consume_once: bool,
 }
 
 impl Default for EnforceConfig {
@@ -51,6 +107,7 @@ impl Default for EnforceConfig {
         EnforceConfig {
             fork_filter: true,
             validity: true,
+            consume_once: true,
         }
     }
 }
@@ -82,6 +139,7 @@ impl Default for Config {
             audit: AuditConfig::default(),
             managed: ManagedConfig::default(),
             enforce: EnforceConfig::default(),
+            claims: ClaimsConfig::default(),
         }
     }
 }
@@ -107,14 +165,75 @@ impl Config {
     /// The enforcement legs, with the channel rules loaded from the rules
     /// directory (a rule that does not load stops the proxy: it must not
     /// run without a rule it was given).
-    pub fn legs(&self) -> anyhow::Result<Legs> {
+    pub fn legs(&self, audit: &AuditSink) -> anyhow::Result<Legs> {
         let validity = match (&self.rules_dir, self.enforce.validity) {
             (Some(dir), true) => ChannelRules::load(dir).map_err(|e| anyhow::anyhow!("{e}"))?,
             _ => ChannelRules::default(),
         };
+        let claims = if self.enforce.consume_once {
+            Some(Arc::new(self.claims_leg(audit)?))
+        } else {
+            None
+        };
         Ok(Legs {
             fork_filter: self.enforce.fork_filter,
-            validity: std::sync::Arc::new(validity),
+            validity: Arc::new(validity),
+            claims,
+        })
+    }
+
+    pub fn claims_store_path(&self) -> PathBuf {
+        self.claims
+            .store
+            .clone()
+            .unwrap_or_else(|| self.state_dir.join("claims.sqlite"))
+    }
+
+    /// The consume-once leg. A store that does not open is not fatal: the
+    /// proxy runs and refuses reads of parked heads until it does (fail
+    /// closed), and says so.
+    fn claims_leg(&self, audit: &AuditSink) -> anyhow::Result<ClaimsLeg> {
+        let c = &self.claims;
+        let policy = match c.policy.as_str() {
+            "wait" => WaitPolicy::Wait {
+                max_wait_ms: c.max_wait_ms.unwrap_or(c.lapse_ms + 2_000),
+                poll_ms: c.poll_ms,
+            },
+            "refuse" => WaitPolicy::Refuse,
+            other => bail!("claims.policy must be \"wait\" or \"refuse\", not {other:?}"),
+        };
+        let inspection_patterns = c
+            .inspection_application_names
+            .iter()
+            .map(|p| {
+                Regex::new(p).with_context(|| format!("claims.inspection_application_names: {p:?}"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let proxy_id = c.proxy_id.clone().unwrap_or_else(default_proxy_id);
+        let path = self.claims_store_path();
+        let store = ClaimStore::open(&path).map(Arc::new);
+        let evidence = match &store {
+            Ok(s) => Some(evidence::start(
+                Arc::clone(s),
+                proxy_id.clone(),
+                EvidenceTiming {
+                    progress_hold_ms: c.progress_hold_ms,
+                    holder_gone_grace_ms: c.holder_gone_grace_ms,
+                },
+                audit.clone(),
+            )),
+            Err(e) => {
+                tracing::error!(error = %e, "claim store unavailable: reads of parked heads will be refused until it opens");
+                None
+            }
+        };
+        Ok(ClaimsLeg {
+            store,
+            proxy_id,
+            lapse_ms: c.lapse_ms,
+            policy,
+            inspection_patterns,
+            evidence,
         })
     }
 
@@ -125,6 +244,13 @@ impl Config {
             .clone()
             .unwrap_or_else(|| self.state_dir.join("audit.sqlite"))
     }
+}
+
+fn default_proxy_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "resumeguard".into());
+    format!("{host}-{}", std::process::id())
 }
 
 /// `host:port` from `host:port`, `host` or a `postgres://` URL.

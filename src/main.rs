@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use resumeguard::audit::{self, AuditSink};
+use resumeguard::claims::{render_claims, ClaimStore};
 use resumeguard::config::{upstream_addr, Config};
 use resumeguard::managed_pg::ManagedPostgres;
 use resumeguard::policy::ChannelRules;
@@ -55,9 +56,20 @@ enum Command {
         /// Directory for the proxy's state (audit db, managed PostgreSQL).
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// SQLite file of consume-once claims (shared by replicas).
+        #[arg(long)]
+        claims_store: Option<PathBuf>,
+        /// This proxy's name in claims (default: hostname-pid).
+        #[arg(long)]
+        proxy_id: Option<String>,
         /// Turn every enforcement leg off: relay, recognize and audit only.
         #[arg(long)]
         no_enforce: bool,
+    },
+    /// Consume-once claims: list them, or release them (operator).
+    Claims {
+        #[command(subcommand)]
+        command: ClaimsCommand,
     },
     /// Saver profiles and channel rules.
     Rules {
@@ -73,6 +85,31 @@ enum Command {
         json: bool,
         #[arg(long)]
         audit_db: Option<PathBuf>,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClaimsCommand {
+    /// Print the claims (of one thread).
+    List {
+        #[arg(long)]
+        thread: Option<String>,
+        #[arg(long)]
+        store: Option<PathBuf>,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Release the held claims of a thread (of one checkpoint), so the next
+    /// resume may take them.
+    Release {
+        #[arg(long)]
+        thread: String,
+        #[arg(long)]
+        checkpoint: Option<String>,
+        #[arg(long)]
+        store: Option<PathBuf>,
         #[arg(long)]
         config: Option<PathBuf>,
     },
@@ -116,6 +153,8 @@ fn run() -> anyhow::Result<()> {
             audit_db,
             audit_jsonl,
             state_dir,
+            claims_store,
+            proxy_id,
             no_enforce,
         } => {
             let mut cfg = load_config(config)?;
@@ -125,11 +164,42 @@ fn run() -> anyhow::Result<()> {
             cfg.state_dir = state_dir.unwrap_or(cfg.state_dir);
             cfg.audit.sqlite = Some(audit_db.unwrap_or_else(|| cfg.audit_db()));
             cfg.audit.jsonl = audit_jsonl.or(cfg.audit.jsonl);
+            cfg.claims.store = claims_store.or(cfg.claims.store);
+            cfg.claims.proxy_id = proxy_id.or(cfg.claims.proxy_id);
             if no_enforce {
                 cfg.enforce.fork_filter = false;
                 cfg.enforce.validity = false;
+                cfg.enforce.consume_once = false;
             }
             serve(cfg)
+        }
+        Command::Claims {
+            command:
+                ClaimsCommand::List {
+                    thread,
+                    store,
+                    config,
+                },
+        } => {
+            let cfg = load_config(config)?;
+            let store = ClaimStore::open(&store.unwrap_or_else(|| cfg.claims_store_path()))?;
+            print!("{}", render_claims(&store.list(thread.as_deref())?));
+            Ok(())
+        }
+        Command::Claims {
+            command:
+                ClaimsCommand::Release {
+                    thread,
+                    checkpoint,
+                    store,
+                    config,
+                },
+        } => {
+            let cfg = load_config(config)?;
+            let store = ClaimStore::open(&store.unwrap_or_else(|| cfg.claims_store_path()))?;
+            let n = store.release(&thread, checkpoint.as_deref())?;
+            println!("released {n} claim(s)");
+            Ok(())
         }
         Command::Rules {
             command: RulesCommand::Check { dir },
@@ -190,8 +260,12 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
     }
-    let legs = cfg.legs()?;
+    if cfg.claims.store.is_none() {
+        std::fs::create_dir_all(&cfg.state_dir)
+            .with_context(|| format!("creating {}", cfg.state_dir.display()))?;
+    }
     let audit = AuditSink::start(&cfg.audit)?;
+    let legs = cfg.legs(&audit)?;
     let managed = match &cfg.upstream {
         Some(_) => None,
         None => Some(ManagedPostgres::start(&cfg.managed, &cfg.state_dir)?),
@@ -219,18 +293,39 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         tracing::info!(listen = %local, %upstream, audit = %cfg.audit_db().display(), "resumeguard serving");
         let user = if managed.is_some() { "postgres@" } else { "" };
         println!("DATABASE_URL=postgres://{user}{local}/postgres");
-        let stop = async move {
+        let inspection = match &cfg.claims.inspection_listen {
+            Some(addr) => {
+                let l = TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("listening for inspection on {addr}"))?;
+                tracing::info!(listen = %l.local_addr()?, "inspection listener (reads never claim)");
+                Some(l)
+            }
+            None => None,
+        };
+        let grace = Duration::from_millis(cfg.shutdown_grace_ms);
+        let stopped = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        tokio::spawn(async move {
             wait_for_signal().await;
             tracing::info!("shutdown requested");
             let _ = stop_tx.send(true);
-        };
-        listener::run(
-            proxy,
+        });
+        let main_loop = listener::run(
+            Arc::clone(&proxy),
             listener,
-            stop,
-            Duration::from_millis(cfg.shutdown_grace_ms),
-        )
-        .await;
+            false,
+            stopped(proxy.shutdown.clone()),
+            grace,
+        );
+        let inspection_loop = async {
+            if let Some(l) = inspection {
+                let stop = stopped(proxy.shutdown.clone());
+                listener::run(Arc::clone(&proxy), l, true, stop, grace).await;
+            }
+        };
+        tokio::join!(main_loop, inspection_loop);
         anyhow::Ok(())
     });
     audit.shutdown(Duration::from_secs(5));

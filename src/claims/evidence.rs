@@ -37,8 +37,12 @@ pub enum Evidence {
         checkpoint_ns: String,
         parent_checkpoint_id: String,
     },
-    ThreadDeleted { thread_id: String },
-    HolderGone { session_id: u64 },
+    ThreadDeleted {
+        thread_id: String,
+    },
+    HolderGone {
+        session_id: u64,
+    },
 }
 
 /// Timing the worker applies evidence with.
@@ -63,7 +67,10 @@ impl EvidenceSender {
             Err(TrySendError::Full((_, ev))) => {
                 // Dropping evidence only delays consumption: the claim then
                 // lapses as it would without evidence. Say so.
-                tracing::warn!(?ev, "claim evidence queue full: evidence dropped, claim will lapse");
+                tracing::warn!(
+                    ?ev,
+                    "claim evidence queue full: evidence dropped, claim will lapse"
+                );
             }
             Err(TrySendError::Disconnected(_)) => {}
         }

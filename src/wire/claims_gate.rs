@@ -27,7 +27,7 @@ pub struct ClaimsLeg {
 }
 
 /// A read of a parked head waiting for its claim.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimRequest {
     pub key: ClaimKey,
     pub holder: Holder,
@@ -82,10 +82,9 @@ impl ClaimsLeg {
             Err(e) => return Err(e.clone()),
         };
         let (key, holder, lapse) = (req.key.clone(), req.holder.clone(), self.lapse_ms);
-        let joined = tokio::task::spawn_blocking(move || {
-            store.try_claim(&key, &holder, now_ms(), lapse)
-        })
-        .await;
+        let joined =
+            tokio::task::spawn_blocking(move || store.try_claim(&key, &holder, now_ms(), lapse))
+                .await;
         match joined {
             Ok(outcome) => outcome,
             Err(e) => Err(StoreError::Open {

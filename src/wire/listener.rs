@@ -12,10 +12,11 @@ use super::session::serve_client;
 
 /// Accepts connections until `stop` resolves, then waits up to `grace`
 /// for sessions to drain (each closes at its next idle point) and aborts
-/// the rest.
+/// the rest. Sessions of an `inspection` listener never claim.
 pub async fn run(
     proxy: Arc<Proxy>,
     listener: TcpListener,
+    inspection: bool,
     stop: impl std::future::Future<Output = ()>,
     grace: Duration,
 ) {
@@ -26,7 +27,7 @@ pub async fn run(
             _ = &mut stop => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    sessions.spawn(serve_client(Arc::clone(&proxy), stream, peer));
+                    sessions.spawn(serve_client(Arc::clone(&proxy), stream, peer, inspection));
                 }
                 Err(e) => {
                     // Out of descriptors and the like: back off, keep serving.

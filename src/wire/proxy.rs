@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use crate::audit::AuditSink;
 use crate::policy::ChannelRules;
 use crate::saver::classify::Classifier;
+use crate::wire::claims_gate::ClaimsLeg;
 
 /// Settings of the relay itself.
 #[derive(Debug, Clone)]
@@ -48,6 +49,8 @@ pub struct Legs {
     /// Channel schemas every checkpoint write is validated against (empty:
     /// the validity gate has nothing to check).
     pub validity: Arc<ChannelRules>,
+    /// Consume-once claims on reads of parked heads (`None`: off).
+    pub claims: Option<Arc<ClaimsLeg>>,
 }
 
 impl Default for Legs {
@@ -55,6 +58,7 @@ impl Default for Legs {
         Legs {
             fork_filter: true,
             validity: Arc::new(ChannelRules::default()),
+            claims: None,
         }
     }
 }

@@ -196,6 +196,14 @@ impl<T> ResponseQueue<T> {
         self.entries.front_mut().and_then(|e| e.payload.as_mut())
     }
 
+    /// Changes where the rest of the front entry's answer goes (the proxy
+    /// answered that request itself).
+    pub fn set_front_route(&mut self, route: Route) {
+        if let Some(front) = self.entries.front_mut() {
+            front.route = route;
+        }
+    }
+
     /// True while nothing is outstanding: no request waits for an answer.
     pub fn idle(&self) -> bool {
         self.entries.is_empty() && !self.skipping_to_sync

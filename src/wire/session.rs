@@ -10,14 +10,17 @@ use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
+use tracing::Instrument;
 
 use super::backend::{error_response, sqlstate, Severity};
+use super::claims_gate::ClaimRequest;
 use super::frame::peek_frame;
 use super::proxy::Proxy;
 use super::response_queue::{Expect, Route};
 use super::session_state::SessionState;
 use super::startup::{self, FirstPacket, StartupMessage};
 use crate::audit::SessionContext;
+use crate::claims::evidence::Evidence;
 
 /// Read buffers start small (idle connections stay cheap) and grow with
 /// the traffic; a buffer grown past this is replaced once drained.
@@ -36,7 +39,12 @@ enum End {
 }
 
 /// Serves one accepted client connection to completion.
-pub async fn serve_client(proxy: Arc<Proxy>, mut client: TcpStream, peer: SocketAddr) {
+pub async fn serve_client(
+    proxy: Arc<Proxy>,
+    mut client: TcpStream,
+    peer: SocketAddr,
+    inspection: bool,
+) {
     let _ = client.set_nodelay(true);
     let first = match read_first_packet(&proxy, &mut client).await {
         Ok(Some(p)) => p,
@@ -50,7 +58,9 @@ pub async fn serve_client(proxy: Arc<Proxy>, mut client: TcpStream, peer: Socket
     };
     match first {
         FirstPacket::Cancel { pid, key } => proxy.forward_cancel(pid, key).await,
-        FirstPacket::Startup(startup) => run_session(proxy, client, peer, startup).await,
+        FirstPacket::Startup(startup) => {
+            run_session(proxy, client, peer, startup, inspection).await
+        }
         // read_first_packet answers negotiation requests itself.
         FirstPacket::SslRequest | FirstPacket::GssEncRequest => {}
     }
@@ -98,9 +108,10 @@ async fn read_first_packet(
 
 async fn run_session(
     proxy: Arc<Proxy>,
-    mut client: TcpStream,
+    client: TcpStream,
     peer: SocketAddr,
     startup: StartupMessage,
+    inspection: bool,
 ) {
     let session_id = proxy.next_session_id.fetch_add(1, Ordering::Relaxed);
     let ctx = SessionContext {
@@ -111,7 +122,20 @@ async fn run_session(
         application_name: startup.param("application_name").unwrap_or("").to_owned(),
     };
     let span = tracing::info_span!("session", id = session_id, %peer, user = %ctx.user, db = %ctx.database);
-    let _enter = span.enter();
+    relay_session(proxy, client, startup, inspection, ctx)
+        .instrument(span)
+        .await;
+}
+
+/// The session proper, inside its tracing span.
+async fn relay_session(
+    proxy: Arc<Proxy>,
+    mut client: TcpStream,
+    startup: StartupMessage,
+    inspection: bool,
+    ctx: SessionContext,
+) {
+    let session_id = ctx.session_id;
 
     let mut server = match proxy.connect_upstream().await {
         Ok(s) => s,
@@ -132,6 +156,7 @@ async fn run_session(
 
     let mut state = SessionState::new(Arc::clone(&proxy.classifier), proxy.legs.clone(), ctx);
     state.queue.push(Expect::Startup, Route::Forward, None);
+    state.inspection_listener = inspection;
     let state = Mutex::new(state);
     let keys = Mutex::new(Vec::new());
 
@@ -162,6 +187,12 @@ async fn run_session(
     }
     for (pid, key) in keys.into_inner().unwrap_or_default() {
         proxy.cancel_keys.remove(&(pid, key));
+    }
+    // A holder that goes away mid-gate must not strand its thread.
+    if let Some(sender) = proxy.legs.claims.as_ref().and_then(|l| l.evidence.as_ref()) {
+        if let Ok(st) = state.lock() {
+            sender.send(&st.ctx, Evidence::HolderGone { session_id });
+        }
     }
     match end {
         End::Error(e) | End::ClientProtocol(e) => tracing::info!(error = %e, "session ended"),
@@ -298,22 +329,50 @@ async fn server_to_client(
                 return End::Error(msg);
             }
         }
-        let outcome = match state.lock() {
-            Ok(mut st) => track_server(proxy, &mut st, keys, &mut buf, &mut out),
-            Err(_) => return End::Error("session state poisoned".into()),
-        };
-        let events = match outcome {
-            Ok(tracked) => {
-                server_said_fatal |= tracked.fatal;
-                tracked.events
+        // Route every complete message; a read of a parked head stops the
+        // batch until its claim is decided, then routing goes on.
+        loop {
+            let outcome = match state.lock() {
+                Ok(mut st) => track_server(proxy, &mut st, keys, &mut buf, &mut out),
+                Err(_) => return End::Error("session state poisoned".into()),
+            };
+            let held = match outcome {
+                Ok(tracked) => {
+                    server_said_fatal |= tracked.fatal;
+                    dispatch(proxy, state, tracked.events, tracked.evidence);
+                    tracked.held
+                }
+                Err(msg) => {
+                    tracing::error!(error = %msg, "closing session");
+                    return fail_session(client, &msg).await;
+                }
+            };
+            let Some(held) = held else { break };
+            let Some(leg) = proxy.legs.claims.as_ref() else {
+                // Claims are only requested with the leg on; never drop a row.
+                out.extend_from_slice(held.replace.as_deref().unwrap_or(&held.frame));
+                continue;
+            };
+            // What came before the held row may go out while it waits.
+            if !out.is_empty() {
+                if let Err(e) = client.write_all(&out).await {
+                    return End::Error(format!("client write: {e}"));
+                }
+                out.clear();
             }
-            Err(msg) => {
-                tracing::error!(error = %msg, "closing session");
-                return fail_session(client, &msg).await;
+            let resolution = leg.resolve(&held.request).await;
+            let (refusal, events) = match state.lock() {
+                Ok(mut st) => (
+                    st.apply_claim(&held.request, &resolution),
+                    std::mem::take(&mut st.ready_events),
+                ),
+                Err(_) => return End::Error("session state poisoned".into()),
+            };
+            dispatch(proxy, state, events, Vec::new());
+            match refusal {
+                Some(error) => out.extend_from_slice(&error),
+                None => out.extend_from_slice(held.replace.as_deref().unwrap_or(&held.frame)),
             }
-        };
-        for ev in events {
-            proxy.audit.record(ev);
         }
         if !out.is_empty() {
             if let Err(e) = client.write_all(&out).await {
@@ -337,6 +396,38 @@ async fn server_to_client(
 struct Tracked {
     fatal: bool,
     events: Vec<crate::audit::AuditEvent>,
+    evidence: Vec<Evidence>,
+    /// A parked head's row, held until its claim is decided.
+    held: Option<Held>,
+}
+
+/// A message held back from the client while a claim is decided.
+struct Held {
+    frame: BytesMut,
+    replace: Option<bytes::Bytes>,
+    request: ClaimRequest,
+}
+
+/// Hands audit events to the sink and claim evidence to the claims worker;
+/// neither blocks.
+fn dispatch(
+    proxy: &Proxy,
+    state: &Mutex<SessionState>,
+    events: Vec<crate::audit::AuditEvent>,
+    evidence: Vec<Evidence>,
+) {
+    for ev in events {
+        proxy.audit.record(ev);
+    }
+    if evidence.is_empty() {
+        return;
+    }
+    let sender = proxy.legs.claims.as_ref().and_then(|l| l.evidence.as_ref());
+    if let (Some(sender), Ok(st)) = (sender, state.lock()) {
+        for ev in evidence {
+            sender.send(&st.ctx, ev);
+        }
+    }
 }
 
 /// Frames, tracks and routes the complete server messages in `buf` into
@@ -349,11 +440,23 @@ fn track_server(
     out: &mut BytesMut,
 ) -> Result<Tracked, String> {
     let mut fatal = false;
+    let mut held = None;
     while let Some(h) = peek_frame(buf, proxy.config.max_backend_message_bytes)
         .map_err(|e| format!("upstream protocol violation: {e}"))?
     {
         let frame = buf.split_to(h.total_len);
-        let verdict = st.on_server(&frame).map_err(|d| d.to_string())?;
+        let mut verdict = st.on_server(&frame).map_err(|d| d.to_string())?;
+        if let Some(request) = verdict.claim.take() {
+            for synthesized in &verdict.before {
+                out.extend_from_slice(synthesized);
+            }
+            held = Some(Held {
+                frame,
+                replace: verdict.replace,
+                request,
+            });
+            break;
+        }
         for synthesized in &verdict.before {
             out.extend_from_slice(synthesized);
         }
@@ -371,6 +474,8 @@ fn track_server(
     Ok(Tracked {
         fatal,
         events: std::mem::take(&mut st.ready_events),
+        evidence: std::mem::take(&mut st.ready_evidence),
+        held,
     })
 }
 

@@ -11,6 +11,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::backend::is_fatal;
+use super::backend::{error_response, Severity};
+use super::claims_gate::{ClaimRequest, Resolution};
 use super::frame::cstr;
 use super::proxy::Legs;
 use super::reject::raising_statement;
@@ -19,6 +21,9 @@ use super::response_queue::{Desync, Progress, ResponseQueue, Route};
 use super::row_rewrite::drop_last_column_description;
 use super::watch::Watch;
 use crate::audit::{AuditEvent, BlobDigest, Operation, SessionContext};
+use crate::claims::evidence::Evidence;
+use crate::claims::Holder;
+use crate::policy::claims::{has_inspection_hint, is_inspection, ClaimDecision};
 use crate::policy::write_check::{check_write, WriteKind};
 use crate::policy::Violation;
 use crate::saver::write_record::WriteRecord;
@@ -36,6 +41,8 @@ struct Prepared {
     class: Arc<Classified>,
     /// Prepared as its fork rewrite (results carry the head column).
     rewritten: bool,
+    /// The SQL carries the `resumeguard:inspect` comment hint.
+    inspect_hint: bool,
 }
 
 /// A portal bound to a checkpoint statement (ordinary portals are not
@@ -45,6 +52,7 @@ struct Binding {
     class: Arc<Classified>,
     bound: Arc<BoundParams>,
     rewritten: bool,
+    inspect_hint: bool,
 }
 
 /// A client message the proxy cannot let through.
@@ -75,6 +83,9 @@ pub struct ServerVerdict {
     pub fatal: bool,
     /// Bytes the client gets in place of this message.
     pub replace: Option<Bytes>,
+    /// A read of a parked head: hold this message until the claim is
+    /// decided (see `apply_claim`).
+    pub claim: Option<ClaimRequest>,
     /// BackendKeyData seen: (pid, key) for cancel routing.
     pub backend_key: Option<(i32, Vec<u8>)>,
 }
@@ -91,8 +102,14 @@ pub struct SessionState {
     /// ReadyForQuery status: `I` idle, `T` in a transaction, `E` failed.
     pub txn_status: u8,
     pub ctx: SessionContext,
+    /// Sessions of the inspection listener never claim.
+    pub inspection_listener: bool,
     /// Events of writes that have not committed yet.
     uncommitted: Vec<AuditEvent>,
+    /// Claim evidence of writes that have not committed yet.
+    uncommitted_evidence: Vec<Evidence>,
+    /// Claim evidence of committed writes, for the claims worker.
+    pub ready_evidence: Vec<Evidence>,
     /// Events ready for the audit sink.
     pub ready_events: Vec<AuditEvent>,
     segment_failed: bool,
@@ -109,12 +126,16 @@ impl SessionState {
             unnamed_statement: Prepared {
                 class: other,
                 rewritten: false,
+                inspect_hint: false,
             },
             portals: HashMap::new(),
             unnamed_portal: None,
             txn_status: b'I',
             ctx,
+            inspection_listener: false,
             uncommitted: Vec::new(),
+            uncommitted_evidence: Vec::new(),
+            ready_evidence: Vec::new(),
             ready_events: Vec::new(),
             segment_failed: false,
         }
@@ -150,7 +171,16 @@ impl SessionState {
                         }
                         _ => false,
                     };
-                    let prepared = Prepared { class, rewritten };
+                    let inspect_hint = self.legs.claims.is_some()
+                        && class.kind.is_checkpoint_traffic()
+                        && cstr(rest)
+                            .and_then(|(q, _)| std::str::from_utf8(q).ok())
+                            .is_some_and(has_inspection_hint);
+                    let prepared = Prepared {
+                        class,
+                        rewritten,
+                        inspect_hint,
+                    };
                     if name.is_empty() {
                         self.unnamed_statement = prepared;
                     } else {
@@ -184,6 +214,7 @@ impl SessionState {
                         class: prepared.class,
                         bound: Arc::new(bound),
                         rewritten: prepared.rewritten,
+                        inspect_hint: prepared.inspect_hint,
                     })
                 } else {
                     None
@@ -206,13 +237,16 @@ impl SessionState {
             }
             b'E' => {
                 let portal = cstr(body).map(|(p, _)| p).unwrap_or_default();
+                let inspect = self.inspecting();
                 let binding = self.portal(portal);
                 let watch = binding.map(|b| {
-                    Watch::new(
+                    let mut w = Watch::new(
                         Arc::clone(&b.class),
                         Some(Arc::clone(&b.bound)),
                         b.rewritten,
-                    )
+                    );
+                    w.inspect = inspect || b.inspect_hint;
+                    w
                 });
                 self.queue.push_for_client(tag, 0, watch);
             }
@@ -244,6 +278,7 @@ impl SessionState {
                             self.unnamed_statement = Prepared {
                                 class: self.classifier.other(),
                                 rewritten: false,
+                                inspect_hint: false,
                             }
                         }
                         (b'S', false) => {
@@ -262,6 +297,7 @@ impl SessionState {
                 self.unnamed_statement = Prepared {
                     class: self.classifier.other(),
                     rewritten: false,
+                    inspect_hint: false,
                 };
                 self.unnamed_portal = None;
                 let sql = cstr(body)
@@ -344,6 +380,7 @@ impl SessionState {
         self.unnamed_statement = Prepared {
             class: self.classifier.other(),
             rewritten: false,
+            inspect_hint: false,
         };
         self.unnamed_portal = None;
         let detail = violation.map_or(String::new(), |v| {
@@ -366,6 +403,7 @@ impl SessionState {
             .unwrap_or_else(|| Prepared {
                 class: self.classifier.other(),
                 rewritten: false,
+                inspect_hint: false,
             })
     }
 
@@ -411,12 +449,26 @@ impl SessionState {
             before: Vec::new(),
             fatal: false,
             replace: None,
+            claim: None,
             backend_key: None,
         };
         self.queue.take_synthesized(&mut verdict.before);
         if let Some(watch) = self.queue.front_payload_mut() {
             match tag {
-                b'D' => verdict.replace = watch.on_data_row(frame),
+                b'D' => {
+                    verdict.replace = watch.on_data_row(frame);
+                    if let Some(leg) = &self.legs.claims {
+                        verdict.claim = watch.parked_claim_key().map(|key| ClaimRequest {
+                            key,
+                            holder: Holder {
+                                proxy_id: leg.proxy_id.clone(),
+                                session_id: self.ctx.session_id,
+                                client_addr: self.ctx.client_addr.clone(),
+                                application_name: self.ctx.application_name.clone(),
+                            },
+                        });
+                    }
+                }
                 b'T' if watch.head_column => verdict.replace = drop_last_column_description(frame),
                 _ => {}
             }
@@ -437,6 +489,9 @@ impl SessionState {
                             self.ready_events.extend(events);
                         } else {
                             self.uncommitted.extend(events);
+                            if self.legs.claims.is_some() {
+                                self.uncommitted_evidence.extend(watch.evidence());
+                            }
                         }
                     }
                 }
@@ -451,7 +506,10 @@ impl SessionState {
             // ROLLBACK (also what COMMIT of a failed transaction reports):
             // nothing written in the transaction survives. A savepoint
             // rollback reports the same tag and is treated alike.
-            b'C' if frame.get(5..13) == Some(b"ROLLBACK") => self.uncommitted.clear(),
+            b'C' if frame.get(5..13) == Some(b"ROLLBACK") => {
+                self.uncommitted.clear();
+                self.uncommitted_evidence.clear();
+            }
             b'K' => verdict.backend_key = backend_key(frame),
             _ => {}
         }
@@ -459,12 +517,86 @@ impl SessionState {
         Ok(verdict)
     }
 
+    /// Whether this session's reads are inspection (never claim).
+    fn inspecting(&self) -> bool {
+        match &self.legs.claims {
+            Some(leg) => is_inspection(
+                &self.ctx.application_name,
+                &leg.inspection_patterns,
+                false,
+                self.inspection_listener,
+            ),
+            None => true,
+        }
+    }
+
+    /// Applies the decided claim of a held row: `None` lets the row through;
+    /// `Some` is the refusal the client gets instead, and the rest of that
+    /// statement's answer is swallowed (its node must not run).
+    pub fn apply_claim(&mut self, req: &ClaimRequest, res: &Resolution) -> Option<Bytes> {
+        let key = &req.key;
+        let event = |op| {
+            AuditEvent::new(&self.ctx, op)
+                .with_thread(key.thread_id.clone())
+                .with_checkpoint(key.checkpoint_ns.clone(), key.checkpoint_id.clone())
+        };
+        if res.waited_ms > 0 {
+            let ev = event(Operation::ClaimWaited).with_detail(serde_json::json!({
+                "interrupt": key.short_fingerprint(),
+                "waited_ms": res.waited_ms,
+            }));
+            self.ready_events.push(ev);
+        }
+        match &res.decision {
+            ClaimDecision::Refuse { reason } => {
+                let message = reason.message(key);
+                tracing::info!(thread = %key.thread_id, "{message}");
+                let ev = event(Operation::ClaimRefused).with_detail(serde_json::json!({
+                    "interrupt": key.short_fingerprint(),
+                    "sqlstate": reason.sqlstate(),
+                    "reason": message,
+                }));
+                self.ready_events.push(ev);
+                self.queue.set_front_route(Route::Swallow);
+                Some(error_response(
+                    Severity::Error,
+                    reason.sqlstate(),
+                    &message,
+                    Some(reason.hint()),
+                ))
+            }
+            ClaimDecision::Serve { takeover } => {
+                let op = if *takeover {
+                    Operation::ClaimTakeover
+                } else {
+                    Operation::ClaimTaken
+                };
+                let displaced = res.displaced.as_ref().map(|h| {
+                    serde_json::json!({"client_addr": h.client_addr, "application_name": h.application_name, "proxy_id": h.proxy_id, "session_id": h.session_id})
+                });
+                let ev = event(op).with_detail(serde_json::json!({
+                    "interrupt": key.short_fingerprint(),
+                    "displaced": displaced,
+                }));
+                self.ready_events.push(ev);
+                None
+            }
+            ClaimDecision::RetryAfter { .. } => None,
+        }
+    }
+
     fn on_ready(&mut self, status: u8) {
         self.txn_status = status;
         match status {
             // Committed (or never in a transaction): writes are durable.
-            b'I' if !self.segment_failed => self.ready_events.append(&mut self.uncommitted),
-            b'I' | b'E' => self.uncommitted.clear(),
+            b'I' if !self.segment_failed => {
+                self.ready_events.append(&mut self.uncommitted);
+                self.ready_evidence.append(&mut self.uncommitted_evidence);
+            }
+            b'I' | b'E' => {
+                self.uncommitted.clear();
+                self.uncommitted_evidence.clear();
+            }
             _ => {}
         }
         if status != b'T' {

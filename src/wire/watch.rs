@@ -7,9 +7,12 @@ use bytes::Bytes;
 use serde_json::json;
 
 use super::row_rewrite;
+use crate::claims::evidence::Evidence;
+use crate::claims::{interrupt_fingerprint, ClaimKey};
 use crate::policy::fork::{fork_filter, ForkVerdict};
 use crate::saver::checkpoint_row::PendingWrite;
 use crate::saver::pg_array::ByteaArray;
+use crate::saver::profile::TableRole;
 
 use crate::audit::{AuditEvent, BlobDigest, Operation, SessionContext};
 use crate::saver::bind::BoundParams;
@@ -32,6 +35,8 @@ pub struct Watch {
     /// The statement runs as its fork rewrite: results carry the head
     /// checkpoint id as an extra last column, which the client never sees.
     pub head_column: bool,
+    /// The read is marked as inspection: it never claims.
+    pub inspect: bool,
     pub rows: Vec<CheckpointRow>,
     pub row_errors: usize,
     forks: Vec<ForkServed>,
@@ -52,6 +57,7 @@ impl Watch {
             class,
             bound,
             head_column,
+            inspect: false,
             rows: Vec::new(),
             row_errors: 0,
             forks: Vec::new(),
@@ -192,6 +198,94 @@ impl Watch {
             StatementKind::Migration => vec![AuditEvent::new(ctx, Operation::Migration)],
             StatementKind::Unrecognized => vec![AuditEvent::new(ctx, Operation::Unrecognized)],
             StatementKind::WritesRead | StatementKind::Other => Vec::new(),
+        }
+    }
+
+    /// For a read of a namespace's head whose last row is parked (carries
+    /// an `__interrupt__` write): the claim key of that interrupt.
+    pub fn parked_claim_key(&self) -> Option<ClaimKey> {
+        let StatementKind::Read(shape) = &self.class.kind else {
+            return None;
+        };
+        if shape.mode != ReadMode::Latest || self.inspect {
+            return None;
+        }
+        let row = self.rows.last()?;
+        let interrupts: Vec<(&str, Option<&[u8]>)> = row
+            .pending_writes
+            .iter()
+            .filter(|w| w.channel == INTERRUPT)
+            .map(|w| (w.task_id.as_str(), w.blob.as_deref()))
+            .collect();
+        if interrupts.is_empty() {
+            return None;
+        }
+        Some(ClaimKey {
+            thread_id: row.thread_id.clone(),
+            checkpoint_ns: row.checkpoint_ns.clone(),
+            checkpoint_id: row.checkpoint_id.clone(),
+            fingerprint: interrupt_fingerprint(&interrupts),
+        })
+    }
+
+    /// What a completed write means for consume-once claims.
+    pub fn evidence(&self) -> Vec<Evidence> {
+        let record = |s| {
+            self.bound
+                .as_ref()
+                .and_then(|b| WriteRecord::decode(s, b).ok())
+        };
+        match &self.class.kind {
+            StatementKind::WritesUpsert(s) | StatementKind::WritesInsertIgnore(s) => {
+                let Some(rec) = record(s) else {
+                    return Vec::new();
+                };
+                let (Some(thread_id), Some(checkpoint_ns), Some(checkpoint_id), Some(channel)) = (
+                    rec.thread_id,
+                    rec.checkpoint_ns,
+                    rec.checkpoint_id,
+                    rec.channel,
+                ) else {
+                    return Vec::new();
+                };
+                let task = rec.task_id.unwrap_or_default();
+                match channel.as_str() {
+                    RESUME if task == NULL_TASK => vec![Evidence::Progress {
+                        thread_id,
+                        checkpoint_ns,
+                        checkpoint_id,
+                    }],
+                    // Parking, failing or scheduling is not an answer.
+                    INTERRUPT | "__error__" | "__scheduled__" => Vec::new(),
+                    _ => vec![Evidence::Consumed {
+                        thread_id,
+                        checkpoint_ns,
+                        checkpoint_id,
+                        what: format!("task {task} wrote {channel}"),
+                    }],
+                }
+            }
+            StatementKind::CheckpointUpsert(s) => match record(s) {
+                Some(WriteRecord {
+                    thread_id: Some(thread_id),
+                    checkpoint_ns: Some(checkpoint_ns),
+                    parent_checkpoint_id: Some(parent_checkpoint_id),
+                    ..
+                }) => vec![Evidence::MovedOn {
+                    thread_id,
+                    checkpoint_ns,
+                    parent_checkpoint_id,
+                }],
+                _ => Vec::new(),
+            },
+            StatementKind::DeleteThread {
+                table: TableRole::Checkpoints,
+                thread_param,
+            } => self
+                .param_text(*thread_param)
+                .map(|thread_id| vec![Evidence::ThreadDeleted { thread_id }])
+                .unwrap_or_default(),
+            _ => Vec::new(),
         }
     }
 
