@@ -6,6 +6,8 @@
               ``scram_user`` (SCRAM-SHA-256 password over TCP).
 * ``proxy``   (module) ``resumeguard serve`` in front of ``pg`` with its own audit
               db; teardown sends SIGTERM and asserts exit code 0.
+* ``proxy_factory`` (module) start further proxies with extra CLI args
+              (``--rules DIR``, ``--no-enforce``); same teardown contract.
 * ``dbname``  (module) a fresh database per test module (CREATE DATABASE).
 * ``direct_dsn`` / ``proxy_dsn`` (module) URIs for that database, straight to
               PostgreSQL and through the proxy.
@@ -321,6 +323,31 @@ def proxy(pg, workdir, request):
     rc = p.stop(signal.SIGTERM)
     assert was_alive, f"proxy had died before module teardown (rc={p.proc.returncode})\n{p.describe()}"
     assert rc == 0, f"proxy did not exit cleanly on SIGTERM: rc={rc}\n{p.describe()}"
+
+
+@pytest.fixture(scope="module")
+def proxy_factory(pg, workdir, request):
+    """``proxy_factory(*extra_args, name=None)`` starts a further ``resumeguard serve``
+    in front of ``pg`` with extra CLI arguments (e.g. ``"--rules", DIR``). Every proxy
+    it started is stopped with SIGTERM at module teardown and must exit 0."""
+    mod = re.sub(r"\W+", "_", request.module.__name__.rsplit(".", 1)[-1])
+    started: list[Proxy] = []
+
+    def start(*extra_args: str, name: str | None = None) -> Proxy:
+        p = Proxy(pg.port, workdir, name or f"proxy-{mod}-{len(started) + 1}", extra_args).start()
+        started.append(p)
+        return p
+
+    yield start
+    problems = []
+    for p in started:
+        if p.expected_down:
+            continue
+        was_alive = p.alive()
+        rc = p.stop(signal.SIGTERM)
+        if not was_alive or rc != 0:
+            problems.append(f"{p.name}: alive before teardown={was_alive}, rc={rc}\n{p.describe()}")
+    assert not problems, "proxies did not exit cleanly:\n" + "\n".join(problems)
 
 
 @pytest.fixture(scope="module")

@@ -78,7 +78,7 @@ impl Default for ClaimsConfig {
         ClaimsConfig {
             store: None,
             proxy_id: None,
-            lapse_ms: 3_000,
+            lapse_ms: 2_000,
             policy: "wait".into(),
             max_wait_ms: None,
             poll_ms: 20,

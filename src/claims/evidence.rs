@@ -23,6 +23,8 @@ pub enum Evidence {
         thread_id: String,
         checkpoint_ns: String,
         checkpoint_id: String,
+        /// When the write passed the proxy (wall-clock ms).
+        written_at_ms: i64,
     },
     /// The gated task wrote its results: the interrupt is consumed.
     Consumed {
@@ -30,6 +32,9 @@ pub enum Evidence {
         checkpoint_ns: String,
         checkpoint_id: String,
         what: String,
+        /// When the write passed the proxy: claims taken later (on a newer
+        /// interrupt of the same checkpoint) are not consumed by it.
+        written_at_ms: i64,
     },
     /// A checkpoint with this parent was written.
     MovedOn {
@@ -108,12 +113,12 @@ fn run(
                 thread_id,
                 checkpoint_ns,
                 checkpoint_id,
+                written_at_ms,
             } => store
                 .note_progress(
-                    thread_id,
-                    checkpoint_ns,
-                    checkpoint_id,
+                    (thread_id, checkpoint_ns, checkpoint_id),
                     "run-level __resume__ recorded",
+                    *written_at_ms,
                     now,
                     timing.progress_hold_ms,
                 )
@@ -123,7 +128,15 @@ fn run(
                 checkpoint_ns,
                 checkpoint_id,
                 what,
-            } => store.consume(thread_id, checkpoint_ns, checkpoint_id, what, now),
+                written_at_ms,
+            } => store.consume(
+                thread_id,
+                checkpoint_ns,
+                checkpoint_id,
+                what,
+                *written_at_ms,
+                now,
+            ),
             Evidence::MovedOn {
                 thread_id,
                 checkpoint_ns,

@@ -248,12 +248,16 @@ impl ClaimStore {
     /// were just before, so the caller sees who held them and whether
     /// `now_ms > lapse_at_ms` (consumed after its lapse: the long-gate
     /// warning).
+    /// `written_at_ms` is when the evidence's write passed the proxy: only
+    /// claims taken by then are consumed, so a late write answering an
+    /// earlier interrupt cannot consume the claim on a newer one.
     pub fn consume(
         &self,
         thread_id: &str,
         checkpoint_ns: &str,
         checkpoint_id: &str,
         evidence: &str,
+        written_at_ms: i64,
         now_ms: i64,
     ) -> Result<Vec<ClaimRecord>, StoreError> {
         self.with_tx("consuming claims", |tx| {
@@ -263,6 +267,7 @@ impl ClaimStore {
                 checkpoint_ns,
                 checkpoint_id,
                 evidence,
+                written_at_ms,
                 now_ms,
             )
         })
@@ -287,10 +292,9 @@ impl ClaimStore {
     /// holder that dies mid-gate still lapses. Returns the updated records.
     pub fn note_progress(
         &self,
-        thread_id: &str,
-        checkpoint_ns: &str,
-        checkpoint_id: &str,
+        (thread_id, checkpoint_ns, checkpoint_id): (&str, &str, &str),
         evidence: &str,
+        written_at_ms: i64,
         now_ms: i64,
         hold_ms: i64,
     ) -> Result<Vec<ClaimRecord>, StoreError> {
@@ -298,14 +302,15 @@ impl ClaimStore {
         self.with_tx("noting progress", |tx| {
             tx.prepare_cached(&format!(
                 "UPDATE claims SET evidence = ?4, lapse_at_ms = max(lapse_at_ms, ?5) \
-                 WHERE {CHECKPOINT_MATCH} AND state = 'held'"
+                 WHERE {CHECKPOINT_MATCH} AND state = 'held' AND claimed_at_ms <= ?6"
             ))?
             .execute(params![
                 thread_id,
                 checkpoint_ns,
                 checkpoint_id,
                 evidence,
-                until
+                until,
+                written_at_ms
             ])?;
             select_where(
                 tx,
@@ -363,6 +368,8 @@ impl ClaimStore {
                 checkpoint_ns,
                 parent_checkpoint_id,
                 NEXT_CHECKPOINT,
+                // The thread moved on: every claim on the parent is done.
+                i64::MAX,
                 now_ms,
             )?;
             tx.prepare_cached(&format!(
@@ -540,24 +547,26 @@ fn consume_held(
     checkpoint_ns: &str,
     checkpoint_id: &str,
     evidence: &str,
+    taken_by_ms: i64,
     now_ms: i64,
 ) -> rusqlite::Result<Vec<ClaimRecord>> {
     let held = select_where(
         tx,
-        &format!("{CHECKPOINT_MATCH} AND state = 'held'"),
-        &[&thread_id, &checkpoint_ns, &checkpoint_id],
+        &format!("{CHECKPOINT_MATCH} AND state = 'held' AND claimed_at_ms <= ?4"),
+        &[&thread_id, &checkpoint_ns, &checkpoint_id, &taken_by_ms],
     )?;
     if !held.is_empty() {
         tx.prepare_cached(&format!(
             "UPDATE claims SET state = 'consumed', consumed_at_ms = ?4, evidence = ?5 \
-             WHERE {CHECKPOINT_MATCH} AND state = 'held'"
+             WHERE {CHECKPOINT_MATCH} AND state = 'held' AND claimed_at_ms <= ?6"
         ))?
         .execute(params![
             thread_id,
             checkpoint_ns,
             checkpoint_id,
             now_ms,
-            evidence
+            evidence,
+            taken_by_ms
         ])?;
     }
     Ok(held)

@@ -162,7 +162,7 @@ fn consumed_claims_refuse_everyone_from_either_store() {
     let k = key("c1", b"q");
     a.try_claim(&k, &holder("p1", 1), T0, LAPSE).expect("claim");
     let before = b
-        .consume("t-1", "", "c1", "__resume__ write", T0 + 3)
+        .consume("t-1", "", "c1", "__resume__ write", i64::MAX, T0 + 3)
         .expect("consume");
     assert_eq!(before.len(), 1);
     assert_eq!(before[0].state, ClaimState::Held);
@@ -179,7 +179,7 @@ fn consumed_claims_refuse_everyone_from_either_store() {
     }
     // Consuming again finds nothing held.
     assert!(a
-        .consume("t-1", "", "c1", "task writes", T0 + 9)
+        .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 9)
         .expect("again")
         .is_empty());
     a.note_refusal(&k).expect("refusal");
@@ -197,7 +197,7 @@ fn a_new_interrupt_on_the_same_checkpoint_is_a_new_claim() {
         .try_claim(&first, &holder("p1", 1), T0, LAPSE)
         .expect("claim");
     store
-        .consume("t-1", "", "c1", "task writes", T0 + 5)
+        .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 5)
         .expect("consume");
     assert!(matches!(
         store.try_claim(&second, &holder("p2", 2), T0 + 10, LAPSE),
@@ -227,7 +227,7 @@ fn consumption_after_the_lapse_is_visible_to_the_caller() {
         .try_claim(&k, &holder("p1", 1), T0, LAPSE)
         .expect("claim");
     let before = store
-        .consume("t-1", "", "c1", "task writes", T0 + LAPSE + 500)
+        .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + LAPSE + 500)
         .expect("consume");
     assert_eq!(before.len(), 1);
     assert!(T0 + LAPSE + 500 > before[0].lapse_at_ms);
@@ -283,7 +283,7 @@ fn purge_keeps_recent_consumed_rows() {
         .try_claim(&k, &holder("p1", 1), T0, LAPSE)
         .expect("claim");
     store
-        .consume("t-1", "", "c1", "task writes", T0 + 100)
+        .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 100)
         .expect("consume");
     assert_eq!(store.purge(T0 + 100).expect("purge"), 0);
     assert_eq!(store.purge(T0 + 101).expect("purge"), 1);
@@ -352,7 +352,13 @@ fn progress_extends_a_live_claim_and_holder_gone_shortens_it() {
         .try_claim(&k, &holder("p1", 1), T0, LAPSE)
         .expect("claim");
     let noted = store
-        .note_progress("t-1", "", "c1", "__resume__ write", T0 + 2, 120_000)
+        .note_progress(
+            ("t-1", "", "c1"),
+            "__resume__ write",
+            i64::MAX,
+            T0 + 2,
+            120_000,
+        )
         .expect("progress");
     assert_eq!(noted.len(), 1);
     assert_eq!(noted[0].lapse_at_ms, T0 + 120_002);
@@ -392,7 +398,7 @@ fn list_and_render() {
         .try_claim(&key("c2", b"q"), &holder("p2", 2), T0 + 1, LAPSE)
         .expect("claim");
     store
-        .consume("t-1", "", "c1", "next checkpoint", T0 + 9)
+        .consume("t-1", "", "c1", "next checkpoint", i64::MAX, T0 + 9)
         .expect("consume");
     let records = store.list(Some("t-1")).expect("list");
     assert_eq!(records.len(), 2);

@@ -28,67 +28,90 @@ impl WriteKind {
     }
 }
 
-/// A rejected write: what failed, described for the client.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Rejection {
-    pub violation: Violation,
-    pub message: String,
-}
-
-/// Checks every payload of one write. `None`: nothing in it breaks a rule.
-pub fn check_write(rules: &ChannelRules, kind: WriteKind, rec: &WriteRecord) -> Option<Rejection> {
+/// Checks every payload of one write: the first violation, if any.
+pub fn check_write(rules: &ChannelRules, kind: WriteKind, rec: &WriteRecord) -> Option<Violation> {
     if rules.is_empty() {
         return None;
     }
-    let thread_id = rec.thread_id.as_deref().unwrap_or_default();
-    let checkpoint_ns = rec.checkpoint_ns.as_deref().unwrap_or_default();
-    // A blob row carries no checkpoint id, only the channel version.
-    let version_label;
-    let checkpoint_id = match (kind, &rec.checkpoint_id, &rec.version) {
-        (_, Some(id), _) => id.as_str(),
-        (_, None, Some(v)) => {
-            version_label = format!("(channel version {v})");
-            version_label.as_str()
-        }
-        _ => "",
-    };
-    let metadata: Option<Value> = rec
-        .metadata
-        .as_deref()
-        .and_then(|m| serde_json::from_str(m).ok());
-    let ctx = WriteContext {
-        thread_id,
-        checkpoint_ns,
-        checkpoint_id,
-        metadata: metadata.as_ref(),
-    };
+    let metadata = metadata_of(rec);
+    let ctx = context(rec, &metadata);
     let payload = || ChannelPayload::Blob {
         type_tag: rec.type_tag.as_deref().unwrap_or("msgpack"),
         blob: rec.blob.as_deref(),
     };
-    let violation = match kind {
+    match kind {
         WriteKind::Blob => {
             let channel = rec.channel.as_deref()?;
-            invalid(rules.check_channel_value(&ctx, channel, payload()))
+            invalid(rules.check_channel_value(&ctx.ctx(), channel, payload()))
         }
         WriteKind::PendingWrite => {
             let channel = rec.channel.as_deref()?;
-            invalid(rules.check_pending_write(&ctx, channel, payload()))
+            invalid(rules.check_pending_write(&ctx.ctx(), channel, payload()))
         }
         WriteKind::Checkpoint => {
             let checkpoint: Value = match rec.checkpoint.as_deref().map(serde_json::from_str) {
                 Some(Ok(v)) => v,
                 _ => return None,
             };
-            rules.check_checkpoint(&ctx, &checkpoint).into_iter().next()
+            rules
+                .check_checkpoint(&ctx.ctx(), &checkpoint)
+                .into_iter()
+                .next()
         }
-    }?;
-    let message = format!(
+    }
+}
+
+/// The client's error message for a rejected write. `at` is the write that
+/// names the checkpoint: the rejected one itself, or, for a blob (which
+/// carries only a channel version), the checkpoint row of the same `put`.
+pub fn rejection_message(kind: WriteKind, violation: &Violation, at: &WriteRecord) -> String {
+    let metadata = metadata_of(at);
+    let ctx = context(at, &metadata);
+    format!(
         "resumeguard: {} rejected: {}",
         kind.label(),
-        violation.describe(&ctx)
-    );
-    Some(Rejection { violation, message })
+        violation.describe(&ctx.ctx())
+    )
+}
+
+/// The owned parts of a [`WriteContext`].
+struct Context<'a> {
+    thread_id: &'a str,
+    checkpoint_ns: &'a str,
+    checkpoint_id: String,
+    metadata: &'a Option<Value>,
+}
+
+impl Context<'_> {
+    fn ctx(&self) -> WriteContext<'_> {
+        WriteContext {
+            thread_id: self.thread_id,
+            checkpoint_ns: self.checkpoint_ns,
+            checkpoint_id: &self.checkpoint_id,
+            metadata: self.metadata.as_ref(),
+        }
+    }
+}
+
+fn metadata_of(rec: &WriteRecord) -> Option<Value> {
+    rec.metadata
+        .as_deref()
+        .and_then(|m| serde_json::from_str(m).ok())
+}
+
+fn context<'a>(rec: &'a WriteRecord, metadata: &'a Option<Value>) -> Context<'a> {
+    // A blob row carries no checkpoint id, only the channel version.
+    let checkpoint_id = match (&rec.checkpoint_id, &rec.version) {
+        (Some(id), _) => id.clone(),
+        (None, Some(v)) => format!("(channel version {v})"),
+        _ => String::new(),
+    };
+    Context {
+        thread_id: rec.thread_id.as_deref().unwrap_or_default(),
+        checkpoint_ns: rec.checkpoint_ns.as_deref().unwrap_or_default(),
+        checkpoint_id,
+        metadata,
+    }
 }
 
 fn invalid(v: Verdict) -> Option<Violation> {
@@ -133,21 +156,14 @@ mod tests {
     fn none_in_a_string_list_is_rejected_with_its_path() {
         let (rules, dir) = rules();
         // msgpack [None]
-        let r = check_write(
-            &rules,
-            WriteKind::PendingWrite,
-            &pending("cv-1", b"\x91\xc0"),
-        )
-        .unwrap();
-        assert!(
-            r.message.contains("pending write rejected"),
-            "{}",
-            r.message
-        );
-        assert!(r.message.contains("\"items\""), "{}", r.message);
-        assert!(r.message.contains("cv-1"), "{}", r.message);
-        assert!(r.message.contains("ck-7"), "{}", r.message);
-        assert_eq!(r.violation.schema_path, "/items/type");
+        let rec = pending("cv-1", b"\x91\xc0");
+        let v = check_write(&rules, WriteKind::PendingWrite, &rec).unwrap();
+        let message = rejection_message(WriteKind::PendingWrite, &v, &rec);
+        assert!(message.contains("pending write rejected"), "{message}");
+        assert!(message.contains("\"items\""), "{message}");
+        assert!(message.contains("cv-1"), "{message}");
+        assert!(message.contains("ck-7"), "{message}");
+        assert_eq!(v.schema_path, "/items/type");
         std::fs::remove_dir_all(dir).ok();
     }
 
@@ -180,12 +196,14 @@ mod tests {
         let mut blob = pending("cv-2", b"\x92\xa1a\x05");
         blob.checkpoint_id = None;
         blob.version = Some("00002.0.5".into());
-        let r = check_write(&rules, WriteKind::Blob, &blob).unwrap();
-        assert!(
-            r.message.contains("channel version 00002.0.5"),
-            "{}",
-            r.message
-        );
+        let v = check_write(&rules, WriteKind::Blob, &blob).unwrap();
+        let alone = rejection_message(WriteKind::Blob, &v, &blob);
+        assert!(alone.contains("channel version 00002.0.5"), "{alone}");
+        // Named by the checkpoint row of the same put when there is one.
+        let mut checkpoint_row = blob.clone();
+        checkpoint_row.checkpoint_id = Some("ck-8".into());
+        let named = rejection_message(WriteKind::Blob, &v, &checkpoint_row);
+        assert!(named.contains("checkpoint ck-8"), "{named}");
         let cp = WriteRecord {
             thread_id: Some("cv-3".into()),
             checkpoint_ns: Some(String::new()),

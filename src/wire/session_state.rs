@@ -22,9 +22,9 @@ use super::row_rewrite::drop_last_column_description;
 use super::watch::Watch;
 use crate::audit::{AuditEvent, BlobDigest, Operation, SessionContext};
 use crate::claims::evidence::Evidence;
-use crate::claims::Holder;
+use crate::claims::{now_ms, Holder};
 use crate::policy::claims::{has_inspection_hint, is_inspection, ClaimDecision};
-use crate::policy::write_check::{check_write, WriteKind};
+use crate::policy::write_check::{check_write, rejection_message, WriteKind};
 use crate::policy::Violation;
 use crate::saver::write_record::WriteRecord;
 
@@ -113,6 +113,14 @@ pub struct SessionState {
     /// Events ready for the audit sink.
     pub ready_events: Vec<AuditEvent>,
     segment_failed: bool,
+    /// A blob of this Sync segment broke a rule; see `validate`.
+    doomed: Option<DoomedBlob>,
+}
+
+/// A rejected blob waiting for the row that names its checkpoint.
+struct DoomedBlob {
+    record: WriteRecord,
+    violation: Violation,
 }
 
 impl SessionState {
@@ -138,6 +146,7 @@ impl SessionState {
             ready_evidence: Vec::new(),
             ready_events: Vec::new(),
             segment_failed: false,
+            doomed: None,
         }
     }
 
@@ -238,6 +247,7 @@ impl SessionState {
             b'E' => {
                 let portal = cstr(body).map(|(p, _)| p).unwrap_or_default();
                 let inspect = self.inspecting();
+                let claims_on = self.legs.claims.is_some();
                 let binding = self.portal(portal);
                 let watch = binding.map(|b| {
                     let mut w = Watch::new(
@@ -246,6 +256,9 @@ impl SessionState {
                         b.rewritten,
                     );
                     w.inspect = inspect || b.inspect_hint;
+                    if claims_on && !matches!(b.class.kind, StatementKind::Read(_)) {
+                        w.sent_at_ms = now_ms();
+                    }
                     w
                 });
                 self.queue.push_for_client(tag, 0, watch);
@@ -311,6 +324,11 @@ impl SessionState {
                     .then(|| Watch::new(class, None, false));
                 self.queue.push_for_client(tag, 0, watch);
             }
+            b'S' => {
+                let replacement = self.on_sync(frame);
+                self.queue.push_for_client(tag, 0, None);
+                return Ok(replacement);
+            }
             _ => {
                 self.queue.push_for_client(tag, 0, None);
             }
@@ -345,8 +363,43 @@ impl SessionState {
                 return Some(self.reject_write(&WriteRecord::default(), &message, None));
             }
         };
-        let rejection = check_write(&self.legs.validity, kind, &record)?;
-        Some(self.reject_write(&record, &rejection.message, Some(&rejection.violation)))
+        let violation = check_write(&self.legs.validity, kind, &record);
+        match (kind, violation, self.doomed.take()) {
+            // A blob carries only a channel version: its rejection waits for
+            // the checkpoint row of the same put, which names the checkpoint
+            // (or for the Sync). The blob's own INSERT runs meanwhile, in
+            // the transaction the rejection then aborts.
+            (WriteKind::Blob, Some(violation), None) => {
+                self.doomed = Some(DoomedBlob { record, violation });
+                None
+            }
+            (WriteKind::Blob, _, doomed) => {
+                self.doomed = doomed;
+                None
+            }
+            (_, _, Some(doomed)) => {
+                let mut named = doomed.record;
+                named.checkpoint_id = record.checkpoint_id.or(named.checkpoint_id);
+                named.metadata = record.metadata;
+                let message = rejection_message(WriteKind::Blob, &doomed.violation, &named);
+                Some(self.reject_write(&named, &message, Some(&doomed.violation)))
+            }
+            (kind, Some(violation), None) => {
+                let message = rejection_message(kind, &violation, &record);
+                Some(self.reject_write(&record, &message, Some(&violation)))
+            }
+            (_, None, None) => None,
+        }
+    }
+
+    /// A Sync ends the segment: a blob rejection still waiting for its
+    /// checkpoint row is raised before it.
+    fn on_sync(&mut self, frame: &[u8]) -> Option<Vec<u8>> {
+        let doomed = self.doomed.take()?;
+        let message = rejection_message(WriteKind::Blob, &doomed.violation, &doomed.record);
+        let mut bytes = self.reject_write(&doomed.record, &message, Some(&doomed.violation));
+        bytes.extend_from_slice(frame);
+        Some(bytes)
     }
 
     fn reject_write(

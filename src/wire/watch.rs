@@ -37,6 +37,9 @@ pub struct Watch {
     pub head_column: bool,
     /// The read is marked as inspection: it never claims.
     pub inspect: bool,
+    /// When the statement passed the proxy (wall-clock ms), for claim
+    /// evidence; only set for writes while consume-once is on.
+    pub sent_at_ms: i64,
     pub rows: Vec<CheckpointRow>,
     pub row_errors: usize,
     forks: Vec<ForkServed>,
@@ -58,6 +61,7 @@ impl Watch {
             bound,
             head_column,
             inspect: false,
+            sent_at_ms: 0,
             rows: Vec::new(),
             row_errors: 0,
             forks: Vec::new(),
@@ -254,6 +258,7 @@ impl Watch {
                         thread_id,
                         checkpoint_ns,
                         checkpoint_id,
+                        written_at_ms: self.sent_at_ms,
                     }],
                     // Parking, failing or scheduling is not an answer.
                     INTERRUPT | "__error__" | "__scheduled__" => Vec::new(),
@@ -262,6 +267,7 @@ impl Watch {
                         checkpoint_ns,
                         checkpoint_id,
                         what: format!("task {task} wrote {channel}"),
+                        written_at_ms: self.sent_at_ms,
                     }],
                 }
             }

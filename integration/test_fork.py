@@ -1,0 +1,247 @@
+"""Fork-intent filter (issue 3, leg 1; LangGraph #6663), end to end with real
+LangGraph savers, each next to its stock differential in the same test: the
+scenario runs against PostgreSQL directly (the defect shows) and then through
+the proxy (the repair shows). Gated side effects are counted in an in-process
+ledger the node appends to, outside the checkpoint tables.
+
+Graph (lg_enforce.build_gate_graph): ``prep -> gate(interrupt) -> after``. C is
+the checkpoint parked at ``gate``; branch A resumes it with True and completes;
+a fork re-invokes with ``Command(resume=False)`` (bare) or
+``Command(resume={interrupt_id: False})`` (map) addressed to C's checkpoint_id.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+import lg_enforce as E
+
+TRUE_FINAL = {"items": ["prep", "gate:True", "after"], "approved": True}
+FALSE_FINAL = {"items": ["prep", "gate:False", "after"], "approved": False}
+FORMS = ("bare", "map")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def migrated(direct_dsn):
+    E.setup_db(direct_dsn)
+
+
+def tid(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def timed(fn, *args, **kw):
+    started = time.monotonic()
+    out = fn(*args, **kw)
+    return out, time.monotonic() - started
+
+
+def audit_events(proxy, thread_id: str, want=lambda evs: True, timeout: float = 10.0) -> list[dict]:
+    """The thread's audit events once ``want(events)`` holds and the trail has
+    settled (same length on two polls 0.3 s apart), so that the absence of an
+    event is meaningful; bounded poll: the audit sink writes asynchronously."""
+    deadline = time.monotonic() + timeout
+    previous = -1
+    while True:
+        events = proxy.audit(thread_id)
+        if (want(events) and len(events) == previous) or time.monotonic() > deadline:
+            return events
+        previous = len(events)
+        time.sleep(0.3)
+
+
+def forks_of(events: list[dict]) -> list[dict]:
+    return [e for e in events if e.get("operation") == "fork_served"]
+
+
+def children(history: list[dict], parent_id: str) -> list[dict]:
+    return [h for h in history if h["parent"] == parent_id]
+
+
+def check_branch_a(res: dict) -> None:
+    """Branch A (resume True at the ordinary address) is the same either way."""
+    assert res["parked_interrupts"] == [{"question": "approve?"}]
+    assert res["c_next"] == ["gate"]
+    assert res["a_result"] == TRUE_FINAL
+    assert res["a_ledger"] == [True]
+    assert res["a_final_values"] == TRUE_FINAL
+
+
+# --------------------------------------------------------------------------- 1. bare and map forms
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("kind", E.SAVER_KINDS)
+def test_fork_is_served_its_own_value(direct_dsn, proxy_dsn, kind, form):
+    # stock: the fork re-runs the gate with A's stale True and reports True
+    stock, _ = timed(E.fork_scenario, kind, direct_dsn, tid(f"fk-{kind}-{form}-d"), form)
+    check_branch_a(stock)
+    assert stock["ledger"] == [True, True], "stock defect (#6663) not reproduced: the fork " \
+        f"should re-fire the gate with the stale True, ledger={stock['ledger']}"
+    assert stock["forks"][0]["result"] == TRUE_FINAL
+    assert stock["forks"][0]["final_values"] == TRUE_FINAL
+
+    # proxy: A fired once with True and ends True; B fires once with False and ends False
+    res, elapsed = timed(E.fork_scenario, kind, proxy_dsn, tid(f"fk-{kind}-{form}-p"), form)
+    check_branch_a(res)
+    fork = res["forks"][0]
+    assert res["ledger"] == [True, False], f"effects through the proxy: {res['ledger']}"
+    assert fork["effects"] == [False]
+    assert fork["interrupts"] == []
+    assert fork["result"] == FALSE_FINAL
+    assert fork["final_values"] == FALSE_FINAL
+    assert fork["final_next"] == []
+    assert fork["final_id"] != res["a_final_id"], "the fork must end on a new checkpoint"
+    # A's final checkpoint, found in the history, still says True; so does a read by its id
+    by_id = {h["id"]: h for h in res["history"]}
+    assert res["a_final_id"] in by_id, "A's final checkpoint is missing from get_state_history"
+    assert by_id[res["a_final_id"]]["values"] == TRUE_FINAL
+    assert res["a_final_by_id"] == TRUE_FINAL
+    # B is a branch from C: C has two children (A's and B's first checkpoints)
+    kids = children(res["history"], res["c_id"])
+    assert len(kids) == 2, f"C should have the two branches as children: {kids}"
+    assert sorted(k["values"]["approved"] for k in kids) == [False, True]
+    assert res["history"][0]["id"] == fork["final_id"], "B's final checkpoint is the head"
+    assert elapsed < 30, f"proxied fork scenario took {elapsed:.1f}s"
+
+
+# --------------------------------------------------------------------------- 2. re-fork
+@pytest.mark.parametrize("form", FORMS)
+def test_refork_with_same_value_is_deterministic(direct_dsn, proxy_dsn, form):
+    n = 3
+    stock = E.fork_scenario("conn", direct_dsn, tid(f"rf-{form}-d"), form, forks=n)
+    check_branch_a(stock)
+    assert stock["ledger"] == [True] * (1 + n), f"stock re-forks re-fire True: {stock['ledger']}"
+    assert all(f["final_values"] == TRUE_FINAL for f in stock["forks"])
+
+    res = E.fork_scenario("conn", proxy_dsn, tid(f"rf-{form}-p"), form, forks=n)
+    check_branch_a(res)
+    # one more effect per fork, always False; every fork ends the same way
+    assert res["ledger"] == [True] + [False] * n, res["ledger"]
+    for i, f in enumerate(res["forks"]):
+        assert f["effects"] == [False], f"fork {i}: {f['effects']}"
+        assert f["result"] == FALSE_FINAL, f"fork {i}: {f['result']}"
+        assert f["final_values"] == FALSE_FINAL, f"fork {i}: {f['final_values']}"
+    # each fork is a new branch from C: distinct final checkpoints, C has 1 + n children
+    finals = [f["final_id"] for f in res["forks"]]
+    assert len(set(finals + [res["a_final_id"]])) == n + 1, finals
+    kids = children(res["history"], res["c_id"])
+    assert len(kids) == 1 + n, f"C's children: {kids}"
+    by_id = {h["id"]: h for h in res["history"]}
+    assert by_id[res["a_final_id"]]["values"] == TRUE_FINAL
+    for fid in finals:
+        assert by_id[fid]["values"] == FALSE_FINAL
+
+
+# --------------------------------------------------------------------------- 3. two interrupts, head by id
+@pytest.mark.parametrize("kind", E.SAVER_KINDS)
+def test_two_interrupts_resumed_at_head_by_id(direct_dsn, proxy_dsn, proxy, kind):
+    stock = E.two_interrupt_scenario(kind, direct_dsn, tid(f"ti-{kind}-d"))
+    thread = tid(f"ti-{kind}-p")
+    res = E.two_interrupt_scenario(kind, proxy_dsn, thread)
+    for r in (stock, res):
+        assert r["park"] == ["first?"]
+        assert r["steps"][0]["interrupts"] == ["second?"], r["steps"][0]
+        assert r["steps"][1]["interrupts"] == [], r["steps"][1]
+        assert r["steps"][1]["result"] == {"answers": ["one", "two"]}
+        assert r["values"] == {"answers": ["one", "two"]}
+        assert r["next"] == []
+        assert r["ledger"] == [("one", "two")]
+    strip = lambda r: {**r, "steps": [{k: v for k, v in s.items() if k != "addressed_head"}
+                                      for s in r["steps"]]}
+    assert strip(res) == strip(stock), "two-interrupt run differs from stock"
+    # both answers were addressed to the head (the node interrupts twice on one checkpoint)
+    assert res["steps"][0]["addressed_head"] == res["steps"][1]["addressed_head"]
+    # a read of the head by id is not a fork
+    events = audit_events(proxy, thread, lambda evs: any(e["operation"] == "read_by_id" for e in evs))
+    assert any(e["operation"] == "read_by_id" for e in events), \
+        f"expected the head-by-id reads in the audit: {[e['operation'] for e in events]}"
+    assert forks_of(events) == [], f"head-by-id reads were audited as forks: {forks_of(events)}"
+
+
+# --------------------------------------------------------------------------- 4. stray resume
+@pytest.mark.parametrize("form", FORMS)
+def test_stray_resume_after_completion_is_inert(direct_dsn, proxy_dsn, proxy, form):
+    stock = E.stray_resume_scenario("conn", direct_dsn, tid(f"st-{form}-d"), form)
+    thread = tid(f"st-{form}-p")
+    res = E.stray_resume_scenario("conn", proxy_dsn, thread, form)
+    for r in (stock, res):
+        assert r["completed"] == TRUE_FINAL
+        assert r["stray_effects"] == [], r
+        assert r["ledger"] == [True]
+        assert r["stray_result"] == TRUE_FINAL
+        assert r["values_after"] == r["values_before"] == TRUE_FINAL
+        assert r["next_after"] == []
+        assert r["head_unchanged"]
+        assert r["history_len_after"] == r["history_len_before"]
+    assert res == stock
+    events = audit_events(proxy, thread)
+    assert forks_of(events) == [], forks_of(events)
+
+
+# --------------------------------------------------------------------------- 5. subgraphs
+@pytest.mark.parametrize("variant", ("inherit", "own"))
+@pytest.mark.parametrize("kind", ("conn", "async"))
+def test_subgraph_interrupt_resume_is_stock_identical(direct_dsn, proxy_dsn, proxy,
+                                                      kind, variant):
+    stock_thread = tid(f"sg-{kind}-{variant}-d")
+    thread = tid(f"sg-{kind}-{variant}-p")
+    stock = E.subgraph_scenario(kind, direct_dsn, stock_thread, variant)
+    res = E.subgraph_scenario(kind, proxy_dsn, thread, variant)
+    assert res == stock, "subgraph run differs from stock"
+    assert res["park_interrupts"] == [{"question": "sub approve?"}]
+    assert res["final_values"]["approved"] is True
+    assert res["final_next"] == []
+    assert res["ledger"] == [True], "the subgraph gate must fire exactly once"
+    # the scenario exercises the namespace it claims to
+    for t in (stock_thread, thread):
+        ns = E.namespaces(direct_dsn, t)
+        sub = [n for n in ns if n]
+        if variant == "inherit":
+            assert len(sub) == 1 and sub[0].startswith("sub:") and len(sub[0]) > 4, ns
+        else:
+            assert sub == ["sub"], ns
+        assert "" in ns
+    events = audit_events(proxy, thread)
+    assert forks_of(events) == [], forks_of(events)
+
+
+# --------------------------------------------------------------------------- 6. audit trail
+def test_audit_fork_served_for_fork_only(direct_dsn, proxy_dsn, proxy):
+    # an ordinary park + resume: no fork
+    plain = tid("au-plain")
+    r = E.ordinary_resume_scenario("conn", proxy_dsn, plain)
+    assert r["values"] == TRUE_FINAL and r["ledger"] == [True]
+    plain_events = audit_events(proxy, plain, lambda evs: any(
+        e["operation"] == "resume_recorded" for e in evs))
+    assert "resume_recorded" in {e["operation"] for e in plain_events}, \
+        [e["operation"] for e in plain_events]
+    assert forks_of(plain_events) == [], forks_of(plain_events)
+
+    # a fork at C after A completed: exactly one fork_served, addressed to C
+    thread = tid("au-fork")
+    res = E.fork_scenario("conn", proxy_dsn, thread, "bare", read_a_by_id=False)
+    assert res["ledger"] == [True, False]
+    events = audit_events(proxy, thread, lambda evs: bool(forks_of(evs)))
+    forks = forks_of(events)
+    summary = "\n".join(f"  {e['operation']} cp={e.get('checkpoint_id')} detail={e.get('detail')}"
+                        for e in events)
+    assert len(forks) == 1, f"expected one fork_served event:\n{summary}"
+    ev = forks[0]
+    assert ev["thread_id"] == thread
+    assert ev["checkpoint_ns"] == ""
+    assert ev["checkpoint_id"] == res["c_id"], summary
+    detail = ev["detail"]
+    assert detail["head"] == res["a_final_id"], f"head at the time of the fork: {detail}"
+    hidden = detail["hidden"]
+    assert all(h["channel"] == "__resume__" for h in hidden), hidden
+    tasks = {h["task_id"] for h in hidden}
+    # A's bare-form resume left a run-level (null task) and a task-level __resume__ on C
+    assert E.NULL_TASK in tasks, hidden
+    assert len(tasks - {E.NULL_TASK}) == 1, hidden
+    assert len(hidden) == 2, hidden
+    assert set(ev["channels"]) == {"__resume__"}, ev["channels"]
+    # the fork event comes after A's resume was recorded, and no fork before it
+    ops = [e["operation"] for e in events]
+    assert ops.index("resume_recorded") < ops.index("fork_served"), summary
