@@ -1,0 +1,847 @@
+#!/usr/bin/env python3
+"""resumeguard benchmark suite driver (stdlib only; started by bench/run.sh).
+
+Starts a throwaway PostgreSQL 15, one resumeguard per named proxy
+configuration, and PgBouncer (session mode), all on loopback, then measures:
+
+  pgbench   select-only and TPC-B-like, -M simple/extended/prepared,
+            direct vs each resumeguard config vs PgBouncer, interleaved
+  langgraph the interrupt protocol (park, get_state, resume) via
+            bench/lg_bench.py, direct vs each resumeguard config
+  memory    RSS growth of a fresh proxy process with N idle client sessions
+
+Writes <out>/<name>.json and <out>/<name>.md. Every wait is bounded; every
+process it starts is stopped on exit (and its pid written to
+<work>/pids so run.sh's trap can stop it if this driver dies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import pwd
+import re
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+HOST = "127.0.0.1"
+USER = "postgres"
+DB = "bench"
+LG_DB = "lgbench"
+IS_ROOT = os.geteuid() == 0
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def port_accepts(port: int) -> bool:
+    try:
+        with socket.create_connection((HOST, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def as_postgres() -> list[str]:
+    """Prefix that runs a command as the postgres OS user (exec, no fork)."""
+    if not IS_ROOT:
+        return []
+    return ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--"]
+
+
+def chown_pg(path: Path) -> None:
+    if IS_ROOT:
+        pw = pwd.getpwnam("postgres")
+        os.chown(path, pw.pw_uid, pw.pw_gid)
+
+
+def pg_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    env["PGCONNECT_TIMEOUT"] = "10"
+    return env
+
+
+def vm_rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+# --------------------------------------------------------------------------- processes
+class Procs:
+    """Every long-running child, with its pid recorded for run.sh's trap."""
+
+    def __init__(self, work: Path):
+        self.work = work
+        self.live: list[tuple[str, subprocess.Popen]] = []
+
+    def start(self, name: str, argv: list[str], **kw) -> subprocess.Popen:
+        log_path = self.work / f"{name}.log"
+        out = open(log_path, "ab")
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=kw.pop("stdout", out),
+                             stderr=out, start_new_session=True, **kw)
+        self.live.append((name, p))
+        with open(self.work / "pids", "a") as f:
+            f.write(f"{p.pid}\n")
+        return p
+
+    def stop(self, p: subprocess.Popen, timeout: float = 15) -> int | None:
+        if p.poll() is None:
+            try:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+        self.live = [(n, q) for n, q in self.live if q is not p]
+        return p.returncode
+
+    def stop_all(self) -> None:
+        for _, p in list(self.live):
+            try:
+                self.stop(p)
+            except Exception as e:  # noqa: BLE001 - cleanup must go on
+                log(f"cleanup: {e}")
+
+
+class Postgres:
+    def __init__(self, work: Path, pg_bin: Path, max_connections: int):
+        self.bin = pg_bin
+        self.dir = work / "pg"
+        self.dir.mkdir()
+        chown_pg(self.dir)
+        self.data = self.dir / "data"
+        self.port = free_port()
+        self.max_connections = max_connections
+        self.started = False
+
+    def run(self, args, timeout=300, check=True):
+        cp = subprocess.run(as_postgres() + args, cwd=self.dir, stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, timeout=timeout, env=pg_env())
+        if check and cp.returncode != 0:
+            raise RuntimeError(f"{args} failed: {cp.stdout}\n{cp.stderr}")
+        return cp
+
+    def start(self) -> None:
+        self.run([str(self.bin / "initdb"), "-D", str(self.data), "-U", USER, "-A", "trust",
+                  "-E", "UTF8", "--locale=C", "--no-sync"])
+        with open(self.data / "postgresql.conf", "a") as f:
+            f.write(f"""
+# --- resumeguard benchmark ---
+listen_addresses = '{HOST}'
+port = {self.port}
+unix_socket_directories = '{self.dir}'
+max_connections = {self.max_connections}
+shared_buffers = 256MB
+synchronous_commit = off
+max_wal_size = 4GB
+checkpoint_timeout = 30min
+log_min_messages = warning
+""")
+        self.run([str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "pg.log"),
+                  "-w", "-t", "120", "start"])
+        self.started = True
+
+    def stop(self) -> None:
+        if self.started:
+            self.started = False
+            self.run([str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w",
+                      "-t", "60", "stop"], check=False)
+
+    def psql(self, sql: str, db: str = "postgres", timeout: float = 600) -> str:
+        cp = subprocess.run([str(self.bin / "psql"), "-h", HOST, "-p", str(self.port), "-U", USER,
+                             "-d", db, "-X", "-q", "-tA", "-v", "ON_ERROR_STOP=1", "-c", sql],
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                            timeout=timeout, env=pg_env())
+        if cp.returncode != 0:
+            raise RuntimeError(f"psql {sql!r}: {cp.stderr}")
+        return cp.stdout.strip()
+
+    def backends(self) -> int:
+        return int(self.psql("select count(*) from pg_stat_activity where backend_type = 'client backend'"))
+
+    def wait_backends_below(self, n: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.backends() < n:
+                return
+            time.sleep(0.25)
+        log(f"warning: still {self.backends()} client backends after {timeout}s")
+
+
+class Resumeguard:
+    def __init__(self, procs: Procs, work: Path, binary: Path, name: str, args: list[str],
+                 upstream_port: int):
+        self.procs, self.name, self.args = procs, name, args
+        # "mem-NAME" / "prof-NAME" instances run the configuration NAME.
+        self.config_name = name.split("-", 1)[1] if name.split("-", 1)[0] in ("mem", "prof") else name
+        self.port = free_port()
+        self.argv = [str(binary), "serve", "--listen", f"{HOST}:{self.port}",
+                     "--upstream", f"{HOST}:{upstream_port}",
+                     "--audit-db", str(work / f"{name}-{self.port}-audit.sqlite"), *args]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30) -> "Resumeguard":
+        env = dict(os.environ)
+        env.setdefault("RUST_LOG", "resumeguard=warn")
+        env.update(CONFIG_ENV.get(self.config_name, {}))
+        self.proc = self.procs.start(f"{self.name}-{self.port}", self.argv, cwd=REPO, env=env,
+                                     stdout=subprocess.PIPE)
+        deadline = time.monotonic() + timeout
+        os.set_blocking(self.proc.stdout.fileno(), False)
+        out = b""
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"resumeguard {self.name} exited {self.proc.returncode}; "
+                                   f"argv {self.argv}; see {self.procs.work}")
+            try:
+                out += self.proc.stdout.read() or b""
+            except (BlockingIOError, TypeError):
+                pass
+            if b"DATABASE_URL=" in out and port_accepts(self.port):
+                return self
+            time.sleep(0.05)
+        raise RuntimeError(f"resumeguard {self.name} not ready within {timeout}s")
+
+    def stop(self) -> int | None:
+        return self.procs.stop(self.proc) if self.proc else None
+
+
+class PgBouncer:
+    def __init__(self, procs: Procs, work: Path, upstream_port: int, pool_size: int,
+                 max_clients: int, tag: str):
+        self.procs = procs
+        self.port = free_port()
+        self.dir = work / f"pgbouncer-{tag}"
+        self.dir.mkdir()
+        chown_pg(self.dir)
+        ini = self.dir / "pgbouncer.ini"
+        users = self.dir / "userlist.txt"
+        # auth_type=trust still wants the user listed in auth_file.
+        users.write_text(f'"{USER}" ""\n')
+        ini.write_text(f"""[databases]
+* = host={HOST} port={upstream_port}
+
+[pgbouncer]
+listen_addr = {HOST}
+listen_port = {self.port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {users}
+pool_mode = session
+max_client_conn = {max_clients}
+default_pool_size = {pool_size}
+max_db_connections = 0
+server_reset_query = DISCARD ALL
+ignore_startup_parameters = extra_float_digits
+logfile = {self.dir / 'pgbouncer.log'}
+log_connections = 0
+log_disconnections = 0
+""")
+        for p in (ini, users):
+            chown_pg(p)
+        self.argv = as_postgres() + ["pgbouncer", str(ini)]
+        self.tag = tag
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30) -> "PgBouncer":
+        self.proc = self.procs.start(f"pgbouncer-{self.tag}", self.argv, cwd=self.dir)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"pgbouncer exited {self.proc.returncode}; see {self.dir}")
+            if port_accepts(self.port):
+                return self
+            time.sleep(0.05)
+        raise RuntimeError("pgbouncer not ready")
+
+    def stop(self):
+        return self.procs.stop(self.proc) if self.proc else None
+
+
+# --------------------------------------------------------------------------- pgbench
+TPS_RE = re.compile(r"^tps = ([0-9.]+) \(without initial connection time\)", re.M)
+
+
+def run_pgbench(pg_bin: Path, port: int, args: list[str], duration: int, who=None) -> float:
+    argv = [str(pg_bin / "pgbench"), "-h", HOST, "-p", str(port), "-U", USER, "-n",
+            "-T", str(duration), *args, DB]
+    cp = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                        timeout=duration + 120, env=pg_env())
+    m = TPS_RE.search(cp.stdout)
+    if cp.returncode != 0 or not m:
+        if who is not None and who.poll() is not None:
+            raise RuntimeError(f"the process behind port {port} (pid {who.pid}) exited with "
+                               f"{who.returncode} before this pgbench run")
+        raise RuntimeError(f"pgbench failed ({cp.returncode}): {' '.join(argv)}\n"
+                           f"{cp.stdout[-2000:]}\n{cp.stderr[-2000:]}")
+    return float(m.group(1))
+
+
+def pgbench_suite(a, pg: Postgres, targets: dict[str, int], who: dict) -> dict:
+    names = list(targets)
+    cells = [(w, m) for w in a.workloads.split(",") for m in ("simple", "extended", "prepared")]
+    results = {(w, m, t): [] for (w, m) in cells for t in names}
+    base = ["-c", str(a.clients), "-j", str(a.threads)]
+    log(f"pgbench warm-up ({a.warmup}s per target)")
+    for t in names:
+        run_pgbench(a.pg_bin, targets[t], base + ["-S", "-M", "prepared"], a.warmup, who.get(t))
+    total = a.rounds * len(cells) * len(names)
+    k = 0
+    for r in range(a.rounds):
+        for ci, (w, m) in enumerate(cells):
+            # Rotate who goes first so no target always runs right after another.
+            shift = (r + ci) % len(names)
+            order = names[shift:] + names[:shift]
+            for t in order:
+                k += 1
+                extra = ["-S"] if w == "select-only" else []
+                tps = run_pgbench(a.pg_bin, targets[t], base + extra + ["-M", m], a.duration,
+                                  who.get(t))
+                results[(w, m, t)].append(tps)
+                log(f"pgbench [{k}/{total}] round {r + 1} {w:11s} {m:8s} {t:22s} {tps:10.1f} tps")
+    out = []
+    for (w, m) in cells:
+        direct = results[(w, m, "direct")]
+        for t in names:
+            tps = results[(w, m, t)]
+            ratios = [x / d for x, d in zip(tps, direct)]
+            out.append({
+                "workload": w, "mode": m, "target": t, "tps": tps,
+                "median_tps": median(tps), "min_tps": min(tps), "max_tps": max(tps),
+                "ratios_to_direct": ratios, "ratio_to_direct": median(ratios),
+                "ratio_min": min(ratios), "ratio_max": max(ratios),
+            })
+    return {"clients": a.clients, "threads": a.threads, "scale": a.scale, "rounds": a.rounds,
+            "duration_s": a.duration, "cells": out}
+
+
+# --------------------------------------------------------------------------- memory
+def startup_packet(user: str, db: str) -> bytes:
+    body = struct.pack("!i", 196608)
+    for k, v in (("user", user), ("database", db), ("application_name", "rg-bench-idle")):
+        body += k.encode() + b"\0" + v.encode() + b"\0"
+    body += b"\0"
+    return struct.pack("!i", len(body) + 4) + body
+
+
+def open_session(port: int, timeout: float = 15) -> socket.socket:
+    """A real session: StartupMessage, trust auth, read up to ReadyForQuery."""
+    s = socket.create_connection((HOST, port), timeout=timeout)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.sendall(startup_packet(USER, DB))
+    buf = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        while len(buf) >= 5:
+            tag = buf[0:1]
+            (n,) = struct.unpack("!i", buf[1:5])
+            if len(buf) < n + 1:
+                break
+            if tag == b"E":
+                raise RuntimeError(f"server refused the session: {buf[5:n + 1]!r}")
+            if tag == b"Z":
+                return s
+            buf = buf[n + 1:]
+        chunk = s.recv(65536)
+        if not chunk:
+            raise RuntimeError("connection closed during startup")
+        buf += chunk
+    raise RuntimeError("startup timed out")
+
+
+def measure_idle(pid: int, port: int, n: int) -> dict:
+    warm = [open_session(port) for _ in range(min(10, n))]
+    for s in warm:
+        s.close()
+    time.sleep(1.0)
+    before = vm_rss_kib(pid)
+    socks = []
+    t0 = time.monotonic()
+    try:
+        for _ in range(n):
+            socks.append(open_session(port))
+        opened = time.monotonic() - t0
+        time.sleep(2.0)
+        after = vm_rss_kib(pid)
+    finally:
+        for s in socks:
+            s.close()
+    return {"connections": n, "rss_before_kib": before, "rss_after_kib": after,
+            "kib_per_connection": (after - before) / n, "open_seconds": round(opened, 2)}
+
+
+def memory_suite(a, procs: Procs, work: Path, pg: Postgres, proxies: dict[str, list[str]]) -> dict:
+    out = {}
+    for name, args in proxies.items():
+        if not in_part(name, "memory"):
+            continue
+        rg = Resumeguard(procs, work, a.binary, f"mem-{name}", args, pg.port).start()
+        try:
+            r = measure_idle(rg.proc.pid, rg.port, a.mem_conns)
+        finally:
+            rg.stop()
+        out[name] = r
+        log(f"memory {name}: {r['kib_per_connection']:.1f} KiB per idle connection "
+            f"({r['rss_before_kib']} -> {r['rss_after_kib']} KiB, {a.mem_conns} sessions)")
+        pg.wait_backends_below(20)
+    pb = PgBouncer(procs, work, pg.port, pool_size=a.mem_conns + 20,
+                   max_clients=a.mem_conns + 50, tag="mem").start()
+    try:
+        r = measure_idle(pb.proc.pid, pb.port, a.mem_conns)
+    finally:
+        pb.stop()
+    out["pgbouncer"] = r
+    log(f"memory pgbouncer: {r['kib_per_connection']:.1f} KiB per idle connection")
+    pg.wait_backends_below(20)
+    return out
+
+
+# --------------------------------------------------------------------------- profile
+def perf_works() -> bool:
+    if not shutil.which("perf"):
+        return False
+    cp = subprocess.run(["perf", "record", "-e", "cpu-clock", "-o", "/dev/null", "--", "true"],
+                        capture_output=True, timeout=60)
+    return cp.returncode == 0
+
+
+def profile_suite(a, procs: Procs, work: Path, pg: Postgres, name: str, args: list[str]) -> dict:
+    """Where resumeguard spends its time under pgbench select-only, per mode.
+
+    perf (software cpu-clock sampling, works where hardware counters do
+    not) attached to a resumeguard under load with a full pgbench client
+    set; else callgrind (instruction counts, reproducible) on a short
+    single-client run. Reports go to <out>/profile-<mode>.txt.
+    """
+    tool = a.profiler if a.profiler != "auto" else ("perf" if perf_works() else "callgrind")
+    a.out.mkdir(parents=True, exist_ok=True)
+    out = {"tool": tool, "reports": {}}
+    for mode in a.profile_modes.split(","):
+        report = a.out / f"profile-{mode}.txt"
+        if tool == "perf":
+            rg = Resumeguard(procs, work, a.binary, f"prof-{name}", args, pg.port).start()
+            data = work / f"perf-{mode}.data"
+            try:
+                rec = subprocess.Popen(["perf", "record", "-e", "cpu-clock", "-F", "1999", "-g",
+                                        "--call-graph", "dwarf,16384", "-p", str(rg.proc.pid),
+                                        "-o", str(data)],
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL, start_new_session=True)
+                time.sleep(1)
+                tps = run_pgbench(a.pg_bin, rg.port, ["-c", str(a.clients), "-j", str(a.threads),
+                                                      "-S", "-M", mode], a.profile_seconds)
+                rec.send_signal(signal.SIGINT)
+                rec.wait(timeout=120)
+            finally:
+                rg.stop()
+            flat = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--no-children",
+                                   "--sort", "dso,sym", "--percent-limit", "0.5", "-g", "none"],
+                                  capture_output=True, text=True, timeout=900).stdout
+            tree = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--children",
+                                   "--sort", "sym", "--percent-limit", "3", "-g",
+                                   "caller,0.5,callee,function,percent", "--max-stack", "30"],
+                                  capture_output=True, text=True, timeout=900).stdout
+            report.write_text(f"# perf cpu-clock, pgbench -S -M {mode}, {a.clients} clients, "
+                              f"{a.profile_seconds} s, {tps:.0f} tps through the profiled proxy\n\n"
+                              f"## self time by dso, symbol\n{flat}\n\n## inclusive (children)\n{tree}")
+        else:
+            cg = work / f"callgrind-{mode}.out"
+            rg = Resumeguard(procs, work, a.binary, f"prof-{name}", args, pg.port)
+            rg.argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={cg}"] + rg.argv
+            rg.start(timeout=300)
+            try:
+                n = a.profile_transactions
+                cp = subprocess.run([str(a.pg_bin / "pgbench"), "-h", HOST, "-p", str(rg.port), "-U", USER,
+                                     "-n", "-c", "1", "-t", str(n), "-S", "-M", mode, DB],
+                                    stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                    timeout=1800, env=pg_env())
+                tps = float(TPS_RE.search(cp.stdout).group(1)) if TPS_RE.search(cp.stdout) else 0.0
+            finally:
+                rg.stop()
+            ann = subprocess.run(["callgrind_annotate", "--inclusive=no", "--threshold=99", str(cg)],
+                                 capture_output=True, text=True, timeout=600).stdout
+            inc = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=95", str(cg)],
+                                 capture_output=True, text=True, timeout=600).stdout
+            report.write_text(f"# callgrind, pgbench -S -M {mode}, 1 client, {n} transactions "
+                              f"(whole process incl. startup)\n\n## self\n{ann}\n\n## inclusive\n{inc}")
+        out["reports"][mode] = str(report)
+        log(f"profile ({tool}) -M {mode}: {report}")
+    return out
+
+
+# --------------------------------------------------------------------------- langgraph
+def find_python(a) -> str | None:
+    cands = [a.lg_python] if a.lg_python else [str(REPO / ".venv/bin/python"), "/work/venv-probe/bin/python"]
+    for c in cands:
+        if c and Path(c).exists():
+            cp = subprocess.run([c, "-c", "import langgraph.checkpoint.postgres, psycopg_pool"],
+                                capture_output=True, timeout=120)
+            if cp.returncode == 0:
+                return c
+    return None
+
+
+def langgraph_suite(a, work: Path, pg: Postgres, targets: dict[str, int]) -> dict:
+    py = find_python(a)
+    if not py:
+        log("langgraph: no Python with langgraph + psycopg_pool found; skipped")
+        return {"skipped": "no Python environment with langgraph (run integration/run_all.sh "
+                           "to create .venv, or pass --lg-python)"}
+    pg.psql(f"create database {LG_DB}")
+    out_path = work / "lg.json"
+    argv = [py, str(BENCH / "lg_bench.py"), "--iterations", str(a.lg_iterations),
+            "--threads", str(a.lg_threads), "--rounds", str(a.lg_rounds),
+            "--warmup", str(a.lg_warmup), "--out", str(out_path)]
+    for name, port in targets.items():
+        argv += ["--target", f"{name}=postgresql://{USER}@{HOST}:{port}/{LG_DB}?connect_timeout=10"]
+    log(f"langgraph: {py} ({a.lg_iterations} iterations per variant and target)")
+    cp = subprocess.run(argv, stdin=subprocess.DEVNULL, timeout=a.lg_timeout, env=pg_env(),
+                        text=True)
+    if cp.returncode != 0:
+        raise RuntimeError(f"lg_bench.py exited {cp.returncode}")
+    res = json.loads(out_path.read_text())
+    res["python"] = py
+    return res
+
+
+# --------------------------------------------------------------------------- report
+def machine_info(a) -> dict:
+    def first_line(argv):
+        try:
+            cp = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+            return (cp.stdout or cp.stderr).strip().splitlines()[0]
+        except Exception:  # noqa: BLE001
+            return "unknown"
+
+    cpu = "unknown"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = "unknown"
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal"):
+                mem = f"{int(line.split()[1]) // 1024 // 1024} GiB"
+    except OSError:
+        pass
+    rev = first_line(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "src", "Cargo.toml"],
+                           capture_output=True, text=True).stdout.strip()
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "nproc": os.cpu_count(), "cpu": cpu, "memory": mem,
+        "kernel": platform.release(),
+        "load_avg_at_start": os.getloadavg(),
+        "postgres": first_line([str(a.pg_bin / "postgres"), "--version"]),
+        "pgbench": first_line([str(a.pg_bin / "pgbench"), "--version"]),
+        "pgbouncer": first_line(["pgbouncer", "--version"]),
+        "resumeguard": f"{first_line([str(a.binary), '--version'])} (git {rev}"
+                       f"{', src modified' if dirty else ''})",
+        "rustc": first_line(["rustc", "--version"]),
+    }
+
+
+def fmt_tps(c) -> str:
+    return f"{c['median_tps']:.0f} ({c['min_tps']:.0f}–{c['max_tps']:.0f})"
+
+
+def fmt_ratio(c) -> str:
+    return f"{c['ratio_to_direct']:.3f}× ({c['ratio_min']:.2f}–{c['ratio_max']:.2f})"
+
+
+def render_md(res: dict) -> str:
+    m = res["machine"]
+    L = [f"# resumeguard benchmark{' (smoke)' if res['smoke'] else ''}", "",
+         f"- date: {m['date']}; machine: {m['nproc']} cores, {m['cpu']}, {m['memory']}, "
+         f"kernel {m['kernel']}; load average at start {', '.join(f'{x:.2f}' for x in m['load_avg_at_start'])}",
+         f"- {m['postgres']}; {m['pgbench']}; {m['pgbouncer']}; {m['resumeguard']}; {m['rustc']}",
+         f"- everything on loopback on the same host; proxy configs: "
+         + "; ".join(f"`{n}` = `{' '.join([f'{k}={v}' for k, v in res['config_env'].get(n, {}).items()] + args) or '(no extra args)'}`"
+                   + ("" if set(res["config_parts"][n]) == set(ALL_PARTS) else f" (only {', '.join(sorted(res['config_parts'][n]))})")
+                   for n, args in res["proxy_configs"].items()),
+         f"- wall time {res['elapsed_s']:.0f} s", ""]
+    pb = res.get("pgbench")
+    if pb:
+        targets = []
+        for c in pb["cells"]:
+            if c["target"] not in targets:
+                targets.append(c["target"])
+        L += [f"## pgbench (scale {pb['scale']}, {pb['clients']} clients, -j {pb['threads']}, "
+              f"{pb['rounds']} interleaved rounds × {pb['duration_s']} s)", "",
+              "TPS: median (min–max) over rounds. Ratio: median of per-round ratios to direct "
+              "(min–max).", ""]
+        hdr = "| workload | mode | " + " | ".join(f"{t} TPS" for t in targets) + " | " + \
+              " | ".join(f"{t} / direct" for t in targets if t != "direct") + " |"
+        L += [hdr, "|" + "---|" * (2 + 2 * len(targets) - 1)]
+        cells = {(c["workload"], c["mode"], c["target"]): c for c in pb["cells"]}
+        for w in ("select-only", "tpcb-like"):
+            for mo in ("simple", "extended", "prepared"):
+                if (w, mo, "direct") not in cells:
+                    continue
+                row = [w, mo] + [fmt_tps(cells[(w, mo, t)]) for t in targets] + \
+                      [fmt_ratio(cells[(w, mo, t)]) for t in targets if t != "direct"]
+                L.append("| " + " | ".join(row) + " |")
+        L.append("")
+        if res.get("targets"):
+            L += ["### Targets", ""]
+            for line in res["targets"]:
+                L.append(f"- {line}")
+            L.append("")
+    lg = res.get("langgraph")
+    if lg and "skipped" not in lg:
+        L += [f"## LangGraph interrupt protocol (langgraph {lg['versions'].get('langgraph')}, "
+              f"langgraph-checkpoint-postgres {lg['versions'].get('langgraph-checkpoint-postgres')}, "
+              f"psycopg {lg['versions'].get('psycopg')})", "",
+              "Per iteration: `invoke` to the interrupt (park), `get_state`, `invoke(Command(resume=True))`. "
+              "Milliseconds; ratio = target p50 / direct p50.", ""]
+        L += ["| variant | operation | target | n | p50 ms | p95 ms | p50 / direct |", "|---|---|---|---|---|---|---|"]
+        for v in lg["variants"]:
+            for op in ("park", "get_state", "resume"):
+                d = v["targets"]["direct"][op]["p50_ms"]
+                for t, ops in v["targets"].items():
+                    s = ops[op]
+                    ratio = "" if t == "direct" else f"{s['p50_ms'] / d:.3f}×"
+                    L.append(f"| {v['name']} | {op} | {t} | {s['n']} | {s['p50_ms']:.2f} | "
+                             f"{s['p95_ms']:.2f} | {ratio} |")
+        L.append("")
+    elif lg:
+        L += ["## LangGraph interrupt protocol", "", f"skipped: {lg['skipped']}", ""]
+    mem = res.get("memory")
+    if mem:
+        L += ["## Memory: idle client sessions", "",
+              "Fresh process per row; VmRSS before and after opening the sessions "
+              "(each a real startup + trust auth, so each holds an upstream connection).", "",
+              "| target | sessions | RSS before KiB | RSS after KiB | KiB per session |", "|---|---|---|---|---|"]
+        for t, r in mem.items():
+            L.append(f"| {t} | {r['connections']} | {r['rss_before_kib']} | {r['rss_after_kib']} | "
+                     f"{r['kib_per_connection']:.1f} |")
+        L.append("")
+    return "\n".join(L)
+
+
+def check_targets(res: dict, proxy_names: list[str]) -> list[str]:
+    lines = []
+    pb = res.get("pgbench")
+    if pb:
+        cells = {(c["workload"], c["mode"], c["target"]): c for c in pb["cells"]}
+        have_pgb = any(t == "pgbouncer" for (_, _, t) in cells)
+        for p in proxy_names:
+            if ("select-only", "simple", p) not in cells:
+                continue
+            for mo in ("simple", "extended", "prepared"):
+                c = cells[("select-only", mo, p)]
+                ok = c["ratio_to_direct"] >= 0.85
+                line = f"{p} select-only -M {mo}: {c['ratio_to_direct']:.3f}× direct " \
+                       f"({'meets' if ok else 'MISSES'} ≥ 0.85×"
+                if have_pgb:
+                    b = cells[("select-only", mo, "pgbouncer")]
+                    per_round = [x / y for x, y in zip(c["tps"], b["tps"])]
+                    vs = median(per_round)
+                    line += f"; {vs:.3f}× PgBouncer, {'ahead' if vs > 1 else 'BEHIND'}"
+                lines.append(line + ")")
+    mem = res.get("memory")
+    if mem:
+        for p in proxy_names:
+            if p in mem:
+                k = mem[p]["kib_per_connection"]
+                lines.append(f"{p} idle session: {k:.1f} KiB ({'meets' if k <= 64 else 'MISSES'} ≤ 64 KiB)")
+    return lines
+
+
+# --------------------------------------------------------------------------- main
+def parse_proxy_configs(a) -> dict[str, list[str]]:
+    lines = a.proxy if a.proxy else Path(a.proxy_configs).read_text().splitlines()
+    out = {}
+    for line in lines:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        words = shlex.split(line)
+        name, args = words[0], words[1:]
+        if name in ("direct", "pgbouncer") or name in out or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise SystemExit(f"bad or duplicate proxy config name {name!r}")
+        parts = set(ALL_PARTS)
+        env = {}
+        while args and (args[0].startswith("parts=") or re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", args[0])):
+            if not args[0].startswith("parts="):
+                k, v = args.pop(0).split("=", 1)
+                env[k] = v
+                continue
+            parts = set(args.pop(0)[len("parts="):].split(","))
+            if not parts <= set(ALL_PARTS):
+                raise SystemExit(f"{name}: unknown parts {parts - set(ALL_PARTS)}")
+        out[name] = args
+        CONFIG_PARTS[name] = parts
+        CONFIG_ENV[name] = env
+    if not out:
+        raise SystemExit("no proxy configuration given")
+    return out
+
+
+ALL_PARTS = ("pgbench", "langgraph", "memory")
+CONFIG_PARTS: dict[str, set] = {}
+CONFIG_ENV: dict[str, dict] = {}
+
+
+def in_part(name: str, part: str) -> bool:
+    return part in CONFIG_PARTS.get(name, ALL_PARTS)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true", help="tiny, fast run (CI): scale 1, 1 round x 2 s, ...")
+    ap.add_argument("--work", type=Path, required=True, help="scratch directory (run.sh makes one)")
+    ap.add_argument("--binary", type=Path, default=REPO / "target/release/resumeguard")
+    ap.add_argument("--pg-bin", type=Path, default=Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin")))
+    ap.add_argument("--proxy-configs", default=str(BENCH / "proxy-configs.conf"))
+    ap.add_argument("--proxy", action="append", help="'NAME [ARGS...]' (repeatable; replaces the file)")
+    ap.add_argument("--parts", default="pgbench,langgraph,memory")
+    ap.add_argument("--out", type=Path, default=BENCH / "results")
+    ap.add_argument("--name", help="result file stem (default latest / smoke-latest)")
+    ap.add_argument("--scale", type=int)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int)
+    ap.add_argument("--duration", type=int, help="seconds per pgbench run")
+    ap.add_argument("--warmup", type=int)
+    ap.add_argument("--no-pgbouncer", action="store_true")
+    ap.add_argument("--workloads", default="select-only,tpcb-like")
+    ap.add_argument("--lg-python")
+    ap.add_argument("--lg-iterations", type=int)
+    ap.add_argument("--lg-threads", type=int, default=8)
+    ap.add_argument("--lg-rounds", type=int)
+    ap.add_argument("--lg-warmup", type=int)
+    ap.add_argument("--lg-timeout", type=int)
+    ap.add_argument("--mem-conns", type=int)
+    ap.add_argument("--profiler", choices=("auto", "perf", "callgrind"), default="auto",
+                    help="for --parts profile (not in the default parts)")
+    ap.add_argument("--profile-modes", default="prepared,simple,extended")
+    ap.add_argument("--profile-seconds", type=int, default=15)
+    ap.add_argument("--profile-transactions", type=int, default=20000, help="callgrind: per mode")
+    a = ap.parse_args()
+    smoke = a.smoke
+    d = lambda v, full, sm: v if v is not None else (sm if smoke else full)  # noqa: E731
+    a.scale = d(a.scale, 10, 1)
+    a.rounds = d(a.rounds, 5, 1)
+    a.duration = d(a.duration, 10, 2)
+    a.warmup = d(a.warmup, 3, 1)
+    a.lg_iterations = d(a.lg_iterations, 200, 10)
+    a.lg_rounds = d(a.lg_rounds, 5, 1)
+    a.lg_warmup = d(a.lg_warmup, 5, 2)
+    a.lg_timeout = d(a.lg_timeout, 1500, 240)
+    a.mem_conns = d(a.mem_conns, 1000, 50)
+    a.name = a.name or ("smoke-latest" if smoke else "latest")
+    parts = set(a.parts.split(","))
+    proxies = parse_proxy_configs(a)
+    work = a.work
+    work.mkdir(parents=True, exist_ok=True)
+    if not a.binary.exists():
+        raise SystemExit(f"{a.binary} missing: cargo build --release")
+
+    started = time.monotonic()
+    procs = Procs(work)
+    pg = Postgres(work, a.pg_bin, max_connections=max(200, a.mem_conns + 100))
+
+    def on_signal(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+    res: dict = {"smoke": smoke, "proxy_configs": proxies,
+                 "config_parts": {n: sorted(CONFIG_PARTS[n]) for n in proxies},
+                 "config_env": {n: CONFIG_ENV[n] for n in proxies},
+                 "machine": machine_info(a)}
+    try:
+        log(f"machine: {res['machine']}")
+        log(f"postgres 15 on {HOST}:{pg.port} (max_connections {pg.max_connections})")
+        pg.start()
+        pg.psql(f"create database {DB}")
+        rgs = {n: Resumeguard(procs, work, a.binary, n, args, pg.port).start() for n, args in proxies.items()}
+        for n, r in rgs.items():
+            log(f"resumeguard '{n}' on {HOST}:{r.port} (pid {r.proc.pid}) args {r.args}")
+        pgb = None
+        if not a.no_pgbouncer and ("pgbench" in parts):
+            pgb = PgBouncer(procs, work, pg.port, pool_size=a.clients + 12, max_clients=200, tag="main").start()
+            log(f"pgbouncer (session mode) on {HOST}:{pgb.port}")
+        if parts & {"pgbench", "profile"}:
+            log(f"pgbench -i -s {a.scale}")
+            cp = subprocess.run([str(a.pg_bin / "pgbench"), "-h", HOST, "-p", str(pg.port), "-U", USER,
+                                 "-i", "-q", "-s", str(a.scale), DB], stdin=subprocess.DEVNULL,
+                                capture_output=True, text=True, timeout=900, env=pg_env())
+            if cp.returncode != 0:
+                raise RuntimeError(f"pgbench -i failed: {cp.stderr}")
+            pg.psql("vacuum analyze", db=DB)
+        if "pgbench" in parts:
+            targets = {"direct": pg.port,
+                       **{n: r.port for n, r in rgs.items() if in_part(n, "pgbench")}}
+            if pgb:
+                targets["pgbouncer"] = pgb.port
+            who = {n: r.proc for n, r in rgs.items()}
+            if pgb:
+                who["pgbouncer"] = pgb.proc
+            res["pgbench"] = pgbench_suite(a, pg, targets, who)
+        if pgb:
+            pgb.stop()
+        if "langgraph" in parts:
+            targets = {"direct": pg.port,
+                       **{n: r.port for n, r in rgs.items() if in_part(n, "langgraph")}}
+            res["langgraph"] = langgraph_suite(a, work, pg, targets)
+        for r in rgs.values():
+            rc = r.stop()
+            if rc != 0:
+                log(f"warning: resumeguard {r.name} exited {rc} on SIGTERM")
+        pg.wait_backends_below(20)
+        if "profile" in parts:
+            first = next(iter(proxies))
+            res["profile"] = profile_suite(a, procs, work, pg, first, proxies[first])
+        if "memory" in parts:
+            res["memory"] = memory_suite(a, procs, work, pg, proxies)
+        res["elapsed_s"] = time.monotonic() - started
+        res["targets"] = check_targets(res, list(proxies))
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / f"{a.name}.json").write_text(json.dumps(res, indent=2) + "\n")
+        md = render_md(res)
+        (a.out / f"{a.name}.md").write_text(md + "\n")
+        print()
+        print(md)
+        log(f"wrote {a.out / (a.name + '.json')} and {a.out / (a.name + '.md')} "
+            f"in {res['elapsed_s']:.0f} s")
+        return 0
+    finally:
+        procs.stop_all()
+        pg.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
