@@ -18,6 +18,7 @@ use crate::policy::claims::WaitPolicy;
 use crate::policy::ChannelRules;
 use crate::wire::claims_gate::ClaimsLeg;
 use crate::wire::proxy::{Legs, RelayConfig};
+use crate::wire::upstream::UpstreamAddr;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -39,6 +40,9 @@ pub struct Config {
     /// How long in-flight work may take to finish at shutdown.
     pub shutdown_grace_ms: u64,
     pub max_message_bytes: usize,
+    /// Relay threads: 1 (default) runs one event loop; more runs a
+    /// work-stealing pool of that many workers.
+    pub worker_threads: usize,
     pub audit: AuditConfig,
     pub managed: ManagedConfig,
     pub enforce: EnforceConfig,
@@ -136,6 +140,7 @@ impl Default for Config {
             startup_timeout_ms: relay.startup_timeout.as_millis() as u64,
             shutdown_grace_ms: 10_000,
             max_message_bytes: relay.max_message_bytes,
+            worker_threads: 1,
             audit: AuditConfig::default(),
             managed: ManagedConfig::default(),
             enforce: EnforceConfig::default(),
@@ -152,7 +157,7 @@ impl Config {
     }
 
     /// The relay settings for an upstream address.
-    pub fn relay(&self, upstream: String) -> RelayConfig {
+    pub fn relay(&self, upstream: UpstreamAddr) -> RelayConfig {
         RelayConfig {
             upstream,
             connect_timeout: Duration::from_millis(self.connect_timeout_ms),
@@ -253,8 +258,16 @@ fn default_proxy_id() -> String {
     format!("{host}-{}", std::process::id())
 }
 
-/// `host:port` from `host:port`, `host` or a `postgres://` URL.
-pub fn upstream_addr(spec: &str) -> anyhow::Result<String> {
+/// The upstream from `host:port`, `host`, a `postgres://` URL, or a Unix
+/// socket: `unix:/path/.s.PGSQL.5432`, a socket directory (`/var/run/postgresql`,
+/// port 5432), or a URL with `?host=/dir` (libpq's spelling, port from the URL).
+pub fn upstream_addr(spec: &str) -> anyhow::Result<UpstreamAddr> {
+    if let Some(path) = spec.strip_prefix("unix:") {
+        return Ok(UpstreamAddr::Unix(path.to_owned()));
+    }
+    if spec.starts_with('/') {
+        return Ok(UpstreamAddr::Unix(socket_in(spec, "5432")));
+    }
     let rest = match spec.split_once("://") {
         Some((scheme, rest)) if scheme == "postgres" || scheme == "postgresql" => rest,
         Some((scheme, _)) => bail!("upstream URL scheme {scheme:?} is not postgres://"),
@@ -262,18 +275,28 @@ pub fn upstream_addr(spec: &str) -> anyhow::Result<String> {
     };
     let authority = rest.split(['/', '?']).next().unwrap_or_default();
     let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    if hostport.is_empty() {
-        bail!("upstream {spec:?} names no host (Unix sockets are not supported)");
-    }
-    let has_port = match hostport.rsplit_once(':') {
-        Some((_, port)) => !port.is_empty() && !hostport.ends_with(']'),
-        None => false,
+    let port = match hostport.rsplit_once(':') {
+        Some((_, port)) if !port.is_empty() && !hostport.ends_with(']') => Some(port),
+        _ => None,
     };
-    Ok(if has_port {
-        hostport.to_owned()
-    } else {
-        format!("{hostport}:5432")
-    })
+    let socket_dir = rest
+        .split_once('?')
+        .and_then(|(_, q)| q.split('&').find_map(|kv| kv.strip_prefix("host=")))
+        .filter(|h| h.starts_with('/'));
+    if let Some(dir) = socket_dir {
+        return Ok(UpstreamAddr::Unix(socket_in(dir, port.unwrap_or("5432"))));
+    }
+    if hostport.is_empty() {
+        bail!("upstream {spec:?} names no host");
+    }
+    Ok(UpstreamAddr::Tcp(match port {
+        Some(_) => hostport.to_owned(),
+        None => format!("{hostport}:5432"),
+    }))
+}
+
+fn socket_in(dir: &str, port: &str) -> String {
+    format!("{}/.s.PGSQL.{port}", dir.trim_end_matches('/'))
 }
 
 #[cfg(test)]
@@ -282,15 +305,32 @@ mod tests {
 
     #[test]
     fn upstream_forms() {
-        assert_eq!(upstream_addr("127.0.0.1:5433").unwrap(), "127.0.0.1:5433");
-        assert_eq!(upstream_addr("db").unwrap(), "db:5432");
+        let tcp = |s: &str| UpstreamAddr::Tcp(s.into());
+        let unix = |s: &str| UpstreamAddr::Unix(s.into());
+        assert_eq!(
+            upstream_addr("127.0.0.1:5433").unwrap(),
+            tcp("127.0.0.1:5433")
+        );
+        assert_eq!(upstream_addr("db").unwrap(), tcp("db:5432"));
         assert_eq!(
             upstream_addr("postgres://u:p@10.0.0.1:6000/app?sslmode=disable").unwrap(),
-            "10.0.0.1:6000"
+            tcp("10.0.0.1:6000")
         );
         assert_eq!(
             upstream_addr("postgresql://localhost/app").unwrap(),
-            "localhost:5432"
+            tcp("localhost:5432")
+        );
+        assert_eq!(
+            upstream_addr("/var/run/postgresql/").unwrap(),
+            unix("/var/run/postgresql/.s.PGSQL.5432")
+        );
+        assert_eq!(
+            upstream_addr("unix:/tmp/.s.PGSQL.6000").unwrap(),
+            unix("/tmp/.s.PGSQL.6000")
+        );
+        assert_eq!(
+            upstream_addr("postgres://:6001/app?host=/tmp").unwrap(),
+            unix("/tmp/.s.PGSQL.6001")
         );
         assert!(upstream_addr("mysql://x").is_err());
         assert!(upstream_addr("postgres:///app").is_err());

@@ -271,12 +271,21 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         None => Some(ManagedPostgres::start(&cfg.managed, &cfg.state_dir)?),
     };
     let upstream = match (&managed, &cfg.upstream) {
-        (Some(m), _) => m.addr(),
+        (Some(m), _) => m.socket(),
         (None, u) => upstream_addr(u.as_deref().unwrap_or_default())?,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    // One thread by default: the relay is bound by system calls, and a
+    // single event loop saves the cross-thread wake-ups a work-stealing
+    // pool pays on every message (measured: bench/README.md).
+    let runtime = match cfg.worker_threads {
+        0 | 1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?,
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build()?,
+    };
     let result = runtime.block_on(async {
         let listener = TcpListener::bind(&cfg.listen)
             .await

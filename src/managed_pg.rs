@@ -9,6 +9,7 @@ use std::process::Command;
 use anyhow::{bail, Context};
 
 use crate::config::ManagedConfig;
+use crate::wire::upstream::UpstreamAddr;
 
 pub struct ManagedPostgres {
     bin_dir: PathBuf,
@@ -94,8 +95,14 @@ impl ManagedPostgres {
         Ok(pg)
     }
 
-    pub fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+    /// The managed server is local: the relay reaches it over its Unix
+    /// socket (cheaper than loopback TCP).
+    pub fn socket(&self) -> UpstreamAddr {
+        UpstreamAddr::Unix(format!(
+            "{}/.s.PGSQL.{}",
+            self.data_dir.to_string_lossy(),
+            self.port
+        ))
     }
 
     /// Stops the server (fast: open transactions roll back).

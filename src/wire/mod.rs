@@ -12,4 +12,5 @@ pub mod row_rewrite;
 pub mod session;
 pub mod session_state;
 pub mod startup;
+pub mod upstream;
 pub mod watch;

@@ -7,19 +7,19 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::audit::AuditSink;
 use crate::policy::ChannelRules;
 use crate::saver::classify::Classifier;
 use crate::wire::claims_gate::ClaimsLeg;
+use crate::wire::upstream::{UpRead, UpWrite, UpstreamAddr};
 
 /// Settings of the relay itself.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
-    /// `host:port` of the PostgreSQL server behind the proxy.
-    pub upstream: String,
+    /// The PostgreSQL server behind the proxy.
+    pub upstream: UpstreamAddr,
     pub connect_timeout: Duration,
     pub startup_timeout: Duration,
     /// Largest client message accepted (PostgreSQL's own cap is 1 GiB).
@@ -31,7 +31,7 @@ pub struct RelayConfig {
 impl Default for RelayConfig {
     fn default() -> Self {
         RelayConfig {
-            upstream: "127.0.0.1:5432".into(),
+            upstream: UpstreamAddr::Tcp("127.0.0.1:5432".into()),
             connect_timeout: Duration::from_secs(5),
             startup_timeout: Duration::from_secs(30),
             max_message_bytes: (1 << 30) - 1,
@@ -96,9 +96,8 @@ impl Proxy {
         }
     }
 
-    pub async fn connect_upstream(&self) -> std::io::Result<TcpStream> {
-        let connect = TcpStream::connect(&self.config.upstream);
-        let stream = tokio::time::timeout(self.config.connect_timeout, connect)
+    pub async fn connect_upstream(&self) -> std::io::Result<(UpRead, UpWrite)> {
+        tokio::time::timeout(self.config.connect_timeout, self.config.upstream.connect())
             .await
             .map_err(|_| {
                 std::io::Error::new(
@@ -108,9 +107,7 @@ impl Proxy {
                         self.config.upstream, self.config.connect_timeout
                     ),
                 )
-            })??;
-        stream.set_nodelay(true)?;
-        Ok(stream)
+            })?
     }
 
     /// A CancelRequest arrives on its own connection carrying the backend
@@ -127,7 +124,7 @@ impl Proxy {
         packet.extend_from_slice(&pid.to_be_bytes());
         packet.extend_from_slice(&key);
         match self.connect_upstream().await {
-            Ok(mut s) => {
+            Ok((_, mut s)) => {
                 if let Err(e) = s.write_all(&packet).await {
                     tracing::warn!(pid, error = %e, "forwarding cancel request failed");
                 }

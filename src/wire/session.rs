@@ -19,6 +19,7 @@ use super::proxy::Proxy;
 use super::response_queue::{Expect, Route};
 use super::session_state::SessionState;
 use super::startup::{self, FirstPacket, StartupMessage};
+use super::upstream::{UpRead, UpWrite};
 use crate::audit::SessionContext;
 use crate::claims::evidence::Evidence;
 
@@ -137,7 +138,7 @@ async fn relay_session(
 ) {
     let session_id = ctx.session_id;
 
-    let mut server = match proxy.connect_upstream().await {
+    let (server_rd, mut server_wr) = match proxy.connect_upstream().await {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(error = %e, "upstream unreachable");
@@ -147,7 +148,7 @@ async fn relay_session(
             return;
         }
     };
-    if let Err(e) = server.write_all(&startup.raw).await {
+    if let Err(e) = server_wr.write_all(&startup.raw).await {
         let msg = format!("resumeguard: upstream failed during startup: {e}");
         let err = error_response(Severity::Fatal, sqlstate::CONNECTION_FAILURE, &msg, None);
         let _ = client.write_all(&err).await;
@@ -161,7 +162,6 @@ async fn relay_session(
     let keys = Mutex::new(Vec::new());
 
     let (client_rd, mut client_wr) = client.into_split();
-    let (server_rd, server_wr) = server.into_split();
     let mut shutdown = proxy.shutdown.clone();
     let end = {
         let up = client_to_server(&proxy, &state, client_rd, server_wr);
@@ -207,7 +207,7 @@ async fn client_to_server(
     proxy: &Proxy,
     state: &Mutex<SessionState>,
     mut client: OwnedReadHalf,
-    mut server: OwnedWriteHalf,
+    mut server: UpWrite,
 ) -> End {
     let mut buf = BytesMut::with_capacity(INITIAL_BUFFER);
     let mut out = BytesMut::new();
@@ -289,7 +289,7 @@ async fn server_to_client(
     proxy: &Proxy,
     state: &Mutex<SessionState>,
     keys: &Mutex<Vec<(i32, Vec<u8>)>>,
-    mut server: OwnedReadHalf,
+    mut server: UpRead,
     client: &mut OwnedWriteHalf,
     shutdown: &mut tokio::sync::watch::Receiver<bool>,
 ) -> End {
