@@ -202,8 +202,11 @@ class Resumeguard:
         # "mem-NAME" / "prof-NAME" instances run the configuration NAME.
         self.config_name = name.split("-", 1)[1] if name.split("-", 1)[0] in ("mem", "prof") else name
         self.port = free_port()
-        self.argv = [str(binary), "serve", "--listen", f"{HOST}:{self.port}",
-                     "--upstream", f"{HOST}:{upstream_port}",
+        # A configuration may name its own upstream; "@SOCKET@" stands for
+        # the benchmark server's Unix socket.
+        args = [a.replace("@SOCKET@", f"unix:{work / 'pg'}/.s.PGSQL.{upstream_port}") for a in args]
+        upstream = [] if "--upstream" in args else ["--upstream", f"{HOST}:{upstream_port}"]
+        self.argv = [str(binary), "serve", "--listen", f"{HOST}:{self.port}", *upstream,
                      "--audit-db", str(work / f"{name}-{self.port}-audit.sqlite"), *args]
         self.proc: subprocess.Popen | None = None
 
