@@ -69,14 +69,14 @@ def build(saver):
     return g.compile(checkpointer=saver)
 
 
-def iteration(graph, tag: str) -> dict[str, float]:
+def iteration(graph, tag: str, inspector=None) -> dict[str, float]:
     cfg = {"configurable": {"thread_id": f"{tag}-{uuid.uuid4().hex}"}}
     t0 = time.perf_counter()
     r = graph.invoke({"items": []}, cfg)
     t1 = time.perf_counter()
     if "__interrupt__" not in r:
         raise RuntimeError(f"did not park: {r}")
-    st = graph.get_state(cfg)
+    st = (inspector or graph).get_state(cfg)
     t2 = time.perf_counter()
     if st.next != ("gate",):
         raise RuntimeError(f"unexpected state after park: next={st.next}")
@@ -125,7 +125,7 @@ def sync_variant(targets: dict[str, str], iterations: int, warmup: int) -> dict:
 def pool_variant(targets: dict[str, str], iterations: int, threads: int, rounds: int,
                  warmup: int) -> dict:
     samples = {t: {op: [] for op in OPS} for t in targets}
-    pools, graphs = {}, {}
+    pools, graphs, inspectors = {}, {}, {}
     per_thread = max(1, -(-iterations // (rounds * threads)))
     try:
         for t, dsn in targets.items():
@@ -135,6 +135,17 @@ def pool_variant(targets: dict[str, str], iterations: int, threads: int, rounds:
             pool.wait(timeout=30)
             pools[t] = pool
             graphs[t] = build(PostgresSaver(pool))
+            # get_state through its own pool, marked as inspection by its
+            # application_name: in a pool the resume runs on another
+            # connection than the get_state, and an unmarked inspection's
+            # claim would make it wait for the lapse (README, consume-once).
+            ipool = ConnectionPool(dsn, min_size=1, max_size=threads, open=True, timeout=30,
+                                   kwargs={"autocommit": True, "prepare_threshold": 0,
+                                           "row_factory": dict_row,
+                                           "application_name": "inspector"})
+            ipool.wait(timeout=30)
+            pools[f"{t}-inspect"] = ipool
+            inspectors[t] = build(PostgresSaver(ipool))
         errors: list[BaseException] = []
         lock = threading.Lock()
 
@@ -142,7 +153,7 @@ def pool_variant(targets: dict[str, str], iterations: int, threads: int, rounds:
             def worker() -> None:
                 try:
                     for _ in range(n):
-                        r = iteration(graphs[t], f"pool-{t}")
+                        r = iteration(graphs[t], f"pool-{t}", inspectors[t])
                         if record:
                             with lock:
                                 for op, v in r.items():

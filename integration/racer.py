@@ -9,6 +9,8 @@ Graphs (``--graph``):
   ``one``        prep -> gate(interrupt) -> after
   ``two_gates``  prep -> gate1(interrupt) -> gate2(interrupt) -> after
   ``double``     prep -> gate(interrupt "first"; interrupt "second") -> after
+  ``slow_after`` like ``one``, but ``after`` records a ledger row (node "after") and
+                 sleeps 1.5 s (a window in which the head is past the parked checkpoint)
 
 Gated nodes: ``answer = interrupt(...)``; INSERT a ledger row (thread, racer id,
 node, answer, pid); sleep ``gate_ms``; return ``{"approved": answer, ...}``.
@@ -67,7 +69,7 @@ create table if not exists rg_ledger (
 )"""
 
 INSPECT_HINT = "/* resumeguard:inspect */ "
-GRAPHS = ("one", "two_gates", "double")
+GRAPHS = ("one", "two_gates", "double", "slow_after")
 INITIAL = {"items": [], "approved": None}
 
 
@@ -119,12 +121,18 @@ def _after(state: State) -> dict:
     return {"items": ["after"]}
 
 
+def _slow_after(state: State) -> dict:
+    record("after", None)
+    time.sleep(CTX.get("after_ms", 1500) / 1000.0)
+    return {"items": ["after"]}
+
+
 def build(kind: str, checkpointer):
     g = StateGraph(State)
     g.add_node("prep", _prep)
-    g.add_node("after", _after)
+    g.add_node("after", _slow_after if kind == "slow_after" else _after)
     g.add_edge(START, "prep")
-    if kind == "one":
+    if kind in ("one", "slow_after"):
         g.add_node("gate", _gate_node("gate"))
         g.add_edge("prep", "gate")
         g.add_edge("gate", "after")

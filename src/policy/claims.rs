@@ -156,13 +156,13 @@ impl Refusal {
         match self {
             Refusal::Answered { by, at_ms } => format!(
                 "resumeguard: interrupt already answered: {what} was answered by {} at {}; \
-                 this resume was refused before its node ran",
+                 this read of the parked checkpoint was refused before its node ran",
                 who(by),
                 format_ms(*at_ms)
             ),
             Refusal::InFlight { by, since_ms } => format!(
                 "resumeguard: interrupt is being answered: {what} was claimed by {} at {} \
-                 and that run has not finished; this resume was refused before its node ran",
+                 and that run has not finished; this read of the parked checkpoint was refused before its node ran",
                 who(by),
                 format_ms(*since_ms)
             ),
@@ -443,7 +443,7 @@ mod tests {
             "resumeguard: interrupt already answered: thread \"t-1\", checkpoint_ns \"\", \
              checkpoint \"1f0-c5\", interrupt abcdef012345 was answered by client \
              10.1.2.3:50123 (application_name \"approver\", proxy proxy-a, session 42) at \
-             2023-11-14T22:13:20.007Z; this resume was refused before its node ran"
+             2023-11-14T22:13:20.007Z; this read of the parked checkpoint was refused before its node ran"
         );
         let flying = Refusal::InFlight {
             by: holder(),

@@ -334,7 +334,7 @@ impl Watch {
                 .get_or_insert_with(|| row.checkpoint_id.clone());
             ev.parent_checkpoint_id = row.parent_checkpoint_id.clone();
         }
-        let parked = first.is_some_and(|r| r.has_pending(INTERRUPT) && !r.has_pending(RESUME));
+        let parked = first.is_some_and(|r| r.has_pending(INTERRUPT));
         let mut detail = json!({"rows": self.rows.len(), "parked": parked});
         if self.row_errors > 0 {
             detail["undecodable_rows"] = json!(self.row_errors);
