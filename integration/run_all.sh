@@ -5,7 +5,8 @@
 #      (reinstalls only when that file or the Python version changed: stamp file),
 #   3. cargo test --all-targets          (unit + Rust integration tests)
 #   4. cargo build --release             (the binary the Python suite drives)
-#   5. pytest integration/               (real PostgreSQL 15, psql, pgbench, LangGraph)
+#   5. bench/run.sh --smoke              (benchmark smoke; RG_SKIP_BENCH=1 skips it)
+#   6. pytest integration/               (real PostgreSQL 15, psql, pgbench, LangGraph)
 #
 # Usage: integration/run_all.sh [extra pytest args...]
 #   e.g. integration/run_all.sh -k psql
@@ -103,7 +104,22 @@ if [ "${RG_SKIP_BUILD:-0}" != "1" ]; then
     cargo build --release || { echo "run_all: cargo build --release FAILED" >&2; exit 1; }
 fi
 
-# ---------------------------------------------------------------- 5. integration suite
+# ---------------------------------------------------------------- 5. benchmark smoke
+# The benchmarks are not pass/fail on their numbers, but their smoke mode
+# runs here so the suite cannot rot (skipped with RG_SKIP_BENCH=1, and for
+# filtered runs that pass pytest arguments).
+if [ "${RG_SKIP_BENCH:-0}" != "1" ] && [ "$#" -eq 0 ]; then
+    log "benchmark smoke (bench/run.sh --smoke)"
+    if RG_SKIP_BUILD=1 bash bench/run.sh --smoke > target/bench-smoke.log 2>&1; then
+        sed -n '/^## pgbench/,/^## LangGraph/p' bench/results/smoke-latest.md | head -20
+    else
+        echo "run_all: benchmark smoke FAILED (log: target/bench-smoke.log)" >&2
+        tail -20 target/bench-smoke.log >&2
+        status=1
+    fi
+fi
+
+# ---------------------------------------------------------------- 6. integration suite
 log "pytest integration/"
 # Keep Python bytecode and pytest caches out of the source tree.
 export PYTHONDONTWRITEBYTECODE=1

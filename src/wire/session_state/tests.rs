@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::audit::Operation;
+use crate::saver::pg_array::ByteaArray;
 use crate::saver::profile::SaverProfile;
 
 const WRITE_SQL: &str = "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET channel = EXCLUDED.channel, type = EXCLUDED.type, blob = EXCLUDED.blob";
@@ -202,38 +203,17 @@ fn rolled_back_transaction_records_nothing() {
     assert!(ops(&mut st).is_empty());
 }
 
-/// A binary bytea[] of `rows` rows of `width` elements.
+/// A binary bytea[] of `rows` rows (the saver's 2-D layout).
 fn bytea_2d(rows: &[&[&[u8]]]) -> Vec<u8> {
     let width = rows.first().map_or(0, |r| r.len());
-    let mut v = Vec::new();
-    v.extend_from_slice(&2i32.to_be_bytes());
-    v.extend_from_slice(&0i32.to_be_bytes());
-    v.extend_from_slice(&17u32.to_be_bytes());
-    for n in [rows.len(), width] {
-        v.extend_from_slice(&(n as i32).to_be_bytes());
-        v.extend_from_slice(&1i32.to_be_bytes());
+    ByteaArray {
+        dims: vec![rows.len(), width],
+        elements: rows
+            .iter()
+            .flat_map(|r| r.iter().map(|e| Some(Bytes::copy_from_slice(e))))
+            .collect(),
     }
-    for row in rows {
-        for el in *row {
-            v.extend_from_slice(&(el.len() as i32).to_be_bytes());
-            v.extend_from_slice(el);
-        }
-    }
-    v
-}
-
-fn data_row(fields: &[Option<&[u8]>]) -> Vec<u8> {
-    let mut b = (fields.len() as i16).to_be_bytes().to_vec();
-    for f in fields {
-        match f {
-            Some(x) => {
-                b.extend_from_slice(&(x.len() as i32).to_be_bytes());
-                b.extend_from_slice(x);
-            }
-            None => b.extend_from_slice(&(-1i32).to_be_bytes()),
-        }
-    }
-    msg(b'D', &b)
+    .encode_binary()
 }
 
 #[test]
@@ -258,7 +238,7 @@ fn a_read_of_a_parked_head_is_seen_as_parked() {
         b"~__pregel_pull, gate",
         b"-3",
     ]]);
-    let row = data_row(&[
+    let row = crate::wire::row_rewrite::data_row(&[
         Some(b"t1"),
         Some(b"\x01{\"v\": 4}"),
         Some(b""),
@@ -273,7 +253,7 @@ fn a_read_of_a_parked_head_is_seen_as_parked() {
         &[
             msg(b'2', b""),
             msg(b'T', b"\0\0"),
-            row,
+            row.to_vec(),
             msg(b'C', b"SELECT 1\0"),
             ready(b'I'),
         ],
@@ -487,5 +467,148 @@ fn the_injected_answers_are_swallowed_and_the_error_forwarded() {
             Route::Forward
         ]
     );
+    assert!(st.is_idle());
+}
+
+/// A session with the consume-once leg on (the store is never touched by
+/// the session state itself; the relay asks it).
+fn claiming_state(inspection: &[&str], application_name: &str) -> SessionState {
+    use crate::policy::claims::WaitPolicy;
+    use crate::wire::claims_gate::ClaimsLeg;
+    let leg = ClaimsLeg {
+        store: Err(crate::claims::StoreError::Open {
+            path: "unused".into(),
+            reason: "unused".into(),
+        }),
+        proxy_id: "proxy-a".into(),
+        lapse_ms: 1_000,
+        policy: WaitPolicy::Refuse,
+        inspection_patterns: inspection
+            .iter()
+            .map(|p| regex::Regex::new(p).unwrap())
+            .collect(),
+        evidence: None,
+    };
+    let classifier = Arc::new(Classifier::new(vec![SaverProfile::langgraph_python()]));
+    let legs = Legs {
+        claims: Some(Arc::new(leg)),
+        ..Legs::default()
+    };
+    let ctx = SessionContext {
+        session_id: 7,
+        application_name: application_name.into(),
+        ..SessionContext::default()
+    };
+    SessionState::new(classifier, legs, ctx)
+}
+
+/// Drives a READ(latest) whose row is parked; returns the verdict of the
+/// DataRow.
+fn read_parked_head(st: &mut SessionState) -> ServerVerdict {
+    client(st, &[parse("_pg3_0", READ_SQL), msg(b'S', b"")]);
+    server(st, &[msg(b'1', b""), ready(b'I')]);
+    client(
+        st,
+        &[
+            bind("_pg3_0", &[], &[Some(b"t1"), Some(b"")], &[1]),
+            msg(b'D', b"P\0"),
+            execute(),
+            msg(b'S', b""),
+        ],
+    );
+    server(st, &[msg(b'2', b""), msg(b'T', b"\0\0")]);
+    let pending = bytea_2d(&[&[
+        b"task-1",
+        b"__interrupt__",
+        b"msgpack",
+        b"\x91\xa1q",
+        b"~__pregel_pull, gate",
+        b"-3",
+    ]]);
+    let row = crate::wire::row_rewrite::data_row(&[
+        Some(b"t1"),
+        Some(b"\x01{\"v\": 4}"),
+        Some(b""),
+        Some(b"ck1"),
+        None,
+        Some(b"\x01{}"),
+        None,
+        Some(&pending),
+    ]);
+    st.on_server(&row).unwrap()
+}
+
+#[test]
+fn a_parked_head_asks_for_a_claim_keyed_by_its_interrupt() {
+    let mut st = claiming_state(&[], "worker");
+    let verdict = read_parked_head(&mut st);
+    let req = verdict.claim.expect("a claim is requested");
+    assert_eq!(
+        (
+            req.key.thread_id.as_str(),
+            req.key.checkpoint_ns.as_str(),
+            req.key.checkpoint_id.as_str()
+        ),
+        ("t1", "", "ck1")
+    );
+    assert_eq!(
+        req.key.fingerprint,
+        crate::claims::interrupt_fingerprint(&[("task-1", Some(&b"\x91\xa1q"[..]))])
+    );
+    assert_eq!(
+        (req.holder.proxy_id.as_str(), req.holder.session_id),
+        ("proxy-a", 7)
+    );
+}
+
+#[test]
+fn inspection_sessions_never_claim() {
+    let mut st = claiming_state(&["^inspect"], "inspector-ui");
+    assert!(read_parked_head(&mut st).claim.is_none());
+    let mut st = claiming_state(&["^inspect"], "worker");
+    st.inspection_listener = true;
+    assert!(read_parked_head(&mut st).claim.is_none());
+}
+
+#[test]
+fn a_refused_claim_replaces_the_row_and_swallows_the_rest_of_its_answer() {
+    use crate::claims::Holder;
+    use crate::policy::claims::{ClaimDecision, Refusal};
+    use crate::wire::claims_gate::Resolution;
+    let mut st = claiming_state(&[], "worker");
+    let req = read_parked_head(&mut st).claim.unwrap();
+    let winner = Holder {
+        proxy_id: "proxy-b".into(),
+        session_id: 3,
+        client_addr: "10.0.0.9:5000".into(),
+        application_name: "approver".into(),
+    };
+    let refusal = st
+        .apply_claim(
+            &req,
+            &Resolution {
+                decision: ClaimDecision::Refuse {
+                    reason: Refusal::Answered {
+                        by: winner,
+                        at_ms: 0,
+                    },
+                },
+                waited_ms: 0,
+                displaced: None,
+            },
+        )
+        .expect("an error replaces the row");
+    let fields: Vec<_> = crate::wire::backend::error_fields(&refusal).collect();
+    assert!(fields.contains(&(b'C', &b"55000"[..])));
+    let routes: Vec<_> = server(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')])
+        .into_iter()
+        .map(|v| v.route)
+        .collect();
+    assert_eq!(routes, [Route::Swallow, Route::Forward]);
+    let ops: Vec<_> = std::mem::take(&mut st.ready_events)
+        .into_iter()
+        .map(|e| e.operation)
+        .collect();
+    assert!(ops.contains(&Operation::ClaimRefused), "{ops:?}");
     assert!(st.is_idle());
 }
