@@ -308,8 +308,11 @@ def test_race(co, cell):
                 else:
                     # gate 0 on a small machine: a racer whose read lands after the first
                     # racer's task writes replays them instead of running the node (and
-                    # reports success with that racer's answer); the defect still shows
-                    assert 2 <= len(rows) <= n, (gate, rows, res)
+                    # reports success with that racer's answer). Usually several fire,
+                    # but a repetition where only one did is possible (seen once in the
+                    # full matrix), so the stock defect is asserted by the 300 ms half
+                    # of every cell and only recorded here.
+                    assert 1 <= len(rows) <= n, (gate, rows, res)
             summary[f"stock_fires_g{gate}"] = fires
 
     # ---- through the proxy (one or two instances, racers split between them)
