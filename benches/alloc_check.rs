@@ -195,7 +195,7 @@ fn main() {
         name: "saver __interrupt__ upsert (decodes the Bind, audits)",
         session: common::prepared_session(
             "_pg3_2",
-            common::WRITES_UPSERT_SQL,
+            common::saver_sql::UPSERT_WRITES,
             &[0, 0, 0, 0, 0, 21, 0, 0, 17],
         ),
         client: wr.client,

@@ -21,10 +21,10 @@ fn saver_statements(c: &mut Criterion) {
     let read = common::read_latest_sql();
     let cases: [(&str, &str); 5] = [
         ("read_latest", &read),
-        ("writes_upsert", common::WRITES_UPSERT_SQL),
-        ("writes_insert_ignore", common::WRITES_INSERT_SQL),
-        ("blobs_upsert", common::BLOBS_UPSERT_SQL),
-        ("checkpoint_upsert", common::CHECKPOINT_UPSERT_SQL),
+        ("writes_upsert", common::saver_sql::UPSERT_WRITES),
+        ("writes_insert_ignore", common::saver_sql::INSERT_WRITES),
+        ("blobs_upsert", common::saver_sql::UPSERT_BLOBS),
+        ("checkpoint_upsert", common::saver_sql::UPSERT_CHECKPOINT),
     ];
     // Sanity: these really are recognized (a bench of a misclassification
     // would measure the wrong path).

@@ -25,7 +25,7 @@ fn bind(c: &mut Criterion) {
         b.iter(|| BoundParams::decode(black_box(&frame)).unwrap())
     });
 
-    let cls = common::classifier().classify(common::WRITES_UPSERT_SQL);
+    let cls = common::classifier().classify(common::saver_sql::UPSERT_WRITES);
     let StatementKind::WritesUpsert(shape) = &cls.kind else {
         panic!("writes upsert not recognized: {:?}", cls.kind)
     };

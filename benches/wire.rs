@@ -88,7 +88,7 @@ fn session_state(c: &mut Criterion) {
     ));
     let mut st = common::prepared_session(
         "_pg3_2",
-        common::WRITES_UPSERT_SQL,
+        common::saver_sql::UPSERT_WRITES,
         &[0, 0, 0, 0, 0, 21, 0, 0, 17],
     );
     round(&mut st, &r);

@@ -11,70 +11,15 @@ use resumeguard::saver::profile::SaverProfile;
 use resumeguard::wire::proxy::Legs;
 use resumeguard::wire::session_state::SessionState;
 
-/// The checkpoint SELECT's common prefix (`SELECT_SQL`).
-pub const SELECT_PREFIX: &str = "
-select
-    thread_id,
-    checkpoint,
-    checkpoint_ns,
-    checkpoint_id,
-    parent_checkpoint_id,
-    metadata,
-    (
-        select array_agg(array[bl.channel::bytea, bl.type::bytea, bl.blob])
-        from jsonb_each_text(checkpoint -> 'channel_versions')
-        inner join checkpoint_blobs bl
-            on bl.thread_id = checkpoints.thread_id
-            and bl.checkpoint_ns = checkpoints.checkpoint_ns
-            and bl.channel = jsonb_each_text.key
-            and bl.version = jsonb_each_text.value
-    ) as channel_values,
-    (
-        select
-        array_agg(array[cw.task_id::text::bytea, cw.channel::bytea, cw.type::bytea, cw.blob, convert_to(cw.task_path, 'UTF8'), cw.idx::text::bytea])
-        from checkpoint_writes cw
-        where cw.thread_id = checkpoints.thread_id
-            and cw.checkpoint_ns = checkpoints.checkpoint_ns
-            and cw.checkpoint_id = checkpoints.checkpoint_id
-    ) as pending_writes
-from checkpoints ";
+#[path = "../../src/saver/classify/saver_sql.rs"]
+pub mod saver_sql;
 
 pub const LATEST_TAIL: &str =
     "WHERE thread_id = $1 AND checkpoint_ns = $2 ORDER BY checkpoint_id DESC LIMIT 1";
 
 pub fn read_latest_sql() -> String {
-    format!("{SELECT_PREFIX}{LATEST_TAIL}")
+    format!("{}{LATEST_TAIL}", saver_sql::SELECT_SQL)
 }
-
-pub const WRITES_UPSERT_SQL: &str = "
-    INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
-        channel = EXCLUDED.channel,
-        type = EXCLUDED.type,
-        blob = EXCLUDED.blob;
-";
-
-pub const WRITES_INSERT_SQL: &str = "
-    INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO NOTHING
-";
-
-pub const BLOBS_UPSERT_SQL: &str = "
-    INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
-    VALUES ($1, $2, $3, $4, $5, $6)
-    ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING
-";
-
-pub const CHECKPOINT_UPSERT_SQL: &str = "
-    INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata)
-    VALUES ($1, $2, $3, $4, $5, $6)
-    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id)
-    DO UPDATE SET
-        checkpoint = EXCLUDED.checkpoint,
-        metadata = EXCLUDED.metadata;
-";
 
 /// pgbench's statements (select-only, and the longest TPC-B one).
 pub const PGBENCH_SELECT_PREPARED: &str = "SELECT abalance FROM pgbench_accounts WHERE aid = $1;";
@@ -177,41 +122,22 @@ pub fn row_description(cols: &[(&str, u32, i16)]) -> Vec<u8> {
     msg(b'T', &b)
 }
 
-/// A DataRow body (after the 5-byte header).
+/// A DataRow body (after the 5-byte header), by the proxy's own encoder.
 pub fn data_row_body(fields: &[Option<&[u8]>]) -> Vec<u8> {
-    let mut out = (fields.len() as i16).to_be_bytes().to_vec();
-    for f in fields {
-        match f {
-            None => out.extend_from_slice(&(-1i32).to_be_bytes()),
-            Some(b) => {
-                out.extend_from_slice(&(b.len() as i32).to_be_bytes());
-                out.extend_from_slice(b);
-            }
-        }
-    }
-    out
+    resumeguard::wire::row_rewrite::data_row(fields)[5..].to_vec()
 }
 
-/// A binary `bytea[]` (element OID 17, lower bounds 1).
+/// A binary `bytea[]` (element OID 17, lower bounds 1), by the proxy's own
+/// encoder.
 pub fn bytea_array(dims: &[i32], elements: &[Option<&[u8]>]) -> Vec<u8> {
-    let mut out = Vec::new();
-    out.extend_from_slice(&(dims.len() as i32).to_be_bytes());
-    out.extend_from_slice(&(elements.iter().any(Option::is_none) as i32).to_be_bytes());
-    out.extend_from_slice(&17u32.to_be_bytes());
-    for d in dims {
-        out.extend_from_slice(&d.to_be_bytes());
-        out.extend_from_slice(&1i32.to_be_bytes());
+    resumeguard::saver::pg_array::ByteaArray {
+        dims: dims.iter().map(|d| *d as usize).collect(),
+        elements: elements
+            .iter()
+            .map(|e| e.map(bytes::Bytes::copy_from_slice))
+            .collect(),
     }
-    for e in elements {
-        match e {
-            None => out.extend_from_slice(&(-1i32).to_be_bytes()),
-            Some(b) => {
-                out.extend_from_slice(&(b.len() as i32).to_be_bytes());
-                out.extend_from_slice(b);
-            }
-        }
-    }
-    out
+    .encode_binary()
 }
 
 /// msgpack-ish payload of `n` bytes (content is irrelevant to the decoders).

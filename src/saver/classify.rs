@@ -96,6 +96,18 @@ impl StatementKind {
         !matches!(self, StatementKind::Other)
     }
 
+    /// The column ↔ parameter shape of a blob, checkpoint or pending-write
+    /// INSERT.
+    pub fn insert_shape(&self) -> Option<&InsertShape> {
+        match self {
+            StatementKind::BlobUpsert(s)
+            | StatementKind::CheckpointUpsert(s)
+            | StatementKind::WritesUpsert(s)
+            | StatementKind::WritesInsertIgnore(s) => Some(s),
+            _ => None,
+        }
+    }
+
     /// A short name for logs and audit records.
     pub fn label(&self) -> &'static str {
         match self {

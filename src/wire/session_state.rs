@@ -19,7 +19,7 @@ use super::reject::raising_statement;
 use super::response_queue::Expect;
 use super::response_queue::{Desync, Progress, ResponseQueue, Route};
 use super::row_rewrite::drop_last_column_description;
-use super::watch::Watch;
+use super::watch::{Watch, WriteDecode};
 use crate::audit::{AuditEvent, BlobDigest, Operation, SessionContext};
 use crate::claims::evidence::Evidence;
 use crate::claims::{now_ms, Holder};
@@ -51,6 +51,8 @@ struct Prepared {
 struct Binding {
     class: Arc<Classified>,
     bound: Arc<BoundParams>,
+    /// For a write, its row (decoded once, here).
+    record: Option<WriteDecode>,
     rewritten: bool,
     inspect_hint: bool,
 }
@@ -211,7 +213,13 @@ impl SessionState {
                 let binding = if prepared.class.kind.is_checkpoint_traffic() {
                     let mut bound =
                         BoundParams::decode(frame).map_err(ClientError::UndecodableBind)?;
-                    if let Some(injected) = self.validate(&prepared.class, &bound) {
+                    let record: Option<WriteDecode> =
+                        prepared.class.kind.insert_shape().map(|shape| {
+                            WriteRecord::decode(shape, &bound)
+                                .map(Arc::new)
+                                .map_err(|e| e.to_string())
+                        });
+                    if let Some(injected) = self.validate(&prepared.class, record.as_ref()) {
                         return Ok(Some(injected));
                     }
                     if prepared.rewritten && bound.result_formats.len() > 1 {
@@ -222,6 +230,7 @@ impl SessionState {
                     Some(Binding {
                         class: prepared.class,
                         bound: Arc::new(bound),
+                        record,
                         rewritten: prepared.rewritten,
                         inspect_hint: prepared.inspect_hint,
                     })
@@ -255,6 +264,7 @@ impl SessionState {
                         Some(Arc::clone(&b.bound)),
                         b.rewritten,
                     );
+                    w.record = b.record.clone();
                     w.inspect = inspect || b.inspect_hint;
                     if claims_on && !matches!(b.class.kind, StatementKind::Read(_)) {
                         w.sent_at_ms = now_ms();
@@ -340,20 +350,20 @@ impl SessionState {
     /// replaced by a statement that fails in the server with 23514, so
     /// nothing of its transaction commits (see `reject`). Returns the
     /// bytes the server gets instead of the client's Bind.
-    fn validate(&mut self, class: &Classified, bound: &BoundParams) -> Option<Vec<u8>> {
+    fn validate(&mut self, class: &Classified, record: Option<&WriteDecode>) -> Option<Vec<u8>> {
         if self.legs.validity.is_empty() {
             return None;
         }
-        let (shape, kind) = match &class.kind {
-            StatementKind::BlobUpsert(s) => (s, WriteKind::Blob),
-            StatementKind::CheckpointUpsert(s) => (s, WriteKind::Checkpoint),
-            StatementKind::WritesUpsert(s) | StatementKind::WritesInsertIgnore(s) => {
-                (s, WriteKind::PendingWrite)
+        let kind = match &class.kind {
+            StatementKind::BlobUpsert(_) => WriteKind::Blob,
+            StatementKind::CheckpointUpsert(_) => WriteKind::Checkpoint,
+            StatementKind::WritesUpsert(_) | StatementKind::WritesInsertIgnore(_) => {
+                WriteKind::PendingWrite
             }
             _ => return None,
         };
-        let record = match WriteRecord::decode(shape, bound) {
-            Ok(r) => r,
+        let record = match record? {
+            Ok(r) => WriteRecord::clone(r),
             // Values the proxy cannot read cannot be checked; with rules
             // active that is a refusal, not a pass.
             Err(e) => {

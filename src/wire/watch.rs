@@ -32,6 +32,8 @@ pub const RESUME: &str = "__resume__";
 pub struct Watch {
     pub class: Arc<Classified>,
     pub bound: Option<Arc<BoundParams>>,
+    /// For a write: its row, decoded once at Bind (or why it did not decode).
+    pub record: Option<WriteDecode>,
     /// The statement runs as its fork rewrite: results carry the head
     /// checkpoint id as an extra last column, which the client never sees.
     pub head_column: bool,
@@ -44,6 +46,10 @@ pub struct Watch {
     pub row_errors: usize,
     forks: Vec<ForkServed>,
 }
+
+/// A write's row as decoded from its Bind, shared by the validity gate,
+/// the audit record and the claim evidence.
+pub type WriteDecode = Result<Arc<WriteRecord>, String>;
 
 /// A read that addressed a superseded checkpoint, as served.
 #[derive(Debug)]
@@ -59,6 +65,7 @@ impl Watch {
         Watch {
             class,
             bound,
+            record: None,
             head_column,
             inspect: false,
             sent_at_ms: 0,
@@ -178,16 +185,13 @@ impl Watch {
     pub fn events(&self, ctx: &SessionContext) -> Vec<AuditEvent> {
         match &self.class.kind {
             StatementKind::Read(shape) => self.read_events(ctx, shape),
-            StatementKind::BlobUpsert(s)
-            | StatementKind::CheckpointUpsert(s)
-            | StatementKind::WritesUpsert(s)
-            | StatementKind::WritesInsertIgnore(s) => match &self.bound {
-                Some(b) => match WriteRecord::decode(s, b) {
-                    Ok(rec) => self.write_events(ctx, &rec),
-                    Err(e) => vec![AuditEvent::new(ctx, Operation::Unrecognized).with_detail(
-                        json!({"statement": self.class.kind.label(), "decode_error": e.to_string()}),
-                    )],
-                },
+            StatementKind::BlobUpsert(_)
+            | StatementKind::CheckpointUpsert(_)
+            | StatementKind::WritesUpsert(_)
+            | StatementKind::WritesInsertIgnore(_) => match &self.record {
+                Some(Ok(rec)) => self.write_events(ctx, rec),
+                Some(Err(e)) => vec![AuditEvent::new(ctx, Operation::Unrecognized)
+                    .with_detail(json!({"statement": self.class.kind.label(), "decode_error": e}))],
                 None => Vec::new(),
             },
             StatementKind::DeleteThread {
@@ -234,26 +238,25 @@ impl Watch {
 
     /// What a completed write means for consume-once claims.
     pub fn evidence(&self) -> Vec<Evidence> {
-        let record = |s| {
-            self.bound
-                .as_ref()
-                .and_then(|b| WriteRecord::decode(s, b).ok())
+        let record = match &self.record {
+            Some(Ok(rec)) => Some(rec.as_ref()),
+            _ => None,
         };
         match &self.class.kind {
-            StatementKind::WritesUpsert(s) | StatementKind::WritesInsertIgnore(s) => {
-                let Some(rec) = record(s) else {
+            StatementKind::WritesUpsert(_) | StatementKind::WritesInsertIgnore(_) => {
+                let Some(rec) = record else {
                     return Vec::new();
                 };
                 let (Some(thread_id), Some(checkpoint_ns), Some(checkpoint_id), Some(channel)) = (
-                    rec.thread_id,
-                    rec.checkpoint_ns,
-                    rec.checkpoint_id,
-                    rec.channel,
+                    rec.thread_id.clone(),
+                    rec.checkpoint_ns.clone(),
+                    rec.checkpoint_id.clone(),
+                    rec.channel.as_deref(),
                 ) else {
                     return Vec::new();
                 };
-                let task = rec.task_id.unwrap_or_default();
-                match channel.as_str() {
+                let task = rec.task_id.as_deref().unwrap_or_default();
+                match channel {
                     RESUME if task == NULL_TASK => vec![Evidence::Progress {
                         thread_id,
                         checkpoint_ns,
@@ -271,16 +274,16 @@ impl Watch {
                     }],
                 }
             }
-            StatementKind::CheckpointUpsert(s) => match record(s) {
+            StatementKind::CheckpointUpsert(_) => match record {
                 Some(WriteRecord {
                     thread_id: Some(thread_id),
                     checkpoint_ns: Some(checkpoint_ns),
                     parent_checkpoint_id: Some(parent_checkpoint_id),
                     ..
                 }) => vec![Evidence::MovedOn {
-                    thread_id,
-                    checkpoint_ns,
-                    parent_checkpoint_id,
+                    thread_id: thread_id.clone(),
+                    checkpoint_ns: checkpoint_ns.clone(),
+                    parent_checkpoint_id: parent_checkpoint_id.clone(),
                 }],
                 _ => Vec::new(),
             },
