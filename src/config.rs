@@ -40,9 +40,6 @@ pub struct Config {
     /// How long in-flight work may take to finish at shutdown.
     pub shutdown_grace_ms: u64,
     pub max_message_bytes: usize,
-    /// Relay threads: 1 (default) runs one event loop; more runs a
-    /// work-stealing pool of that many workers.
-    pub worker_threads: usize,
     pub audit: AuditConfig,
     pub managed: ManagedConfig,
     pub enforce: EnforceConfig,
@@ -140,7 +137,6 @@ impl Default for Config {
             startup_timeout_ms: relay.startup_timeout.as_millis() as u64,
             shutdown_grace_ms: 10_000,
             max_message_bytes: relay.max_message_bytes,
-            worker_threads: 1,
             audit: AuditConfig::default(),
             managed: ManagedConfig::default(),
             enforce: EnforceConfig::default(),

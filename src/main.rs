@@ -274,18 +274,11 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         (Some(m), _) => m.socket(),
         (None, u) => upstream_addr(u.as_deref().unwrap_or_default())?,
     };
-    // One thread by default: the relay is bound by system calls, and a
-    // single event loop saves the cross-thread wake-ups a work-stealing
-    // pool pays on every message (measured: bench/README.md).
-    let runtime = match cfg.worker_threads {
-        0 | 1 => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?,
-        n => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(n)
-            .enable_all()
-            .build()?,
-    };
+    // The event loop only accepts connections and watches for signals;
+    // each session relays on threads of its own (wire/session.rs).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let result = runtime.block_on(async {
         let listener = TcpListener::bind(&cfg.listen)
             .await
@@ -326,15 +319,15 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
             listener,
             false,
             stopped(proxy.shutdown.clone()),
-            grace,
         );
         let inspection_loop = async {
             if let Some(l) = inspection {
                 let stop = stopped(proxy.shutdown.clone());
-                listener::run(Arc::clone(&proxy), l, true, stop, grace).await;
+                listener::run(Arc::clone(&proxy), l, true, stop).await;
             }
         };
         tokio::join!(main_loop, inspection_loop);
+        listener::drain(&proxy, grace).await;
         anyhow::Ok(())
     });
     audit.shutdown(Duration::from_secs(5));

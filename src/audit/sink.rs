@@ -194,8 +194,8 @@ impl AuditSink {
 
     /// Wait until every event queued before this call has been written and
     /// every drop counted so far has been reported, or until `timeout`.
-    /// Returns whether it completed. Blocking: call it from shutdown code or
-    /// `spawn_blocking`, never from a connection task.
+    /// Returns whether it completed. Blocking: call it from shutdown code,
+    /// never from a session's relay threads.
     pub fn flush_timeout(&self, timeout: Duration) -> bool {
         let Some(inner) = &self.inner else {
             return true;

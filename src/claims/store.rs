@@ -100,9 +100,9 @@ pub enum ClaimOutcome {
 
 /// Handle on the shared claim file, one per proxy process.
 ///
-/// `Send + Sync`: one connection behind a mutex, so the tokio side shares
-/// it in an `Arc` and calls it from `spawn_blocking` (or a dedicated
-/// thread); calls may block up to [`BUSY_TIMEOUT`] on another process.
+/// `Send + Sync`: one connection behind a mutex, shared in an `Arc` by the
+/// session threads and the evidence worker; calls may block up to
+/// [`BUSY_TIMEOUT`] on another process.
 /// Not `Clone`: two handles in one process would only contend on the file.
 pub struct ClaimStore {
     conn: Mutex<Connection>,

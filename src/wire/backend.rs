@@ -15,6 +15,8 @@ pub mod sqlstate {
     pub const ADMIN_SHUTDOWN: &str = "57P01";
     /// The proxy cannot follow the session's protocol state any more.
     pub const INTERNAL_ERROR: &str = "XX000";
+    /// The proxy cannot start another session (threads or memory).
+    pub const TOO_MANY_CONNECTIONS: &str = "53300";
 }
 
 /// How bad an error is: FATAL ends the connection.

@@ -44,19 +44,20 @@ pub struct Resolution {
 }
 
 impl ClaimsLeg {
-    /// Takes the claim, polling while another live claim holds it.
-    pub async fn resolve(&self, req: &ClaimRequest) -> Resolution {
+    /// Takes the claim, polling while another live claim holds it. Blocks
+    /// the calling session thread (and only it) while it waits.
+    pub fn resolve(&self, req: &ClaimRequest) -> Resolution {
         let started = now_ms();
         let mut waited_ms = 0;
         loop {
-            let outcome = self.try_claim(req).await;
+            let outcome = self.try_claim(req);
             let displaced = match &outcome {
                 Ok(ClaimOutcome::TakenOver { previous, .. }) => Some(previous.holder.clone()),
                 _ => None,
             };
             match decide(&outcome, &self.policy, waited_ms) {
                 ClaimDecision::RetryAfter { ms } => {
-                    tokio::time::sleep(Duration::from_millis(ms.max(1) as u64)).await;
+                    std::thread::sleep(Duration::from_millis(ms.max(1) as u64));
                     waited_ms = now_ms() - started;
                 }
                 decision => {
@@ -64,7 +65,7 @@ impl ClaimsLeg {
                         reason: Refusal::Answered { .. } | Refusal::InFlight { .. },
                     } = &decision
                     {
-                        self.note_refusal(&req.key).await;
+                        self.note_refusal(&req.key);
                     }
                     return Resolution {
                         decision,
@@ -76,29 +77,16 @@ impl ClaimsLeg {
         }
     }
 
-    async fn try_claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        let store = match &self.store {
-            Ok(s) => Arc::clone(s),
-            Err(e) => return Err(e.clone()),
-        };
-        let (key, holder, lapse) = (req.key.clone(), req.holder.clone(), self.lapse_ms);
-        let joined =
-            tokio::task::spawn_blocking(move || store.try_claim(&key, &holder, now_ms(), lapse))
-                .await;
-        match joined {
-            Ok(outcome) => outcome,
-            Err(e) => Err(StoreError::Open {
-                path: "claim store".into(),
-                reason: format!("claim task failed: {e}"),
-            }),
+    fn try_claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        match &self.store {
+            Ok(store) => store.try_claim(&req.key, &req.holder, now_ms(), self.lapse_ms),
+            Err(e) => Err(e.clone()),
         }
     }
 
-    async fn note_refusal(&self, key: &ClaimKey) {
+    fn note_refusal(&self, key: &ClaimKey) {
         if let Ok(store) = &self.store {
-            let (store, key) = (Arc::clone(store), key.clone());
-            let done = tokio::task::spawn_blocking(move || store.note_refusal(&key)).await;
-            if let Ok(Err(e)) = done {
+            if let Err(e) = store.note_refusal(key) {
                 tracing::warn!(error = %e, "refusal not counted in the claim store");
             }
         }

@@ -6,6 +6,8 @@ pub mod claims_gate;
 pub mod frame;
 pub mod listener;
 pub mod proxy;
+pub mod read_buffer;
+pub mod registry;
 pub mod reject;
 pub mod response_queue;
 pub mod row_rewrite;

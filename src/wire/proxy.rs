@@ -6,14 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
-use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 
 use crate::audit::AuditSink;
 use crate::policy::ChannelRules;
 use crate::saver::classify::Classifier;
 use crate::wire::claims_gate::ClaimsLeg;
-use crate::wire::upstream::{UpRead, UpWrite, UpstreamAddr};
+use crate::wire::registry::Registry;
+use crate::wire::upstream::{Upstream, UpstreamAddr};
 
 /// Settings of the relay itself.
 #[derive(Debug, Clone)]
@@ -75,6 +75,8 @@ pub struct Proxy {
     pub next_session_id: AtomicU64,
     /// Flips to `true` when the proxy starts shutting down.
     pub shutdown: watch::Receiver<bool>,
+    /// Live sessions, for draining at shutdown.
+    pub sessions: Registry,
 }
 
 impl Proxy {
@@ -93,27 +95,28 @@ impl Proxy {
             cancel_keys: DashMap::new(),
             next_session_id: AtomicU64::new(1),
             shutdown,
+            sessions: Registry::default(),
         }
     }
 
-    pub async fn connect_upstream(&self) -> std::io::Result<(UpRead, UpWrite)> {
-        tokio::time::timeout(self.config.connect_timeout, self.config.upstream.connect())
-            .await
-            .map_err(|_| {
+    /// Connects to the upstream server (blocking, bounded by the connect
+    /// timeout).
+    pub fn connect_upstream(&self) -> std::io::Result<Upstream> {
+        self.config
+            .upstream
+            .connect(self.config.connect_timeout)
+            .map_err(|e| {
                 std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!(
-                        "connecting to {} timed out after {:?}",
-                        self.config.upstream, self.config.connect_timeout
-                    ),
+                    e.kind(),
+                    format!("connecting to {}: {e}", self.config.upstream),
                 )
-            })?
+            })
     }
 
     /// A CancelRequest arrives on its own connection carrying the backend
     /// key the client saw; the proxy passed the server's key through, so
     /// the request goes to the upstream verbatim.
-    pub async fn forward_cancel(&self, pid: i32, key: Vec<u8>) {
+    pub fn forward_cancel(&self, pid: i32, key: Vec<u8>) {
         if !self.cancel_keys.contains_key(&(pid, key.clone())) {
             tracing::info!(pid, "cancel request for an unknown backend key ignored");
             return;
@@ -123,9 +126,9 @@ impl Proxy {
         packet.extend_from_slice(&80_877_102i32.to_be_bytes());
         packet.extend_from_slice(&pid.to_be_bytes());
         packet.extend_from_slice(&key);
-        match self.connect_upstream().await {
-            Ok((_, mut s)) => {
-                if let Err(e) = s.write_all(&packet).await {
+        match self.connect_upstream() {
+            Ok(s) => {
+                if let Err(e) = s.write_all(&packet) {
                     tracing::warn!(pid, error = %e, "forwarding cancel request failed");
                 }
                 tracing::info!(pid, "cancel request forwarded");

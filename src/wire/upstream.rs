@@ -1,13 +1,14 @@
 //! The connection to PostgreSQL: TCP, or a Unix-domain socket when the
 //! server is on the same host (the kernel's local-socket path is cheaper
 //! than loopback TCP, and the relay is bound by system calls).
+//!
+//! Blocking sockets: each session relays on two threads of its own (see
+//! `session.rs`), and both use the one socket through `&self`.
 
-use std::io;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{tcp, unix, TcpStream, UnixStream};
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
 
 /// Where the upstream server listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,19 +20,30 @@ pub enum UpstreamAddr {
 }
 
 impl UpstreamAddr {
-    pub async fn connect(&self) -> io::Result<(UpRead, UpWrite)> {
-        Ok(match self {
+    /// Connects, giving up after `timeout` per resolved TCP address (a
+    /// local socket file answers or fails at once).
+    pub fn connect(&self, timeout: Duration) -> io::Result<Upstream> {
+        match self {
             UpstreamAddr::Tcp(addr) => {
-                let s = TcpStream::connect(addr).await?;
-                s.set_nodelay(true)?;
-                let (r, w) = s.into_split();
-                (UpRead::Tcp(r), UpWrite::Tcp(w))
+                let mut last = None;
+                for a in addr.to_socket_addrs()? {
+                    match TcpStream::connect_timeout(&a, timeout) {
+                        Ok(s) => {
+                            s.set_nodelay(true)?;
+                            return Ok(Upstream::Tcp(s));
+                        }
+                        Err(e) => last = Some(e),
+                    }
+                }
+                Err(last.unwrap_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!("{addr} resolves to no address"),
+                    )
+                }))
             }
-            UpstreamAddr::Unix(path) => {
-                let (r, w) = UnixStream::connect(path).await?.into_split();
-                (UpRead::Unix(r), UpWrite::Unix(w))
-            }
-        })
+            UpstreamAddr::Unix(path) => Ok(Upstream::Unix(UnixStream::connect(path)?)),
+        }
     }
 }
 
@@ -44,54 +56,33 @@ impl std::fmt::Display for UpstreamAddr {
     }
 }
 
-/// The read half of an upstream connection.
-pub enum UpRead {
-    Tcp(tcp::OwnedReadHalf),
-    Unix(unix::OwnedReadHalf),
+/// One upstream connection, read by one thread and written by another.
+pub enum Upstream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
 }
 
-/// The write half of an upstream connection.
-pub enum UpWrite {
-    Tcp(tcp::OwnedWriteHalf),
-    Unix(unix::OwnedWriteHalf),
-}
-
-impl AsyncRead for UpRead {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            UpRead::Tcp(r) => Pin::new(r).poll_read(cx, buf),
-            UpRead::Unix(r) => Pin::new(r).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for UpWrite {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            UpWrite::Tcp(w) => Pin::new(w).poll_write(cx, buf),
-            UpWrite::Unix(w) => Pin::new(w).poll_write(cx, buf),
+impl Upstream {
+    pub fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Upstream::Tcp(s) => (&*s).read(buf),
+            Upstream::Unix(s) => (&*s).read(buf),
         }
     }
 
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            UpWrite::Tcp(w) => Pin::new(w).poll_flush(cx),
-            UpWrite::Unix(w) => Pin::new(w).poll_flush(cx),
+    pub fn write_all(&self, buf: &[u8]) -> io::Result<()> {
+        match self {
+            Upstream::Tcp(s) => (&*s).write_all(buf),
+            Upstream::Unix(s) => (&*s).write_all(buf),
         }
     }
 
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            UpWrite::Tcp(w) => Pin::new(w).poll_shutdown(cx),
-            UpWrite::Unix(w) => Pin::new(w).poll_shutdown(cx),
-        }
+    /// Shuts one or both directions down; a thread blocked reading the
+    /// socket wakes up with end-of-file.
+    pub fn shutdown(&self, how: Shutdown) {
+        let _ = match self {
+            Upstream::Tcp(s) => s.shutdown(how),
+            Upstream::Unix(s) => s.shutdown(how),
+        };
     }
 }

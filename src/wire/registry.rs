@@ -1,0 +1,172 @@
+//! The live sessions of one proxy process, so shutdown can reach them:
+//! each session blocks in a read on its own threads, and only closing
+//! its sockets wakes it.
+
+use std::collections::HashMap;
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::session_state::SessionState;
+use super::upstream::Upstream;
+
+/// Why a session's relay threads are stopping; the first reason set wins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// The proxy is shutting down: tell the client (FATAL 57P01).
+    Shutdown,
+    /// One relay direction ended (the client left, broke the protocol, or
+    /// a write failed); the other ends without a word.
+    Quiet,
+}
+
+/// What shutdown needs of one session: its sockets, its protocol state
+/// (to see whether it is idle) and its stop flag.
+pub struct SessionHandle {
+    pub client: Arc<TcpStream>,
+    pub server: Arc<Upstream>,
+    pub state: Arc<Mutex<SessionState>>,
+    stop: AtomicU8,
+}
+
+const RUNNING: u8 = 0;
+const SHUTDOWN: u8 = 1;
+const QUIET: u8 = 2;
+
+impl SessionHandle {
+    pub fn new(
+        client: Arc<TcpStream>,
+        server: Arc<Upstream>,
+        state: Arc<Mutex<SessionState>>,
+    ) -> Self {
+        SessionHandle {
+            client,
+            server,
+            state,
+            stop: AtomicU8::new(RUNNING),
+        }
+    }
+
+    /// Asks both relay threads to stop: records `reason` unless another
+    /// was recorded first, and closes the upstream socket, which wakes the
+    /// thread reading it. Returns whether this call set the reason.
+    pub fn stop(&self, reason: StopReason) -> bool {
+        let code = match reason {
+            StopReason::Shutdown => SHUTDOWN,
+            StopReason::Quiet => QUIET,
+        };
+        let first = self
+            .stop
+            .compare_exchange(RUNNING, code, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        self.server.shutdown(Shutdown::Both);
+        first
+    }
+
+    /// The reason recorded by [`SessionHandle::stop`], if any.
+    pub fn stopping(&self) -> Option<StopReason> {
+        match self.stop.load(Ordering::Acquire) {
+            SHUTDOWN => Some(StopReason::Shutdown),
+            QUIET => Some(StopReason::Quiet),
+            _ => None,
+        }
+    }
+
+    /// Wakes the client-reading thread (end-of-file) once the session is
+    /// over; writes to the client still work.
+    pub fn release_client_reader(&self) {
+        let _ = self.client.shutdown(Shutdown::Read);
+    }
+}
+
+/// Every session thread counted, and the relaying ones reachable.
+#[derive(Default)]
+pub struct Registry {
+    draining: AtomicBool,
+    /// Session threads alive, from spawn to exit (startup included).
+    live: AtomicUsize,
+    sessions: Mutex<HashMap<u64, Arc<SessionHandle>>>,
+}
+
+/// Counts a session thread as live until dropped.
+pub struct LiveGuard<'a>(&'a Registry);
+
+impl Drop for LiveGuard<'_> {
+    fn drop(&mut self) {
+        self.0.live.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Keeps a session reachable until dropped.
+pub struct Registered<'a> {
+    registry: &'a Registry,
+    id: u64,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut map) = self.registry.sessions.lock() {
+            map.remove(&self.id);
+        }
+    }
+}
+
+impl Registry {
+    /// Called by the listener before it spawns a session thread; the
+    /// thread takes the guard with [`Registry::adopt`].
+    pub fn spawning(&self) {
+        self.live.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The guard for a thread counted by [`Registry::spawning`].
+    pub fn adopt(&self) -> LiveGuard<'_> {
+        LiveGuard(self)
+    }
+
+    /// Session threads still alive.
+    pub fn live(&self) -> usize {
+        self.live.load(Ordering::Acquire)
+    }
+
+    pub fn register(&self, id: u64, handle: Arc<SessionHandle>) -> Registered<'_> {
+        if let Ok(mut map) = self.sessions.lock() {
+            map.insert(id, handle);
+        }
+        Registered { registry: self, id }
+    }
+
+    /// Whether shutdown has begun: sessions close at their next idle point.
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// Begins shutdown: idle sessions are closed now (their threads are
+    /// blocked in reads); busy ones close when their work is done.
+    pub fn begin_drain(&self) {
+        self.draining.store(true, Ordering::Release);
+        for handle in self.handles() {
+            // Under the state lock, so the client thread cannot forward a
+            // new request between the check and the stop.
+            if let Ok(st) = handle.state.lock() {
+                if st.is_idle() {
+                    handle.stop(StopReason::Shutdown);
+                }
+            }
+        }
+    }
+
+    /// Closes every remaining session without waiting for idleness.
+    pub fn close_all(&self) {
+        for handle in self.handles() {
+            handle.stop(StopReason::Quiet);
+            handle.release_client_reader();
+        }
+    }
+
+    fn handles(&self) -> Vec<Arc<SessionHandle>> {
+        match self.sessions.lock() {
+            Ok(map) => map.values().cloned().collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+}
