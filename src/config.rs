@@ -13,7 +13,7 @@ use regex::Regex;
 
 use crate::audit::{AuditConfig, AuditSink};
 use crate::claims::evidence::{self, EvidenceTiming};
-use crate::claims::ClaimStore;
+use crate::claims::{ClaimStore, DEFAULT_RUN_LEASE_MS};
 use crate::policy::claims::WaitPolicy;
 use crate::policy::ChannelRules;
 use crate::wire::claims_gate::ClaimsLeg;
@@ -68,6 +68,11 @@ pub struct ClaimsConfig {
     pub progress_hold_ms: i64,
     /// How soon the claim of a holder whose connection closed lapses.
     pub holder_gone_grace_ms: i64,
+    /// After an interrupt is answered, for this long past the answering
+    /// run's latest write, another session's read of the thread's head
+    /// with tasks still to run is refused (a late duplicate resume would
+    /// run them again). 0 turns the run lease off.
+    pub run_lease_ms: i64,
     /// application_name regexes whose reads are inspection (never claim).
     pub inspection_application_names: Vec<String>,
     /// A second listen address whose sessions are all inspection.
@@ -85,6 +90,7 @@ impl Default for ClaimsConfig {
             poll_ms: 20,
             progress_hold_ms: 10_000,
             holder_gone_grace_ms: 1_000,
+            run_lease_ms: DEFAULT_RUN_LEASE_MS,
             inspection_application_names: Vec::new(),
             inspection_listen: None,
         }
@@ -212,7 +218,7 @@ impl Config {
             .collect::<anyhow::Result<Vec<_>>>()?;
         let proxy_id = c.proxy_id.clone().unwrap_or_else(default_proxy_id);
         let path = self.claims_store_path();
-        let store = ClaimStore::open(&path).map(Arc::new);
+        let store = ClaimStore::open(&path).map(|s| Arc::new(s.with_run_lease(c.run_lease_ms)));
         let evidence = match &store {
             Ok(s) => Some(evidence::start(
                 Arc::clone(s),
@@ -232,6 +238,7 @@ impl Config {
             store,
             proxy_id,
             lapse_ms: c.lapse_ms,
+            run_lease: c.run_lease_ms > 0,
             policy,
             inspection_patterns,
             evidence,

@@ -21,10 +21,10 @@ mod tests;
 
 pub use error::StoreError;
 pub use model::{
-    format_ms, interrupt_fingerprint, now_ms, ClaimKey, ClaimRecord, ClaimState, Holder,
+    format_ms, interrupt_fingerprint, now_ms, ClaimKey, ClaimRecord, ClaimState, Holder, RunLease,
 };
 pub use render::render_claims;
 pub use store::{
-    ClaimOutcome, ClaimStore, BUSY_TIMEOUT, DEFAULT_RETAIN_MS, DEFAULT_SUPERSEDED_GRACE_MS,
-    NEXT_CHECKPOINT,
+    ClaimOutcome, ClaimStore, BUSY_TIMEOUT, DEFAULT_RETAIN_MS, DEFAULT_RUN_LEASE_MS,
+    DEFAULT_SUPERSEDED_GRACE_MS, NEXT_CHECKPOINT,
 };

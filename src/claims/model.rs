@@ -113,6 +113,26 @@ impl ClaimRecord {
     }
 }
 
+/// The run that answered an interrupt, while it is still writing: reads
+/// of the thread's head that would continue it from another session are
+/// refused (see `policy::claims::decide_running_head`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunLease {
+    pub thread_id: String,
+    pub checkpoint_ns: String,
+    /// The parked checkpoint whose interrupt was answered.
+    pub answered_checkpoint_id: String,
+    /// The fingerprint of that interrupt.
+    pub fingerprint: String,
+    /// The session that answered it (the claim's holder).
+    pub holder: Holder,
+    pub answered_at_ms: i64,
+    /// The run's latest write on the thread.
+    pub last_write_ms: i64,
+    /// The lease ends then unless the run writes again.
+    pub until_ms: i64,
+}
+
 /// Identifies an interrupt by its `__interrupt__` pending writes, given as
 /// (task_id, blob). Pass only that channel's writes. Order-independent:
 /// rows come back in any order, so they are sorted by task id (then blob)

@@ -19,7 +19,7 @@ use rusqlite::{params, Connection, ErrorCode, OptionalExtension, Row, Transactio
 use rusqlite::{ToSql, TransactionBehavior};
 
 use super::error::StoreError;
-use super::model::{ClaimKey, ClaimRecord, ClaimState, Holder};
+use super::model::{ClaimKey, ClaimRecord, ClaimState, Holder, RunLease};
 
 /// How long an operation waits for another process's transaction before
 /// the store counts as unavailable (and the read is refused).
@@ -34,6 +34,11 @@ pub const DEFAULT_RETAIN_MS: i64 = 24 * 60 * 60 * 1000;
 /// moved on: racers that read the parked head just before the move still
 /// find the consumed claim and are refused.
 pub const DEFAULT_SUPERSEDED_GRACE_MS: i64 = 60 * 1000;
+
+/// Default run lease: how long after the answering run's latest write
+/// another session's read of a thread head with tasks still to run is
+/// refused (it would run the same tasks again).
+pub const DEFAULT_RUN_LEASE_MS: i64 = 10 * 1000;
 
 /// Evidence recorded when a newer checkpoint consumes held claims.
 pub const NEXT_CHECKPOINT: &str = "next checkpoint";
@@ -62,6 +67,21 @@ CREATE INDEX IF NOT EXISTS claims_consumed_at ON claims(consumed_at_ms);
 CREATE INDEX IF NOT EXISTS claims_lapse_at ON claims(lapse_at_ms);
 CREATE INDEX IF NOT EXISTS claims_superseded_at ON claims(superseded_at_ms);
 CREATE INDEX IF NOT EXISTS claims_holder ON claims(proxy_id, session_id);
+CREATE TABLE IF NOT EXISTS run_leases (
+    thread_id TEXT NOT NULL,
+    checkpoint_ns TEXT NOT NULL,
+    answered_checkpoint_id TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    proxy_id TEXT NOT NULL,
+    session_id INTEGER NOT NULL,
+    client_addr TEXT NOT NULL,
+    application_name TEXT NOT NULL,
+    answered_at_ms INTEGER NOT NULL,
+    last_write_ms INTEGER NOT NULL,
+    until_ms INTEGER NOT NULL,
+    PRIMARY KEY (thread_id, checkpoint_ns)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS run_leases_until ON run_leases(until_ms);
 "#;
 
 const COLUMNS: &str = "thread_id, checkpoint_ns, checkpoint_id, fingerprint, state, \
@@ -109,6 +129,7 @@ pub struct ClaimStore {
     path: String,
     retain_ms: i64,
     superseded_grace_ms: i64,
+    run_lease_ms: i64,
 }
 
 impl std::fmt::Debug for ClaimStore {
@@ -117,6 +138,7 @@ impl std::fmt::Debug for ClaimStore {
             .field("path", &self.path)
             .field("retain_ms", &self.retain_ms)
             .field("superseded_grace_ms", &self.superseded_grace_ms)
+            .field("run_lease_ms", &self.run_lease_ms)
             .finish()
     }
 }
@@ -161,6 +183,7 @@ impl ClaimStore {
             path: shown,
             retain_ms: DEFAULT_RETAIN_MS,
             superseded_grace_ms: DEFAULT_SUPERSEDED_GRACE_MS,
+            run_lease_ms: DEFAULT_RUN_LEASE_MS,
         })
     }
 
@@ -174,6 +197,13 @@ impl ClaimStore {
     /// Sets how long rows on a superseded checkpoint are kept.
     pub fn with_superseded_grace(mut self, grace_ms: i64) -> ClaimStore {
         self.superseded_grace_ms = grace_ms.max(0);
+        self
+    }
+
+    /// Sets the run lease (0: no leases; answered threads are not guarded
+    /// after their parked head is gone).
+    pub fn with_run_lease(mut self, lease_ms: i64) -> ClaimStore {
+        self.run_lease_ms = lease_ms.max(0);
         self
     }
 
@@ -261,7 +291,7 @@ impl ClaimStore {
         now_ms: i64,
     ) -> Result<Vec<ClaimRecord>, StoreError> {
         self.with_tx("consuming claims", |tx| {
-            consume_held(
+            let consumed = consume_held(
                 tx,
                 thread_id,
                 checkpoint_ns,
@@ -269,7 +299,9 @@ impl ClaimStore {
                 evidence,
                 written_at_ms,
                 now_ms,
-            )
+            )?;
+            self.lease_runs(tx, thread_id, &consumed, now_ms)?;
+            Ok(consumed)
         })
     }
 
@@ -320,9 +352,10 @@ impl ClaimStore {
         })
     }
 
-    /// The holder's connection closed: its held claims lapse no later than
-    /// `now_ms + grace_ms`, so a crash mid-gate frees the thread sooner
-    /// than the full lapse. Returns the records whose lapse was shortened.
+    /// The holder's connection closed: its held claims lapse, and its run
+    /// leases end, no later than `now_ms + grace_ms`, so a crash mid-gate
+    /// or mid-run frees the thread sooner. Returns the claim records whose
+    /// lapse was shortened.
     pub fn holder_gone(
         &self,
         proxy_id: &str,
@@ -339,6 +372,11 @@ impl ClaimStore {
             tx.prepare_cached(&format!(
                 "UPDATE claims SET lapse_at_ms = ?3 WHERE {filter}"
             ))?
+            .execute(params![proxy_id, session_id as i64, until])?;
+            tx.prepare_cached(
+                "UPDATE run_leases SET until_ms = ?3 \
+                 WHERE proxy_id = ?1 AND session_id = ?2 AND until_ms > ?3",
+            )?
             .execute(params![proxy_id, session_id as i64, until])?;
             for r in &mut shortened {
                 r.lapse_at_ms = until;
@@ -372,6 +410,7 @@ impl ClaimStore {
                 i64::MAX,
                 now_ms,
             )?;
+            self.lease_runs(tx, thread_id, &consumed, now_ms)?;
             tx.prepare_cached(&format!(
                 "UPDATE claims SET superseded_at_ms = ?4 \
                  WHERE {CHECKPOINT_MATCH} AND superseded_at_ms IS NULL"
@@ -403,12 +442,86 @@ impl ClaimStore {
         })
     }
 
-    /// The thread was deleted (`delete_thread`): all its claims go.
+    /// The thread was deleted (`delete_thread`): all its claims and its
+    /// run leases go.
     pub fn forget_thread(&self, thread_id: &str) -> Result<usize, StoreError> {
         self.with_tx("forgetting a thread", |tx| {
+            tx.prepare_cached("DELETE FROM run_leases WHERE thread_id = ?1")?
+                .execute([thread_id])?;
             tx.prepare_cached("DELETE FROM claims WHERE thread_id = ?1")?
                 .execute([thread_id])
         })
+    }
+
+    /// The live run lease on a namespace of a thread, if any.
+    pub fn run_lease(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: &str,
+        now_ms: i64,
+    ) -> Result<Option<RunLease>, StoreError> {
+        self.with_tx("reading a run lease", |tx| {
+            tx.prepare_cached(
+                "SELECT thread_id, checkpoint_ns, answered_checkpoint_id, fingerprint, proxy_id, \
+                 session_id, client_addr, application_name, answered_at_ms, last_write_ms, until_ms \
+                 FROM run_leases WHERE thread_id = ?1 AND checkpoint_ns = ?2 AND until_ms > ?3",
+            )?
+            .query_row(params![thread_id, checkpoint_ns, now_ms], |r| {
+                Ok(RunLease {
+                    thread_id: r.get(0)?,
+                    checkpoint_ns: r.get(1)?,
+                    answered_checkpoint_id: r.get(2)?,
+                    fingerprint: r.get(3)?,
+                    holder: holder_at(r, 4)?,
+                    answered_at_ms: r.get(8)?,
+                    last_write_ms: r.get(9)?,
+                    until_ms: r.get(10)?,
+                })
+            })
+            .optional()
+        })
+    }
+
+    /// A write of the thread arrived: claims it just consumed start a run
+    /// lease held by their holder, and the thread's live leases last
+    /// `run_lease_ms` past this write.
+    fn lease_runs(
+        &self,
+        tx: &Transaction<'_>,
+        thread_id: &str,
+        consumed: &[ClaimRecord],
+        now_ms: i64,
+    ) -> rusqlite::Result<()> {
+        if self.run_lease_ms == 0 {
+            return Ok(());
+        }
+        let until = now_ms.saturating_add(self.run_lease_ms);
+        for c in consumed {
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO run_leases (thread_id, checkpoint_ns, \
+                 answered_checkpoint_id, fingerprint, proxy_id, session_id, client_addr, \
+                 application_name, answered_at_ms, last_write_ms, until_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)",
+            )?
+            .execute(params![
+                c.key.thread_id,
+                c.key.checkpoint_ns,
+                c.key.checkpoint_id,
+                c.key.fingerprint,
+                c.holder.proxy_id,
+                c.holder.session_id as i64,
+                c.holder.client_addr,
+                c.holder.application_name,
+                now_ms,
+                until
+            ])?;
+        }
+        tx.prepare_cached(
+            "UPDATE run_leases SET last_write_ms = ?2, until_ms = max(until_ms, ?3) \
+             WHERE thread_id = ?1 AND until_ms > ?2",
+        )?
+        .execute(params![thread_id, now_ms, until])?;
+        Ok(())
     }
 
     /// Claims of one thread, or all, ordered by thread, namespace and time.
@@ -573,6 +686,9 @@ fn consume_held(
 }
 
 fn purge_before(tx: &Transaction<'_>, cutoff: i64) -> rusqlite::Result<usize> {
+    // Run leases ended by then go too; they are not claims, so not counted.
+    tx.prepare_cached("DELETE FROM run_leases WHERE until_ms < ?1")?
+        .execute([cutoff])?;
     let consumed = tx
         .prepare_cached("DELETE FROM claims WHERE consumed_at_ms < ?1 AND state = 'consumed'")?
         .execute([cutoff])?;
@@ -582,6 +698,18 @@ fn purge_before(tx: &Transaction<'_>, cutoff: i64) -> rusqlite::Result<usize> {
         )?
         .execute([cutoff])?;
     Ok(consumed + stale)
+}
+
+/// The four holder columns (proxy_id, session_id, client_addr,
+/// application_name) starting at column `first`.
+fn holder_at(r: &Row<'_>, first: usize) -> rusqlite::Result<Holder> {
+    Ok(Holder {
+        proxy_id: r.get(first)?,
+        // Stored as the same 64 bits in SQLite's signed INTEGER.
+        session_id: r.get::<_, i64>(first + 1)? as u64,
+        client_addr: r.get(first + 2)?,
+        application_name: r.get(first + 3)?,
+    })
 }
 
 fn record(r: &Row<'_>) -> rusqlite::Result<ClaimRecord> {
@@ -600,13 +728,7 @@ fn record(r: &Row<'_>) -> rusqlite::Result<ClaimRecord> {
             checkpoint_id: r.get(2)?,
             fingerprint: r.get(3)?,
         },
-        holder: Holder {
-            proxy_id: r.get(5)?,
-            // Stored as the same 64 bits in SQLite's signed INTEGER.
-            session_id: r.get::<_, i64>(6)? as u64,
-            client_addr: r.get(7)?,
-            application_name: r.get(8)?,
-        },
+        holder: holder_at(r, 5)?,
         state,
         claimed_at_ms: r.get(9)?,
         lapse_at_ms: r.get(10)?,

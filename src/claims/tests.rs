@@ -477,3 +477,103 @@ fn a_store_that_disappears_fails_each_operation_clearly() {
     );
     assert!(text.contains("no such table"), "{text}");
 }
+
+#[test]
+fn consumption_starts_a_run_lease_that_writes_extend() {
+    let db = TempDb::new("lease");
+    let (a, b) = (
+        db.open().with_run_lease(1_000),
+        db.open().with_run_lease(1_000),
+    );
+    let k = key("c1", b"q");
+    a.try_claim(&k, &holder("p1", 1), T0, LAPSE).expect("claim");
+    assert_eq!(b.run_lease("t-1", "", T0).expect("none yet"), None);
+    b.consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 10)
+        .expect("consume");
+    let lease = a
+        .run_lease("t-1", "", T0 + 20)
+        .expect("read")
+        .expect("lease");
+    assert_eq!(lease.holder, holder("p1", 1));
+    assert_eq!(lease.answered_checkpoint_id, "c1");
+    assert_eq!(lease.fingerprint, k.fingerprint);
+    assert_eq!(
+        (lease.answered_at_ms, lease.last_write_ms),
+        (T0 + 10, T0 + 10)
+    );
+    assert_eq!(lease.until_ms, T0 + 1_010);
+    // Other namespaces and threads are not leased.
+    assert_eq!(a.run_lease("t-1", "sub:x", T0 + 20).expect("read"), None);
+    assert_eq!(a.run_lease("t-2", "", T0 + 20).expect("read"), None);
+    // The run's next checkpoint (parent c1, then c2) extends it.
+    b.move_on("t-1", "", "c1", T0 + 900).expect("move on");
+    b.move_on("t-1", "", "c2", T0 + 1_500).expect("move on");
+    let lease = a
+        .run_lease("t-1", "", T0 + 2_000)
+        .expect("read")
+        .expect("lease");
+    assert_eq!(
+        (lease.last_write_ms, lease.until_ms),
+        (T0 + 1_500, T0 + 2_500)
+    );
+    assert_eq!(lease.answered_at_ms, T0 + 10);
+    // Quiet for the lease time: over, and a late write does not revive it.
+    assert_eq!(a.run_lease("t-1", "", T0 + 2_500).expect("read"), None);
+    b.move_on("t-1", "", "c3", T0 + 3_000).expect("move on");
+    assert_eq!(a.run_lease("t-1", "", T0 + 3_001).expect("read"), None);
+}
+
+#[test]
+fn a_move_on_that_consumes_starts_the_lease_too() {
+    let db = TempDb::new("lease-move");
+    let store = db.open().with_run_lease(5_000);
+    store
+        .try_claim(&key("c1", b"q"), &holder("p1", 4), T0, LAPSE)
+        .expect("claim");
+    store.move_on("t-1", "", "c1", T0 + 7).expect("move on");
+    let lease = store
+        .run_lease("t-1", "", T0 + 8)
+        .expect("read")
+        .expect("lease");
+    assert_eq!(lease.holder, holder("p1", 4));
+    assert_eq!(lease.until_ms, T0 + 5_007);
+}
+
+#[test]
+fn leases_end_with_their_holder_or_thread_and_can_be_off() {
+    let db = TempDb::new("lease-end");
+    let store = db.open().with_run_lease(10_000);
+    for (cp, h) in [("c1", holder("p1", 1)), ("d1", holder("p1", 2))] {
+        let k = ClaimKey {
+            thread_id: format!("t-{cp}"),
+            ..key(cp, b"q")
+        };
+        store.try_claim(&k, &h, T0, LAPSE).expect("claim");
+        store
+            .consume(&k.thread_id, "", cp, "task writes", i64::MAX, T0 + 1)
+            .expect("consume");
+    }
+    // Session 1 closed: its lease ends within the grace; session 2's stays.
+    store.holder_gone("p1", 1, T0 + 100, 50).expect("gone");
+    assert!(store
+        .run_lease("t-c1", "", T0 + 149)
+        .expect("read")
+        .is_some());
+    assert_eq!(store.run_lease("t-c1", "", T0 + 150).expect("read"), None);
+    assert!(store
+        .run_lease("t-d1", "", T0 + 150)
+        .expect("read")
+        .is_some());
+    store.forget_thread("t-d1").expect("forget");
+    assert_eq!(store.run_lease("t-d1", "", T0 + 150).expect("read"), None);
+
+    let off = TempDb::new("lease-off");
+    let store = off.open().with_run_lease(0);
+    store
+        .try_claim(&key("c1", b"q"), &holder("p1", 1), T0, LAPSE)
+        .expect("claim");
+    store
+        .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 1)
+        .expect("consume");
+    assert_eq!(store.run_lease("t-1", "", T0 + 2).expect("read"), None);
+}

@@ -10,6 +10,8 @@
 //! SQLSTATEs (stable; clients may match on them):
 //! - `55000` object_not_in_prerequisite_state, [`Refusal::Answered`]: the
 //!   interrupt was already answered; retrying the same resume never helps.
+//!   Also [`Refusal::RunInProgress`]: the interrupt was answered and the
+//!   answering run is still writing; this read would run its tasks again.
 //! - `55006` object_in_use, [`Refusal::InFlight`]: another session is
 //!   answering it right now; a resume may succeed after that claim lapses.
 //! - `58000` system_error, [`Refusal::StoreUnavailable`]: the claim store
@@ -20,7 +22,7 @@
 
 use regex::Regex;
 
-use crate::claims::{format_ms, now_ms, ClaimKey, ClaimOutcome, Holder, StoreError};
+use crate::claims::{format_ms, now_ms, ClaimKey, ClaimOutcome, Holder, RunLease, StoreError};
 
 /// SQLSTATE for a resume of an interrupt already answered.
 pub const SQLSTATE_ANSWERED: &str = "55000";
@@ -53,6 +55,10 @@ pub enum Refusal {
     InFlight { by: Holder, since_ms: i64 },
     /// The store failed; the text says why.
     StoreUnavailable(String),
+    /// The head is past the parked checkpoint and still has tasks to run,
+    /// and another session's run that answered the interrupt holds the
+    /// thread's run lease: serving the head would run those tasks twice.
+    RunInProgress { lease: RunLease },
 }
 
 /// What the wire layer does with the read.
@@ -133,11 +139,30 @@ pub fn decide_at(
     }
 }
 
+/// The decision for a read of a thread's head that is not parked but has
+/// tasks still to run: refused while another session's answering run holds
+/// the lease (a late resume would otherwise continue that run and repeat
+/// its next tasks); served otherwise — including when the store cannot
+/// answer, because only reads of parked heads fail closed.
+pub fn decide_running_head(
+    lease: &Result<Option<RunLease>, StoreError>,
+    reader: &Holder,
+) -> ClaimDecision {
+    match lease {
+        Ok(Some(lease)) if !lease.holder.same_session(reader) => ClaimDecision::Refuse {
+            reason: Refusal::RunInProgress {
+                lease: lease.clone(),
+            },
+        },
+        _ => ClaimDecision::Serve { takeover: false },
+    }
+}
+
 impl Refusal {
     /// The SQLSTATE of the ErrorResponse (see the module docs).
     pub fn sqlstate(&self) -> &'static str {
         match self {
-            Refusal::Answered { .. } => SQLSTATE_ANSWERED,
+            Refusal::Answered { .. } | Refusal::RunInProgress { .. } => SQLSTATE_ANSWERED,
             Refusal::InFlight { .. } => SQLSTATE_IN_FLIGHT,
             Refusal::StoreUnavailable(_) => SQLSTATE_STORE_UNAVAILABLE,
         }
@@ -169,6 +194,21 @@ impl Refusal {
             Refusal::StoreUnavailable(detail) => {
                 format!("resumeguard: read of parked {what} refused (fail closed): {detail}")
             }
+            Refusal::RunInProgress { lease } => format!(
+                "resumeguard: interrupt already answered and its run is in progress: \
+                 thread \"{}\", checkpoint_ns \"{}\": interrupt {} of checkpoint \"{}\" was \
+                 answered by {} at {}, and that run last wrote at {}; this read of the \
+                 thread's head (checkpoint \"{}\", tasks still to run) was refused before \
+                 any node ran",
+                lease.thread_id,
+                lease.checkpoint_ns,
+                lease.fingerprint.get(..12).unwrap_or(&lease.fingerprint),
+                lease.answered_checkpoint_id,
+                who(&lease.holder),
+                format_ms(lease.answered_at_ms),
+                format_ms(lease.last_write_ms),
+                key.checkpoint_id
+            ),
         }
     }
 
@@ -185,6 +225,12 @@ impl Refusal {
             }
             Refusal::StoreUnavailable(_) => {
                 "Check the claim store file and its directory; other traffic still flows."
+            }
+            Refusal::RunInProgress { .. } => {
+                "Resuming again has no effect on an answered interrupt. To watch a running \
+                 thread, mark the read as inspection (application_name, the inspection \
+                 listener or a /* resumeguard:inspect */ comment); claims.run_lease_ms \
+                 sets how long after the run's last write this applies."
             }
         }
     }
@@ -458,6 +504,60 @@ mod tests {
         assert!(msg.contains("application_name \"approver\""), "{msg}");
         assert!(msg.contains("2023-11-14T22:13:20.000Z"), "{msg}");
         assert!(!flying.hint().is_empty() && !answered.hint().is_empty());
+    }
+
+    fn lease() -> RunLease {
+        RunLease {
+            thread_id: "t-1".into(),
+            checkpoint_ns: String::new(),
+            answered_checkpoint_id: "1f0-c5".into(),
+            fingerprint: "abcdef0123456789".repeat(4),
+            holder: holder(),
+            answered_at_ms: T0 + 7,
+            last_write_ms: T0 + 900,
+            until_ms: T0 + 10_900,
+        }
+    }
+
+    #[test]
+    fn a_running_head_under_another_sessions_lease_is_refused() {
+        let other = Holder {
+            session_id: 43,
+            ..holder()
+        };
+        let decision = decide_running_head(&Ok(Some(lease())), &other);
+        let ClaimDecision::Refuse { reason } = &decision else {
+            panic!("{decision:?}");
+        };
+        assert_eq!(reason.sqlstate(), SQLSTATE_ANSWERED);
+        let head = ClaimKey {
+            checkpoint_id: "1f0-c6".into(),
+            fingerprint: String::new(),
+            ..key()
+        };
+        assert_eq!(
+            reason.message(&head),
+            "resumeguard: interrupt already answered and its run is in progress: thread \"t-1\", \
+             checkpoint_ns \"\": interrupt abcdef012345 of checkpoint \"1f0-c5\" was answered by \
+             client 10.1.2.3:50123 (application_name \"approver\", proxy proxy-a, session 42) at \
+             2023-11-14T22:13:20.007Z, and that run last wrote at 2023-11-14T22:13:20.900Z; this \
+             read of the thread's head (checkpoint \"1f0-c6\", tasks still to run) was refused \
+             before any node ran"
+        );
+        assert!(reason.hint().contains("run_lease_ms"));
+    }
+
+    #[test]
+    fn a_running_head_is_served_to_its_run_without_a_lease_or_store() {
+        let served = ClaimDecision::Serve { takeover: false };
+        assert_eq!(decide_running_head(&Ok(Some(lease())), &holder()), served);
+        assert_eq!(decide_running_head(&Ok(None), &holder()), served);
+        // Only reads of parked heads fail closed.
+        let down = Err(StoreError::Open {
+            path: "/nowhere/claims.db".into(),
+            reason: "unable to open database file".into(),
+        });
+        assert_eq!(decide_running_head(&down, &holder()), served);
     }
 
     #[test]

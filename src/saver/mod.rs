@@ -7,6 +7,7 @@ pub mod data_row;
 pub mod decode_error;
 pub mod fork_rewrite;
 pub mod msgpack;
+pub mod pending_tasks;
 pub mod pg_array;
 pub mod profile;
 pub mod value;

@@ -27,13 +27,9 @@ pub enum Severity {
 }
 
 /// An ErrorResponse, encoded. `S` and `V` carry the severity, `C` the
-/// SQLSTATE, `M` the message; `D` (detail) when given.
-pub fn error_response(
-    severity: Severity,
-    code: &str,
-    message: &str,
-    detail: Option<&str>,
-) -> Bytes {
+/// SQLSTATE, `M` the message; `H` (hint: what the client can do) when
+/// given.
+pub fn error_response(severity: Severity, code: &str, message: &str, hint: Option<&str>) -> Bytes {
     let sev = match severity {
         Severity::Error => "ERROR",
         Severity::Fatal => "FATAL",
@@ -44,8 +40,8 @@ pub fn error_response(
         (b'C', code.to_owned()),
         (b'M', message.to_owned()),
     ];
-    if let Some(d) = detail {
-        fields.push((b'D', d.to_owned()));
+    if let Some(h) = hint {
+        fields.push((b'H', h.to_owned()));
     }
     let mut buf = BytesMut::new();
     // Encoding into a growable buffer fails only above the i32 length cap,
@@ -89,7 +85,7 @@ mod tests {
         let fields: Vec<_> = error_fields(&e).collect();
         assert!(fields.contains(&(b'C', &b"08P01"[..])));
         assert!(fields.contains(&(b'M', &b"bad"[..])));
-        assert!(fields.contains(&(b'D', &b"why"[..])));
+        assert!(fields.contains(&(b'H', &b"why"[..])));
         assert!(is_fatal(&e));
         assert!(!is_fatal(&error_response(
             Severity::Error,

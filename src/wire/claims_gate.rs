@@ -2,6 +2,9 @@
 //! returns a parked checkpoint, the proxy holds that row, takes a claim in
 //! the shared store (waiting as the policy says), and only then lets the
 //! row through, or sends the refusal in its place, before any node runs.
+//! A head past the parked checkpoint with tasks still to run is held the
+//! same way while the store is asked whether another session's answering
+//! run holds the thread's run lease.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +13,7 @@ use regex::Regex;
 
 use crate::claims::evidence::EvidenceSender;
 use crate::claims::{now_ms, ClaimKey, ClaimOutcome, ClaimStore, Holder, StoreError};
-use crate::policy::claims::{decide, ClaimDecision, Refusal, WaitPolicy};
+use crate::policy::claims::{decide, decide_running_head, ClaimDecision, Refusal, WaitPolicy};
 
 /// The consume-once leg as configured for one proxy process.
 pub struct ClaimsLeg {
@@ -20,17 +23,31 @@ pub struct ClaimsLeg {
     pub proxy_id: String,
     /// How long a claim with no evidence holds.
     pub lapse_ms: i64,
+    /// Whether running heads are checked against run leases.
+    pub run_lease: bool,
     pub policy: WaitPolicy,
     /// application_name patterns that mark a session's reads as inspection.
     pub inspection_patterns: Vec<Regex>,
     pub evidence: Option<EvidenceSender>,
 }
 
-/// A read of a parked head waiting for its claim.
+/// A read of a thread's head waiting for the gate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimRequest {
+    /// For a running head, the fingerprint is empty.
     pub key: ClaimKey,
+    /// The reading session.
     pub holder: Holder,
+    pub head: Head,
+}
+
+/// What the head read is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Head {
+    /// Parked on an interrupt: the reader takes a claim.
+    Parked,
+    /// Not parked, tasks still to run: checked against the run lease.
+    Running,
 }
 
 /// How a claim request ended.
@@ -47,6 +64,9 @@ impl ClaimsLeg {
     /// Takes the claim, polling while another live claim holds it. Blocks
     /// the calling session thread (and only it) while it waits.
     pub fn resolve(&self, req: &ClaimRequest) -> Resolution {
+        if req.head == Head::Running {
+            return self.check_run_lease(req);
+        }
         let started = now_ms();
         let mut waited_ms = 0;
         loop {
@@ -74,6 +94,21 @@ impl ClaimsLeg {
                     };
                 }
             }
+        }
+    }
+
+    fn check_run_lease(&self, req: &ClaimRequest) -> Resolution {
+        let lease = match &self.store {
+            Ok(store) => store.run_lease(&req.key.thread_id, &req.key.checkpoint_ns, now_ms()),
+            Err(e) => Err(e.clone()),
+        };
+        if let Err(e) = &lease {
+            tracing::warn!(error = %e, "run lease unknown (claim store failed): head served");
+        }
+        Resolution {
+            decision: decide_running_head(&lease, &req.holder),
+            waited_ms: 0,
+            displaced: None,
         }
     }
 

@@ -12,7 +12,7 @@ use bytes::Bytes;
 
 use super::backend::is_fatal;
 use super::backend::{error_response, Severity};
-use super::claims_gate::{ClaimRequest, Resolution};
+use super::claims_gate::{ClaimRequest, Head, Resolution};
 use super::frame::cstr;
 use super::proxy::Legs;
 use super::reject::raising_statement;
@@ -23,7 +23,7 @@ use super::watch::{Watch, WriteDecode};
 use crate::audit::{AuditEvent, BlobDigest, Operation, SessionContext};
 use crate::claims::evidence::Evidence;
 use crate::claims::{now_ms, Holder};
-use crate::policy::claims::{has_inspection_hint, is_inspection, ClaimDecision};
+use crate::policy::claims::{has_inspection_hint, is_inspection, ClaimDecision, Refusal};
 use crate::policy::write_check::{check_write, rejection_message, WriteKind};
 use crate::policy::Violation;
 use crate::saver::write_record::WriteRecord;
@@ -521,7 +521,14 @@ impl SessionState {
                 b'D' => {
                     verdict.replace = watch.on_data_row(frame);
                     if let Some(leg) = &self.legs.claims {
-                        verdict.claim = watch.parked_claim_key().map(|key| ClaimRequest {
+                        let gated = match watch.parked_claim_key() {
+                            Some(key) => Some((key, Head::Parked)),
+                            None if leg.run_lease => {
+                                watch.running_head_key().map(|key| (key, Head::Running))
+                            }
+                            None => None,
+                        };
+                        verdict.claim = gated.map(|(key, head)| ClaimRequest {
                             key,
                             holder: Holder {
                                 proxy_id: leg.proxy_id.clone(),
@@ -529,6 +536,7 @@ impl SessionState {
                                 client_addr: self.ctx.client_addr.clone(),
                                 application_name: self.ctx.application_name.clone(),
                             },
+                            head,
                         });
                     }
                 }
@@ -614,10 +622,17 @@ impl SessionState {
             ClaimDecision::Refuse { reason } => {
                 let message = reason.message(key);
                 tracing::info!(thread = %key.thread_id, "{message}");
+                let interrupt = match reason {
+                    Refusal::RunInProgress { lease } => {
+                        lease.fingerprint.get(..12).unwrap_or_default().to_owned()
+                    }
+                    _ => key.short_fingerprint().to_owned(),
+                };
                 let ev = event(Operation::ClaimRefused).with_detail(serde_json::json!({
-                    "interrupt": key.short_fingerprint(),
+                    "interrupt": interrupt,
                     "sqlstate": reason.sqlstate(),
                     "reason": message,
+                    "head": match req.head { Head::Parked => "parked", Head::Running => "running" },
                 }));
                 self.ready_events.push(ev);
                 self.queue.set_front_route(Route::Swallow);
@@ -628,6 +643,8 @@ impl SessionState {
                     Some(reason.hint()),
                 ))
             }
+            // A running head outside any lease: nothing was claimed.
+            ClaimDecision::Serve { .. } if req.head == Head::Running => None,
             ClaimDecision::Serve { takeover } => {
                 let op = if *takeover {
                     Operation::ClaimTakeover

@@ -19,6 +19,7 @@ use crate::saver::bind::BoundParams;
 use crate::saver::checkpoint_row::{decode_checkpoint_row, CheckpointRow, RowLayout};
 use crate::saver::classify::{Classified, ReadMode, ReadShape, StatementKind};
 use crate::saver::data_row::split_data_row;
+use crate::saver::pending_tasks::has_pending_tasks;
 use crate::saver::value::ColumnKind;
 use crate::saver::write_record::WriteRecord;
 
@@ -209,16 +210,22 @@ impl Watch {
         }
     }
 
-    /// For a read of a namespace's head whose last row is parked (carries
-    /// an `__interrupt__` write): the claim key of that interrupt.
-    pub fn parked_claim_key(&self) -> Option<ClaimKey> {
+    /// The row of a read of a namespace's head that the consume-once gate
+    /// looks at: the last one, unless the read is inspection.
+    fn gated_head(&self) -> Option<&CheckpointRow> {
         let StatementKind::Read(shape) = &self.class.kind else {
             return None;
         };
         if shape.mode != ReadMode::Latest || self.inspect {
             return None;
         }
-        let row = self.rows.last()?;
+        self.rows.last()
+    }
+
+    /// For a read of a namespace's head whose last row is parked (carries
+    /// an `__interrupt__` write): the claim key of that interrupt.
+    pub fn parked_claim_key(&self) -> Option<ClaimKey> {
+        let row = self.gated_head()?;
         let interrupts: Vec<(&str, Option<&[u8]>)> = row
             .pending_writes
             .iter()
@@ -233,6 +240,22 @@ impl Watch {
             checkpoint_ns: row.checkpoint_ns.clone(),
             checkpoint_id: row.checkpoint_id.clone(),
             fingerprint: interrupt_fingerprint(&interrupts),
+        })
+    }
+
+    /// For a read of a namespace's head that is not parked but has tasks
+    /// still to run: the key the run lease is checked under (its
+    /// fingerprint is empty; the lease names the interrupt).
+    pub fn running_head_key(&self) -> Option<ClaimKey> {
+        let row = self.gated_head()?;
+        if row.has_pending(INTERRUPT) || has_pending_tasks(&row.checkpoint) != Some(true) {
+            return None;
+        }
+        Some(ClaimKey {
+            thread_id: row.thread_id.clone(),
+            checkpoint_ns: row.checkpoint_ns.clone(),
+            checkpoint_id: row.checkpoint_id.clone(),
+            fingerprint: String::new(),
         })
     }
 

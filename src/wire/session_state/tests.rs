@@ -482,6 +482,7 @@ fn claiming_state(inspection: &[&str], application_name: &str) -> SessionState {
         }),
         proxy_id: "proxy-a".into(),
         lapse_ms: 1_000,
+        run_lease: true,
         policy: WaitPolicy::Refuse,
         inspection_patterns: inspection
             .iter()
@@ -505,6 +506,20 @@ fn claiming_state(inspection: &[&str], application_name: &str) -> SessionState {
 /// Drives a READ(latest) whose row is parked; returns the verdict of the
 /// DataRow.
 fn read_parked_head(st: &mut SessionState) -> ServerVerdict {
+    let pending = bytea_2d(&[&[
+        b"task-1",
+        b"__interrupt__",
+        b"msgpack",
+        b"\x91\xa1q",
+        b"~__pregel_pull, gate",
+        b"-3",
+    ]]);
+    read_head(st, br#"{"v": 4}"#, Some(&pending))
+}
+
+/// Drives a READ(latest) returning one row with this checkpoint JSON and
+/// pending writes; returns the verdict of the DataRow.
+fn read_head(st: &mut SessionState, checkpoint: &[u8], pending: Option<&[u8]>) -> ServerVerdict {
     client(st, &[parse("_pg3_0", READ_SQL), msg(b'S', b"")]);
     server(st, &[msg(b'1', b""), ready(b'I')]);
     client(
@@ -517,25 +532,118 @@ fn read_parked_head(st: &mut SessionState) -> ServerVerdict {
         ],
     );
     server(st, &[msg(b'2', b""), msg(b'T', b"\0\0")]);
-    let pending = bytea_2d(&[&[
-        b"task-1",
-        b"__interrupt__",
-        b"msgpack",
-        b"\x91\xa1q",
-        b"~__pregel_pull, gate",
-        b"-3",
-    ]]);
+    let mut jsonb = vec![1u8];
+    jsonb.extend_from_slice(checkpoint);
     let row = crate::wire::row_rewrite::data_row(&[
         Some(b"t1"),
-        Some(b"\x01{\"v\": 4}"),
+        Some(&jsonb),
         Some(b""),
         Some(b"ck1"),
         None,
         Some(b"\x01{}"),
         None,
-        Some(&pending),
+        pending,
     ]);
     st.on_server(&row).unwrap()
+}
+
+#[test]
+fn a_head_with_tasks_to_run_asks_for_the_run_lease_and_a_finished_one_does_not() {
+    use crate::wire::claims_gate::Head;
+    let mut st = claiming_state(&[], "worker");
+    let running = read_head(
+        &mut st,
+        br#"{"v": 4, "updated_channels": ["items", "branch:to:after"]}"#,
+        None,
+    );
+    let req = running.claim.expect("the run lease is asked");
+    assert_eq!(req.head, Head::Running);
+    assert_eq!(
+        (req.key.thread_id.as_str(), req.key.checkpoint_id.as_str()),
+        ("t1", "ck1")
+    );
+    assert!(req.key.fingerprint.is_empty());
+    server(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
+    for finished in [
+        &br#"{"v": 4, "updated_channels": ["items"]}"#[..],
+        br#"{"v": 4}"#,
+    ] {
+        assert!(read_head(&mut st, finished, None).claim.is_none());
+        server(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
+    }
+    // A parked head is a claim even if its last step wrote a trigger.
+    assert_eq!(
+        read_parked_head(&mut st).claim.map(|r| r.head),
+        Some(Head::Parked)
+    );
+    // Inspection never asks.
+    let mut st = claiming_state(&["^inspect"], "inspector-ui");
+    let cp = br#"{"updated_channels": ["branch:to:after"]}"#;
+    assert!(read_head(&mut st, cp, None).claim.is_none());
+}
+
+/// A refusal replaced the held row with a 55000 ErrorResponse, and the
+/// rest of that statement's answer is swallowed up to ReadyForQuery.
+fn assert_refused_and_rest_swallowed(st: &mut SessionState, error: Option<Bytes>) {
+    let error = error.expect("an error replaces the row");
+    let fields: Vec<_> = crate::wire::backend::error_fields(&error).collect();
+    assert!(fields.contains(&(b'C', &b"55000"[..])));
+    let routes: Vec<_> = server(st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')])
+        .into_iter()
+        .map(|v| v.route)
+        .collect();
+    assert_eq!(routes, [Route::Swallow, Route::Forward]);
+}
+
+#[test]
+fn a_refused_running_head_names_the_run_and_a_served_one_records_nothing() {
+    use crate::claims::{Holder, RunLease};
+    use crate::policy::claims::{ClaimDecision, Refusal};
+    use crate::wire::claims_gate::Resolution;
+    let cp = br#"{"updated_channels": ["branch:to:after"]}"#;
+    let mut st = claiming_state(&[], "worker");
+    let req = read_head(&mut st, cp, None).claim.unwrap();
+    let served = Resolution {
+        decision: ClaimDecision::Serve { takeover: false },
+        waited_ms: 0,
+        displaced: None,
+    };
+    assert!(st.apply_claim(&req, &served).is_none());
+    assert!(st.ready_events.is_empty(), "{:?}", st.ready_events);
+    server(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
+
+    let req = read_head(&mut st, cp, None).claim.unwrap();
+    let lease = RunLease {
+        thread_id: "t1".into(),
+        checkpoint_ns: String::new(),
+        answered_checkpoint_id: "ck0".into(),
+        fingerprint: "0123456789abcdef".repeat(4),
+        holder: Holder {
+            proxy_id: "proxy-b".into(),
+            session_id: 3,
+            client_addr: "10.0.0.9:5000".into(),
+            application_name: "approver".into(),
+        },
+        answered_at_ms: 0,
+        last_write_ms: 5,
+        until_ms: 10_005,
+    };
+    let refused = Resolution {
+        decision: ClaimDecision::Refuse {
+            reason: Refusal::RunInProgress { lease },
+        },
+        waited_ms: 0,
+        displaced: None,
+    };
+    let error = st.apply_claim(&req, &refused);
+    assert_refused_and_rest_swallowed(&mut st, error);
+    let refusal = st
+        .ready_events
+        .iter()
+        .find(|e| e.operation == Operation::ClaimRefused)
+        .expect("claim_refused");
+    assert_eq!(refusal.detail["head"], "running");
+    assert_eq!(refusal.detail["interrupt"], "0123456789ab");
 }
 
 #[test]
@@ -583,28 +691,20 @@ fn a_refused_claim_replaces_the_row_and_swallows_the_rest_of_its_answer() {
         client_addr: "10.0.0.9:5000".into(),
         application_name: "approver".into(),
     };
-    let refusal = st
-        .apply_claim(
-            &req,
-            &Resolution {
-                decision: ClaimDecision::Refuse {
-                    reason: Refusal::Answered {
-                        by: winner,
-                        at_ms: 0,
-                    },
+    let refusal = st.apply_claim(
+        &req,
+        &Resolution {
+            decision: ClaimDecision::Refuse {
+                reason: Refusal::Answered {
+                    by: winner,
+                    at_ms: 0,
                 },
-                waited_ms: 0,
-                displaced: None,
             },
-        )
-        .expect("an error replaces the row");
-    let fields: Vec<_> = crate::wire::backend::error_fields(&refusal).collect();
-    assert!(fields.contains(&(b'C', &b"55000"[..])));
-    let routes: Vec<_> = server(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')])
-        .into_iter()
-        .map(|v| v.route)
-        .collect();
-    assert_eq!(routes, [Route::Swallow, Route::Forward]);
+            waited_ms: 0,
+            displaced: None,
+        },
+    );
+    assert_refused_and_rest_swallowed(&mut st, refusal);
     let ops: Vec<_> = std::mem::take(&mut st.ready_events)
         .into_iter()
         .map(|e| e.operation)
