@@ -1,10 +1,10 @@
 //! Allocation check: no allocation per forwarded message in the steady
 //! state of ordinary (non-checkpoint) traffic.
 //!
-//! Installs a counting global allocator and drives `SessionState` through
-//! many rounds of pgbench-style traffic in each protocol mode, counting
-//! allocations (alloc, alloc_zeroed and realloc calls) per round and per
-//! message type. Exits non-zero when the steady state of ordinary traffic
+//! Installs a counting global allocator and drives `SessionState` (and the
+//! relay's `ReadBuffer`) through many rounds of pgbench-style traffic in
+//! each protocol mode, counting allocations (alloc, alloc_zeroed and
+//! realloc calls) per round and per message type. Exits non-zero when the steady state of ordinary traffic
 //! allocates more than `MAX_ALLOCS_PER_ROUND`; checkpoint rounds (which
 //! decode parameters and rows and build audit events, so allocate by
 //! design) are reported for information only.
@@ -17,6 +17,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use resumeguard::wire::read_buffer::ReadBuffer;
 use resumeguard::wire::session_state::SessionState;
 
 struct Counting;
@@ -114,6 +115,29 @@ fn run(w: &mut Workload, rounds: usize) -> Counts {
         bytes_per_round: bytes as f64 / rounds as f64,
         by_message,
     }
+}
+
+/// Allocations per round of a `ReadBuffer` that receives `bytes` in one
+/// read and splits off `frames` (their lengths) one by one.
+fn read_buffer_allocs(bytes: &[u8], frames: &[Vec<u8>]) -> f64 {
+    let mut rb = ReadBuffer::default();
+    let round = |rb: &mut ReadBuffer| {
+        let n = rb.fill(bytes).expect("in-memory read");
+        assert_eq!(n, bytes.len());
+        for f in frames {
+            drop(rb.bytes.split_to(f.len()));
+        }
+        assert!(rb.bytes.is_empty());
+        rb.shrink_if_drained();
+    };
+    for _ in 0..WARMUP_ROUNDS {
+        round(&mut rb);
+    }
+    let before = ALLOCS.load(Ordering::Relaxed);
+    for _ in 0..ROUNDS {
+        round(&mut rb);
+    }
+    (ALLOCS.load(Ordering::Relaxed) - before) as f64 / ROUNDS as f64
 }
 
 fn simple_query(sql: &str) -> Vec<u8> {
@@ -234,6 +258,20 @@ fn main() {
             w.name
         );
     }
+    // The relay threads' read buffers: each round arrives in one read and is
+    // split into its messages, which are dropped after routing.
+    let server_bytes: Vec<u8> = workloads[0].server.concat();
+    let per_round = read_buffer_allocs(&server_bytes, &workloads[0].server);
+    let verdict = if per_round <= MAX_ALLOCS_PER_ROUND {
+        "ok"
+    } else {
+        failed = true;
+        "FAIL"
+    };
+    println!(
+        "  [{verdict:4}] {:<72} {per_round:>8.2} allocs/round over {ROUNDS} rounds",
+        "ReadBuffer: fill from the socket, split into frames, drop them"
+    );
     if failed {
         println!("alloc_check: FAILED: ordinary traffic allocates in the steady state");
         std::process::exit(1);
