@@ -23,7 +23,8 @@ cd "$ROOT"
 export RG_CO_FULL=1
 export RG_CO_TABLE="${RG_CO_TABLE:-$(mktemp /tmp/rg-consume-once-matrix.XXXXXX.jsonl)}"
 : > "$RG_CO_TABLE"
-RG_SKIP_UNIT="${RG_SKIP_UNIT:-1}" integration/run_all.sh -k 'test_consume_once and test_race' "$@"
+RG_SKIP_UNIT="${RG_SKIP_UNIT:-1}" RG_PYTEST_TIMEOUT="${RG_PYTEST_TIMEOUT:-5400}" \
+    integration/run_all.sh -k 'test_consume_once and test_race' "$@"
 rc=$?
 PY="$ROOT/.venv/bin/python"
 "$PY" - "$RG_CO_TABLE" <<'PYEOF'
@@ -35,13 +36,14 @@ def fmt(v):
         return ",".join(map(str, v)) if len(set(v)) > 1 else f"{v[0]}x{len(v)}"
     return str(v)
 gates = sorted({int(k.rsplit("_g", 1)[1]) for r in rows for k in r if k.startswith("proxy_fires_g")})
-hdr = ["cell", "gate_ms", "stock fires/rep", "proxy fires/rep", "55000", "55006", "late", "waits",
-       "max loser ms", "max winner ms"]
+hdr = ["cell", "gate_ms", "stock fires/rep", "proxy fires/rep", "55000", "of which lease", "55006",
+       "late", "waits", "max loser ms", "max winner ms"]
 lines = []
 for r in rows:
     for g in gates:
         lines.append([r["cell"], str(g), fmt(r.get(f"stock_fires_g{g}")), fmt(r.get(f"proxy_fires_g{g}")),
-                      fmt(r.get(f"refused_g{g}")), fmt(r.get(f"in_use_g{g}")), fmt(r.get(f"late_g{g}")), fmt(r.get(f"waits_g{g}")),
+                      fmt(r.get(f"refused_g{g}")), fmt(r.get(f"leased_g{g}")), fmt(r.get(f"in_use_g{g}")),
+                      fmt(r.get(f"late_g{g}")), fmt(r.get(f"waits_g{g}")),
                       fmt(r.get(f"max_loser_ms_g{g}")), fmt(r.get(f"max_winner_ms_g{g}"))])
 w = [max(len(x) for x in col) for col in zip(hdr, *lines)] if lines else [len(h) for h in hdr]
 print("\n| " + " | ".join(h.ljust(n) for h, n in zip(hdr, w)) + " |")

@@ -126,13 +126,15 @@ export PYTHONDONTWRITEBYTECODE=1
 # Never wait for a password prompt or a TLS handshake that cannot happen.
 export PGCONNECT_TIMEOUT=10
 unset PGHOST PGPORT PGUSER PGDATABASE PGPASSWORD PGSERVICE PGSSLMODE PGOPTIONS 2>/dev/null || true
-# The whole suite takes a few minutes; 20 minutes is a hard backstop against a hang.
-timeout -k 30 1200 "$VENV/bin/python" -m pytest integration -q -rA "$@" </dev/null
+# The whole suite takes a few minutes; 20 minutes (RG_PYTEST_TIMEOUT seconds) is a
+# hard backstop against a hang.
+PYTEST_TIMEOUT="${RG_PYTEST_TIMEOUT:-1200}"
+timeout -k 30 "$PYTEST_TIMEOUT" "$VENV/bin/python" -m pytest integration -q -rA "$@" </dev/null
 rc=$?
 case "$rc" in
     0) ;;
     5) echo "run_all: WARNING: pytest collected no tests (exit 5); treated as success" >&2 ;;
-    124|137) echo "run_all: pytest hit the 20-minute backstop and was killed" >&2; status=1 ;;
+    124|137) echo "run_all: pytest hit the ${PYTEST_TIMEOUT}-second backstop and was killed" >&2; status=1 ;;
     *) status=1 ;;
 esac
 

@@ -335,7 +335,7 @@ def test_race(co, cell):
     port_of = {rid: int(d.split("@", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
                for rid, d in zip(racers.ids, dsns)}
     for gate in gates:
-        fires, refused, in_use, waits, late, loser_ms, winner_ms = [], 0, 0, 0, 0, [], []
+        fires, refused, in_use, waits, late, leased, loser_ms, winner_ms = [], 0, 0, 0, 0, 0, [], []
         for job, res in zip(jobs, runs):
             if job["gate_ms"] != gate:
                 continue
@@ -360,9 +360,13 @@ def test_race(co, cell):
                     refused += 1
                     assert err["class"] == "ObjectNotInPrerequisiteState", err
                     msg = err["message"]
+                    # a late racer (read after the winner's next checkpoint, `after` still
+                    # to run) is refused by the winner's run lease, before any node ran
+                    lease = "its run is in progress" in msg
+                    leased += lease
                     for part in ("resumeguard: interrupt already answered", f'thread "{thread}"',
                                  f'application_name "racer-{wid}"', f"proxy {co.proxy_ids[port_of[wid]]}",
-                                 "refused before its node ran"):
+                                 "refused before any node ran" if lease else "refused before its node ran"):
                         assert part in msg, f"{part!r} not in {msg!r}"
                 else:
                     in_use += 1
@@ -402,6 +406,7 @@ def test_race(co, cell):
         summary[f"in_use_g{gate}"] = in_use
         summary[f"waits_g{gate}"] = waits
         summary[f"late_g{gate}"] = late
+        summary[f"leased_g{gate}"] = leased
         summary[f"max_loser_ms_g{gate}"] = round(max(loser_ms), 1) if loser_ms else None
         summary[f"max_winner_ms_g{gate}"] = round(max(winner_ms), 1)
     # the consumed claim is listed by the operator command
