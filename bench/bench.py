@@ -208,6 +208,10 @@ class Resumeguard:
         upstream = [] if "--upstream" in args else ["--upstream", f"{HOST}:{upstream_port}"]
         self.argv = [str(binary), "serve", "--listen", f"{HOST}:{self.port}", *upstream,
                      "--audit-db", str(work / f"{name}-{self.port}-audit.sqlite"), *args]
+        # A configuration may run another binary with the same command line
+        # (`bin=PATH`: the copy-relay baseline).
+        if self.config_name in CONFIG_BIN:
+            self.argv[0] = str(CONFIG_BIN[self.config_name])
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30) -> "Resumeguard":
@@ -583,6 +587,13 @@ def fmt_ratio(c) -> str:
     return f"{c['ratio_to_direct']:.3f}× ({c['ratio_min']:.2f}–{c['ratio_max']:.2f})"
 
 
+def describe_config(res: dict, name: str, args: list[str]) -> str:
+    """A configuration as its line in proxy-configs.conf would give it."""
+    words = [f"bin={res['config_bin'][name]}"] if name in res.get("config_bin", {}) else []
+    words += [f"{k}={v}" for k, v in res["config_env"].get(name, {}).items()] + args
+    return " ".join(words) or "(no extra args)"
+
+
 def render_md(res: dict) -> str:
     m = res["machine"]
     L = [f"# resumeguard benchmark{' (smoke)' if res['smoke'] else ''}", "",
@@ -590,7 +601,7 @@ def render_md(res: dict) -> str:
          f"kernel {m['kernel']}; load average at start {', '.join(f'{x:.2f}' for x in m['load_avg_at_start'])}",
          f"- {m['postgres']}; {m['pgbench']}; {m['pgbouncer']}; {m['resumeguard']}; {m['rustc']}",
          f"- everything on loopback on the same host; proxy configs: "
-         + "; ".join(f"`{n}` = `{' '.join([f'{k}={v}' for k, v in res['config_env'].get(n, {}).items()] + args) or '(no extra args)'}`"
+         + "; ".join(f"`{n}` = `{describe_config(res, n, args)}`"
                    + ("" if set(res["config_parts"][n]) == set(ALL_PARTS) else f" (only {', '.join(sorted(res['config_parts'][n]))})")
                    for n, args in res["proxy_configs"].items()),
          f"- wall time {res['elapsed_s']:.0f} s", ""]
@@ -659,8 +670,9 @@ def check_targets(res: dict, proxy_names: list[str]) -> list[str]:
     if pb:
         cells = {(c["workload"], c["mode"], c["target"]): c for c in pb["cells"]}
         have_pgb = any(t == "pgbouncer" for (_, _, t) in cells)
+        baselines = [b for b in proxy_names if b in CONFIG_BIN]
         for p in proxy_names:
-            if ("select-only", "simple", p) not in cells:
+            if ("select-only", "simple", p) not in cells or p in CONFIG_BIN:
                 continue
             for mo in ("simple", "extended", "prepared"):
                 c = cells[("select-only", mo, p)]
@@ -672,6 +684,11 @@ def check_targets(res: dict, proxy_names: list[str]) -> list[str]:
                     per_round = [x / y for x, y in zip(c["tps"], b["tps"])]
                     vs = median(per_round)
                     line += f"; {vs:.3f}× PgBouncer, {'ahead' if vs > 1 else 'BEHIND'}"
+                for base in baselines:
+                    if ("select-only", mo, base) in cells:
+                        r = cells[("select-only", mo, base)]
+                        vs = median([x / y for x, y in zip(c["tps"], r["tps"])])
+                        line += f"; {vs:.3f}× {base}"
                 lines.append(line + ")")
     mem = res.get("memory")
     if mem:
@@ -696,7 +713,11 @@ def parse_proxy_configs(a) -> dict[str, list[str]]:
             raise SystemExit(f"bad or duplicate proxy config name {name!r}")
         parts = set(ALL_PARTS)
         env = {}
-        while args and (args[0].startswith("parts=") or re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", args[0])):
+        while args and (args[0].startswith(("parts=", "bin="))
+                        or re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", args[0])):
+            if args[0].startswith("bin="):
+                CONFIG_BIN[name] = REPO / args.pop(0)[len("bin="):]
+                continue
             if not args[0].startswith("parts="):
                 k, v = args.pop(0).split("=", 1)
                 env[k] = v
@@ -715,6 +736,8 @@ def parse_proxy_configs(a) -> dict[str, list[str]]:
 ALL_PARTS = ("pgbench", "langgraph", "memory")
 CONFIG_PARTS: dict[str, set] = {}
 CONFIG_ENV: dict[str, dict] = {}
+# Configurations that run a baseline binary instead of resumeguard.
+CONFIG_BIN: dict[str, Path] = {}
 
 
 def in_part(name: str, part: str) -> bool:
@@ -784,6 +807,7 @@ def main() -> int:
     res: dict = {"smoke": smoke, "proxy_configs": proxies,
                  "config_parts": {n: sorted(CONFIG_PARTS[n]) for n in proxies},
                  "config_env": {n: CONFIG_ENV[n] for n in proxies},
+                 "config_bin": {n: str(CONFIG_BIN[n].relative_to(REPO)) for n in proxies if n in CONFIG_BIN},
                  "machine": machine_info(a)}
     try:
         log(f"machine: {res['machine']}")

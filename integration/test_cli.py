@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 from urllib.parse import urlparse
 
 import psycopg
 
-from conftest import SUPERUSER, Proxy, connect, proxy_binary, run_audit_cli
+import pgraw
+from conftest import HOST, SUPERUSER, Proxy, connect, proxy_binary, run_audit_cli
 
 
 def test_serve_prints_database_url(proxy):
@@ -47,6 +49,37 @@ def test_serve_exits_on_sigterm_with_idle_client_connected(pg, workdir):
         assert rc == 0, f"exit code {rc} on SIGTERM with a client connected\n{p.describe()}"
     finally:
         c.close()
+
+
+def test_sigterm_lets_in_flight_work_finish_then_closes_with_57p01(pg, workdir):
+    """Graceful shutdown: an idle session is closed at once with FATAL 57P01, a busy one
+    gets its result first and is then closed with 57P01 at its idle point, and the proxy
+    exits 0 only after that (each session relays on threads blocked in reads; shutdown
+    has to reach them). Raw sockets, so every byte before the close is seen."""
+    p = Proxy(pg.port, workdir, "proxy-drain").start()
+    idle = pgraw.login(HOST, p.port, SUPERUSER, "postgres")
+    busy = pgraw.login(HOST, p.port, SUPERUSER, "postgres")
+    try:
+        busy.send(pgraw.query("select pg_sleep(1.5), 42"))
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        rc = p.stop(signal.SIGTERM, timeout=15)
+        assert rc == 0, f"exit code {rc}\n{p.describe()}"
+        assert time.monotonic() - t0 >= 0.8, "the proxy exited before the in-flight query ended"
+        got = {}
+        for name, s in (("idle", idle), ("busy", busy)):
+            got[name] = pgraw.split_messages(pgraw.read_until_eof(s.sock, 10))
+        assert [t for t, _ in got["idle"]] == [b"E"], got["idle"]
+        tags = [t for t, _ in got["busy"]]
+        assert tags == [b"T", b"D", b"C", b"Z", b"E"], got["busy"]
+        assert pgraw.decode_datarow(got["busy"][1][1])[1] == b"42"
+        for name in ("idle", "busy"):
+            err = pgraw.parse_error_fields(got[name][-1][1])
+            assert (err["S"], err["C"]) == ("FATAL", "57P01"), err
+            assert "shutting down" in err["M"], err
+    finally:
+        idle.sock.close()
+        busy.sock.close()
 
 
 def test_audit_unknown_thread_is_empty(proxy):
