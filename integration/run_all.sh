@@ -4,7 +4,8 @@
 #   2. creates / updates the Python venv at .venv from integration/requirements.txt
 #      (reinstalls only when that file or the Python version changed: stamp file),
 #   3. cargo test --all-targets          (unit + Rust integration tests)
-#   4. cargo build --release             (the binary the Python suite drives)
+#   4. cargo build --release             (the binary the Python suite drives, and the
+#                                         benchmark's copy-relay baseline)
 #   5. bench/run.sh --smoke              (benchmark smoke; RG_SKIP_BENCH=1 skips it)
 #   6. pytest integration/               (real PostgreSQL 15, psql, pgbench, LangGraph)
 #
@@ -101,7 +102,8 @@ fi
 # ---------------------------------------------------------------- 4. release build
 if [ "${RG_SKIP_BUILD:-0}" != "1" ]; then
     log "cargo build --release"
-    cargo build --release || { echo "run_all: cargo build --release FAILED" >&2; exit 1; }
+    cargo build --release --bin resumeguard --example copy_relay \
+        || { echo "run_all: cargo build --release FAILED" >&2; exit 1; }
 fi
 
 # ---------------------------------------------------------------- 5. benchmark smoke
