@@ -372,3 +372,39 @@ def test_many_concurrent_connections(proxy, dbname):
 
 def test_proxy_survived_everything(proxy, dbname):
     assert_serves(proxy, dbname)
+
+
+def test_max_client_conn_refuses_with_53300_and_frees_on_close(proxy_factory, workdir):
+    """Each session is two relay threads and a server connection: beyond
+    max_client_conn a new client is told so (FATAL 53300) instead of exhausting the
+    host; a slot frees when a session ends, and cancel requests still pass."""
+    cfg = workdir / "max-client-conn.toml"
+    cfg.write_text("max_client_conn = 2\n")
+    p = proxy_factory("--config", str(cfg), name="proxy-max-conn")
+    first, second = connect(p.dsn("postgres")), connect(p.dsn("postgres"))
+    try:
+        with pytest.raises(psycopg.OperationalError) as refused:
+            connect(p.dsn("postgres"))
+        assert "too many client connections (max_client_conn = 2)" in str(refused.value)
+        with pgraw.connect(HOST, p.port, IO_TIMEOUT) as s:   # psycopg keeps no SQLSTATE here
+            s.sendall(pgraw.startup_message(SUPERUSER, "postgres"))
+            errs = closed_with_optional_error(s)
+        assert [(e["S"], e["C"]) for e in errs] == [("FATAL", "53300")], errs
+        assert second.execute("select 2").fetchone()[0] == 2     # the others are unharmed
+        second.cancel()                                          # a cancel request still passes
+    finally:
+        second.close()
+    deadline = time.monotonic() + IO_TIMEOUT
+    while True:
+        try:
+            third = connect(p.dsn("postgres"))
+            break
+        except psycopg.OperationalError:
+            assert time.monotonic() < deadline, "the closed session's slot never freed"
+            time.sleep(0.05)
+    try:
+        assert third.execute("select 3").fetchone()[0] == 3
+        assert first.execute("select 1").fetchone()[0] == 1
+    finally:
+        third.close()
+        first.close()

@@ -40,6 +40,8 @@ pub struct Config {
     /// How long in-flight work may take to finish at shutdown.
     pub shutdown_grace_ms: u64,
     pub max_message_bytes: usize,
+    /// Client connections served at once; more are refused with 53300.
+    pub max_client_conn: usize,
     pub audit: AuditConfig,
     pub managed: ManagedConfig,
     pub enforce: EnforceConfig,
@@ -143,6 +145,7 @@ impl Default for Config {
             startup_timeout_ms: relay.startup_timeout.as_millis() as u64,
             shutdown_grace_ms: 10_000,
             max_message_bytes: relay.max_message_bytes,
+            max_client_conn: relay.max_client_conn,
             audit: AuditConfig::default(),
             managed: ManagedConfig::default(),
             enforce: EnforceConfig::default(),
@@ -165,6 +168,7 @@ impl Config {
             connect_timeout: Duration::from_millis(self.connect_timeout_ms),
             startup_timeout: Duration::from_millis(self.startup_timeout_ms),
             max_message_bytes: self.max_message_bytes,
+            max_client_conn: self.max_client_conn,
             ..RelayConfig::default()
         }
     }

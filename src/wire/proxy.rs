@@ -26,6 +26,9 @@ pub struct RelayConfig {
     pub max_message_bytes: usize,
     /// Largest server message accepted.
     pub max_backend_message_bytes: usize,
+    /// Client connections served at once (each is two threads and an
+    /// upstream connection); more are answered 53300 and closed.
+    pub max_client_conn: usize,
 }
 
 impl Default for RelayConfig {
@@ -36,6 +39,7 @@ impl Default for RelayConfig {
             startup_timeout: Duration::from_secs(30),
             max_message_bytes: (1 << 30) - 1,
             max_backend_message_bytes: i32::MAX as usize,
+            max_client_conn: 2_000,
         }
     }
 }

@@ -65,6 +65,17 @@ pub fn serve_client(proxy: Arc<Proxy>, mut client: TcpStream, peer: SocketAddr, 
     };
     match first {
         FirstPacket::Cancel { pid, key } => proxy.forward_cancel(pid, key),
+        FirstPacket::Startup(_) if proxy.sessions.live() > proxy.config.max_client_conn => {
+            // PgBouncer's max_client_conn: threads and the server's connection
+            // slots are finite; say so at the start instead of failing later.
+            // (This thread counts itself; cancel requests still pass.)
+            let limit = proxy.config.max_client_conn;
+            tracing::warn!(%peer, limit, "max_client_conn reached: connection refused");
+            let msg =
+                format!("resumeguard: too many client connections (max_client_conn = {limit})");
+            let err = error_response(Severity::Fatal, sqlstate::TOO_MANY_CONNECTIONS, &msg, None);
+            let _ = client.write_all(&err);
+        }
         FirstPacket::Startup(startup) => run_session(proxy, client, peer, startup, inspection),
         // read_first_packet answers negotiation requests itself.
         FirstPacket::SslRequest | FirstPacket::GssEncRequest => {}
