@@ -80,6 +80,8 @@ def test_sigterm_lets_in_flight_work_finish_then_closes_with_57p01(pg, workdir):
     finally:
         idle.sock.close()
         busy.sock.close()
+        if p.alive():
+            p.kill()
 
 
 def test_audit_unknown_thread_is_empty(proxy):
