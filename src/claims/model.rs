@@ -24,9 +24,7 @@ impl ClaimKey {
     /// The first 12 hex digits of the fingerprint: enough to tell
     /// interrupts apart in messages and tables.
     pub fn short_fingerprint(&self) -> &str {
-        self.fingerprint
-            .get(..12)
-            .unwrap_or(self.fingerprint.as_str())
+        short(&self.fingerprint)
     }
 }
 
@@ -131,6 +129,18 @@ pub struct RunLease {
     pub last_write_ms: i64,
     /// The lease ends then unless the run writes again.
     pub until_ms: i64,
+}
+
+impl RunLease {
+    /// The answered interrupt's fingerprint, shortened as in
+    /// [`ClaimKey::short_fingerprint`].
+    pub fn short_fingerprint(&self) -> &str {
+        short(&self.fingerprint)
+    }
+}
+
+fn short(fingerprint: &str) -> &str {
+    fingerprint.get(..12).unwrap_or(fingerprint)
 }
 
 /// Identifies an interrupt by its `__interrupt__` pending writes, given as

@@ -460,7 +460,7 @@ impl ClaimStore {
         checkpoint_ns: &str,
         now_ms: i64,
     ) -> Result<Option<RunLease>, StoreError> {
-        self.with_tx("reading a run lease", |tx| {
+        self.with_tx_as("reading a run lease", TransactionBehavior::Deferred, |tx| {
             tx.prepare_cached(
                 "SELECT thread_id, checkpoint_ns, answered_checkpoint_id, fingerprint, proxy_id, \
                  session_id, client_addr, application_name, answered_at_ms, last_write_ms, until_ms \
@@ -558,6 +558,17 @@ impl ClaimStore {
         op: &'static str,
         f: impl FnOnce(&Transaction<'_>) -> rusqlite::Result<T>,
     ) -> Result<T, StoreError> {
+        self.with_tx_as(op, TransactionBehavior::Immediate, f)
+    }
+
+    /// [`ClaimStore::with_tx`] with another locking behaviour: `Deferred`
+    /// for a read, which then takes no write lock other processes wait on.
+    fn with_tx_as<T>(
+        &self,
+        op: &'static str,
+        behavior: TransactionBehavior,
+        f: impl FnOnce(&Transaction<'_>) -> rusqlite::Result<T>,
+    ) -> Result<T, StoreError> {
         let err = |e: rusqlite::Error| StoreError::Sqlite {
             path: self.path.clone(),
             op,
@@ -566,9 +577,7 @@ impl ClaimStore {
         // A panic elsewhere cannot leave a half-done transaction behind:
         // dropping a `Transaction` rolls it back, so the connection is sound.
         let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(err)?;
+        let tx = conn.transaction_with_behavior(behavior).map_err(err)?;
         let out = f(&tx).map_err(err)?;
         tx.commit().map_err(err)?;
         Ok(out)

@@ -202,7 +202,7 @@ impl Refusal {
                  any node ran",
                 lease.thread_id,
                 lease.checkpoint_ns,
-                lease.fingerprint.get(..12).unwrap_or(&lease.fingerprint),
+                lease.short_fingerprint(),
                 lease.answered_checkpoint_id,
                 who(&lease.holder),
                 format_ms(lease.answered_at_ms),

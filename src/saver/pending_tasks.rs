@@ -14,6 +14,7 @@
 //! read that would continue someone else's run from one that only looks at
 //! its outcome.
 
+use serde::Deserialize;
 use serde_json::Value;
 
 /// Channel-name prefixes of trigger channels.
@@ -25,10 +26,15 @@ const TRIGGER_NAMES: &[&str] = &["__start__", "__pregel_tasks"];
 /// tasks to run. `None`: it does not say (no `updated_channels`, e.g. an
 /// older LangGraph, or not JSON).
 pub fn has_pending_tasks(checkpoint_json: &str) -> Option<bool> {
-    let cp: Value = serde_json::from_str(checkpoint_json).ok()?;
-    let updated = cp.get("updated_channels")?.as_array()?;
+    // Only this field is built; the rest of the checkpoint (inline channel
+    // values included) is skipped, not turned into a JSON tree.
+    #[derive(Deserialize)]
+    struct Updated {
+        updated_channels: Option<Vec<Value>>,
+    }
+    let cp: Updated = serde_json::from_str(checkpoint_json).ok()?;
     Some(
-        updated
+        cp.updated_channels?
             .iter()
             .filter_map(Value::as_str)
             .any(is_trigger_channel),

@@ -8,7 +8,7 @@
 //! serializes every session on one core (measured: README, performance).
 //! The state lock is never held across a read or a write.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -24,7 +24,6 @@ use super::registry::{SessionHandle, StopReason};
 use super::response_queue::{Expect, Route};
 use super::session_state::SessionState;
 use super::startup::{self, FirstPacket, StartupMessage};
-use super::upstream::Upstream;
 use crate::audit::SessionContext;
 use crate::claims::evidence::Evidence;
 
@@ -345,7 +344,7 @@ fn server_to_client(
     let mut out = BytesMut::new();
     let mut server_said_fatal = false;
     loop {
-        let read = rb.fill(ServerReader(server));
+        let read = rb.fill(server);
         match (read, handle.stopping()) {
             (Ok(n), None) if n > 0 => {}
             (Err(e), None) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -428,15 +427,6 @@ fn server_to_client(
         if proxy.sessions.draining() && idle(state) {
             return close_for_shutdown(client);
         }
-    }
-}
-
-/// [`Upstream`] as an `io::Read`, for [`ReadBuffer::fill`].
-struct ServerReader<'a>(&'a Upstream);
-
-impl Read for ServerReader<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.0.read(buf)
     }
 }
 

@@ -623,9 +623,7 @@ impl SessionState {
                 let message = reason.message(key);
                 tracing::info!(thread = %key.thread_id, "{message}");
                 let interrupt = match reason {
-                    Refusal::RunInProgress { lease } => {
-                        lease.fingerprint.get(..12).unwrap_or_default().to_owned()
-                    }
+                    Refusal::RunInProgress { lease } => lease.short_fingerprint().to_owned(),
                     _ => key.short_fingerprint().to_owned(),
                 };
                 let ev = event(Operation::ClaimRefused).with_detail(serde_json::json!({

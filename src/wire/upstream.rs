@@ -62,14 +62,17 @@ pub enum Upstream {
     Unix(UnixStream),
 }
 
-impl Upstream {
-    pub fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+/// Read through a shared reference, as `&TcpStream` is.
+impl Read for &Upstream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             Upstream::Tcp(s) => (&*s).read(buf),
             Upstream::Unix(s) => (&*s).read(buf),
         }
     }
+}
 
+impl Upstream {
     pub fn write_all(&self, buf: &[u8]) -> io::Result<()> {
         match self {
             Upstream::Tcp(s) => (&*s).write_all(buf),

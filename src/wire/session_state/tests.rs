@@ -72,6 +72,11 @@ fn server(st: &mut SessionState, frames: &[Vec<u8>]) -> Vec<ServerVerdict> {
     frames.iter().map(|f| st.on_server(f).unwrap()).collect()
 }
 
+/// Where each of `frames` was routed.
+fn server_routes(st: &mut SessionState, frames: &[Vec<u8>]) -> Vec<Route> {
+    server(st, frames).into_iter().map(|v| v.route).collect()
+}
+
 fn ops(st: &mut SessionState) -> Vec<Operation> {
     std::mem::take(&mut st.ready_events)
         .into_iter()
@@ -422,7 +427,7 @@ fn the_injected_answers_are_swallowed_and_the_error_forwarded() {
     client(&mut st, &[msg(b'D', b"P\0"), execute()]);
     st.on_client(&msg(b'S', b"")).unwrap();
     // Valid blob: its own answers, then the Sync's.
-    let routes: Vec<_> = server(
+    let routes = server_routes(
         &mut st,
         &[
             msg(b'2', b""),
@@ -430,17 +435,14 @@ fn the_injected_answers_are_swallowed_and_the_error_forwarded() {
             msg(b'C', b"INSERT 0 1\0"),
             ready(b'I'),
         ],
-    )
-    .into_iter()
-    .map(|v| v.route)
-    .collect();
+    );
     assert!(routes.iter().all(|r| *r == Route::Forward));
     // Invalid blob, refused at Sync: the injected Parse/Bind answers are
     // the proxy's, the raised error reaches the client, then ReadyForQuery.
     st.on_client(&blob_bind(b"\x91\xc0")).unwrap();
     client(&mut st, &[msg(b'D', b"P\0"), execute()]);
     st.on_client(&msg(b'S', b"")).unwrap();
-    let routes: Vec<_> = server(
+    let routes = server_routes(
         &mut st,
         &[
             msg(b'2', b""),
@@ -451,10 +453,7 @@ fn the_injected_answers_are_swallowed_and_the_error_forwarded() {
             msg(b'E', b"SERROR\0C23514\0Mrejected\0\0"),
             ready(b'I'),
         ],
-    )
-    .into_iter()
-    .map(|v| v.route)
-    .collect();
+    );
     assert_eq!(
         routes,
         [
@@ -588,10 +587,7 @@ fn assert_refused_and_rest_swallowed(st: &mut SessionState, error: Option<Bytes>
     let error = error.expect("an error replaces the row");
     let fields: Vec<_> = crate::wire::backend::error_fields(&error).collect();
     assert!(fields.contains(&(b'C', &b"55000"[..])));
-    let routes: Vec<_> = server(st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')])
-        .into_iter()
-        .map(|v| v.route)
-        .collect();
+    let routes = server_routes(st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
     assert_eq!(routes, [Route::Swallow, Route::Forward]);
 }
 
