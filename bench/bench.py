@@ -600,7 +600,7 @@ def render_md(res: dict) -> str:
          f"- date: {m['date']}; machine: {m['nproc']} cores, {m['cpu']}, {m['memory']}, "
          f"kernel {m['kernel']}; load average at start {', '.join(f'{x:.2f}' for x in m['load_avg_at_start'])}",
          f"- {m['postgres']}; {m['pgbench']}; {m['pgbouncer']}; {m['resumeguard']}; {m['rustc']}",
-         f"- everything on loopback on the same host; proxy configs: "
+         "- everything on loopback on the same host; proxy configs: "
          + "; ".join(f"`{n}` = `{describe_config(res, n, args)}`"
                    + ("" if set(res["config_parts"][n]) == set(ALL_PARTS) else f" (only {', '.join(sorted(res['config_parts'][n]))})")
                    for n, args in res["proxy_configs"].items()),

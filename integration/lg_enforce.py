@@ -25,7 +25,6 @@ from typing import Annotated, Any, Callable, TypedDict
 import psycopg
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 from pydantic import BaseModel, Field
 
@@ -138,14 +137,7 @@ def build_gate_graph(checkpointer, ledger: list):
     def after(state: GateState) -> dict:
         return {"items": ["after"]}
 
-    g = StateGraph(GateState)
-    g.add_node("prep", prep)
-    g.add_node("gate", gate)
-    g.add_node("after", after)
-    g.add_edge(START, "prep")
-    g.add_edge("prep", "gate")
-    g.add_edge("gate", "after")
-    g.add_edge("after", END)
+    g = L.chain(GateState, ("prep", prep), ("gate", gate), ("after", after))
     return g.compile(checkpointer=checkpointer)
 
 
@@ -257,11 +249,7 @@ def build_two_interrupt_graph(checkpointer, ledger: list):
         ledger.append((first, second))
         return {"answers": [first, second]}
 
-    g = StateGraph(TwoState)
-    g.add_node("ask", ask)
-    g.add_edge(START, "ask")
-    g.add_edge("ask", END)
-    return g.compile(checkpointer=checkpointer)
+    return L.chain(TwoState, ("ask", ask)).compile(checkpointer=checkpointer)
 
 
 def two_interrupt_scenario(kind: str, dsn: str, thread_id: str) -> dict:
@@ -308,12 +296,7 @@ def build_subgraph_parent(checkpointer, ledger: list, variant: str):
         ledger.append(answer)
         return {"approved": answer, "items": [f"sg_gate:{answer}"]}
 
-    sg = StateGraph(SubState)
-    sg.add_node("sg_prep", sg_prep)
-    sg.add_node("sg_gate", sg_gate)
-    sg.add_edge(START, "sg_prep")
-    sg.add_edge("sg_prep", "sg_gate")
-    sg.add_edge("sg_gate", END)
+    sg = L.chain(SubState, ("sg_prep", sg_prep), ("sg_gate", sg_gate))
     sub = sg.compile(checkpointer=True) if variant == "own" else sg.compile()
 
     def pre(state: SubState) -> dict:
@@ -322,14 +305,7 @@ def build_subgraph_parent(checkpointer, ledger: list, variant: str):
     def post(state: SubState) -> dict:
         return {"items": ["post"]}
 
-    g = StateGraph(SubState)
-    g.add_node("pre", pre)
-    g.add_node("sub", sub)
-    g.add_node("post", post)
-    g.add_edge(START, "pre")
-    g.add_edge("pre", "sub")
-    g.add_edge("sub", "post")
-    g.add_edge("post", END)
+    g = L.chain(SubState, ("pre", pre), ("sub", sub), ("post", post))
     return g.compile(checkpointer=checkpointer)
 
 
@@ -381,11 +357,7 @@ def build_items_graph(checkpointer):
     def append(state: ItemsState) -> dict:
         return {"items": [state["pending"]], "note": f"appended {state['pending']!r}"}
 
-    g = StateGraph(ItemsState)
-    g.add_node("append", append)
-    g.add_edge(START, "append")
-    g.add_edge("append", END)
-    return g.compile(checkpointer=checkpointer)
+    return L.chain(ItemsState, ("append", append)).compile(checkpointer=checkpointer)
 
 
 class PydState(BaseModel):
@@ -406,12 +378,7 @@ def build_pyd_graph(checkpointer):
     def check(state: PydState) -> dict:
         return {"seen": state.seen + 1}
 
-    g = StateGraph(PydState)
-    g.add_node("append", append)
-    g.add_node("check", check)
-    g.add_edge(START, "append")
-    g.add_edge("append", "check")
-    g.add_edge("check", END)
+    g = L.chain(PydState, ("append", append), ("check", check))
     return g.compile(checkpointer=checkpointer)
 
 

@@ -85,16 +85,21 @@ def after(state: State) -> dict:
     return {"items": ["after"], "count": state["count"] + 1}
 
 
+def chain(state_type, *nodes: tuple[str, Any]) -> StateGraph:
+    """An uncompiled graph START -> nodes[0] -> ... -> nodes[-1] -> END over
+    ``state_type``; each node is (name, callable or compiled subgraph)."""
+    g = StateGraph(state_type)
+    for name, fn in nodes:
+        g.add_node(name, fn)
+    names = [START, *(name for name, _ in nodes), END]
+    for a, b in zip(names, names[1:]):
+        g.add_edge(a, b)
+    return g
+
+
 def build_graph(checkpointer):
-    g = StateGraph(State)
-    g.add_node("prep", prep)
-    g.add_node("gate", gate)
-    g.add_node("after", after)
-    g.add_edge(START, "prep")
-    g.add_edge("prep", "gate")
-    g.add_edge("gate", "after")
-    g.add_edge("after", END)
-    return g.compile(checkpointer=checkpointer)
+    return chain(State, ("prep", prep), ("gate", gate), ("after", after)).compile(
+        checkpointer=checkpointer)
 
 
 def thread_config(thread_id: str, checkpoint_id: str | None = None) -> dict:

@@ -51,7 +51,6 @@ from typing import Annotated, Any, TypedDict
 
 import psycopg
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -128,28 +127,15 @@ def _slow_after(state: State) -> dict:
 
 
 def build(kind: str, checkpointer):
-    g = StateGraph(State)
-    g.add_node("prep", _prep)
-    g.add_node("after", _slow_after if kind == "slow_after" else _after)
-    g.add_edge(START, "prep")
-    if kind in ("one", "slow_after"):
-        g.add_node("gate", _gate_node("gate"))
-        g.add_edge("prep", "gate")
-        g.add_edge("gate", "after")
-    elif kind == "two_gates":
-        g.add_node("gate1", _gate_node("gate1"))
-        g.add_node("gate2", _gate_node("gate2"))
-        g.add_edge("prep", "gate1")
-        g.add_edge("gate1", "gate2")
-        g.add_edge("gate2", "after")
-    elif kind == "double":
-        g.add_node("gate", _double_node)
-        g.add_edge("prep", "gate")
-        g.add_edge("gate", "after")
-    else:
-        raise ValueError(kind)
-    g.add_edge("after", END)
-    return g.compile(checkpointer=checkpointer)
+    gates = {
+        "one": [("gate", _gate_node("gate"))],
+        "slow_after": [("gate", _gate_node("gate"))],
+        "two_gates": [("gate1", _gate_node("gate1")), ("gate2", _gate_node("gate2"))],
+        "double": [("gate", _double_node)],
+    }[kind]
+    after = _slow_after if kind == "slow_after" else _after
+    return L.chain(State, ("prep", _prep), *gates, ("after", after)).compile(
+        checkpointer=checkpointer)
 
 
 def cfg(thread: str) -> dict:

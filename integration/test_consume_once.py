@@ -240,6 +240,14 @@ class Racers:
         self._wait_files(names, timeout)
         return [json.loads((self.dir / n).read_text()) for n in names]
 
+    def go_and_finish(self) -> tuple[float, dict]:
+        """For one racer with one job: release it, wait for its result and its
+        exit; the release time and the result."""
+        t_go = self.go(0)
+        result = self.results(0)[0]
+        self.finish()
+        return t_go, result
+
     def run_all(self) -> list[list[dict]]:
         out = []
         for j in range(len(self.jobs)):
@@ -466,9 +474,7 @@ def test_get_state_from_other_process_then_resume(co, delay):
         assert st["ok"] and st["next"] == ["gate"], st
         resumer.ready(0)
         time.sleep(max(0.0, delay - (time.time() - t_exit)))
-        t_go = resumer.go(0)
-        r = resumer.results(0)[0]
-        resumer.finish()
+        t_go, r = resumer.go_and_finish()
     finally:
         resumer.kill()
     latency = r["t_end"] - t_go
@@ -501,9 +507,7 @@ def test_long_lived_inspector_then_resume(co):
     t_read = time.time()
     try:
         assert insp.state["ok"] and insp.state["next"] == ["gate"], insp.state
-        t_go = resumer.go(0)
-        r = resumer.results(0)[0]
-        resumer.finish()
+        t_go, r = resumer.go_and_finish()
     finally:
         resumer.kill()
         insp.stop()
@@ -651,9 +655,7 @@ def test_holder_killed_mid_gate_then_recovery(co, form):
         victim.procs[0].send_signal(signal.SIGKILL)
         victim.procs[0].wait(timeout=10)
         t_kill = time.time()
-        recovery.go(0)
-        r = recovery.results(0)[0]
-        recovery.finish()
+        _, r = recovery.go_and_finish()
     finally:
         victim.kill()
         recovery.kill()
@@ -756,9 +758,7 @@ def test_claims_list_and_release(co):
         out = claims_cli("list", "--store", str(co.store), "--thread", thread).stdout
         assert " held " not in out, out
         resumer.ready(0)
-        t_go = resumer.go(0)
-        r = resumer.results(0)[0]
-        resumer.finish()
+        t_go, r = resumer.go_and_finish()
     finally:
         resumer.kill()
         insp.stop()

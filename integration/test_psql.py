@@ -7,7 +7,6 @@ import subprocess
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import psycopg
 import pytest

@@ -3,14 +3,12 @@ or closes, never hangs, and keeps serving new connections."""
 
 from __future__ import annotations
 
-import socket
 import struct
 import threading
 import time
 
 import psycopg
 import pytest
-from psycopg import errors
 
 import pgraw
 from conftest import HOST, SUPERUSER, Proxy, connect, free_port
