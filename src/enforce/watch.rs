@@ -1,31 +1,24 @@
-//! What the proxy watches in the response to one checkpoint statement, and
-//! the audit events it yields once the statement has completed.
+//! What the enforcer watches in the answer to one checkpoint statement:
+//! the rows of a read (decoded, fork-filtered, checked for a parked or
+//! running head) and the parameters of a write.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use serde_json::json;
 
-use super::row_rewrite;
-use crate::claims::evidence::Evidence;
 use crate::claims::{interrupt_fingerprint, ClaimKey};
 use crate::policy::fork::{fork_filter, ForkVerdict};
-use crate::saver::checkpoint_row::PendingWrite;
-use crate::saver::pg_array::ByteaArray;
-use crate::saver::profile::TableRole;
-
-use crate::audit::{AuditEvent, BlobDigest, Operation, SessionContext};
 use crate::saver::bind::BoundParams;
+use crate::saver::checkpoint_row::PendingWrite;
 use crate::saver::checkpoint_row::{decode_checkpoint_row, CheckpointRow, RowLayout};
 use crate::saver::classify::{Classified, ReadMode, ReadShape, StatementKind};
 use crate::saver::data_row::split_data_row;
 use crate::saver::pending_tasks::has_pending_tasks;
+use crate::saver::pg_array::ByteaArray;
+use crate::saver::reserved::INTERRUPT;
 use crate::saver::value::ColumnKind;
 use crate::saver::write_record::WriteRecord;
-
-/// Channels LangGraph reserves for interrupts and their answers.
-pub const INTERRUPT: &str = "__interrupt__";
-pub const RESUME: &str = "__resume__";
+use crate::wire::row_rewrite;
 
 /// A checkpoint statement in flight: its classification, its parameters
 /// and, for reads, the rows seen so far.
@@ -45,7 +38,7 @@ pub struct Watch {
     pub sent_at_ms: i64,
     pub rows: Vec<CheckpointRow>,
     pub row_errors: usize,
-    forks: Vec<ForkServed>,
+    pub(super) forks: Vec<ForkServed>,
 }
 
 /// A write's row as decoded from its Bind, shared by the validity gate,
@@ -54,11 +47,11 @@ pub type WriteDecode = Result<Arc<WriteRecord>, String>;
 
 /// A read that addressed a superseded checkpoint, as served.
 #[derive(Debug)]
-struct ForkServed {
-    checkpoint_ns: String,
-    addressed: String,
-    head: Option<String>,
-    hidden: Vec<(String, String)>,
+pub(super) struct ForkServed {
+    pub checkpoint_ns: String,
+    pub addressed: String,
+    pub head: Option<String>,
+    pub hidden: Vec<(String, String)>,
 }
 
 impl Watch {
@@ -182,34 +175,6 @@ impl Watch {
         }
     }
 
-    /// Audit events for a statement that completed without error.
-    pub fn events(&self, ctx: &SessionContext) -> Vec<AuditEvent> {
-        match &self.class.kind {
-            StatementKind::Read(shape) => self.read_events(ctx, shape),
-            StatementKind::BlobUpsert(_)
-            | StatementKind::CheckpointUpsert(_)
-            | StatementKind::WritesUpsert(_)
-            | StatementKind::WritesInsertIgnore(_) => match &self.record {
-                Some(Ok(rec)) => self.write_events(ctx, rec),
-                Some(Err(e)) => vec![AuditEvent::new(ctx, Operation::Unrecognized)
-                    .with_detail(json!({"statement": self.class.kind.label(), "decode_error": e}))],
-                None => Vec::new(),
-            },
-            StatementKind::DeleteThread {
-                table,
-                thread_param,
-            } => {
-                let mut ev = AuditEvent::new(ctx, Operation::DeleteThread)
-                    .with_detail(json!({"table": format!("{table:?}").to_lowercase()}));
-                ev.thread_id = self.param_text(*thread_param);
-                vec![ev]
-            }
-            StatementKind::Migration => vec![AuditEvent::new(ctx, Operation::Migration)],
-            StatementKind::Unrecognized => vec![AuditEvent::new(ctx, Operation::Unrecognized)],
-            StatementKind::WritesRead | StatementKind::Other => Vec::new(),
-        }
-    }
-
     /// The row of a read of a namespace's head that the consume-once gate
     /// looks at: the last one, unless the read is inspection.
     fn gated_head(&self) -> Option<&CheckpointRow> {
@@ -259,166 +224,11 @@ impl Watch {
         })
     }
 
-    /// What a completed write means for consume-once claims.
-    pub fn evidence(&self) -> Vec<Evidence> {
-        let record = match &self.record {
-            Some(Ok(rec)) => Some(rec.as_ref()),
-            _ => None,
-        };
-        match &self.class.kind {
-            StatementKind::WritesUpsert(_) | StatementKind::WritesInsertIgnore(_) => {
-                let Some(rec) = record else {
-                    return Vec::new();
-                };
-                let (Some(thread_id), Some(checkpoint_ns), Some(checkpoint_id), Some(channel)) = (
-                    rec.thread_id.clone(),
-                    rec.checkpoint_ns.clone(),
-                    rec.checkpoint_id.clone(),
-                    rec.channel.as_deref(),
-                ) else {
-                    return Vec::new();
-                };
-                let task = rec.task_id.as_deref().unwrap_or_default();
-                match channel {
-                    RESUME if task == NULL_TASK => vec![Evidence::Progress {
-                        thread_id,
-                        checkpoint_ns,
-                        checkpoint_id,
-                        written_at_ms: self.sent_at_ms,
-                    }],
-                    // Parking, failing or scheduling is not an answer.
-                    INTERRUPT | "__error__" | "__scheduled__" => Vec::new(),
-                    _ => vec![Evidence::Consumed {
-                        thread_id,
-                        checkpoint_ns,
-                        checkpoint_id,
-                        what: format!("task {task} wrote {channel}"),
-                        written_at_ms: self.sent_at_ms,
-                    }],
-                }
-            }
-            StatementKind::CheckpointUpsert(_) => match record {
-                Some(WriteRecord {
-                    thread_id: Some(thread_id),
-                    checkpoint_ns: Some(checkpoint_ns),
-                    parent_checkpoint_id: Some(parent_checkpoint_id),
-                    ..
-                }) => vec![Evidence::MovedOn {
-                    thread_id: thread_id.clone(),
-                    checkpoint_ns: checkpoint_ns.clone(),
-                    parent_checkpoint_id: parent_checkpoint_id.clone(),
-                }],
-                _ => Vec::new(),
-            },
-            StatementKind::DeleteThread {
-                table: TableRole::Checkpoints,
-                thread_param,
-            } => self
-                .param_text(*thread_param)
-                .map(|thread_id| vec![Evidence::ThreadDeleted { thread_id }])
-                .unwrap_or_default(),
-            _ => Vec::new(),
-        }
-    }
-
-    fn param_text(&self, index: Option<usize>) -> Option<String> {
+    pub(super) fn param_text(&self, index: Option<usize>) -> Option<String> {
         let value = self.bound.as_ref()?.value(index?, ColumnKind::Text).ok()?;
         value.as_str().map(str::to_owned)
     }
-
-    fn fork_events(&self, ctx: &SessionContext) -> impl Iterator<Item = AuditEvent> + '_ {
-        let thread = self.rows.first().map(|r| r.thread_id.clone());
-        let ctx = ctx.clone();
-        self.forks.iter().map(move |f| {
-            let mut ev = AuditEvent::new(&ctx, Operation::ForkServed)
-                .with_checkpoint(f.checkpoint_ns.clone(), f.addressed.clone());
-            ev.thread_id = thread.clone();
-            ev.channels = f.hidden.iter().map(|(_, c)| c.clone()).collect();
-            ev.with_detail(json!({
-                "head": f.head,
-                "hidden": f.hidden.iter().map(|(task, channel)| json!({"task_id": task, "channel": channel})).collect::<Vec<_>>(),
-            }))
-        })
-    }
-
-    fn read_events(&self, ctx: &SessionContext, shape: &ReadShape) -> Vec<AuditEvent> {
-        let op = match shape.mode {
-            ReadMode::Latest => Operation::ReadLatest,
-            ReadMode::ById => Operation::ReadById,
-            ReadMode::List => Operation::ReadList,
-        };
-        let mut ev = AuditEvent::new(ctx, op);
-        ev.thread_id = self.param_text(shape.thread_param);
-        ev.checkpoint_ns = self.param_text(shape.ns_param);
-        ev.checkpoint_id = self.param_text(shape.id_param);
-        let first = self.rows.first();
-        if let Some(row) = first {
-            ev.thread_id.get_or_insert_with(|| row.thread_id.clone());
-            ev.checkpoint_ns
-                .get_or_insert_with(|| row.checkpoint_ns.clone());
-            ev.checkpoint_id
-                .get_or_insert_with(|| row.checkpoint_id.clone());
-            ev.parent_checkpoint_id = row.parent_checkpoint_id.clone();
-        }
-        let parked = first.is_some_and(|r| r.has_pending(INTERRUPT));
-        let mut detail = json!({"rows": self.rows.len(), "parked": parked});
-        if self.row_errors > 0 {
-            detail["undecodable_rows"] = json!(self.row_errors);
-        }
-        let mut events = vec![ev.with_detail(detail)];
-        events.extend(self.fork_events(ctx));
-        events
-    }
-
-    fn write_events(&self, ctx: &SessionContext, rec: &WriteRecord) -> Vec<AuditEvent> {
-        let op = match &self.class.kind {
-            StatementKind::BlobUpsert(_) => Operation::BlobPut,
-            StatementKind::CheckpointUpsert(_) => Operation::CheckpointPut,
-            _ => Operation::WritesPut,
-        };
-        let mut ev = AuditEvent::new(ctx, op);
-        ev.thread_id = rec.thread_id.clone();
-        ev.checkpoint_ns = rec.checkpoint_ns.clone();
-        ev.checkpoint_id = rec.checkpoint_id.clone();
-        ev.parent_checkpoint_id = rec.parent_checkpoint_id.clone();
-        ev.task_id = rec.task_id.clone();
-        let mut detail = json!({"statement": self.class.kind.label()});
-        if let Some(channel) = &rec.channel {
-            ev.channels.push(channel.clone());
-            if let Some(blob) = &rec.blob {
-                ev.blob_sha256.push(BlobDigest::of(channel.clone(), blob));
-            }
-        }
-        if let Some(idx) = rec.idx {
-            detail["idx"] = json!(idx);
-        }
-        if let Some(t) = &rec.type_tag {
-            detail["type"] = json!(t);
-        }
-        if let Some(cp) = &rec.checkpoint {
-            ev.channels = inline_channels(cp);
-        }
-        let mut events = vec![ev.with_detail(detail)];
-        let implied = match rec.channel.as_deref() {
-            Some(INTERRUPT) => Some(Operation::InterruptParked),
-            Some(RESUME) => Some(Operation::ResumeRecorded),
-            _ => None,
-        };
-        if let Some(op) = implied {
-            let mut story = events[0].clone();
-            story.operation = op;
-            story.detail = json!({
-                "run_level": rec.task_id.as_deref() == Some(NULL_TASK),
-                "task_path": rec.task_path,
-            });
-            events.push(story);
-        }
-        events
-    }
 }
-
-/// The task id LangGraph uses for a run-level `__resume__` write.
-pub const NULL_TASK: &str = "00000000-0000-0000-0000-000000000000";
 
 /// Where the decoded columns sit in a read's result; `None` when the read
 /// does not return the columns the proxy decodes.
@@ -451,16 +261,4 @@ fn pending_writes_array(writes: &[&PendingWrite]) -> ByteaArray {
         dims: vec![writes.len(), 6],
         elements,
     }
-}
-
-/// Channel names stored inline in a checkpoint's `channel_values`.
-fn inline_channels(checkpoint_json: &str) -> Vec<String> {
-    serde_json::from_str::<serde_json::Value>(checkpoint_json)
-        .ok()
-        .and_then(|v| {
-            v.get("channel_values")
-                .and_then(|c| c.as_object())
-                .map(|o| o.keys().cloned().collect())
-        })
-        .unwrap_or_default()
 }
