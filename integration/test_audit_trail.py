@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import lg_scenarios as L
-from conftest import IS_ROOT, Proxy, connect, proxy_binary
+from conftest import IS_ROOT, Proxy, connect, proxy_binary, run_audit_cli
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -123,7 +123,7 @@ def test_full_disk_losses_are_recorded_in_a_gap_record_after_space_returns(pg, w
     p.audit_db = small_disk / "audit.sqlite"
     p.start()
     try:
-        scenario(p, lg_db, "before")
+        early = scenario(p, lg_db, "before")
         wait_for("the first events", lambda: rows(p.audit_db), proxy=p)
 
         filler = fill(small_disk)
@@ -166,6 +166,9 @@ def test_full_disk_losses_are_recorded_in_a_gap_record_after_space_returns(pg, w
     assert len(everything) - len(in_db) == sum(recorded), (len(everything), len(in_db), recorded)
     # What survived is in order and nothing written after recovery is missing.
     assert in_db[-1]["thread_id"].startswith("audit-after-"), in_db[-1]
+    # A thread that began before the gap shows it in its timeline.
+    timeline = run_audit_cli(p.audit_db, early)
+    assert [e["detail"]["dropped"] for e in timeline if e["operation"] == "events_dropped"] == recorded
 
 
 # --------------------------------------------------------------------------- retention

@@ -40,6 +40,7 @@ CREATE TABLE IF NOT EXISTS audit_events (
     detail TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS audit_events_thread_id ON audit_events(thread_id);
+CREATE INDEX IF NOT EXISTS audit_events_gaps ON audit_events(id) WHERE operation = 'events_dropped';
 CREATE TABLE IF NOT EXISTS audit_prune_guard (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     below_id INTEGER NOT NULL
@@ -149,10 +150,18 @@ pub(super) fn insert(conn: &Connection, ev: &AuditEvent) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Events for `thread_id`, in the order they were written.
+/// Events for `thread_id`, in the order they were written, and every gap
+/// record written since the thread's first event (the thread's own events
+/// may be among those lost).
 pub fn thread_events(path: &Path, thread_id: &str) -> anyhow::Result<Vec<AuditEvent>> {
     let conn = open_read_only(path)?;
-    let mut stmt = conn.prepare(&format!("{SELECT} WHERE thread_id = ?1 ORDER BY id"))?;
+    // Two index searches (by thread; the partial index of gap records),
+    // not a scan of the table.
+    let mut stmt = conn.prepare(&format!(
+        "{SELECT} WHERE id IN (SELECT id FROM audit_events WHERE thread_id = ?1 \
+         UNION ALL SELECT id FROM audit_events WHERE operation = 'events_dropped' \
+         AND id > (SELECT min(id) FROM audit_events WHERE thread_id = ?1)) ORDER BY id"
+    ))?;
     let rows = stmt.query_map([thread_id], row_to_event)?;
     collect(rows)
 }
@@ -281,6 +290,50 @@ mod tests {
             .query_row("PRAGMA journal_mode", [], |r| r.get(0))
             .unwrap();
         assert_eq!(mode, "wal");
+        remove_db(&path);
+    }
+
+    #[test]
+    fn a_thread_shows_the_gaps_recorded_since_it_began() {
+        let path = temp_path("sqlite-gaps", "db");
+        let gap = |n: u64| {
+            AuditEvent::new(&SessionContext::internal(), Operation::EventsDropped)
+                .with_detail(serde_json::json!({ "dropped": n }))
+        };
+        let a = sample("t1", Operation::ReadLatest);
+        let b = sample("t2", Operation::ReadLatest);
+        let c = sample("t1", Operation::CheckpointPut);
+        let mut store = Store::open(&path).unwrap();
+        store
+            .append([&gap(1), &a, &b, &gap(2), &c, &gap(3)])
+            .unwrap();
+        let ops = |t: &str| -> Vec<(Operation, serde_json::Value)> {
+            thread_events(&path, t)
+                .unwrap()
+                .into_iter()
+                .map(|e| (e.operation, e.detail["dropped"].clone()))
+                .collect()
+        };
+        let none = serde_json::Value::Null;
+        assert_eq!(
+            ops("t1"),
+            vec![
+                (Operation::ReadLatest, none.clone()),
+                (Operation::EventsDropped, 2.into()),
+                (Operation::CheckpointPut, none.clone()),
+                (Operation::EventsDropped, 3.into()),
+            ]
+        );
+        assert_eq!(
+            ops("t2"),
+            vec![
+                (Operation::ReadLatest, none),
+                (Operation::EventsDropped, 2.into()),
+                (Operation::EventsDropped, 3.into()),
+            ]
+        );
+        assert!(ops("nope").is_empty(), "no thread, no gaps");
+        drop(store);
         remove_db(&path);
     }
 
