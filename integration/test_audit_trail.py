@@ -250,3 +250,26 @@ def test_trail_files_are_created_0600(pg, workdir, lg_db):
         assert {str(f): oct(mode(f)) for f in files} == {str(f): "0o600" for f in files}
     finally:
         stop_cleanly(p)
+
+
+def test_losses_still_unrecorded_at_shutdown_are_logged(pg, workdir, lg_db, small_disk):
+    """Stopped while the disk is still full: the trail cannot say it, so the
+    log does, at ERROR, with the count; the proxy still exits cleanly."""
+    p = Proxy(pg.port, workdir, f"audit-full-stop-{uuid.uuid4().hex[:6]}")
+    p.audit_db = small_disk / "audit.sqlite"
+    p.start()
+    try:
+        scenario(p, lg_db, "before")
+        wait_for("the first events", lambda: rows(p.audit_db), proxy=p)
+        fill(small_disk)
+        for i in range(200):
+            scenario(p, lg_db, f"full{i}")
+            if stderr_lines(p, "audit output failed to write"):
+                break
+        assert stderr_lines(p, "audit output failed to write"), p.describe()
+    finally:
+        stop_cleanly(p)
+    unrecorded = stderr_lines(p, "not recorded in the trail")
+    assert len(unrecorded) == 1 and "ERROR" in unrecorded[0] and 'output="sqlite"' in unrecorded[0], unrecorded
+    assert int(re.search(r"dropped=(\d+)", unrecorded[0]).group(1)) > 0, unrecorded
+    assert not stderr_lines(p, "gap record written")

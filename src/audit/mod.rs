@@ -23,10 +23,7 @@ mod test_util;
 mod timeline;
 
 pub use before::parse_before;
-pub use config::{
-    AuditConfig, DEFAULT_MAX_ROWS, DEFAULT_PRUNE_INTERVAL_MS, DEFAULT_QUEUE_CAPACITY,
-    DEFAULT_RETENTION_DAYS,
-};
+pub use config::{AuditConfig, DEFAULT_MAX_ROWS, DEFAULT_QUEUE_CAPACITY};
 pub use digest::digest;
 pub use event::{format_rfc3339_millis, AuditEvent, BlobDigest, Operation, SessionContext};
 pub use jsonl::{read_jsonl, JsonlWriter};

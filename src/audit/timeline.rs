@@ -312,6 +312,24 @@ mod tests {
     }
 
     #[test]
+    fn says_what_a_prune_removed() {
+        let mut pruned = AuditEvent::new(&SessionContext::internal(), Operation::AuditPruned)
+            .with_detail(serde_json::json!({
+                "rows": 2,
+                "cutoff": "2024-04-01T00:00:00.000Z",
+                "by": "cli",
+            }));
+        pruned.time = "2024-05-01T12:00:01.000Z".into();
+        let text = render_timeline(&[pruned]);
+        assert!(
+            text.contains(
+                "audit trail pruned: rows before 2024-04-01T00:00:00.000Z removed (2 rows)"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn renders_empty_input() {
         assert_eq!(render_timeline(&[]), "");
         assert_eq!(render_json(&[]), "[]");
