@@ -58,14 +58,6 @@ pub struct Output {
     write_lost: u64,
 }
 
-/// What one [`Output::write`] did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct WriteOutcome {
-    pub failed: bool,
-    /// Events given up on by this write.
-    pub newly_lost: u64,
-}
-
 impl Output {
     pub fn new(target: Target) -> Output {
         Output {
@@ -114,13 +106,13 @@ impl Output {
     }
 
     /// Write the retained events, then `batch`, then a gap record if
-    /// losses are pending.
-    pub fn write(&mut self, batch: &[AuditEvent]) -> WriteOutcome {
+    /// losses are pending. Returns whether the write failed.
+    pub fn write(&mut self, batch: &[AuditEvent]) -> bool {
         let gap = (!self.ledger.is_empty()).then(|| self.ledger.gap_record());
         let mut list: Vec<&AuditEvent> = self.retained.iter().chain(batch).collect();
         let events = list.len();
         if events == 0 && gap.is_none() {
-            return WriteOutcome::default();
+            return false;
         }
         list.extend(gap.as_ref());
         match self.target.write(&list) {
@@ -128,14 +120,12 @@ impl Output {
                 self.recovered(gap.is_some());
                 self.retained.clear();
                 self.attempts = 0;
-                WriteOutcome::default()
+                false
             }
             Err((written, error)) => {
                 drop(list);
-                WriteOutcome {
-                    failed: true,
-                    newly_lost: self.failed(batch, written.min(events), &error),
-                }
+                self.failed(batch, written.min(events), &error);
+                true
             }
         }
     }
@@ -152,17 +142,16 @@ impl Output {
             );
             self.ledger = LossLedger::default();
         } else if self.failing {
-            tracing::error!(
+            tracing::warn!(
                 output = self.name(),
-                "audit output writes again; nothing was lost"
+                "audit output writes again; its retried events were written, nothing was lost"
             );
         }
         self.failing = false;
     }
 
-    /// Keep what was not written for a retry, or give it up; returns how
-    /// many events were given up.
-    fn failed(&mut self, batch: &[AuditEvent], written: usize, error: &anyhow::Error) -> u64 {
+    /// Keep what was not written for a retry, or give it up.
+    fn failed(&mut self, batch: &[AuditEvent], written: usize, error: &anyhow::Error) {
         let error = format!("{error:#}");
         if !self.failing {
             tracing::error!(
@@ -179,17 +168,16 @@ impl Output {
         self.retained.extend(batch.iter().skip(skip).cloned());
         if self.retained.is_empty() {
             // Only the gap record failed: nothing new to give up.
-            return 0;
+            return;
         }
         self.attempts += 1;
-        if self.attempts < MAX_ATTEMPTS && self.retained.len() <= MAX_RETAINED {
-            return 0;
+        if self.attempts >= MAX_ATTEMPTS || self.retained.len() > MAX_RETAINED {
+            self.give_up();
         }
-        self.give_up()
     }
 
     /// Count every retained event as lost.
-    fn give_up(&mut self) -> u64 {
+    fn give_up(&mut self) {
         let n = self.retained.len() as u64;
         if n > 0 {
             let first = self.retained.iter().map(|e| e.time.as_str()).min();
@@ -200,13 +188,12 @@ impl Output {
         self.retained.clear();
         self.attempts = 0;
         self.write_lost += n;
-        n
     }
 
     /// At shutdown: what could not be written is lost; say so in the log,
-    /// the only place left. Returns the events newly given up.
-    pub fn abandon(&mut self) -> u64 {
-        let newly_lost = self.give_up();
+    /// the only place left.
+    pub fn abandon(&mut self) {
+        self.give_up();
         if !self.ledger.is_empty() {
             tracing::error!(
                 output = self.name(),
@@ -217,6 +204,5 @@ impl Output {
                 "audit events lost and not recorded in the trail: the output still failed at shutdown"
             );
         }
-        newly_lost
     }
 }

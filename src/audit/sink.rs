@@ -487,7 +487,7 @@ impl Writer {
 
     fn write(&mut self, batch: &[AuditEvent]) {
         for output in &mut self.outputs {
-            if output.write(batch).failed {
+            if output.write(batch) {
                 self.shared.write_errors.fetch_add(1, Ordering::SeqCst);
             }
         }
