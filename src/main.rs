@@ -347,7 +347,6 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         let proxy = Arc::new(Proxy::new(
             cfg.relay(upstream.clone()),
             Arc::new(enforcement),
-            stop_rx,
         ));
         tracing::info!(listen = %local, %upstream, audit = %cfg.audit_db().display(), "resumeguard serving");
         let user = if managed.is_some() { "postgres@" } else { "" };
@@ -375,11 +374,11 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
             Arc::clone(&proxy),
             listener,
             false,
-            stopped(proxy.shutdown.clone()),
+            stopped(stop_rx.clone()),
         );
         let inspection_loop = async {
             if let Some(l) = inspection {
-                let stop = stopped(proxy.shutdown.clone());
+                let stop = stopped(stop_rx.clone());
                 listener::run(Arc::clone(&proxy), l, true, stop).await;
             }
         };
