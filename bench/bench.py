@@ -294,11 +294,22 @@ log_disconnections = 0
 
 # --------------------------------------------------------------------------- pgbench
 TPS_RE = re.compile(r"^tps = ([0-9.]+) \(without initial connection time\)", re.M)
+TXNS_RE = re.compile(r"^number of transactions actually processed: ([0-9]+)", re.M)
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def run_pgbench(pg_bin: Path, port: int, args: list[str], duration: int, who=None) -> float:
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a whole process (all its threads), from /proc/PID/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def run_pgbench(pg_bin: Path, port: int, args: list[str], duration: int, who=None) -> tuple[float, float | None]:
+    """TPS, and the CPU the process behind `port` spent per transaction (µs)
+    when it is one of ours to watch (`who`)."""
     argv = [str(pg_bin / "pgbench"), "-h", HOST, "-p", str(port), "-U", USER, "-n",
             "-T", str(duration), *args, DB]
+    cpu_before = cpu_seconds(who.pid) if who is not None and who.poll() is None else None
     cp = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                         timeout=duration + 120, env=pg_env())
     m = TPS_RE.search(cp.stdout)
@@ -308,7 +319,11 @@ def run_pgbench(pg_bin: Path, port: int, args: list[str], duration: int, who=Non
                                f"{who.returncode} before this pgbench run")
         raise RuntimeError(f"pgbench failed ({cp.returncode}): {' '.join(argv)}\n"
                            f"{cp.stdout[-2000:]}\n{cp.stderr[-2000:]}")
-    return float(m.group(1))
+    cpu_us = None
+    txns = TXNS_RE.search(cp.stdout)
+    if cpu_before is not None and txns and int(txns.group(1)) > 0:
+        cpu_us = (cpu_seconds(who.pid) - cpu_before) * 1e6 / int(txns.group(1))
+    return float(m.group(1)), cpu_us
 
 
 def pgbench_suite(a, pg: Postgres, targets: dict[str, int], who: dict) -> dict:
@@ -319,6 +334,7 @@ def pgbench_suite(a, pg: Postgres, targets: dict[str, int], who: dict) -> dict:
     log(f"pgbench warm-up ({a.warmup}s per target)")
     for t in names:
         run_pgbench(a.pg_bin, targets[t], base + ["-S", "-M", "prepared"], a.warmup, who.get(t))
+    cpu = {(w, m, t): [] for (w, m) in cells for t in names}
     total = a.rounds * len(cells) * len(names)
     k = 0
     for r in range(a.rounds):
@@ -329,10 +345,13 @@ def pgbench_suite(a, pg: Postgres, targets: dict[str, int], who: dict) -> dict:
             for t in order:
                 k += 1
                 extra = ["-S"] if w == "select-only" else []
-                tps = run_pgbench(a.pg_bin, targets[t], base + extra + ["-M", m], a.duration,
-                                  who.get(t))
+                tps, cpu_us = run_pgbench(a.pg_bin, targets[t], base + extra + ["-M", m],
+                                          a.duration, who.get(t))
                 results[(w, m, t)].append(tps)
-                log(f"pgbench [{k}/{total}] round {r + 1} {w:11s} {m:8s} {t:22s} {tps:10.1f} tps")
+                if cpu_us is not None:
+                    cpu[(w, m, t)].append(cpu_us)
+                cpu_note = f" {cpu_us:7.1f} µs CPU/tx" if cpu_us is not None else ""
+                log(f"pgbench [{k}/{total}] round {r + 1} {w:11s} {m:8s} {t:22s} {tps:10.1f} tps{cpu_note}")
     out = []
     for (w, m) in cells:
         direct = results[(w, m, "direct")]
@@ -344,6 +363,8 @@ def pgbench_suite(a, pg: Postgres, targets: dict[str, int], who: dict) -> dict:
                 "median_tps": median(tps), "min_tps": min(tps), "max_tps": max(tps),
                 "ratios_to_direct": ratios, "ratio_to_direct": median(ratios),
                 "ratio_min": min(ratios), "ratio_max": max(ratios),
+                "cpu_us_per_tx": cpu[(w, m, t)],
+                "median_cpu_us_per_tx": median(cpu[(w, m, t)]) if cpu[(w, m, t)] else None,
             })
     return {"clients": a.clients, "threads": a.threads, "scale": a.scale, "rounds": a.rounds,
             "duration_s": a.duration, "cells": out}
@@ -462,8 +483,8 @@ def profile_suite(a, procs: Procs, work: Path, pg: Postgres, name: str, args: li
                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                        stderr=subprocess.DEVNULL, start_new_session=True)
                 time.sleep(1)
-                tps = run_pgbench(a.pg_bin, rg.port, ["-c", str(a.clients), "-j", str(a.threads),
-                                                      "-S", "-M", mode], a.profile_seconds)
+                tps, _ = run_pgbench(a.pg_bin, rg.port, ["-c", str(a.clients), "-j", str(a.threads),
+                                                         "-S", "-M", mode], a.profile_seconds)
                 rec.send_signal(signal.SIGINT)
                 rec.wait(timeout=120)
             finally:
@@ -627,6 +648,26 @@ def render_md(res: dict) -> str:
                       [fmt_ratio(cells[(w, mo, t)]) for t in targets if t != "direct"]
                 L.append("| " + " | ".join(row) + " |")
         L.append("")
+        watched = [t for t in targets if any(cells.get((w, mo, t), {}).get("median_cpu_us_per_tx")
+                                              for w in ("select-only", "tpcb-like")
+                                              for mo in ("simple", "extended", "prepared"))]
+        if watched:
+            L += ["### CPU per transaction", "",
+                  "The proxy process's utime + stime (`/proc/PID/stat`, all threads) over each "
+                  "pgbench run ÷ transactions: µs, median over rounds. Far steadier than TPS on a "
+                  "shared host.", "",
+                  "| workload | mode | " + " | ".join(f"{t} µs" for t in watched) + " |",
+                  "|" + "---|" * (2 + len(watched))]
+            for w in ("select-only", "tpcb-like"):
+                for mo in ("simple", "extended", "prepared"):
+                    row = [w, mo]
+                    for t in watched:
+                        c = cells.get((w, mo, t))
+                        v = c.get("median_cpu_us_per_tx") if c else None
+                        row.append(f"{v:.1f}" if v is not None else "")
+                    if any(row[2:]):
+                        L.append("| " + " | ".join(row) + " |")
+            L.append("")
         if res.get("targets"):
             L += ["### Targets", ""]
             for line in res["targets"]:
@@ -689,6 +730,11 @@ def check_targets(res: dict, proxy_names: list[str]) -> list[str]:
                         r = cells[("select-only", mo, base)]
                         vs = median([x / y for x, y in zip(c["tps"], r["tps"])])
                         line += f"; {vs:.3f}× {base}"
+                        mine, theirs = c.get("median_cpu_us_per_tx"), r.get("median_cpu_us_per_tx")
+                        if mine and theirs:
+                            within = mine <= theirs * 1.10
+                            line += (f"; CPU/tx {mine:.1f} vs {theirs:.1f} µs = {mine / theirs:.3f}× "
+                                     f"({'meets' if within else 'MISSES'} ≤ 1.10×)")
                 lines.append(line + ")")
     mem = res.get("memory")
     if mem:
