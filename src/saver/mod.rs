@@ -1,6 +1,7 @@
 //! Checkpoint-saver traffic: recognition and decoding.
 
 pub mod bind;
+pub mod bytea;
 pub mod checkpoint_row;
 pub mod classify;
 pub mod data_row;
