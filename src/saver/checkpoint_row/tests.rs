@@ -332,3 +332,8 @@ fn truncated_or_corrupted_rows_never_panic() {
         }
     }
 }
+
+#[path = "captured.rs"]
+mod captured;
+#[path = "generations.rs"]
+mod generations;

@@ -1,8 +1,11 @@
 //! Statements of the other saver generations, as they reach the wire:
 //! LangGraph Python `langgraph-checkpoint-postgres` 2.0.x (2.0.25) and
 //! LangGraph JS `@langchain/langgraph-checkpoint-postgres` 1.0.x (1.0.5,
-//! schema "public"), per shared reference saver-generations.md. Python's
-//! `%s` placeholders are `$n` by the time psycopg sends them.
+//! schema "public"). Python's `%s` placeholders are `$n` by the time
+//! psycopg sends them. The SELECTs, the pending-sends read and the writes
+//! are byte for byte the strings of the installed packages
+//! (`langgraph.checkpoint.postgres.base.SELECT_SQL`, JS
+//! `getSQLStatements("public")`).
 
 /// Python 2.0.x: the 3.x read with four elements per pending write,
 /// ordered by task and idx.
