@@ -1,7 +1,7 @@
 //! Allocation check: no allocation per forwarded message in the steady
 //! state of ordinary (non-checkpoint) traffic.
 //!
-//! Installs a counting global allocator and drives `SessionState` (and the
+//! Installs a counting global allocator and drives `SessionGuard` (and the
 //! relay's `ReadBuffer`) through many rounds of pgbench-style traffic in
 //! each protocol mode, counting allocations (alloc, alloc_zeroed and
 //! realloc calls) per round and per message type. Exits non-zero when the steady state of ordinary traffic
@@ -17,8 +17,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use resumeguard::enforce::SessionGuard;
 use resumeguard::wire::read_buffer::ReadBuffer;
-use resumeguard::wire::session_state::SessionState;
 
 struct Counting;
 
@@ -58,7 +58,7 @@ const CHECKPOINT_ROUNDS: usize = 10_000;
 
 struct Workload {
     name: &'static str,
-    session: SessionState,
+    session: SessionGuard,
     client: Vec<Vec<u8>>,
     server: Vec<Vec<u8>>,
     checked: bool,
@@ -95,11 +95,11 @@ fn run(w: &mut Workload, rounds: usize) -> Counts {
                 *by_message.entry(format!("B {}", f[0] as char)).or_default() += n;
             }
         }
-        if !w.session.ready_events.is_empty() {
+        if !w.session.hooks.ready_events.is_empty() {
             // What session.rs does after each batch (std::mem::take), so the
             // events of checkpoint rounds do not pile up.
             let before = ALLOCS.load(Ordering::Relaxed);
-            drop(std::mem::take(&mut w.session.ready_events));
+            drop(std::mem::take(&mut w.session.hooks.ready_events));
             let n = ALLOCS.load(Ordering::Relaxed) - before;
             if n > 0 {
                 *by_message.entry("audit events".into()).or_default() += n;

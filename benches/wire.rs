@@ -1,5 +1,5 @@
 //! Per-message cost of the session's protocol tracking: the response queue
-//! for one extended-protocol round, and `SessionState` for a pgbench-style
+//! for one extended-protocol round, and `SessionGuard` for a pgbench-style
 //! prepared select (the steady state of ordinary traffic), next to the
 //! saver's checkpoint read and `__interrupt__` write rounds (which decode
 //! and audit).
@@ -11,8 +11,8 @@ mod common;
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use resumeguard::wire::response_queue::{Progress, ResponseQueue, Route};
-use resumeguard::wire::session_state::SessionState;
+use resumeguard::enforce::SessionGuard;
+use resumeguard::wire::response_queue::{Expect, Progress, ResponseQueue, Route};
 
 fn response_queue(c: &mut Criterion) {
     let mut g = c.benchmark_group("response_queue");
@@ -21,8 +21,14 @@ fn response_queue(c: &mut Criterion) {
     let mut q: ResponseQueue<u32> = ResponseQueue::new();
     g.bench_function("parse_bind_describe_execute_sync_round", |b| {
         b.iter(|| {
-            for (tag, target) in [(b'P', 0), (b'B', 0), (b'D', b'P'), (b'E', 0), (b'S', 0)] {
-                q.push_for_client(black_box(tag), target, None);
+            for expect in [
+                Expect::ParseComplete,
+                Expect::BindComplete,
+                Expect::DescribePortal,
+                Expect::Execute,
+                Expect::Sync,
+            ] {
+                q.push(black_box(expect), Route::Forward, None);
             }
             let mut done = 0;
             for tag in *b"12TDCZ" {
@@ -38,7 +44,7 @@ fn response_queue(c: &mut Criterion) {
     g.finish();
 }
 
-fn round(st: &mut SessionState, r: &common::PgbenchRound) -> usize {
+fn round(st: &mut SessionGuard, r: &common::PgbenchRound) -> usize {
     for f in &r.client {
         st.on_client(black_box(f)).unwrap();
     }
@@ -59,7 +65,7 @@ fn session_state(c: &mut Criterion) {
     ));
     let mut st = common::prepared_session("P0_1", common::PGBENCH_SELECT_PREPARED, &[]);
     assert_eq!(round(&mut st, &r), 5);
-    assert!(st.is_idle() && st.ready_events.is_empty());
+    assert!(st.is_idle() && st.hooks.ready_events.is_empty());
     g.bench_function("pgbench_prepared_select_round", |b| {
         b.iter(|| round(&mut st, &r))
     });
@@ -71,13 +77,13 @@ fn session_state(c: &mut Criterion) {
     let mut st = common::prepared_session("_pg3_1", &common::read_latest_sql(), &[0, 0]);
     round(&mut st, &r);
     assert!(
-        !st.ready_events.is_empty(),
+        !st.hooks.ready_events.is_empty(),
         "checkpoint read produced no audit event"
     );
     g.bench_function("checkpoint_read_round", |b| {
         b.iter(|| {
             let n = round(&mut st, &r);
-            st.ready_events.clear();
+            st.hooks.ready_events.clear();
             n
         })
     });
@@ -93,13 +99,13 @@ fn session_state(c: &mut Criterion) {
     );
     round(&mut st, &r);
     assert!(
-        !st.ready_events.is_empty(),
+        !st.hooks.ready_events.is_empty(),
         "interrupt write produced no audit event"
     );
     g.bench_function("interrupt_write_round", |b| {
         b.iter(|| {
             let n = round(&mut st, &r);
-            st.ready_events.clear();
+            st.hooks.ready_events.clear();
             n
         })
     });

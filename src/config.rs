@@ -14,11 +14,12 @@ use regex::Regex;
 use crate::audit::{AuditConfig, AuditSink};
 use crate::claims::evidence::{self, EvidenceTiming};
 use crate::claims::{ClaimStore, DEFAULT_RUN_LEASE_MS};
+use crate::enforce::claim_gate::ClaimsLeg;
+use crate::enforce::Legs;
 use crate::policy::claims::WaitPolicy;
 use crate::policy::ChannelRules;
 use crate::saver::unknown::UnknownSaverPolicy;
-use crate::wire::claims_gate::ClaimsLeg;
-use crate::wire::proxy::{Legs, RelayConfig};
+use crate::wire::proxy::RelayConfig;
 use crate::wire::upstream::UpstreamAddr;
 
 #[derive(Debug, Clone, Deserialize)]

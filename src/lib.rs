@@ -8,6 +8,7 @@
 pub mod audit;
 pub mod claims;
 pub mod config;
+pub mod enforce;
 pub mod managed_pg;
 pub mod policy;
 pub mod saver;

@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use resumeguard::audit::{self, AuditSink};
 use resumeguard::claims::{render_claims, ClaimStore};
 use resumeguard::config::{upstream_addr, Config};
+use resumeguard::enforce::Enforcement;
 use resumeguard::managed_pg::ManagedPostgres;
 use resumeguard::policy::ChannelRules;
 use resumeguard::saver::classify::Classifier;
@@ -286,11 +287,16 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
             .with_context(|| format!("listening on {}", cfg.listen))?;
         let local = listener.local_addr()?;
         let (stop_tx, stop_rx) = watch::channel(false);
+        let enforcement = Arc::new(Enforcement {
+            classifier: Arc::new(
+                Classifier::new(profiles).with_unknown_policy(cfg.enforce.unknown_saver),
+            ),
+            legs,
+            audit: audit.clone(),
+        });
         let proxy = Arc::new(Proxy::new(
             cfg.relay(upstream.clone()),
-            legs,
-            Arc::new(Classifier::new(profiles).with_unknown_policy(cfg.enforce.unknown_saver)),
-            audit.clone(),
+            Arc::new(enforcement),
             stop_rx,
         ));
         tracing::info!(listen = %local, %upstream, audit = %cfg.audit_db().display(), "resumeguard serving");

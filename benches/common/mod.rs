@@ -5,11 +5,10 @@
 
 use std::sync::Arc;
 
-use resumeguard::audit::SessionContext;
+use resumeguard::audit::{AuditSink, SessionContext};
+use resumeguard::enforce::{Enforcement, Legs, SessionGuard};
 use resumeguard::saver::classify::Classifier;
 use resumeguard::saver::profile::SaverProfile;
-use resumeguard::wire::proxy::Legs;
-use resumeguard::wire::session_state::SessionState;
 
 #[path = "../../src/saver/classify/saver_sql.rs"]
 pub mod saver_sql;
@@ -246,12 +245,19 @@ pub fn interrupt_write_bind(stmt: &str) -> Vec<u8> {
 
 /// A fresh session with the proxy's default enforcement legs (what
 /// `resumeguard serve` runs with).
-pub fn session() -> SessionState {
-    SessionState::new(classifier(), Legs::default(), SessionContext::default())
+pub fn session() -> SessionGuard {
+    let shared = Arc::new(Enforcement {
+        classifier: classifier(),
+        legs: Legs::default(),
+        audit: AuditSink::disabled(),
+    });
+    let mut st = shared.session(SessionContext::default(), false);
+    st.on_server(&msg(b'Z', b"I")).unwrap();
+    st
 }
 
 /// A session that has prepared `stmt` = `sql` (Parse + Sync answered).
-pub fn prepared_session(stmt: &str, sql: &str, oids: &[u32]) -> SessionState {
+pub fn prepared_session(stmt: &str, sql: &str, oids: &[u32]) -> SessionGuard {
     let mut st = session();
     st.on_client(&parse(stmt, sql, oids)).unwrap();
     st.on_client(&sync()).unwrap();

@@ -10,9 +10,7 @@
 //! the answers recorded so far.
 
 use crate::saver::checkpoint_row::PendingWrite;
-
-/// The channel LangGraph records answers to interrupts on.
-pub const RESUME: &str = "__resume__";
+use crate::saver::reserved::RESUME;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ForkVerdict {

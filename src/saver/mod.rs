@@ -13,6 +13,7 @@ pub mod msgpack;
 pub mod pending_tasks;
 pub mod pg_array;
 pub mod profile;
+pub mod reserved;
 pub mod unknown;
 pub mod value;
 pub mod write_record;

@@ -17,10 +17,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-/// Channel-name prefixes of trigger channels.
-const TRIGGER_PREFIXES: &[&str] = &["branch:to:", "join:"];
-/// Whole channel names of trigger channels.
-const TRIGGER_NAMES: &[&str] = &["__start__", "__pregel_tasks"];
+use super::reserved::{TRIGGER_NAMES, TRIGGER_PREFIXES};
 
 /// Whether the checkpoint (its JSON text, as the saver stores it) has
 /// tasks to run. `None`: it does not say (no `updated_channels`, e.g. an

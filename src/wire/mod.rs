@@ -1,9 +1,10 @@
-//! The wire layer: framing, relaying, protocol state. It routes what the
-//! saver layer recognizes; it decides nothing about checkpoints itself.
+//! The wire layer: framing, relaying, protocol state. It routes what a
+//! session's guard decides; it knows nothing of checkpoints itself.
 
 pub mod backend;
-pub mod claims_gate;
 pub mod frame;
+pub mod frontend;
+pub mod guard;
 pub mod listener;
 pub mod proxy;
 pub mod read_buffer;
@@ -12,7 +13,7 @@ pub mod reject;
 pub mod response_queue;
 pub mod row_rewrite;
 pub mod session;
-pub mod session_state;
+pub mod sql_commands;
 pub mod startup;
+pub mod tracker;
 pub mod upstream;
-pub mod watch;

@@ -1,5 +1,5 @@
 //! What every session of one proxy process shares: configuration, the
-//! statement classifier, the audit sink, the cancel-key registry.
+//! guard factory, the cancel-key registry, the live sessions.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -8,10 +8,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 use tokio::sync::watch;
 
-use crate::audit::AuditSink;
-use crate::policy::ChannelRules;
-use crate::saver::classify::Classifier;
-use crate::wire::claims_gate::ClaimsLeg;
+use crate::wire::guard::GuardFactory;
 use crate::wire::registry::Registry;
 use crate::wire::upstream::{Upstream, UpstreamAddr};
 
@@ -44,34 +41,10 @@ impl Default for RelayConfig {
     }
 }
 
-/// Which enforcement legs run. Off, the proxy is a transparent relay that
-/// still recognizes and audits checkpoint traffic.
-#[derive(Clone)]
-pub struct Legs {
-    /// Hide recorded answers from reads that fork a superseded checkpoint.
-    pub fork_filter: bool,
-    /// Channel schemas every checkpoint write is validated against (empty:
-    /// the validity gate has nothing to check).
-    pub validity: Arc<ChannelRules>,
-    /// Consume-once claims on reads of parked heads (`None`: off).
-    pub claims: Option<Arc<ClaimsLeg>>,
-}
-
-impl Default for Legs {
-    fn default() -> Self {
-        Legs {
-            fork_filter: true,
-            validity: Arc::new(ChannelRules::default()),
-            claims: None,
-        }
-    }
-}
-
 pub struct Proxy {
     pub config: RelayConfig,
-    pub legs: Legs,
-    pub classifier: Arc<Classifier>,
-    pub audit: AuditSink,
+    /// Makes each session's guard.
+    pub guards: Arc<dyn GuardFactory>,
     /// BackendKeyData of live sessions: a CancelRequest is forwarded only
     /// for a key the proxy handed out, so the proxy cannot be used to
     /// probe or cancel arbitrary backends.
@@ -86,16 +59,12 @@ pub struct Proxy {
 impl Proxy {
     pub fn new(
         config: RelayConfig,
-        legs: Legs,
-        classifier: Arc<Classifier>,
-        audit: AuditSink,
+        guards: Arc<dyn GuardFactory>,
         shutdown: watch::Receiver<bool>,
     ) -> Self {
         Proxy {
             config,
-            legs,
-            classifier,
-            audit,
+            guards,
             cancel_keys: DashMap::new(),
             next_session_id: AtomicU64::new(1),
             shutdown,

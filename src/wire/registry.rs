@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
-use super::session_state::SessionState;
+use super::guard::Guard;
 use super::upstream::Upstream;
 
 /// Why a session's relay threads are stopping; the first reason set wins.
@@ -25,7 +25,12 @@ pub enum StopReason {
 pub struct SessionHandle {
     pub client: Arc<TcpStream>,
     pub server: Arc<Upstream>,
-    pub state: Arc<Mutex<SessionState>>,
+    pub state: Arc<Mutex<Box<dyn Guard>>>,
+    /// Signalled when server answers were tracked: a client message
+    /// waiting for an earlier Sync's answers looks again.
+    pub answered: Condvar,
+    /// The client sent Terminate.
+    pub client_terminated: AtomicBool,
     stop: AtomicU8,
 }
 
@@ -37,12 +42,14 @@ impl SessionHandle {
     pub fn new(
         client: Arc<TcpStream>,
         server: Arc<Upstream>,
-        state: Arc<Mutex<SessionState>>,
+        state: Arc<Mutex<Box<dyn Guard>>>,
     ) -> Self {
         SessionHandle {
             client,
             server,
             state,
+            answered: Condvar::new(),
+            client_terminated: AtomicBool::new(false),
             stop: AtomicU8::new(RUNNING),
         }
     }

@@ -17,12 +17,7 @@ const TAG: &str = "$resumeguard$";
 /// Parse + Bind + Execute (unnamed statement and portal) of a statement
 /// that fails with `sqlstate`, `message` and `detail`.
 pub fn raising_statement(sqlstate: &str, message: &str, detail: &str) -> Vec<u8> {
-    let sql = format!(
-        "DO {TAG} BEGIN RAISE EXCEPTION USING ERRCODE = '{}', MESSAGE = '{}', DETAIL = '{}'; END {TAG}",
-        literal(sqlstate),
-        literal(message),
-        literal(detail)
-    );
+    let sql = raising_sql(sqlstate, message, detail);
     let mut out = BytesMut::with_capacity(sql.len() + 64);
     // Parse: unnamed statement, no parameter types.
     out.put_u8(b'P');
@@ -45,6 +40,27 @@ pub fn raising_statement(sqlstate: &str, message: &str, detail: &str) -> Vec<u8>
     out.put_u8(0);
     out.put_i32(0);
     out.to_vec()
+}
+
+/// A simple Query of a statement that fails with `sqlstate`, `message`
+/// and `detail`: what the server gets in place of a refused query text.
+pub fn raising_query(sqlstate: &str, message: &str, detail: &str) -> Vec<u8> {
+    let sql = raising_sql(sqlstate, message, detail);
+    let mut out = BytesMut::with_capacity(sql.len() + 6);
+    out.put_u8(b'Q');
+    out.put_i32((4 + sql.len() + 1) as i32);
+    out.put_slice(sql.as_bytes());
+    out.put_u8(0);
+    out.to_vec()
+}
+
+fn raising_sql(sqlstate: &str, message: &str, detail: &str) -> String {
+    format!(
+        "DO {TAG} BEGIN RAISE EXCEPTION USING ERRCODE = '{}', MESSAGE = '{}', DETAIL = '{}'; END {TAG}",
+        literal(sqlstate),
+        literal(message),
+        literal(detail)
+    )
 }
 
 /// Text safe inside a single-quoted literal inside the dollar quote.

@@ -2,10 +2,8 @@
 //!
 //! Every client request that the server answers pushes one entry; every
 //! server message is matched against the front entry. The queue is what
-//! lets the proxy inject its own requests (their responses are swallowed),
-//! answer the client itself (synthesized entries are emitted in order, as
-//! soon as everything before them has been answered), and know which
-//! response belongs to which statement. It follows the protocol's rules:
+//! lets the proxy inject its own requests (their responses are swallowed)
+//! and know which response belongs to which statement. It follows the protocol's rules:
 //! after an ErrorResponse in the extended protocol the server skips every
 //! message up to the next Sync, so those entries are dropped; a simple
 //! Query and a FunctionCall end at ReadyForQuery; Flush, CopyData and
@@ -14,11 +12,10 @@
 use std::collections::VecDeque;
 use std::fmt;
 
-use bytes::Bytes;
-
 /// Whether a response reaches the client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Route {
+    #[default]
     Forward,
     /// A response to a request the proxy injected: the client never asked.
     Swallow,
@@ -45,8 +42,6 @@ pub enum Expect {
     Query,
     /// FunctionCallResponse, then ReadyForQuery.
     FunctionCall,
-    /// Bytes the proxy sends the client itself, in this position.
-    Synthesized(Bytes),
 }
 
 impl Expect {
@@ -147,6 +142,7 @@ impl<T> ResponseQueue<T> {
 
     /// Queues the response for the client message with type `tag`, if it
     /// gets one. Returns whether an entry was queued.
+    #[cfg(test)]
     pub fn push_for_client(&mut self, tag: u8, describe_target: u8, payload: Option<T>) -> bool {
         let expect = match tag {
             b'P' => Expect::ParseComplete,
@@ -164,31 +160,9 @@ impl<T> ResponseQueue<T> {
         true
     }
 
-    /// Queues bytes the proxy answers the client with, after everything
-    /// queued so far has been answered.
-    pub fn push_synthesized(&mut self, bytes: Bytes) {
-        self.entries.push_back(Entry {
-            expect: Expect::Synthesized(bytes),
-            route: Route::Forward,
-            payload: None,
-        });
-    }
-
-    /// Moves synthesized answers that are now at the front into `out`.
-    pub fn take_synthesized(&mut self, out: &mut Vec<Bytes>) {
-        while let Some(Entry {
-            expect: Expect::Synthesized(_),
-            ..
-        }) = self.entries.front()
-        {
-            if let Some(Entry {
-                expect: Expect::Synthesized(b),
-                ..
-            }) = self.entries.pop_front()
-            {
-                out.push(b);
-            }
-        }
+    /// The payloads of every outstanding entry, oldest first.
+    pub fn payloads(&self) -> impl Iterator<Item = &T> {
+        self.entries.iter().filter_map(|e| e.payload.as_ref())
     }
 
     /// The payload of the entry the next server message belongs to.
@@ -210,7 +184,6 @@ impl<T> ResponseQueue<T> {
     }
 
     /// Matches one server message (by type byte) against the queue.
-    /// Synthesized entries at the front must have been taken first.
     pub fn on_server(&mut self, tag: u8) -> Result<Progress<T>, Desync> {
         if matches!(tag, b'N' | b'A' | b'S') {
             return Ok(Progress::Async);
@@ -226,7 +199,6 @@ impl<T> ResponseQueue<T> {
         let route = front.route;
         let expect = front.expect.clone();
         match (tag, &expect) {
-            (_, Expect::Synthesized(_)) => Err(self.desync(tag)),
             (b'Z', e) if e.ends_at_ready() => self.complete(route),
             (b'Z', _) => {
                 // Entries that never got their answer: drop them up to the
@@ -251,9 +223,6 @@ impl<T> ResponseQueue<T> {
                     if found_sync || e.expect == Expect::Sync {
                         found_sync = true;
                         kept.push_back(e);
-                    } else if matches!(e.expect, Expect::Synthesized(_)) {
-                        // The proxy's own answer to a skipped request is
-                        // skipped too: the server would have sent nothing.
                     }
                 }
                 self.entries = kept;
@@ -443,45 +412,25 @@ mod tests {
     }
 
     #[test]
-    fn swallowed_injection_and_synthesized_answer_keep_order() {
-        // The proxy injects Parse+Bind ahead of the client's Execute, and
-        // answers a client Describe itself after the Execute's result.
+    fn swallowed_injection_keeps_order() {
+        // The proxy injects Parse+Bind ahead of the client's Execute.
         let mut q = Q::new();
         q.push(Expect::ParseComplete, Route::Swallow, None);
         q.push(Expect::BindComplete, Route::Swallow, None);
         q.push(Expect::Execute, Route::Forward, Some(7));
-        q.push_synthesized(Bytes::from_static(b"n\0\0\0\x04"));
         q.push(Expect::Sync, Route::Forward, None);
-
-        let mut synth = Vec::new();
-        q.take_synthesized(&mut synth);
-        assert!(synth.is_empty(), "nothing before it has been answered");
         assert_eq!(
             feed(&mut q, b"12"),
             vec![(b'1', Route::Swallow), (b'2', Route::Swallow)]
         );
         assert_eq!(q.front_payload_mut().copied(), Some(7));
+        assert_eq!(q.payloads().copied().collect::<Vec<_>>(), vec![7]);
         match q.on_server(b'C').unwrap() {
             Progress::Completed { done, route } => {
                 assert_eq!((done.payload, route), (Some(7), Route::Forward))
             }
             other => panic!("{other:?}"),
         }
-        q.take_synthesized(&mut synth);
-        assert_eq!(synth, vec![Bytes::from_static(b"n\0\0\0\x04")]);
-        assert_eq!(feed(&mut q, b"Z").len(), 1);
-    }
-
-    #[test]
-    fn error_drops_synthesized_answers_of_skipped_requests() {
-        let mut q = Q::new();
-        q.push(Expect::BindComplete, Route::Forward, None);
-        q.push_synthesized(Bytes::from_static(b"x"));
-        q.push(Expect::Sync, Route::Forward, None);
-        q.on_server(b'E').unwrap();
-        let mut synth = Vec::new();
-        q.take_synthesized(&mut synth);
-        assert!(synth.is_empty());
         assert_eq!(feed(&mut q, b"Z").len(), 1);
     }
 

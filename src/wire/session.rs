@@ -12,20 +12,18 @@ use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use bytes::BytesMut;
 
 use super::backend::{error_response, sqlstate, Severity};
-use super::claims_gate::ClaimRequest;
 use super::frame::peek_frame;
+use super::guard::{ClientStep, Guard, HeldTicket, SessionInfo};
 use super::proxy::Proxy;
 use super::read_buffer::ReadBuffer;
 use super::registry::{SessionHandle, StopReason};
-use super::response_queue::{Expect, Route};
-use super::session_state::SessionState;
+use super::response_queue::Route;
 use super::startup::{self, FirstPacket, StartupMessage};
-use crate::audit::SessionContext;
-use crate::claims::evidence::Evidence;
 
 /// A write buffer grown past this is replaced once sent.
 const SHRINK_ABOVE: usize = 1024 * 1024;
@@ -52,7 +50,8 @@ enum End {
 /// thread (plus one more for the client→server direction).
 pub fn serve_client(proxy: Arc<Proxy>, mut client: TcpStream, peer: SocketAddr, inspection: bool) {
     let _ = client.set_nodelay(true);
-    let first = match read_first_packet(&proxy, &mut client) {
+    let deadline = Instant::now() + proxy.config.startup_timeout;
+    let first = match read_first_packet(&mut client, deadline) {
         Ok(Some(p)) => p,
         Ok(None) => return,
         Err(msg) => {
@@ -62,6 +61,7 @@ pub fn serve_client(proxy: Arc<Proxy>, mut client: TcpStream, peer: SocketAddr, 
             return;
         }
     };
+    let (first, early) = first;
     match first {
         FirstPacket::Cancel { pid, key } => proxy.forward_cancel(pid, key),
         FirstPacket::Startup(_) if proxy.sessions.live() > proxy.config.max_client_conn => {
@@ -75,7 +75,15 @@ pub fn serve_client(proxy: Arc<Proxy>, mut client: TcpStream, peer: SocketAddr, 
             let err = error_response(Severity::Fatal, sqlstate::TOO_MANY_CONNECTIONS, &msg, None);
             let _ = client.write_all(&err);
         }
-        FirstPacket::Startup(startup) => run_session(proxy, client, peer, startup, inspection),
+        FirstPacket::Startup(startup) => {
+            let start = Start {
+                startup,
+                early,
+                deadline,
+                inspection,
+            };
+            run_session(proxy, client, peer, start)
+        }
         // read_first_packet answers negotiation requests itself.
         FirstPacket::SslRequest | FirstPacket::GssEncRequest => {}
     }
@@ -83,22 +91,22 @@ pub fn serve_client(proxy: Arc<Proxy>, mut client: TcpStream, peer: SocketAddr, 
 
 /// Reads the connection's first packet, answering SSL and GSSAPI
 /// encryption requests with 'N' (no TLS yet) until a real one arrives.
-fn read_first_packet(proxy: &Proxy, client: &mut TcpStream) -> Result<Option<FirstPacket>, String> {
-    let _ = client.set_read_timeout(Some(proxy.config.startup_timeout));
+/// The whole exchange must finish within the startup timeout, however
+/// slowly the bytes come. Bytes after the packet are the client's first
+/// messages: they come back with it.
+fn read_first_packet(
+    client: &mut TcpStream,
+    deadline: Instant,
+) -> Result<Option<(FirstPacket, BytesMut)>, String> {
     let mut rb = ReadBuffer::default();
     let first = loop {
         let len = loop {
             match startup::peek_len(&rb.bytes).map_err(|e| e.to_string())? {
                 Some(len) => break len,
-                None => match rb.fill(&mut *client) {
+                None => match fill_before(&mut rb, client, deadline) {
                     Ok(0) => return Ok(None),
                     Ok(_) => {}
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                        ) =>
-                    {
+                    Err(e) if is_timeout(&e) => {
                         return Err("timed out waiting for the startup packet".into())
                     }
                     Err(_) => return Ok(None),
@@ -118,40 +126,64 @@ fn read_first_packet(proxy: &Proxy, client: &mut TcpStream) -> Result<Option<Fir
             other => break other,
         }
     };
-    let _ = client.set_read_timeout(None);
-    Ok(Some(first))
+    Ok(Some((first, rb.bytes)))
 }
 
-fn run_session(
-    proxy: Arc<Proxy>,
-    client: TcpStream,
-    peer: SocketAddr,
+/// One read, given up at `deadline`.
+fn fill_before(
+    rb: &mut ReadBuffer,
+    client: &TcpStream,
+    deadline: Instant,
+) -> std::io::Result<usize> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(std::io::ErrorKind::TimedOut.into());
+    }
+    client.set_read_timeout(Some(left))?;
+    rb.fill(client)
+}
+
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
+}
+
+/// What a session starts from: the client's StartupMessage, the bytes it
+/// sent right after it, and when authentication must be over.
+struct Start {
     startup: StartupMessage,
+    early: BytesMut,
+    deadline: Instant,
     inspection: bool,
-) {
+}
+
+fn run_session(proxy: Arc<Proxy>, client: TcpStream, peer: SocketAddr, start: Start) {
+    let (startup, inspection) = (&start.startup, start.inspection);
     let session_id = proxy.next_session_id.fetch_add(1, Ordering::Relaxed);
-    let ctx = SessionContext {
+    let info = SessionInfo {
         session_id,
         client_addr: peer.to_string(),
         user: startup.user().to_owned(),
         database: startup.database().to_owned(),
         application_name: startup.param("application_name").unwrap_or("").to_owned(),
+        inspection_listener: inspection,
     };
-    let span = tracing::info_span!("session", id = session_id, %peer, user = %ctx.user, db = %ctx.database);
+    let span = tracing::info_span!("session", id = session_id, %peer, user = %info.user, db = %info.database);
     let _entered = span.enter();
-    relay_session(proxy, client, startup, inspection, ctx, &span);
+    relay_session(proxy, client, start, info, &span);
 }
 
 /// The session proper, inside its tracing span.
 fn relay_session(
     proxy: Arc<Proxy>,
     client: TcpStream,
-    startup: StartupMessage,
-    inspection: bool,
-    ctx: SessionContext,
+    start: Start,
+    info: SessionInfo,
     span: &tracing::Span,
 ) {
-    let session_id = ctx.session_id;
+    let session_id = info.session_id;
     let client = Arc::new(client);
     let server = match proxy.connect_upstream() {
         Ok(s) => Arc::new(s),
@@ -163,17 +195,14 @@ fn relay_session(
             return;
         }
     };
-    if let Err(e) = server.write_all(&startup.raw) {
+    if let Err(e) = server.write_all(&start.startup.raw) {
         let msg = format!("resumeguard: upstream failed during startup: {e}");
         let err = error_response(Severity::Fatal, sqlstate::CONNECTION_FAILURE, &msg, None);
         let _ = (&*client).write_all(&err);
         return;
     }
 
-    let mut state = SessionState::new(Arc::clone(&proxy.classifier), proxy.legs.clone(), ctx);
-    state.queue.push(Expect::Startup, Route::Forward, None);
-    state.inspection_listener = inspection;
-    let state = Arc::new(Mutex::new(state));
+    let state = Arc::new(Mutex::new(proxy.guards.guard(info)));
     let handle = Arc::new(SessionHandle::new(
         Arc::clone(&client),
         Arc::clone(&server),
@@ -184,12 +213,13 @@ fn relay_session(
 
     let up = {
         let (proxy, handle, span) = (Arc::clone(&proxy), Arc::clone(&handle), span.clone());
+        let (early, deadline) = (start.early, start.deadline);
         std::thread::Builder::new()
             .name("rg-client".into())
             .stack_size(THREAD_STACK)
             .spawn(move || {
                 let _entered = span.enter();
-                client_to_server(&proxy, &handle)
+                client_to_server(&proxy, &handle, early, deadline)
             })
     };
     let up = match up {
@@ -224,11 +254,9 @@ fn relay_session(
     for (pid, key) in keys.into_inner().unwrap_or_default() {
         proxy.cancel_keys.remove(&(pid, key));
     }
-    // A holder that goes away mid-gate must not strand its thread.
-    if let Some(sender) = proxy.legs.claims.as_ref().and_then(|l| l.evidence.as_ref()) {
-        if let Ok(st) = state.lock() {
-            sender.send(&st.ctx, Evidence::HolderGone { session_id });
-        }
+    if let Ok(mut st) = state.lock() {
+        st.closed();
+        st.flush();
     }
     match end {
         End::Error(e) | End::ClientProtocol(e) => tracing::info!(error = %e, "session ended"),
@@ -240,8 +268,13 @@ fn relay_session(
 
 /// Client → server: frame, track, forward. Runs on its own thread; any
 /// way out stops the session ([`StopReason::Quiet`] unless shutdown).
-fn client_to_server(proxy: &Proxy, handle: &SessionHandle) -> End {
-    let end = relay_client(proxy, handle);
+fn client_to_server(
+    proxy: &Proxy,
+    handle: &SessionHandle,
+    early: BytesMut,
+    deadline: Instant,
+) -> End {
+    let end = relay_client(proxy, handle, early, deadline);
     let reason = match end {
         End::Shutdown => StopReason::Shutdown,
         _ => StopReason::Quiet,
@@ -250,33 +283,67 @@ fn client_to_server(proxy: &Proxy, handle: &SessionHandle) -> End {
     end
 }
 
-fn relay_client(proxy: &Proxy, handle: &SessionHandle) -> End {
+/// Messages before authentication is over are small (passwords, SASL
+/// tokens): a larger one is refused before it is buffered.
+pub const MAX_PRE_AUTH_MESSAGE: usize = 65_536;
+
+fn relay_client(proxy: &Proxy, handle: &SessionHandle, early: BytesMut, deadline: Instant) -> End {
     let (client, server) = (&*handle.client, &*handle.server);
     let mut rb = ReadBuffer::default();
+    rb.bytes.extend_from_slice(&early);
     let mut out = BytesMut::new();
+    let mut read_more = early.is_empty();
+    let mut started = false;
     loop {
-        match rb.fill(client) {
-            Ok(0) => return End::ClientClosed,
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return End::Error(format!("client read: {e}")),
+        if !started {
+            started = handle.state.lock().map(|st| st.started()).unwrap_or(false);
+            if started {
+                let _ = client.set_read_timeout(None);
+            }
+        }
+        if read_more {
+            let read = if started {
+                rb.fill(client)
+            } else {
+                // Startup and authentication have one deadline, however
+                // slowly the bytes come.
+                fill_before(&mut rb, client, deadline)
+            };
+            match read {
+                Ok(0) => return End::ClientClosed,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) if !started && is_timeout(&e) => {
+                    return End::ClientProtocol("resumeguard: authentication timed out".into())
+                }
+                Err(e) => return End::Error(format!("client read: {e}")),
+            }
         }
         if handle.stopping().is_some() {
             return End::Quiet;
         }
         // Frame and track under the lock; no I/O while it is held.
-        let (ready, refused) = match handle.state.lock() {
+        let tracked = match handle.state.lock() {
             // Shutting down and nothing in flight: close instead of
             // starting new work (checked under the lock the drain uses).
             Ok(st) if proxy.sessions.draining() && st.is_idle() => return End::Shutdown,
             Ok(mut st) => {
-                track_client(&mut st, &rb.bytes, &mut out, proxy.config.max_message_bytes)
+                let max = if started {
+                    proxy.config.max_message_bytes
+                } else {
+                    MAX_PRE_AUTH_MESSAGE
+                };
+                track_client(st.as_mut(), &rb.bytes, &mut out, max)
             }
             Err(_) => return End::Error("session state poisoned".into()),
         };
+        if tracked.terminated {
+            // Before the server sees it, so its close is never news.
+            handle.client_terminated.store(true, Ordering::Release);
+        }
         let sent = if out.is_empty() {
             // Nothing rewritten: forward the received bytes as they are.
-            server.write_all(&rb.bytes[..ready])
+            server.write_all(&rb.bytes[..tracked.ready])
         } else {
             let sent = server.write_all(&out);
             out.clear();
@@ -285,37 +352,80 @@ fn relay_client(proxy: &Proxy, handle: &SessionHandle) -> End {
         if let Err(e) = sent {
             return End::Error(format!("upstream write: {e}"));
         }
-        let _ = rb.bytes.split_to(ready);
-        if let Some(reason) = refused {
+        let _ = rb.bytes.split_to(tracked.ready);
+        if let Some(reason) = tracked.refused {
             return End::ClientProtocol(format!("resumeguard: invalid client message: {reason}"));
+        }
+        read_more = !tracked.awaiting;
+        if tracked.awaiting && !await_answers(handle) {
+            return End::Quiet;
         }
         rb.shrink_if_drained();
     }
 }
 
-/// Frames and tracks the complete client messages at the front of `buf`:
-/// how many bytes were consumed, and why the next message is refused.
-/// When the state rewrites a message, `out` receives everything consumed
+/// Waits until the server has answered everything sent before the
+/// client's latest Sync. False when the session stops meanwhile.
+fn await_answers(handle: &SessionHandle) -> bool {
+    let Ok(mut st) = handle.state.lock() else {
+        return false;
+    };
+    while !st.settled() {
+        if handle.stopping().is_some() {
+            return false;
+        }
+        st = match handle
+            .answered
+            .wait_timeout(st, std::time::Duration::from_millis(100))
+        {
+            Ok((st, _)) => st,
+            Err(_) => return false,
+        };
+    }
+    true
+}
+
+/// What one pass over the client's buffered bytes left to do.
+struct TrackedClient {
+    /// Bytes consumed (forwarded as they are, or as `out`).
+    ready: usize,
+    /// Why the next message is refused.
+    refused: Option<String>,
+    /// The next message waits for the server's answers.
+    awaiting: bool,
+    /// The client sent Terminate: the server closing next is expected.
+    terminated: bool,
+}
+
+/// Frames and tracks the complete client messages at the front of `buf`.
+/// When the guard rewrites a message, `out` receives everything consumed
 /// (rewritten where needed); otherwise it stays empty and the consumed
 /// bytes are forwarded unchanged.
 fn track_client(
-    st: &mut SessionState,
+    guard: &mut dyn Guard,
     buf: &[u8],
     out: &mut BytesMut,
     max: usize,
-) -> (usize, Option<String>) {
+) -> TrackedClient {
     let mut ready = 0;
     let mut copied = 0;
+    let mut awaiting = false;
+    let mut terminated = false;
     let refused = loop {
         match peek_frame(&buf[ready..], max) {
             Ok(Some(h)) => {
                 let end = ready + h.total_len;
-                match st.on_client(&buf[ready..end]) {
-                    Ok(None) => {}
-                    Ok(Some(replacement)) => {
+                terminated |= h.tag == b'X';
+                match guard.on_client(&buf[ready..end]) {
+                    Ok(ClientStep::Forward) => {}
+                    Ok(ClientStep::Replace(replacement)) => {
                         out.extend_from_slice(&buf[copied..ready]);
                         out.extend_from_slice(&replacement);
                         copied = end;
+                    }
+                    Ok(ClientStep::AwaitServer) => {
+                        awaiting = true;
+                        break None;
                     }
                     Err(e) => break Some(e.to_string()),
                 }
@@ -328,7 +438,12 @@ fn track_client(
     if !out.is_empty() {
         out.extend_from_slice(&buf[copied..ready]);
     }
-    (ready, refused)
+    TrackedClient {
+        ready,
+        refused,
+        awaiting,
+        terminated,
+    }
 }
 
 /// Server → client: frame, match against the response queue, route. Runs
@@ -350,6 +465,10 @@ fn server_to_client(
             (Err(e), None) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             (_, Some(StopReason::Shutdown)) => return close_for_shutdown(client),
             (_, Some(StopReason::Quiet)) => return End::Quiet,
+            (Ok(_), None) if handle.client_terminated.load(Ordering::Acquire) => {
+                // The client said goodbye; the server's close answers it.
+                return End::ClientClosed;
+            }
             (Ok(_), None) => {
                 if !server_said_fatal {
                     let err = error_response(
@@ -373,13 +492,17 @@ fn server_to_client(
         // batch until its claim is decided, then routing goes on.
         loop {
             let outcome = match state.lock() {
-                Ok(mut st) => track_server(proxy, &mut st, keys, &mut rb.bytes, &mut out),
+                Ok(mut st) => {
+                    let tracked = track_server(proxy, st.as_mut(), keys, &mut rb.bytes, &mut out);
+                    st.flush();
+                    handle.answered.notify_all();
+                    tracked
+                }
                 Err(_) => return End::Error("session state poisoned".into()),
             };
             let held = match outcome {
                 Ok(tracked) => {
                     server_said_fatal |= tracked.fatal;
-                    dispatch(proxy, state, tracked.events, tracked.evidence);
                     tracked.held
                 }
                 Err(msg) => {
@@ -387,11 +510,13 @@ fn server_to_client(
                     return fail_session(client, &msg);
                 }
             };
-            let Some(held) = held else { break };
-            let Some(leg) = proxy.legs.claims.as_ref() else {
-                // Claims are only requested with the leg on; never drop a row.
-                out.extend_from_slice(held.replace.as_deref().unwrap_or(&held.frame));
-                continue;
+            let Some(Held {
+                frame,
+                replace,
+                ticket: HeldTicket(mut ticket),
+            }) = held
+            else {
+                break;
             };
             // What came before the held row may go out while it waits.
             if !out.is_empty() {
@@ -400,18 +525,18 @@ fn server_to_client(
                 }
                 out.clear();
             }
-            let resolution = leg.resolve(&held.request);
-            let (refusal, events) = match state.lock() {
-                Ok(mut st) => (
-                    st.apply_claim(&held.request, &resolution),
-                    std::mem::take(&mut st.ready_events),
-                ),
+            ticket.decide();
+            let refusal = match state.lock() {
+                Ok(mut st) => {
+                    let refusal = st.release(ticket);
+                    st.flush();
+                    refusal
+                }
                 Err(_) => return End::Error("session state poisoned".into()),
             };
-            dispatch(proxy, state, events, Vec::new());
             match refusal {
                 Some(error) => out.extend_from_slice(&error),
-                None => out.extend_from_slice(held.replace.as_deref().unwrap_or(&held.frame)),
+                None => out.extend_from_slice(replace.as_deref().unwrap_or(&frame)),
             }
         }
         if !out.is_empty() {
@@ -433,46 +558,22 @@ fn server_to_client(
 /// What one batch of server messages left for the relay to do.
 struct Tracked {
     fatal: bool,
-    events: Vec<crate::audit::AuditEvent>,
-    evidence: Vec<Evidence>,
-    /// A parked head's row, held until its claim is decided.
+    /// A message held until its ticket is decided.
     held: Option<Held>,
 }
 
-/// A message held back from the client while a claim is decided.
+/// A message held back from the client while its ticket is decided.
 struct Held {
     frame: BytesMut,
     replace: Option<bytes::Bytes>,
-    request: ClaimRequest,
-}
-
-/// Hands audit events to the sink and claim evidence to the claims worker;
-/// neither blocks.
-fn dispatch(
-    proxy: &Proxy,
-    state: &Mutex<SessionState>,
-    events: Vec<crate::audit::AuditEvent>,
-    evidence: Vec<Evidence>,
-) {
-    for ev in events {
-        proxy.audit.record(ev);
-    }
-    if evidence.is_empty() {
-        return;
-    }
-    let sender = proxy.legs.claims.as_ref().and_then(|l| l.evidence.as_ref());
-    if let (Some(sender), Ok(st)) = (sender, state.lock()) {
-        for ev in evidence {
-            sender.send(&st.ctx, ev);
-        }
-    }
+    ticket: HeldTicket,
 }
 
 /// Frames, tracks and routes the complete server messages in `buf` into
 /// `out`. An error means the session can no longer be followed.
 fn track_server(
     proxy: &Proxy,
-    st: &mut SessionState,
+    guard: &mut dyn Guard,
     keys: &Mutex<Vec<(i32, Vec<u8>)>>,
     buf: &mut BytesMut,
     out: &mut BytesMut,
@@ -483,41 +584,30 @@ fn track_server(
         .map_err(|e| format!("upstream protocol violation: {e}"))?
     {
         let frame = buf.split_to(h.total_len);
-        let mut verdict = st.on_server(&frame).map_err(|d| d.to_string())?;
-        if let Some(request) = verdict.claim.take() {
-            for synthesized in &verdict.before {
-                out.extend_from_slice(synthesized);
-            }
+        let mut step = guard.on_server(&frame).map_err(|d| d.to_string())?;
+        if let Some(ticket) = step.hold.take() {
             held = Some(Held {
                 frame,
-                replace: verdict.replace,
-                request,
+                replace: step.replace,
+                ticket,
             });
             break;
         }
-        for synthesized in &verdict.before {
-            out.extend_from_slice(synthesized);
+        if step.route == Route::Forward {
+            out.extend_from_slice(step.replace.as_deref().unwrap_or(&frame));
         }
-        if verdict.route == Route::Forward {
-            out.extend_from_slice(verdict.replace.as_deref().unwrap_or(&frame));
-        }
-        fatal |= verdict.fatal;
-        if let Some((pid, key)) = verdict.backend_key {
+        fatal |= step.fatal;
+        if let Some((pid, key)) = step.backend_key {
             proxy.cancel_keys.insert((pid, key.clone()), ());
             if let Ok(mut k) = keys.lock() {
                 k.push((pid, key));
             }
         }
     }
-    Ok(Tracked {
-        fatal,
-        events: std::mem::take(&mut st.ready_events),
-        evidence: std::mem::take(&mut st.ready_evidence),
-        held,
-    })
+    Ok(Tracked { fatal, held })
 }
 
-fn idle(state: &Mutex<SessionState>) -> bool {
+fn idle(state: &Mutex<Box<dyn Guard>>) -> bool {
     state.lock().map(|s| s.is_idle()).unwrap_or(true)
 }
 

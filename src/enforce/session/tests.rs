@@ -1,10 +1,95 @@
-//! The session state driven with the message sequences psycopg sends for
-//! the saver, and the server's answers.
+//! A session's tracker and enforcer driven with the message sequences
+//! psycopg sends for the saver, and the server's answers.
+
+use std::ops::{Deref, DerefMut};
 
 use super::*;
 use crate::audit::Operation;
+use crate::enforce::claim_gate::{apply_claim, ClaimsLeg, Resolution};
+use crate::enforce::{Enforcement, Legs};
+use crate::saver::classify::Classifier;
 use crate::saver::pg_array::ByteaArray;
 use crate::saver::profile::SaverProfile;
+use crate::wire::guard::ClientStep;
+use crate::wire::response_queue::{Desync, Route};
+use crate::wire::tracker::Tracker;
+
+/// The session as the relay drives it: the tracker with this session's
+/// enforcer as its hooks.
+struct SessionState(Tracker<SessionEnforcer>);
+
+/// What the relay does with one server message, with the claim a held
+/// row asks for.
+#[derive(Debug)]
+struct ServerVerdict {
+    route: Route,
+    fatal: bool,
+    backend_key: Option<(i32, Vec<u8>)>,
+    claim: Option<ClaimRequest>,
+}
+
+impl SessionState {
+    fn new(classifier: Arc<Classifier>, legs: Legs, ctx: SessionContext) -> Self {
+        let audit = crate::audit::AuditSink::disabled();
+        let shared = Arc::new(Enforcement {
+            classifier,
+            legs,
+            audit,
+        });
+        SessionState(Tracker::new(SessionEnforcer::new(shared, ctx)))
+    }
+
+    fn on_client(&mut self, frame: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
+        Ok(match self.0.on_client(frame)? {
+            ClientStep::Forward => None,
+            ClientStep::Replace(bytes) => Some(bytes),
+            ClientStep::AwaitServer => panic!("unexpected wait for the server"),
+        })
+    }
+
+    fn on_server(&mut self, frame: &[u8]) -> Result<ServerVerdict, Desync> {
+        let step = self.0.on_server(frame)?;
+        let claim = step.hold.map(|HeldTicket(t)| {
+            let ticket = t
+                .into_any()
+                .downcast::<ClaimTicket>()
+                .expect("a claim ticket");
+            ticket.request
+        });
+        Ok(ServerVerdict {
+            route: step.route,
+            fatal: step.fatal,
+            backend_key: step.backend_key,
+            claim,
+        })
+    }
+
+    fn apply_claim(&mut self, req: &ClaimRequest, res: &Resolution) -> Option<Bytes> {
+        let e = &mut self.0.hooks;
+        let refusal = apply_claim(&e.ctx, req, res, &mut e.ready_events);
+        if refusal.is_some() {
+            self.0.swallow_front();
+        }
+        refusal
+    }
+
+    fn is_idle(&self) -> bool {
+        self.0.is_idle()
+    }
+}
+
+impl Deref for SessionState {
+    type Target = SessionEnforcer;
+    fn deref(&self) -> &SessionEnforcer {
+        &self.0.hooks
+    }
+}
+
+impl DerefMut for SessionState {
+    fn deref_mut(&mut self) -> &mut SessionEnforcer {
+        &mut self.0.hooks
+    }
+}
 
 const WRITE_SQL: &str = "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET channel = EXCLUDED.channel, type = EXCLUDED.type, blob = EXCLUDED.blob";
 const READ_SQL: &str = "select thread_id, checkpoint, checkpoint_ns, checkpoint_id, parent_checkpoint_id, metadata, (select array_agg(array[bl.channel::bytea, bl.type::bytea, bl.blob]) from checkpoint_blobs bl) as channel_values, (select array_agg(array[cw.task_id::text::bytea, cw.channel::bytea, cw.type::bytea, cw.blob, convert_to(cw.task_path, 'UTF8'), cw.idx::text::bytea]) from checkpoint_writes cw) as pending_writes from checkpoints WHERE thread_id = $1 AND checkpoint_ns = $2 ORDER BY checkpoint_id DESC LIMIT 1";
@@ -306,11 +391,7 @@ fn an_undecodable_bind_of_a_checkpoint_statement_fails_closed() {
 #[test]
 fn backend_key_and_application_name_are_picked_up() {
     let mut st = state();
-    st.queue.push(
-        super::super::response_queue::Expect::Startup,
-        Route::Forward,
-        None,
-    );
+    st.0.expect_startup();
     let v = st
         .on_server(&msg(b'K', &[0, 0, 0, 42, 9, 9, 9, 9]))
         .unwrap();
@@ -473,7 +554,7 @@ fn the_injected_answers_are_swallowed_and_the_error_forwarded() {
 /// the session state itself; the relay asks it).
 fn claiming_state(inspection: &[&str], application_name: &str) -> SessionState {
     use crate::policy::claims::WaitPolicy;
-    use crate::wire::claims_gate::ClaimsLeg;
+
     let leg = ClaimsLeg {
         store: Err(crate::claims::StoreError::Open {
             path: "unused".into(),
@@ -548,7 +629,6 @@ fn read_head(st: &mut SessionState, checkpoint: &[u8], pending: Option<&[u8]>) -
 
 #[test]
 fn a_head_with_tasks_to_run_asks_for_the_run_lease_and_a_finished_one_does_not() {
-    use crate::wire::claims_gate::Head;
     let mut st = claiming_state(&[], "worker");
     let running = read_head(
         &mut st,
@@ -595,7 +675,6 @@ fn assert_refused_and_rest_swallowed(st: &mut SessionState, error: Option<Bytes>
 fn a_refused_running_head_names_the_run_and_a_served_one_records_nothing() {
     use crate::claims::{Holder, RunLease};
     use crate::policy::claims::{ClaimDecision, Refusal};
-    use crate::wire::claims_gate::Resolution;
     let cp = br#"{"updated_channels": ["branch:to:after"]}"#;
     let mut st = claiming_state(&[], "worker");
     let req = read_head(&mut st, cp, None).claim.unwrap();
@@ -678,7 +757,6 @@ fn inspection_sessions_never_claim() {
 fn a_refused_claim_replaces_the_row_and_swallows_the_rest_of_its_answer() {
     use crate::claims::Holder;
     use crate::policy::claims::{ClaimDecision, Refusal};
-    use crate::wire::claims_gate::Resolution;
     let mut st = claiming_state(&[], "worker");
     let req = read_parked_head(&mut st).claim.unwrap();
     let winner = Holder {

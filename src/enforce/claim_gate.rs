@@ -1,4 +1,4 @@
-//! The consume-once gate on the wire: when a read of a thread's head
+//! The consume-once gate: when a read of a thread's head
 //! returns a parked checkpoint, the proxy holds that row, takes a claim in
 //! the shared store (waiting as the policy says), and only then lets the
 //! row through, or sends the refusal in its place, before any node runs.
@@ -6,10 +6,18 @@
 //! same way while the store is asked whether another session's answering
 //! run holds the thread's run lease.
 
+use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use regex::Regex;
+use serde::Serialize;
+
+use super::events::detail;
+use crate::audit::{AuditEvent, Operation, SessionContext};
+use crate::wire::backend::{error_response, Severity};
+use crate::wire::guard::Ticket;
 
 use crate::claims::evidence::EvidenceSender;
 use crate::claims::{now_ms, ClaimKey, ClaimOutcome, ClaimStore, Holder, StoreError};
@@ -125,5 +133,141 @@ impl ClaimsLeg {
                 tracing::warn!(error = %e, "refusal not counted in the claim store");
             }
         }
+    }
+}
+
+/// A held head row's claim, decided outside the session lock.
+#[derive(Debug)]
+pub struct ClaimTicket {
+    leg: Arc<ClaimsLeg>,
+    pub request: ClaimRequest,
+    pub resolution: Option<Resolution>,
+}
+
+impl ClaimTicket {
+    pub fn new(leg: Arc<ClaimsLeg>, request: ClaimRequest) -> Self {
+        ClaimTicket {
+            leg,
+            request,
+            resolution: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for ClaimsLeg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClaimsLeg")
+            .field("proxy_id", &self.proxy_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ticket for ClaimTicket {
+    fn decide(&mut self) {
+        self.resolution = Some(self.leg.resolve(&self.request));
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+}
+
+#[derive(Serialize)]
+struct WaitedDetail<'a> {
+    interrupt: &'a str,
+    waited_ms: i64,
+}
+
+#[derive(Serialize)]
+struct RefusedDetail<'a> {
+    interrupt: &'a str,
+    sqlstate: &'a str,
+    reason: &'a str,
+    head: &'a str,
+}
+
+#[derive(Serialize)]
+struct TakenDetail<'a> {
+    interrupt: &'a str,
+    displaced: Option<HolderDetail<'a>>,
+}
+
+#[derive(Serialize)]
+struct HolderDetail<'a> {
+    client_addr: &'a str,
+    application_name: &'a str,
+    proxy_id: &'a str,
+    session_id: u64,
+}
+
+/// What a decided claim means for the held row: `None` lets it through;
+/// `Some` is the refusal the client gets instead. The audit records go to
+/// `events`.
+pub fn apply_claim(
+    ctx: &SessionContext,
+    req: &ClaimRequest,
+    res: &Resolution,
+    events: &mut Vec<AuditEvent>,
+) -> Option<Bytes> {
+    let key = &req.key;
+    let event = |op| {
+        AuditEvent::new(ctx, op)
+            .with_thread(key.thread_id.clone())
+            .with_checkpoint(key.checkpoint_ns.clone(), key.checkpoint_id.clone())
+    };
+    if res.waited_ms > 0 {
+        events.push(
+            event(Operation::ClaimWaited).with_detail(detail(&WaitedDetail {
+                interrupt: key.short_fingerprint(),
+                waited_ms: res.waited_ms,
+            })),
+        );
+    }
+    match &res.decision {
+        ClaimDecision::Refuse { reason } => {
+            let message = reason.message(key);
+            tracing::info!(thread = %key.thread_id, "{message}");
+            let interrupt = match reason {
+                Refusal::RunInProgress { lease } => lease.short_fingerprint(),
+                _ => key.short_fingerprint(),
+            };
+            events.push(
+                event(Operation::ClaimRefused).with_detail(detail(&RefusedDetail {
+                    interrupt,
+                    sqlstate: reason.sqlstate(),
+                    reason: &message,
+                    head: match req.head {
+                        Head::Parked => "parked",
+                        Head::Running => "running",
+                    },
+                })),
+            );
+            Some(error_response(
+                Severity::Error,
+                reason.sqlstate(),
+                &message,
+                Some(reason.hint()),
+            ))
+        }
+        // A running head outside any lease: nothing was claimed.
+        ClaimDecision::Serve { .. } if req.head == Head::Running => None,
+        ClaimDecision::Serve { takeover } => {
+            let op = if *takeover {
+                Operation::ClaimTakeover
+            } else {
+                Operation::ClaimTaken
+            };
+            events.push(event(op).with_detail(detail(&TakenDetail {
+                interrupt: key.short_fingerprint(),
+                displaced: res.displaced.as_ref().map(|h| HolderDetail {
+                    client_addr: &h.client_addr,
+                    application_name: &h.application_name,
+                    proxy_id: &h.proxy_id,
+                    session_id: h.session_id,
+                }),
+            })));
+            None
+        }
+        ClaimDecision::RetryAfter { .. } => None,
     }
 }

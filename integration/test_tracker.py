@@ -1,0 +1,187 @@
+"""Protocol state that changes only on the server's answer, on raw sockets
+against real PostgreSQL 15, each sequence beside the same bytes straight to
+PostgreSQL.
+
+Five sequences once let a checkpoint statement escape the proxy's eye,
+because the proxy changed its view of a prepared statement when the client
+asked, not when the server confirmed:
+
+1. ``Parse s1 = <write>``; ``Parse s1 = select 1`` (42P05: the server keeps
+   the write); ``Bind/Execute s1``.
+2. ``Parse(bad SQL) Close(S s1) Sync``: the server skips the Close.
+3. ``BEGIN; select 1/0; DEALLOCATE s1`` (not executed, 25P02); ``ROLLBACK``;
+   ``Bind s1``.
+4. SQL ``PREPARE s4 AS <write>`` then a protocol ``Bind s4``.
+5. SQL ``PREPARE s5 AS <write>`` then ``EXECUTE s5(...)``.
+
+For the write variant the payload breaks a channel rule (``items`` must be
+a list of strings; the blob is msgpack ``[None]``): straight to PostgreSQL it
+commits one row; through the proxy it is refused (23514 for 1-4, where the
+statement is recognized when bound; 0A000 for 5, as SQL EXECUTE of a
+checkpoint statement is refused) and 0 rows exist. For the read variant the
+statement is the saver's READ(latest) of a parked thread: through the proxy
+it takes its consume-once claim (``claim_taken`` in the audit trail).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from langgraph.checkpoint.postgres.base import BasePostgresSaver
+
+import lg_scenarios as S
+import pgraw as R
+from conftest import HOST, SUPERUSER, connect
+from test_validity import write_rules_dir
+
+WRITE_SQL = BasePostgresSaver.UPSERT_CHECKPOINT_WRITES_SQL
+READ_SQL = (BasePostgresSaver.SELECT_SQL
+            + "WHERE thread_id = $1 AND checkpoint_ns = $2 ORDER BY checkpoint_id DESC LIMIT 1")
+ITEMS_RULE = """\
+[[channel]]
+name = "items"
+thread_id = "tt-.*"
+schema = { type = "array", items = { type = "string" } }
+"""
+
+
+@pytest.fixture(scope="module")
+def tproxy(proxy_factory, workdir):
+    rules = write_rules_dir(workdir / f"tracker-rules-{uuid.uuid4().hex[:6]}",
+                            {"items.toml": ITEMS_RULE})
+    return proxy_factory("--rules", str(rules), name="proxy-tracker")
+
+
+@pytest.fixture(scope="module")
+def tables(direct_dsn):
+    S.setup_db("conn", direct_dsn)
+
+
+def write_params(thread: str) -> list[bytes]:
+    # thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx,
+    # channel, type, blob (bytea as text: msgpack [None])
+    return [thread.encode(), b"", b"ck1", b"task-1", b"~", b"0", b"items", b"msgpack",
+            b"\\x91c0"]
+
+
+def open_session(port: int, dbname: str) -> R.Session:
+    return R.login(HOST, port, SUPERUSER, dbname)
+
+
+def exchange(s: R.Session, *messages: bytes) -> list[tuple[bytes, bytes]]:
+    """Send messages ending in Sync (or a Query); read to ReadyForQuery."""
+    s.send(b"".join(messages))
+    return s.until_ready()
+
+
+def errors_of(msgs) -> list[str]:
+    return [R.parse_error_fields(p).get("C", "") for t, p in msgs if t == b"E"]
+
+
+def prepare(s: R.Session, sequence: int, name: str, sql: str) -> None:
+    """Leave `name` prepared as `sql` the way `sequence` does, ending on a
+    state where the client could believe `name` is something else."""
+    if sequence in (1, 2, 3):
+        assert errors_of(exchange(s, R.parse(name, sql), R.sync())) == []
+    if sequence == 1:
+        assert errors_of(exchange(s, R.parse(name, "select 1"), R.sync())) == ["42P05"]
+    elif sequence == 2:
+        msgs = exchange(s, R.parse("", "this is not sql"),
+                        R.msg(b"C", b"S" + R.cstr(name)), R.sync())
+        assert errors_of(msgs) == ["42601"]
+    elif sequence == 3:
+        _, errs = s.simple_query(f"BEGIN; select 1/0; DEALLOCATE {name}")
+        assert [e["C"] for e in errs] == ["22012"]
+        _, errs = s.simple_query("ROLLBACK")
+        assert errs == []
+    elif sequence in (4, 5):
+        _, errs = s.simple_query(f"PREPARE {name} AS {sql}")
+        assert errs == [], errs
+
+
+def run(s: R.Session, sequence: int, name: str, params: list[bytes]) -> list[tuple[bytes, bytes]]:
+    if sequence == 5:
+        args = ", ".join("'" + p.decode().replace("'", "''") + "'" for p in params)
+        s.send(R.query(f"EXECUTE {name}({args})"))
+        return s.until_ready()
+    return exchange(s, R.bind("", name, params), R.execute(), R.sync())
+
+
+def row_count(dsn: str, thread: str) -> int:
+    with connect(dsn) as c:
+        return c.execute("select count(*) from checkpoint_writes where thread_id = %s",
+                         (thread,)).fetchone()[0]
+
+
+@pytest.mark.parametrize("sequence", [1, 2, 3, 4, 5])
+def test_an_invalid_write_is_caught_whatever_the_client_did_to_its_name(
+        sequence, tables, pg, dbname, direct_dsn, tproxy):
+    # Straight to PostgreSQL: the statement is still the write, and commits.
+    thread = f"tt-direct-{sequence}-{uuid.uuid4().hex[:6]}"
+    s = open_session(pg.port, dbname)
+    try:
+        prepare(s, sequence, "s1", WRITE_SQL)
+        msgs = run(s, sequence, "s1", write_params(thread))
+        assert errors_of(msgs) == []
+        assert any(t == b"C" and p.startswith(b"INSERT 0 1") for t, p in msgs), msgs
+    finally:
+        s.close()
+    assert row_count(direct_dsn, thread) == 1
+
+    # Through the proxy: refused, nothing written, the session still usable.
+    thread = f"tt-proxy-{sequence}-{uuid.uuid4().hex[:6]}"
+    s = open_session(tproxy.port, dbname)
+    try:
+        prepare(s, sequence, "s1", WRITE_SQL)
+        msgs = run(s, sequence, "s1", write_params(thread))
+        assert errors_of(msgs) == (["0A000"] if sequence == 5 else ["23514"]), msgs
+        rows, errs = s.simple_query("select 1")
+        assert (rows, errs) == ([[b"1"]], [])
+    finally:
+        s.close()
+    assert row_count(direct_dsn, thread) == 0
+
+
+def audited(proxy, thread: str, operation: str, timeout: float = 10.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [e for e in proxy.audit(thread) if e.get("operation") == operation]
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("sequence", [1, 2, 3, 4, 5])
+def test_a_parked_head_read_takes_its_claim_whatever_the_client_did_to_its_name(
+        sequence, tables, pg, dbname, direct_dsn, tproxy):
+    thread = f"tr-{sequence}-{uuid.uuid4().hex[:6]}"
+    S.park("conn", direct_dsn, thread)
+    params = [thread.encode(), b""]
+
+    # Straight to PostgreSQL: the parked head is served.
+    s = open_session(pg.port, dbname)
+    try:
+        prepare(s, sequence, "r1", READ_SQL)
+        msgs = run(s, sequence, "r1", params)
+        assert errors_of(msgs) == []
+        assert sum(t == b"D" for t, _ in msgs) == 1
+    finally:
+        s.close()
+
+    s = open_session(tproxy.port, dbname)
+    try:
+        prepare(s, sequence, "r1", READ_SQL)
+        msgs = run(s, sequence, "r1", params)
+        if sequence == 5:
+            # SQL EXECUTE of a checkpoint statement is refused: no row, no claim.
+            assert errors_of(msgs) == ["0A000"], msgs
+            assert not any(t == b"D" for t, _ in msgs)
+            return
+        assert errors_of(msgs) == [], msgs
+        assert sum(t == b"D" for t, _ in msgs) == 1
+    finally:
+        s.close()
+    taken = audited(tproxy, thread, "claim_taken")
+    assert len(taken) == 1, tproxy.audit(thread)

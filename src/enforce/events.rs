@@ -1,0 +1,180 @@
+//! The audit events a completed checkpoint statement yields: reads with
+//! what they returned, writes with digests of their values, and the story
+//! records (an interrupt parked, an answer recorded, a fork served).
+
+use serde::Serialize;
+use serde_json::json;
+
+use super::validity::Rejection;
+use super::watch::Watch;
+use crate::audit::{AuditEvent, BlobDigest, Operation, SessionContext};
+use crate::saver::classify::{ReadMode, ReadShape, StatementKind};
+use crate::saver::reserved::{INTERRUPT, NULL_TASK, RESUME};
+use crate::saver::write_record::WriteRecord;
+
+impl Watch {
+    /// Audit events for a statement that completed without error.
+    pub fn events(&self, ctx: &SessionContext) -> Vec<AuditEvent> {
+        match &self.class.kind {
+            StatementKind::Read(shape) => self.read_events(ctx, shape),
+            StatementKind::BlobUpsert(_)
+            | StatementKind::CheckpointUpsert(_)
+            | StatementKind::WritesUpsert(_)
+            | StatementKind::WritesInsertIgnore(_) => match &self.record {
+                Some(Ok(rec)) => self.write_events(ctx, rec),
+                Some(Err(e)) => vec![AuditEvent::new(ctx, Operation::Unrecognized)
+                    .with_detail(json!({"statement": self.class.kind.label(), "decode_error": e}))],
+                None => Vec::new(),
+            },
+            StatementKind::DeleteThread {
+                table,
+                thread_param,
+            } => {
+                let mut ev = AuditEvent::new(ctx, Operation::DeleteThread)
+                    .with_detail(json!({"table": format!("{table:?}").to_lowercase()}));
+                ev.thread_id = self.param_text(*thread_param);
+                vec![ev]
+            }
+            StatementKind::Migration => vec![AuditEvent::new(ctx, Operation::Migration)],
+            StatementKind::Unrecognized => vec![AuditEvent::new(ctx, Operation::Unrecognized)],
+            StatementKind::WritesRead | StatementKind::Other => Vec::new(),
+        }
+    }
+
+    fn fork_events(&self, ctx: &SessionContext) -> impl Iterator<Item = AuditEvent> + '_ {
+        let thread = self.rows.first().map(|r| r.thread_id.clone());
+        let ctx = ctx.clone();
+        self.forks.iter().map(move |f| {
+            let mut ev = AuditEvent::new(&ctx, Operation::ForkServed)
+                .with_checkpoint(f.checkpoint_ns.clone(), f.addressed.clone());
+            ev.thread_id = thread.clone();
+            ev.channels = f.hidden.iter().map(|(_, c)| c.clone()).collect();
+            ev.with_detail(json!({
+                "head": f.head,
+                "hidden": f.hidden.iter().map(|(task, channel)| json!({"task_id": task, "channel": channel})).collect::<Vec<_>>(),
+            }))
+        })
+    }
+
+    fn read_events(&self, ctx: &SessionContext, shape: &ReadShape) -> Vec<AuditEvent> {
+        let op = match shape.mode {
+            ReadMode::Latest => Operation::ReadLatest,
+            ReadMode::ById => Operation::ReadById,
+            ReadMode::List => Operation::ReadList,
+        };
+        let mut ev = AuditEvent::new(ctx, op);
+        ev.thread_id = self.param_text(shape.thread_param);
+        ev.checkpoint_ns = self.param_text(shape.ns_param);
+        ev.checkpoint_id = self.param_text(shape.id_param);
+        let first = self.rows.first();
+        if let Some(row) = first {
+            ev.thread_id.get_or_insert_with(|| row.thread_id.clone());
+            ev.checkpoint_ns
+                .get_or_insert_with(|| row.checkpoint_ns.clone());
+            ev.checkpoint_id
+                .get_or_insert_with(|| row.checkpoint_id.clone());
+            ev.parent_checkpoint_id = row.parent_checkpoint_id.clone();
+        }
+        let parked = first.is_some_and(|r| r.has_pending(INTERRUPT));
+        let mut detail = json!({"rows": self.rows.len(), "parked": parked});
+        if self.row_errors > 0 {
+            detail["undecodable_rows"] = json!(self.row_errors);
+        }
+        let mut events = vec![ev.with_detail(detail)];
+        events.extend(self.fork_events(ctx));
+        events
+    }
+
+    fn write_events(&self, ctx: &SessionContext, rec: &WriteRecord) -> Vec<AuditEvent> {
+        let op = match &self.class.kind {
+            StatementKind::BlobUpsert(_) => Operation::BlobPut,
+            StatementKind::CheckpointUpsert(_) => Operation::CheckpointPut,
+            _ => Operation::WritesPut,
+        };
+        let mut ev = AuditEvent::new(ctx, op);
+        ev.thread_id = rec.thread_id.clone();
+        ev.checkpoint_ns = rec.checkpoint_ns.clone();
+        ev.checkpoint_id = rec.checkpoint_id.clone();
+        ev.parent_checkpoint_id = rec.parent_checkpoint_id.clone();
+        ev.task_id = rec.task_id.clone();
+        let mut detail = json!({"statement": self.class.kind.label()});
+        if let Some(channel) = &rec.channel {
+            ev.channels.push(channel.clone());
+            if let Some(blob) = &rec.blob {
+                ev.blob_sha256.push(BlobDigest::of(channel.clone(), blob));
+            }
+        }
+        if let Some(idx) = rec.idx {
+            detail["idx"] = json!(idx);
+        }
+        if let Some(t) = &rec.type_tag {
+            detail["type"] = json!(t);
+        }
+        if let Some(cp) = &rec.checkpoint {
+            ev.channels = inline_channels(cp);
+        }
+        let mut events = vec![ev.with_detail(detail)];
+        let implied = match rec.channel.as_deref() {
+            Some(INTERRUPT) => Some(Operation::InterruptParked),
+            Some(RESUME) => Some(Operation::ResumeRecorded),
+            _ => None,
+        };
+        if let Some(op) = implied {
+            let mut story = events[0].clone();
+            story.operation = op;
+            story.detail = json!({
+                "run_level": rec.task_id.as_deref() == Some(NULL_TASK),
+                "task_path": rec.task_path,
+            });
+            events.push(story);
+        }
+        events
+    }
+}
+
+/// Channel names stored inline in a checkpoint's `channel_values`.
+fn inline_channels(checkpoint_json: &str) -> Vec<String> {
+    serde_json::from_str::<serde_json::Value>(checkpoint_json)
+        .ok()
+        .and_then(|v| {
+            v.get("channel_values")
+                .and_then(|c| c.as_object())
+                .map(|o| o.keys().cloned().collect())
+        })
+        .unwrap_or_default()
+}
+
+/// Why a write was refused, as the audit records it.
+#[derive(Debug, Serialize)]
+struct RejectedDetail<'a> {
+    reason: &'a str,
+    rule: Option<&'a str>,
+    schema_path: Option<&'a str>,
+    instance_path: Option<&'a str>,
+}
+
+/// The `write_rejected` record of a refused write.
+pub fn rejected(ctx: &SessionContext, rejection: &Rejection) -> AuditEvent {
+    let rec = &rejection.record;
+    let mut ev = AuditEvent::new(ctx, Operation::WriteRejected);
+    ev.thread_id = rec.thread_id.clone();
+    ev.checkpoint_ns = rec.checkpoint_ns.clone();
+    ev.checkpoint_id = rec.checkpoint_id.clone();
+    ev.task_id = rec.task_id.clone();
+    ev.channels = rec.channel.iter().cloned().collect();
+    if let (Some(c), Some(b)) = (&rec.channel, &rec.blob) {
+        ev.blob_sha256.push(BlobDigest::of(c.clone(), b));
+    }
+    let v = rejection.violation.as_ref();
+    ev.with_detail(detail(&RejectedDetail {
+        reason: &rejection.message,
+        rule: v.map(|v| v.rule.as_str()),
+        schema_path: v.map(|v| v.schema_path.as_str()),
+        instance_path: v.map(|v| v.instance_path.as_str()),
+    }))
+}
+
+/// A typed detail as the JSON the audit stores.
+pub fn detail(value: &impl Serialize) -> serde_json::Value {
+    serde_json::to_value(value).unwrap_or(serde_json::Value::Null)
+}

@@ -1,0 +1,169 @@
+//! The enforcer: between the saver layer (what a statement is, what its
+//! parameters and rows say) and the policy (what may happen), it turns
+//! decoded checkpoint traffic into actions for the wire layer — forward,
+//! replace these bytes, refuse with this error, hold this row for a
+//! claim — and into audit events and claim evidence.
+//!
+//! - `session`: one session's hooks into the protocol tracker.
+//! - `watch`, `events`, `evidence`: one statement's answer, what it
+//!   audits, what it tells the claims store.
+//! - `validity`, `claim_gate`: the validity gate and the consume-once gate.
+
+pub mod claim_gate;
+mod events;
+mod evidence;
+pub mod session;
+pub mod validity;
+pub mod watch;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::audit::{AuditSink, SessionContext};
+use crate::claims::evidence::Evidence;
+use crate::policy::ChannelRules;
+use crate::saver::classify::Classifier;
+use crate::wire::guard::{
+    ClientError, ClientStep, Guard, GuardFactory, ServerStep, SessionInfo, Ticket,
+};
+use crate::wire::response_queue::Desync;
+use crate::wire::tracker::Tracker;
+use claim_gate::{apply_claim, ClaimTicket, ClaimsLeg};
+use session::SessionEnforcer;
+
+/// Which enforcement legs run. Off, the proxy is a transparent relay that
+/// still recognizes and audits checkpoint traffic.
+#[derive(Clone)]
+pub struct Legs {
+    /// Hide recorded answers from reads that fork a superseded checkpoint.
+    pub fork_filter: bool,
+    /// Channel schemas every checkpoint write is validated against (empty:
+    /// the validity gate has nothing to check).
+    pub validity: Arc<ChannelRules>,
+    /// Consume-once claims on reads of parked heads (`None`: off).
+    pub claims: Option<Arc<ClaimsLeg>>,
+}
+
+impl Default for Legs {
+    fn default() -> Self {
+        Legs {
+            fork_filter: true,
+            validity: Arc::new(ChannelRules::default()),
+            claims: None,
+        }
+    }
+}
+
+impl Legs {
+    /// Whether anything is enforced at all.
+    pub fn any(&self) -> bool {
+        self.fork_filter || !self.validity.is_empty() || self.claims.is_some()
+    }
+}
+
+/// What every session's enforcer shares.
+pub struct Enforcement {
+    pub classifier: Arc<Classifier>,
+    pub legs: Legs,
+    pub audit: AuditSink,
+}
+
+/// One session's guard: the protocol tracker with the session's enforcer
+/// as its hooks.
+pub type SessionGuard = Tracker<SessionEnforcer>;
+
+impl Enforcement {
+    /// A session's guard, before its startup exchange.
+    pub fn session(
+        self: &Arc<Self>,
+        ctx: SessionContext,
+        inspection_listener: bool,
+    ) -> SessionGuard {
+        let mut enforcer = SessionEnforcer::new(Arc::clone(self), ctx);
+        enforcer.inspection_listener = inspection_listener;
+        let mut tracker = Tracker::new(enforcer);
+        tracker.expect_startup();
+        tracker
+    }
+}
+
+impl GuardFactory for Arc<Enforcement> {
+    fn guard(&self, info: SessionInfo) -> Box<dyn Guard> {
+        let ctx = SessionContext {
+            session_id: info.session_id,
+            client_addr: info.client_addr,
+            user: info.user,
+            database: info.database,
+            application_name: info.application_name,
+        };
+        Box::new(self.session(ctx, info.inspection_listener))
+    }
+}
+
+impl Guard for SessionGuard {
+    fn on_client(&mut self, frame: &[u8]) -> Result<ClientStep, ClientError> {
+        Tracker::on_client(self, frame)
+    }
+
+    fn on_server(&mut self, frame: &[u8]) -> Result<ServerStep, Desync> {
+        Tracker::on_server(self, frame)
+    }
+
+    fn release(&mut self, ticket: Box<dyn Ticket>) -> Option<Bytes> {
+        let Ok(ticket) = ticket.into_any().downcast::<ClaimTicket>() else {
+            return None;
+        };
+        let resolution = ticket.resolution.as_ref()?;
+        let e = &mut self.hooks;
+        let refusal = apply_claim(&e.ctx, &ticket.request, resolution, &mut e.ready_events);
+        if refusal.is_some() {
+            // The reader's node must not run: the rest of that statement's
+            // answer is swallowed.
+            self.swallow_front();
+        }
+        refusal
+    }
+
+    fn is_idle(&self) -> bool {
+        Tracker::is_idle(self)
+    }
+
+    fn settled(&self) -> bool {
+        Tracker::settled(self)
+    }
+
+    fn started(&self) -> bool {
+        Tracker::started(self)
+    }
+
+    fn flush(&mut self) {
+        let e = &mut self.hooks;
+        let events = std::mem::take(&mut e.ready_events);
+        for ev in events {
+            e.shared().audit.record(ev);
+        }
+        if e.ready_evidence.is_empty() {
+            return;
+        }
+        let evidence = std::mem::take(&mut e.ready_evidence);
+        if let Some(sender) = e.evidence_sender() {
+            for ev in evidence {
+                sender.send(&e.ctx, ev);
+            }
+        }
+    }
+
+    fn closed(&mut self) {
+        // A holder that goes away mid-gate must not strand its thread.
+        let e = &self.hooks;
+        if let Some(sender) = e.evidence_sender() {
+            sender.send(
+                &e.ctx,
+                Evidence::HolderGone {
+                    session_id: e.ctx.session_id,
+                },
+            );
+        }
+    }
+}

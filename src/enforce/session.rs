@@ -1,0 +1,355 @@
+//! One session's enforcer: the tracker's hooks. It annotates statements
+//! the saver layer recognizes, decodes their parameters and rows, asks
+//! the policy for verdicts and turns them into actions (replace these
+//! bytes, refuse this statement, hold this row for a claim), keeping an
+//! outbox of audit events and claim evidence until their writes commit.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::claim_gate::{ClaimRequest, ClaimTicket, Head};
+use super::events::rejected;
+use super::validity::{ValidityGate, CHECK_VIOLATION};
+use super::watch::{Watch, WriteDecode};
+use super::Enforcement;
+use crate::audit::{AuditEvent, SessionContext};
+use crate::claims::evidence::{Evidence, EvidenceSender};
+use crate::claims::{now_ms, Holder};
+use crate::policy::claims::{has_inspection_hint, is_inspection};
+use crate::saver::bind::BoundParams;
+use crate::saver::classify::{Classified, StatementKind};
+use crate::saver::write_record::WriteRecord;
+use crate::wire::guard::{ClientError, HeldTicket, ServerStep};
+use crate::wire::row_rewrite::drop_last_column_description;
+use crate::wire::tracker::{Bound, Hooks, Refusal, TxnStatus, FEATURE_NOT_SUPPORTED};
+
+/// A prepared statement as the enforcer knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepared {
+    pub class: Arc<Classified>,
+    /// Prepared as its fork rewrite (results carry the head column).
+    pub rewritten: bool,
+    /// The SQL carries the `resumeguard:inspect` comment hint.
+    pub inspect_hint: bool,
+}
+
+/// A portal bound to a checkpoint statement.
+#[derive(Debug, Clone)]
+pub struct Binding {
+    class: Arc<Classified>,
+    bound: Arc<BoundParams>,
+    /// For a write, its row (decoded once, here).
+    record: Option<WriteDecode>,
+    rewritten: bool,
+    inspect_hint: bool,
+}
+
+pub struct SessionEnforcer {
+    shared: Arc<Enforcement>,
+    pub ctx: SessionContext,
+    /// Sessions of the inspection listener never claim.
+    pub inspection_listener: bool,
+    /// Events of writes that have not committed yet.
+    uncommitted: Vec<AuditEvent>,
+    /// Claim evidence of writes that have not committed yet.
+    uncommitted_evidence: Vec<Evidence>,
+    /// Claim evidence of committed writes, for the claims worker.
+    pub ready_evidence: Vec<Evidence>,
+    /// Events ready for the audit sink.
+    pub ready_events: Vec<AuditEvent>,
+    segment_failed: bool,
+    validity: ValidityGate,
+}
+
+impl SessionEnforcer {
+    pub fn new(shared: Arc<Enforcement>, ctx: SessionContext) -> Self {
+        SessionEnforcer {
+            shared,
+            ctx,
+            inspection_listener: false,
+            uncommitted: Vec::new(),
+            uncommitted_evidence: Vec::new(),
+            ready_evidence: Vec::new(),
+            ready_events: Vec::new(),
+            segment_failed: false,
+            validity: ValidityGate::default(),
+        }
+    }
+
+    pub fn shared(&self) -> &Enforcement {
+        &self.shared
+    }
+
+    /// Where committed writes' claim evidence goes, with consume-once on.
+    pub fn evidence_sender(&self) -> Option<&EvidenceSender> {
+        self.shared.legs.claims.as_ref()?.evidence.as_ref()
+    }
+
+    fn prepared(&self, class: Arc<Classified>) -> Prepared {
+        Prepared {
+            class,
+            rewritten: false,
+            inspect_hint: false,
+        }
+    }
+
+    /// Whether this session's reads are inspection (never claim).
+    fn inspecting(&self) -> bool {
+        match &self.shared.legs.claims {
+            Some(leg) => is_inspection(
+                &self.ctx.application_name,
+                &leg.inspection_patterns,
+                false,
+                self.inspection_listener,
+            ),
+            None => true,
+        }
+    }
+
+    /// A checkpoint statement in a form the proxy cannot watch: refused
+    /// while any leg is on.
+    fn unwatchable(&self, class: &Classified, form: &str) -> Result<(), Refusal> {
+        if !class.kind.is_checkpoint_traffic() || !self.shared.legs.any() {
+            return Ok(());
+        }
+        Err(Refusal {
+            sqlstate: FEATURE_NOT_SUPPORTED,
+            message: format!("resumeguard: checkpoint statements cannot run through {form}"),
+            detail: "prepare checkpoint statements with the protocol's Parse, as the savers do"
+                .into(),
+        })
+    }
+
+    fn refuse_write(&mut self, rejection: super::validity::Rejection) -> Refusal {
+        tracing::warn!(
+            thread = ?rejection.record.thread_id,
+            checkpoint = ?rejection.record.checkpoint_id,
+            "{}",
+            rejection.message
+        );
+        self.ready_events.push(rejected(&self.ctx, &rejection));
+        Refusal {
+            sqlstate: CHECK_VIOLATION,
+            detail: rejection.detail(),
+            message: rejection.message,
+        }
+    }
+
+    /// The claim request a decoded head row asks for, if any.
+    fn claim_request(&self, watch: &Watch) -> Option<ClaimRequest> {
+        let leg = self.shared.legs.claims.as_ref()?;
+        let (key, head) = match watch.parked_claim_key() {
+            Some(key) => (key, Head::Parked),
+            None if leg.run_lease => (watch.running_head_key()?, Head::Running),
+            None => return None,
+        };
+        Some(ClaimRequest {
+            key,
+            holder: Holder {
+                proxy_id: leg.proxy_id.clone(),
+                session_id: self.ctx.session_id,
+                client_addr: self.ctx.client_addr.clone(),
+                application_name: self.ctx.application_name.clone(),
+            },
+            head,
+        })
+    }
+}
+
+impl Hooks for SessionEnforcer {
+    type Statement = Prepared;
+    type Portal = Binding;
+    type Watch = Watch;
+
+    fn parse(&mut self, sql: &str) -> (Prepared, Option<String>) {
+        let class = self.shared.classifier.classify(sql);
+        let replacement = match (&class.fork_sql, self.shared.legs.fork_filter) {
+            (Some(sql), true) => Some(sql.clone()),
+            _ => None,
+        };
+        let inspect_hint = self.shared.legs.claims.is_some()
+            && class.kind.is_checkpoint_traffic()
+            && has_inspection_hint(sql);
+        let prepared = Prepared {
+            class,
+            rewritten: replacement.is_some(),
+            inspect_hint,
+        };
+        (prepared, replacement)
+    }
+
+    fn plain(&self) -> Prepared {
+        self.prepared(self.shared.classifier.other())
+    }
+
+    fn sql_prepare(&mut self, inner: &str) -> Result<Prepared, Refusal> {
+        // Bound through the protocol, a statement prepared in SQL is
+        // watched like any other, except a read by id: its fork rewrite
+        // happens at Parse, which SQL PREPARE does not pass through.
+        let class = self.shared.classifier.classify(inner);
+        if class.fork_sql.is_some() && self.shared.legs.fork_filter {
+            self.unwatchable(&class, "SQL PREPARE")?;
+        }
+        Ok(self.prepared(class))
+    }
+
+    fn sql_execute(&mut self, statement: &Prepared) -> Result<(), Refusal> {
+        self.unwatchable(&statement.class, "SQL EXECUTE")
+    }
+
+    fn sql_declare(&mut self, inner: &str) -> Result<(), Refusal> {
+        let class = self.shared.classifier.classify(inner);
+        self.unwatchable(&class, "a cursor")
+    }
+
+    fn bind(&mut self, statement: &Prepared, frame: &[u8]) -> Result<Bound<Binding>, ClientError> {
+        if !statement.class.kind.is_checkpoint_traffic() {
+            return Ok(Bound::Forward(None));
+        }
+        // A checkpoint Bind that does not decode would leave enforcement
+        // blind: the session fails closed.
+        let mut bound = BoundParams::decode(frame)
+            .map_err(|e| ClientError(format!("malformed Bind for a checkpoint statement: {e}")))?;
+        let record: Option<WriteDecode> = statement.class.kind.insert_shape().map(|shape| {
+            WriteRecord::decode(shape, &bound)
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
+        });
+        if let Some(decoded) = &record {
+            let rules = Arc::clone(&self.shared.legs.validity);
+            let checked = decoded.as_deref().map_err(String::as_str);
+            if let Some(rejection) = self.validity.check(&rules, &statement.class.kind, checked) {
+                return Ok(Bound::Refuse(self.refuse_write(rejection)));
+            }
+        }
+        let mut replacement = None;
+        if statement.rewritten && bound.result_formats.len() > 1 {
+            // Per-column formats must cover the head column too.
+            bound.result_formats.push(0);
+            replacement = Some(bound.encode());
+        }
+        let binding = Binding {
+            class: Arc::clone(&statement.class),
+            bound: Arc::new(bound),
+            record,
+            rewritten: statement.rewritten,
+            inspect_hint: statement.inspect_hint,
+        };
+        Ok(match replacement {
+            Some(bytes) => Bound::Replace(bytes, Some(binding)),
+            None => Bound::Forward(Some(binding)),
+        })
+    }
+
+    fn execute(&mut self, portal: Option<&Binding>) -> Option<Watch> {
+        let b = portal?;
+        let mut w = Watch::new(
+            Arc::clone(&b.class),
+            Some(Arc::clone(&b.bound)),
+            b.rewritten,
+        );
+        w.record = b.record.clone();
+        w.inspect = self.inspecting() || b.inspect_hint;
+        if self.shared.legs.claims.is_some() && !matches!(b.class.kind, StatementKind::Read(_)) {
+            w.sent_at_ms = now_ms();
+        }
+        Some(w)
+    }
+
+    fn describe_statement(&mut self, statement: &Prepared) -> Option<Watch> {
+        // A rewritten statement's RowDescription loses the head column.
+        statement
+            .rewritten
+            .then(|| Watch::new(Arc::clone(&statement.class), None, true))
+    }
+
+    fn describe_portal(&mut self, portal: Option<&Binding>) -> Option<Watch> {
+        let b = portal.filter(|b| b.rewritten)?;
+        Some(Watch::new(Arc::clone(&b.class), None, true))
+    }
+
+    fn query(&mut self, sql: &str) -> Option<Watch> {
+        let class = self.shared.classifier.classify(sql);
+        class
+            .kind
+            .is_checkpoint_traffic()
+            .then(|| Watch::new(class, None, false))
+    }
+
+    fn sync(&mut self) -> Option<Refusal> {
+        let rejection = self.validity.at_sync()?;
+        Some(self.refuse_write(rejection))
+    }
+
+    fn row(&mut self, watch: &mut Watch, frame: &[u8], step: &mut ServerStep) {
+        step.replace = watch.on_data_row(frame);
+        if let Some(request) = self.claim_request(watch) {
+            if let Some(leg) = &self.shared.legs.claims {
+                step.hold = Some(HeldTicket(Box::new(ClaimTicket::new(
+                    Arc::clone(leg),
+                    request,
+                ))));
+            }
+        }
+    }
+
+    fn row_description(&mut self, watch: &Watch, frame: &[u8]) -> Option<Bytes> {
+        if watch.head_column {
+            drop_last_column_description(frame)
+        } else {
+            None
+        }
+    }
+
+    fn completed(&mut self, watch: Watch, ok: bool) {
+        if !ok {
+            return;
+        }
+        let events = watch.events(&self.ctx);
+        if matches!(watch.class.kind, StatementKind::Read(_)) {
+            self.ready_events.extend(events);
+        } else {
+            self.uncommitted.extend(events);
+            if self.shared.legs.claims.is_some() {
+                self.uncommitted_evidence.extend(watch.evidence());
+            }
+        }
+    }
+
+    fn error(&mut self) {
+        self.segment_failed = true;
+    }
+
+    fn ready(&mut self, status: TxnStatus) {
+        match status {
+            // Committed (or never in a transaction): writes are durable.
+            TxnStatus::Idle if !self.segment_failed => {
+                self.ready_events.append(&mut self.uncommitted);
+                self.ready_evidence.append(&mut self.uncommitted_evidence);
+            }
+            TxnStatus::Idle | TxnStatus::Failed => {
+                self.uncommitted.clear();
+                self.uncommitted_evidence.clear();
+            }
+            TxnStatus::InBlock => {}
+        }
+        if status != TxnStatus::InBlock {
+            self.segment_failed = false;
+        }
+    }
+
+    fn rollback(&mut self) {
+        self.uncommitted.clear();
+        self.uncommitted_evidence.clear();
+    }
+
+    fn parameter_status(&mut self, name: &[u8], value: &[u8]) {
+        if name == b"application_name" {
+            self.ctx.application_name = String::from_utf8_lossy(value).into_owned();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,125 @@
+//! The validity gate of one session: a checkpoint write whose payload
+//! breaks a channel rule is refused inside the server's transaction, so
+//! nothing of it commits.
+//!
+//! A blob carries only a channel and version, not its checkpoint: its
+//! refusal waits for the checkpoint row of the same `put` (which names the
+//! checkpoint), or for the Sync that ends the segment. The blob's own
+//! INSERT runs meanwhile, in the transaction the refusal then aborts.
+
+use crate::policy::write_check::{check_write, rejection_message, WriteKind};
+use crate::policy::{ChannelRules, Violation};
+use crate::saver::classify::StatementKind;
+use crate::saver::write_record::WriteRecord;
+
+/// SQLSTATE of a refused write: check_violation, what a CHECK constraint
+/// on the column would have raised.
+pub const CHECK_VIOLATION: &str = "23514";
+
+/// A write the gate refuses, with what the client and the audit get.
+#[derive(Debug, Clone)]
+pub struct Rejection {
+    pub record: WriteRecord,
+    pub message: String,
+    pub violation: Option<Violation>,
+}
+
+impl Rejection {
+    /// The error's DETAIL: which rule failed where.
+    pub fn detail(&self) -> String {
+        self.violation.as_ref().map_or(String::new(), |v| {
+            format!(
+                "rule {} failed at {} (value path {})",
+                v.rule, v.schema_path, v.instance_path
+            )
+        })
+    }
+}
+
+/// A rejected blob waiting for the row that names its checkpoint.
+#[derive(Debug)]
+struct DoomedBlob {
+    record: WriteRecord,
+    violation: Violation,
+}
+
+/// The gate's state within one Sync segment.
+#[derive(Debug, Default)]
+pub struct ValidityGate {
+    doomed: Option<DoomedBlob>,
+}
+
+impl ValidityGate {
+    /// Checks one write (`record`: its decoded row, or why it did not
+    /// decode). `Some` is the refusal the server raises in its place.
+    pub fn check(
+        &mut self,
+        rules: &ChannelRules,
+        kind: &StatementKind,
+        record: Result<&WriteRecord, &str>,
+    ) -> Option<Rejection> {
+        if rules.is_empty() {
+            return None;
+        }
+        let kind = match kind {
+            StatementKind::BlobUpsert(_) => WriteKind::Blob,
+            StatementKind::CheckpointUpsert(_) => WriteKind::Checkpoint,
+            StatementKind::WritesUpsert(_) | StatementKind::WritesInsertIgnore(_) => {
+                WriteKind::PendingWrite
+            }
+            _ => return None,
+        };
+        let record = match record {
+            Ok(r) => r.clone(),
+            // Values the proxy cannot read cannot be checked; with rules
+            // active that is a refusal, not a pass.
+            Err(e) => {
+                return Some(Rejection {
+                    record: WriteRecord::default(),
+                    message: format!(
+                        "resumeguard: checkpoint write rejected: its parameters do not decode: {e}"
+                    ),
+                    violation: None,
+                })
+            }
+        };
+        let violation = check_write(rules, kind, &record);
+        match (kind, violation, self.doomed.take()) {
+            (WriteKind::Blob, Some(violation), None) => {
+                self.doomed = Some(DoomedBlob { record, violation });
+                None
+            }
+            (WriteKind::Blob, _, doomed) => {
+                self.doomed = doomed;
+                None
+            }
+            (_, _, Some(doomed)) => {
+                let mut named = doomed.record;
+                named.checkpoint_id = record.checkpoint_id.or(named.checkpoint_id);
+                named.metadata = record.metadata;
+                Some(Rejection {
+                    message: rejection_message(WriteKind::Blob, &doomed.violation, &named),
+                    record: named,
+                    violation: Some(doomed.violation),
+                })
+            }
+            (kind, Some(violation), None) => Some(Rejection {
+                message: rejection_message(kind, &violation, &record),
+                record,
+                violation: Some(violation),
+            }),
+            (_, None, None) => None,
+        }
+    }
+
+    /// A Sync ends the segment: a blob refusal still waiting for its
+    /// checkpoint row is raised before it.
+    pub fn at_sync(&mut self) -> Option<Rejection> {
+        let doomed = self.doomed.take()?;
+        Some(Rejection {
+            message: rejection_message(WriteKind::Blob, &doomed.violation, &doomed.record),
+            record: doomed.record,
+            violation: Some(doomed.violation),
+        })
+    }
+}

@@ -1,0 +1,230 @@
+//! What the enforcer watches in the answer to one checkpoint statement:
+//! the rows of a read (decoded, fork-filtered, checked for a parked or
+//! running head) and the parameters of a write.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::claims::{interrupt_fingerprint, ClaimKey};
+use crate::policy::fork::{fork_filter, ForkVerdict};
+use crate::saver::bind::BoundParams;
+use crate::saver::checkpoint_row::PendingWrite;
+use crate::saver::checkpoint_row::{decode_checkpoint_row, CheckpointRow, RowLayout};
+use crate::saver::classify::{Classified, ReadMode, StatementKind};
+use crate::saver::data_row::split_data_row;
+use crate::saver::pending_tasks::has_pending_tasks;
+use crate::saver::reserved::INTERRUPT;
+use crate::saver::value::ColumnKind;
+use crate::saver::write_record::WriteRecord;
+use crate::wire::row_rewrite;
+
+/// A checkpoint statement in flight: its classification, its parameters
+/// and, for reads, the rows seen so far.
+#[derive(Debug)]
+pub struct Watch {
+    pub class: Arc<Classified>,
+    pub bound: Option<Arc<BoundParams>>,
+    /// For a write: its row, decoded once at Bind (or why it did not decode).
+    pub record: Option<WriteDecode>,
+    /// The statement runs as its fork rewrite: results carry the head
+    /// checkpoint id as an extra last column, which the client never sees.
+    pub head_column: bool,
+    /// The read is marked as inspection: it never claims.
+    pub inspect: bool,
+    /// When the statement passed the proxy (wall-clock ms), for claim
+    /// evidence; only set for writes while consume-once is on.
+    pub sent_at_ms: i64,
+    pub rows: Vec<CheckpointRow>,
+    pub row_errors: usize,
+    pub(super) forks: Vec<ForkServed>,
+}
+
+/// A write's row as decoded from its Bind, shared by the validity gate,
+/// the audit record and the claim evidence.
+pub type WriteDecode = Result<Arc<WriteRecord>, String>;
+
+/// A read that addressed a superseded checkpoint, as served.
+#[derive(Debug)]
+pub(super) struct ForkServed {
+    pub checkpoint_ns: String,
+    pub addressed: String,
+    pub head: Option<String>,
+    pub hidden: Vec<(String, String)>,
+}
+
+impl Watch {
+    pub fn new(class: Arc<Classified>, bound: Option<Arc<BoundParams>>, head_column: bool) -> Self {
+        Watch {
+            class,
+            bound,
+            record: None,
+            head_column,
+            inspect: false,
+            sent_at_ms: 0,
+            rows: Vec::new(),
+            row_errors: 0,
+            forks: Vec::new(),
+        }
+    }
+
+    /// Decodes one DataRow of a checkpoint read and, for a fork rewrite,
+    /// returns the row the client gets instead: without the head column
+    /// and without what the fork policy hides. A row that does not decode
+    /// is counted and logged; a plain read's row is then forwarded as is,
+    /// a rewritten read's row loses only the head column.
+    pub fn on_data_row(&mut self, frame: &[u8]) -> Option<Bytes> {
+        let StatementKind::Read(shape) = &self.class.kind else {
+            return None;
+        };
+        let layout = shape.layout;
+        let bound = self.bound.clone();
+        let all_formats = bound
+            .as_ref()
+            .map(|b| b.result_formats.as_slice())
+            .unwrap_or_default();
+        let fields = match split_data_row(frame.get(5..).unwrap_or_default()) {
+            Ok(f) => f,
+            Err(e) => {
+                self.row_errors += 1;
+                self.class.report_undecodable_row(&e);
+                return None;
+            }
+        };
+        let (fields, head) = match (self.head_column, fields.split_last()) {
+            (true, Some((head, rest))) => (
+                rest,
+                Some(head.map(|h| String::from_utf8_lossy(h).into_owned())),
+            ),
+            _ => (fields.as_slice(), None),
+        };
+        // Per-column result formats include the appended column's.
+        let formats = match all_formats {
+            many if many.len() > 1 => &many[..fields.len().min(many.len())],
+            few => few,
+        };
+        let row = match decode_checkpoint_row(fields, formats, &layout) {
+            Ok(row) => row,
+            Err(e) => {
+                self.row_errors += 1;
+                self.class.report_undecodable_row(&e);
+                return head.map(|_| row_rewrite::data_row(fields));
+            }
+        };
+        let replacement =
+            head.map(|head| self.serve_fork_filtered(&row, head, fields, formats, &layout));
+        self.rows.push(row);
+        replacement
+    }
+
+    /// Applies the fork policy to one row of a rewritten read by id.
+    fn serve_fork_filtered(
+        &mut self,
+        row: &CheckpointRow,
+        head: Option<String>,
+        fields: &[Option<&[u8]>],
+        formats: &[i16],
+        layout: &RowLayout,
+    ) -> Bytes {
+        match fork_filter(&row.checkpoint_id, head.as_deref(), &row.pending_writes) {
+            ForkVerdict::Untouched => row_rewrite::data_row(fields),
+            ForkVerdict::Fork { hide } => {
+                let kept: Vec<&PendingWrite> = row
+                    .pending_writes
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| !hide.contains(i))
+                    .map(|(_, w)| w)
+                    .collect();
+                self.forks.push(ForkServed {
+                    checkpoint_ns: row.checkpoint_ns.clone(),
+                    addressed: row.checkpoint_id.clone(),
+                    head,
+                    hidden: hide
+                        .iter()
+                        .filter_map(|i| row.pending_writes.get(*i))
+                        .map(|w| (w.task_id.clone(), w.channel.clone()))
+                        .collect(),
+                });
+                if hide.is_empty() {
+                    return row_rewrite::data_row(fields);
+                }
+                let column = layout.pending_writes;
+                let format = match formats {
+                    [] => 0,
+                    [one] => *one,
+                    many => many.get(column).copied().unwrap_or(0),
+                };
+                let encoded: Option<Vec<u8>> = if kept.is_empty() {
+                    None
+                } else {
+                    let array = layout.write_rows.encode(&kept);
+                    Some(if format == 1 {
+                        array.encode_binary()
+                    } else {
+                        array.encode_text().into_bytes()
+                    })
+                };
+                let mut out: Vec<Option<&[u8]>> = fields.to_vec();
+                if let Some(slot) = out.get_mut(column) {
+                    *slot = encoded.as_deref();
+                }
+                row_rewrite::data_row(&out)
+            }
+        }
+    }
+
+    /// The row of a read of a namespace's head that the consume-once gate
+    /// looks at: the last one, unless the read is inspection.
+    fn gated_head(&self) -> Option<&CheckpointRow> {
+        let StatementKind::Read(shape) = &self.class.kind else {
+            return None;
+        };
+        if shape.mode != ReadMode::Latest || self.inspect {
+            return None;
+        }
+        self.rows.last()
+    }
+
+    /// For a read of a namespace's head whose last row is parked (carries
+    /// an `__interrupt__` write): the claim key of that interrupt.
+    pub fn parked_claim_key(&self) -> Option<ClaimKey> {
+        let row = self.gated_head()?;
+        let interrupts: Vec<(&str, Option<&[u8]>)> = row
+            .pending_writes
+            .iter()
+            .filter(|w| w.channel == INTERRUPT)
+            .map(|w| (w.task_id.as_str(), w.blob.as_deref()))
+            .collect();
+        if interrupts.is_empty() {
+            return None;
+        }
+        Some(ClaimKey {
+            thread_id: row.thread_id.clone(),
+            checkpoint_ns: row.checkpoint_ns.clone(),
+            checkpoint_id: row.checkpoint_id.clone(),
+            fingerprint: interrupt_fingerprint(&interrupts),
+        })
+    }
+
+    /// For a read of a namespace's head that is not parked but has tasks
+    /// still to run: the key the run lease is checked under (its
+    /// fingerprint is empty; the lease names the interrupt).
+    pub fn running_head_key(&self) -> Option<ClaimKey> {
+        let row = self.gated_head()?;
+        if row.has_pending(INTERRUPT) || has_pending_tasks(&row.checkpoint) != Some(true) {
+            return None;
+        }
+        Some(ClaimKey {
+            thread_id: row.thread_id.clone(),
+            checkpoint_ns: row.checkpoint_ns.clone(),
+            checkpoint_id: row.checkpoint_id.clone(),
+            fingerprint: String::new(),
+        })
+    }
+
+    pub(super) fn param_text(&self, index: Option<usize>) -> Option<String> {
+        let value = self.bound.as_ref()?.value(index?, ColumnKind::Text).ok()?;
+        value.as_str().map(str::to_owned)
+    }
+}

@@ -1,0 +1,179 @@
+//! Client messages, typed: the frontend half of the protocol as the
+//! tracker reads it. Each variant borrows from the framed bytes; nothing is
+//! copied, and the frame itself is what gets forwarded.
+//!
+//! A tag means different things in each direction (`D` is Describe here
+//! and DataRow from the server), which is why each direction has its own
+//! type.
+
+use super::frame::{cstr, HEADER_LEN};
+
+/// Which object a Describe or Close names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Statement,
+    Portal,
+}
+
+/// One client message after startup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frontend<'a> {
+    Parse {
+        name: &'a [u8],
+        sql: &'a [u8],
+        /// The parameter-type section, as sent.
+        param_types: &'a [u8],
+    },
+    Bind {
+        portal: &'a [u8],
+        statement: &'a [u8],
+    },
+    Execute {
+        portal: &'a [u8],
+    },
+    Describe {
+        target: Target,
+        name: &'a [u8],
+    },
+    Close {
+        target: Target,
+        name: &'a [u8],
+    },
+    Query {
+        sql: &'a [u8],
+    },
+    Sync,
+    Flush,
+    FunctionCall,
+    Terminate,
+    /// CopyData, CopyDone, CopyFail: part of a COPY the server drives.
+    Copy,
+    /// A message whose body does not read as its tag says (the server
+    /// rejects it), or a tag the tracker has no use for.
+    Other(u8),
+}
+
+impl<'a> Frontend<'a> {
+    /// Reads one complete frame (header included).
+    pub fn read(frame: &'a [u8]) -> Frontend<'a> {
+        let Some(&tag) = frame.first() else {
+            return Frontend::Other(0);
+        };
+        let body = frame.get(HEADER_LEN..).unwrap_or_default();
+        Self::read_body(tag, body).unwrap_or(Frontend::Other(tag))
+    }
+
+    fn read_body(tag: u8, body: &'a [u8]) -> Option<Frontend<'a>> {
+        Some(match tag {
+            b'P' => {
+                let (name, rest) = cstr(body)?;
+                let (sql, param_types) = cstr(rest)?;
+                Frontend::Parse {
+                    name,
+                    sql,
+                    param_types,
+                }
+            }
+            b'B' => {
+                let (portal, rest) = cstr(body)?;
+                let (statement, _) = cstr(rest)?;
+                Frontend::Bind { portal, statement }
+            }
+            b'E' => Frontend::Execute {
+                portal: cstr(body)?.0,
+            },
+            b'D' | b'C' => {
+                let (&which, rest) = body.split_first()?;
+                let target = match which {
+                    b'S' => Target::Statement,
+                    b'P' => Target::Portal,
+                    _ => return None,
+                };
+                let name = cstr(rest)?.0;
+                if tag == b'D' {
+                    Frontend::Describe { target, name }
+                } else {
+                    Frontend::Close { target, name }
+                }
+            }
+            b'Q' => Frontend::Query { sql: cstr(body)?.0 },
+            b'S' => Frontend::Sync,
+            b'H' => Frontend::Flush,
+            b'F' => Frontend::FunctionCall,
+            b'X' => Frontend::Terminate,
+            b'd' | b'c' | b'f' => Frontend::Copy,
+            other => Frontend::Other(other),
+        })
+    }
+}
+
+/// A Parse frame for `name` with new SQL and the original parameter types.
+pub fn parse_frame(name: &[u8], sql: &str, param_types: &[u8]) -> Vec<u8> {
+    let len = 4 + name.len() + 1 + sql.len() + 1 + param_types.len();
+    let mut f = Vec::with_capacity(len + 1);
+    f.push(b'P');
+    f.extend_from_slice(&(len as i32).to_be_bytes());
+    f.extend_from_slice(name);
+    f.push(0);
+    f.extend_from_slice(sql.as_bytes());
+    f.push(0);
+    f.extend_from_slice(param_types);
+    f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut v = vec![tag];
+        v.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
+        v.extend_from_slice(body);
+        v
+    }
+
+    #[test]
+    fn reads_each_message() {
+        let p = msg(b'P', b"s1\0select 1\0\0\0");
+        assert_eq!(
+            Frontend::read(&p),
+            Frontend::Parse {
+                name: b"s1",
+                sql: b"select 1",
+                param_types: b"\0\0"
+            }
+        );
+        let f = parse_frame(b"s1", "select 1", b"\0\0");
+        assert_eq!(f, p);
+        assert_eq!(
+            Frontend::read(&msg(b'B', b"p\0s1\0\0\0")),
+            Frontend::Bind {
+                portal: b"p",
+                statement: b"s1"
+            }
+        );
+        assert_eq!(
+            Frontend::read(&msg(b'C', b"Ss1\0")),
+            Frontend::Close {
+                target: Target::Statement,
+                name: b"s1"
+            }
+        );
+        assert_eq!(
+            Frontend::read(&msg(b'D', b"P\0")),
+            Frontend::Describe {
+                target: Target::Portal,
+                name: b""
+            }
+        );
+        assert_eq!(Frontend::read(&msg(b'S', b"")), Frontend::Sync);
+        assert_eq!(Frontend::read(&msg(b'X', b"")), Frontend::Terminate);
+    }
+
+    #[test]
+    fn malformed_bodies_are_other() {
+        assert_eq!(Frontend::read(&msg(b'P', b"no-nul")), Frontend::Other(b'P'));
+        assert_eq!(Frontend::read(&msg(b'C', b"Xs\0")), Frontend::Other(b'C'));
+        assert_eq!(Frontend::read(&[]), Frontend::Other(0));
+    }
+}

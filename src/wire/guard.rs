@@ -1,0 +1,101 @@
+//! The seam between the relay and whatever watches the traffic: the relay
+//! frames messages and hands them to a session's [`Guard`], then does what
+//! it is told (forward, replace, hold, wait). It knows nothing of what the
+//! guard enforces.
+
+use std::any::Any;
+
+use bytes::Bytes;
+
+use super::response_queue::{Desync, Route};
+
+/// What the relay does with one client message.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ClientStep {
+    /// Forward the message as it is.
+    Forward,
+    /// The server gets these bytes instead of the message.
+    Replace(Vec<u8>),
+    /// The message names a statement or portal whose state depends on
+    /// answers the server still owes for an earlier Sync: send what came
+    /// before it, wait until the guard is settled, then offer it again.
+    AwaitServer,
+}
+
+/// A client message the proxy cannot let through; the session ends with
+/// a protocol violation.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ClientError(pub String);
+
+/// What the relay does with one server message.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ServerStep {
+    pub route: Route,
+    /// The message is a FATAL error: the server closes next.
+    pub fatal: bool,
+    /// Bytes the client gets in place of this message.
+    pub replace: Option<Bytes>,
+    /// BackendKeyData seen: (pid, key) for cancel routing.
+    pub backend_key: Option<(i32, Vec<u8>)>,
+    /// Hold this message (and everything after it) until the ticket is
+    /// decided; see [`Guard::release`].
+    pub hold: Option<HeldTicket>,
+}
+
+/// A decision the guard takes outside the session's lock, because it may
+/// block (a claim in a shared store, waiting for another holder).
+pub trait Ticket: Send + std::fmt::Debug {
+    /// Decides; may block the calling relay thread (only it).
+    fn decide(&mut self);
+    fn into_any(self: Box<Self>) -> Box<dyn Any>;
+}
+
+/// A boxed ticket; compares by identity only, so steps stay comparable.
+#[derive(Debug)]
+pub struct HeldTicket(pub Box<dyn Ticket>);
+
+impl PartialEq for HeldTicket {
+    fn eq(&self, _: &Self) -> bool {
+        false
+    }
+}
+impl Eq for HeldTicket {}
+
+/// One session's watcher, driven by the relay under the session's lock.
+pub trait Guard: Send {
+    fn on_client(&mut self, frame: &[u8]) -> Result<ClientStep, ClientError>;
+    fn on_server(&mut self, frame: &[u8]) -> Result<ServerStep, Desync>;
+    /// Applies a decided ticket of a held message: `None` lets the message
+    /// through, `Some` is what the client gets instead (the rest of that
+    /// statement's answer is then swallowed).
+    fn release(&mut self, ticket: Box<dyn Ticket>) -> Option<Bytes>;
+    /// Nothing outstanding and no transaction open: the session can close
+    /// without losing work.
+    fn is_idle(&self) -> bool;
+    /// No answer is owed for a Sync the client sent before its latest one.
+    fn settled(&self) -> bool;
+    /// The startup exchange (authentication included) is over.
+    fn started(&self) -> bool;
+    /// Hands what the guard recorded to its stores; never blocks.
+    fn flush(&mut self);
+    /// The client connection is gone.
+    fn closed(&mut self);
+}
+
+/// Who a session is, for the guard.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionInfo {
+    pub session_id: u64,
+    pub client_addr: String,
+    pub user: String,
+    pub database: String,
+    pub application_name: String,
+    /// The session came in on the inspection listener.
+    pub inspection_listener: bool,
+}
+
+/// Makes one guard per session.
+pub trait GuardFactory: Send + Sync {
+    fn guard(&self, info: SessionInfo) -> Box<dyn Guard>;
+}

@@ -1,0 +1,302 @@
+//! SQL-level commands that act on the protocol's own namespaces: `PREPARE`,
+//! `EXECUTE`, `DEALLOCATE`, `DISCARD ALL` and `DECLARE … CURSOR`. A
+//! statement prepared in SQL is the same object a protocol Bind can name,
+//! and SQL `EXECUTE` runs a statement prepared by a protocol Parse, so the
+//! tracker must see these in query texts as it sees Parse and Close.
+//!
+//! Texts are split with sqlparser's tokenizer (quotes, dollar quotes and
+//! comments are understood, nothing is parsed), and only when a cheap scan
+//! finds one of the keywords.
+
+use std::sync::LazyLock;
+
+use regex::Regex;
+use sqlparser::dialect::PostgreSqlDialect;
+use sqlparser::keywords::Keyword;
+use sqlparser::tokenizer::{Token, Tokenizer, Whitespace, Word};
+
+/// One namespace-changing or namespace-reading command of a query text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SqlCommand {
+    /// `PREPARE name [(types)] AS inner`: defines `name` when the server
+    /// answers `PREPARE`.
+    Prepare { name: String, inner: String },
+    /// `EXECUTE name`, also under `EXPLAIN` and `CREATE TABLE … AS`.
+    Execute { name: String },
+    /// `DEALLOCATE [PREPARE] name`: forgets `name` when the server answers.
+    Deallocate { name: String },
+    /// `DEALLOCATE ALL` or `DISCARD ALL`: forgets every statement.
+    DeallocateAll,
+    /// `DECLARE name … CURSOR … FOR inner`: a portal whose rows `FETCH`
+    /// and a protocol Execute read.
+    Declare { name: String, inner: String },
+}
+
+impl SqlCommand {
+    /// The CommandComplete tag the server answers a successful command
+    /// with, for commands that change the namespace.
+    pub fn completion_tag(&self) -> Option<&'static [u8]> {
+        match self {
+            SqlCommand::Prepare { .. } => Some(b"PREPARE"),
+            SqlCommand::Deallocate { .. } => Some(b"DEALLOCATE"),
+            SqlCommand::DeallocateAll => None,
+            SqlCommand::Execute { .. } | SqlCommand::Declare { .. } => None,
+        }
+    }
+
+    /// Whether the command changes which statements exist once the server
+    /// confirms it.
+    pub fn changes_namespace(&self) -> bool {
+        matches!(
+            self,
+            SqlCommand::Prepare { .. } | SqlCommand::Deallocate { .. } | SqlCommand::DeallocateAll
+        )
+    }
+
+    /// Whether `tag` (a CommandComplete tag without its NUL) confirms this
+    /// command.
+    pub fn confirmed_by(&self, tag: &[u8]) -> bool {
+        match self {
+            SqlCommand::DeallocateAll => tag == b"DEALLOCATE ALL" || tag == b"DISCARD ALL",
+            other => other.completion_tag() == Some(tag),
+        }
+    }
+}
+
+/// A query text whose commands the tokenizer could not read although it
+/// names one of the keywords: the tracker cannot know what it prepares or
+/// executes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreadable(pub String);
+
+/// The commands of `sql`, in order. Texts without any of the keywords
+/// (almost all traffic) cost one case-insensitive scan.
+pub fn scan(sql: &str) -> Result<Vec<SqlCommand>, Unreadable> {
+    if !mentions_keyword(sql) {
+        return Ok(Vec::new());
+    }
+    let tokens = Tokenizer::new(&PostgreSqlDialect {}, sql)
+        .tokenize()
+        .map_err(|e| Unreadable(e.to_string()))?;
+    let mut commands = Vec::new();
+    for statement in tokens.split(|t| *t == Token::SemiColon) {
+        let significant: Vec<&Token> = statement
+            .iter()
+            .filter(|t| !matches!(t, Token::Whitespace(_)))
+            .collect();
+        if let Some(command) = command_of(&significant) {
+            commands.push(command);
+        }
+    }
+    Ok(commands)
+}
+
+/// The keywords, searched for at once (a SIMD literal search, not a
+/// backtracking match).
+static KEYWORDS: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new("(?i)prepare|execute|deallocate|declare|discard").ok());
+
+fn mentions_keyword(sql: &str) -> bool {
+    // The pattern is a constant that compiles; were it ever not to, every
+    // text is tokenized (slower, never blind).
+    KEYWORDS.as_ref().is_none_or(|k| k.is_match(sql))
+}
+
+fn command_of(tokens: &[&Token]) -> Option<SqlCommand> {
+    let first = word(tokens.first()?)?;
+    match first.keyword {
+        Keyword::PREPARE => prepare(&tokens[1..]),
+        Keyword::EXECUTE => Some(SqlCommand::Execute {
+            name: identifier(tokens.get(1)?)?,
+        }),
+        Keyword::DEALLOCATE => {
+            let mut rest = &tokens[1..];
+            if rest.first().and_then(|t| word(t)).map(|w| w.keyword) == Some(Keyword::PREPARE) {
+                rest = &rest[1..];
+            }
+            let target = rest.first()?;
+            if word(target).is_some_and(|w| w.keyword == Keyword::ALL && w.quote_style.is_none()) {
+                return Some(SqlCommand::DeallocateAll);
+            }
+            Some(SqlCommand::Deallocate {
+                name: identifier(target)?,
+            })
+        }
+        Keyword::DISCARD => {
+            let all = tokens
+                .get(1)
+                .and_then(|t| word(t))
+                .is_some_and(|w| w.keyword == Keyword::ALL);
+            all.then_some(SqlCommand::DeallocateAll)
+        }
+        Keyword::DECLARE => declare(&tokens[1..]),
+        // EXPLAIN [ANALYZE] EXECUTE name and CREATE TABLE … AS EXECUTE name
+        // run the prepared statement too.
+        Keyword::EXPLAIN | Keyword::CREATE => embedded_execute(first.keyword, tokens),
+        _ => None,
+    }
+}
+
+fn prepare(tokens: &[&Token]) -> Option<SqlCommand> {
+    let name = identifier(tokens.first()?)?;
+    let as_at = top_level_position(tokens, Keyword::AS)?;
+    Some(SqlCommand::Prepare {
+        name,
+        inner: text_of(&tokens[as_at + 1..]),
+    })
+}
+
+fn declare(tokens: &[&Token]) -> Option<SqlCommand> {
+    let name = identifier(tokens.first()?)?;
+    let for_at = top_level_position(tokens, Keyword::FOR)?;
+    Some(SqlCommand::Declare {
+        name,
+        inner: text_of(&tokens[for_at + 1..]),
+    })
+}
+
+fn embedded_execute(first: Keyword, tokens: &[&Token]) -> Option<SqlCommand> {
+    let at = top_level_position(tokens, Keyword::EXECUTE)?;
+    if first == Keyword::CREATE {
+        // Only `AS EXECUTE`: `GRANT`-like uses of the word do not run anything.
+        let before = tokens.get(at.checked_sub(1)?).and_then(|t| word(t))?;
+        if before.keyword != Keyword::AS {
+            return None;
+        }
+    }
+    Some(SqlCommand::Execute {
+        name: identifier(tokens.get(at + 1)?)?,
+    })
+}
+
+/// Index of the first unparenthesized, unquoted `keyword`.
+fn top_level_position(tokens: &[&Token], keyword: Keyword) -> Option<usize> {
+    let mut depth = 0i32;
+    for (i, t) in tokens.iter().enumerate() {
+        match t {
+            Token::LParen => depth += 1,
+            Token::RParen => depth -= 1,
+            Token::Word(w) if depth == 0 && w.quote_style.is_none() && w.keyword == keyword => {
+                return Some(i)
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+fn word(t: &Token) -> Option<&Word> {
+    match t {
+        Token::Word(w) => Some(w),
+        _ => None,
+    }
+}
+
+/// A name as the server stores it: unquoted identifiers fold to lower case.
+fn identifier(t: &Token) -> Option<String> {
+    let w = word(t)?;
+    Some(match w.quote_style {
+        Some(_) => w.value.clone(),
+        None => w.value.to_lowercase(),
+    })
+}
+
+/// The text of `tokens`, re-joined (enough to classify the statement).
+fn text_of(tokens: &[&Token]) -> String {
+    let mut out = String::new();
+    for t in tokens {
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        match t {
+            Token::Whitespace(Whitespace::SingleLineComment { .. }) => {}
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(sql: &str) -> Vec<SqlCommand> {
+        scan(sql).unwrap()
+    }
+
+    #[test]
+    fn ordinary_traffic_has_no_commands() {
+        assert!(names("select 1").is_empty());
+        assert!(names("SELECT abalance FROM pgbench_accounts WHERE aid = 5").is_empty());
+        assert!(names("select 'prepare s as insert'").is_empty());
+        assert!(names("GRANT EXECUTE ON FUNCTION f() TO bob").is_empty());
+        assert!(names(
+            "CREATE FUNCTION f() RETURNS void LANGUAGE plpgsql AS $$ BEGIN EXECUTE 'x'; END $$"
+        )
+        .is_empty());
+    }
+
+    #[test]
+    fn prepare_names_fold_and_keep_the_inner_statement() {
+        let got =
+            names("PREPARE S4 (text) AS INSERT INTO checkpoint_writes (thread_id) VALUES ($1)");
+        let [SqlCommand::Prepare { name, inner }] = got.as_slice() else {
+            panic!("{got:?}")
+        };
+        assert_eq!(name, "s4");
+        assert!(
+            inner.starts_with("INSERT INTO checkpoint_writes"),
+            "{inner}"
+        );
+        let got = names(r#"prepare "S5" as select 1"#);
+        assert!(matches!(&got[..], [SqlCommand::Prepare { name, .. }] if name == "S5"));
+    }
+
+    #[test]
+    fn execute_forms() {
+        assert_eq!(
+            names(
+                "EXECUTE s5('t', 1); explain analyze execute s6; CREATE TEMP TABLE x AS EXECUTE s7"
+            ),
+            vec![
+                SqlCommand::Execute { name: "s5".into() },
+                SqlCommand::Execute { name: "s6".into() },
+                SqlCommand::Execute { name: "s7".into() },
+            ]
+        );
+    }
+
+    #[test]
+    fn deallocate_and_discard() {
+        assert_eq!(
+            names("begin; select 1/0; DEALLOCATE s1; deallocate prepare all; DISCARD ALL; discard plans"),
+            vec![
+                SqlCommand::Deallocate { name: "s1".into() },
+                SqlCommand::DeallocateAll,
+                SqlCommand::DeallocateAll,
+            ]
+        );
+        assert!(SqlCommand::DeallocateAll.confirmed_by(b"DISCARD ALL"));
+        assert!(SqlCommand::Deallocate { name: "a".into() }.confirmed_by(b"DEALLOCATE"));
+        assert!(!SqlCommand::Deallocate { name: "a".into() }.confirmed_by(b"DEALLOCATE ALL"));
+    }
+
+    #[test]
+    fn declare_keeps_the_cursor_query() {
+        let got = names("DECLARE c NO SCROLL CURSOR WITH HOLD FOR select * from checkpoints");
+        let [SqlCommand::Declare { name, inner }] = got.as_slice() else {
+            panic!("{got:?}")
+        };
+        assert_eq!(name, "c");
+        assert!(inner.contains("checkpoints"), "{inner}");
+    }
+
+    #[test]
+    fn unreadable_text_with_a_keyword_is_reported() {
+        assert!(scan("prepare x as select 'unterminated").is_err());
+        assert!(
+            scan("select 'unterminated").is_ok(),
+            "no keyword: never tokenized"
+        );
+    }
+}

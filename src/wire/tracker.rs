@@ -1,0 +1,819 @@
+//! The protocol tracker: a session's prepared statements, portals and
+//! transaction status as the server has confirmed them, and the queue of
+//! answers it still owes.
+//!
+//! A client message only proposes a change. A Parse defines its statement
+//! when the server answers ParseComplete, a Bind its portal at
+//! BindComplete, a Close at CloseComplete, SQL `PREPARE` / `DEALLOCATE` at
+//! their CommandComplete; whatever the server skipped after an error is
+//! dropped with its queue entry and never applied. A message that names a
+//! statement whose fate hangs on an earlier Sync's answers waits for them.
+//!
+//! The tracker knows nothing of what the layer above watches for: it asks
+//! its [`Hooks`] to annotate statements and portals and to watch responses.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::backend::is_fatal;
+use super::frame::cstr;
+use super::frontend::{parse_frame, Frontend, Target};
+use super::guard::{ClientError, ClientStep, ServerStep};
+use super::reject::{raising_query, raising_statement};
+use super::response_queue::{Desync, Expect, Progress, ResponseQueue, Route};
+use super::sql_commands::{scan, SqlCommand};
+
+/// ReadyForQuery's transaction status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TxnStatus {
+    #[default]
+    Idle,
+    InBlock,
+    Failed,
+}
+
+impl TxnStatus {
+    fn from_byte(b: u8) -> TxnStatus {
+        match b {
+            b'T' => TxnStatus::InBlock,
+            b'E' => TxnStatus::Failed,
+            _ => TxnStatus::Idle,
+        }
+    }
+}
+
+/// Why the proxy refuses a statement: raised by the server itself, so the
+/// error lands where the client expects the statement's answer and the
+/// transaction aborts as for any error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub sqlstate: &'static str,
+    pub message: String,
+    pub detail: String,
+}
+
+/// SQLSTATE for a statement name the proxy never saw prepared.
+pub const INVALID_STATEMENT_NAME: &str = "26000";
+/// SQLSTATE for a form the proxy refuses to pass unchecked.
+pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
+
+/// What the client gets for a Bind.
+#[derive(Debug)]
+pub enum Bound<P> {
+    /// Forward the Bind; the portal carries this annotation.
+    Forward(Option<P>),
+    /// The server gets these bytes instead of the Bind.
+    Replace(Vec<u8>, Option<P>),
+    /// The statement is refused.
+    Refuse(Refusal),
+}
+
+/// What the layer above decides where checkpoint traffic can be seen.
+pub trait Hooks {
+    /// What is known of a prepared statement (compared to decide whether
+    /// an unconfirmed change matters).
+    type Statement: Clone + PartialEq;
+    /// What is known of a bound portal.
+    type Portal: Clone;
+    /// What watches one statement's answer.
+    type Watch;
+
+    /// A statement text: its annotation, and SQL the server gets instead.
+    fn parse(&mut self, sql: &str) -> (Self::Statement, Option<String>);
+    /// The annotation of a statement nobody watches.
+    fn plain(&self) -> Self::Statement;
+    /// SQL `PREPARE … AS inner`: the annotation, or why it is refused.
+    fn sql_prepare(&mut self, inner: &str) -> Result<Self::Statement, Refusal>;
+    /// SQL `EXECUTE` of a statement with this annotation.
+    fn sql_execute(&mut self, statement: &Self::Statement) -> Result<(), Refusal>;
+    /// SQL `DECLARE … CURSOR FOR inner`.
+    fn sql_declare(&mut self, inner: &str) -> Result<(), Refusal>;
+    fn bind(
+        &mut self,
+        statement: &Self::Statement,
+        frame: &[u8],
+    ) -> Result<Bound<Self::Portal>, ClientError>;
+    fn execute(&mut self, portal: Option<&Self::Portal>) -> Option<Self::Watch>;
+    fn describe_statement(&mut self, statement: &Self::Statement) -> Option<Self::Watch>;
+    fn describe_portal(&mut self, portal: Option<&Self::Portal>) -> Option<Self::Watch>;
+    fn query(&mut self, sql: &str) -> Option<Self::Watch>;
+    /// A Sync: a refusal to raise before it.
+    fn sync(&mut self) -> Option<Refusal>;
+    /// A DataRow of a watched answer.
+    fn row(&mut self, watch: &mut Self::Watch, frame: &[u8], step: &mut ServerStep);
+    /// A RowDescription of a watched answer: its replacement.
+    fn row_description(&mut self, watch: &Self::Watch, frame: &[u8]) -> Option<Bytes>;
+    /// A watched statement finished (`ok`: without an error).
+    fn completed(&mut self, watch: Self::Watch, ok: bool);
+    /// The server reported an error.
+    fn error(&mut self);
+    fn ready(&mut self, status: TxnStatus);
+    /// ROLLBACK (or a failed COMMIT) completed.
+    fn rollback(&mut self);
+    fn parameter_status(&mut self, name: &[u8], value: &[u8]);
+}
+
+/// SQL-level commands of a text, each `PREPARE` with the annotation of
+/// the statement it defines.
+type Commands<S> = Vec<(SqlCommand, Option<S>)>;
+
+/// Shared SQL-level commands; `None` for the usual text with none (no
+/// allocation on the hot path).
+type SharedCommands<S> = Option<Arc<Commands<S>>>;
+
+fn commands_of<S>(shared: &SharedCommands<S>) -> &[(SqlCommand, Option<S>)] {
+    shared.as_deref().map_or(&[], Vec::as_slice)
+}
+
+/// A statement as the server holds it.
+#[derive(Debug, Clone, PartialEq)]
+struct Statement<S> {
+    annotation: S,
+    /// SQL-level commands its text runs (`EXECUTE x` sent through Parse).
+    commands: SharedCommands<S>,
+    /// Set when its text must not run.
+    refused: Option<Refusal>,
+}
+
+impl<S> Statement<S> {
+    fn new(annotation: S) -> Self {
+        Statement {
+            annotation,
+            commands: None,
+            refused: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Portal<P, S> {
+    annotation: Option<P>,
+    commands: SharedCommands<S>,
+}
+
+impl<P, S> Portal<P, S> {
+    /// A portal nobody watches: the proxy may let it run unseen.
+    fn is_plain(&self) -> bool {
+        self.annotation.is_none() && self.commands.is_none()
+    }
+}
+
+/// The outcome of checking a text's SQL `EXECUTE`s.
+enum Executes {
+    Allowed,
+    Refused(Refusal),
+    Ambiguous,
+}
+
+/// A change the server has not confirmed yet, riding on its queue entry.
+enum Change<H: Hooks> {
+    Define {
+        name: Vec<u8>,
+        statement: Statement<H::Statement>,
+    },
+    Bind {
+        portal: Vec<u8>,
+        binding: Portal<H::Portal, H::Statement>,
+    },
+    Close {
+        target: Target,
+        name: Vec<u8>,
+    },
+    /// An Execute, Describe or Query: its watch, and the SQL commands
+    /// whose CommandComplete changes statements.
+    Answer {
+        watch: Option<H::Watch>,
+        commands: Commands<H::Statement>,
+        /// A simple Query drops the unnamed statement and portal.
+        resets_unnamed: bool,
+    },
+}
+
+struct Pending<H: Hooks> {
+    /// The client's Sync count when the message was sent.
+    segment: u64,
+    change: Change<H>,
+}
+
+/// A statement name's state as the server will see it.
+enum Lookup<S> {
+    Known(Option<S>),
+    /// Depends on answers still owed for an earlier Sync.
+    Ambiguous,
+}
+
+pub struct Tracker<H: Hooks> {
+    pub hooks: H,
+    queue: ResponseQueue<Pending<H>>,
+    statements: HashMap<Vec<u8>, Statement<H::Statement>>,
+    portals: HashMap<Vec<u8>, Portal<H::Portal, H::Statement>>,
+    segment: u64,
+    txn: TxnStatus,
+    /// The first ReadyForQuery arrived: authentication is over.
+    started: bool,
+}
+
+impl<H: Hooks> Tracker<H> {
+    pub fn new(hooks: H) -> Self {
+        Tracker {
+            hooks,
+            queue: ResponseQueue::new(),
+            statements: HashMap::new(),
+            portals: HashMap::new(),
+            segment: 0,
+            txn: TxnStatus::Idle,
+            started: false,
+        }
+    }
+
+    pub fn started(&self) -> bool {
+        self.started
+    }
+
+    /// Expects the startup exchange, up to the first ReadyForQuery.
+    pub fn expect_startup(&mut self) {
+        self.queue.push(Expect::Startup, Route::Forward, None);
+    }
+
+    pub fn txn_status(&self) -> TxnStatus {
+        self.txn
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.queue.idle() && self.txn == TxnStatus::Idle
+    }
+
+    /// No answer is owed for a message sent before the latest Sync.
+    pub fn settled(&self) -> bool {
+        self.queue.payloads().all(|p| p.segment >= self.segment)
+    }
+
+    /// Routes the rest of the front statement's answer away from the
+    /// client (the proxy answered it).
+    pub fn swallow_front(&mut self) {
+        self.queue.set_front_route(Route::Swallow);
+    }
+
+    fn push(&mut self, expect: Expect, route: Route, change: Option<Change<H>>) {
+        let payload = change.map(|change| Pending {
+            segment: self.segment,
+            change,
+        });
+        self.queue.push(expect, route, payload);
+    }
+
+    /// Tracks one client message on its way to the server.
+    pub fn on_client(&mut self, frame: &[u8]) -> Result<ClientStep, ClientError> {
+        match Frontend::read(frame) {
+            Frontend::Parse {
+                name,
+                sql,
+                param_types,
+            } => {
+                let (statement, replacement) = self.prepare_text(sql);
+                let step = match replacement {
+                    Some(new_sql) => ClientStep::Replace(parse_frame(name, &new_sql, param_types)),
+                    None => ClientStep::Forward,
+                };
+                let change = Change::Define {
+                    name: name.to_vec(),
+                    statement,
+                };
+                self.push(Expect::ParseComplete, Route::Forward, Some(change));
+                Ok(step)
+            }
+            Frontend::Bind { portal, statement } => self.bind(portal, statement, frame),
+            Frontend::Execute { portal } => {
+                let binding = match self.portal(portal) {
+                    Lookup::Known(b) => b,
+                    Lookup::Ambiguous => return Ok(ClientStep::AwaitServer),
+                };
+                let watch = self
+                    .hooks
+                    .execute(binding.as_ref().and_then(|b| b.annotation.as_ref()));
+                let commands = binding
+                    .map(|b| commands_of(&b.commands).to_vec())
+                    .unwrap_or_default();
+                let change = Change::Answer {
+                    watch,
+                    commands,
+                    resets_unnamed: false,
+                };
+                self.push(Expect::Execute, Route::Forward, Some(change));
+                Ok(ClientStep::Forward)
+            }
+            Frontend::Describe { target, name } => {
+                let watch = match target {
+                    Target::Statement => match self.statement(name) {
+                        Lookup::Known(s) => {
+                            let s = s.map_or_else(|| self.hooks.plain(), |s| s.annotation);
+                            self.hooks.describe_statement(&s)
+                        }
+                        Lookup::Ambiguous => return Ok(ClientStep::AwaitServer),
+                    },
+                    Target::Portal => match self.portal(name) {
+                        Lookup::Known(b) => self
+                            .hooks
+                            .describe_portal(b.as_ref().and_then(|b| b.annotation.as_ref())),
+                        Lookup::Ambiguous => return Ok(ClientStep::AwaitServer),
+                    },
+                };
+                let expect = match target {
+                    Target::Statement => Expect::DescribeStatement,
+                    Target::Portal => Expect::DescribePortal,
+                };
+                let change = Change::Answer {
+                    watch,
+                    commands: Vec::new(),
+                    resets_unnamed: false,
+                };
+                self.push(expect, Route::Forward, Some(change));
+                Ok(ClientStep::Forward)
+            }
+            Frontend::Close { target, name } => {
+                let change = Change::Close {
+                    target,
+                    name: name.to_vec(),
+                };
+                self.push(Expect::CloseComplete, Route::Forward, Some(change));
+                Ok(ClientStep::Forward)
+            }
+            Frontend::Query { sql } => Ok(self.query(sql)),
+            Frontend::Sync => {
+                let mut step = ClientStep::Forward;
+                if let Some(refusal) = self.hooks.sync() {
+                    let mut bytes = self.inject_refusal(&refusal);
+                    bytes.extend_from_slice(frame);
+                    step = ClientStep::Replace(bytes);
+                }
+                self.push(Expect::Sync, Route::Forward, None);
+                self.segment += 1;
+                Ok(step)
+            }
+            Frontend::FunctionCall => {
+                self.push(Expect::FunctionCall, Route::Forward, None);
+                self.segment += 1;
+                Ok(ClientStep::Forward)
+            }
+            Frontend::Flush | Frontend::Terminate | Frontend::Copy | Frontend::Other(_) => {
+                Ok(ClientStep::Forward)
+            }
+        }
+    }
+
+    /// A Parse's text: its statement (annotation, SQL-level commands,
+    /// refusal) and the replacement text.
+    fn prepare_text(&mut self, sql: &[u8]) -> (Statement<H::Statement>, Option<String>) {
+        let Ok(text) = std::str::from_utf8(sql) else {
+            // Not UTF-8: the server rejects it.
+            return (Statement::new(self.hooks.plain()), None);
+        };
+        let (annotation, replacement) = self.hooks.parse(text);
+        let mut statement = Statement::new(annotation);
+        match scan(text) {
+            Ok(found) if found.is_empty() => {}
+            Ok(found) => {
+                // One statement per Parse; its EXECUTEs are checked when a
+                // portal of it is bound.
+                let mut commands = Vec::with_capacity(found.len());
+                for command in found {
+                    match self.definition(&command) {
+                        Ok(defines) => commands.push((command, defines)),
+                        Err(refusal) => {
+                            statement.refused = Some(refusal);
+                            break;
+                        }
+                    }
+                }
+                statement.commands = Some(Arc::new(commands));
+            }
+            Err(e) => statement.refused = Some(unreadable(&e.0)),
+        }
+        (statement, replacement)
+    }
+
+    /// Checks a PREPARE or DECLARE body: for PREPARE, the annotation of
+    /// the statement it defines.
+    fn definition(&mut self, command: &SqlCommand) -> Result<Option<H::Statement>, Refusal> {
+        match command {
+            SqlCommand::Prepare { inner, .. } => self.hooks.sql_prepare(inner).map(Some),
+            SqlCommand::Declare { inner, .. } => self.hooks.sql_declare(inner).map(|_| None),
+            _ => Ok(None),
+        }
+    }
+
+    fn bind(
+        &mut self,
+        portal: &[u8],
+        name: &[u8],
+        frame: &[u8],
+    ) -> Result<ClientStep, ClientError> {
+        let statement = match self.statement(name) {
+            Lookup::Ambiguous => return Ok(ClientStep::AwaitServer),
+            Lookup::Known(Some(s)) => s,
+            Lookup::Known(None) if name.is_empty() => Statement::new(self.hooks.plain()),
+            Lookup::Known(None) => {
+                let refusal = never_prepared(&String::from_utf8_lossy(name));
+                return Ok(ClientStep::Replace(self.inject_refusal(&refusal)));
+            }
+        };
+        let refused = match &statement.refused {
+            Some(r) => Some(r.clone()),
+            None => match self.executes(commands_of(&statement.commands), &[]) {
+                Executes::Allowed => None,
+                Executes::Refused(r) => Some(r),
+                Executes::Ambiguous => return Ok(ClientStep::AwaitServer),
+            },
+        };
+        if let Some(refusal) = refused {
+            return Ok(ClientStep::Replace(self.inject_refusal(&refusal)));
+        }
+        let (annotation, step) = match self.hooks.bind(&statement.annotation, frame)? {
+            Bound::Forward(a) => (a, ClientStep::Forward),
+            Bound::Replace(bytes, a) => (a, ClientStep::Replace(bytes)),
+            Bound::Refuse(refusal) => {
+                return Ok(ClientStep::Replace(self.inject_refusal(&refusal)));
+            }
+        };
+        let change = Change::Bind {
+            portal: portal.to_vec(),
+            binding: Portal {
+                annotation,
+                commands: statement.commands.clone(),
+            },
+        };
+        self.push(Expect::BindComplete, Route::Forward, Some(change));
+        Ok(step)
+    }
+
+    /// Checks the SQL `EXECUTE`s among `commands`: refused when they run a
+    /// statement the hooks refuse, or one the proxy never saw prepared.
+    /// `defined`: names (re)defined earlier in the same text.
+    fn executes(
+        &mut self,
+        commands: &[(SqlCommand, Option<H::Statement>)],
+        defined: &[(String, Option<H::Statement>)],
+    ) -> Executes {
+        for (command, _) in commands {
+            let SqlCommand::Execute { name } = command else {
+                continue;
+            };
+            let annotation = match defined.iter().rev().find(|(n, _)| n == name) {
+                Some((_, s)) => s.clone(),
+                None => match self.statement(name.as_bytes()) {
+                    Lookup::Known(s) => s.map(|s| s.annotation),
+                    Lookup::Ambiguous => return Executes::Ambiguous,
+                },
+            };
+            let Some(annotation) = annotation else {
+                return Executes::Refused(never_prepared(name));
+            };
+            if let Err(refusal) = self.hooks.sql_execute(&annotation) {
+                return Executes::Refused(refusal);
+            }
+        }
+        Executes::Allowed
+    }
+
+    fn query(&mut self, sql: &[u8]) -> ClientStep {
+        let text = std::str::from_utf8(sql).unwrap_or_default();
+        let mut commands = Vec::new();
+        let mut refusal = None;
+        match scan(text) {
+            Ok(found) => {
+                let mut defined: Vec<(String, Option<H::Statement>)> = Vec::new();
+                for command in found {
+                    let entry = [(command, None)];
+                    match self.executes(&entry, &defined) {
+                        Executes::Allowed => {}
+                        Executes::Refused(r) => {
+                            refusal = Some(r);
+                            break;
+                        }
+                        Executes::Ambiguous => return ClientStep::AwaitServer,
+                    }
+                    let [(command, _)] = entry;
+                    let defines = match self.definition(&command) {
+                        Ok(d) => d,
+                        Err(r) => {
+                            refusal = Some(r);
+                            break;
+                        }
+                    };
+                    match &command {
+                        SqlCommand::Prepare { name, .. } => {
+                            defined.push((name.clone(), defines.clone()))
+                        }
+                        SqlCommand::Deallocate { name } => defined.push((name.clone(), None)),
+                        _ => {}
+                    }
+                    commands.push((command, defines));
+                }
+            }
+            Err(e) => refusal = Some(unreadable(&e.0)),
+        }
+        let (step, watch) = match refusal {
+            Some(r) => {
+                commands.clear();
+                let bytes = raising_query(r.sqlstate, &r.message, &r.detail);
+                (ClientStep::Replace(bytes), None)
+            }
+            None => (ClientStep::Forward, self.hooks.query(text)),
+        };
+        let change = Change::Answer {
+            watch,
+            commands,
+            resets_unnamed: true,
+        };
+        self.push(Expect::Query, Route::Forward, Some(change));
+        self.segment += 1;
+        step
+    }
+
+    /// The bytes that make the server raise `refusal` in place of a Bind,
+    /// with the answers to the injected Parse and Bind swallowed.
+    fn inject_refusal(&mut self, refusal: &Refusal) -> Vec<u8> {
+        let define = Change::Define {
+            name: Vec::new(),
+            statement: Statement::new(self.hooks.plain()),
+        };
+        self.push(Expect::ParseComplete, Route::Swallow, Some(define));
+        let bind = Change::Bind {
+            portal: Vec::new(),
+            binding: Portal {
+                annotation: None,
+                commands: None,
+            },
+        };
+        self.push(Expect::BindComplete, Route::Swallow, Some(bind));
+        self.push(Expect::Execute, Route::Forward, None);
+        raising_statement(refusal.sqlstate, &refusal.message, &refusal.detail)
+    }
+
+    /// A statement name as the server will see it when it reaches the
+    /// message being tracked now.
+    fn statement(&self, name: &[u8]) -> Lookup<Statement<H::Statement>> {
+        let mut lookup = Settle::new(self.statements.get(name).cloned(), self.segment);
+        for p in self.queue.payloads() {
+            let effect = match &p.change {
+                Change::Define { name: n, statement } if n == name => Some(statement.clone()),
+                Change::Close {
+                    target: Target::Statement,
+                    name: n,
+                } if n == name => None,
+                Change::Answer {
+                    resets_unnamed: true,
+                    ..
+                } if name.is_empty() => None,
+                Change::Answer { commands, .. } => {
+                    let found = commands.iter().rev().find_map(|(c, s)| match c {
+                        SqlCommand::Prepare { name: n, .. } if n.as_bytes() == name => {
+                            Some(s.clone().map(Statement::new))
+                        }
+                        SqlCommand::Deallocate { name: n } if n.as_bytes() == name => Some(None),
+                        SqlCommand::DeallocateAll => Some(None),
+                        _ => None,
+                    });
+                    match found {
+                        Some(effect) => effect,
+                        None => continue,
+                    }
+                }
+                _ => continue,
+            };
+            lookup.change(p.segment, effect, |a, b| a == b);
+        }
+        lookup.finish()
+    }
+
+    fn portal(&self, name: &[u8]) -> Lookup<Portal<H::Portal, H::Statement>> {
+        // Two unwatched portals are alike whatever they run.
+        let plain = |p: &Option<Portal<_, _>>| p.as_ref().is_none_or(Portal::is_plain);
+        let mut lookup = Settle::new(self.portals.get(name).cloned(), self.segment);
+        for p in self.queue.payloads() {
+            let effect = match &p.change {
+                Change::Bind { portal, binding } if portal == name => Some(binding.clone()),
+                Change::Close {
+                    target: Target::Portal,
+                    name: n,
+                } if n == name => None,
+                Change::Answer {
+                    resets_unnamed: true,
+                    ..
+                } if name.is_empty() => None,
+                _ => continue,
+            };
+            lookup.change(p.segment, effect, |a, b| plain(a) && plain(b));
+        }
+        lookup.finish()
+    }
+
+    /// Tracks one server message on its way to the client.
+    pub fn on_server(&mut self, frame: &[u8]) -> Result<ServerStep, Desync> {
+        let tag = frame.first().copied().unwrap_or(0);
+        let mut step = ServerStep::default();
+        if let Some(Pending {
+            change: Change::Answer {
+                watch, commands, ..
+            },
+            ..
+        }) = self.queue.front_payload_mut()
+        {
+            match (tag, watch.as_mut()) {
+                (b'D', Some(w)) => self.hooks.row(w, frame, &mut step),
+                (b'T', Some(w)) => step.replace = self.hooks.row_description(w, frame),
+                (b'C', _) => {
+                    // The next unconfirmed command this tag confirms (an
+                    // EXECUTE'd statement's own tag can come in between).
+                    let completion = command_tag(frame);
+                    if let Some(at) = commands
+                        .iter()
+                        .position(|(c, _)| c.changes_namespace())
+                        .filter(|at| commands[*at].0.confirmed_by(completion))
+                    {
+                        let (command, defines) = commands.remove(at);
+                        apply_command(&mut self.statements, command, defines);
+                    }
+                }
+                _ => {}
+            }
+        }
+        match self.queue.on_server(tag)? {
+            Progress::Async => {
+                if tag == b'S' {
+                    if let Some((name, rest)) = cstr(frame.get(5..).unwrap_or_default()) {
+                        let value = cstr(rest).map(|(v, _)| v).unwrap_or_default();
+                        self.hooks.parameter_status(name, value);
+                    }
+                }
+            }
+            Progress::Within { route } => step.route = route,
+            Progress::Completed { route, done } => {
+                step.route = route;
+                if let Some(pending) = done.payload {
+                    self.confirm(pending.change, tag);
+                }
+            }
+        }
+        match tag {
+            b'E' => {
+                self.hooks.error();
+                step.fatal = is_fatal(frame);
+            }
+            b'Z' => {
+                self.started = true;
+                self.txn = TxnStatus::from_byte(frame.get(5).copied().unwrap_or(b'I'));
+                if self.txn == TxnStatus::Idle {
+                    // The transaction ended, and its portals with it.
+                    self.portals.clear();
+                }
+                self.hooks.ready(self.txn);
+            }
+            // ROLLBACK (also what COMMIT of a failed transaction reports):
+            // nothing written in the transaction survives. A savepoint
+            // rollback reports the same tag and is treated alike.
+            b'C' if command_tag(frame).starts_with(b"ROLLBACK") => self.hooks.rollback(),
+            b'K' => step.backend_key = backend_key(frame),
+            _ => {}
+        }
+        Ok(step)
+    }
+
+    /// Applies a change the server answered (`tag`: with what).
+    fn confirm(&mut self, change: Change<H>, tag: u8) {
+        match change {
+            Change::Define { name, statement } if tag == b'1' => {
+                self.statements.insert(name, statement);
+            }
+            Change::Bind { portal, binding } if tag == b'2' => {
+                self.portals.insert(portal, binding);
+            }
+            Change::Close {
+                target: Target::Statement,
+                name,
+            } if tag == b'3' => {
+                self.statements.remove(&name);
+            }
+            Change::Close {
+                target: Target::Portal,
+                name,
+            } if tag == b'3' => {
+                self.portals.remove(&name);
+            }
+            Change::Answer {
+                watch,
+                resets_unnamed,
+                ..
+            } => {
+                if resets_unnamed {
+                    self.statements.remove(&b""[..]);
+                    self.portals.remove(&b""[..]);
+                }
+                if let Some(w) = watch {
+                    self.hooks.completed(w, tag != b'E');
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The state a name will have, from its confirmed state and the
+/// unconfirmed changes to it, fed oldest first.
+struct Settle<T> {
+    confirmed: Option<T>,
+    segment: u64,
+    last: Option<(u64, Option<T>)>,
+    /// Some earlier change would leave the name unlike its confirmed state.
+    differs: bool,
+}
+
+impl<T> Settle<T> {
+    fn new(confirmed: Option<T>, segment: u64) -> Self {
+        Settle {
+            confirmed,
+            segment,
+            last: None,
+            differs: false,
+        }
+    }
+
+    fn change(
+        &mut self,
+        segment: u64,
+        effect: Option<T>,
+        same: impl Fn(&Option<T>, &Option<T>) -> bool,
+    ) {
+        self.differs |= !same(&effect, &self.confirmed);
+        self.last = Some((segment, effect));
+    }
+
+    fn finish(self) -> Lookup<T> {
+        match self.last {
+            None => Lookup::Known(self.confirmed),
+            // A change sent since the latest Sync: if it fails, the server
+            // skips everything up to the next Sync, this message included.
+            Some((s, effect)) if s == self.segment => Lookup::Known(effect),
+            // Whichever of the earlier changes the server accepts, the name
+            // ends up the same.
+            Some(_) if !self.differs => Lookup::Known(self.confirmed),
+            Some(_) => Lookup::Ambiguous,
+        }
+    }
+}
+
+fn apply_command<S>(
+    statements: &mut HashMap<Vec<u8>, Statement<S>>,
+    command: SqlCommand,
+    defines: Option<S>,
+) {
+    match command {
+        SqlCommand::Prepare { name, .. } => {
+            if let Some(annotation) = defines {
+                statements.insert(name.into_bytes(), Statement::new(annotation));
+            }
+        }
+        SqlCommand::Deallocate { name } => {
+            statements.remove(name.as_bytes());
+        }
+        // The unnamed statement is the protocol's, not SQL's.
+        SqlCommand::DeallocateAll => statements.retain(|name, _| name.is_empty()),
+        SqlCommand::Execute { .. } | SqlCommand::Declare { .. } => {}
+    }
+}
+
+fn never_prepared(name: &str) -> Refusal {
+    Refusal {
+        sqlstate: INVALID_STATEMENT_NAME,
+        message: format!("prepared statement \"{name}\" does not exist"),
+        detail:
+            "resumeguard runs only statements prepared on this connection by Parse or SQL PREPARE"
+                .into(),
+    }
+}
+
+fn unreadable(error: &str) -> Refusal {
+    Refusal {
+        sqlstate: FEATURE_NOT_SUPPORTED,
+        message: "resumeguard cannot read this text's PREPARE, EXECUTE or DECLARE".into(),
+        detail: format!("tokenizer: {error}"),
+    }
+}
+
+/// A CommandComplete's tag, without its NUL.
+fn command_tag(frame: &[u8]) -> &[u8] {
+    cstr(frame.get(5..).unwrap_or_default())
+        .map(|(t, _)| t)
+        .unwrap_or_default()
+}
+
+fn backend_key(frame: &[u8]) -> Option<(i32, Vec<u8>)> {
+    let body = frame.get(5..)?;
+    let pid = i32::from_be_bytes(body.get(..4)?.try_into().ok()?);
+    Some((pid, body.get(4..)?.to_vec()))
+}
+
+#[cfg(test)]
+mod tests;
