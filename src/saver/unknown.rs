@@ -115,9 +115,9 @@ impl UnknownLog {
 }
 
 /// Occurrences of unenforced checkpoint traffic in this process: each
-/// classification of an unrecognized checkpoint statement (once per
-/// Parse or simple Query of it) and each checkpoint row that did not
-/// decode.
+/// time an unrecognized checkpoint statement's text is classified (every
+/// Parse, simple Query or SQL PREPARE of it) and each checkpoint row that
+/// did not decode.
 pub fn unknown_total() -> u64 {
     UnknownLog::global().total()
 }
