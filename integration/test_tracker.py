@@ -25,6 +25,7 @@ it takes its consume-once claim (``claim_taken`` in the audit trail).
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 
@@ -36,7 +37,15 @@ import pgraw as R
 from conftest import HOST, SUPERUSER, connect
 from test_validity import write_rules_dir
 
-WRITE_SQL = BasePostgresSaver.UPSERT_CHECKPOINT_WRITES_SQL
+
+
+def numbered(sql: str) -> str:
+    """psycopg's ``%s`` placeholders as the ``$n`` psycopg puts on the wire."""
+    count = iter(range(1, 100))
+    return re.sub(r"%s", lambda _: f"${next(count)}", sql)
+
+
+WRITE_SQL = numbered(BasePostgresSaver.UPSERT_CHECKPOINT_WRITES_SQL)
 READ_SQL = (BasePostgresSaver.SELECT_SQL
             + "WHERE thread_id = $1 AND checkpoint_ns = $2 ORDER BY checkpoint_id DESC LIMIT 1")
 ITEMS_RULE = """\

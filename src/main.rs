@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -77,13 +77,34 @@ enum Command {
         #[command(subcommand)]
         command: RulesCommand,
     },
-    /// Print the audit trail of one thread.
+    /// Print the audit trail of one thread (`--thread T`), or prune it.
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Audit {
-        #[arg(long)]
-        thread: String,
+        #[command(subcommand)]
+        command: Option<AuditCommand>,
+        #[arg(long, required = true)]
+        thread: Option<String>,
         /// Machine-readable JSON instead of the timeline.
         #[arg(long)]
         json: bool,
+        #[arg(long)]
+        audit_db: Option<PathBuf>,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum AuditCommand {
+    /// Remove the trail's rows older than a time, leaving an `audit_pruned`
+    /// record of how many and why. Safe while the proxy runs.
+    Prune {
+        /// An RFC 3339 UTC time (2026-11-01T00:00:00Z) or an age (7d, 12h).
+        #[arg(long)]
+        before: String,
+        /// The audit database is <DIR>/audit.sqlite.
+        #[arg(long, conflicts_with = "audit_db")]
+        state_dir: Option<PathBuf>,
         #[arg(long)]
         audit_db: Option<PathBuf>,
         #[arg(long)]
@@ -230,13 +251,45 @@ fn run() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Audit {
+            command:
+                Some(AuditCommand::Prune {
+                    before,
+                    state_dir,
+                    audit_db,
+                    config,
+                }),
+            ..
+        } => {
+            let mut cfg = load_config(config)?;
+            cfg.state_dir = state_dir.unwrap_or(cfg.state_dir);
+            let db = audit_db.unwrap_or_else(|| cfg.audit_db());
+            let before = audit::parse_before(&before, SystemTime::now())?;
+            let mut store = audit::Store::open_existing(&db)?;
+            let rule = audit::PruneRule {
+                before: Some(before),
+                max_rows: None,
+            };
+            let cutoff = audit::format_rfc3339_millis(before);
+            match audit::prune(&mut store, &rule, "cli")? {
+                Some(d) => println!(
+                    "pruned {} row(s) before {cutoff} from {} (audit_pruned recorded)",
+                    d.rows,
+                    db.display()
+                ),
+                None => println!("nothing before {cutoff} in {}", db.display()),
+            }
+            Ok(())
+        }
+        Command::Audit {
             thread,
             json,
             audit_db,
             config,
+            ..
         } => {
             let cfg = load_config(config)?;
             let db = audit_db.unwrap_or_else(|| cfg.audit_db());
+            let thread = thread.context("audit needs --thread T (or the prune subcommand)")?;
             let events = audit::thread_events(&db, &thread)
                 .with_context(|| format!("reading audit trail {}", db.display()))?;
             if json {
@@ -297,7 +350,6 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         let proxy = Arc::new(Proxy::new(
             cfg.relay(upstream.clone()),
             Arc::new(enforcement),
-            stop_rx,
         ));
         tracing::info!(listen = %local, %upstream, audit = %cfg.audit_db().display(), "resumeguard serving");
         let user = if managed.is_some() { "postgres@" } else { "" };
@@ -325,11 +377,11 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
             Arc::clone(&proxy),
             listener,
             false,
-            stopped(proxy.shutdown.clone()),
+            stopped(stop_rx.clone()),
         );
         let inspection_loop = async {
             if let Some(l) = inspection {
-                let stop = stopped(proxy.shutdown.clone());
+                let stop = stopped(stop_rx.clone());
                 listener::run(Arc::clone(&proxy), l, true, stop).await;
             }
         };

@@ -1,13 +1,27 @@
 //! Where the audit trail goes and how much the queue may hold.
 
 use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
+
+use super::prune::PruneRule;
 
 /// Default queue depth: deep enough to absorb bursts from many sessions
 /// while the writer commits, small enough to bound memory (events are boxed,
 /// so an empty slot costs one pointer).
 pub const DEFAULT_QUEUE_CAPACITY: usize = 65_536;
+
+/// Default age limit: a month of history answers "who resumed this run?"
+/// for any run still being looked into.
+pub const DEFAULT_RETENTION_DAYS: u64 = 30;
+
+/// Default row limit: at about 350 bytes a row, about 3.5 GB of trail,
+/// whatever the traffic.
+pub const DEFAULT_MAX_ROWS: u64 = 10_000_000;
+
+/// Default time between the writer's retention checks.
+pub const DEFAULT_PRUNE_INTERVAL_MS: u64 = 600_000;
 
 /// `[audit]` section of the proxy configuration. Both outputs may be set at
 /// once; with neither, auditing is off.
@@ -23,6 +37,12 @@ pub struct AuditConfig {
     /// Whether producers may put parameter values (not just digests) into
     /// `detail`. Off by default: the trail should not leak user data.
     pub log_values: bool,
+    /// SQLite rows older than this many days are pruned; 0 keeps them.
+    pub retention_days: u64,
+    /// Only the newest this many SQLite rows are kept; 0: no limit.
+    pub max_rows: u64,
+    /// How often the writer applies the two limits above.
+    pub prune_interval_ms: u64,
 }
 
 impl Default for AuditConfig {
@@ -32,6 +52,9 @@ impl Default for AuditConfig {
             jsonl: None,
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
             log_values: false,
+            retention_days: DEFAULT_RETENTION_DAYS,
+            max_rows: DEFAULT_MAX_ROWS,
+            prune_interval_ms: DEFAULT_PRUNE_INTERVAL_MS,
         }
     }
 }
@@ -40,6 +63,20 @@ impl AuditConfig {
     /// True when at least one output is configured.
     pub fn is_enabled(&self) -> bool {
         self.sqlite.is_some() || self.jsonl.is_some()
+    }
+
+    /// What the writer's periodic prune removes at `now`; `None` when
+    /// both limits are off.
+    pub fn prune_rule(&self, now: SystemTime) -> Option<PruneRule> {
+        let before = (self.retention_days > 0)
+            .then(|| {
+                now.checked_sub(Duration::from_secs(
+                    self.retention_days.saturating_mul(86_400),
+                ))
+            })
+            .flatten();
+        let max_rows = (self.max_rows > 0).then_some(self.max_rows);
+        (before.is_some() || max_rows.is_some()).then_some(PruneRule { before, max_rows })
     }
 }
 
@@ -56,6 +93,27 @@ mod tests {
         assert!(!cfg.log_values);
         assert!(cfg.is_enabled());
         assert!(!AuditConfig::default().is_enabled());
+        assert_eq!(
+            (cfg.retention_days, cfg.max_rows),
+            (DEFAULT_RETENTION_DAYS, DEFAULT_MAX_ROWS)
+        );
+    }
+
+    #[test]
+    fn prune_rule_follows_the_limits() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(100 * 86_400);
+        let rule = AuditConfig::default().prune_rule(now).unwrap();
+        assert_eq!(
+            rule.before,
+            Some(SystemTime::UNIX_EPOCH + Duration::from_secs(70 * 86_400))
+        );
+        assert_eq!(rule.max_rows, Some(DEFAULT_MAX_ROWS));
+        let off = AuditConfig {
+            retention_days: 0,
+            max_rows: 0,
+            ..AuditConfig::default()
+        };
+        assert_eq!(off.prune_rule(now), None);
     }
 
     #[test]

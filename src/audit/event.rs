@@ -31,11 +31,12 @@ pub enum Operation {
     ClaimWaited,
     ClaimTakeover,
     EventsDropped,
+    AuditPruned,
 }
 
 impl Operation {
     /// Every variant, so names can be parsed back without a second table.
-    pub const ALL: [Operation; 20] = [
+    pub const ALL: [Operation; 21] = [
         Operation::ReadLatest,
         Operation::ReadById,
         Operation::ReadList,
@@ -56,6 +57,7 @@ impl Operation {
         Operation::ClaimWaited,
         Operation::ClaimTakeover,
         Operation::EventsDropped,
+        Operation::AuditPruned,
     ];
 
     /// The snake_case name, identical to the serde representation.
@@ -81,6 +83,7 @@ impl Operation {
             Operation::ClaimWaited => "claim_waited",
             Operation::ClaimTakeover => "claim_takeover",
             Operation::EventsDropped => "events_dropped",
+            Operation::AuditPruned => "audit_pruned",
         }
     }
 
@@ -127,8 +130,8 @@ pub struct SessionContext {
 }
 
 impl SessionContext {
-    /// Context for events the proxy emits on its own behalf (e.g. dropped
-    /// event reports), which belong to no client session.
+    /// Context for events the proxy emits on its own behalf (gap records,
+    /// prune records), which belong to no client session.
     pub fn internal() -> SessionContext {
         SessionContext {
             application_name: "resumeguard".to_string(),

@@ -1,43 +1,101 @@
 //! JSON Lines output: one event object per line, for log shippers and `jq`.
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, BufRead, BufReader, BufWriter, Write};
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Write};
 use std::path::Path;
 
 use anyhow::Context;
 
 use super::event::AuditEvent;
+use super::private_file::open_append_private;
 
 /// Append-only JSON Lines writer to a file or stdout.
 pub struct JsonlWriter {
     out: Box<dyn Write + Send>,
+    /// Encoded lines of the batch being written (reused).
+    buf: Vec<u8>,
+    /// A failed write may have left a partial line at the end of the file;
+    /// the next write starts on a new line so later records stay intact.
+    torn: bool,
 }
 
 impl JsonlWriter {
     /// `"-"` writes to stdout; anything else is a file path opened for append
-    /// (created if missing), so restarts never truncate the trail.
+    /// (created mode 0600 if missing), so restarts never truncate the trail.
     pub fn open(target: &str) -> anyhow::Result<JsonlWriter> {
         let out: Box<dyn Write + Send> = if target == "-" {
             Box::new(io::stdout())
         } else {
-            let file = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(target)
+            let file = open_append_private(Path::new(target))
                 .with_context(|| format!("opening audit jsonl file {target}"))?;
-            Box::new(BufWriter::new(file))
+            Box::new(file)
         };
-        Ok(JsonlWriter { out })
+        Ok(JsonlWriter {
+            out,
+            buf: Vec::new(),
+            torn: false,
+        })
     }
 
-    /// Write `events`, one line each, then flush so a batch is visible to
-    /// readers as soon as it is written.
-    pub fn append(&mut self, events: &[AuditEvent]) -> anyhow::Result<()> {
-        for ev in events {
-            serde_json::to_writer(&mut self.out, ev).context("encoding audit event")?;
-            self.out.write_all(b"\n").context("writing audit jsonl")?;
+    /// Write `events`, one line each, unbuffered, so a batch is visible to
+    /// readers as soon as it is written. On failure, also how many leading
+    /// events were written as whole lines: the rest may be retried without
+    /// duplicating those.
+    pub fn append<'a>(
+        &mut self,
+        events: impl IntoIterator<Item = &'a AuditEvent>,
+    ) -> Result<(), (usize, anyhow::Error)> {
+        self.buf.clear();
+        if self.torn {
+            self.buf.push(b'\n');
         }
-        self.out.flush().context("flushing audit jsonl")
+        let prefix = self.buf.len();
+        let mut line_ends = Vec::new();
+        for ev in events {
+            if let Err(e) = serde_json::to_writer(&mut self.buf, ev) {
+                return Err((0, anyhow::Error::new(e).context("encoding audit event")));
+            }
+            self.buf.push(b'\n');
+            line_ends.push(self.buf.len());
+        }
+        let mut pos = 0;
+        while pos < self.buf.len() {
+            match self.out.write(&self.buf[pos..]) {
+                Ok(0) => {
+                    return Err(self.torn_at(
+                        pos,
+                        prefix,
+                        &line_ends,
+                        io::ErrorKind::WriteZero.into(),
+                    ))
+                }
+                Ok(n) => pos += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.torn_at(pos, prefix, &line_ends, e)),
+            }
+        }
+        self.torn = false;
+        self.out.flush().map_err(|e| {
+            (
+                line_ends.len(),
+                anyhow::Error::new(e).context("flushing audit jsonl"),
+            )
+        })
+    }
+
+    /// The failure of a write that stopped after `pos` bytes.
+    fn torn_at(
+        &mut self,
+        pos: usize,
+        prefix: usize,
+        line_ends: &[usize],
+        e: io::Error,
+    ) -> (usize, anyhow::Error) {
+        let whole = line_ends.iter().take_while(|&&end| end <= pos).count();
+        if pos > 0 {
+            self.torn = pos != prefix && !line_ends.contains(&pos);
+        }
+        (whole, anyhow::Error::new(e).context("writing audit jsonl"))
     }
 }
 
@@ -95,6 +153,79 @@ mod tests {
             .unwrap()
             .contains("\"operation\":\"blob_put\""));
         assert_eq!(read_jsonl(&path).unwrap(), vec![a, b]);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// Accepts `budget` bytes into a shared buffer, then fails with ENOSPC.
+    struct Disk {
+        data: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+        budget: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Write for Disk {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            use std::sync::atomic::Ordering;
+            let room = self.budget.load(Ordering::SeqCst);
+            if room == 0 {
+                return Err(io::Error::from_raw_os_error(28));
+            }
+            let n = buf.len().min(room);
+            self.budget.fetch_sub(n, Ordering::SeqCst);
+            self.data.lock().unwrap().extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_failed_write_reports_whole_lines_and_the_next_starts_a_new_line() {
+        use std::sync::atomic::Ordering;
+        let disk = Disk {
+            data: Default::default(),
+            budget: Default::default(),
+        };
+        let (data, budget) = (disk.data.clone(), disk.budget.clone());
+        let mut writer = JsonlWriter {
+            out: Box::new(disk),
+            buf: Vec::new(),
+            torn: false,
+        };
+        let evs: Vec<AuditEvent> = (0..3)
+            .map(|n| {
+                AuditEvent::new(&SessionContext::default(), Operation::ReadLatest)
+                    .with_detail(serde_json::json!({ "n": n }))
+            })
+            .collect();
+        let line = serde_json::to_string(&evs[0]).unwrap().len() + 1;
+        // One whole line and half of the next fit.
+        budget.store(line + line / 2, Ordering::SeqCst);
+        let (written, error) = writer.append(&evs).unwrap_err();
+        assert_eq!(written, 1);
+        assert!(format!("{error:#}").contains("No space left"), "{error:#}");
+        // The retry of the rest lands on its own line.
+        budget.store(usize::MAX / 2, Ordering::SeqCst);
+        writer.append(&evs[1..]).unwrap();
+        let text = String::from_utf8(data.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        let parsed: Vec<Option<AuditEvent>> =
+            lines.iter().map(|l| serde_json::from_str(l).ok()).collect();
+        assert_eq!(parsed[0].as_ref(), Some(&evs[0]));
+        assert_eq!(parsed[1], None, "the torn line");
+        assert_eq!(parsed[2].as_ref(), Some(&evs[1]));
+        assert_eq!(parsed[3].as_ref(), Some(&evs[2]));
+    }
+
+    #[test]
+    fn a_new_file_is_created_0600() {
+        use std::os::unix::fs::PermissionsExt;
+        let path = temp_path("jsonl-mode", "jsonl");
+        JsonlWriter::open(path.to_str().unwrap()).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
         let _ = std::fs::remove_file(&path);
     }
 }

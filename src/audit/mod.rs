@@ -2,24 +2,32 @@
 //!
 //! Producers build an [`AuditEvent`] from a per-connection [`SessionContext`]
 //! and hand it to an [`AuditSink`], which never blocks: a bounded queue feeds
-//! one writer thread that appends batches to SQLite and/or JSON Lines. The
-//! trail is read back with [`thread_events`] and rendered with
-//! [`render_timeline`].
+//! one writer thread that appends batches to SQLite and/or JSON Lines,
+//! records every loss as a gap record, and prunes the SQLite trail to its
+//! retention limits. The trail is read back with [`thread_events`] and
+//! rendered with [`render_timeline`].
 
+mod before;
 mod config;
 mod digest;
 mod event;
 mod jsonl;
+mod losses;
+mod outputs;
+mod private_file;
+mod prune;
 mod sink;
 mod sqlite_store;
 #[cfg(test)]
 mod test_util;
 mod timeline;
 
-pub use config::{AuditConfig, DEFAULT_QUEUE_CAPACITY};
+pub use before::parse_before;
+pub use config::{AuditConfig, DEFAULT_MAX_ROWS, DEFAULT_QUEUE_CAPACITY};
 pub use digest::digest;
 pub use event::{format_rfc3339_millis, AuditEvent, BlobDigest, Operation, SessionContext};
 pub use jsonl::{read_jsonl, JsonlWriter};
+pub use prune::{prune, Declared, PruneRule};
 pub use sink::{AuditSink, AuditStats, DEFAULT_FLUSH_TIMEOUT};
 pub use sqlite_store::{all_events, thread_events, Store};
 pub use timeline::{render_json, render_timeline};

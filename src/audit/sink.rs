@@ -3,30 +3,39 @@
 //! Connection tasks call [`AuditSink::record`], which only ever does a
 //! `try_send` on a bounded channel: auditing can lose events under overload
 //! but can never slow or stall the data path. One dedicated OS thread (not a
-//! tokio task, because SQLite I/O is blocking) drains the queue in batches and
-//! writes each batch in a single transaction. Drops are counted and reported
-//! in-band as an `EventsDropped` event, so gaps in the trail are visible.
+//! tokio task, because SQLite I/O is blocking) drains the queue in batches,
+//! writes each batch to every output (`outputs.rs`: retried, and if still
+//! failing counted as lost, never silently) and applies retention
+//! (`prune.rs`). Every loss ends up as an `events_dropped` gap record in the
+//! output that lost it, and in [`AuditSink::dropped_total`].
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 
 use super::config::AuditConfig;
-use super::event::{AuditEvent, Operation, SessionContext};
+use super::event::AuditEvent;
 use super::jsonl::JsonlWriter;
+use super::losses::{millis_to_rfc3339, now_millis};
+use super::outputs::{Output, Target};
+use super::prune;
 use super::sqlite_store::Store;
 
 /// Upper bound on events per transaction, so one huge backlog does not hold
 /// a single write transaction (and its memory) for too long.
 const MAX_BATCH: usize = 4096;
 
-/// How long the idle writer sleeps before re-checking drop counters and the
-/// stop flag; only matters when no message arrives to wake it.
+/// How long the idle writer sleeps before re-checking drop counters, the
+/// stop flag and failed outputs; only matters when no message arrives.
 const IDLE_WAKE: Duration = Duration::from_millis(200);
+
+/// How long [`AuditSink::shutdown`] waits for the writer to exit after
+/// asking it to stop.
+const EXIT_WAIT: Duration = Duration::from_secs(2);
 
 /// Bound used by [`AuditSink::flush`].
 pub const DEFAULT_FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
@@ -65,8 +74,15 @@ enum Msg {
 #[derive(Default)]
 struct Shared {
     enqueued: AtomicU64,
+    /// Events the queue refused.
     dropped: AtomicU64,
+    /// Milliseconds since the epoch of the first and latest refusal not
+    /// yet taken by the writer (0: none). Set before `dropped` is counted.
+    drop_first_ms: AtomicU64,
+    drop_last_ms: AtomicU64,
     write_errors: AtomicU64,
+    /// See [`AuditSink::dropped_total`].
+    lost: AtomicU64,
     stopping: AtomicBool,
     progress: Mutex<Progress>,
     progress_cv: Condvar,
@@ -77,6 +93,9 @@ struct Shared {
 struct Progress {
     written: u64,
     dropped_reported: u64,
+    /// Some output holds events for a retry or losses not yet recorded in
+    /// it, or a prune is under way.
+    unsettled: bool,
     writer_done: bool,
 }
 
@@ -93,12 +112,25 @@ impl Shared {
 pub struct AuditStats {
     /// Events accepted into the queue.
     pub enqueued: u64,
-    /// Accepted events the writer has processed (written or failed).
+    /// Accepted events the writer has processed (written, kept for a
+    /// retry, or given up).
     pub written: u64,
     /// Events refused because the queue was full or the writer was gone.
     pub dropped: u64,
-    /// Batches whose write to an output failed.
+    /// Failed write attempts, over all outputs.
     pub write_errors: u64,
+    /// [`AuditSink::dropped_total`].
+    pub lost: u64,
+}
+
+/// Test hooks of the writer thread.
+#[derive(Default)]
+struct WriterHooks {
+    /// The writer waits for a message (or hang-up) here before reading the
+    /// queue, so tests can fill the queue deterministically.
+    gate: Option<Receiver<()>>,
+    /// Replaces the store's lock wait, so lock tests run quickly.
+    busy_timeout: Option<Duration>,
 }
 
 impl AuditSink {
@@ -112,24 +144,33 @@ impl AuditSink {
     /// than as silent gaps later. With no output configured the sink is
     /// disabled.
     pub fn start(cfg: &AuditConfig) -> anyhow::Result<AuditSink> {
-        AuditSink::start_with_gate(cfg, None)
+        AuditSink::start_with(cfg, WriterHooks::default())
     }
 
-    fn start_with_gate(cfg: &AuditConfig, gate: Option<Receiver<()>>) -> anyhow::Result<AuditSink> {
+    fn start_with(cfg: &AuditConfig, hooks: WriterHooks) -> anyhow::Result<AuditSink> {
         if !cfg.is_enabled() {
             return Ok(AuditSink::disabled());
         }
-        let outputs = Outputs {
-            store: cfg.sqlite.as_deref().map(Store::open).transpose()?,
-            jsonl: cfg.jsonl.as_deref().map(JsonlWriter::open).transpose()?,
-        };
+        let mut outputs = Vec::new();
+        if let Some(path) = &cfg.sqlite {
+            let store = Store::open(path)?;
+            if let Some(timeout) = hooks.busy_timeout {
+                store.set_busy_timeout(timeout)?;
+            }
+            outputs.push(Output::new(Target::Sqlite(store)));
+        }
+        if let Some(target) = &cfg.jsonl {
+            outputs.push(Output::new(Target::Jsonl(JsonlWriter::open(target)?)));
+        }
         let (tx, rx) = mpsc::sync_channel(cfg.queue_capacity.max(1));
         let shared = Arc::new(Shared::default());
         let writer = Writer {
             rx,
             shared: Arc::clone(&shared),
             outputs,
-            gate,
+            retention: Retention::new(cfg),
+            lost_by_outputs: 0,
+            gate: hooks.gate,
         };
         let handle = std::thread::Builder::new()
             .name("resumeguard-audit".to_string())
@@ -160,17 +201,34 @@ impl AuditSink {
     /// lost. After [`AuditSink::shutdown`] events are discarded.
     pub fn record(&self, ev: AuditEvent) {
         let Some(inner) = &self.inner else { return };
-        if inner.shared.stopping.load(Ordering::Relaxed) {
+        let s = &inner.shared;
+        if s.stopping.load(Ordering::Relaxed) {
             return;
         }
         match inner.tx.try_send(Msg::Event(Box::new(ev))) {
             Ok(()) => {
-                inner.shared.enqueued.fetch_add(1, Ordering::SeqCst);
+                s.enqueued.fetch_add(1, Ordering::SeqCst);
             }
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                inner.shared.dropped.fetch_add(1, Ordering::SeqCst);
+                let now = now_millis();
+                s.drop_last_ms.store(now, Ordering::SeqCst);
+                let _ =
+                    s.drop_first_ms
+                        .compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst);
+                s.dropped.fetch_add(1, Ordering::SeqCst);
+                s.lost.fetch_add(1, Ordering::SeqCst);
             }
         }
+    }
+
+    /// Events lost since start: refused by the queue, plus those the output
+    /// that lost the most gave up after failed writes — the largest gap in
+    /// any one output. Each of them is (or, while the output still fails,
+    /// will be) counted in an `events_dropped` record.
+    pub fn dropped_total(&self) -> u64 {
+        self.inner
+            .as_ref()
+            .map_or(0, |i| i.shared.lost.load(Ordering::SeqCst))
     }
 
     /// Current counters (all zero when disabled).
@@ -184,6 +242,7 @@ impl AuditSink {
             written: s.progress().written,
             dropped: s.dropped.load(Ordering::SeqCst),
             write_errors: s.write_errors.load(Ordering::SeqCst),
+            lost: s.lost.load(Ordering::SeqCst),
         }
     }
 
@@ -192,10 +251,11 @@ impl AuditSink {
         self.flush_timeout(DEFAULT_FLUSH_TIMEOUT)
     }
 
-    /// Wait until every event queued before this call has been written and
-    /// every drop counted so far has been reported, or until `timeout`.
-    /// Returns whether it completed. Blocking: call it from shutdown code,
-    /// never from a session's relay threads.
+    /// Wait until every event queued before this call is in every output
+    /// or counted in a gap record written there, every prune has finished,
+    /// or until `timeout`. Returns whether it completed (not while an
+    /// output keeps failing). Blocking: call it from shutdown code, never
+    /// from a session's relay threads.
     pub fn flush_timeout(&self, timeout: Duration) -> bool {
         let Some(inner) = &self.inner else {
             return true;
@@ -208,7 +268,10 @@ impl AuditSink {
         let deadline = Instant::now() + timeout;
         let mut progress = shared.progress();
         loop {
-            if progress.written >= want_written && progress.dropped_reported >= want_reported {
+            if progress.written >= want_written
+                && progress.dropped_reported >= want_reported
+                && !progress.unsettled
+            {
                 return true;
             }
             if progress.writer_done {
@@ -226,17 +289,29 @@ impl AuditSink {
         }
     }
 
-    /// Flush (bounded by `timeout`), then stop the writer thread. Later
-    /// `record` calls on any clone are discarded. The thread is joined only
-    /// if the flush completed, so a wedged output cannot hang shutdown.
+    /// Flush (bounded by `timeout`), then stop the writer thread, which
+    /// makes a last attempt at failed writes and logs at ERROR whatever is
+    /// still lost and unrecorded. Later `record` calls on any clone are
+    /// discarded. The thread is joined only if it exits within a bound, so
+    /// a wedged output cannot hang shutdown. Returns whether the flush
+    /// completed.
     pub fn shutdown(&self, timeout: Duration) -> bool {
         let Some(inner) = &self.inner else {
             return true;
         };
         let flushed = self.flush_timeout(timeout);
-        inner.shared.stopping.store(true, Ordering::SeqCst);
+        let shared = &inner.shared;
+        shared.stopping.store(true, Ordering::SeqCst);
         let _ = inner.tx.try_send(Msg::Wake);
-        if flushed {
+        let exited = {
+            let progress = shared.progress();
+            let (progress, _) = shared
+                .progress_cv
+                .wait_timeout_while(progress, EXIT_WAIT, |p| !p.writer_done)
+                .unwrap_or_else(PoisonError::into_inner);
+            progress.writer_done
+        };
+        if exited {
             let handle = inner
                 .writer
                 .lock()
@@ -252,29 +327,55 @@ impl AuditSink {
     }
 }
 
-/// Where batches go; each output fails independently.
-struct Outputs {
-    store: Option<Store>,
-    jsonl: Option<JsonlWriter>,
+/// The writer's periodic prune of the SQLite output.
+struct Retention {
+    cfg: AuditConfig,
+    interval: Duration,
+    next: Instant,
+    /// A declared prune still has rows to delete.
+    active: bool,
 }
 
-impl Outputs {
-    /// Write `batch` everywhere; returns how many outputs failed.
-    fn write(&mut self, batch: &[AuditEvent]) -> u64 {
-        let mut failures = 0;
-        if let Some(store) = &mut self.store {
-            if let Err(error) = store.append(batch) {
-                failures += 1;
-                tracing::warn!(%error, events = batch.len(), "audit sqlite write failed");
+impl Retention {
+    fn new(cfg: &AuditConfig) -> Retention {
+        Retention {
+            cfg: cfg.clone(),
+            interval: Duration::from_millis(cfg.prune_interval_ms.max(1)),
+            next: Instant::now(),
+            active: false,
+        }
+    }
+
+    /// One unit of retention work: declare a prune when one is due, else
+    /// delete one chunk of a declared one.
+    fn tick(&mut self, store: &mut Store) {
+        if self.active {
+            match prune::step(store) {
+                Ok(more) => self.active = more,
+                Err(error) => {
+                    tracing::warn!(%error, "audit prune step failed; retrying at the next interval");
+                    self.active = false;
+                }
+            }
+            return;
+        }
+        let now = Instant::now();
+        if now < self.next {
+            return;
+        }
+        self.next = now + self.interval;
+        if let Some(rule) = self.cfg.prune_rule(SystemTime::now()) {
+            match prune::begin(store, &rule, "retention") {
+                Ok(Some(declared)) => tracing::info!(
+                    rows = declared.rows,
+                    below_id = declared.below_id,
+                    "audit retention: pruning the oldest rows (audit_pruned recorded)"
+                ),
+                Ok(None) => {}
+                Err(error) => tracing::warn!(%error, "audit prune failed"),
             }
         }
-        if let Some(jsonl) = &mut self.jsonl {
-            if let Err(error) = jsonl.append(batch) {
-                failures += 1;
-                tracing::warn!(%error, events = batch.len(), "audit jsonl write failed");
-            }
-        }
-        failures
+        self.active = prune::pending(store).unwrap_or(false);
     }
 }
 
@@ -291,9 +392,10 @@ impl Drop for DoneGuard {
 struct Writer {
     rx: Receiver<Msg>,
     shared: Arc<Shared>,
-    outputs: Outputs,
-    /// Test hook: the writer waits for a message (or hang-up) here before
-    /// reading the queue, so tests can fill the queue deterministically.
+    outputs: Vec<Output>,
+    retention: Retention,
+    /// The most events any output has given up, as added to `lost`.
+    lost_by_outputs: u64,
     gate: Option<Receiver<()>>,
 }
 
@@ -308,7 +410,16 @@ impl Writer {
             let mut batch: Vec<AuditEvent> = Vec::new();
             let mut disconnected = false;
             let mut caught_up = false;
-            match self.rx.recv_timeout(IDLE_WAKE) {
+            // With a prune under way, do not sleep: its next chunk is due.
+            let first = if self.retention.active {
+                self.rx.try_recv().map_err(|e| match e {
+                    TryRecvError::Empty => RecvTimeoutError::Timeout,
+                    TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
+                })
+            } else {
+                self.rx.recv_timeout(IDLE_WAKE)
+            };
+            match first {
                 Ok(Msg::Event(ev)) => batch.push(*ev),
                 Ok(Msg::Wake) | Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => disconnected = true,
@@ -326,38 +437,81 @@ impl Writer {
             }
             let events = batch.len() as u64;
 
-            // Drops happened after the queued events were accepted, so the
-            // report goes after them. At most one report per batch.
+            // Refusals happened after the queued events were accepted, so
+            // their gap record is written after them.
             let dropped_total = self.shared.dropped.load(Ordering::SeqCst);
             if dropped_total > reported {
-                let n = dropped_total - reported;
-                tracing::warn!(dropped = n, "audit queue full: events dropped");
-                batch.push(
-                    AuditEvent::new(&SessionContext::internal(), Operation::EventsDropped)
-                        .with_detail(serde_json::json!({ "dropped": n })),
-                );
-            }
-
-            if !batch.is_empty() {
-                let failures = self.outputs.write(&batch);
-                if failures > 0 {
-                    self.shared
-                        .write_errors
-                        .fetch_add(failures, Ordering::SeqCst);
-                }
+                self.note_queue_drops(dropped_total - reported);
             }
             reported = dropped_total;
+            self.write(&batch);
+            let stopping = self.shared.stopping.load(Ordering::SeqCst);
+            if !stopping {
+                let sqlite = self.outputs.iter_mut().find_map(Output::store_if_settled);
+                if let Some(store) = sqlite {
+                    self.retention.tick(store);
+                }
+            }
             {
                 let mut progress = self.shared.progress();
                 progress.written += events;
                 progress.dropped_reported = reported;
+                progress.unsettled =
+                    self.retention.active || self.outputs.iter().any(|o| !o.is_settled());
             }
             self.shared.progress_cv.notify_all();
 
-            if disconnected || (caught_up && self.shared.stopping.load(Ordering::SeqCst)) {
+            if disconnected || (caught_up && stopping) {
+                self.abandon();
                 return;
             }
         }
+    }
+
+    /// Count `n` queue refusals against every output, with their window.
+    fn note_queue_drops(&mut self, n: u64) {
+        let first = self.shared.drop_first_ms.swap(0, Ordering::SeqCst);
+        let last = self.shared.drop_last_ms.load(Ordering::SeqCst);
+        // A refusal racing this swap leaves its time to the next window.
+        let last = if last == 0 { now_millis() } else { last };
+        let first = if first == 0 || first > last {
+            last
+        } else {
+            first
+        };
+        let (first, last) = (millis_to_rfc3339(first), millis_to_rfc3339(last));
+        for output in &mut self.outputs {
+            output.note_queue_drops(n, &first, &last);
+        }
+    }
+
+    fn write(&mut self, batch: &[AuditEvent]) {
+        for output in &mut self.outputs {
+            if output.write(batch) {
+                self.shared.write_errors.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        self.count_losses();
+    }
+
+    /// Add to `lost` what the output that lost the most newly gave up.
+    fn count_losses(&mut self) {
+        let most = self.outputs.iter().map(Output::write_lost).max();
+        let most = most.unwrap_or(0);
+        if most > self.lost_by_outputs {
+            self.shared
+                .lost
+                .fetch_add(most - self.lost_by_outputs, Ordering::SeqCst);
+            self.lost_by_outputs = most;
+        }
+    }
+
+    /// At exit: what is still unwritten is lost.
+    fn abandon(&mut self) {
+        for output in &mut self.outputs {
+            output.abandon();
+        }
+        self.count_losses();
     }
 }
 
@@ -367,165 +521,23 @@ impl AuditSink {
     /// sender sends `()` (or is dropped).
     fn start_paused(cfg: &AuditConfig) -> anyhow::Result<(AuditSink, mpsc::Sender<()>)> {
         let (release, gate) = mpsc::channel();
-        Ok((AuditSink::start_with_gate(cfg, Some(gate))?, release))
+        let hooks = WriterHooks {
+            gate: Some(gate),
+            ..WriterHooks::default()
+        };
+        Ok((AuditSink::start_with(cfg, hooks)?, release))
+    }
+
+    /// Start a sink whose SQLite writes give up waiting for a lock after
+    /// `timeout`.
+    fn start_with_busy_timeout(cfg: &AuditConfig, timeout: Duration) -> anyhow::Result<AuditSink> {
+        let hooks = WriterHooks {
+            busy_timeout: Some(timeout),
+            ..WriterHooks::default()
+        };
+        AuditSink::start_with(cfg, hooks)
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::audit::jsonl::read_jsonl;
-    use crate::audit::sqlite_store::{all_events, thread_events};
-    use crate::audit::test_util::{remove_db, temp_path};
-
-    fn ctx() -> SessionContext {
-        SessionContext {
-            session_id: 1,
-            client_addr: "127.0.0.1:5555".into(),
-            user: "lg".into(),
-            database: "db".into(),
-            application_name: "test".into(),
-        }
-    }
-
-    fn numbered(n: u64) -> AuditEvent {
-        AuditEvent::new(&ctx(), Operation::CheckpointPut)
-            .with_thread("t")
-            .with_detail(serde_json::json!({ "n": n }))
-    }
-
-    fn sqlite_cfg(path: &std::path::Path, capacity: usize) -> AuditConfig {
-        AuditConfig {
-            sqlite: Some(path.to_path_buf()),
-            queue_capacity: capacity,
-            ..AuditConfig::default()
-        }
-    }
-
-    #[test]
-    fn flush_waits_until_everything_is_written_in_order() {
-        let path = temp_path("sink-flush", "db");
-        let sink = AuditSink::start(&sqlite_cfg(&path, 65_536)).unwrap();
-        for n in 0..2_000 {
-            sink.record(numbered(n));
-        }
-        assert!(sink.flush());
-        // No sleeps: flush returning is the only synchronisation.
-        let events = thread_events(&path, "t").unwrap();
-        let ns: Vec<u64> = events
-            .iter()
-            .map(|e| e.detail["n"].as_u64().unwrap())
-            .collect();
-        assert_eq!(ns, (0..2_000).collect::<Vec<_>>());
-        assert_eq!(
-            sink.stats(),
-            AuditStats {
-                enqueued: 2_000,
-                written: 2_000,
-                dropped: 0,
-                write_errors: 0
-            }
-        );
-        assert!(sink.shutdown(Duration::from_secs(10)));
-        remove_db(&path);
-    }
-
-    #[test]
-    fn full_queue_drops_without_blocking_then_reports_count() {
-        let path = temp_path("sink-drop", "db");
-        let (sink, release) = AuditSink::start_paused(&sqlite_cfg(&path, 4)).unwrap();
-        // The writer is parked before its first read, so exactly 4 fit.
-        for n in 0..10 {
-            sink.record(numbered(n));
-        }
-        let stats = sink.stats();
-        assert_eq!((stats.enqueued, stats.dropped, stats.written), (4, 6, 0));
-        // Flush is bounded: it gives up while the writer cannot progress.
-        assert!(!sink.flush_timeout(Duration::from_millis(20)));
-
-        release.send(()).unwrap();
-        assert!(sink.flush());
-        let events = all_events(&path).unwrap();
-        let ops: Vec<Operation> = events.iter().map(|e| e.operation).collect();
-        let mut want = vec![Operation::CheckpointPut; 4];
-        want.push(Operation::EventsDropped);
-        assert_eq!(ops, want);
-        let kept: Vec<u64> = events[..4]
-            .iter()
-            .map(|e| e.detail["n"].as_u64().unwrap())
-            .collect();
-        assert_eq!(kept, vec![0, 1, 2, 3]);
-        let report = &events[4];
-        assert_eq!(report.detail, serde_json::json!({ "dropped": 6 }));
-        assert_eq!(report.application_name, "resumeguard");
-        assert_eq!(report.thread_id, None);
-
-        // Once reported, drops are not reported again.
-        sink.record(numbered(10));
-        assert!(sink.flush());
-        let events = all_events(&path).unwrap();
-        assert_eq!(events.len(), 6);
-        assert_eq!(events[5].operation, Operation::CheckpointPut);
-        assert!(sink.shutdown(Duration::from_secs(10)));
-        remove_db(&path);
-    }
-
-    #[test]
-    fn writes_to_sqlite_and_jsonl_together() {
-        let db = temp_path("sink-both", "db");
-        let jl = temp_path("sink-both", "jsonl");
-        let cfg = AuditConfig {
-            sqlite: Some(db.clone()),
-            jsonl: Some(jl.to_string_lossy().into_owned()),
-            ..AuditConfig::default()
-        };
-        let sink = AuditSink::start(&cfg).unwrap();
-        let clone = sink.clone();
-        sink.record(numbered(1));
-        clone.record(numbered(2));
-        assert!(sink.flush());
-        let from_db = all_events(&db).unwrap();
-        assert_eq!(from_db.len(), 2);
-        assert_eq!(read_jsonl(&jl).unwrap(), from_db);
-        assert!(sink.shutdown(Duration::from_secs(10)));
-        remove_db(&db);
-        let _ = std::fs::remove_file(&jl);
-    }
-
-    #[test]
-    fn shutdown_stops_writer_and_discards_later_events() {
-        let path = temp_path("sink-shutdown", "db");
-        let sink = AuditSink::start(&sqlite_cfg(&path, 16)).unwrap();
-        sink.record(numbered(0));
-        assert!(sink.shutdown(Duration::from_secs(10)));
-        sink.record(numbered(1));
-        assert_eq!(all_events(&path).unwrap().len(), 1);
-        assert_eq!(sink.stats().enqueued, 1);
-        // Writer is gone: flush reports completion of what was accepted.
-        assert!(sink.flush_timeout(Duration::from_millis(10)));
-        remove_db(&path);
-    }
-
-    #[test]
-    fn disabled_and_unconfigured_sinks_are_no_ops() {
-        for sink in [
-            AuditSink::disabled(),
-            AuditSink::start(&AuditConfig::default()).unwrap(),
-        ] {
-            assert!(!sink.is_enabled());
-            assert!(!sink.log_values());
-            sink.record(numbered(0));
-            assert!(sink.flush());
-            assert_eq!(sink.stats(), AuditStats::default());
-        }
-    }
-
-    #[test]
-    fn bad_output_path_fails_at_start() {
-        let cfg = AuditConfig {
-            jsonl: Some("/nonexistent-dir-resumeguard/x.jsonl".into()),
-            ..AuditConfig::default()
-        };
-        assert!(AuditSink::start(&cfg).is_err());
-    }
-}
+mod tests;

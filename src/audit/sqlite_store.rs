@@ -1,8 +1,11 @@
 //! SQLite trail: queryable by thread, append-only by construction.
 //!
-//! The schema has no update or delete path in code, and triggers make the
-//! table refuse UPDATE and DELETE even from other tools, so an audit row
-//! once written stays as written.
+//! Triggers make the table refuse UPDATE, and DELETE of any row at or above
+//! the prune guard's `below_id` — normally 0, so no row. Only the prune
+//! (`prune.rs`) raises it, in the same transaction that records an
+//! `audit_pruned` event saying what goes; so rows leave the trail only
+//! oldest first and never without a record of it. The file and its `-wal`
+//! and `-shm` files are created mode 0600.
 
 use std::path::Path;
 use std::time::Duration;
@@ -11,6 +14,11 @@ use anyhow::Context;
 use rusqlite::{params, Connection, OpenFlags, Row};
 
 use super::event::{AuditEvent, Operation};
+use super::private_file::precreate_private;
+
+/// How long a write waits for another connection's lock (a prune from the
+/// command line, a reader checkpointing) before it counts as failed.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS audit_events (
@@ -32,10 +40,18 @@ CREATE TABLE IF NOT EXISTS audit_events (
     detail TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS audit_events_thread_id ON audit_events(thread_id);
+CREATE INDEX IF NOT EXISTS audit_events_gaps ON audit_events(id) WHERE operation = 'events_dropped';
+CREATE TABLE IF NOT EXISTS audit_prune_guard (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    below_id INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO audit_prune_guard (id, below_id) VALUES (1, 0);
 CREATE TRIGGER IF NOT EXISTS audit_events_no_update BEFORE UPDATE ON audit_events
 BEGIN SELECT RAISE(ABORT, 'audit_events is append-only'); END;
-CREATE TRIGGER IF NOT EXISTS audit_events_no_delete BEFORE DELETE ON audit_events
-BEGIN SELECT RAISE(ABORT, 'audit_events is append-only'); END;
+DROP TRIGGER IF EXISTS audit_events_no_delete;
+CREATE TRIGGER IF NOT EXISTS audit_events_prune_only BEFORE DELETE ON audit_events
+WHEN OLD.id >= coalesce((SELECT below_id FROM audit_prune_guard WHERE id = 1), 0)
+BEGIN SELECT RAISE(ABORT, 'audit_events is append-only (old rows leave only by resumeguard audit prune)'); END;
 "#;
 
 const INSERT: &str = r#"INSERT INTO audit_events (
@@ -55,12 +71,23 @@ pub struct Store {
 }
 
 impl Store {
-    /// Open (creating if needed) the database at `path` in WAL mode, so
-    /// readers such as the timeline command never block the writer.
+    /// Open (creating if needed, mode 0600) the database at `path` in WAL
+    /// mode, so readers such as the timeline command never block the writer.
     pub fn open(path: &Path) -> anyhow::Result<Store> {
-        let conn = Connection::open(path)
-            .with_context(|| format!("opening audit database {}", path.display()))?;
-        conn.busy_timeout(Duration::from_secs(5))?;
+        precreate_private(path)
+            .with_context(|| format!("creating audit database {}", path.display()))?;
+        Store::open_existing(path)
+    }
+
+    /// Open the database at `path`, which must exist (the prune command
+    /// must not create an empty trail where the user mistyped a path).
+    pub fn open_existing(path: &Path) -> anyhow::Result<Store> {
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .with_context(|| format!("opening audit database {}", path.display()))?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
         let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
             tracing::warn!(path = %path.display(), %mode, "audit database is not in WAL mode");
@@ -68,46 +95,73 @@ impl Store {
         // NORMAL is durable across process crashes in WAL mode; only an OS
         // crash can lose the last commits, which is fine for an audit tail.
         conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.execute_batch(SCHEMA)
+        // One transaction: an older database swaps its delete trigger for
+        // the prune-aware one with no moment unguarded.
+        conn.execute_batch(&format!("BEGIN IMMEDIATE;\n{SCHEMA}\nCOMMIT;"))
             .context("creating audit_events schema")?;
         Ok(Store { conn })
     }
 
+    /// How long writes wait for another connection's lock.
+    pub fn set_busy_timeout(&self, timeout: Duration) -> anyhow::Result<()> {
+        Ok(self.conn.busy_timeout(timeout)?)
+    }
+
     /// Append `events` in one transaction: one fsync per batch, not per event.
-    pub fn append(&mut self, events: &[AuditEvent]) -> anyhow::Result<()> {
+    pub fn append<'a>(
+        &mut self,
+        events: impl IntoIterator<Item = &'a AuditEvent>,
+    ) -> anyhow::Result<()> {
         let tx = self.conn.transaction()?;
-        {
-            let mut stmt = tx.prepare_cached(INSERT)?;
-            for ev in events {
-                stmt.execute(params![
-                    ev.time,
-                    // SQLite integers are i64; ids beyond that wrap visibly
-                    // rather than failing the whole batch.
-                    ev.session_id as i64,
-                    ev.client_addr,
-                    ev.user,
-                    ev.database,
-                    ev.application_name,
-                    ev.operation.as_str(),
-                    ev.thread_id,
-                    ev.checkpoint_ns,
-                    ev.checkpoint_id,
-                    ev.parent_checkpoint_id,
-                    ev.task_id,
-                    serde_json::to_string(&ev.channels)?,
-                    serde_json::to_string(&ev.blob_sha256)?,
-                    serde_json::to_string(&ev.detail)?,
-                ])?;
-            }
+        for ev in events {
+            insert(&tx, ev)?;
         }
         tx.commit().context("committing audit batch")
     }
+
+    /// The connection, for the prune.
+    pub(super) fn conn(&mut self) -> &mut Connection {
+        &mut self.conn
+    }
 }
 
-/// Events for `thread_id`, in the order they were written.
+/// Insert one event (inside the caller's transaction).
+pub(super) fn insert(conn: &Connection, ev: &AuditEvent) -> anyhow::Result<()> {
+    let mut stmt = conn.prepare_cached(INSERT)?;
+    stmt.execute(params![
+        ev.time,
+        // SQLite integers are i64; ids beyond that wrap visibly
+        // rather than failing the whole batch.
+        ev.session_id as i64,
+        ev.client_addr,
+        ev.user,
+        ev.database,
+        ev.application_name,
+        ev.operation.as_str(),
+        ev.thread_id,
+        ev.checkpoint_ns,
+        ev.checkpoint_id,
+        ev.parent_checkpoint_id,
+        ev.task_id,
+        serde_json::to_string(&ev.channels)?,
+        serde_json::to_string(&ev.blob_sha256)?,
+        serde_json::to_string(&ev.detail)?,
+    ])?;
+    Ok(())
+}
+
+/// Events for `thread_id`, in the order they were written, and every gap
+/// record written since the thread's first event (the thread's own events
+/// may be among those lost).
 pub fn thread_events(path: &Path, thread_id: &str) -> anyhow::Result<Vec<AuditEvent>> {
     let conn = open_read_only(path)?;
-    let mut stmt = conn.prepare(&format!("{SELECT} WHERE thread_id = ?1 ORDER BY id"))?;
+    // Two index searches (by thread; the partial index of gap records),
+    // not a scan of the table.
+    let mut stmt = conn.prepare(&format!(
+        "{SELECT} WHERE id IN (SELECT id FROM audit_events WHERE thread_id = ?1 \
+         UNION ALL SELECT id FROM audit_events WHERE operation = 'events_dropped' \
+         AND id > (SELECT min(id) FROM audit_events WHERE thread_id = ?1)) ORDER BY id"
+    ))?;
     let rows = stmt.query_map([thread_id], row_to_event)?;
     collect(rows)
 }
@@ -240,6 +294,50 @@ mod tests {
     }
 
     #[test]
+    fn a_thread_shows_the_gaps_recorded_since_it_began() {
+        let path = temp_path("sqlite-gaps", "db");
+        let gap = |n: u64| {
+            AuditEvent::new(&SessionContext::internal(), Operation::EventsDropped)
+                .with_detail(serde_json::json!({ "dropped": n }))
+        };
+        let a = sample("t1", Operation::ReadLatest);
+        let b = sample("t2", Operation::ReadLatest);
+        let c = sample("t1", Operation::CheckpointPut);
+        let mut store = Store::open(&path).unwrap();
+        store
+            .append([&gap(1), &a, &b, &gap(2), &c, &gap(3)])
+            .unwrap();
+        let ops = |t: &str| -> Vec<(Operation, serde_json::Value)> {
+            thread_events(&path, t)
+                .unwrap()
+                .into_iter()
+                .map(|e| (e.operation, e.detail["dropped"].clone()))
+                .collect()
+        };
+        let none = serde_json::Value::Null;
+        assert_eq!(
+            ops("t1"),
+            vec![
+                (Operation::ReadLatest, none.clone()),
+                (Operation::EventsDropped, 2.into()),
+                (Operation::CheckpointPut, none.clone()),
+                (Operation::EventsDropped, 3.into()),
+            ]
+        );
+        assert_eq!(
+            ops("t2"),
+            vec![
+                (Operation::ReadLatest, none),
+                (Operation::EventsDropped, 2.into()),
+                (Operation::EventsDropped, 3.into()),
+            ]
+        );
+        assert!(ops("nope").is_empty(), "no thread, no gaps");
+        drop(store);
+        remove_db(&path);
+    }
+
+    #[test]
     fn table_refuses_update_and_delete() {
         let path = temp_path("sqlite-appendonly", "db");
         Store::open(&path)
@@ -253,6 +351,30 @@ mod tests {
         assert!(del.unwrap_err().to_string().contains("append-only"));
         assert_eq!(all_events(&path).unwrap().len(), 1);
         remove_db(&path);
+    }
+
+    #[test]
+    fn database_and_its_side_files_are_created_0600() {
+        use std::os::unix::fs::PermissionsExt;
+        let path = temp_path("sqlite-mode", "db");
+        let mut store = Store::open(&path).unwrap();
+        store.append(&[sample("t", Operation::ReadLatest)]).unwrap();
+        // While the writer is open its -wal and -shm files exist.
+        for suffix in ["", "-wal", "-shm"] {
+            let mut file = path.as_os_str().to_owned();
+            file.push(suffix);
+            let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "{suffix}");
+        }
+        drop(store);
+        remove_db(&path);
+    }
+
+    #[test]
+    fn the_prune_command_does_not_create_a_missing_database() {
+        let path = temp_path("sqlite-existing", "db");
+        assert!(Store::open_existing(&path).is_err());
+        assert!(!path.exists());
     }
 
     #[test]

@@ -133,9 +133,21 @@ fn phrase(ev: &AuditEvent) -> String {
         Operation::ClaimRefused => "claim refused: resume already claimed".to_string(),
         Operation::ClaimWaited => "waited for another session's claim".to_string(),
         Operation::ClaimTakeover => "claim taken over from a lapsed holder".to_string(),
-        Operation::EventsDropped => match ev.detail.get("dropped").and_then(|d| d.as_u64()) {
-            Some(n) => format!("audit gap: {n} event(s) dropped (queue full)"),
-            None => "audit gap: events dropped (queue full)".to_string(),
+        Operation::EventsDropped => {
+            let n = ev.detail.get("dropped").and_then(|d| d.as_u64());
+            let n = n.map(|n| format!("{n} ")).unwrap_or_default();
+            let window = match (
+                ev.detail.get("first_lost").and_then(|t| t.as_str()),
+                ev.detail.get("last_lost").and_then(|t| t.as_str()),
+            ) {
+                (Some(first), Some(last)) => format!(" from {first} to {last}"),
+                _ => String::new(),
+            };
+            format!("audit gap: {n}event(s) lost{window}")
+        }
+        Operation::AuditPruned => match ev.detail.get("cutoff").and_then(|c| c.as_str()) {
+            Some(cutoff) => format!("audit trail pruned: rows before {cutoff} removed"),
+            None => "audit trail pruned: oldest rows removed".to_string(),
         },
     };
     if let Some(rows) = ev.detail.get("rows").and_then(|r| r.as_u64()) {
@@ -267,7 +279,12 @@ mod tests {
             ev(1, Operation::DeleteThread, "a"),
         ];
         let mut gap = AuditEvent::new(&SessionContext::internal(), Operation::EventsDropped)
-            .with_detail(serde_json::json!({"dropped": 42}));
+            .with_detail(serde_json::json!({
+                "dropped": 42,
+                "reason": "queue_full",
+                "first_lost": "2024-05-01T12:00:00.100Z",
+                "last_lost": "2024-05-01T12:00:00.900Z",
+            }));
         gap.time = "2024-05-01T12:00:01.000Z".into();
         events.push(gap);
         let mut sub = ev(1, Operation::BlobPut, "b");
@@ -284,10 +301,32 @@ mod tests {
         let blobs = position(&text, "ns=outer:…55556666");
         let stored = position(&text, "stored 2 channel value(s)");
         let none = position(&text, "(no thread) (1 event)");
-        let dropped = position(&text, "audit gap: 42 event(s) dropped (queue full)");
+        let dropped = position(
+            &text,
+            "audit gap: 42 event(s) lost from 2024-05-01T12:00:00.100Z \
+             to 2024-05-01T12:00:00.900Z: queue_full",
+        );
         assert!(a < read && read < deleted && deleted < b);
         assert!(b < list && list < blobs && blobs < stored && stored < none && none < dropped);
         assert!(text.contains("app=resumeguard  — audit gap"), "{text}");
+    }
+
+    #[test]
+    fn says_what_a_prune_removed() {
+        let mut pruned = AuditEvent::new(&SessionContext::internal(), Operation::AuditPruned)
+            .with_detail(serde_json::json!({
+                "rows": 2,
+                "cutoff": "2024-04-01T00:00:00.000Z",
+                "by": "cli",
+            }));
+        pruned.time = "2024-05-01T12:00:01.000Z".into();
+        let text = render_timeline(&[pruned]);
+        assert!(
+            text.contains(
+                "audit trail pruned: rows before 2024-04-01T00:00:00.000Z removed (2 rows)"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

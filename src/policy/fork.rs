@@ -1,4 +1,5 @@
-//! Fork determinism (LangGraph #6663).
+//! Fork determinism: a fork at a superseded checkpoint runs on its own
+//! answer, not the one recorded for the branch that already ran.
 //!
 //! A read that addresses a checkpoint by id while that checkpoint is no
 //! longer the head of its (thread_id, checkpoint_ns) is a request for a new

@@ -1,15 +1,16 @@
-//! Enforcement policy: pure decisions the wire layer applies.
+//! Enforcement policy: pure decisions the enforcer applies.
 //!
-//! - [`fork`]: fork determinism (issue 3, part 1).
-//! - Checkpoint validity (issue 3, part 2): channel-schema rules and the
-//!   verdict on each payload a checkpoint write carries. No I/O on the
-//!   proxy path: [`ChannelRules::load`] reads and compiles
-//!   `rules/channels/*.toml` once at startup (format:
-//!   `rules/channels/README.md`); the wire layer then asks
-//!   [`ChannelRules::check_channel_value`],
+//! - [`fork`]: fork determinism — what a read of a superseded checkpoint
+//!   may see of its recorded answers.
+//! - [`claims`]: consume-once — what a read of a parked head gets.
+//! - Checkpoint validity: channel-schema rules and the verdict on each
+//!   payload a checkpoint write carries. No I/O on the proxy path:
+//!   [`ChannelRules::load`] reads and compiles `rules/channels/*.toml` once
+//!   at startup (format: `rules/channels/README.md`); the enforcer then
+//!   asks [`ChannelRules::check_channel_value`],
 //!   [`ChannelRules::check_pending_write`] and
 //!   [`ChannelRules::check_checkpoint`] for a [`Verdict`] and turns
-//!   [`Verdict::Invalid`] into a `23514` ErrorResponse using
+//!   [`Verdict::Invalid`] into a `23514` refusal using
 //!   [`Violation::describe`]. Blobs are read with [`crate::saver::msgpack`].
 
 pub mod claims;
@@ -22,6 +23,7 @@ mod rules;
 mod schema;
 mod selector;
 mod verdict;
+mod write_context;
 
 #[cfg(test)]
 mod tests;

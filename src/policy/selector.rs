@@ -4,7 +4,7 @@
 use regex::Regex;
 use serde_json::Value;
 
-use super::verdict::WriteContext;
+use super::write_context::WriteContext;
 
 /// A whole-string regex (`cv-.*` matches `cv-1`, not `xcv-1`): anchoring
 /// implicitly keeps a short pattern from silently selecting more threads.

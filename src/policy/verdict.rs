@@ -8,18 +8,8 @@ use serde_json::Value;
 
 use super::rules::ChannelRules;
 use super::schema::{undecodable_message, Schema};
+pub use super::write_context::WriteContext;
 use crate::saver::msgpack::blob_to_json;
-
-/// Where a payload is being written.
-#[derive(Debug, Clone, Copy)]
-pub struct WriteContext<'a> {
-    pub thread_id: &'a str,
-    pub checkpoint_ns: &'a str,
-    pub checkpoint_id: &'a str,
-    /// The checkpoint's metadata when known. `None` (unknown) lets rules
-    /// with a metadata selector apply: the gate fails closed.
-    pub metadata: Option<&'a Value>,
-}
 
 /// A channel value as the saver stores it.
 #[derive(Debug, Clone, Copy)]

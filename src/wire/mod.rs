@@ -2,9 +2,12 @@
 //! session's guard decides; it knows nothing of checkpoints itself.
 
 pub mod backend;
+mod client_relay;
+pub mod first_packet;
 pub mod frame;
 pub mod frontend;
 pub mod guard;
+pub mod hooks;
 pub mod listener;
 pub mod proxy;
 pub mod read_buffer;
@@ -12,6 +15,7 @@ pub mod registry;
 pub mod reject;
 pub mod response_queue;
 pub mod row_rewrite;
+mod server_relay;
 pub mod session;
 pub mod sql_commands;
 pub mod startup;

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
-use tokio::sync::watch;
 
 use crate::wire::guard::GuardFactory;
 use crate::wire::registry::Registry;
@@ -50,24 +49,17 @@ pub struct Proxy {
     /// probe or cancel arbitrary backends.
     pub cancel_keys: DashMap<(i32, Vec<u8>), ()>,
     pub next_session_id: AtomicU64,
-    /// Flips to `true` when the proxy starts shutting down.
-    pub shutdown: watch::Receiver<bool>,
     /// Live sessions, for draining at shutdown.
     pub sessions: Registry,
 }
 
 impl Proxy {
-    pub fn new(
-        config: RelayConfig,
-        guards: Arc<dyn GuardFactory>,
-        shutdown: watch::Receiver<bool>,
-    ) -> Self {
+    pub fn new(config: RelayConfig, guards: Arc<dyn GuardFactory>) -> Self {
         Proxy {
             config,
             guards,
             cancel_keys: DashMap::new(),
             next_session_id: AtomicU64::new(1),
-            shutdown,
             sessions: Registry::default(),
         }
     }

@@ -15,8 +15,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use bytes::Bytes;
-
 use super::backend::is_fatal;
 use super::frame::cstr;
 use super::frontend::{parse_frame, Frontend, Target};
@@ -25,184 +23,12 @@ use super::reject::{raising_query, raising_statement};
 use super::response_queue::{Desync, Expect, Progress, ResponseQueue, Route};
 use super::sql_commands::{scan, SqlCommand};
 
-/// ReadyForQuery's transaction status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum TxnStatus {
-    #[default]
-    Idle,
-    InBlock,
-    Failed,
-}
+mod names;
 
-impl TxnStatus {
-    fn from_byte(b: u8) -> TxnStatus {
-        match b {
-            b'T' => TxnStatus::InBlock,
-            b'E' => TxnStatus::Failed,
-            _ => TxnStatus::Idle,
-        }
-    }
-}
-
-/// Why the proxy refuses a statement: raised by the server itself, so the
-/// error lands where the client expects the statement's answer and the
-/// transaction aborts as for any error.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    pub sqlstate: &'static str,
-    pub message: String,
-    pub detail: String,
-}
-
-/// SQLSTATE for a statement name the proxy never saw prepared.
-pub const INVALID_STATEMENT_NAME: &str = "26000";
-/// SQLSTATE for a form the proxy refuses to pass unchecked.
-pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
-
-/// What the client gets for a Bind.
-#[derive(Debug)]
-pub enum Bound<P> {
-    /// Forward the Bind; the portal carries this annotation.
-    Forward(Option<P>),
-    /// The server gets these bytes instead of the Bind.
-    Replace(Vec<u8>, Option<P>),
-    /// The statement is refused.
-    Refuse(Refusal),
-}
-
-/// What the layer above decides where checkpoint traffic can be seen.
-pub trait Hooks {
-    /// What is known of a prepared statement (compared to decide whether
-    /// an unconfirmed change matters).
-    type Statement: Clone + PartialEq;
-    /// What is known of a bound portal.
-    type Portal: Clone;
-    /// What watches one statement's answer.
-    type Watch;
-
-    /// A statement text: its annotation, and SQL the server gets instead.
-    fn parse(&mut self, sql: &str) -> (Self::Statement, Option<String>);
-    /// The annotation of a statement nobody watches.
-    fn plain(&self) -> Self::Statement;
-    /// SQL `PREPARE … AS inner`: the annotation, or why it is refused.
-    fn sql_prepare(&mut self, inner: &str) -> Result<Self::Statement, Refusal>;
-    /// SQL `EXECUTE` of a statement with this annotation.
-    fn sql_execute(&mut self, statement: &Self::Statement) -> Result<(), Refusal>;
-    /// SQL `DECLARE … CURSOR FOR inner`.
-    fn sql_declare(&mut self, inner: &str) -> Result<(), Refusal>;
-    fn bind(
-        &mut self,
-        statement: &Self::Statement,
-        frame: &[u8],
-    ) -> Result<Bound<Self::Portal>, ClientError>;
-    fn execute(&mut self, portal: Option<&Self::Portal>) -> Option<Self::Watch>;
-    fn describe_statement(&mut self, statement: &Self::Statement) -> Option<Self::Watch>;
-    fn describe_portal(&mut self, portal: Option<&Self::Portal>) -> Option<Self::Watch>;
-    fn query(&mut self, sql: &str) -> Option<Self::Watch>;
-    /// A Sync: a refusal to raise before it.
-    fn sync(&mut self) -> Option<Refusal>;
-    /// A DataRow of a watched answer.
-    fn row(&mut self, watch: &mut Self::Watch, frame: &[u8], step: &mut ServerStep);
-    /// A RowDescription of a watched answer: its replacement.
-    fn row_description(&mut self, watch: &Self::Watch, frame: &[u8]) -> Option<Bytes>;
-    /// A watched statement finished (`ok`: without an error).
-    fn completed(&mut self, watch: Self::Watch, ok: bool);
-    /// The server reported an error.
-    fn error(&mut self);
-    fn ready(&mut self, status: TxnStatus);
-    /// ROLLBACK (or a failed COMMIT) completed.
-    fn rollback(&mut self);
-    fn parameter_status(&mut self, name: &[u8], value: &[u8]);
-}
-
-/// SQL-level commands of a text, each `PREPARE` with the annotation of
-/// the statement it defines.
-type Commands<S> = Vec<(SqlCommand, Option<S>)>;
-
-/// Shared SQL-level commands; `None` for the usual text with none (no
-/// allocation on the hot path).
-type SharedCommands<S> = Option<Arc<Commands<S>>>;
-
-fn commands_of<S>(shared: &SharedCommands<S>) -> &[(SqlCommand, Option<S>)] {
-    shared.as_deref().map_or(&[], Vec::as_slice)
-}
-
-/// A statement as the server holds it.
-#[derive(Debug, Clone, PartialEq)]
-struct Statement<S> {
-    annotation: S,
-    /// SQL-level commands its text runs (`EXECUTE x` sent through Parse).
-    commands: SharedCommands<S>,
-    /// Set when its text must not run.
-    refused: Option<Refusal>,
-}
-
-impl<S> Statement<S> {
-    fn new(annotation: S) -> Self {
-        Statement {
-            annotation,
-            commands: None,
-            refused: None,
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-struct Portal<P, S> {
-    annotation: Option<P>,
-    commands: SharedCommands<S>,
-}
-
-impl<P, S> Portal<P, S> {
-    /// A portal nobody watches: the proxy may let it run unseen.
-    fn is_plain(&self) -> bool {
-        self.annotation.is_none() && self.commands.is_none()
-    }
-}
-
-/// The outcome of checking a text's SQL `EXECUTE`s.
-enum Executes {
-    Allowed,
-    Refused(Refusal),
-    Ambiguous,
-}
-
-/// A change the server has not confirmed yet, riding on its queue entry.
-enum Change<H: Hooks> {
-    Define {
-        name: Vec<u8>,
-        statement: Statement<H::Statement>,
-    },
-    Bind {
-        portal: Vec<u8>,
-        binding: Portal<H::Portal, H::Statement>,
-    },
-    Close {
-        target: Target,
-        name: Vec<u8>,
-    },
-    /// An Execute, Describe or Query: its watch, and the SQL commands
-    /// whose CommandComplete changes statements.
-    Answer {
-        watch: Option<H::Watch>,
-        commands: Commands<H::Statement>,
-        /// A simple Query drops the unnamed statement and portal.
-        resets_unnamed: bool,
-    },
-}
-
-struct Pending<H: Hooks> {
-    /// The client's Sync count when the message was sent.
-    segment: u64,
-    change: Change<H>,
-}
-
-/// A statement name's state as the server will see it.
-enum Lookup<S> {
-    Known(Option<S>),
-    /// Depends on answers still owed for an earlier Sync.
-    Ambiguous,
-}
+pub use super::hooks::{
+    Bound, Hooks, Refusal, TxnStatus, FEATURE_NOT_SUPPORTED, INVALID_STATEMENT_NAME,
+};
+use names::{apply_command, commands_of, Change, Executes, Lookup, Pending, Portal, Statement};
 
 pub struct Tracker<H: Hooks> {
     pub hooks: H,
@@ -552,64 +378,6 @@ impl<H: Hooks> Tracker<H> {
         raising_statement(refusal.sqlstate, &refusal.message, &refusal.detail)
     }
 
-    /// A statement name as the server will see it when it reaches the
-    /// message being tracked now.
-    fn statement(&self, name: &[u8]) -> Lookup<Statement<H::Statement>> {
-        let mut lookup = Settle::new(self.statements.get(name).cloned(), self.segment);
-        for p in self.queue.payloads() {
-            let effect = match &p.change {
-                Change::Define { name: n, statement } if n == name => Some(statement.clone()),
-                Change::Close {
-                    target: Target::Statement,
-                    name: n,
-                } if n == name => None,
-                Change::Answer {
-                    resets_unnamed: true,
-                    ..
-                } if name.is_empty() => None,
-                Change::Answer { commands, .. } => {
-                    let found = commands.iter().rev().find_map(|(c, s)| match c {
-                        SqlCommand::Prepare { name: n, .. } if n.as_bytes() == name => {
-                            Some(s.clone().map(Statement::new))
-                        }
-                        SqlCommand::Deallocate { name: n } if n.as_bytes() == name => Some(None),
-                        SqlCommand::DeallocateAll => Some(None),
-                        _ => None,
-                    });
-                    match found {
-                        Some(effect) => effect,
-                        None => continue,
-                    }
-                }
-                _ => continue,
-            };
-            lookup.change(p.segment, effect, |a, b| a == b);
-        }
-        lookup.finish()
-    }
-
-    fn portal(&self, name: &[u8]) -> Lookup<Portal<H::Portal, H::Statement>> {
-        // Two unwatched portals are alike whatever they run.
-        let plain = |p: &Option<Portal<_, _>>| p.as_ref().is_none_or(Portal::is_plain);
-        let mut lookup = Settle::new(self.portals.get(name).cloned(), self.segment);
-        for p in self.queue.payloads() {
-            let effect = match &p.change {
-                Change::Bind { portal, binding } if portal == name => Some(binding.clone()),
-                Change::Close {
-                    target: Target::Portal,
-                    name: n,
-                } if n == name => None,
-                Change::Answer {
-                    resets_unnamed: true,
-                    ..
-                } if name.is_empty() => None,
-                _ => continue,
-            };
-            lookup.change(p.segment, effect, |a, b| plain(a) && plain(b));
-        }
-        lookup.finish()
-    }
-
     /// Tracks one server message on its way to the client.
     pub fn on_server(&mut self, frame: &[u8]) -> Result<ServerStep, Desync> {
         let tag = frame.first().copied().unwrap_or(0);
@@ -717,70 +485,6 @@ impl<H: Hooks> Tracker<H> {
             }
             _ => {}
         }
-    }
-}
-
-/// The state a name will have, from its confirmed state and the
-/// unconfirmed changes to it, fed oldest first.
-struct Settle<T> {
-    confirmed: Option<T>,
-    segment: u64,
-    last: Option<(u64, Option<T>)>,
-    /// Some earlier change would leave the name unlike its confirmed state.
-    differs: bool,
-}
-
-impl<T> Settle<T> {
-    fn new(confirmed: Option<T>, segment: u64) -> Self {
-        Settle {
-            confirmed,
-            segment,
-            last: None,
-            differs: false,
-        }
-    }
-
-    fn change(
-        &mut self,
-        segment: u64,
-        effect: Option<T>,
-        same: impl Fn(&Option<T>, &Option<T>) -> bool,
-    ) {
-        self.differs |= !same(&effect, &self.confirmed);
-        self.last = Some((segment, effect));
-    }
-
-    fn finish(self) -> Lookup<T> {
-        match self.last {
-            None => Lookup::Known(self.confirmed),
-            // A change sent since the latest Sync: if it fails, the server
-            // skips everything up to the next Sync, this message included.
-            Some((s, effect)) if s == self.segment => Lookup::Known(effect),
-            // Whichever of the earlier changes the server accepts, the name
-            // ends up the same.
-            Some(_) if !self.differs => Lookup::Known(self.confirmed),
-            Some(_) => Lookup::Ambiguous,
-        }
-    }
-}
-
-fn apply_command<S>(
-    statements: &mut HashMap<Vec<u8>, Statement<S>>,
-    command: SqlCommand,
-    defines: Option<S>,
-) {
-    match command {
-        SqlCommand::Prepare { name, .. } => {
-            if let Some(annotation) = defines {
-                statements.insert(name.into_bytes(), Statement::new(annotation));
-            }
-        }
-        SqlCommand::Deallocate { name } => {
-            statements.remove(name.as_bytes());
-        }
-        // The unnamed statement is the protocol's, not SQL's.
-        SqlCommand::DeallocateAll => statements.retain(|name, _| name.is_empty()),
-        SqlCommand::Execute { .. } | SqlCommand::Declare { .. } => {}
     }
 }
 

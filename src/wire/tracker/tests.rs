@@ -3,6 +3,7 @@
 //! changes only on the server's answer.
 
 use super::*;
+use bytes::Bytes;
 
 /// Hooks that mark texts containing `guarded` and record what they saw.
 #[derive(Default)]

@@ -1,0 +1,47 @@
+//! Reading the prune command's `--before`: a time, or an age.
+
+use std::time::SystemTime;
+
+use anyhow::{bail, Context};
+
+/// `spec` as an instant: an RFC 3339 UTC time (`2026-11-01T00:00:00Z`,
+/// fractions allowed) or an age before `now` in humantime's units (`7d`,
+/// `12h`, `1w 2d`, `90min`).
+pub fn parse_before(spec: &str, now: SystemTime) -> anyhow::Result<SystemTime> {
+    let spec = spec.trim();
+    if spec.is_empty() {
+        bail!("--before needs a time (2026-11-01T00:00:00Z) or an age (7d)");
+    }
+    if let Ok(t) = humantime::parse_rfc3339(spec) {
+        return Ok(t);
+    }
+    let age = humantime::parse_duration(spec).with_context(|| {
+        format!("--before {spec:?} is neither an RFC 3339 UTC time (2026-11-01T00:00:00Z) nor an age (7d, 12h)")
+    })?;
+    now.checked_sub(age)
+        .with_context(|| format!("--before {spec:?} reaches before the clock's range"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn times_and_ages() {
+        let now = humantime::parse_rfc3339("2026-11-30T12:00:00Z").unwrap();
+        let t = |s: &str| humantime::format_rfc3339(parse_before(s, now).unwrap()).to_string();
+        assert_eq!(t("2026-11-01T00:00:00Z"), "2026-11-01T00:00:00Z");
+        assert_eq!(t("7d"), "2026-11-23T12:00:00Z");
+        assert_eq!(t("12h"), "2026-11-30T00:00:00Z");
+        assert_eq!(t(" 1w 1d "), "2026-11-22T12:00:00Z");
+        assert_eq!(parse_before("0s", now).unwrap(), now);
+        assert_eq!(
+            parse_before("2026-11-01T00:00:00.250Z", now).unwrap(),
+            humantime::parse_rfc3339("2026-11-01T00:00:00Z").unwrap() + Duration::from_millis(250)
+        );
+        for bad in ["", "yesterday", "2026-11-01", "7 parsecs"] {
+            assert!(parse_before(bad, now).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! One destination of the trail, written so that no loss goes unrecorded.
+//!
+//! A batch that fails to write is kept and retried with the next write, at
+//! most [`MAX_ATTEMPTS`] times; after that (or when too many events wait)
+//! its events are counted as lost. Losses, including events the queue
+//! refused, sit in the output's [`LossLedger`] until a write succeeds: that
+//! write carries an `events_dropped` gap record saying how many were lost,
+//! why, and when. Failing and recovering are logged at ERROR once each, not
+//! per batch.
+
+use super::event::AuditEvent;
+use super::jsonl::JsonlWriter;
+use super::losses::{LossLedger, LossReason};
+use super::sqlite_store::Store;
+
+/// Attempts a failed event gets before it is counted as lost.
+pub const MAX_ATTEMPTS: u32 = 3;
+
+/// Most events kept for retry; beyond this they are counted as lost at
+/// once, so a dead output cannot hold unbounded memory.
+pub const MAX_RETAINED: usize = 16_384;
+
+/// Where one output's events go.
+pub enum Target {
+    Sqlite(Store),
+    Jsonl(JsonlWriter),
+}
+
+impl Target {
+    fn name(&self) -> &'static str {
+        match self {
+            Target::Sqlite(_) => "sqlite",
+            Target::Jsonl(_) => "jsonl",
+        }
+    }
+
+    /// Write `events` in order. On failure, also how many leading events
+    /// did reach the output (SQLite: none, the batch is one transaction).
+    fn write(&mut self, events: &[&AuditEvent]) -> Result<(), (usize, anyhow::Error)> {
+        match self {
+            Target::Sqlite(store) => store.append(events.iter().copied()).map_err(|e| (0, e)),
+            Target::Jsonl(jsonl) => jsonl.append(events.iter().copied()),
+        }
+    }
+}
+
+/// One output with its retry buffer and unrecorded losses.
+pub struct Output {
+    target: Target,
+    /// Events that failed to write, oldest first, awaiting a retry.
+    retained: Vec<AuditEvent>,
+    /// Failed attempts of the oldest retained events.
+    attempts: u32,
+    ledger: LossLedger,
+    /// Whether the last write failed.
+    failing: bool,
+    /// Events this output gave up on since start (queue drops excluded).
+    write_lost: u64,
+}
+
+impl Output {
+    pub fn new(target: Target) -> Output {
+        Output {
+            target,
+            retained: Vec::new(),
+            attempts: 0,
+            ledger: LossLedger::default(),
+            failing: false,
+            write_lost: 0,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.target.name()
+    }
+
+    /// The SQLite store, for pruning, unless it is failing (a prune would
+    /// fail too) or holds events for a retry.
+    pub fn store_if_settled(&mut self) -> Option<&mut Store> {
+        let settled = self.is_settled();
+        match &mut self.target {
+            Target::Sqlite(store) if settled => Some(store),
+            _ => None,
+        }
+    }
+
+    /// Events given up on since start.
+    pub fn write_lost(&self) -> u64 {
+        self.write_lost
+    }
+
+    /// Nothing waits for a retry and every loss is recorded.
+    pub fn is_settled(&self) -> bool {
+        self.retained.is_empty() && self.ledger.is_empty()
+    }
+
+    /// `n` events refused by the queue between the two times.
+    pub fn note_queue_drops(&mut self, n: u64, first: &str, last: &str) {
+        if n > 0 && self.ledger.is_empty() {
+            tracing::error!(
+                output = self.name(),
+                "audit queue full: events are being dropped; a gap record will say how many"
+            );
+        }
+        self.ledger.add(LossReason::QueueFull, n, first, last);
+    }
+
+    /// Write the retained events, then `batch`, then a gap record if
+    /// losses are pending. Returns whether the write failed.
+    pub fn write(&mut self, batch: &[AuditEvent]) -> bool {
+        let gap = (!self.ledger.is_empty()).then(|| self.ledger.gap_record());
+        let mut list: Vec<&AuditEvent> = self.retained.iter().chain(batch).collect();
+        let events = list.len();
+        if events == 0 && gap.is_none() {
+            return false;
+        }
+        list.extend(gap.as_ref());
+        match self.target.write(&list) {
+            Ok(()) => {
+                self.recovered(gap.is_some());
+                self.retained.clear();
+                self.attempts = 0;
+                false
+            }
+            Err((written, error)) => {
+                drop(list);
+                self.failed(batch, written.min(events), &error);
+                true
+            }
+        }
+    }
+
+    fn recovered(&mut self, wrote_gap: bool) {
+        if wrote_gap {
+            tracing::error!(
+                output = self.name(),
+                dropped = self.ledger.count(),
+                reason = self.ledger.reason(),
+                first_lost = self.ledger.first_lost(),
+                last_lost = self.ledger.last_lost(),
+                "audit events were lost; events_dropped gap record written"
+            );
+            self.ledger = LossLedger::default();
+        } else if self.failing {
+            tracing::warn!(
+                output = self.name(),
+                "audit output writes again; its retried events were written, nothing was lost"
+            );
+        }
+        self.failing = false;
+    }
+
+    /// Keep what was not written for a retry, or give it up.
+    fn failed(&mut self, batch: &[AuditEvent], written: usize, error: &anyhow::Error) {
+        let error = format!("{error:#}");
+        if !self.failing {
+            tracing::error!(
+                output = self.name(),
+                %error,
+                "audit output failed to write; retrying, then counting events as lost"
+            );
+            self.failing = true;
+        }
+        self.ledger.note_error(&error);
+        let from_retained = written.min(self.retained.len());
+        self.retained.drain(..from_retained);
+        let skip = written - from_retained;
+        self.retained.extend(batch.iter().skip(skip).cloned());
+        if self.retained.is_empty() {
+            // Only the gap record failed: nothing new to give up.
+            return;
+        }
+        self.attempts += 1;
+        if self.attempts >= MAX_ATTEMPTS || self.retained.len() > MAX_RETAINED {
+            self.give_up();
+        }
+    }
+
+    /// Count every retained event as lost.
+    fn give_up(&mut self) {
+        let n = self.retained.len() as u64;
+        if n > 0 {
+            let first = self.retained.iter().map(|e| e.time.as_str()).min();
+            let last = self.retained.iter().map(|e| e.time.as_str()).max();
+            let (first, last) = (first.unwrap_or_default(), last.unwrap_or_default());
+            self.ledger.add(LossReason::WriteFailed, n, first, last);
+        }
+        self.retained.clear();
+        self.attempts = 0;
+        self.write_lost += n;
+    }
+
+    /// At shutdown: what could not be written is lost; say so in the log,
+    /// the only place left.
+    pub fn abandon(&mut self) {
+        self.give_up();
+        if !self.ledger.is_empty() {
+            tracing::error!(
+                output = self.name(),
+                dropped = self.ledger.count(),
+                reason = self.ledger.reason(),
+                first_lost = self.ledger.first_lost(),
+                last_lost = self.ledger.last_lost(),
+                "audit events lost and not recorded in the trail: the output still failed at shutdown"
+            );
+        }
+    }
+}

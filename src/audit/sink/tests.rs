@@ -1,0 +1,335 @@
+//! The sink: ordering, flushing, queue refusals, failing outputs, retention.
+
+use super::*;
+use crate::audit::event::{Operation, SessionContext};
+use crate::audit::jsonl::read_jsonl;
+use crate::audit::outputs::MAX_ATTEMPTS;
+use crate::audit::sqlite_store::{all_events, thread_events};
+use crate::audit::test_util::{remove_db, temp_path};
+use rusqlite::Connection;
+
+fn ctx() -> SessionContext {
+    SessionContext {
+        session_id: 1,
+        client_addr: "127.0.0.1:5555".into(),
+        user: "lg".into(),
+        database: "db".into(),
+        application_name: "test".into(),
+    }
+}
+
+fn numbered(n: u64) -> AuditEvent {
+    AuditEvent::new(&ctx(), Operation::CheckpointPut)
+        .with_thread("t")
+        .with_detail(serde_json::json!({ "n": n }))
+}
+
+fn sqlite_cfg(path: &std::path::Path, capacity: usize) -> AuditConfig {
+    AuditConfig {
+        sqlite: Some(path.to_path_buf()),
+        queue_capacity: capacity,
+        ..AuditConfig::default()
+    }
+}
+
+#[test]
+fn flush_waits_until_everything_is_written_in_order() {
+    let path = temp_path("sink-flush", "db");
+    let sink = AuditSink::start(&sqlite_cfg(&path, 65_536)).unwrap();
+    for n in 0..2_000 {
+        sink.record(numbered(n));
+    }
+    assert!(sink.flush());
+    // No sleeps: flush returning is the only synchronisation.
+    let events = thread_events(&path, "t").unwrap();
+    let ns: Vec<u64> = events
+        .iter()
+        .map(|e| e.detail["n"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ns, (0..2_000).collect::<Vec<_>>());
+    assert_eq!(
+        sink.stats(),
+        AuditStats {
+            enqueued: 2_000,
+            written: 2_000,
+            dropped: 0,
+            write_errors: 0,
+            lost: 0,
+        }
+    );
+    assert!(sink.shutdown(Duration::from_secs(10)));
+    remove_db(&path);
+}
+
+#[test]
+fn full_queue_drops_without_blocking_then_reports_count() {
+    let path = temp_path("sink-drop", "db");
+    let (sink, release) = AuditSink::start_paused(&sqlite_cfg(&path, 4)).unwrap();
+    // The writer is parked before its first read, so exactly 4 fit.
+    for n in 0..10 {
+        sink.record(numbered(n));
+    }
+    let stats = sink.stats();
+    assert_eq!((stats.enqueued, stats.dropped, stats.written), (4, 6, 0));
+    // Flush is bounded: it gives up while the writer cannot progress.
+    assert!(!sink.flush_timeout(Duration::from_millis(20)));
+
+    release.send(()).unwrap();
+    assert!(sink.flush());
+    let events = all_events(&path).unwrap();
+    let ops: Vec<Operation> = events.iter().map(|e| e.operation).collect();
+    let mut want = vec![Operation::CheckpointPut; 4];
+    want.push(Operation::EventsDropped);
+    assert_eq!(ops, want);
+    let kept: Vec<u64> = events[..4]
+        .iter()
+        .map(|e| e.detail["n"].as_u64().unwrap())
+        .collect();
+    assert_eq!(kept, vec![0, 1, 2, 3]);
+    let report = &events[4];
+    assert_eq!(report.detail["dropped"], 6);
+    assert_eq!(report.detail["reason"], "queue_full");
+    assert_eq!(report.detail["queue_full"], 6);
+    let (first, last) = (&report.detail["first_lost"], &report.detail["last_lost"]);
+    assert!(
+        first.as_str().unwrap() >= events[3].time.as_str(),
+        "{first}"
+    );
+    assert!(
+        first.as_str().unwrap() <= last.as_str().unwrap(),
+        "{first} {last}"
+    );
+    assert!(last.as_str().unwrap() <= report.time.as_str(), "{last}");
+    assert_eq!(sink.dropped_total(), 6);
+    assert_eq!(report.application_name, "resumeguard");
+    assert_eq!(report.thread_id, None);
+
+    // Once reported, drops are not reported again.
+    sink.record(numbered(10));
+    assert!(sink.flush());
+    let events = all_events(&path).unwrap();
+    assert_eq!(events.len(), 6);
+    assert_eq!(events[5].operation, Operation::CheckpointPut);
+    assert!(sink.shutdown(Duration::from_secs(10)));
+    remove_db(&path);
+}
+
+#[test]
+fn writes_to_sqlite_and_jsonl_together() {
+    let db = temp_path("sink-both", "db");
+    let jl = temp_path("sink-both", "jsonl");
+    let cfg = AuditConfig {
+        sqlite: Some(db.clone()),
+        jsonl: Some(jl.to_string_lossy().into_owned()),
+        ..AuditConfig::default()
+    };
+    let sink = AuditSink::start(&cfg).unwrap();
+    let clone = sink.clone();
+    sink.record(numbered(1));
+    clone.record(numbered(2));
+    assert!(sink.flush());
+    let from_db = all_events(&db).unwrap();
+    assert_eq!(from_db.len(), 2);
+    assert_eq!(read_jsonl(&jl).unwrap(), from_db);
+    assert!(sink.shutdown(Duration::from_secs(10)));
+    remove_db(&db);
+    let _ = std::fs::remove_file(&jl);
+}
+
+#[test]
+fn shutdown_stops_writer_and_discards_later_events() {
+    let path = temp_path("sink-shutdown", "db");
+    let sink = AuditSink::start(&sqlite_cfg(&path, 16)).unwrap();
+    sink.record(numbered(0));
+    assert!(sink.shutdown(Duration::from_secs(10)));
+    sink.record(numbered(1));
+    assert_eq!(all_events(&path).unwrap().len(), 1);
+    assert_eq!(sink.stats().enqueued, 1);
+    // Writer is gone: flush reports completion of what was accepted.
+    assert!(sink.flush_timeout(Duration::from_millis(10)));
+    remove_db(&path);
+}
+
+#[test]
+fn disabled_and_unconfigured_sinks_are_no_ops() {
+    for sink in [
+        AuditSink::disabled(),
+        AuditSink::start(&AuditConfig::default()).unwrap(),
+    ] {
+        assert!(!sink.is_enabled());
+        assert!(!sink.log_values());
+        sink.record(numbered(0));
+        assert!(sink.flush());
+        assert_eq!(sink.stats(), AuditStats::default());
+    }
+}
+
+#[test]
+fn bad_output_path_fails_at_start() {
+    let cfg = AuditConfig {
+        jsonl: Some("/nonexistent-dir-resumeguard/x.jsonl".into()),
+        ..AuditConfig::default()
+    };
+    assert!(AuditSink::start(&cfg).is_err());
+}
+
+/// Poll `cond` for up to 10 s: the writer retries on its own clock.
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A second connection holding the database's write lock: the writer's
+/// transactions fail with "database is locked" until it is released.
+fn hold_write_lock(path: &std::path::Path) -> Connection {
+    let conn = Connection::open(path).unwrap();
+    conn.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    conn
+}
+
+fn ns(events: &[AuditEvent]) -> Vec<u64> {
+    events
+        .iter()
+        .map(|e| e.detail["n"].as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn losses_while_sqlite_fails_are_counted_and_recorded_after_recovery() {
+    let path = temp_path("sink-locked", "db");
+    let cfg = sqlite_cfg(&path, 1024);
+    let sink = AuditSink::start_with_busy_timeout(&cfg, Duration::from_millis(20)).unwrap();
+    for n in 0..5 {
+        sink.record(numbered(n));
+    }
+    assert!(sink.flush());
+
+    let holder = hold_write_lock(&path);
+    let doomed: Vec<AuditEvent> = (5..12).map(numbered).collect();
+    for ev in &doomed {
+        sink.record(ev.clone());
+    }
+    wait_until("7 events given up", || sink.dropped_total() == 7);
+    assert!(
+        !sink.flush_timeout(Duration::from_millis(50)),
+        "a failing output does not count as flushed"
+    );
+    let stats = sink.stats();
+    assert_eq!((stats.dropped, stats.lost), (0, 7));
+    assert!(stats.write_errors >= u64::from(MAX_ATTEMPTS), "{stats:?}");
+    assert_eq!(ns(&all_events(&path).unwrap()), (0..5).collect::<Vec<_>>());
+
+    holder.execute_batch("ROLLBACK").unwrap();
+    drop(holder);
+    assert!(
+        sink.flush(),
+        "the gap record is written once the lock is gone"
+    );
+    let events = all_events(&path).unwrap();
+    assert_eq!(events.len(), 6);
+    assert_eq!(ns(&events[..5]), (0..5).collect::<Vec<_>>());
+    let gap = &events[5];
+    assert_eq!(gap.operation, Operation::EventsDropped);
+    assert_eq!(gap.detail["dropped"], 7);
+    assert_eq!(gap.detail["reason"], "write_failed");
+    assert_eq!(gap.detail["write_failed"], 7);
+    assert_eq!(gap.detail["queue_full"], 0);
+    assert_eq!(gap.detail["first_lost"], doomed[0].time.as_str());
+    assert_eq!(gap.detail["last_lost"], doomed[6].time.as_str());
+    let error = gap.detail["error"].as_str().unwrap();
+    assert!(error.contains("locked"), "{error}");
+
+    // Recorded once: later writes carry no second gap record.
+    sink.record(numbered(12));
+    assert!(sink.flush());
+    let events = all_events(&path).unwrap();
+    assert_eq!(events.len(), 7);
+    assert_eq!(events[6].detail["n"], 12);
+    assert_eq!(sink.dropped_total(), 7);
+    assert!(sink.shutdown(Duration::from_secs(10)));
+    remove_db(&path);
+}
+
+#[test]
+fn a_write_that_fails_briefly_is_retried_not_lost() {
+    let path = temp_path("sink-retry", "db");
+    let cfg = sqlite_cfg(&path, 1024);
+    let sink = AuditSink::start_with_busy_timeout(&cfg, Duration::from_millis(20)).unwrap();
+    let holder = hold_write_lock(&path);
+    for n in 0..3 {
+        sink.record(numbered(n));
+    }
+    // Retries come at the writer's idle wake-ups, far apart enough to
+    // release the lock after the first failure.
+    wait_until("a failed attempt", || sink.stats().write_errors >= 1);
+    holder.execute_batch("ROLLBACK").unwrap();
+    drop(holder);
+    assert!(sink.flush());
+    let events = all_events(&path).unwrap();
+    assert_eq!(ns(&events), vec![0, 1, 2]);
+    assert_eq!(sink.dropped_total(), 0);
+    assert!(sink.shutdown(Duration::from_secs(10)));
+    remove_db(&path);
+}
+
+#[test]
+fn an_output_that_never_recovers_loses_alone_and_stops_within_bounds() {
+    let db = temp_path("sink-devfull", "db");
+    let cfg = AuditConfig {
+        sqlite: Some(db.clone()),
+        jsonl: Some("/dev/full".into()),
+        ..AuditConfig::default()
+    };
+    let sink = AuditSink::start(&cfg).unwrap();
+    for n in 0..4 {
+        sink.record(numbered(n));
+    }
+    wait_until("4 events given up by jsonl", || sink.dropped_total() == 4);
+    // SQLite is unaffected and has nothing to report.
+    assert_eq!(ns(&all_events(&db).unwrap()), vec![0, 1, 2, 3]);
+    let started = Instant::now();
+    assert!(!sink.shutdown(Duration::from_millis(100)));
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(sink.stats().lost, 4);
+    remove_db(&db);
+}
+
+#[test]
+fn the_writer_prunes_rows_past_retention_and_records_it() {
+    let path = temp_path("sink-retention", "db");
+    let mut old = numbered(100);
+    old.time = "2020-01-01T00:00:00.000Z".into();
+    let recent = numbered(101);
+    Store::open(&path)
+        .unwrap()
+        .append([&old, &old, &recent])
+        .unwrap();
+
+    let sink = AuditSink::start(&sqlite_cfg(&path, 64)).unwrap();
+    sink.record(numbered(0));
+    assert!(sink.flush(), "flush waits for the prune too");
+    let events = all_events(&path).unwrap();
+    let ops: Vec<Operation> = events.iter().map(|e| e.operation).collect();
+    assert_eq!(ops.len(), 3, "{ops:?}");
+    assert_eq!(events[0].detail["n"], 101);
+    let pruned: Vec<&AuditEvent> = events
+        .iter()
+        .filter(|e| e.operation == Operation::AuditPruned)
+        .collect();
+    assert_eq!(pruned.len(), 1, "{ops:?}");
+    let detail = &pruned[0].detail;
+    assert_eq!(detail["rows"], 2);
+    assert_eq!(detail["by"], "retention");
+    assert_eq!(detail["max_rows"], crate::audit::DEFAULT_MAX_ROWS);
+    let cutoff = detail["cutoff"].as_str().unwrap();
+    assert!(
+        cutoff > "2020-01-01" && cutoff < recent.time.as_str(),
+        "{cutoff}"
+    );
+    assert!(events.iter().any(|e| e.detail["n"] == 0));
+    assert!(sink.shutdown(Duration::from_secs(10)));
+    remove_db(&path);
+}

@@ -1,0 +1,196 @@
+//! Client → server: frame each message, let the session's guard track
+//! it, forward it (or what the guard puts in its place). Before
+//! authentication is over, reads have a deadline and messages are small.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use bytes::BytesMut;
+
+use super::first_packet::{fill_before, is_timeout};
+use super::frame::peek_frame;
+use super::guard::{ClientStep, Guard};
+use super::proxy::Proxy;
+use super::read_buffer::ReadBuffer;
+use super::registry::{SessionHandle, StopReason};
+use super::session::End;
+
+/// Client → server: frame, track, forward. Runs on its own thread; any
+/// way out stops the session ([`StopReason::Quiet`] unless shutdown).
+pub(super) fn client_to_server(
+    proxy: &Proxy,
+    handle: &SessionHandle,
+    early: BytesMut,
+    deadline: Instant,
+) -> End {
+    let end = relay_client(proxy, handle, early, deadline);
+    let reason = match end {
+        End::Shutdown => StopReason::Shutdown,
+        _ => StopReason::Quiet,
+    };
+    handle.stop(reason);
+    end
+}
+
+/// Messages before authentication is over are small (passwords, SASL
+/// tokens): a larger one is refused before it is buffered.
+pub const MAX_PRE_AUTH_MESSAGE: usize = 65_536;
+
+fn relay_client(proxy: &Proxy, handle: &SessionHandle, early: BytesMut, deadline: Instant) -> End {
+    let (client, server) = (&*handle.client, &*handle.server);
+    let mut rb = ReadBuffer::default();
+    rb.bytes.extend_from_slice(&early);
+    let mut out = BytesMut::new();
+    let mut read_more = early.is_empty();
+    let mut started = false;
+    loop {
+        if !started {
+            started = handle.state.lock().map(|st| st.started()).unwrap_or(false);
+            if started {
+                let _ = client.set_read_timeout(None);
+            }
+        }
+        if read_more {
+            let read = if started {
+                rb.fill(client)
+            } else {
+                // Startup and authentication have one deadline, however
+                // slowly the bytes come.
+                fill_before(&mut rb, client, deadline)
+            };
+            match read {
+                Ok(0) => return End::ClientClosed,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) if !started && is_timeout(&e) => {
+                    return End::ClientProtocol("resumeguard: authentication timed out".into())
+                }
+                Err(e) => return End::Error(format!("client read: {e}")),
+            }
+        }
+        if handle.stopping().is_some() {
+            return End::Quiet;
+        }
+        // Frame and track under the lock; no I/O while it is held.
+        let tracked = match handle.state.lock() {
+            // Shutting down and nothing in flight: close instead of
+            // starting new work (checked under the lock the drain uses).
+            Ok(st) if proxy.sessions.draining() && st.is_idle() => return End::Shutdown,
+            Ok(mut st) => {
+                let max = if started {
+                    proxy.config.max_message_bytes
+                } else {
+                    MAX_PRE_AUTH_MESSAGE
+                };
+                track_client(st.as_mut(), &rb.bytes, &mut out, max)
+            }
+            Err(_) => return End::Error("session state poisoned".into()),
+        };
+        if tracked.terminated {
+            // Before the server sees it, so its close is never news.
+            handle.client_terminated.store(true, Ordering::Release);
+        }
+        let sent = if out.is_empty() {
+            // Nothing rewritten: forward the received bytes as they are.
+            server.write_all(&rb.bytes[..tracked.ready])
+        } else {
+            let sent = server.write_all(&out);
+            out.clear();
+            sent
+        };
+        if let Err(e) = sent {
+            return End::Error(format!("upstream write: {e}"));
+        }
+        let _ = rb.bytes.split_to(tracked.ready);
+        if let Some(reason) = tracked.refused {
+            return End::ClientProtocol(format!("resumeguard: invalid client message: {reason}"));
+        }
+        read_more = !tracked.awaiting;
+        if tracked.awaiting && !await_answers(handle) {
+            return End::Quiet;
+        }
+        rb.shrink_if_drained();
+    }
+}
+
+/// Waits until the server has answered everything sent before the
+/// client's latest Sync. False when the session stops meanwhile.
+fn await_answers(handle: &SessionHandle) -> bool {
+    let Ok(mut st) = handle.state.lock() else {
+        return false;
+    };
+    while !st.settled() {
+        if handle.stopping().is_some() {
+            return false;
+        }
+        st = match handle
+            .answered
+            .wait_timeout(st, std::time::Duration::from_millis(100))
+        {
+            Ok((st, _)) => st,
+            Err(_) => return false,
+        };
+    }
+    true
+}
+
+/// What one pass over the client's buffered bytes left to do.
+struct TrackedClient {
+    /// Bytes consumed (forwarded as they are, or as `out`).
+    ready: usize,
+    /// Why the next message is refused.
+    refused: Option<String>,
+    /// The next message waits for the server's answers.
+    awaiting: bool,
+    /// The client sent Terminate: the server closing next is expected.
+    terminated: bool,
+}
+
+/// Frames and tracks the complete client messages at the front of `buf`.
+/// When the guard rewrites a message, `out` receives everything consumed
+/// (rewritten where needed); otherwise it stays empty and the consumed
+/// bytes are forwarded unchanged.
+fn track_client(
+    guard: &mut dyn Guard,
+    buf: &[u8],
+    out: &mut BytesMut,
+    max: usize,
+) -> TrackedClient {
+    let mut ready = 0;
+    let mut copied = 0;
+    let mut awaiting = false;
+    let mut terminated = false;
+    let refused = loop {
+        match peek_frame(&buf[ready..], max) {
+            Ok(Some(h)) => {
+                let end = ready + h.total_len;
+                terminated |= h.tag == b'X';
+                match guard.on_client(&buf[ready..end]) {
+                    Ok(ClientStep::Forward) => {}
+                    Ok(ClientStep::Replace(replacement)) => {
+                        out.extend_from_slice(&buf[copied..ready]);
+                        out.extend_from_slice(&replacement);
+                        copied = end;
+                    }
+                    Ok(ClientStep::AwaitServer) => {
+                        awaiting = true;
+                        break None;
+                    }
+                    Err(e) => break Some(e.to_string()),
+                }
+                ready = end;
+            }
+            Ok(None) => break None,
+            Err(e) => break Some(e.to_string()),
+        }
+    };
+    if !out.is_empty() {
+        out.extend_from_slice(&buf[copied..ready]);
+    }
+    TrackedClient {
+        ready,
+        refused,
+        awaiting,
+        terminated,
+    }
+}

@@ -1,0 +1,97 @@
+//! What the protocol tracker asks of the layer above it: annotations for
+//! statements and portals, watches for answers, and refusals. The tracker
+//! keeps the protocol's state; its hooks decide what a statement means.
+
+use bytes::Bytes;
+
+use super::guard::{ClientError, ServerStep};
+
+/// ReadyForQuery's transaction status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TxnStatus {
+    #[default]
+    Idle,
+    InBlock,
+    Failed,
+}
+
+impl TxnStatus {
+    pub fn from_byte(b: u8) -> TxnStatus {
+        match b {
+            b'T' => TxnStatus::InBlock,
+            b'E' => TxnStatus::Failed,
+            _ => TxnStatus::Idle,
+        }
+    }
+}
+
+/// Why the proxy refuses a statement: raised by the server itself, so the
+/// error lands where the client expects the statement's answer and the
+/// transaction aborts as for any error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub sqlstate: &'static str,
+    pub message: String,
+    pub detail: String,
+}
+
+/// SQLSTATE for a statement name the proxy never saw prepared.
+pub const INVALID_STATEMENT_NAME: &str = "26000";
+/// SQLSTATE for a form the proxy refuses to pass unchecked.
+pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
+
+/// What the client gets for a Bind.
+#[derive(Debug)]
+pub enum Bound<P> {
+    /// Forward the Bind; the portal carries this annotation.
+    Forward(Option<P>),
+    /// The server gets these bytes instead of the Bind.
+    Replace(Vec<u8>, Option<P>),
+    /// The statement is refused.
+    Refuse(Refusal),
+}
+
+/// What the layer above decides where checkpoint traffic can be seen.
+pub trait Hooks {
+    /// What is known of a prepared statement (compared to decide whether
+    /// an unconfirmed change matters).
+    type Statement: Clone + PartialEq;
+    /// What is known of a bound portal.
+    type Portal: Clone;
+    /// What watches one statement's answer.
+    type Watch;
+
+    /// A statement text: its annotation, and SQL the server gets instead.
+    fn parse(&mut self, sql: &str) -> (Self::Statement, Option<String>);
+    /// The annotation of a statement nobody watches.
+    fn plain(&self) -> Self::Statement;
+    /// SQL `PREPARE … AS inner`: the annotation, or why it is refused.
+    fn sql_prepare(&mut self, inner: &str) -> Result<Self::Statement, Refusal>;
+    /// SQL `EXECUTE` of a statement with this annotation.
+    fn sql_execute(&mut self, statement: &Self::Statement) -> Result<(), Refusal>;
+    /// SQL `DECLARE … CURSOR FOR inner`.
+    fn sql_declare(&mut self, inner: &str) -> Result<(), Refusal>;
+    fn bind(
+        &mut self,
+        statement: &Self::Statement,
+        frame: &[u8],
+    ) -> Result<Bound<Self::Portal>, ClientError>;
+    fn execute(&mut self, portal: Option<&Self::Portal>) -> Option<Self::Watch>;
+    fn describe_statement(&mut self, statement: &Self::Statement) -> Option<Self::Watch>;
+    fn describe_portal(&mut self, portal: Option<&Self::Portal>) -> Option<Self::Watch>;
+    fn query(&mut self, sql: &str) -> Option<Self::Watch>;
+    /// A Sync: a refusal to raise before it.
+    fn sync(&mut self) -> Option<Refusal>;
+    /// A DataRow of a watched answer.
+    fn row(&mut self, watch: &mut Self::Watch, frame: &[u8], step: &mut ServerStep);
+    /// A RowDescription of a watched answer: its replacement.
+    fn row_description(&mut self, watch: &Self::Watch, frame: &[u8]) -> Option<Bytes>;
+    /// A watched statement finished (`ok`: without an error).
+    fn completed(&mut self, watch: Self::Watch, ok: bool);
+    /// The server reported an error.
+    fn error(&mut self);
+    fn ready(&mut self, status: TxnStatus);
+    /// ROLLBACK (or a failed COMMIT) completed.
+    fn rollback(&mut self);
+    fn parameter_status(&mut self, name: &[u8], value: &[u8]);
+}

@@ -1,0 +1,209 @@
+//! Server → client: frame each message, let the session's guard track
+//! it, route it (forward, replace, swallow), and hold a row while its
+//! ticket (a claim) is decided.
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+
+use bytes::BytesMut;
+
+use super::backend::{error_response, sqlstate, Severity};
+use super::frame::peek_frame;
+use super::guard::{Guard, HeldTicket};
+use super::proxy::Proxy;
+use super::read_buffer::ReadBuffer;
+use super::registry::{SessionHandle, StopReason};
+use super::response_queue::Route;
+use super::session::End;
+
+/// A write buffer grown past this is replaced once sent.
+const SHRINK_ABOVE: usize = 1024 * 1024;
+
+/// Server → client: frame, match against the response queue, route. Runs
+/// on the session's own thread.
+pub(super) fn server_to_client(
+    proxy: &Proxy,
+    handle: &SessionHandle,
+    keys: &Mutex<Vec<(i32, Vec<u8>)>>,
+) -> End {
+    let (server, mut client) = (&*handle.server, &*handle.client);
+    let state = &*handle.state;
+    let mut rb = ReadBuffer::default();
+    let mut out = BytesMut::new();
+    let mut server_said_fatal = false;
+    loop {
+        let read = rb.fill(server);
+        match (read, handle.stopping()) {
+            (Ok(n), None) if n > 0 => {}
+            (Err(e), None) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            (_, Some(StopReason::Shutdown)) => return close_for_shutdown(client),
+            (_, Some(StopReason::Quiet)) => return End::Quiet,
+            (Ok(_), None) if handle.client_terminated.load(Ordering::Acquire) => {
+                // The client said goodbye; the server's close answers it.
+                return End::ClientClosed;
+            }
+            (Ok(_), None) => {
+                if !server_said_fatal {
+                    let err = error_response(
+                        Severity::Fatal,
+                        sqlstate::CONNECTION_FAILURE,
+                        "resumeguard: the upstream server closed the connection unexpectedly",
+                        None,
+                    );
+                    let _ = client.write_all(&err);
+                }
+                return End::ServerClosed;
+            }
+            (Err(e), None) => {
+                let msg = format!("resumeguard: lost the upstream connection: {e}");
+                let err = error_response(Severity::Fatal, sqlstate::CONNECTION_FAILURE, &msg, None);
+                let _ = client.write_all(&err);
+                return End::Error(msg);
+            }
+        }
+        // Route every complete message; a read of a parked head stops the
+        // batch until its claim is decided, then routing goes on.
+        loop {
+            let outcome = match state.lock() {
+                Ok(mut st) => {
+                    let tracked = track_server(proxy, st.as_mut(), keys, &mut rb.bytes, &mut out);
+                    st.flush();
+                    handle.answered.notify_all();
+                    tracked
+                }
+                Err(_) => return End::Error("session state poisoned".into()),
+            };
+            let held = match outcome {
+                Ok(tracked) => {
+                    server_said_fatal |= tracked.fatal;
+                    tracked.held
+                }
+                Err(msg) => {
+                    tracing::error!(error = %msg, "closing session");
+                    return fail_session(client, &msg);
+                }
+            };
+            let Some(Held {
+                frame,
+                replace,
+                ticket: HeldTicket(mut ticket),
+            }) = held
+            else {
+                break;
+            };
+            // What came before the held row may go out while it waits.
+            if !out.is_empty() {
+                if let Err(e) = client.write_all(&out) {
+                    return End::Error(format!("client write: {e}"));
+                }
+                out.clear();
+            }
+            ticket.decide();
+            let refusal = match state.lock() {
+                Ok(mut st) => {
+                    let refusal = st.release(ticket);
+                    st.flush();
+                    refusal
+                }
+                Err(_) => return End::Error("session state poisoned".into()),
+            };
+            match refusal {
+                Some(error) => out.extend_from_slice(&error),
+                None => out.extend_from_slice(replace.as_deref().unwrap_or(&frame)),
+            }
+        }
+        if !out.is_empty() {
+            if let Err(e) = client.write_all(&out) {
+                return End::Error(format!("client write: {e}"));
+            }
+            out.clear();
+        }
+        rb.shrink_if_drained();
+        if out.capacity() > SHRINK_ABOVE {
+            out = BytesMut::new();
+        }
+        if proxy.sessions.draining() && idle(state) {
+            return close_for_shutdown(client);
+        }
+    }
+}
+
+/// What one batch of server messages left for the relay to do.
+struct Tracked {
+    fatal: bool,
+    /// A message held until its ticket is decided.
+    held: Option<Held>,
+}
+
+/// A message held back from the client while its ticket is decided.
+struct Held {
+    frame: BytesMut,
+    replace: Option<bytes::Bytes>,
+    ticket: HeldTicket,
+}
+
+/// Frames, tracks and routes the complete server messages in `buf` into
+/// `out`. An error means the session can no longer be followed.
+fn track_server(
+    proxy: &Proxy,
+    guard: &mut dyn Guard,
+    keys: &Mutex<Vec<(i32, Vec<u8>)>>,
+    buf: &mut BytesMut,
+    out: &mut BytesMut,
+) -> Result<Tracked, String> {
+    let mut fatal = false;
+    let mut held = None;
+    while let Some(h) = peek_frame(buf, proxy.config.max_backend_message_bytes)
+        .map_err(|e| format!("upstream protocol violation: {e}"))?
+    {
+        let frame = buf.split_to(h.total_len);
+        let mut step = guard.on_server(&frame).map_err(|d| d.to_string())?;
+        if let Some(ticket) = step.hold.take() {
+            held = Some(Held {
+                frame,
+                replace: step.replace,
+                ticket,
+            });
+            break;
+        }
+        if step.route == Route::Forward {
+            out.extend_from_slice(step.replace.as_deref().unwrap_or(&frame));
+        }
+        fatal |= step.fatal;
+        if let Some((pid, key)) = step.backend_key {
+            proxy.cancel_keys.insert((pid, key.clone()), ());
+            if let Ok(mut k) = keys.lock() {
+                k.push((pid, key));
+            }
+        }
+    }
+    Ok(Tracked { fatal, held })
+}
+
+fn idle(state: &Mutex<Box<dyn Guard>>) -> bool {
+    state.lock().map(|s| s.is_idle()).unwrap_or(true)
+}
+
+fn close_for_shutdown(mut client: &TcpStream) -> End {
+    let err = error_response(
+        Severity::Fatal,
+        sqlstate::ADMIN_SHUTDOWN,
+        "terminating connection: resumeguard is shutting down",
+        None,
+    );
+    let _ = client.write_all(&err);
+    End::Shutdown
+}
+
+fn fail_session(mut client: &TcpStream, msg: &str) -> End {
+    let err = error_response(
+        Severity::Fatal,
+        sqlstate::INTERNAL_ERROR,
+        &format!("resumeguard: {msg}"),
+        None,
+    );
+    let _ = client.write_all(&err);
+    End::Error(msg.to_owned())
+}
