@@ -18,6 +18,7 @@ use crate::enforce::claim_gate::ClaimsLeg;
 use crate::enforce::Legs;
 use crate::policy::claims::WaitPolicy;
 use crate::policy::ChannelRules;
+use crate::saver::unknown::UnknownSaverPolicy;
 use crate::wire::proxy::RelayConfig;
 use crate::wire::upstream::UpstreamAddr;
 
@@ -110,6 +111,10 @@ pub struct EnforceConfig {
     pub validity: bool,
     /// Consume-once: claim parked heads at the read.
     pub consume_once: bool,
+    /// Checkpoint-table traffic no saver profile recognizes: `warn`
+    /// forwards it (ERROR once per statement shape, counted), `refuse`
+    /// fails it.
+    pub unknown_saver: UnknownSaverPolicy,
 }
 
 impl Default for EnforceConfig {
@@ -118,6 +123,7 @@ impl Default for EnforceConfig {
             fork_filter: true,
             validity: true,
             consume_once: true,
+            unknown_saver: UnknownSaverPolicy::Warn,
         }
     }
 }
@@ -354,6 +360,16 @@ mod tests {
             seen += 1;
         }
         assert!(seen >= 2);
+    }
+
+    #[test]
+    fn unknown_saver_policy() {
+        let default = toml::from_str::<Config>("").unwrap();
+        assert_eq!(default.enforce.unknown_saver, UnknownSaverPolicy::Warn);
+        let refuse = toml::from_str::<Config>("[enforce]\nunknown_saver = \"refuse\"").unwrap();
+        assert_eq!(refuse.enforce.unknown_saver, UnknownSaverPolicy::Refuse);
+        let err = toml::from_str::<Config>("[enforce]\nunknown_saver = \"ignore\"").unwrap_err();
+        assert!(err.to_string().contains("ignore"), "{err}");
     }
 
     #[test]

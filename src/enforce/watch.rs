@@ -11,10 +11,9 @@ use crate::policy::fork::{fork_filter, ForkVerdict};
 use crate::saver::bind::BoundParams;
 use crate::saver::checkpoint_row::PendingWrite;
 use crate::saver::checkpoint_row::{decode_checkpoint_row, CheckpointRow, RowLayout};
-use crate::saver::classify::{Classified, ReadMode, ReadShape, StatementKind};
+use crate::saver::classify::{Classified, ReadMode, StatementKind};
 use crate::saver::data_row::split_data_row;
 use crate::saver::pending_tasks::has_pending_tasks;
-use crate::saver::pg_array::ByteaArray;
 use crate::saver::reserved::INTERRUPT;
 use crate::saver::value::ColumnKind;
 use crate::saver::write_record::WriteRecord;
@@ -78,7 +77,7 @@ impl Watch {
         let StatementKind::Read(shape) = &self.class.kind else {
             return None;
         };
-        let layout = layout_of(shape)?;
+        let layout = shape.layout;
         let bound = self.bound.clone();
         let all_formats = bound
             .as_ref()
@@ -88,7 +87,7 @@ impl Watch {
             Ok(f) => f,
             Err(e) => {
                 self.row_errors += 1;
-                tracing::warn!(error = %e, "checkpoint row not decodable; forwarded unchanged");
+                self.class.report_undecodable_row(&e);
                 return None;
             }
         };
@@ -108,7 +107,7 @@ impl Watch {
             Ok(row) => row,
             Err(e) => {
                 self.row_errors += 1;
-                tracing::warn!(error = %e, "checkpoint row not decodable");
+                self.class.report_undecodable_row(&e);
                 return head.map(|_| row_rewrite::data_row(fields));
             }
         };
@@ -159,7 +158,7 @@ impl Watch {
                 let encoded: Option<Vec<u8>> = if kept.is_empty() {
                     None
                 } else {
-                    let array = pending_writes_array(&kept);
+                    let array = layout.write_rows.encode(&kept);
                     Some(if format == 1 {
                         array.encode_binary()
                     } else {
@@ -227,38 +226,5 @@ impl Watch {
     pub(super) fn param_text(&self, index: Option<usize>) -> Option<String> {
         let value = self.bound.as_ref()?.value(index?, ColumnKind::Text).ok()?;
         value.as_str().map(str::to_owned)
-    }
-}
-
-/// Where the decoded columns sit in a read's result; `None` when the read
-/// does not return the columns the proxy decodes.
-fn layout_of(shape: &ReadShape) -> Option<RowLayout> {
-    Some(RowLayout {
-        thread_id: shape.column("thread_id")?,
-        checkpoint: shape.column("checkpoint")?,
-        checkpoint_ns: shape.column("checkpoint_ns")?,
-        checkpoint_id: shape.column("checkpoint_id")?,
-        parent_checkpoint_id: shape.column("parent_checkpoint_id")?,
-        metadata: shape.column("metadata")?,
-        channel_values: shape.column("channel_values")?,
-        pending_writes: shape.column("pending_writes")?,
-    })
-}
-
-/// Pending writes in the saver's array layout: rows of [task_id, channel,
-/// type, blob, task_path, idx as decimal text].
-fn pending_writes_array(writes: &[&PendingWrite]) -> ByteaArray {
-    let mut elements = Vec::with_capacity(writes.len() * 6);
-    for w in writes {
-        elements.push(Some(Bytes::copy_from_slice(w.task_id.as_bytes())));
-        elements.push(Some(Bytes::copy_from_slice(w.channel.as_bytes())));
-        elements.push(Some(Bytes::copy_from_slice(w.type_tag.as_bytes())));
-        elements.push(w.blob.clone());
-        elements.push(Some(Bytes::copy_from_slice(w.task_path.as_bytes())));
-        elements.push(Some(Bytes::from(w.idx.to_string())));
-    }
-    ByteaArray {
-        dims: vec![writes.len(), 6],
-        elements,
     }
 }
