@@ -207,6 +207,11 @@ impl Hooks for SessionEnforcer {
         if !statement.class.kind.is_checkpoint_traffic() {
             return Ok(Bound::Forward(None));
         }
+        // [enforce] unknown_saver = "refuse": a checkpoint statement no
+        // profile recognizes fails here, before anything of it runs.
+        if let Some(refusal) = unknown_refusal(&statement.class) {
+            return Ok(Bound::Refuse(refusal));
+        }
         // A checkpoint Bind that does not decode would leave enforcement
         // blind: the session fails closed.
         let mut bound = BoundParams::decode(frame)
@@ -269,12 +274,15 @@ impl Hooks for SessionEnforcer {
         Some(Watch::new(Arc::clone(&b.class), None, true))
     }
 
-    fn query(&mut self, sql: &str) -> Option<Watch> {
+    fn query(&mut self, sql: &str) -> Result<Option<Watch>, Refusal> {
         let class = self.shared.classifier.classify(sql);
-        class
+        if let Some(refusal) = unknown_refusal(&class) {
+            return Err(refusal);
+        }
+        Ok(class
             .kind
             .is_checkpoint_traffic()
-            .then(|| Watch::new(class, None, false))
+            .then(|| Watch::new(class, None, false)))
     }
 
     fn sync(&mut self) -> Option<Refusal> {
@@ -349,6 +357,21 @@ impl Hooks for SessionEnforcer {
             self.ctx.application_name = String::from_utf8_lossy(value).into_owned();
         }
     }
+}
+
+/// Under `[enforce] unknown_saver = "refuse"`: the refusal of a
+/// checkpoint statement no profile recognizes.
+fn unknown_refusal(class: &Classified) -> Option<Refusal> {
+    let message = class.refusal.as_ref()?;
+    Some(Refusal {
+        sqlstate: crate::saver::unknown::REFUSAL_SQLSTATE,
+        message: message.clone(),
+        detail: class
+            .unenforced
+            .as_ref()
+            .map(|u| format!("legs off for it: {}", u.legs_off))
+            .unwrap_or_default(),
+    })
 }
 
 #[cfg(test)]

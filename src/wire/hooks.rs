@@ -79,7 +79,8 @@ pub trait Hooks {
     fn execute(&mut self, portal: Option<&Self::Portal>) -> Option<Self::Watch>;
     fn describe_statement(&mut self, statement: &Self::Statement) -> Option<Self::Watch>;
     fn describe_portal(&mut self, portal: Option<&Self::Portal>) -> Option<Self::Watch>;
-    fn query(&mut self, sql: &str) -> Option<Self::Watch>;
+    /// A simple Query's text: its watch, or why it is refused.
+    fn query(&mut self, sql: &str) -> Result<Option<Self::Watch>, Refusal>;
     /// A Sync: a refusal to raise before it.
     fn sync(&mut self) -> Option<Refusal>;
     /// A DataRow of a watched answer.

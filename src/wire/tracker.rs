@@ -340,13 +340,17 @@ impl<H: Hooks> Tracker<H> {
             }
             Err(e) => refusal = Some(unreadable(&e.0)),
         }
-        let (step, watch) = match refusal {
-            Some(r) => {
+        let watched = match refusal {
+            Some(r) => Err(r),
+            None => self.hooks.query(text),
+        };
+        let (step, watch) = match watched {
+            Ok(watch) => (ClientStep::Forward, watch),
+            Err(r) => {
                 commands.clear();
                 let bytes = raising_query(r.sqlstate, &r.message, &r.detail);
                 (ClientStep::Replace(bytes), None)
             }
-            None => (ClientStep::Forward, self.hooks.query(text)),
         };
         let change = Change::Answer {
             watch,

@@ -786,3 +786,66 @@ fn a_refused_claim_replaces_the_row_and_swallows_the_rest_of_its_answer() {
     assert!(ops.contains(&Operation::ClaimRefused), "{ops:?}");
     assert!(st.is_idle());
 }
+
+/// A session whose classifier refuses checkpoint statements no profile
+/// recognizes (`[enforce] unknown_saver = "refuse"`).
+fn refusing_state() -> SessionState {
+    use crate::saver::unknown::UnknownSaverPolicy;
+    let classifier = Classifier::new(vec![SaverProfile::langgraph_python()])
+        .with_unknown_policy(UnknownSaverPolicy::Refuse);
+    SessionState::new(
+        Arc::new(classifier),
+        Legs::default(),
+        SessionContext::default(),
+    )
+}
+
+#[test]
+fn an_unknown_checkpoint_statement_is_refused_under_refuse() {
+    let mut st = refusing_state();
+    // Extended protocol: the server raises the refusal in place of the Bind.
+    client(
+        &mut st,
+        &[parse("u1", "UPDATE checkpoints SET metadata = '{}'")],
+    );
+    let injected = st
+        .on_client(&bind("u1", &[], &[], &[]))
+        .unwrap()
+        .expect("refused at Bind");
+    assert_eq!(
+        &injected[..1],
+        b"P",
+        "a raising statement replaces the Bind"
+    );
+    // Simple query: the whole text is replaced by a raising one.
+    let replaced = st
+        .on_client(&msg(
+            b'Q',
+            b"DELETE FROM checkpoints WHERE metadata ? 'x'\0",
+        ))
+        .unwrap()
+        .expect("refused");
+    assert_eq!(replaced[0], b'Q');
+    assert!(!String::from_utf8_lossy(&replaced).contains("DELETE FROM"));
+    // Recognized and ordinary traffic passes.
+    assert_eq!(st.on_client(&msg(b'Q', b"select 1\0")).unwrap(), None);
+    assert_eq!(st.on_client(&parse("w", WRITE_SQL)).unwrap(), None);
+}
+
+#[test]
+fn an_unknown_checkpoint_statement_passes_under_warn() {
+    let mut st = state();
+    client(
+        &mut st,
+        &[parse("u1", "UPDATE checkpoints SET metadata = '{}'")],
+    );
+    assert_eq!(st.on_client(&bind("u1", &[], &[], &[])).unwrap(), None);
+    assert_eq!(
+        st.on_client(&msg(
+            b'Q',
+            b"DELETE FROM checkpoints WHERE metadata ? 'x'\0"
+        ))
+        .unwrap(),
+        None
+    );
+}

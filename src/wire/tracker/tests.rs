@@ -52,8 +52,8 @@ impl Hooks for Marks {
     fn describe_portal(&mut self, _portal: Option<&()>) -> Option<()> {
         None
     }
-    fn query(&mut self, _sql: &str) -> Option<()> {
-        None
+    fn query(&mut self, _sql: &str) -> Result<Option<()>, Refusal> {
+        Ok(None)
     }
     fn sync(&mut self) -> Option<Refusal> {
         None
