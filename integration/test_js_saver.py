@@ -38,7 +38,7 @@ from test_consume_once import Racers
 HERE = Path(__file__).resolve().parent
 JS_DIR = HERE / "js"
 LG = JS_DIR / "lg.mjs"
-NODE = shutil.which("node")
+NODE = os.environ.get("RG_NODE") or shutil.which("node")   # RG_NODE: another node binary
 REFUSED, IN_USE, CHECK_VIOLATION = "55000", "55006", "23514"
 PROXY_ID = "js-A"
 TRUE_FINAL = {"items": ["prep", "gate:true", "after"], "approved": True}

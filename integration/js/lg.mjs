@@ -30,6 +30,7 @@
 // A resume result: {id, pid, thread, ok, values, interrupts, error: {code, name,
 // message} | null, t_go, t_start, t_end} (epoch seconds).
 
+import "./webcrypto.mjs";
 import fs from "node:fs";
 import path from "node:path";
 import { parseArgs } from "node:util";
