@@ -16,6 +16,7 @@ use crate::claims::evidence::{self, EvidenceTiming};
 use crate::claims::{ClaimStore, DEFAULT_RUN_LEASE_MS};
 use crate::policy::claims::WaitPolicy;
 use crate::policy::ChannelRules;
+use crate::saver::unknown::UnknownSaverPolicy;
 use crate::wire::claims_gate::ClaimsLeg;
 use crate::wire::proxy::{Legs, RelayConfig};
 use crate::wire::upstream::UpstreamAddr;
@@ -109,6 +110,10 @@ pub struct EnforceConfig {
     pub validity: bool,
     /// Consume-once: claim parked heads at the read.
     pub consume_once: bool,
+    /// Checkpoint-table traffic no saver profile recognizes: `warn`
+    /// forwards it (ERROR once per statement shape, counted), `refuse`
+    /// fails it.
+    pub unknown_saver: UnknownSaverPolicy,
 }
 
 impl Default for EnforceConfig {
@@ -117,6 +122,7 @@ impl Default for EnforceConfig {
             fork_filter: true,
             validity: true,
             consume_once: true,
+            unknown_saver: UnknownSaverPolicy::Warn,
         }
     }
 }
@@ -353,6 +359,16 @@ mod tests {
             seen += 1;
         }
         assert!(seen >= 2);
+    }
+
+    #[test]
+    fn unknown_saver_policy() {
+        let default = toml::from_str::<Config>("").unwrap();
+        assert_eq!(default.enforce.unknown_saver, UnknownSaverPolicy::Warn);
+        let refuse = toml::from_str::<Config>("[enforce]\nunknown_saver = \"refuse\"").unwrap();
+        assert_eq!(refuse.enforce.unknown_saver, UnknownSaverPolicy::Refuse);
+        let err = toml::from_str::<Config>("[enforce]\nunknown_saver = \"ignore\"").unwrap_err();
+        assert!(err.to_string().contains("ignore"), "{err}");
     }
 
     #[test]

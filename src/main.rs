@@ -18,7 +18,7 @@ use resumeguard::config::{upstream_addr, Config};
 use resumeguard::managed_pg::ManagedPostgres;
 use resumeguard::policy::ChannelRules;
 use resumeguard::saver::classify::Classifier;
-use resumeguard::saver::profile::{load_profiles, SaverProfile};
+use resumeguard::saver::profile::profiles_for;
 use resumeguard::wire::{listener, proxy::Proxy};
 
 #[derive(Parser)]
@@ -170,6 +170,7 @@ fn run() -> anyhow::Result<()> {
                 cfg.enforce.fork_filter = false;
                 cfg.enforce.validity = false;
                 cfg.enforce.consume_once = false;
+                cfg.enforce.unknown_saver = Default::default();
             }
             serve(cfg)
         }
@@ -205,7 +206,7 @@ fn run() -> anyhow::Result<()> {
             command: RulesCommand::Check { dir },
         } => {
             let dir = dir.unwrap_or_else(|| PathBuf::from("rules"));
-            let profiles = load_profiles(&dir)?;
+            let profiles = profiles_for(Some(&dir))?;
             for p in &profiles {
                 println!(
                     "profile {}: tables {}, {}, {}, {}{}",
@@ -219,6 +220,9 @@ fn run() -> anyhow::Result<()> {
                         .map(|s| format!(" (schema {s})"))
                         .unwrap_or_default()
                 );
+                for k in &p.rows.pending_writes {
+                    println!("  saver {}: pending_writes rows {:?}", k.saver, k.elements);
+                }
             }
             let rules = ChannelRules::load(&dir).map_err(|e| anyhow::anyhow!("{e}"))?;
             print!("{}", rules.describe());
@@ -252,10 +256,7 @@ fn load_config(path: Option<PathBuf>) -> anyhow::Result<Config> {
 }
 
 fn serve(cfg: Config) -> anyhow::Result<()> {
-    let profiles = match &cfg.rules_dir {
-        Some(dir) => load_profiles(dir)?,
-        None => vec![SaverProfile::langgraph_python()],
-    };
+    let profiles = profiles_for(cfg.rules_dir.as_deref())?;
     if let Some(parent) = cfg.audit_db().parent() {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
@@ -288,7 +289,7 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         let proxy = Arc::new(Proxy::new(
             cfg.relay(upstream.clone()),
             legs,
-            Arc::new(Classifier::new(profiles)),
+            Arc::new(Classifier::new(profiles).with_unknown_policy(cfg.enforce.unknown_saver)),
             audit.clone(),
             stop_rx,
         ));

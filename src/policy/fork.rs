@@ -48,7 +48,7 @@ mod tests {
             type_tag: "msgpack".into(),
             blob: None,
             task_path: String::new(),
-            idx: 0,
+            idx: None,
         }
     }
 

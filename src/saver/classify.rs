@@ -12,44 +12,20 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 use sqlparser::ast::{
-    visit_relations, BinaryOperator, Expr, FromTable, LimitClause, ObjectName, ObjectNamePart,
-    OnConflictAction, OnInsert, OrderByKind, OrderBySort, SelectItem, SetExpr, Statement,
-    TableFactor, TableObject, Value,
+    visit_relations, FromTable, OnConflictAction, OnInsert, SetExpr, Statement, TableFactor,
+    TableObject,
 };
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
+use super::decode_error::DecodeError;
 use super::profile::{SaverProfile, TableRole};
+use super::unknown::{Unenforced, UnknownLog, UnknownSaverPolicy, ALL_LEGS, READ_LEGS, WRITE_LEGS};
+use ast::{collect_equalities, name_parts, placeholder};
+pub use read::{ReadMode, ReadShape};
 
-/// How a checkpoint read picks its rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReadMode {
-    /// `ORDER BY checkpoint_id DESC LIMIT 1`: the head of a namespace.
-    Latest,
-    /// `checkpoint_id = $n`: an explicit checkpoint (a fork address).
-    ById,
-    /// Anything else: history listing.
-    List,
-}
-
-/// A checkpoint SELECT: which parameters address it and where the columns
-/// the proxy decodes sit in its result.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReadShape {
-    pub mode: ReadMode,
-    /// 0-based Bind parameter indexes of the `col = $n` predicates.
-    pub thread_param: Option<usize>,
-    pub ns_param: Option<usize>,
-    pub id_param: Option<usize>,
-    /// Output column names in order.
-    pub output: Vec<String>,
-}
-
-impl ReadShape {
-    pub fn column(&self, name: &str) -> Option<usize> {
-        self.output.iter().position(|c| c == name)
-    }
-}
+mod ast;
+mod read;
 
 /// An INSERT: the column each Bind parameter feeds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +43,9 @@ impl InsertShape {
     }
 }
 
+// Each kind lives once per SQL text, inside the cached `Arc<Classified>`,
+// so the size of the largest variant costs nothing per execution.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StatementKind {
     /// Not checkpoint traffic: forwarded without a second look.
@@ -86,8 +65,9 @@ pub enum StatementKind {
         thread_param: Option<usize>,
     },
     Migration,
-    /// Touches a checkpoint table in a shape the proxy does not know:
-    /// forwarded, and logged once.
+    /// Touches a checkpoint table in a shape the proxy does not know (why:
+    /// [`Classified::unenforced`]): logged once at ERROR, counted, and
+    /// forwarded or refused as `[enforce] unknown_saver` says.
     Unrecognized,
 }
 
@@ -112,11 +92,7 @@ impl StatementKind {
     pub fn label(&self) -> &'static str {
         match self {
             StatementKind::Other => "other",
-            StatementKind::Read(r) => match r.mode {
-                ReadMode::Latest => "read_latest",
-                ReadMode::ById => "read_by_id",
-                ReadMode::List => "read_list",
-            },
+            StatementKind::Read(r) => r.mode.label(),
             StatementKind::WritesRead => "writes_read",
             StatementKind::BlobUpsert(_) => "blob_upsert",
             StatementKind::CheckpointUpsert(_) => "checkpoint_upsert",
@@ -139,6 +115,52 @@ pub struct Classified {
     /// For a read by id: the same read returning the head checkpoint id
     /// as an extra last column (see `fork_rewrite`), computed once here.
     pub fork_sql: Option<String>,
+    /// For an unrecognized checkpoint statement: what it is and why it
+    /// cannot be enforced.
+    pub unenforced: Option<Unenforced>,
+    /// The error an unrecognized checkpoint statement fails with under
+    /// `[enforce] unknown_saver = "refuse"` (SQLSTATE
+    /// [`super::unknown::REFUSAL_SQLSTATE`]); `None` when it is forwarded.
+    pub refusal: Option<String>,
+}
+
+impl Classified {
+    fn new(kind: StatementKind, profile: Option<String>) -> Self {
+        Classified {
+            kind,
+            profile,
+            fork_sql: None,
+            unenforced: None,
+            refusal: None,
+        }
+    }
+
+    fn unrecognized(profile: &SaverProfile, what: Unenforced) -> Self {
+        Classified {
+            unenforced: Some(what),
+            ..Classified::new(StatementKind::Unrecognized, Some(profile.name.clone()))
+        }
+    }
+
+    /// Reports a row of this read that does not decode by its layout:
+    /// logged at ERROR once per defect, counted in `unknown_total`.
+    pub fn report_undecodable_row(&self, error: &DecodeError) {
+        let (statement, saver) = match &self.kind {
+            StatementKind::Read(r) => (r.mode.label(), r.saver.as_str()),
+            other => (other.label(), "unknown"),
+        };
+        let what = Unenforced {
+            statement: statement.to_owned(),
+            reason: format!(
+                "row not decodable by the {saver} layout: {}",
+                super::unknown::shape_of_error(error)
+            ),
+            legs_off: READ_LEGS,
+        };
+        let profile = self.profile.as_deref().unwrap_or("none");
+        // Rows are forwarded as they are: the read has already run.
+        UnknownLog::global().report(profile, &what, UnknownSaverPolicy::Warn);
+    }
 }
 
 /// Caps the cache so a client inventing SQL texts cannot grow it forever.
@@ -149,19 +171,28 @@ pub struct Classifier {
     profiles: Vec<SaverProfile>,
     cache: DashMap<String, Arc<Classified>>,
     other: Arc<Classified>,
+    unknown_policy: UnknownSaverPolicy,
 }
 
 impl Classifier {
+    /// A classifier that forwards unrecognized checkpoint statements.
     pub fn new(profiles: Vec<SaverProfile>) -> Self {
         Classifier {
             profiles,
             cache: DashMap::new(),
-            other: Arc::new(Classified {
-                kind: StatementKind::Other,
-                profile: None,
-                fork_sql: None,
-            }),
+            other: Arc::new(Classified::new(StatementKind::Other, None)),
+            unknown_policy: UnknownSaverPolicy::Warn,
         }
+    }
+
+    /// Sets what happens to unrecognized checkpoint statements.
+    pub fn with_unknown_policy(mut self, policy: UnknownSaverPolicy) -> Self {
+        self.unknown_policy = policy;
+        self
+    }
+
+    pub fn unknown_policy(&self) -> UnknownSaverPolicy {
+        self.unknown_policy
     }
 
     /// The shared result for ordinary traffic (no allocation).
@@ -178,19 +209,27 @@ impl Classifier {
         else {
             return self.other();
         };
-        if let Some(hit) = self.cache.get(sql) {
-            return Arc::clone(hit.value());
-        }
-        let result = Arc::new(self.classify_uncached(sql, profile));
-        if matches!(result.kind, StatementKind::Unrecognized) {
-            tracing::warn!(
-                profile = %profile.name,
-                sql = %sql.trim(),
-                "unrecognized statement on checkpoint tables: forwarded unchanged, not enforced"
-            );
-        }
-        if self.cache.len() < CACHE_LIMIT {
-            self.cache.insert(sql.to_owned(), Arc::clone(&result));
+        let result = match self.cache.get(sql) {
+            Some(hit) => Arc::clone(hit.value()),
+            None => {
+                let mut result = self.classify_uncached(sql, profile);
+                if let Some(what) = &result.unenforced {
+                    tracing::debug!(sql = %sql.trim(), statement = %what.statement, "unrecognized checkpoint statement");
+                    if self.unknown_policy == UnknownSaverPolicy::Refuse {
+                        result.refusal =
+                            Some(what.refusal_message(result.profile.as_deref().unwrap_or("none")));
+                    }
+                }
+                let result = Arc::new(result);
+                if self.cache.len() < CACHE_LIMIT {
+                    self.cache.insert(sql.to_owned(), Arc::clone(&result));
+                }
+                result
+            }
+        };
+        if let Some(what) = &result.unenforced {
+            let profile = result.profile.as_deref().unwrap_or("none");
+            UnknownLog::global().report(profile, what, self.unknown_policy);
         }
         result
     }
@@ -198,39 +237,46 @@ impl Classifier {
     fn classify_uncached(&self, sql: &str, first: &SaverProfile) -> Classified {
         // The prefilter picked the first profile that mentions a table name;
         // the parse decides which profile really owns the statement.
+        let whole = |reason: &str| Unenforced {
+            statement: "unparsed".into(),
+            reason: reason.into(),
+            legs_off: ALL_LEGS,
+        };
         let Ok(statements) = Parser::parse_sql(&PostgreSqlDialect {}, sql) else {
-            return Classified {
-                kind: StatementKind::Unrecognized,
-                profile: Some(first.name.clone()),
-                fork_sql: None,
-            };
+            return Classified::unrecognized(first, whole("the SQL does not parse"));
         };
         let [statement] = statements.as_slice() else {
-            return Classified {
-                kind: StatementKind::Unrecognized,
-                profile: Some(first.name.clone()),
-                fork_sql: None,
-            };
+            return Classified::unrecognized(first, whole("several statements in one text"));
         };
-        for profile in &self.profiles {
-            if let Some(kind) = shape_of(statement, profile) {
+        // Every profile that owns one of the statement's tables, best first:
+        // recognized before unrecognized, then the profile whose way of
+        // naming tables (qualified or not, its schema) the statement uses.
+        let mut candidates: Vec<(bool, bool, &SaverProfile, Shape)> = self
+            .profiles
+            .iter()
+            .filter_map(|p| {
+                let (shape, exact) = shape_of(statement, p)?;
+                Some((shape.is_ok(), exact, p, shape))
+            })
+            .collect();
+        candidates.sort_by_key(|(ok, exact, _, _)| (!ok, !exact));
+        let Some((_, _, profile, shape)) = candidates.into_iter().next() else {
+            return Classified::new(StatementKind::Other, None);
+        };
+        match shape {
+            Ok(kind) => {
                 let fork_sql = match &kind {
                     StatementKind::Read(r) if r.mode == ReadMode::ById => {
                         super::fork_rewrite::add_head_column(sql)
                     }
                     _ => None,
                 };
-                return Classified {
-                    kind,
-                    profile: Some(profile.name.clone()),
+                Classified {
                     fork_sql,
-                };
+                    ..Classified::new(kind, Some(profile.name.clone()))
+                }
             }
-        }
-        Classified {
-            kind: StatementKind::Other,
-            profile: None,
-            fork_sql: None,
+            Err(what) => Classified::unrecognized(profile, what),
         }
     }
 }
@@ -246,9 +292,20 @@ fn contains_ignore_case(hay: &str, needle: &str) -> bool {
         .any(|i| h[i].to_ascii_lowercase() == first && h[i..i + n.len()].eq_ignore_ascii_case(n))
 }
 
-/// The kind of one parsed statement under one profile, `None` when it
-/// touches none of the profile's tables.
-fn shape_of(statement: &Statement, profile: &SaverProfile) -> Option<StatementKind> {
+/// A statement's kind under one profile, or why it cannot be enforced.
+type Shape = Result<StatementKind, Unenforced>;
+
+/// The kind of one parsed statement under one profile, and whether its
+/// table names are written the profile's way; `None` when it touches none
+/// of the profile's tables.
+fn shape_of(statement: &Statement, profile: &SaverProfile) -> Option<(Shape, bool)> {
+    let unknown = |statement: String, reason: &str, legs_off| {
+        Err(Unenforced {
+            statement,
+            reason: reason.into(),
+            legs_off,
+        })
+    };
     match statement {
         Statement::Query(query) => {
             let SetExpr::Select(select) = query.body.as_ref() else {
@@ -260,68 +317,56 @@ fn shape_of(statement: &Statement, profile: &SaverProfile) -> Option<StatementKi
             let TableFactor::Table { name, .. } = &from.relation else {
                 return mentions(statement, profile);
             };
-            match profile.role_of(&name_parts(name))? {
-                TableRole::Checkpoints => {}
-                TableRole::Writes => return Some(StatementKind::WritesRead),
-                TableRole::Migrations => return Some(StatementKind::Migration),
-                TableRole::Blobs => return Some(StatementKind::Unrecognized),
-            }
-            let mut eqs = Vec::new();
-            if let Some(selection) = &select.selection {
-                collect_equalities(selection, &mut eqs);
-            }
-            let param = |col: &str| eqs.iter().find(|(c, _)| c == col).map(|(_, p)| *p);
-            let limit_one = matches!(
-                &query.limit_clause,
-                Some(LimitClause::LimitOffset { limit: Some(Expr::Value(v)), .. })
-                    if matches!(&v.value, Value::Number(n, _) if n == "1")
-            );
-            let ordered_desc = query.order_by.as_ref().is_some_and(|o| match &o.kind {
-                OrderByKind::Expressions(exprs) => exprs.first().is_some_and(|e| {
-                    column_name(&e.expr).as_deref() == Some("checkpoint_id")
-                        && matches!(e.options.sort, Some(OrderBySort::Desc))
-                }),
-                OrderByKind::All(_) => false,
-            });
-            let id_param = param("checkpoint_id");
-            let mode = if id_param.is_some() {
-                ReadMode::ById
-            } else if limit_one && ordered_desc {
-                ReadMode::Latest
-            } else {
-                ReadMode::List
+            let parts = name_parts(name);
+            let exact = profile.fits_exactly(&parts);
+            let shape = match profile.role_of(&parts)? {
+                TableRole::Checkpoints => match read::read_shape(query, select, profile) {
+                    Ok(shape) => Ok(StatementKind::Read(shape)),
+                    Err((mode, reason)) => unknown(mode.label().into(), &reason, READ_LEGS),
+                },
+                TableRole::Writes => Ok(StatementKind::WritesRead),
+                TableRole::Migrations => Ok(StatementKind::Migration),
+                TableRole::Blobs => unknown(
+                    format!("select from {name}"),
+                    "blobs are read only inside the checkpoint read",
+                    ALL_LEGS,
+                ),
             };
-            let output = select.projection.iter().map(output_name).collect();
-            Some(StatementKind::Read(ReadShape {
-                mode,
-                thread_param: param("thread_id"),
-                ns_param: param("checkpoint_ns"),
-                id_param,
-                output,
-            }))
+            Some((shape, exact))
         }
         Statement::Insert(insert) => {
             let TableObject::TableName(name) = &insert.table else {
                 return mentions(statement, profile);
             };
-            let role = profile.role_of(&name_parts(name))?;
+            let parts = name_parts(name);
+            let role = profile.role_of(&parts)?;
             let shape = insert_shape(insert);
             let conflict = match &insert.on {
                 Some(OnInsert::OnConflict(c)) => Some(&c.action),
                 _ => None,
             };
-            Some(match (role, shape, conflict) {
-                (TableRole::Migrations, _, _) => StatementKind::Migration,
-                (TableRole::Blobs, Some(s), _) => StatementKind::BlobUpsert(s),
-                (TableRole::Checkpoints, Some(s), _) => StatementKind::CheckpointUpsert(s),
+            let shape = match (role, shape, conflict) {
+                (TableRole::Migrations, _, _) => Ok(StatementKind::Migration),
+                (TableRole::Blobs, Some(s), _) => Ok(StatementKind::BlobUpsert(s)),
+                (TableRole::Checkpoints, Some(s), _) => Ok(StatementKind::CheckpointUpsert(s)),
                 (TableRole::Writes, Some(s), Some(OnConflictAction::DoUpdate(_))) => {
-                    StatementKind::WritesUpsert(s)
+                    Ok(StatementKind::WritesUpsert(s))
                 }
                 (TableRole::Writes, Some(s), Some(OnConflictAction::DoNothing)) => {
-                    StatementKind::WritesInsertIgnore(s)
+                    Ok(StatementKind::WritesInsertIgnore(s))
                 }
-                _ => StatementKind::Unrecognized,
-            })
+                (_, None, _) => unknown(
+                    format!("insert into {name}"),
+                    "not one VALUES row of $n parameters",
+                    WRITE_LEGS,
+                ),
+                (_, Some(_), _) => unknown(
+                    format!("insert into {name}"),
+                    "pending writes are inserted with ON CONFLICT DO UPDATE or DO NOTHING",
+                    WRITE_LEGS,
+                ),
+            };
+            Some((shape, profile.fits_exactly(&parts)))
         }
         Statement::Delete(delete) => {
             let tables = match &delete.from {
@@ -333,22 +378,29 @@ fn shape_of(statement: &Statement, profile: &SaverProfile) -> Option<StatementKi
             let TableFactor::Table { name, .. } = &from.relation else {
                 return mentions(statement, profile);
             };
-            let table = profile.role_of(&name_parts(name))?;
+            let parts = name_parts(name);
+            let table = profile.role_of(&parts)?;
             let mut eqs = Vec::new();
             if let Some(selection) = &delete.selection {
                 collect_equalities(selection, &mut eqs);
             }
-            let only_thread = eqs.len() == 1 && eqs[0].0 == "thread_id";
-            if table == TableRole::Migrations || !only_thread {
-                return Some(StatementKind::Unrecognized);
-            }
-            Some(StatementKind::DeleteThread {
-                table,
-                thread_param: Some(eqs[0].1),
-            })
+            let shape = match eqs.as_slice() {
+                [(column, param)] if column == "thread_id" && table != TableRole::Migrations => {
+                    Ok(StatementKind::DeleteThread {
+                        table,
+                        thread_param: Some(*param),
+                    })
+                }
+                _ => unknown(
+                    format!("delete from {name}"),
+                    "deletes are by thread_id alone",
+                    ALL_LEGS,
+                ),
+            };
+            Some((shape, profile.fits_exactly(&parts)))
         }
         Statement::CreateTable(_) | Statement::CreateIndex(_) | Statement::AlterTable(_) => {
-            mentions(statement, profile).map(|_| StatementKind::Migration)
+            mentions(statement, profile).map(|(_, exact)| (Ok(StatementKind::Migration), exact))
         }
         _ => mentions(statement, profile),
     }
@@ -357,80 +409,28 @@ fn shape_of(statement: &Statement, profile: &SaverProfile) -> Option<StatementKi
 /// Fallback for shapes the proxy does not model: a statement that names a
 /// table of the profile anywhere (subqueries, CTEs, joins) is unrecognized
 /// checkpoint traffic; a mention inside a string literal is not.
-fn mentions(statement: &Statement, profile: &SaverProfile) -> Option<StatementKind> {
-    let mut found = false;
+fn mentions(statement: &Statement, profile: &SaverProfile) -> Option<(Shape, bool)> {
+    let mut found: Option<bool> = None;
     let _ = visit_relations(statement, |name| {
-        found |= profile.role_of(&name_parts(name)).is_some();
+        let parts = name_parts(name);
+        if profile.role_of(&parts).is_some() {
+            found = Some(found.unwrap_or(false) || profile.fits_exactly(&parts));
+        }
         ControlFlow::<()>::Continue(())
     });
-    found.then_some(StatementKind::Unrecognized)
-}
-
-fn name_parts(name: &ObjectName) -> Vec<(String, bool)> {
-    name.0
-        .iter()
-        .map(|part| match part {
-            ObjectNamePart::Identifier(id) => (id.value.clone(), id.quote_style.is_some()),
-            other => (other.to_string(), false),
-        })
-        .collect()
-}
-
-/// The bare column name of `col`, `alias.col` or `"col"`.
-fn column_name(expr: &Expr) -> Option<String> {
-    match expr {
-        Expr::Identifier(id) => Some(id.value.to_ascii_lowercase()),
-        Expr::CompoundIdentifier(parts) => parts.last().map(|p| p.value.to_ascii_lowercase()),
-        Expr::Nested(inner) => column_name(inner),
-        _ => None,
-    }
-}
-
-/// The 0-based parameter index of `$n`.
-fn placeholder(expr: &Expr) -> Option<usize> {
-    match expr {
-        Expr::Value(v) => match &v.value {
-            Value::Placeholder(p) => p.strip_prefix('$')?.parse::<usize>().ok()?.checked_sub(1),
-            _ => None,
-        },
-        Expr::Cast { expr, .. } | Expr::Nested(expr) => placeholder(expr),
-        _ => None,
-    }
-}
-
-/// `col = $n` predicates joined by AND (either operand order).
-fn collect_equalities(expr: &Expr, out: &mut Vec<(String, usize)>) {
-    match expr {
-        Expr::BinaryOp {
-            left,
-            op: BinaryOperator::And,
-            right,
-        } => {
-            collect_equalities(left, out);
-            collect_equalities(right, out);
-        }
-        Expr::BinaryOp {
-            left,
-            op: BinaryOperator::Eq,
-            right,
-        } => {
-            let pair = match (column_name(left), placeholder(right)) {
-                (Some(c), Some(p)) => Some((c, p)),
-                _ => column_name(right).zip(placeholder(left)),
-            };
-            out.extend(pair);
-        }
-        Expr::Nested(inner) => collect_equalities(inner, out),
-        _ => {}
-    }
-}
-
-fn output_name(item: &SelectItem) -> String {
-    match item {
-        SelectItem::ExprWithAlias { alias, .. } => alias.value.to_ascii_lowercase(),
-        SelectItem::UnnamedExpr(e) => column_name(e).unwrap_or_default(),
-        _ => String::new(),
-    }
+    let exact = found?;
+    let verb = statement
+        .to_string()
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let what = Unenforced {
+        statement: verb,
+        reason: "not a statement shape of the saver".into(),
+        legs_off: ALL_LEGS,
+    };
+    Some((Err(what), exact))
 }
 
 fn insert_shape(insert: &sqlparser::ast::Insert) -> Option<InsertShape> {
@@ -461,5 +461,10 @@ fn insert_shape(insert: &sqlparser::ast::Insert) -> Option<InsertShape> {
     Some(InsertShape { columns })
 }
 
+// The savers' statements, shared by the saver layer's tests.
+#[cfg(test)]
+pub(crate) mod other_savers_sql;
+#[cfg(test)]
+pub(crate) mod saver_sql;
 #[cfg(test)]
 mod tests;

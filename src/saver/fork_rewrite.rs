@@ -58,11 +58,17 @@ mod tests {
     use crate::saver::classify::{Classifier, ReadMode, StatementKind};
     use crate::saver::profile::SaverProfile;
 
-    const READ_BY_ID: &str = "select thread_id, checkpoint, checkpoint_ns, checkpoint_id, parent_checkpoint_id, metadata, (select array_agg(array[cw.task_id::text::bytea, cw.channel::bytea]) from checkpoint_writes cw where cw.thread_id = checkpoints.thread_id and cw.checkpoint_id = checkpoints.checkpoint_id) as pending_writes from checkpoints WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3";
+    /// The Python saver's read by id, verbatim.
+    fn read_by_id() -> String {
+        format!(
+            "{}WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3",
+            crate::saver::classify::saver_sql::SELECT_SQL
+        )
+    }
 
     #[test]
     fn appends_the_head_as_last_column_and_keeps_the_read() {
-        let sql = add_head_column(READ_BY_ID).unwrap();
+        let sql = add_head_column(&read_by_id()).unwrap();
         assert!(
             sql.contains("max(rg_h.checkpoint_id) FROM checkpoints AS rg_h"),
             "{sql}"

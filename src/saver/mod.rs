@@ -1,14 +1,17 @@
 //! Checkpoint-saver traffic: recognition and decoding.
 
 pub mod bind;
+pub mod bytea;
 pub mod checkpoint_row;
 pub mod classify;
 pub mod data_row;
 pub mod decode_error;
 pub mod fork_rewrite;
+pub mod layout;
 pub mod msgpack;
 pub mod pending_tasks;
 pub mod pg_array;
 pub mod profile;
+pub mod unknown;
 pub mod value;
 pub mod write_record;

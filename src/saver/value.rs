@@ -8,6 +8,7 @@
 
 use bytes::Bytes;
 
+use super::bytea::decode_bytea_text;
 use super::decode_error::DecodeError;
 use super::pg_array::ByteaArray;
 
@@ -103,42 +104,6 @@ pub fn decode_value(
             ByteaArray::decode_text(&utf8(raw, "bytea[] text")?).map(Value::Array)
         }
     }
-}
-
-/// Decodes bytea text output: hex (`\x6869`) or the older escape format
-/// (`hi\000\\`), as chosen by the server's `bytea_output`.
-pub fn decode_bytea_text(raw: &[u8]) -> Result<Bytes, DecodeError> {
-    if let Some(hex_digits) = raw.strip_prefix(b"\\x") {
-        return hex::decode(hex_digits)
-            .map(Bytes::from)
-            .map_err(|e| DecodeError::Bytea(format!("bad hex: {e}")));
-    }
-    let mut out = Vec::with_capacity(raw.len());
-    let mut rest = raw;
-    while let Some((&b, tail)) = rest.split_first() {
-        if b != b'\\' {
-            out.push(b);
-            rest = tail;
-            continue;
-        }
-        match tail {
-            [b'\\', more @ ..] => {
-                out.push(b'\\');
-                rest = more;
-            }
-            [a @ b'0'..=b'3', o @ b'0'..=b'7', c @ b'0'..=b'7', more @ ..] => {
-                out.push(((a - b'0') << 6) | ((o - b'0') << 3) | (c - b'0'));
-                rest = more;
-            }
-            _ => {
-                return Err(DecodeError::Bytea(format!(
-                    "invalid escape at byte {}",
-                    raw.len() - rest.len()
-                )))
-            }
-        }
-    }
-    Ok(Bytes::from(out))
 }
 
 /// Decodes a binary integer; the width (2, 4 or 8 bytes) says which type.

@@ -11,7 +11,6 @@ use crate::claims::evidence::Evidence;
 use crate::claims::{interrupt_fingerprint, ClaimKey};
 use crate::policy::fork::{fork_filter, ForkVerdict};
 use crate::saver::checkpoint_row::PendingWrite;
-use crate::saver::pg_array::ByteaArray;
 use crate::saver::profile::TableRole;
 
 use crate::audit::{AuditEvent, BlobDigest, Operation, SessionContext};
@@ -85,7 +84,7 @@ impl Watch {
         let StatementKind::Read(shape) = &self.class.kind else {
             return None;
         };
-        let layout = layout_of(shape)?;
+        let layout = shape.layout;
         let bound = self.bound.clone();
         let all_formats = bound
             .as_ref()
@@ -95,7 +94,7 @@ impl Watch {
             Ok(f) => f,
             Err(e) => {
                 self.row_errors += 1;
-                tracing::warn!(error = %e, "checkpoint row not decodable; forwarded unchanged");
+                self.class.report_undecodable_row(&e);
                 return None;
             }
         };
@@ -115,7 +114,7 @@ impl Watch {
             Ok(row) => row,
             Err(e) => {
                 self.row_errors += 1;
-                tracing::warn!(error = %e, "checkpoint row not decodable");
+                self.class.report_undecodable_row(&e);
                 return head.map(|_| row_rewrite::data_row(fields));
             }
         };
@@ -166,7 +165,7 @@ impl Watch {
                 let encoded: Option<Vec<u8>> = if kept.is_empty() {
                     None
                 } else {
-                    let array = pending_writes_array(&kept);
+                    let array = layout.write_rows.encode(&kept);
                     Some(if format == 1 {
                         array.encode_binary()
                     } else {
@@ -419,39 +418,6 @@ impl Watch {
 
 /// The task id LangGraph uses for a run-level `__resume__` write.
 pub const NULL_TASK: &str = "00000000-0000-0000-0000-000000000000";
-
-/// Where the decoded columns sit in a read's result; `None` when the read
-/// does not return the columns the proxy decodes.
-fn layout_of(shape: &ReadShape) -> Option<RowLayout> {
-    Some(RowLayout {
-        thread_id: shape.column("thread_id")?,
-        checkpoint: shape.column("checkpoint")?,
-        checkpoint_ns: shape.column("checkpoint_ns")?,
-        checkpoint_id: shape.column("checkpoint_id")?,
-        parent_checkpoint_id: shape.column("parent_checkpoint_id")?,
-        metadata: shape.column("metadata")?,
-        channel_values: shape.column("channel_values")?,
-        pending_writes: shape.column("pending_writes")?,
-    })
-}
-
-/// Pending writes in the saver's array layout: rows of [task_id, channel,
-/// type, blob, task_path, idx as decimal text].
-fn pending_writes_array(writes: &[&PendingWrite]) -> ByteaArray {
-    let mut elements = Vec::with_capacity(writes.len() * 6);
-    for w in writes {
-        elements.push(Some(Bytes::copy_from_slice(w.task_id.as_bytes())));
-        elements.push(Some(Bytes::copy_from_slice(w.channel.as_bytes())));
-        elements.push(Some(Bytes::copy_from_slice(w.type_tag.as_bytes())));
-        elements.push(w.blob.clone());
-        elements.push(Some(Bytes::copy_from_slice(w.task_path.as_bytes())));
-        elements.push(Some(Bytes::from(w.idx.to_string())));
-    }
-    ByteaArray {
-        dims: vec![writes.len(), 6],
-        elements,
-    }
-}
 
 /// Channel names stored inline in a checkpoint's `channel_values`.
 fn inline_channels(checkpoint_json: &str) -> Vec<String> {

@@ -1,11 +1,11 @@
-//! Classification of every statement the LangGraph savers send (verbatim
-//! from the wire notes), plus the JS saver's shapes.
+//! Classification of every statement the LangGraph savers send: Python
+//! 3.x (verbatim from the wire notes), Python 2.0.x and JS 1.0.x.
 
 use super::*;
+use crate::saver::layout::{ChannelValuesLayout, PendingWritesLayout};
 
-#[path = "saver_sql.rs"]
-mod saver_sql;
-use saver_sql::*;
+use super::other_savers_sql::*;
+use super::saver_sql::*;
 
 fn classifier() -> Classifier {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules");
@@ -45,6 +45,11 @@ fn read_latest() {
         ]
     );
     assert_eq!(r.column("pending_writes"), Some(7));
+    assert_eq!(
+        r.layout,
+        crate::saver::checkpoint_row::RowLayout::SAVER_SELECT
+    );
+    assert_eq!(r.saver, "3.x");
 }
 
 #[test]
@@ -177,38 +182,237 @@ fn results_are_cached_by_text() {
     let a = c.classify(UPSERT_BLOBS);
     let b = c.classify(UPSERT_BLOBS);
     assert!(Arc::ptr_eq(&a, &b));
-    assert_eq!(a.profile.as_deref(), Some("langgraph-js"));
+    // Unqualified names are the Python saver's way; qualified, the JS one's.
+    assert_eq!(a.profile.as_deref(), Some("langgraph-python"));
+    assert_eq!(
+        c.classify(JS_UPSERT_BLOBS).profile.as_deref(),
+        Some("langgraph-js")
+    );
+}
+
+/// The classification of `sql` by the shipped profiles, as a read.
+fn read_of(sql: &str) -> (ReadShape, Arc<Classified>) {
+    let class = classifier().classify(sql);
+    match &class.kind {
+        StatementKind::Read(r) => (r.clone(), Arc::clone(&class)),
+        other => panic!("not a read: {other:?} ({:?})", class.unenforced),
+    }
 }
 
 #[test]
-fn js_saver_shapes_are_the_same_code_path() {
-    // Schema-qualified, quoted names and a `cp` alias on the read; an
-    // 8-parameter write without task_path.
-    let r = match kind(
-        "SELECT cp.thread_id, cp.checkpoint, cp.checkpoint_ns, cp.checkpoint_id, \
-         cp.parent_checkpoint_id, cp.metadata FROM \"public\".\"checkpoints\" cp \
-         WHERE cp.thread_id = $1 AND cp.checkpoint_ns = $2 ORDER BY cp.checkpoint_id DESC LIMIT 1",
-    ) {
-        StatementKind::Read(r) => r,
-        other => panic!("{other:?}"),
-    };
+fn python_2_reads_pick_the_four_element_layout() {
+    for (tail, mode) in [
+        (
+            "WHERE thread_id = $1 AND checkpoint_ns = $2 ORDER BY checkpoint_id DESC LIMIT 1",
+            ReadMode::Latest,
+        ),
+        (
+            "WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3",
+            ReadMode::ById,
+        ),
+        (
+            "WHERE thread_id = $1  AND checkpoint_ns = $2 ORDER BY checkpoint_id DESC",
+            ReadMode::List,
+        ),
+    ] {
+        let (r, class) = read_of(&format!("{PY2_SELECT_SQL}{tail}"));
+        assert_eq!(r.mode, mode, "{tail}");
+        assert_eq!(class.profile.as_deref(), Some("langgraph-python"));
+        assert_eq!(r.saver, "2.0.x");
+        assert_eq!(r.layout.write_rows, PendingWritesLayout::FOUR);
+        assert_eq!(r.layout.value_rows, ChannelValuesLayout::STANDARD);
+        assert_eq!((r.layout.channel_values, r.layout.pending_writes), (6, 7));
+        assert_eq!(class.fork_sql.is_some(), mode == ReadMode::ById);
+    }
+    // The same table names, six elements: the 3.x layout.
+    let (r, _) = read_of(&format!(
+        "{SELECT_SQL}WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3"
+    ));
+    assert_eq!(
+        (r.saver.as_str(), r.layout.write_rows),
+        ("3.x", PendingWritesLayout::PYTHON_3)
+    );
+}
+
+#[test]
+fn js_reads_are_recognized_with_their_layout_and_fork_rewrite() {
+    let (r, class) = read_of(&format!("{JS_SELECT_SQL}{JS_LATEST_TAIL}"));
     assert_eq!(r.mode, ReadMode::Latest);
-    assert_eq!(r.column("parent_checkpoint_id"), Some(4));
-    let StatementKind::WritesInsertIgnore(s) = kind(
-        "INSERT INTO \"public\".\"checkpoint_writes\" (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO NOTHING",
-    ) else {
+    assert_eq!(class.profile.as_deref(), Some("langgraph-js"));
+    assert_eq!(r.saver, "1.0.x");
+    assert_eq!(r.layout.write_rows, PendingWritesLayout::FOUR);
+    assert_eq!(
+        (r.thread_param, r.ns_param, r.id_param),
+        (Some(0), Some(1), None)
+    );
+
+    let (r, class) = read_of(&format!("{JS_SELECT_SQL}{JS_BY_ID_TAIL}"));
+    assert_eq!((r.mode, r.id_param), (ReadMode::ById, Some(2)));
+    let fork_sql = class
+        .fork_sql
+        .as_deref()
+        .expect("a JS read by id has a fork rewrite");
+    assert!(
+        fork_sql.contains("rg_h.thread_id = cp.thread_id"),
+        "{fork_sql}"
+    );
+    // The rewrite is still the same read, the head column last.
+    let (rewritten, _) = read_of(fork_sql);
+    assert_eq!(rewritten.layout, r.layout);
+    assert_eq!(
+        rewritten.output.last().map(String::as_str),
+        Some(crate::saver::fork_rewrite::HEAD_COLUMN)
+    );
+}
+
+#[test]
+fn js_in_a_custom_schema_is_the_js_profile() {
+    let sql = format!("{JS_SELECT_SQL}{JS_LATEST_TAIL}").replace("\"public\"", "\"custom_schema\"");
+    let (r, class) = read_of(&sql);
+    assert_eq!(class.profile.as_deref(), Some("langgraph-js"));
+    assert_eq!(r.layout.write_rows, PendingWritesLayout::FOUR);
+    let write = classifier().classify(&JS_INSERT_WRITES.replace("\"public\"", "\"custom_schema\""));
+    assert!(matches!(write.kind, StatementKind::WritesInsertIgnore(_)));
+    assert_eq!(write.profile.as_deref(), Some("langgraph-js"));
+}
+
+#[test]
+fn js_writes_deletes_sends_and_setup() {
+    let c = classifier();
+    let kind = |sql: &str| {
+        let class = c.classify(sql);
+        assert_eq!(class.unenforced, None, "{sql}");
+        class.kind.clone()
+    };
+    let StatementKind::BlobUpsert(s) = kind(JS_UPSERT_BLOBS) else {
         panic!()
     };
-    assert_eq!(s.param_of("blob"), Some(7));
-    assert_eq!(s.param_of("task_path"), None);
-    // Another schema is not this saver's table.
+    assert_eq!(s.param_of("blob"), Some(5));
+    let StatementKind::CheckpointUpsert(s) = kind(JS_UPSERT_CHECKPOINT) else {
+        panic!()
+    };
+    assert_eq!(s.param_of("metadata"), Some(5));
+    for sql in [JS_UPSERT_WRITES, JS_INSERT_WRITES] {
+        let (StatementKind::WritesUpsert(s) | StatementKind::WritesInsertIgnore(s)) = kind(sql)
+        else {
+            panic!("{sql}")
+        };
+        assert_eq!(
+            (
+                s.param_of("idx"),
+                s.param_of("blob"),
+                s.param_of("task_path")
+            ),
+            (Some(4), Some(7), None)
+        );
+    }
+    assert_eq!(kind(JS_PENDING_SENDS), StatementKind::WritesRead);
     assert_eq!(
-        kind("DELETE FROM other.checkpoints WHERE thread_id = $1"),
+        kind(r#"DELETE FROM "public".checkpoint_writes WHERE thread_id = $1"#),
         StatementKind::DeleteThread {
-            table: TableRole::Checkpoints,
+            table: TableRole::Writes,
             thread_param: Some(0)
-        },
-        "the python profile has no schema, so any schema matches it"
+        }
     );
+    assert_eq!(kind(JS_SETUP[0]), StatementKind::Other);
+    for sql in &JS_SETUP[1..] {
+        assert_eq!(kind(sql), StatementKind::Migration, "{sql}");
+    }
+}
+
+#[test]
+fn an_undeclared_pending_writes_layout_is_unrecognized_and_says_why() {
+    // Five elements: no profile declares that row.
+    let sql = format!(
+        "{}WHERE thread_id = $1 AND checkpoint_ns = $2 ORDER BY checkpoint_id DESC LIMIT 1",
+        SELECT_SQL.replace(", cw.idx::text::bytea]", "]")
+    );
+    let class = classifier().classify(&sql);
+    assert_eq!(class.kind, StatementKind::Unrecognized);
+    assert_eq!(class.profile.as_deref(), Some("langgraph-python"));
+    let what = class.unenforced.as_ref().unwrap();
+    assert_eq!(what.statement, "read_latest");
+    assert_eq!(what.legs_off, crate::saver::unknown::READ_LEGS);
+    assert!(
+        what.reason.starts_with(
+            "pending_writes rows are [task_id, channel, type, blob, task_path]; the profile knows \
+             [task_id, channel, type, blob, task_path, idx] (3.x), [task_id, channel, type, blob] (2.0.x)"
+        ),
+        "{}",
+        what.reason
+    );
+    assert_eq!(class.refusal, None, "warn forwards it");
+}
+
+#[test]
+fn a_read_without_the_decoded_columns_is_unrecognized() {
+    let class = classifier().classify(
+        "SELECT cp.thread_id, cp.checkpoint FROM \"public\".checkpoints cp \
+         WHERE cp.thread_id = $1 ORDER BY cp.checkpoint_id DESC LIMIT 1",
+    );
+    assert_eq!(class.kind, StatementKind::Unrecognized);
+    let what = class.unenforced.as_ref().unwrap();
+    assert_eq!(what.statement, "read_latest");
+    assert_eq!(what.reason, "the read does not return checkpoint_ns");
+}
+
+#[test]
+fn element_order_is_read_off_the_sql() {
+    // A profile declaring writes as [channel, task_id, blob, type]: the
+    // positions come from the declaration the SQL matched.
+    let text = include_str!("../../../rules/langgraph-python.toml").replace(
+        "{ saver = \"2.0.x\", elements = [\"task_id\", \"channel\", \"type\", \"blob\"] }",
+        "{ saver = \"swapped\", elements = [\"channel\", \"task_id\", \"blob\", \"type\"] }",
+    );
+    let profile = SaverProfile::from_toml(&text).unwrap();
+    let c = Classifier::new(vec![profile]);
+    let swapped = PY2_SELECT_SQL.replace(
+        "array[cw.task_id::text::bytea, cw.channel::bytea, cw.type::bytea, cw.blob]",
+        "array[cw.channel::bytea, cw.task_id::text::bytea, cw.blob, cw.type::bytea]",
+    );
+    let StatementKind::Read(r) = &c.classify(&format!("{swapped}WHERE thread_id = $1")).kind else {
+        panic!()
+    };
+    assert_eq!(r.saver, "swapped");
+    let w = r.layout.write_rows;
+    assert_eq!(
+        (w.width, w.channel, w.task_id, w.blob, w.type_tag),
+        (4, 0, 1, 2, 3)
+    );
+    // The 2.0.x order is no longer declared there.
+    let class = c.classify(&format!("{PY2_SELECT_SQL}WHERE thread_id = $1"));
+    assert_eq!(class.kind, StatementKind::Unrecognized);
+}
+
+#[test]
+fn refuse_policy_puts_the_refusal_in_the_classification() {
+    let c =
+        Classifier::new(SaverProfile::built_in()).with_unknown_policy(UnknownSaverPolicy::Refuse);
+    let class = c.classify("UPDATE checkpoints SET metadata = '{}'");
+    assert_eq!(class.kind, StatementKind::Unrecognized);
+    let refusal = class.refusal.as_deref().expect("refused");
+    assert!(
+        refusal.contains("update") && refusal.contains("profile langgraph-python"),
+        "{refusal}"
+    );
+    // Recognized and ordinary traffic is never refused.
+    assert_eq!(c.classify(UPSERT_BLOBS).refusal, None);
+    assert_eq!(c.classify("SELECT 1").refusal, None);
+}
+
+#[test]
+fn unrecognized_statements_and_rows_are_counted_every_time() {
+    let c = classifier();
+    let sql = "TRUNCATE checkpoint_blobs";
+    let before = crate::saver::unknown::unknown_total();
+    let class = c.classify(sql);
+    c.classify(sql); // cached, counted again
+    c.classify(UPSERT_BLOBS); // recognized: not counted
+    let (_, read) = read_of(&format!("{SELECT_SQL}WHERE thread_id = $1"));
+    read.report_undecodable_row(&crate::saver::decode_error::DecodeError::UnexpectedNull {
+        what: "thread_id",
+    });
+    // Other tests count concurrently: these three are in it.
+    assert!(crate::saver::unknown::unknown_total() >= before + 3);
+    assert_eq!(class.unenforced.as_ref().unwrap().statement, "truncate");
 }

@@ -7,7 +7,7 @@ use crate::saver::pg_array::ByteaArray;
 use crate::saver::profile::SaverProfile;
 
 const WRITE_SQL: &str = "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET channel = EXCLUDED.channel, type = EXCLUDED.type, blob = EXCLUDED.blob";
-const READ_SQL: &str = "select thread_id, checkpoint, checkpoint_ns, checkpoint_id, parent_checkpoint_id, metadata, channel_values, pending_writes from checkpoints WHERE thread_id = $1 AND checkpoint_ns = $2 ORDER BY checkpoint_id DESC LIMIT 1";
+const READ_SQL: &str = "select thread_id, checkpoint, checkpoint_ns, checkpoint_id, parent_checkpoint_id, metadata, (select array_agg(array[bl.channel::bytea, bl.type::bytea, bl.blob]) from checkpoint_blobs bl) as channel_values, (select array_agg(array[cw.task_id::text::bytea, cw.channel::bytea, cw.type::bytea, cw.blob, convert_to(cw.task_path, 'UTF8'), cw.idx::text::bytea]) from checkpoint_writes cw) as pending_writes from checkpoints WHERE thread_id = $1 AND checkpoint_ns = $2 ORDER BY checkpoint_id DESC LIMIT 1";
 
 fn state() -> SessionState {
     let classifier = Arc::new(Classifier::new(vec![SaverProfile::langgraph_python()]));
