@@ -10,9 +10,6 @@ and reads pending sends with a separate statement; the scenarios are the suite's
   Stock: every racer fires (N at 300 ms). Proxy: one fire, the losers refused 55000.
 * fork: ``lg_enforce.fork_scenario``: park at C, resume True, resume at C's
   checkpoint_id with False. Stock: served A's True. Proxy: its own False.
-
-Proxy-side cells the proxy does not pass yet are ``xfail(strict=True)``
-(NEEDS_SAVERS): each turns into a failure the moment it passes and its mark must go.
 """
 
 from __future__ import annotations
@@ -29,6 +26,7 @@ import pytest
 
 from conftest import REPO, run_audit_cli
 from test_consume_once import Racers
+from test_js_saver import Tally, record
 
 HERE = Path(__file__).resolve().parent
 LG2_PYTHON = Path(os.environ.get("RG_LG2_PYTHON", REPO / ".venv-lg2" / "bin" / "python"))
@@ -37,19 +35,11 @@ PROXY_ID = "py2-A"
 TRUE_FINAL = {"items": ["prep", "gate:True", "after"], "approved": True}
 FALSE_FINAL = {"items": ["prep", "gate:False", "after"], "approved": False}
 
-NEEDS_SAVERS = pytest.mark.xfail(
-    strict=True, reason="the proxy does not yet recognize the 2.0.x saver's checkpoint "
-    "read (4-element pending writes, separate pending-sends read) (branch `savers`)")
-
 # (n, gates_ms); RG_PY2_N / RG_PY2_GATES / RG_PY2_REPS / RG_PY2_SAVERS widen it
 RACE_CELLS = [(int(n), tuple(int(g) for g in os.environ.get("RG_PY2_GATES", "0,300").split(",")))
               for n in os.environ.get("RG_PY2_N", "4").split(",")]
 RACE_REPS = int(os.environ.get("RG_PY2_REPS", "1"))
 SAVERS = tuple(os.environ.get("RG_PY2_SAVERS", "conn").split(","))
-
-
-def via_params() -> list:
-    return ["direct", pytest.param("proxy", marks=NEEDS_SAVERS)]
 
 
 def lg2(*argv: str, timeout: float = 120.0) -> str:
@@ -123,8 +113,8 @@ def ops(evs: list[dict], name: str) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- race
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("via", via_params())
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("via", ["direct", "proxy"])
 @pytest.mark.parametrize("saver", SAVERS)
 @pytest.mark.parametrize("cell", RACE_CELLS, ids=lambda c: f"n{c[0]}")
 def test_race(dsns, py2proxy, workdir, via, saver, cell):
@@ -145,9 +135,11 @@ def test_race(dsns, py2proxy, workdir, via, saver, cell):
         runs = racers.run_all()
     finally:
         racers.kill()
+    tallies = {gate: Tally() for gate in gates}
     for job, res in zip(jobs, runs):
         thread, gate = job["thread"], job["gate_ms"]
         rows = ledger(direct, thread)
+        tallies[gate].fires.append(len(rows))
         ctx = f"{via} {saver} n={n} gate={gate} thread={thread}\nresults={json.dumps(res, indent=1)}\nledger={rows}"
         print(f"RESULT py2 race {via} {saver} n={n} gate={gate}: {len(rows)} fire(s), "
               f"{sum(not r['ok'] for r in res)} refused")
@@ -171,13 +163,19 @@ def test_race(dsns, py2proxy, workdir, via, saver, cell):
                 for part in ("resumeguard: interrupt already answered", f'thread "{thread}"',
                              f'application_name "racer-{wid}"', f"proxy {PROXY_ID}"):
                     assert part in err["message"], f"{part!r} not in {err['message']!r}"
-        for r in res:
-            if r["id"] != wid and r["ok"]:   # late: read the winner's finished head
-                assert gate == 0 and r["values"] == winner["values"], ctx
+        late = [r for r in res if r["id"] != wid and r["ok"]]
+        for r in late:   # served without firing: read the head the winner had finished
+            assert gate == 0 and r["values"] == winner["values"], ctx
         evs = audit_ops(py2proxy, thread, lambda e: len(ops(e, "claim_refused")) >= len(losers)
                         and ops(e, "claim_consumed"))
         assert [e["application_name"] for e in ops(evs, "claim_taken")] == [f"racer-{wid}"], ctx
         assert len(ops(evs, "claim_refused")) == len(losers), ctx
+        for r in res:   # the tally reads node-postgres' name of the SQLSTATE
+            if r["error"]:
+                r["error"]["code"] = r["error"]["sqlstate"]
+        tallies[gate].add(winner, losers, late, len(ops(evs, "claim_waited")))
+    for gate, tally in tallies.items():
+        record(tally.row(f"py2-{saver}-n{n}", via, gate))
 
 
 # --------------------------------------------------------------------------- fork
@@ -185,7 +183,7 @@ FORK = ("import json, sys; import lg_enforce as E; "
         "print(json.dumps(E.fork_scenario(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]), default=str))")
 
 
-@pytest.mark.parametrize("via", via_params())
+@pytest.mark.parametrize("via", ["direct", "proxy"])
 @pytest.mark.parametrize("form", ["bare", "map"])
 @pytest.mark.parametrize("saver", SAVERS)
 def test_fork_is_served_its_own_value(dsns, via, form, saver):

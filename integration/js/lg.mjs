@@ -158,9 +158,9 @@ async function cmdPark(a) {
   const saver = await openSaver(a.dsn);
   try {
     const graph = buildGateGraph(saver, { effects: [] });
+    // no getState here: through the proxy an unmarked read of the parked head claims it
     const res = await graph.invoke({ items: [], approved: null }, cfgOf(a.thread));
-    const st = await graph.getState(cfgOf(a.thread));
-    return { values: plain(res), interrupts: interruptsOf(res), state: snapshot(st) };
+    return { values: plain(res), interrupts: interruptsOf(res) };
   } finally {
     await saver.end();
   }
