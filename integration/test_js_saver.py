@@ -7,7 +7,9 @@ the proxy (the repair shows), in separate ``node integration/js/lg.mjs`` process
   line to a ledger file. Stock: every racer fires (N at 300 ms). Proxy: one fire, the
   losers refused 55000 before their node ran.
 * fork: park at C, resume true (branch A), resume at C's checkpoint_id with false.
-  Stock: the fork is served A's true. Proxy: its own false.
+  Stock: the fork is served A's true. Proxy: its own false. What the fork's
+  checkpoints then hold is a test of its own: this saver numbers channel versions
+  per thread, so a branch's blobs can collide with another branch's.
 * validity: ``items`` is a list of strings (channel rule for ``jv-…`` threads);
   appending null is persisted by stock, refused 23514 through the proxy with
   nothing of the task written.
