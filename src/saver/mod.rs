@@ -7,6 +7,7 @@ pub mod classify;
 pub mod data_row;
 pub mod decode_error;
 pub mod fork_rewrite;
+pub mod json_blob;
 pub mod layout;
 pub mod msgpack;
 pub mod pending_tasks;

@@ -82,9 +82,7 @@ pub fn blob_to_json(type_tag: &str, blob: Option<&[u8]>) -> Result<Option<Value>
         "msgpack" => to_json(blob.ok_or_else(missing)?).map(Some),
         "null" => Ok(Some(Value::Null)),
         "empty" => Ok(None),
-        "json" => serde_json::from_slice(blob.ok_or_else(missing)?)
-            .map(Some)
-            .map_err(|e| MsgpackError::Json(e.to_string())),
+        "json" => super::json_blob::to_json(blob.ok_or_else(missing)?).map(Some),
         "bytes" | "bytearray" => Ok(Some(Value::String(bytes_to_string(
             blob.ok_or_else(missing)?,
         )))),
@@ -418,7 +416,7 @@ fn as_i64(v: &ValueRef<'_>) -> Option<i64> {
 }
 
 /// Bytes as a JSON string: UTF-8 text when valid, else standard base64.
-fn bytes_to_string(b: &[u8]) -> String {
+pub(super) fn bytes_to_string(b: &[u8]) -> String {
     match std::str::from_utf8(b) {
         Ok(s) => s.to_owned(),
         Err(_) => base64(b),

@@ -139,25 +139,6 @@ impl ByteaArray {
         Ok(ByteaArray { dims, elements })
     }
 
-    /// Keeps the rows for which `keep` is true (a 2-D array stays 2-D; no
-    /// rows left makes it the empty array, as `array_agg` over nothing
-    /// would be NULL and the saver treats both alike).
-    pub fn retain_rows(&self, mut keep: impl FnMut(&[Option<Bytes>]) -> bool) -> ByteaArray {
-        let width = self.dims.last().copied().unwrap_or(0);
-        let kept: Vec<&[Option<Bytes>]> = self.rows().filter(|r| keep(r)).collect();
-        if kept.is_empty() || width == 0 {
-            return ByteaArray::default();
-        }
-        let mut dims = self.dims.clone();
-        if dims.len() == 2 {
-            dims[0] = kept.len();
-        }
-        ByteaArray {
-            dims,
-            elements: kept.into_iter().flatten().cloned().collect(),
-        }
-    }
-
     /// Encodes in the binary array format `decode_binary` reads.
     pub fn encode_binary(&self) -> Vec<u8> {
         let payload: usize = self.elements.iter().flatten().map(|e| e.len()).sum();

@@ -93,7 +93,7 @@ impl UnknownLog {
         };
         if first {
             let outcome = match policy {
-                UnknownSaverPolicy::Warn => "forwarded without them",
+                UnknownSaverPolicy::Warn => "forwarded unchanged",
                 UnknownSaverPolicy::Refuse => "refused (unknown_saver = \"refuse\")",
             };
             tracing::error!(
@@ -101,8 +101,8 @@ impl UnknownLog {
                 statement = %what.statement,
                 reason = %what.reason,
                 legs_off = what.legs_off,
-                "checkpoint traffic not enforced: {outcome}; logged once per statement shape, \
-                 counted in unknown_total"
+                "checkpoint traffic not enforced, {outcome}: logged once per statement shape, \
+                 every occurrence counted (unknown_total)"
             );
         }
         first

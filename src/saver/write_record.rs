@@ -205,4 +205,38 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("idx"), "{err}");
     }
+
+    #[test]
+    fn decodes_a_js_resume_write_as_node_postgres_binds_it() {
+        use crate::saver::classify::other_savers_sql::JS_UPSERT_WRITES;
+        use crate::saver::classify::Classifier;
+        use crate::saver::profile::SaverProfile;
+        let class = Classifier::new(SaverProfile::built_in()).classify(JS_UPSERT_WRITES);
+        let shape = class.kind.insert_shape().expect("a JS write");
+        // node-postgres: numbers and strings as text, Buffers binary.
+        let frame = bind_frame(
+            "",
+            &[0, 0, 0, 0, 0, 0, 0, 1],
+            &[
+                Some(b"t-js"),
+                Some(b""),
+                Some(b"1f1ecc82-de78-6d00-8001-5184633430f7"),
+                Some(b"00000000-0000-0000-0000-000000000000"),
+                Some(b"-4"),
+                Some(b"__resume__"),
+                Some(b"json"),
+                Some(b"false"),
+            ],
+            &[],
+        );
+        let rec = WriteRecord::decode(shape, &BoundParams::decode(&frame).unwrap()).unwrap();
+        assert_eq!(rec.idx, Some(-4));
+        assert_eq!(rec.task_path, None);
+        assert_eq!(rec.channel.as_deref(), Some("__resume__"));
+        let value = crate::saver::msgpack::blob_to_json(
+            rec.type_tag.as_deref().unwrap(),
+            rec.blob.as_deref(),
+        );
+        assert_eq!(value.unwrap(), Some(serde_json::json!(false)));
+    }
 }

@@ -140,6 +140,18 @@ fn decodes_a_binary_row() {
 }
 
 #[test]
+fn python_3_pending_writes_re_encode_to_the_same_bytes() {
+    let row = decode_binary_body(&binary_row()).unwrap();
+    let all: Vec<&PendingWrite> = row.pending_writes.iter().collect();
+    let array = RowLayout::SAVER_SELECT.write_rows.encode(&all);
+    assert_eq!(array.encode_binary(), pending_writes());
+    // Without the run-level answer: one row of six, idx as decimal text.
+    let kept = RowLayout::SAVER_SELECT.write_rows.encode(&all[..1]);
+    assert_eq!(kept.dims, [1, 6]);
+    assert_eq!(kept.elements[5].as_deref(), Some(&b"-3"[..]));
+}
+
+#[test]
 fn decodes_the_same_row_in_text_format() {
     let fields: [Option<&[u8]>; 8] = [
         Some(b"thread-1"),
@@ -332,3 +344,8 @@ fn truncated_or_corrupted_rows_never_panic() {
         }
     }
 }
+
+#[path = "captured.rs"]
+mod captured;
+#[path = "generations.rs"]
+mod generations;

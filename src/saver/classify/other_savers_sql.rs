@@ -1,8 +1,11 @@
 //! Statements of the other saver generations, as they reach the wire:
 //! LangGraph Python `langgraph-checkpoint-postgres` 2.0.x (2.0.25) and
 //! LangGraph JS `@langchain/langgraph-checkpoint-postgres` 1.0.x (1.0.5,
-//! schema "public"), per shared reference saver-generations.md. Python's
-//! `%s` placeholders are `$n` by the time psycopg sends them.
+//! schema "public"). Python's `%s` placeholders are `$n` by the time
+//! psycopg sends them. The SELECTs, the pending-sends read and the writes
+//! are byte for byte the strings of the installed packages
+//! (`langgraph.checkpoint.postgres.base.SELECT_SQL`, JS
+//! `getSQLStatements("public")`).
 
 /// Python 2.0.x: the 3.x read with four elements per pending write,
 /// ordered by task and idx.
@@ -103,10 +106,44 @@ pub const JS_INSERT_WRITES: &str = r#"INSERT INTO "public".checkpoint_writes (th
   ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO NOTHING
   "#;
 
-/// JS `setup()`: the schema, then the migrations table in it.
-pub const JS_SETUP: [&str; 4] = [
+/// JS `setup()`: the schema, the version query, the migrations, each
+/// migration's version row.
+pub const JS_SETUP: [&str; 8] = [
     r#"CREATE SCHEMA IF NOT EXISTS "public""#,
-    "CREATE TABLE IF NOT EXISTS \"public\".checkpoint_migrations (\n    v INTEGER PRIMARY KEY\n  );",
     r#"SELECT v FROM "public".checkpoint_migrations ORDER BY v DESC LIMIT 1"#,
+    r#"CREATE TABLE IF NOT EXISTS "public".checkpoint_migrations (
+    v INTEGER PRIMARY KEY
+  );"#,
+    r#"CREATE TABLE IF NOT EXISTS "public".checkpoints (
+    thread_id TEXT NOT NULL,
+    checkpoint_ns TEXT NOT NULL DEFAULT '',
+    checkpoint_id TEXT NOT NULL,
+    parent_checkpoint_id TEXT,
+    type TEXT,
+    checkpoint JSONB NOT NULL,
+    metadata JSONB NOT NULL DEFAULT '{}',
+    PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id)
+  );"#,
+    r#"CREATE TABLE IF NOT EXISTS "public".checkpoint_blobs (
+    thread_id TEXT NOT NULL,
+    checkpoint_ns TEXT NOT NULL DEFAULT '',
+    channel TEXT NOT NULL,
+    version TEXT NOT NULL,
+    type TEXT NOT NULL,
+    blob BYTEA,
+    PRIMARY KEY (thread_id, checkpoint_ns, channel, version)
+  );"#,
+    r#"CREATE TABLE IF NOT EXISTS "public".checkpoint_writes (
+    thread_id TEXT NOT NULL,
+    checkpoint_ns TEXT NOT NULL DEFAULT '',
+    checkpoint_id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    channel TEXT NOT NULL,
+    type TEXT,
+    blob BYTEA NOT NULL,
+    PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
+  );"#,
+    r#"ALTER TABLE "public".checkpoint_blobs ALTER COLUMN blob DROP not null;"#,
     r#"INSERT INTO "public".checkpoint_migrations (v) VALUES ($1)"#,
 ];
