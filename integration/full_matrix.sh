@@ -7,6 +7,11 @@
 # Narrow it with environment variables (comma lists):
 #   RG_CO_N=2,4 RG_CO_GATES=0,300 RG_CO_REPS=3 RG_CO_FORMS=bare,map \
 #   RG_CO_SAVERS=conn,pool,async RG_CO_PROXIES=1,2 integration/full_matrix.sh
+# Saver stacks (RG_CO_STACKS, comma list, default py3): py3 = test_consume_once.py
+# (LangGraph Python 3.x, the cells above); js = test_js_saver.py (LangGraph.js,
+# N x gates x reps); py2 = test_py2_saver.py (Python 2.0.25, N x gates x reps x
+# RG_CO_SAVERS). RG_CO_FORMS and RG_CO_PROXIES apply to py3 only.
+#   RG_CO_STACKS=py3,js,py2 integration/full_matrix.sh
 # Extra arguments go to pytest (e.g. -x, or -k 'n16').
 #
 # Every cell runs racers as separate OS processes behind a file barrier, first
@@ -23,13 +28,34 @@ cd "$ROOT"
 export RG_CO_FULL=1
 export RG_CO_TABLE="${RG_CO_TABLE:-$(mktemp /tmp/rg-consume-once-matrix.XXXXXX.jsonl)}"
 : > "$RG_CO_TABLE"
+# the JS and 2.0.x modules read their own knobs; the matrix's apply unless those are set
+export RG_JS_N="${RG_JS_N:-${RG_CO_N:-2,4,8,16}}" RG_JS_GATES="${RG_JS_GATES:-${RG_CO_GATES:-0,300}}"
+export RG_JS_REPS="${RG_JS_REPS:-${RG_CO_REPS:-10}}"
+export RG_PY2_N="${RG_PY2_N:-${RG_CO_N:-2,4,8,16}}" RG_PY2_GATES="${RG_PY2_GATES:-${RG_CO_GATES:-0,300}}"
+export RG_PY2_REPS="${RG_PY2_REPS:-${RG_CO_REPS:-10}}" RG_PY2_SAVERS="${RG_PY2_SAVERS:-${RG_CO_SAVERS:-conn,pool,async}}"
+selected=()
+IFS=, read -ra stacks <<< "${RG_CO_STACKS:-py3}"
+for stack in "${stacks[@]}"; do
+    case "$stack" in
+        py3) selected+=("test_consume_once and test_race") ;;
+        js) selected+=("test_js_saver and test_race") ;;
+        py2) selected+=("test_py2_saver and test_race") ;;
+        *) echo "full_matrix: unknown stack '$stack' in RG_CO_STACKS (py3, js, py2)" >&2; exit 2 ;;
+    esac
+done
+expr="$(printf '(%s) or ' "${selected[@]}")"
 RG_SKIP_UNIT="${RG_SKIP_UNIT:-1}" RG_PYTEST_TIMEOUT="${RG_PYTEST_TIMEOUT:-5400}" \
-    integration/run_all.sh -k 'test_consume_once and test_race' "$@"
+    integration/run_all.sh -k "${expr% or }" "$@"
 rc=$?
 PY="$ROOT/.venv/bin/python"
 "$PY" - "$RG_CO_TABLE" <<'PYEOF'
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rows = {}
+for l in open(sys.argv[1]):   # a cell's stock and proxy halves may come as separate rows
+    if l.strip():
+        r = json.loads(l)
+        rows.setdefault(r["cell"], {}).update(r)
+rows = list(rows.values())
 def fmt(v):
     if v is None: return "-"
     if isinstance(v, list):

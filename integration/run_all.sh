@@ -3,6 +3,8 @@
 #   1. checks prerequisites (and names whatever is missing),
 #   2. creates / updates the Python venv at .venv from integration/requirements.txt
 #      (reinstalls only when that file or the Python version changed: stamp file),
+#      the same for .venv-lg2 (LangGraph Python 2.0.x) from integration/requirements-lg2.txt,
+#      and `npm ci` in integration/js (LangGraph.js) when its package-lock.json changed,
 #   3. cargo test --all-targets          (unit + Rust integration tests)
 #   4. cargo build --release             (the binary the Python suite drives, and the
 #                                         benchmark's copy-relay baseline)
@@ -28,7 +30,7 @@ PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
 PYTHON="${PYTHON:-python3}"
 REQ="integration/requirements.txt"
 VENV=".venv"
-STAMP="$VENV/.rg-requirements.stamp"
+JS_DIR="integration/js"
 export PG_BIN
 
 log() { printf '\n=== run_all: %s ===\n' "$*"; }
@@ -55,6 +57,14 @@ if [ "$(id -u)" -eq 0 ]; then
     command -v runuser >/dev/null 2>&1 || missing+=("runuser (util-linux)")
     id -u postgres >/dev/null 2>&1 || missing+=("OS user 'postgres' (created by the postgresql-common package)")
 fi
+# LangGraph.js tests: without node they are skipped (loudly); CI must run them.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    if [ -n "${CI:-}" ]; then
+        missing+=("node and npm (Debian: apt-get install nodejs npm)")
+    else
+        echo "run_all: WARNING: node/npm not found: the LangGraph.js tests will be SKIPPED" >&2
+    fi
+fi
 if [ "${#missing[@]}" -gt 0 ]; then
     printf 'run_all: missing prerequisites:\n' >&2
     printf '  - %s\n' "${missing[@]}" >&2
@@ -64,28 +74,50 @@ fi
 echo "cargo: $(cargo --version)"
 echo "python: $("$PYTHON" -V 2>&1) ($(command -v "$PYTHON"))"
 echo "postgres: $("$PG_BIN/postgres" --version)"
+command -v node >/dev/null 2>&1 && echo "node: $(node -v), npm $(npm -v)"
 
-# ---------------------------------------------------------------- 2. venv
+# ---------------------------------------------------------------- 2. venvs
+# venv_from VENV REQUIREMENTS: create / update VENV from REQUIREMENTS; reinstalls only
+# when that file or the Python version changed (stamp file in the venv).
+venv_from() {
+    local venv="$1" req="$2" stamp="$1/.rg-requirements.stamp" want have
+    want="$(sha256sum "$req" | cut -d' ' -f1) $("$PYTHON" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')"
+    have="$(cat "$stamp" 2>/dev/null || true)"
+    if [ -x "$venv/bin/python" ] && ! "$venv/bin/python" -c 'import sys' >/dev/null 2>&1; then
+        echo "existing $venv is broken; recreating"
+        rm -rf "$venv"
+    fi
+    if [ ! -x "$venv/bin/python" ] || [ "${have#* }" != "${want#* }" ]; then
+        rm -rf "$venv"
+        "$PYTHON" -m venv "$venv" || die "could not create $venv with $PYTHON"
+        have=""
+    fi
+    if [ "$have" != "$want" ]; then
+        echo "installing $req into $venv"
+        "$venv/bin/python" -m pip install --disable-pip-version-check -q -r "$req" \
+            || die "pip install -r $req failed"
+        echo "$want" > "$stamp"
+    else
+        echo "$venv is up to date with $req"
+    fi
+}
+
 log "python venv ($VENV)"
-want_stamp="$(sha256sum "$REQ" | cut -d' ' -f1) $("$PYTHON" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')"
-have_stamp="$(cat "$STAMP" 2>/dev/null || true)"
-if [ -x "$VENV/bin/python" ] && ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
-    echo "existing $VENV is broken; recreating"
-    rm -rf "$VENV"
-fi
-if [ ! -x "$VENV/bin/python" ] || [ "${have_stamp#* }" != "${want_stamp#* }" ]; then
-    # new venv, or the Python version changed
-    rm -rf "$VENV"
-    "$PYTHON" -m venv "$VENV" || die "could not create $VENV with $PYTHON"
-    have_stamp=""
-fi
-if [ "$have_stamp" != "$want_stamp" ]; then
-    echo "installing $REQ into $VENV"
-    "$VENV/bin/python" -m pip install --disable-pip-version-check -q -r "$REQ" \
-        || die "pip install -r $REQ failed"
-    echo "$want_stamp" > "$STAMP"
-else
-    echo "$VENV is up to date with $REQ"
+venv_from "$VENV" "$REQ"
+log "python venv .venv-lg2 (LangGraph Python 2.0.x)"
+venv_from .venv-lg2 integration/requirements-lg2.txt
+
+# ---------------------------------------------------------------- 2b. node modules
+if command -v npm >/dev/null 2>&1; then
+    log "npm ci ($JS_DIR)"
+    js_stamp="$JS_DIR/node_modules/.rg-package-lock.stamp"
+    js_want="$(sha256sum "$JS_DIR/package-lock.json" | cut -d' ' -f1) $(node -v)"
+    if [ "$(cat "$js_stamp" 2>/dev/null || true)" != "$js_want" ]; then
+        (cd "$JS_DIR" && npm ci --no-audit --no-fund --loglevel=error) || die "npm ci in $JS_DIR failed"
+        echo "$js_want" > "$js_stamp"
+    else
+        echo "$JS_DIR/node_modules is up to date with package-lock.json"
+    fi
 fi
 
 status=0
