@@ -49,9 +49,6 @@ FALSE_FINAL = {"items": ["prep", "gate:false", "after"], "approved": False}
 JS_INTEGER_VERSIONS = pytest.mark.xfail(
     strict=True, reason="the JS saver's channel versions are per-thread integers: a fork "
     "branch's blobs collide with branch A's and are dropped (ON CONFLICT DO NOTHING)")
-NEEDS_TERMINATE_FIX = pytest.mark.xfail(
-    strict=True, reason="the proxy answers the client's own Terminate with FATAL 08006, "
-    "which node-postgres emits as an `error` event after end()")
 
 pytestmark = pytest.mark.skipif(
     NODE is None, reason="!!! node is not installed: the LangGraph.js saver is NOT tested "
@@ -369,7 +366,7 @@ def test_invalid_append_is_rejected_before_it_is_durable(dsns, via):
 
 
 # --------------------------------------------------------------------------- end()
-@pytest.mark.parametrize("via", via_params(NEEDS_TERMINATE_FIX))
+@pytest.mark.parametrize("via", ["direct", "proxy"])
 def test_end_emits_no_error(dsns, via):
     """50 x open, one query, end() for a pg.Pool, a pg.Client and the saver's own
     pool: node-postgres emits no `error` event (a process without a listener would
