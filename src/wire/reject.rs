@@ -76,8 +76,8 @@ fn server_text(text: &str) -> String {
     format!("convert_from(decode('{}','hex'),'UTF8')", hex::encode(text))
 }
 
-/// `text` with every non-ASCII character as a `\u{…}` escape: valid in
-/// every server encoding.
+/// `text` with every non-ASCII character (and NUL) as a `\u{…}` escape:
+/// valid in every server encoding.
 fn ascii(text: &str) -> String {
     text.chars()
         .map(|c| match c {
