@@ -460,3 +460,21 @@ def invalid_items(rows: dict[str, list]) -> list:
             if not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
                 bad.append((where, v))
     return bad
+
+
+# ----------------------------------------------------------------- numbers past f64
+class CountState(TypedDict):
+    count: int
+    name: Any
+
+
+def build_count_graph(checkpointer, returns: dict):
+    """START -> set -> END: ``set`` returns ``returns`` (e.g. a str for the int
+    ``count`` beside ``name = 10**400``). Both are primitives, so the saver
+    stores them inline in the checkpoint JSON, where ``json.dumps`` writes the
+    big int as its 401 digits."""
+
+    def set_(state: CountState) -> dict:
+        return dict(returns)
+
+    return L.chain(CountState, ("set", set_)).compile(checkpointer=checkpointer)

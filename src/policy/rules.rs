@@ -7,6 +7,8 @@ use std::path::Path;
 
 use super::error::RuleError;
 use super::rule_file::{load_file, Rule};
+use super::schema::undecodable_checkpoint_message;
+use super::verdict::{Violation, WriteContext};
 
 /// All channel-schema rules, immutable after [`ChannelRules::load`];
 /// share it behind an `Arc`.
@@ -67,6 +69,24 @@ impl ChannelRules {
     /// Whether any rule names `channel`; callers may skip decoding when not.
     pub fn has_channel(&self, channel: &str) -> bool {
         self.by_channel.contains_key(channel)
+    }
+
+    /// The violation for a checkpoint whose JSON cannot be read: its
+    /// `channel_values` may hold any channel, so the first rule with a
+    /// channel schema that selects this write refuses it. `None` when no
+    /// rule selects it.
+    pub fn undecodable_checkpoint(&self, ctx: &WriteContext<'_>, why: &str) -> Option<Violation> {
+        let rule = self
+            .rules
+            .iter()
+            .find(|r| !r.value_schemas.is_empty() && r.selector.matches(ctx))?;
+        Some(Violation {
+            channel: rule.channel.clone(),
+            rule: rule.origin.clone(),
+            schema_path: String::new(),
+            instance_path: String::new(),
+            message: undecodable_checkpoint_message(why),
+        })
     }
 
     /// One line per rule for `resumeguard rules check`:

@@ -157,6 +157,11 @@ pub fn undecodable_message(type_tag: &str, err: &MsgpackError) -> String {
     format!("{type_tag} payload could not be decoded: {err}")
 }
 
+/// Text for a violation when a checkpoint's JSON could not be parsed.
+pub fn undecodable_checkpoint_message(why: &str) -> String {
+    format!("checkpoint JSON could not be decoded, so its channel values cannot be checked: {why}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +172,35 @@ mod tests {
         let e = Schema::compile(&json!({"type": "strin"}), "inline".into()).unwrap_err();
         assert!(e.starts_with("invalid JSON Schema at /type"), "{e}");
         assert!(Schema::compile(&json!({"type": "string"}), "inline".into()).is_ok());
+    }
+
+    #[test]
+    fn numbers_are_compared_exactly_past_f64() {
+        let big = format!("1{}", "0".repeat(400));
+        let cases = [
+            (json!({"type": "integer"}), big.clone(), true),
+            (json!({"type": "integer"}), format!("-{big}"), true),
+            (json!({"type": "integer"}), "1e400".to_owned(), true),
+            (json!({"type": "integer"}), "1e-400".to_owned(), false),
+            (json!({"type": "integer"}), "2.5".to_owned(), false),
+            (json!({"type": "string"}), big.clone(), false),
+            (json!({"maximum": 10}), big.clone(), false),
+            (json!({"minimum": 0}), format!("-{big}"), false),
+            (json!({"exclusiveMinimum": 0}), "1e-400".to_owned(), true),
+            (json!({"multipleOf": 2}), big.clone(), true),
+            (json!({"multipleOf": 2}), format!("{big}1"), false),
+            (json!({"enum": [1, 2]}), "2.0".to_owned(), true),
+            (json!({"enum": [1, 2]}), big.clone(), false),
+        ];
+        for (schema, instance, valid) in cases {
+            let s = Schema::compile(&schema, "inline".into()).unwrap();
+            let value: Value = serde_json::from_str(&instance).unwrap();
+            assert_eq!(
+                s.validator.is_valid(&value),
+                valid,
+                "{schema} {instance:.20}"
+            );
+        }
     }
 
     #[test]

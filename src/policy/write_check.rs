@@ -49,14 +49,16 @@ pub fn check_write(rules: &ChannelRules, kind: WriteKind, rec: &WriteRecord) -> 
             invalid(rules.check_pending_write(&ctx.ctx(), channel, payload()))
         }
         WriteKind::Checkpoint => {
-            let checkpoint: Value = match rec.checkpoint.as_deref().map(serde_json::from_str) {
-                Some(Ok(v)) => v,
-                _ => return None,
-            };
-            rules
-                .check_checkpoint(&ctx.ctx(), &checkpoint)
-                .into_iter()
-                .next()
+            // Numbers are read at any precision (jsonb's own range); what
+            // still fails to parse cannot be checked, so it is refused
+            // wherever a rule could apply, as an unreadable blob is.
+            match serde_json::from_str::<Value>(rec.checkpoint.as_deref()?) {
+                Ok(checkpoint) => rules
+                    .check_checkpoint(&ctx.ctx(), &checkpoint)
+                    .into_iter()
+                    .next(),
+                Err(e) => rules.undecodable_checkpoint(&ctx.ctx(), &e.to_string()),
+            }
         }
     }
 }
@@ -133,7 +135,8 @@ mod tests {
         std::fs::create_dir_all(dir.join("channels")).unwrap();
         std::fs::write(
             dir.join("channels/items.toml"),
-            "[[channel]]\nname = \"items\"\nthread_id = \"cv-.*\"\nschema = { type = \"array\", items = { type = \"string\" } }\n",
+            "[[channel]]\nname = \"items\"\nthread_id = \"cv-.*\"\nschema = { type = \"array\", items = { type = \"string\" } }\n\
+             [[channel]]\nname = \"count\"\nthread_id = \"cv-.*\"\nschema = { type = \"integer\" }\n",
         )
         .unwrap();
         (ChannelRules::load(&dir).unwrap(), dir)
@@ -213,6 +216,86 @@ mod tests {
             ..WriteRecord::default()
         };
         assert!(check_write(&rules, WriteKind::Checkpoint, &cp).is_some());
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    fn checkpoint(thread: &str, json: String) -> WriteRecord {
+        WriteRecord {
+            thread_id: Some(thread.into()),
+            checkpoint_ns: Some(String::new()),
+            checkpoint_id: Some("ck-10".into()),
+            checkpoint: Some(json),
+            metadata: Some("{}".into()),
+            ..WriteRecord::default()
+        }
+    }
+
+    /// `10**400` as Python's `json.dumps` writes it.
+    fn big_int() -> String {
+        format!("1{}", "0".repeat(400))
+    }
+
+    #[test]
+    fn checkpoints_with_numbers_past_f64_are_still_checked() {
+        let (rules, dir) = rules();
+        let bad = checkpoint(
+            "cv-4",
+            format!(
+                r#"{{"v":4,"channel_values":{{"count":"notint","name":{},"f":1e400}}}}"#,
+                big_int()
+            ),
+        );
+        let v = check_write(&rules, WriteKind::Checkpoint, &bad).unwrap();
+        assert_eq!(v.channel, "count");
+        assert_eq!(v.schema_path, "/type");
+        // A big integer is an integer: valid, not refused as unreadable.
+        let good = checkpoint(
+            "cv-4",
+            format!(
+                r#"{{"v":4,"channel_values":{{"count":{},"name":1e400}}}}"#,
+                big_int()
+            ),
+        );
+        assert_eq!(check_write(&rules, WriteKind::Checkpoint, &good), None);
+        let negative = checkpoint(
+            "cv-4",
+            format!(r#"{{"channel_values":{{"count":-{}}}}}"#, big_int()),
+        );
+        assert_eq!(check_write(&rules, WriteKind::Checkpoint, &negative), None);
+        // Below f64's resolution is not rounded to an integer.
+        let tiny = checkpoint("cv-4", r#"{"channel_values":{"count":1e-400}}"#.into());
+        assert!(check_write(&rules, WriteKind::Checkpoint, &tiny).is_some());
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn unreadable_checkpoint_json_is_refused_where_a_rule_applies() {
+        let (rules, dir) = rules();
+        // Nesting past the parser's limit, and a torn document.
+        let deep = format!(
+            r#"{{"channel_values":{{"count":"notint","x":{}1{}}}}}"#,
+            "[".repeat(300),
+            "]".repeat(300)
+        );
+        for json in [deep, r#"{"channel_values":{"count":"notint""#.to_owned()] {
+            let rec = checkpoint("cv-5", json.clone());
+            let v = check_write(&rules, WriteKind::Checkpoint, &rec).unwrap();
+            assert!(
+                v.message.contains("checkpoint JSON could not be decoded"),
+                "{v:?}"
+            );
+            assert!(v.rule.contains("items.toml:"), "{v:?}");
+            let message = rejection_message(WriteKind::Checkpoint, &v, &rec);
+            assert!(
+                message.contains("cv-5") && message.contains("ck-10"),
+                "{message}"
+            );
+            // No rule selects this thread: nothing to refuse.
+            assert_eq!(
+                check_write(&rules, WriteKind::Checkpoint, &checkpoint("other", json)),
+                None
+            );
+        }
         std::fs::remove_dir_all(dir).ok();
     }
 }

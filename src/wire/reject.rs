@@ -8,11 +8,18 @@
 //! then aborts the transaction, skips the client's remaining messages up to
 //! Sync and reports the right transaction status — the same path as any
 //! error of its own. The injected Parse and Bind answers are swallowed.
+//!
+//! The raised texts carry client data (thread ids, values quoted by the
+//! validator), so none of it is ever SQL: each text travels as lowercase
+//! hex digits that the server decodes with
+//! `convert_from(decode('…','hex'),'UTF8')`. The statement is a fixed
+//! template plus `[0-9a-f]` runs, whatever the text and whatever
+//! `standard_conforming_strings` or any other setting says. A database
+//! whose encoding cannot hold a character of the text gets the same text
+//! with non-ASCII characters written as `\u{…}` escapes, so the raised
+//! SQLSTATE is the requested one there too.
 
 use bytes::{BufMut, BytesMut};
-
-/// The dollar-quote tag around the raised text.
-const TAG: &str = "$resumeguard$";
 
 /// Parse + Bind + Execute (unnamed statement and portal) of a statement
 /// that fails with `sqlstate`, `message` and `detail`.
@@ -54,20 +61,89 @@ pub fn raising_query(sqlstate: &str, message: &str, detail: &str) -> Vec<u8> {
     out.to_vec()
 }
 
+/// The `DO` block: the texts are decoded into variables first (falling
+/// back to their ASCII form when the database encoding lacks a character),
+/// then raised.
 fn raising_sql(sqlstate: &str, message: &str, detail: &str) -> String {
     format!(
-        "DO {TAG} BEGIN RAISE EXCEPTION USING ERRCODE = '{}', MESSAGE = '{}', DETAIL = '{}'; END {TAG}",
-        literal(sqlstate),
-        literal(message),
-        literal(detail)
+        "DO $resumeguard$ DECLARE m text; d text; BEGIN \
+         BEGIN m := {}; d := {}; \
+         EXCEPTION WHEN untranslatable_character OR character_not_in_repertoire THEN \
+         m := {}; d := {}; END; \
+         RAISE EXCEPTION USING ERRCODE = {}, MESSAGE = m, DETAIL = d; \
+         END $resumeguard$",
+        server_text(message),
+        server_text(detail),
+        server_text(&ascii(message)),
+        server_text(&ascii(detail)),
+        server_text(&ascii(sqlstate)),
     )
 }
 
-/// Text safe inside a single-quoted literal inside the dollar quote.
-fn literal(s: &str) -> String {
-    s.replace(TAG, "$ resumeguard$")
-        .replace('\'', "''")
-        .replace('\0', "")
+/// A SQL expression the server evaluates to `text`, spelled with nothing
+/// of `text` but hex digits. PostgreSQL text cannot hold NUL, which
+/// `convert_from` would refuse: each becomes U+FFFD.
+fn server_text(text: &str) -> String {
+    let text = text.replace('\0', "\u{fffd}");
+    format!("convert_from(decode('{}','hex'),'UTF8')", hex::encode(text))
+}
+
+/// `text` with every non-ASCII character (and NUL) as a `\u{…}` escape:
+/// valid in every server encoding.
+fn ascii(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '\0' => "\\u{0}".to_owned(),
+            c if c.is_ascii() => c.to_string(),
+            c => c.escape_unicode().to_string(),
+        })
+        .collect()
+}
+
+/// The SQL text of the Parse message [`raising_statement`] starts with.
+#[cfg(test)]
+fn sql_of(bytes: &[u8]) -> String {
+    let h = crate::wire::frame::peek_frame(bytes, 1 << 20)
+        .unwrap()
+        .unwrap();
+    assert_eq!(h.tag, b'P');
+    // tag, length, empty statement name; then the NUL-terminated SQL.
+    let body = &bytes[6..h.total_len];
+    let end = body.iter().position(|&b| b == 0).unwrap();
+    String::from_utf8(body[..end].to_vec()).unwrap()
+}
+
+/// The SQL with every hex literal emptied, and the texts they decode to.
+#[cfg(test)]
+fn skeleton(sql: &str) -> (String, Vec<String>) {
+    let mut shape = String::new();
+    let mut texts = Vec::new();
+    let mut rest = sql;
+    while let Some(open) = rest.find("decode('") {
+        let start = open + "decode('".len();
+        let len = rest[start..].find('\'').unwrap();
+        let digits = &rest[start..start + len];
+        assert!(
+            digits
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+            "{digits}"
+        );
+        texts.push(String::from_utf8(hex::decode(digits).unwrap()).unwrap());
+        shape.push_str(&rest[..start]);
+        rest = &rest[start + len..];
+    }
+    shape.push_str(rest);
+    (shape, texts)
+}
+
+/// What a [`raising_statement`] raises, for tests to read: the SQL
+/// followed by the decoded texts, one per line.
+#[cfg(test)]
+pub(crate) fn readable(bytes: &[u8]) -> String {
+    let sql = sql_of(bytes);
+    let (_, texts) = skeleton(&sql);
+    format!("{sql}\n{}", texts.join("\n"))
 }
 
 #[cfg(test)]
@@ -86,15 +162,51 @@ mod tests {
         }
         assert_eq!(tags, b"PBE");
         assert_eq!(at, bytes.len());
-        let text = String::from_utf8_lossy(&bytes);
-        assert!(text.contains("MESSAGE = 'it''s bad'"), "{text}");
-        assert!(text.contains("ERRCODE = '23514'"), "{text}");
+        let (_, texts) = skeleton(&sql_of(&bytes));
+        assert_eq!(texts, ["it's bad", "d", "it's bad", "d", "23514"]);
     }
 
     #[test]
-    fn the_quote_tag_cannot_be_closed_from_inside() {
-        let bytes = raising_statement("23514", "x $resumeguard$; DROP TABLE t; --", "");
-        let text = String::from_utf8_lossy(&bytes);
-        assert_eq!(text.matches(TAG).count(), 2, "{text}");
+    fn no_client_byte_reaches_the_sql() {
+        let (empty, _) = skeleton(&sql_of(&raising_statement("", "", "")));
+        let hostile = [
+            "x\\'; PERFORM nextval($c$canary$c$); --\nEND $resumeguard$",
+            "$resumeguard$resumeguard$",
+            "$resume\0guard$",
+            "'\\\\''\"\"\u{0};--/*",
+            "E'\\x27' || chr(39) $$ $ $a$",
+            "thread \u{7f} \u{2028} é 💥",
+        ];
+        for text in hostile {
+            let sql = sql_of(&raising_statement("23514", text, text));
+            let (shape, texts) = skeleton(&sql);
+            // Same statement as for empty texts, but for the hex digits.
+            assert_eq!(shape, empty, "{text:?}");
+            assert_eq!(sql.matches("$resumeguard$").count(), 2, "{sql}");
+            assert!(!sql.contains('\\') && !sql.contains('\0'), "{sql}");
+            assert!(sql.is_ascii(), "{sql}");
+            let kept = text.replace('\0', "\u{fffd}");
+            assert_eq!(texts[0], kept);
+            assert_eq!(texts[1], kept);
+            assert!(texts.iter().all(|t| !t.contains('\0')), "{texts:?}");
+            assert!(texts[2].is_ascii() && texts[3].is_ascii(), "{texts:?}");
+        }
+    }
+
+    #[test]
+    fn the_raising_query_carries_the_same_statement() {
+        let text = "x\\'; PERFORM pg_sleep(4); -- $resumeguard$";
+        let q = raising_query("0A000", text, "");
+        let h = peek_frame(&q, 1 << 20).unwrap().unwrap();
+        assert_eq!((h.tag, h.total_len), (b'Q', q.len()));
+        let sql = String::from_utf8(q[5..q.len() - 1].to_vec()).unwrap();
+        assert_eq!(sql, sql_of(&raising_statement("0A000", text, "")));
+        assert!(!sql.contains("pg_sleep"), "{sql}");
+    }
+
+    #[test]
+    fn the_ascii_form_escapes_only_non_ascii() {
+        assert_eq!(ascii("a'\\b"), "a'\\b");
+        assert_eq!(ascii("é\0💥"), "\\u{e9}\\u{0}\\u{1f4a5}");
     }
 }

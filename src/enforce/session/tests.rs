@@ -476,7 +476,7 @@ fn an_invalid_blob_is_refused_at_the_checkpoint_row_that_names_it() {
     // ... and the checkpoint row of the same put carries the rejection.
     let injected = st.on_client(&put_bind()).unwrap().expect("rejected");
     assert!(is_raise(&injected));
-    let text = String::from_utf8_lossy(&injected);
+    let text = crate::wire::reject::readable(&injected);
     assert!(text.contains("23514"), "{text}");
     assert!(text.contains("checkpoint ck-42"), "{text}");
     assert!(text.contains("/items/type"), "{text}");
