@@ -101,8 +101,9 @@ enum ClaimsCommand {
         #[arg(long)]
         config: Option<PathBuf>,
     },
-    /// Release the held claims of a thread (of one checkpoint), so the next
-    /// resume may take them.
+    /// Release the claims of a thread (of one checkpoint) that hold it: held
+    /// claims, and answered ones whose run never wrote its next checkpoint
+    /// (it died), so the next resume may take them.
     Release {
         #[arg(long)]
         thread: String,
@@ -182,7 +183,8 @@ fn run() -> anyhow::Result<()> {
                 },
         } => {
             let cfg = load_config(config)?;
-            let store = ClaimStore::open(&store.unwrap_or_else(|| cfg.claims_store_path()))?;
+            let store =
+                ClaimStore::open_existing(&store.unwrap_or_else(|| cfg.claims_store_path()))?;
             print!("{}", render_claims(&store.list(thread.as_deref())?));
             Ok(())
         }
@@ -196,7 +198,8 @@ fn run() -> anyhow::Result<()> {
                 },
         } => {
             let cfg = load_config(config)?;
-            let store = ClaimStore::open(&store.unwrap_or_else(|| cfg.claims_store_path()))?;
+            let store =
+                ClaimStore::open_existing(&store.unwrap_or_else(|| cfg.claims_store_path()))?;
             let n = store.release(&thread, checkpoint.as_deref())?;
             println!("released {n} claim(s)");
             Ok(())

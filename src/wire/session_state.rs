@@ -182,7 +182,11 @@ impl SessionState {
                         }
                         _ => false,
                     };
-                    let inspect_hint = self.legs.claims.is_some()
+                    let inspect_hint = self
+                        .legs
+                        .claims
+                        .as_ref()
+                        .is_some_and(|l| l.inspection_sql_hint)
                         && class.kind.is_checkpoint_traffic()
                         && cstr(rest)
                             .and_then(|(q, _)| std::str::from_utf8(q).ok())
@@ -655,6 +659,7 @@ impl SessionState {
                 let ev = event(op).with_detail(serde_json::json!({
                     "interrupt": key.short_fingerprint(),
                     "displaced": displaced,
+                    "takeover": res.takeover,
                 }));
                 self.ready_events.push(ev);
                 None

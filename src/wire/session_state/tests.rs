@@ -475,10 +475,9 @@ fn claiming_state(inspection: &[&str], application_name: &str) -> SessionState {
     use crate::policy::claims::WaitPolicy;
     use crate::wire::claims_gate::ClaimsLeg;
     let leg = ClaimsLeg {
-        store: Err(crate::claims::StoreError::Open {
-            path: "unused".into(),
-            reason: "unused".into(),
-        }),
+        store: Arc::new(crate::claims::ClaimStore::connect(std::path::Path::new(
+            "/nonexistent/unused-claims.sqlite",
+        ))),
         proxy_id: "proxy-a".into(),
         lapse_ms: 1_000,
         run_lease: true,
@@ -487,6 +486,7 @@ fn claiming_state(inspection: &[&str], application_name: &str) -> SessionState {
             .iter()
             .map(|p| regex::Regex::new(p).unwrap())
             .collect(),
+        inspection_sql_hint: false,
         evidence: None,
     };
     let classifier = Arc::new(Classifier::new(vec![SaverProfile::langgraph_python()]));
@@ -603,6 +603,7 @@ fn a_refused_running_head_names_the_run_and_a_served_one_records_nothing() {
         decision: ClaimDecision::Serve { takeover: false },
         waited_ms: 0,
         displaced: None,
+        takeover: None,
     };
     assert!(st.apply_claim(&req, &served).is_none());
     assert!(st.ready_events.is_empty(), "{:?}", st.ready_events);
@@ -630,6 +631,7 @@ fn a_refused_running_head_names_the_run_and_a_served_one_records_nothing() {
         },
         waited_ms: 0,
         displaced: None,
+        takeover: None,
     };
     let error = st.apply_claim(&req, &refused);
     assert_refused_and_rest_swallowed(&mut st, error);
@@ -698,6 +700,7 @@ fn a_refused_claim_replaces_the_row_and_swallows_the_rest_of_its_answer() {
             },
             waited_ms: 0,
             displaced: None,
+            takeover: None,
         },
     );
     assert_refused_and_rest_swallowed(&mut st, refusal);
