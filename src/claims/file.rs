@@ -248,7 +248,7 @@ impl Opened {
 /// The store is not the one this process opened: logs the transition once
 /// (ERROR) and returns the error every operation gets meanwhile.
 fn lose(lost: &mut Option<String>, shown: &str, reason: String) -> StoreError {
-    if lost.as_deref() != Some(reason.as_str()) {
+    if lost.is_none() {
         tracing::error!(path = %shown, %reason, "claim store removed or replaced under this \
             proxy: reads of parked heads are refused (58000, fail closed) until the file it \
             opened is back; to adopt a new store, restart every proxy that shares it");
