@@ -308,8 +308,9 @@ fn open_file(path: &Path, shown: &str, mode: OpenMode) -> Result<Opened, StoreEr
     // may lose the last commits, but it also ends every racer.
     conn.pragma_update(None, "synchronous", "NORMAL")
         .map_err(|e| open_err(describe(&e)))?;
-    // The file's identity before the schema: a file replaced between the
-    // two would otherwise pass the first check.
+    // Which file the path names, right after opening it: should the path
+    // change in between, the first operation fails closed (it compares
+    // this with the path again) rather than trusting the wrong file.
     let file = FileId::of(path).map_err(|e| open_err(e.to_string()))?;
     let identity = prepare(&mut conn)
         .map_err(|e| open_err(format!("creating the claims schema: {}", describe(&e))))?;
