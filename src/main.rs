@@ -101,9 +101,10 @@ enum ClaimsCommand {
         #[arg(long)]
         config: Option<PathBuf>,
     },
-    /// Release the claims of a thread (of one checkpoint) that hold it: held
-    /// claims, and answered ones whose run never wrote its next checkpoint
-    /// (it died), so the next resume may take them.
+    /// Release the claims of a thread that hold it: held claims, and answered
+    /// ones whose run never wrote its next checkpoint (it died), so the next
+    /// resume may take them. With --checkpoint, only that checkpoint's, and
+    /// its answered claims even if the thread had moved on (rewound to it).
     Release {
         #[arg(long)]
         thread: String,

@@ -431,8 +431,10 @@ impl ClaimStore {
     /// checkpoint the thread never moved on from (its answering run died
     /// before its next checkpoint: without a release the thread is refused
     /// until that run's holder counts as gone). The next reader takes them
-    /// afresh. An interrupt whose run went on stays consumed. Returns the
-    /// number of claims released.
+    /// afresh. Without `checkpoint_id`, an interrupt whose run went on
+    /// stays consumed; naming the checkpoint releases its consumed claims
+    /// even so (the operator rewound the thread to it). Returns the number
+    /// of claims released.
     pub fn release(
         &self,
         thread_id: &str,
@@ -442,7 +444,8 @@ impl ClaimStore {
             tx.prepare_cached(
                 "UPDATE claims SET state = 'released', abandon_at_ms = NULL \
                  WHERE thread_id = ?1 AND (?2 IS NULL OR checkpoint_id = ?2) \
-                 AND (state = 'held' OR (state = 'consumed' AND superseded_at_ms IS NULL))",
+                 AND (state = 'held' OR (state = 'consumed' \
+                      AND (superseded_at_ms IS NULL OR ?2 IS NOT NULL)))",
             )?
             .execute(params![thread_id, checkpoint_id])
         })

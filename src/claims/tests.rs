@@ -688,6 +688,13 @@ fn release_frees_an_answered_claim_whose_run_never_moved_on() {
         store.try_claim(&k, &holder("p3", 3), T0 + 400, LAPSE),
         Ok(ClaimOutcome::Consumed(_))
     ));
+    // Unless the operator names that checkpoint (the thread was rewound).
+    assert_eq!(store.release("t-1", Some("c2")).expect("release"), 0);
+    assert_eq!(store.release("t-1", Some("c1")).expect("release"), 1);
+    assert!(matches!(
+        store.try_claim(&k, &holder("p3", 3), T0 + 500, LAPSE),
+        Ok(ClaimOutcome::Taken(_))
+    ));
 }
 
 #[test]
