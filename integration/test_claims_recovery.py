@@ -209,6 +209,40 @@ def test_claims_release_frees_a_thread_whose_run_died(db, proxy_factory, workdir
     assert "released 0 claim(s)" in claims_cli("release", "--thread", thread, "--store", str(store))
 
 
+def test_a_thread_rewound_to_an_answered_checkpoint_is_released_by_naming_it(
+        db, proxy_factory, workdir):
+    """A resume that ran to the end, then the thread rewound by hand to the parked
+    checkpoint (its newer checkpoints and writes, and the gated task's writes, deleted).
+    The proxy saw the run move on, so the interrupt stays answered (a read is refused
+    55000, until the superseded grace) and a plain ``claims release --thread`` leaves it;
+    naming the checkpoint releases it and the thread continues."""
+    store = workdir / f"rec-rewind-{uuid.uuid4().hex[:6]}.sqlite"
+    p = start_proxy(proxy_factory, workdir, "rec-rewind", store)
+    via = dsn_of(p, db)
+    thread = tid("rewind")
+    park(via, thread)
+    with psycopg.connect(db, autocommit=True) as c:
+        parked = c.execute("select max(checkpoint_id) from checkpoints where thread_id = %s",
+                           (thread,)).fetchone()[0]
+    first = resume(via, thread, "first", gate_ms=0)
+    assert first["ok"], first
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("delete from checkpoint_writes where thread_id = %s and (checkpoint_id > %s "
+                  "or (checkpoint_id = %s and channel <> '__interrupt__'))",
+                  (thread, parked, parked))
+        c.execute("delete from checkpoints where thread_id = %s and checkpoint_id > %s",
+                  (thread, parked))
+    time.sleep(GRACE_MS / 1000 + 0.5)
+    st = get_state(via, thread)
+    assert not st["ok"] and st["error"]["sqlstate"] == ANSWERED, st
+    assert "released 0 claim(s)" in claims_cli("release", "--thread", thread, "--store", str(store))
+    out = claims_cli("release", "--thread", thread, "--checkpoint", parked, "--store", str(store))
+    assert "released 1 claim(s)" in out, out
+    again = resume(via, thread, "again", gate_ms=0)
+    assert again["ok"], again
+    assert [r[0] for r in ledger(db, thread)] == ["first", "again"]
+
+
 # ----------------------------------------------------------------- store replaced / missing
 def remove_store(store: Path) -> None:
     for suffix in ("", "-wal", "-shm"):
