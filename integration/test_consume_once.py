@@ -15,7 +15,8 @@ CI runs the reduced matrix below (CI_CELLS). The full matrix (N = 2,4,8,16 x gat
 RG_CO_FULL=1 and prints a results table (fires / refusals / waits per cell).
 
 Proxies (``co`` fixture): ``co-A`` and ``co-B`` share one claims store (A also has the
-inspection application_name pattern ``^rg-inspect`` and an inspection listener);
+inspection application_name pattern ``^rg-inspect``, an inspection listener and
+``inspection_sql_hint = true``);
 ``co-F`` has an unopenable claims store (fail closed).
 """
 
@@ -116,7 +117,8 @@ def co(proxy_factory, direct_dsn, workdir) -> Env:
               f'holder_gone_grace_ms = {GRACE_MS}\nprogress_hold_ms = {PROGRESS_HOLD_MS}\n')
     cfg_a.write_text(f'[enforce]\nconsume_once = true\n\n[claims]\n{common}proxy_id = "co-A"\n'
                      f'inspection_application_names = ["^rg-inspect"]\n'
-                     f'inspection_listen = "{HOST}:{ins}"\n')
+                     f'inspection_listen = "{HOST}:{ins}"\n'
+                     f'inspection_sql_hint = true\n')
     cfg_b = workdir / "co-B.toml"
     cfg_b.write_text(f'[claims]\n{common}')
     a = proxy_factory("--config", str(cfg_a), name="co-A")

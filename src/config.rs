@@ -81,6 +81,11 @@ pub struct ClaimsConfig {
     pub inspection_application_names: Vec<String>,
     /// A second listen address whose sessions are all inspection.
     pub inspection_listen: Option<String>,
+    /// Whether a `/* resumeguard:inspect */` comment in a checkpoint read
+    /// marks it as inspection (never claims). Off by default: the comment
+    /// is free for any client to write, and a resume carrying it would
+    /// fire however many others race it.
+    pub inspection_sql_hint: bool,
 }
 
 impl Default for ClaimsConfig {
@@ -97,6 +102,7 @@ impl Default for ClaimsConfig {
             run_lease_ms: DEFAULT_RUN_LEASE_MS,
             inspection_application_names: Vec::new(),
             inspection_listen: None,
+            inspection_sql_hint: false,
         }
     }
 }
@@ -209,7 +215,7 @@ impl Config {
 
     /// The consume-once leg. A store that does not open is not fatal: the
     /// proxy runs and refuses reads of parked heads until it does (fail
-    /// closed), and says so.
+    /// closed), says so, and retries opening it on use.
     fn claims_leg(&self, audit: &AuditSink) -> anyhow::Result<ClaimsLeg> {
         let c = &self.claims;
         let policy = match c.policy.as_str() {
@@ -228,23 +234,17 @@ impl Config {
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         let proxy_id = c.proxy_id.clone().unwrap_or_else(default_proxy_id);
-        let path = self.claims_store_path();
-        let store = ClaimStore::open(&path).map(|s| Arc::new(s.with_run_lease(c.run_lease_ms)));
-        let evidence = match &store {
-            Ok(s) => Some(evidence::start(
-                Arc::clone(s),
-                proxy_id.clone(),
-                EvidenceTiming {
-                    progress_hold_ms: c.progress_hold_ms,
-                    holder_gone_grace_ms: c.holder_gone_grace_ms,
-                },
-                audit.clone(),
-            )),
-            Err(e) => {
-                tracing::error!(error = %e, "claim store unavailable: reads of parked heads will be refused until it opens");
-                None
-            }
-        };
+        let store =
+            Arc::new(ClaimStore::connect(&self.claims_store_path()).with_run_lease(c.run_lease_ms));
+        let evidence = evidence::start(
+            Arc::clone(&store),
+            proxy_id.clone(),
+            EvidenceTiming {
+                progress_hold_ms: c.progress_hold_ms,
+                holder_gone_grace_ms: c.holder_gone_grace_ms,
+            },
+            audit.clone(),
+        );
         Ok(ClaimsLeg {
             store,
             proxy_id,
@@ -252,7 +252,8 @@ impl Config {
             run_lease: c.run_lease_ms > 0,
             policy,
             inspection_patterns,
-            evidence,
+            inspection_sql_hint: c.inspection_sql_hint,
+            evidence: Some(evidence),
         })
     }
 
@@ -370,6 +371,14 @@ mod tests {
         assert_eq!(refuse.enforce.unknown_saver, UnknownSaverPolicy::Refuse);
         let err = toml::from_str::<Config>("[enforce]\nunknown_saver = \"ignore\"").unwrap_err();
         assert!(err.to_string().contains("ignore"), "{err}");
+    }
+
+    #[test]
+    fn the_inspection_sql_hint_is_off_unless_configured() {
+        let off = toml::from_str::<Config>("[claims]\nlapse_ms = 10").unwrap();
+        assert!(!off.claims.inspection_sql_hint);
+        let on = toml::from_str::<Config>("[claims]\ninspection_sql_hint = true").unwrap();
+        assert!(on.claims.inspection_sql_hint);
     }
 
     #[test]

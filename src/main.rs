@@ -123,8 +123,10 @@ enum ClaimsCommand {
         #[arg(long)]
         config: Option<PathBuf>,
     },
-    /// Release the held claims of a thread (of one checkpoint), so the next
-    /// resume may take them.
+    /// Release the claims of a thread that hold it: held claims, and answered
+    /// ones whose run never wrote its next checkpoint (it died), so the next
+    /// resume may take them. With --checkpoint, only that checkpoint's, and
+    /// its answered claims even if the thread had moved on (rewound to it).
     Release {
         #[arg(long)]
         thread: String,
@@ -205,7 +207,8 @@ fn run() -> anyhow::Result<()> {
                 },
         } => {
             let cfg = load_config(config)?;
-            let store = ClaimStore::open(&store.unwrap_or_else(|| cfg.claims_store_path()))?;
+            let store =
+                ClaimStore::open_existing(&store.unwrap_or_else(|| cfg.claims_store_path()))?;
             print!("{}", render_claims(&store.list(thread.as_deref())?));
             Ok(())
         }
@@ -219,7 +222,8 @@ fn run() -> anyhow::Result<()> {
                 },
         } => {
             let cfg = load_config(config)?;
-            let store = ClaimStore::open(&store.unwrap_or_else(|| cfg.claims_store_path()))?;
+            let store =
+                ClaimStore::open_existing(&store.unwrap_or_else(|| cfg.claims_store_path()))?;
             let n = store.release(&thread, checkpoint.as_deref())?;
             println!("released {n} claim(s)");
             Ok(())

@@ -11,6 +11,14 @@ pub enum StoreError {
     /// The database file could not be opened or prepared.
     #[error("claim store unavailable: cannot open {path}: {reason}")]
     Open { path: String, reason: String },
+    /// The path no longer holds the file this process opened (removed,
+    /// replaced, or overwritten with another store): replicas no longer
+    /// share claims, so nothing is decided until that file is back.
+    #[error(
+        "claim store unavailable: {path} is not the store this proxy opened: {reason}; \
+         restore that file, or restart every proxy sharing the store to adopt a new one"
+    )]
+    Replaced { path: String, reason: String },
     /// An operation failed on an open store (locked past the busy
     /// timeout, disk full, file removed, unreadable row, ...).
     #[error("claim store unavailable: {op} failed on {path}: {reason}")]

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use super::{now_ms, ClaimRecord, ClaimStore};
+use super::{now_ms, ClaimRecord, ClaimStore, StoreError};
 use crate::audit::{AuditEvent, AuditSink, Operation, SessionContext};
 
 /// What a committed write or a closed session means for claims.
@@ -154,6 +154,10 @@ fn run(
                 for record in consumed {
                     audit.record(consumed_event(&ctx, &ev, &record));
                 }
+            }
+            // An unopened or replaced store was reported once, at ERROR.
+            Err(e @ (StoreError::Open { .. } | StoreError::Replaced { .. })) => {
+                tracing::debug!(error = %e, ?ev, "claim evidence not applied")
             }
             Err(e) => tracing::warn!(error = %e, ?ev, "claim evidence not applied"),
         }

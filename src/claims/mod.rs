@@ -4,7 +4,10 @@
 //! read or a dead holder never strands the thread.
 //!
 //! - `model`: keys, holders, records, the interrupt fingerprint.
-//! - `store`: the shared SQLite file and its one-transaction operations.
+//! - `file`: the shared SQLite file: opening (retried), identity, the
+//!   check that it is still the file this process opened.
+//! - `store`: claims, one transaction per operation; `rows` maps them.
+//! - `leases`: run leases of answered threads.
 //! - `render`: the table behind `resumeguard claims list`.
 //!
 //! The decision for a read (serve, wait, refuse) is pure and lives in
@@ -12,19 +15,23 @@
 
 mod error;
 pub mod evidence;
+mod file;
+mod leases;
 mod model;
 mod render;
+mod rows;
 mod store;
 
 #[cfg(test)]
 mod tests;
 
 pub use error::StoreError;
+pub use file::BUSY_TIMEOUT;
 pub use model::{
     format_ms, interrupt_fingerprint, now_ms, ClaimKey, ClaimRecord, ClaimState, Holder, RunLease,
 };
 pub use render::render_claims;
 pub use store::{
-    ClaimOutcome, ClaimStore, BUSY_TIMEOUT, DEFAULT_RETAIN_MS, DEFAULT_RUN_LEASE_MS,
-    DEFAULT_SUPERSEDED_GRACE_MS, NEXT_CHECKPOINT,
+    ClaimOutcome, ClaimStore, DEFAULT_RETAIN_MS, DEFAULT_RUN_LEASE_MS, DEFAULT_SUPERSEDED_GRACE_MS,
+    NEXT_CHECKPOINT,
 };

@@ -93,14 +93,38 @@ pub struct ClaimRecord {
     pub evidence: Option<String>,
     /// Readers refused while this claim was live or consumed.
     pub refusals: i64,
-    /// Times another session took this claim over after it lapsed.
+    /// Times another session took this claim over (after it lapsed, or
+    /// after its answering run was abandoned).
     pub takeovers: i64,
+    /// When the thread put a checkpoint whose parent is this claim's
+    /// checkpoint (it moved on), if it did.
+    pub superseded_at_ms: Option<i64>,
+    /// When the holder counts as gone: its connection closed, plus
+    /// `holder_gone_grace_ms`. `None` while the connection is open.
+    pub abandon_at_ms: Option<i64>,
 }
 
 impl ClaimRecord {
     /// A held claim past its lapse time: the next other reader takes it.
     pub fn is_lapsed(&self, now_ms: i64) -> bool {
         self.state == ClaimState::Held && now_ms >= self.lapse_at_ms
+    }
+
+    /// A consumed claim whose answering run was abandoned: the holder is
+    /// gone (its connection closed and the grace passed), the thread never
+    /// moved on from the claim's checkpoint (no child checkpoint was
+    /// recorded) and the run no longer writes (`run_writing`: the thread's
+    /// run lease is live, e.g. other connections of a pool still write).
+    /// The answer was recorded but its run died before its next checkpoint
+    /// (a crash, a PostgreSQL restart): the thread would be stranded on a
+    /// head every reader is refused, so the next reader takes it over.
+    /// An interrupt answered by a run that went on (a child checkpoint
+    /// exists) or whose holder is still connected stays consumed.
+    pub fn is_abandoned(&self, now_ms: i64, run_writing: bool) -> bool {
+        self.state == ClaimState::Consumed
+            && self.superseded_at_ms.is_none()
+            && self.abandon_at_ms.is_some_and(|at| now_ms >= at)
+            && !run_writing
     }
 
     /// Consumed after its lapse time: the run took longer than the lapse,

@@ -1,29 +1,26 @@
-//! The claim store: one SQLite file shared by every proxy replica in front
-//! of the same database.
+//! The claim store: the claims of one SQLite file shared by every proxy
+//! replica in front of the same database.
 //!
 //! Each operation is one `BEGIN IMMEDIATE` transaction: the write lock is
 //! taken before the row is read, so two processes racing for one interrupt
 //! serialize on the file and exactly one sees no live claim. Replicas must
 //! share the file on one host (or a local volume mounted by several
 //! containers of one host): WAL needs shared memory, which network file
-//! systems do not give.
+//! systems do not give. The file itself (opening, identity) is
+//! `claims::file`; run leases are `claims::leases`.
 //!
 //! Time is passed in (`now_ms`, wall-clock ms since the Unix epoch) so the
 //! store never reads a clock and tests never sleep.
 
 use std::path::Path;
-use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
 
-use rusqlite::{params, Connection, ErrorCode, OptionalExtension, Row, Transaction};
-use rusqlite::{ToSql, TransactionBehavior};
+use rusqlite::{params, Transaction, TransactionBehavior};
 
 use super::error::StoreError;
-use super::model::{ClaimKey, ClaimRecord, ClaimState, Holder, RunLease};
-
-/// How long an operation waits for another process's transaction before
-/// the store counts as unavailable (and the read is refused).
-pub const BUSY_TIMEOUT: Duration = Duration::from_secs(2);
+use super::file::{OpenMode, StoreFile};
+use super::leases::{drop_thread_leases, end_holder_leases, live_lease};
+use super::model::{ClaimKey, ClaimRecord, ClaimState, Holder};
+use super::rows::{key_params, select_key, select_where, CHECKPOINT_MATCH, COLUMNS, KEY_MATCH};
 
 /// Default retention of finished rows (consumed, released, long-lapsed):
 /// long enough that a thread parked for hours still refuses a stray
@@ -32,7 +29,9 @@ pub const DEFAULT_RETAIN_MS: i64 = 24 * 60 * 60 * 1000;
 
 /// Default time rows on a superseded checkpoint are kept after the thread
 /// moved on: racers that read the parked head just before the move still
-/// find the consumed claim and are refused.
+/// find the consumed claim and are refused. Past it a row counts as gone
+/// (a reader of that checkpoint as head claims it afresh) even before a
+/// purge deletes it.
 pub const DEFAULT_SUPERSEDED_GRACE_MS: i64 = 60 * 1000;
 
 /// Default run lease: how long after the answering run's latest write
@@ -42,56 +41,6 @@ pub const DEFAULT_RUN_LEASE_MS: i64 = 10 * 1000;
 
 /// Evidence recorded when a newer checkpoint consumes held claims.
 pub const NEXT_CHECKPOINT: &str = "next checkpoint";
-
-const SCHEMA: &str = r#"
-CREATE TABLE IF NOT EXISTS claims (
-    thread_id TEXT NOT NULL,
-    checkpoint_ns TEXT NOT NULL,
-    checkpoint_id TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('held', 'consumed', 'released')),
-    proxy_id TEXT NOT NULL,
-    session_id INTEGER NOT NULL,
-    client_addr TEXT NOT NULL,
-    application_name TEXT NOT NULL,
-    claimed_at_ms INTEGER NOT NULL,
-    lapse_at_ms INTEGER NOT NULL,
-    consumed_at_ms INTEGER,
-    evidence TEXT,
-    refusals INTEGER NOT NULL DEFAULT 0,
-    takeovers INTEGER NOT NULL DEFAULT 0,
-    superseded_at_ms INTEGER,
-    PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, fingerprint)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS claims_consumed_at ON claims(consumed_at_ms);
-CREATE INDEX IF NOT EXISTS claims_lapse_at ON claims(lapse_at_ms);
-CREATE INDEX IF NOT EXISTS claims_superseded_at ON claims(superseded_at_ms);
-CREATE INDEX IF NOT EXISTS claims_holder ON claims(proxy_id, session_id);
-CREATE TABLE IF NOT EXISTS run_leases (
-    thread_id TEXT NOT NULL,
-    checkpoint_ns TEXT NOT NULL,
-    answered_checkpoint_id TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,
-    proxy_id TEXT NOT NULL,
-    session_id INTEGER NOT NULL,
-    client_addr TEXT NOT NULL,
-    application_name TEXT NOT NULL,
-    answered_at_ms INTEGER NOT NULL,
-    last_write_ms INTEGER NOT NULL,
-    until_ms INTEGER NOT NULL,
-    PRIMARY KEY (thread_id, checkpoint_ns)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS run_leases_until ON run_leases(until_ms);
-"#;
-
-const COLUMNS: &str = "thread_id, checkpoint_ns, checkpoint_id, fingerprint, state, \
-    proxy_id, session_id, client_addr, application_name, claimed_at_ms, lapse_at_ms, \
-    consumed_at_ms, evidence, refusals, takeovers";
-
-const KEY_MATCH: &str =
-    "thread_id = ?1 AND checkpoint_ns = ?2 AND checkpoint_id = ?3 AND fingerprint = ?4";
-
-const CHECKPOINT_MATCH: &str = "thread_id = ?1 AND checkpoint_ns = ?2 AND checkpoint_id = ?3";
 
 /// What a reader of a parked head got from [`ClaimStore::try_claim`].
 // Built once per parked read and moved, never stored in bulk: boxing the
@@ -108,8 +57,11 @@ pub enum ClaimOutcome {
     AlreadyHeld(ClaimRecord),
     /// Another session holds it and it has not lapsed.
     Busy(ClaimRecord),
-    /// Another session's claim lapsed with no evidence: this reader took
-    /// it over. `now` has `takeovers` incremented.
+    /// Another session's claim could be taken and this reader took it:
+    /// a held claim that lapsed with no evidence, or a consumed claim whose
+    /// answering run was abandoned ([`ClaimRecord::is_abandoned`];
+    /// `previous.state` is then `Consumed`). `now` has `takeovers`
+    /// incremented.
     TakenOver {
         previous: ClaimRecord,
         now: ClaimRecord,
@@ -122,20 +74,19 @@ pub enum ClaimOutcome {
 ///
 /// `Send + Sync`: one connection behind a mutex, shared in an `Arc` by the
 /// session threads and the evidence worker; calls may block up to
-/// [`BUSY_TIMEOUT`] on another process.
+/// [`super::BUSY_TIMEOUT`] on another process.
 /// Not `Clone`: two handles in one process would only contend on the file.
 pub struct ClaimStore {
-    conn: Mutex<Connection>,
-    path: String,
+    file: StoreFile,
     retain_ms: i64,
     superseded_grace_ms: i64,
-    run_lease_ms: i64,
+    pub(super) run_lease_ms: i64,
 }
 
 impl std::fmt::Debug for ClaimStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClaimStore")
-            .field("path", &self.path)
+            .field("path", &self.path())
             .field("retain_ms", &self.retain_ms)
             .field("superseded_grace_ms", &self.superseded_grace_ms)
             .field("run_lease_ms", &self.run_lease_ms)
@@ -145,46 +96,34 @@ impl std::fmt::Debug for ClaimStore {
 
 impl ClaimStore {
     /// Opens (creating if needed) the claim file at `path` in WAL mode and
-    /// creates the schema.
+    /// creates the schema and the file's identity. Fails at once if it
+    /// cannot.
     pub fn open(path: &Path) -> Result<ClaimStore, StoreError> {
-        let shown = path.display().to_string();
-        let open_err = |reason: String| StoreError::Open {
-            path: shown.clone(),
-            reason,
-        };
-        if path.is_dir() {
-            return Err(open_err("it is a directory, not a database file".into()));
-        }
-        if let Some(parent) = path.parent() {
-            if !parent.as_os_str().is_empty() && !parent.is_dir() {
-                return Err(open_err(format!(
-                    "directory {} does not exist",
-                    parent.display()
-                )));
-            }
-        }
-        let conn = Connection::open(path).map_err(|e| open_err(describe(&e)))?;
-        conn.busy_timeout(BUSY_TIMEOUT)
-            .map_err(|e| open_err(describe(&e)))?;
-        let mode: String = conn
-            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-            .map_err(|e| open_err(describe(&e)))?;
-        if !mode.eq_ignore_ascii_case("wal") {
-            tracing::warn!(path = %shown, %mode, "claim store is not in WAL mode");
-        }
-        // NORMAL is durable across process crashes in WAL mode; an OS crash
-        // may lose the last commits, but it also ends every racer.
-        conn.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(|e| open_err(describe(&e)))?;
-        conn.execute_batch(SCHEMA)
-            .map_err(|e| open_err(format!("creating the claims schema: {}", describe(&e))))?;
-        Ok(ClaimStore {
-            conn: Mutex::new(conn),
-            path: shown,
+        StoreFile::open(path, OpenMode::Create).map(ClaimStore::on)
+    }
+
+    /// Opens an existing claim file (operator commands: a mistyped path
+    /// must not start a new store beside the replicas' one).
+    pub fn open_existing(path: &Path) -> Result<ClaimStore, StoreError> {
+        StoreFile::open(path, OpenMode::Existing).map(ClaimStore::on)
+    }
+
+    /// The proxy's store: opened now if it can be; otherwise every
+    /// operation fails with the open error (reads of parked heads are
+    /// refused) and opening is retried on use, with backoff, until it
+    /// works. Once open, an operation fails while the path does not hold
+    /// the file this process opened (removed, replaced, overwritten).
+    pub fn connect(path: &Path) -> ClaimStore {
+        ClaimStore::on(StoreFile::connect(path))
+    }
+
+    fn on(file: StoreFile) -> ClaimStore {
+        ClaimStore {
+            file,
             retain_ms: DEFAULT_RETAIN_MS,
             superseded_grace_ms: DEFAULT_SUPERSEDED_GRACE_MS,
             run_lease_ms: DEFAULT_RUN_LEASE_MS,
-        })
+        }
     }
 
     /// Sets how long consumed, released and long-lapsed rows are kept
@@ -209,7 +148,7 @@ impl ClaimStore {
 
     /// The file this store lives in, as shown in errors.
     pub fn path(&self) -> &str {
-        &self.path
+        self.file.shown()
     }
 
     /// A reader of a parked head asks for the interrupt `key`. A new claim
@@ -222,11 +161,16 @@ impl ClaimStore {
         lapse_ms: i64,
     ) -> Result<ClaimOutcome, StoreError> {
         let lapse_at_ms = now_ms.saturating_add(lapse_ms.max(0));
+        let superseded_cutoff = now_ms.saturating_sub(self.superseded_grace_ms);
         self.with_tx("taking a claim", |tx| {
-            let Some(prev) = select_key(tx, key)? else {
+            // A row on a checkpoint superseded longer than the grace ago
+            // is as good as purged: the thread was rewound to it.
+            let prev = select_key(tx, key)?
+                .filter(|p| p.superseded_at_ms.is_none_or(|at| at > superseded_cutoff));
+            let Some(prev) = prev else {
                 tx.prepare_cached(&format!(
-                    "INSERT INTO claims ({COLUMNS}) \
-                     VALUES (?1, ?2, ?3, ?4, 'held', ?5, ?6, ?7, ?8, ?9, ?10, NULL, NULL, 0, 0)"
+                    "INSERT OR REPLACE INTO claims ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, 'held', \
+                     ?5, ?6, ?7, ?8, ?9, ?10, NULL, NULL, 0, 0, NULL, NULL)"
                 ))?
                 .execute(params![
                     key.thread_id,
@@ -250,10 +194,24 @@ impl ClaimStore {
                     evidence: None,
                     refusals: 0,
                     takeovers: 0,
+                    superseded_at_ms: None,
+                    abandon_at_ms: None,
                 }));
             };
             let outcome = match prev.state {
-                ClaimState::Consumed => ClaimOutcome::Consumed(prev),
+                ClaimState::Consumed => {
+                    let writing = self.run_lease_ms > 0
+                        && live_lease(tx, &key.thread_id, &key.checkpoint_ns, now_ms)?.is_some();
+                    if prev.is_abandoned(now_ms, writing) {
+                        let now = retake(tx, &prev, holder, now_ms, lapse_at_ms, 1)?;
+                        ClaimOutcome::TakenOver {
+                            previous: prev,
+                            now,
+                        }
+                    } else {
+                        ClaimOutcome::Consumed(prev)
+                    }
+                }
                 ClaimState::Held if prev.holder.same_session(holder) => {
                     ClaimOutcome::AlreadyHeld(prev)
                 }
@@ -354,7 +312,9 @@ impl ClaimStore {
 
     /// The holder's connection closed: its held claims lapse, and its run
     /// leases end, no later than `now_ms + grace_ms`, so a crash mid-gate
-    /// or mid-run frees the thread sooner. Returns the claim records whose
+    /// or mid-run frees the thread sooner; from then on its held and
+    /// consumed claims count as abandoned by it
+    /// ([`ClaimRecord::is_abandoned`]). Returns the claim records whose
     /// lapse was shortened.
     pub fn holder_gone(
         &self,
@@ -374,12 +334,14 @@ impl ClaimStore {
             ))?
             .execute(params![proxy_id, session_id as i64, until])?;
             tx.prepare_cached(
-                "UPDATE run_leases SET until_ms = ?3 \
-                 WHERE proxy_id = ?1 AND session_id = ?2 AND until_ms > ?3",
+                "UPDATE claims SET abandon_at_ms = ?3 WHERE proxy_id = ?1 AND session_id = ?2 \
+                 AND state IN ('held', 'consumed') AND abandon_at_ms IS NULL",
             )?
             .execute(params![proxy_id, session_id as i64, until])?;
+            end_holder_leases(tx, proxy_id, session_id, until)?;
             for r in &mut shortened {
                 r.lapse_at_ms = until;
+                r.abandon_at_ms = Some(r.abandon_at_ms.unwrap_or(until));
             }
             Ok(shortened)
         })
@@ -446,82 +408,10 @@ impl ClaimStore {
     /// run leases go.
     pub fn forget_thread(&self, thread_id: &str) -> Result<usize, StoreError> {
         self.with_tx("forgetting a thread", |tx| {
-            tx.prepare_cached("DELETE FROM run_leases WHERE thread_id = ?1")?
-                .execute([thread_id])?;
+            drop_thread_leases(tx, thread_id, None)?;
             tx.prepare_cached("DELETE FROM claims WHERE thread_id = ?1")?
                 .execute([thread_id])
         })
-    }
-
-    /// The live run lease on a namespace of a thread, if any.
-    pub fn run_lease(
-        &self,
-        thread_id: &str,
-        checkpoint_ns: &str,
-        now_ms: i64,
-    ) -> Result<Option<RunLease>, StoreError> {
-        self.with_tx_as("reading a run lease", TransactionBehavior::Deferred, |tx| {
-            tx.prepare_cached(
-                "SELECT thread_id, checkpoint_ns, answered_checkpoint_id, fingerprint, proxy_id, \
-                 session_id, client_addr, application_name, answered_at_ms, last_write_ms, until_ms \
-                 FROM run_leases WHERE thread_id = ?1 AND checkpoint_ns = ?2 AND until_ms > ?3",
-            )?
-            .query_row(params![thread_id, checkpoint_ns, now_ms], |r| {
-                Ok(RunLease {
-                    thread_id: r.get(0)?,
-                    checkpoint_ns: r.get(1)?,
-                    answered_checkpoint_id: r.get(2)?,
-                    fingerprint: r.get(3)?,
-                    holder: holder_at(r, 4)?,
-                    answered_at_ms: r.get(8)?,
-                    last_write_ms: r.get(9)?,
-                    until_ms: r.get(10)?,
-                })
-            })
-            .optional()
-        })
-    }
-
-    /// A write of the thread arrived: claims it just consumed start a run
-    /// lease held by their holder, and the thread's live leases last
-    /// `run_lease_ms` past this write.
-    fn lease_runs(
-        &self,
-        tx: &Transaction<'_>,
-        thread_id: &str,
-        consumed: &[ClaimRecord],
-        now_ms: i64,
-    ) -> rusqlite::Result<()> {
-        if self.run_lease_ms == 0 {
-            return Ok(());
-        }
-        let until = now_ms.saturating_add(self.run_lease_ms);
-        for c in consumed {
-            tx.prepare_cached(
-                "INSERT OR REPLACE INTO run_leases (thread_id, checkpoint_ns, \
-                 answered_checkpoint_id, fingerprint, proxy_id, session_id, client_addr, \
-                 application_name, answered_at_ms, last_write_ms, until_ms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)",
-            )?
-            .execute(params![
-                c.key.thread_id,
-                c.key.checkpoint_ns,
-                c.key.checkpoint_id,
-                c.key.fingerprint,
-                c.holder.proxy_id,
-                c.holder.session_id as i64,
-                c.holder.client_addr,
-                c.holder.application_name,
-                now_ms,
-                until
-            ])?;
-        }
-        tx.prepare_cached(
-            "UPDATE run_leases SET last_write_ms = ?2, until_ms = max(until_ms, ?3) \
-             WHERE thread_id = ?1 AND until_ms > ?2",
-        )?
-        .execute(params![thread_id, now_ms, until])?;
-        Ok(())
     }
 
     /// Claims of one thread, or all, ordered by thread, namespace and time.
@@ -537,7 +427,14 @@ impl ClaimStore {
     }
 
     /// Operator release: held claims of the thread (optionally of one
-    /// checkpoint) become released; the next reader takes them afresh.
+    /// checkpoint) become released, and so do consumed claims on a
+    /// checkpoint the thread never moved on from (its answering run died
+    /// before its next checkpoint: without a release the thread is refused
+    /// until that run's holder counts as gone). The next reader takes them
+    /// afresh. Without `checkpoint_id`, an interrupt whose run went on
+    /// stays consumed; naming the checkpoint releases its consumed claims
+    /// even so (the operator rewound the thread to it). Returns the number
+    /// of claims released.
     pub fn release(
         &self,
         thread_id: &str,
@@ -545,8 +442,10 @@ impl ClaimStore {
     ) -> Result<usize, StoreError> {
         self.with_tx("releasing claims", |tx| {
             tx.prepare_cached(
-                "UPDATE claims SET state = 'released' WHERE thread_id = ?1 \
-                 AND state = 'held' AND (?2 IS NULL OR checkpoint_id = ?2)",
+                "UPDATE claims SET state = 'released', abandon_at_ms = NULL \
+                 WHERE thread_id = ?1 AND (?2 IS NULL OR checkpoint_id = ?2) \
+                 AND (state = 'held' OR (state = 'consumed' \
+                      AND (superseded_at_ms IS NULL OR ?2 IS NOT NULL)))",
             )?
             .execute(params![thread_id, checkpoint_id])
         })
@@ -558,69 +457,19 @@ impl ClaimStore {
         op: &'static str,
         f: impl FnOnce(&Transaction<'_>) -> rusqlite::Result<T>,
     ) -> Result<T, StoreError> {
-        self.with_tx_as(op, TransactionBehavior::Immediate, f)
+        self.file.with_tx(op, TransactionBehavior::Immediate, f)
     }
 
     /// [`ClaimStore::with_tx`] with another locking behaviour: `Deferred`
     /// for a read, which then takes no write lock other processes wait on.
-    fn with_tx_as<T>(
+    pub(super) fn with_tx_as<T>(
         &self,
         op: &'static str,
         behavior: TransactionBehavior,
         f: impl FnOnce(&Transaction<'_>) -> rusqlite::Result<T>,
     ) -> Result<T, StoreError> {
-        let err = |e: rusqlite::Error| StoreError::Sqlite {
-            path: self.path.clone(),
-            op,
-            reason: describe(&e),
-        };
-        // A panic elsewhere cannot leave a half-done transaction behind:
-        // dropping a `Transaction` rolls it back, so the connection is sound.
-        let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
-        let tx = conn.transaction_with_behavior(behavior).map_err(err)?;
-        let out = f(&tx).map_err(err)?;
-        tx.commit().map_err(err)?;
-        Ok(out)
+        self.file.with_tx(op, behavior, f)
     }
-}
-
-/// SQLite's text, with the busy case spelled out.
-fn describe(e: &rusqlite::Error) -> String {
-    match e.sqlite_error_code() {
-        Some(ErrorCode::DatabaseBusy) | Some(ErrorCode::DatabaseLocked) => format!(
-            "{e} (still locked by another process after {} ms)",
-            BUSY_TIMEOUT.as_millis()
-        ),
-        _ => e.to_string(),
-    }
-}
-
-fn key_params(key: &ClaimKey) -> [&dyn ToSql; 4] {
-    [
-        &key.thread_id,
-        &key.checkpoint_ns,
-        &key.checkpoint_id,
-        &key.fingerprint,
-    ]
-}
-
-fn select_key(tx: &Transaction<'_>, key: &ClaimKey) -> rusqlite::Result<Option<ClaimRecord>> {
-    tx.prepare_cached(&format!("SELECT {COLUMNS} FROM claims WHERE {KEY_MATCH}"))?
-        .query_row(key_params(key).as_slice(), record)
-        .optional()
-}
-
-fn select_where(
-    tx: &Transaction<'_>,
-    filter: &str,
-    args: &[&dyn ToSql],
-) -> rusqlite::Result<Vec<ClaimRecord>> {
-    tx.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM claims WHERE {filter} \
-         ORDER BY thread_id, checkpoint_ns, claimed_at_ms, checkpoint_id, fingerprint"
-    ))?
-    .query_map(args, record)?
-    .collect()
 }
 
 /// Hands `prev`'s row to `holder` as a fresh held claim.
@@ -635,7 +484,7 @@ fn retake(
     tx.prepare_cached(&format!(
         "UPDATE claims SET state = 'held', proxy_id = ?5, session_id = ?6, client_addr = ?7, \
          application_name = ?8, claimed_at_ms = ?9, lapse_at_ms = ?10, consumed_at_ms = NULL, \
-         evidence = NULL, takeovers = takeovers + ?11 WHERE {KEY_MATCH}"
+         evidence = NULL, takeovers = takeovers + ?11, abandon_at_ms = NULL WHERE {KEY_MATCH}"
     ))?
     .execute(params![
         prev.key.thread_id,
@@ -660,6 +509,8 @@ fn retake(
         evidence: None,
         refusals: prev.refusals,
         takeovers: prev.takeovers + takeover,
+        superseded_at_ms: prev.superseded_at_ms,
+        abandon_at_ms: None,
     })
 }
 
@@ -707,43 +558,4 @@ fn purge_before(tx: &Transaction<'_>, cutoff: i64) -> rusqlite::Result<usize> {
         )?
         .execute([cutoff])?;
     Ok(consumed + stale)
-}
-
-/// The four holder columns (proxy_id, session_id, client_addr,
-/// application_name) starting at column `first`.
-fn holder_at(r: &Row<'_>, first: usize) -> rusqlite::Result<Holder> {
-    Ok(Holder {
-        proxy_id: r.get(first)?,
-        // Stored as the same 64 bits in SQLite's signed INTEGER.
-        session_id: r.get::<_, i64>(first + 1)? as u64,
-        client_addr: r.get(first + 2)?,
-        application_name: r.get(first + 3)?,
-    })
-}
-
-fn record(r: &Row<'_>) -> rusqlite::Result<ClaimRecord> {
-    let state: String = r.get(4)?;
-    let state = ClaimState::parse(&state).ok_or_else(|| {
-        rusqlite::Error::FromSqlConversionFailure(
-            4,
-            rusqlite::types::Type::Text,
-            format!("unknown claim state {state:?}").into(),
-        )
-    })?;
-    Ok(ClaimRecord {
-        key: ClaimKey {
-            thread_id: r.get(0)?,
-            checkpoint_ns: r.get(1)?,
-            checkpoint_id: r.get(2)?,
-            fingerprint: r.get(3)?,
-        },
-        holder: holder_at(r, 5)?,
-        state,
-        claimed_at_ms: r.get(9)?,
-        lapse_at_ms: r.get(10)?,
-        consumed_at_ms: r.get(11)?,
-        evidence: r.get(12)?,
-        refusals: r.get(13)?,
-        takeovers: r.get(14)?,
-    })
 }

@@ -577,3 +577,301 @@ fn leases_end_with_their_holder_or_thread_and_can_be_off() {
         .expect("consume");
     assert_eq!(store.run_lease("t-1", "", T0 + 2).expect("read"), None);
 }
+
+/// A claim of `h` on c1 of t-1, consumed by its gated task's writes at
+/// `T0 + 10` (the run lease, if any, starts then).
+fn answered(store: &ClaimStore, h: &Holder) -> ClaimKey {
+    let k = key("c1", b"q");
+    store.try_claim(&k, h, T0, LAPSE).expect("claim");
+    store
+        .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 10)
+        .expect("consume");
+    k
+}
+
+#[test]
+fn an_answered_run_abandoned_before_its_next_checkpoint_is_taken_over() {
+    let db = TempDb::new("abandoned");
+    let (a, b) = (db.open().with_run_lease(10_000), db.open());
+    let k = answered(&a, &holder("p1", 1));
+    // The holder's connection closes (a crash: no next checkpoint).
+    a.holder_gone("p1", 1, T0 + 100, 1_000).expect("gone");
+    // Within the grace the interrupt is still answered.
+    assert!(matches!(
+        b.try_claim(&k, &holder("p2", 2), T0 + 1_099, LAPSE),
+        Ok(ClaimOutcome::Consumed(_))
+    ));
+    match b.try_claim(&k, &holder("p2", 2), T0 + 1_100, LAPSE) {
+        Ok(ClaimOutcome::TakenOver { previous, now }) => {
+            assert_eq!(previous.state, ClaimState::Consumed);
+            assert_eq!(previous.holder, holder("p1", 1));
+            assert_eq!(previous.abandon_at_ms, Some(T0 + 1_100));
+            assert_eq!(now.state, ClaimState::Held);
+            assert_eq!(now.holder, holder("p2", 2));
+            assert_eq!(now.takeovers, 1);
+            assert_eq!(now.abandon_at_ms, None);
+        }
+        other => panic!("{other:?}"),
+    }
+    // The new run is a live holder: a third reader waits, and once that
+    // run's writes consume the claim, is refused.
+    assert!(matches!(
+        a.try_claim(&k, &holder("p3", 3), T0 + 1_200, LAPSE),
+        Ok(ClaimOutcome::Busy(_))
+    ));
+    a.consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 1_300)
+        .expect("consume");
+    match a.try_claim(&k, &holder("p3", 3), T0 + 60_000, LAPSE) {
+        Ok(ClaimOutcome::Consumed(r)) => assert_eq!(r.holder, holder("p2", 2)),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn an_answered_run_that_went_on_or_is_alive_still_refuses() {
+    let late = T0 + 50 * LAPSE;
+    // Holder still connected: an answered run in progress.
+    let db = TempDb::new("alive");
+    let store = db.open();
+    let k = answered(&store, &holder("p1", 1));
+    assert!(matches!(
+        store.try_claim(&k, &holder("p2", 2), late, LAPSE),
+        Ok(ClaimOutcome::Consumed(_))
+    ));
+    // A child checkpoint was recorded, then the holder left: finished.
+    let db = TempDb::new("went-on");
+    let store = db.open();
+    let k = answered(&store, &holder("p1", 1));
+    store.move_on("t-1", "", "c1", T0 + 20).expect("move on");
+    store.holder_gone("p1", 1, T0 + 30, 1_000).expect("gone");
+    assert!(matches!(
+        store.try_claim(&k, &holder("p2", 2), T0 + 50_000, LAPSE),
+        Ok(ClaimOutcome::Consumed(_))
+    ));
+    // The holder's connection closed but the run still writes (other
+    // connections of a pool): its run lease is live, so not abandoned.
+    let db = TempDb::new("pool");
+    let store = db.open().with_run_lease(10_000);
+    let k = answered(&store, &holder("p1", 1));
+    store.holder_gone("p1", 1, T0 + 100, 1_000).expect("gone");
+    store
+        .consume("t-1", "", "c9", "another write", i64::MAX, T0 + 1_000)
+        .expect("write");
+    assert!(matches!(
+        store.try_claim(&k, &holder("p2", 2), T0 + 5_000, LAPSE),
+        Ok(ClaimOutcome::Consumed(_))
+    ));
+    // Quiet for the lease time: abandoned.
+    assert!(matches!(
+        store.try_claim(&k, &holder("p2", 2), T0 + 11_000, LAPSE),
+        Ok(ClaimOutcome::TakenOver { .. })
+    ));
+}
+
+#[test]
+fn release_frees_an_answered_claim_whose_run_never_moved_on() {
+    let db = TempDb::new("release-answered");
+    let store = db.open();
+    let k = answered(&store, &holder("p1", 1));
+    assert_eq!(store.release("t-1", None).expect("release"), 1);
+    match store.try_claim(&k, &holder("p2", 2), T0 + 100, LAPSE) {
+        Ok(ClaimOutcome::Taken(r)) => assert_eq!(r.holder, holder("p2", 2)),
+        other => panic!("{other:?}"),
+    }
+    // An interrupt whose run went on stays answered.
+    store
+        .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 200)
+        .expect("consume");
+    store.move_on("t-1", "", "c1", T0 + 300).expect("move on");
+    assert_eq!(store.release("t-1", None).expect("release"), 0);
+    assert!(matches!(
+        store.try_claim(&k, &holder("p3", 3), T0 + 400, LAPSE),
+        Ok(ClaimOutcome::Consumed(_))
+    ));
+    // Unless the operator names that checkpoint (the thread was rewound).
+    assert_eq!(store.release("t-1", Some("c2")).expect("release"), 0);
+    assert_eq!(store.release("t-1", Some("c1")).expect("release"), 1);
+    assert!(matches!(
+        store.try_claim(&k, &holder("p3", 3), T0 + 500, LAPSE),
+        Ok(ClaimOutcome::Taken(_))
+    ));
+}
+
+#[test]
+fn a_row_superseded_longer_than_the_grace_ago_is_claimed_afresh() {
+    let db = TempDb::new("rewound");
+    let store = db.open().with_superseded_grace(60_000);
+    let k = answered(&store, &holder("p1", 1));
+    store.move_on("t-1", "", "c1", T0 + 20).expect("move on");
+    assert!(matches!(
+        store.try_claim(&k, &holder("p2", 2), T0 + 60_019, LAPSE),
+        Ok(ClaimOutcome::Consumed(_))
+    ));
+    // The thread was rewound to c1 (its newer checkpoints deleted) and no
+    // purge ran yet: the row counts as gone.
+    match store.try_claim(&k, &holder("p2", 2), T0 + 60_020, LAPSE) {
+        Ok(ClaimOutcome::Taken(r)) => {
+            assert_eq!(r.holder, holder("p2", 2));
+            assert_eq!(r.superseded_at_ms, None);
+        }
+        other => panic!("{other:?}"),
+    }
+    let row = store.get(&k).expect("get").expect("row");
+    assert_eq!((row.state, row.superseded_at_ms), (ClaimState::Held, None));
+}
+
+fn scratch_dir(name: &str) -> PathBuf {
+    let dir = TempDb::new(name).0.with_extension("dir");
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn remove_db(path: &Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        let _ = std::fs::remove_file(PathBuf::from(p));
+    }
+}
+
+#[test]
+fn a_removed_store_fails_closed_and_is_not_recreated() {
+    let db = TempDb::new("removed");
+    let a = ClaimStore::connect(db.path());
+    a.try_claim(&key("c1", b"q"), &holder("p1", 1), T0, LAPSE)
+        .expect("claim");
+    remove_db(db.path());
+    let err = a
+        .try_claim(&key("c2", b"q"), &holder("p1", 1), T0, LAPSE)
+        .expect_err("removed");
+    assert!(matches!(err, StoreError::Replaced { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.starts_with("claim store unavailable: "), "{text}");
+    assert!(text.contains("the file was removed"), "{text}");
+    assert!(
+        !db.path().exists(),
+        "a running proxy must not create a new store"
+    );
+    // A restarted replica creates a new store there: the first still
+    // refuses (split brain otherwise), the new one works.
+    let b = ClaimStore::connect(db.path());
+    assert!(matches!(
+        b.try_claim(&key("c2", b"q"), &holder("p2", 2), T0, LAPSE),
+        Ok(ClaimOutcome::Taken(_))
+    ));
+    let text = a
+        .try_claim(&key("c2", b"q"), &holder("p1", 1), T0, LAPSE)
+        .expect_err("replaced")
+        .to_string();
+    assert!(text.contains("another file"), "{text}");
+    assert!(a.run_lease("t-1", "", T0).is_err());
+    assert!(a.holder_gone("p1", 1, T0, 0).is_err());
+}
+
+#[test]
+fn a_store_moved_away_fails_closed_until_it_is_back() {
+    let db = TempDb::new("moved");
+    let aside = db.path().with_extension("aside");
+    let a = db.open();
+    let k = key("c1", b"q");
+    a.try_claim(&k, &holder("p1", 1), T0, LAPSE).expect("claim");
+    std::fs::rename(db.path(), &aside).expect("move away");
+    assert!(matches!(a.get(&k), Err(StoreError::Replaced { .. })));
+    std::fs::rename(&aside, db.path()).expect("move back");
+    assert_eq!(
+        a.get(&k).expect("back").expect("row").holder,
+        holder("p1", 1)
+    );
+}
+
+#[test]
+fn an_overwritten_store_is_told_by_its_identity() {
+    let db = TempDb::new("identity");
+    let (a, b) = (db.open(), db.open());
+    let k = key("c1", b"q");
+    a.try_claim(&k, &holder("p1", 1), T0, LAPSE).expect("claim");
+    // Replicas that opened one file share its identity.
+    assert!(b.get(&k).expect("shared").is_some());
+    // Same inode, other content (a copy written over it in place).
+    rusqlite::Connection::open(db.path())
+        .and_then(|c| c.execute_batch("UPDATE store_identity SET id = 'another-store'"))
+        .expect("overwrite");
+    for store in [&a, &b] {
+        let text = store.get(&k).expect_err("overwritten").to_string();
+        assert!(text.contains("its identity is another-store"), "{text}");
+    }
+    rusqlite::Connection::open(db.path())
+        .and_then(|c| c.execute_batch("DROP TABLE store_identity"))
+        .expect("drop");
+    let text = a.get(&k).expect_err("no identity").to_string();
+    assert!(text.contains("no identity table"), "{text}");
+}
+
+#[test]
+fn a_store_unopenable_at_start_opens_once_its_directory_exists() {
+    let dir = scratch_dir("late-dir");
+    let path = dir.join("claims.sqlite");
+    let store = ClaimStore::connect(&path);
+    let k = key("c1", b"q");
+    let text = store
+        .try_claim(&k, &holder("p1", 1), T0, LAPSE)
+        .expect_err("no directory")
+        .to_string();
+    assert!(text.contains("does not exist"), "{text}");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let started = std::time::Instant::now();
+    let outcome = loop {
+        match store.try_claim(&k, &holder("p1", 1), T0, LAPSE) {
+            Ok(o) => break o,
+            Err(e) => {
+                assert!(started.elapsed().as_secs() < 10, "never opened: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+    };
+    assert!(matches!(outcome, ClaimOutcome::Taken(_)), "{outcome:?}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(3),
+        "retried with backoff, not only at start: {:?}",
+        started.elapsed()
+    );
+    remove_db(&path);
+    let _ = std::fs::remove_dir(&dir);
+}
+
+#[test]
+fn a_file_from_before_identities_and_abandonment_is_upgraded() {
+    let db = TempDb::new("upgrade");
+    rusqlite::Connection::open(db.path())
+        .and_then(|c| {
+            c.execute_batch(
+                "CREATE TABLE claims (thread_id TEXT NOT NULL, checkpoint_ns TEXT NOT NULL, \
+                 checkpoint_id TEXT NOT NULL, fingerprint TEXT NOT NULL, state TEXT NOT NULL, \
+                 proxy_id TEXT NOT NULL, session_id INTEGER NOT NULL, client_addr TEXT NOT NULL, \
+                 application_name TEXT NOT NULL, claimed_at_ms INTEGER NOT NULL, \
+                 lapse_at_ms INTEGER NOT NULL, consumed_at_ms INTEGER, evidence TEXT, \
+                 refusals INTEGER NOT NULL DEFAULT 0, takeovers INTEGER NOT NULL DEFAULT 0, \
+                 superseded_at_ms INTEGER, \
+                 PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, fingerprint)) WITHOUT ROWID; \
+                 INSERT INTO claims VALUES ('t-1', '', 'c0', 'f', 'consumed', 'p0', 1, 'a', 'b', \
+                 1, 2, 3, 'task writes', 0, 0, NULL);",
+            )
+        })
+        .expect("old file");
+    let (a, b) = (db.open(), db.open());
+    assert_eq!(a.list(Some("t-1")).expect("list")[0].abandon_at_ms, None);
+    answered(&b, &holder("p1", 1));
+    assert_eq!(a.list(Some("t-1")).expect("list").len(), 2);
+}
+
+#[test]
+fn operator_commands_do_not_create_a_store() {
+    let db = TempDb::new("existing");
+    let text = ClaimStore::open_existing(db.path())
+        .expect_err("missing")
+        .to_string();
+    assert!(text.contains("no such file"), "{text}");
+    assert!(!db.path().exists());
+    db.open();
+    assert!(ClaimStore::open_existing(db.path()).is_ok());
+}

@@ -20,14 +20,17 @@ use crate::wire::backend::{error_response, Severity};
 use crate::wire::guard::Ticket;
 
 use crate::claims::evidence::EvidenceSender;
-use crate::claims::{now_ms, ClaimKey, ClaimOutcome, ClaimStore, Holder, StoreError};
-use crate::policy::claims::{decide, decide_running_head, ClaimDecision, Refusal, WaitPolicy};
+use crate::claims::{now_ms, ClaimKey, ClaimOutcome, ClaimState, ClaimStore, Holder, StoreError};
+use crate::policy::claims::{
+    decide, decide_running_head, takeover_reason, ClaimDecision, Refusal, WaitPolicy,
+};
 
 /// The consume-once leg as configured for one proxy process.
 pub struct ClaimsLeg {
-    /// The shared store; an error here means every read of a parked head
-    /// is refused (fail closed) while everything else flows.
-    pub store: Result<Arc<ClaimStore>, StoreError>,
+    /// The shared store. While it cannot answer (not opened yet, removed
+    /// or replaced, locked) every read of a parked head is refused (fail
+    /// closed) while everything else flows.
+    pub store: Arc<ClaimStore>,
     pub proxy_id: String,
     /// How long a claim with no evidence holds.
     pub lapse_ms: i64,
@@ -36,6 +39,11 @@ pub struct ClaimsLeg {
     pub policy: WaitPolicy,
     /// application_name patterns that mark a session's reads as inspection.
     pub inspection_patterns: Vec<Regex>,
+    /// Whether the `/* resumeguard:inspect */` SQL comment marks a read as
+    /// inspection (`claims.inspection_sql_hint`). Off by default: any
+    /// client can write the comment, and a resume carrying it would never
+    /// claim.
+    pub inspection_sql_hint: bool,
     pub evidence: Option<EvidenceSender>,
 }
 
@@ -66,6 +74,8 @@ pub struct Resolution {
     pub waited_ms: i64,
     /// The holder a takeover displaced.
     pub displaced: Option<Holder>,
+    /// Why the displaced holder's claim could be taken over.
+    pub takeover: Option<&'static str>,
 }
 
 impl ClaimsLeg {
@@ -79,9 +89,17 @@ impl ClaimsLeg {
         let mut waited_ms = 0;
         loop {
             let outcome = self.try_claim(req);
-            let displaced = match &outcome {
-                Ok(ClaimOutcome::TakenOver { previous, .. }) => Some(previous.holder.clone()),
-                _ => None,
+            let (displaced, takeover) = match &outcome {
+                Ok(ClaimOutcome::TakenOver { previous, .. }) => {
+                    let why = takeover_reason(previous);
+                    if previous.state == ClaimState::Consumed {
+                        tracing::warn!(thread = %req.key.thread_id, checkpoint = %req.key.checkpoint_id,
+                            holder = %previous.holder.proxy_id, session = previous.holder.session_id,
+                            "{why}: the thread continues with this reader");
+                    }
+                    (Some(previous.holder.clone()), Some(why))
+                }
+                _ => (None, None),
             };
             match decide(&outcome, &self.policy, waited_ms) {
                 ClaimDecision::RetryAfter { ms } => {
@@ -99,6 +117,7 @@ impl ClaimsLeg {
                         decision,
                         waited_ms,
                         displaced,
+                        takeover,
                     };
                 }
             }
@@ -106,10 +125,9 @@ impl ClaimsLeg {
     }
 
     fn check_run_lease(&self, req: &ClaimRequest) -> Resolution {
-        let lease = match &self.store {
-            Ok(store) => store.run_lease(&req.key.thread_id, &req.key.checkpoint_ns, now_ms()),
-            Err(e) => Err(e.clone()),
-        };
+        let lease = self
+            .store
+            .run_lease(&req.key.thread_id, &req.key.checkpoint_ns, now_ms());
         if let Err(e) = &lease {
             tracing::warn!(error = %e, "run lease unknown (claim store failed): head served");
         }
@@ -117,21 +135,18 @@ impl ClaimsLeg {
             decision: decide_running_head(&lease, &req.holder),
             waited_ms: 0,
             displaced: None,
+            takeover: None,
         }
     }
 
     fn try_claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        match &self.store {
-            Ok(store) => store.try_claim(&req.key, &req.holder, now_ms(), self.lapse_ms),
-            Err(e) => Err(e.clone()),
-        }
+        self.store
+            .try_claim(&req.key, &req.holder, now_ms(), self.lapse_ms)
     }
 
     fn note_refusal(&self, key: &ClaimKey) {
-        if let Ok(store) = &self.store {
-            if let Err(e) = store.note_refusal(key) {
-                tracing::warn!(error = %e, "refusal not counted in the claim store");
-            }
+        if let Err(e) = self.store.note_refusal(key) {
+            tracing::warn!(error = %e, "refusal not counted in the claim store");
         }
     }
 }
@@ -190,6 +205,8 @@ struct RefusedDetail<'a> {
 struct TakenDetail<'a> {
     interrupt: &'a str,
     displaced: Option<HolderDetail<'a>>,
+    /// Why the previous holder lost the claim, for a takeover.
+    takeover: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -265,6 +282,7 @@ pub fn apply_claim(
                     proxy_id: &h.proxy_id,
                     session_id: h.session_id,
                 }),
+                takeover: res.takeover,
             })));
             None
         }

@@ -168,7 +168,12 @@ impl Hooks for SessionEnforcer {
             (Some(sql), true) => Some(sql.clone()),
             _ => None,
         };
-        let inspect_hint = self.shared.legs.claims.is_some()
+        let inspect_hint = self
+            .shared
+            .legs
+            .claims
+            .as_ref()
+            .is_some_and(|l| l.inspection_sql_hint)
             && class.kind.is_checkpoint_traffic()
             && has_inspection_hint(sql);
         let prepared = Prepared {

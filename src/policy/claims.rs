@@ -22,7 +22,10 @@
 
 use regex::Regex;
 
-use crate::claims::{format_ms, now_ms, ClaimKey, ClaimOutcome, Holder, RunLease, StoreError};
+use crate::claims::{
+    format_ms, now_ms, ClaimKey, ClaimOutcome, ClaimRecord, ClaimState, Holder, RunLease,
+    StoreError,
+};
 
 /// SQLSTATE for a resume of an interrupt already answered.
 pub const SQLSTATE_ANSWERED: &str = "55000";
@@ -31,8 +34,10 @@ pub const SQLSTATE_IN_FLIGHT: &str = "55006";
 /// SQLSTATE for a read refused because the claim store failed.
 pub const SQLSTATE_STORE_UNAVAILABLE: &str = "58000";
 
-/// The SQL comment that marks a statement as inspection:
-/// `/* resumeguard:inspect */` (or `-- resumeguard:inspect`).
+/// The SQL comment that marks a statement as inspection, where
+/// `claims.inspection_sql_hint` is on: `/* resumeguard:inspect */` (or
+/// `-- resumeguard:inspect`). Off by default: any client can write it,
+/// and a resume that carries it never claims.
 pub const INSPECTION_HINT: &str = "resumeguard:inspect";
 
 /// What a reader does when another session holds the claim.
@@ -64,8 +69,8 @@ pub enum Refusal {
 /// What the wire layer does with the read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimDecision {
-    /// Pass the result through; `takeover` when a lapsed claim was taken
-    /// (audited as a takeover).
+    /// Pass the result through; `takeover` when another session's claim
+    /// was taken over, lapsed or abandoned (audited as a takeover).
     Serve { takeover: bool },
     /// Send the refusal instead of the result.
     Refuse { reason: Refusal },
@@ -138,6 +143,23 @@ pub fn decide_at(
         }
     }
 }
+
+/// What an audited takeover says about the claim it took: a held claim
+/// that lapsed with no evidence, or a consumed claim whose answering run
+/// was abandoned before its next checkpoint (its holder gone, see
+/// [`crate::claims::ClaimRecord::is_abandoned`]).
+pub fn takeover_reason(previous: &ClaimRecord) -> &'static str {
+    match previous.state {
+        ClaimState::Consumed => TAKEOVER_ABANDONED,
+        ClaimState::Held | ClaimState::Released => TAKEOVER_LAPSED,
+    }
+}
+
+/// [`takeover_reason`] of a lapsed claim.
+pub const TAKEOVER_LAPSED: &str = "lapsed claim: its holder recorded no evidence of a run in time";
+/// [`takeover_reason`] of an abandoned run.
+pub const TAKEOVER_ABANDONED: &str = "takeover of an abandoned run: the interrupt was answered, \
+    but the answering session closed and its run wrote no next checkpoint";
 
 /// The decision for a read of a thread's head that is not parked but has
 /// tasks still to run: refused while another session's answering run holds
@@ -216,12 +238,16 @@ impl Refusal {
     pub fn hint(&self) -> &'static str {
         match self {
             Refusal::Answered { .. } => {
-                "Read the thread's state to see the answer; resuming it again has no effect."
+                "Read the thread's state to see the answer; resuming it again has no effect. \
+                 If the answering run died before its next checkpoint, the thread continues \
+                 once that session's connection has closed (claims.holder_gone_grace_ms), \
+                 or after `resumeguard claims release`."
             }
             Refusal::InFlight { .. } => {
                 "If the other session died, a resume succeeds once its claim lapses. \
                  Inspection reads marked by application_name, the inspection listener \
-                 or a /* resumeguard:inspect */ comment are never refused."
+                 or (with claims.inspection_sql_hint) a /* resumeguard:inspect */ comment \
+                 are never refused."
             }
             Refusal::StoreUnavailable(_) => {
                 "Check the claim store file and its directory; other traffic still flows."
@@ -229,7 +255,8 @@ impl Refusal {
             Refusal::RunInProgress { .. } => {
                 "Resuming again has no effect on an answered interrupt. To watch a running \
                  thread, mark the read as inspection (application_name, the inspection \
-                 listener or a /* resumeguard:inspect */ comment); claims.run_lease_ms \
+                 listener or, with claims.inspection_sql_hint, a /* resumeguard:inspect */ \
+                 comment); claims.run_lease_ms \
                  sets how long after the run's last write this applies."
             }
         }
@@ -244,8 +271,9 @@ fn who(by: &Holder) -> String {
 }
 
 /// Inspection reads never claim and are never refused: marked by an
-/// application_name pattern, by the SQL comment hint, or by arriving on
-/// the listener dedicated to inspection.
+/// application_name pattern, by the SQL comment hint (only where
+/// `claims.inspection_sql_hint` is on; the caller passes `sql_hint` false
+/// otherwise), or by arriving on the listener dedicated to inspection.
 pub fn is_inspection(
     application_name: &str,
     patterns: &[Regex],
@@ -283,313 +311,4 @@ pub fn has_inspection_hint(sql: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::claims::{ClaimRecord, ClaimState};
-
-    const T0: i64 = 1_700_000_000_000;
-    const WAIT: WaitPolicy = WaitPolicy::Wait {
-        max_wait_ms: 5_000,
-        poll_ms: 50,
-    };
-
-    fn holder() -> Holder {
-        Holder {
-            proxy_id: "proxy-a".into(),
-            session_id: 42,
-            client_addr: "10.1.2.3:50123".into(),
-            application_name: "approver".into(),
-        }
-    }
-
-    fn key() -> ClaimKey {
-        ClaimKey {
-            thread_id: "t-1".into(),
-            checkpoint_ns: String::new(),
-            checkpoint_id: "1f0-c5".into(),
-            fingerprint: "abcdef0123456789".repeat(4),
-        }
-    }
-
-    fn rec(state: ClaimState, lapse_at_ms: i64) -> ClaimRecord {
-        ClaimRecord {
-            key: key(),
-            holder: holder(),
-            state,
-            claimed_at_ms: T0,
-            lapse_at_ms,
-            consumed_at_ms: (state == ClaimState::Consumed).then_some(T0 + 7),
-            evidence: None,
-            refusals: 0,
-            takeovers: 0,
-        }
-    }
-
-    fn busy(lapse_at_ms: i64) -> Result<ClaimOutcome, StoreError> {
-        Ok(ClaimOutcome::Busy(rec(ClaimState::Held, lapse_at_ms)))
-    }
-
-    fn in_flight() -> ClaimDecision {
-        ClaimDecision::Refuse {
-            reason: Refusal::InFlight {
-                by: holder(),
-                since_ms: T0,
-            },
-        }
-    }
-
-    #[test]
-    fn taken_and_already_held_are_served_under_both_policies() {
-        for policy in [WAIT, WaitPolicy::Refuse] {
-            for o in [
-                ClaimOutcome::Taken(rec(ClaimState::Held, T0 + 1)),
-                ClaimOutcome::AlreadyHeld(rec(ClaimState::Held, T0 + 1)),
-            ] {
-                assert_eq!(
-                    decide_at(&Ok(o), &policy, 0, T0),
-                    ClaimDecision::Serve { takeover: false }
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn a_takeover_is_served_and_flagged() {
-        let o = Ok(ClaimOutcome::TakenOver {
-            previous: rec(ClaimState::Held, T0),
-            now: rec(ClaimState::Held, T0 + 30_000),
-        });
-        for policy in [WAIT, WaitPolicy::Refuse] {
-            assert_eq!(
-                decide_at(&o, &policy, 1_000, T0),
-                ClaimDecision::Serve { takeover: true }
-            );
-        }
-    }
-
-    #[test]
-    fn consumed_is_refused_as_answered_under_both_policies() {
-        let o = Ok(ClaimOutcome::Consumed(rec(ClaimState::Consumed, T0 + 1)));
-        for policy in [WAIT, WaitPolicy::Refuse] {
-            assert_eq!(
-                decide_at(&o, &policy, 0, T0),
-                ClaimDecision::Refuse {
-                    reason: Refusal::Answered {
-                        by: holder(),
-                        at_ms: T0 + 7
-                    }
-                }
-            );
-        }
-    }
-
-    #[test]
-    fn busy_under_refuse_is_in_flight_at_once() {
-        assert_eq!(
-            decide_at(&busy(T0 + 30_000), &WaitPolicy::Refuse, 0, T0),
-            in_flight()
-        );
-    }
-
-    #[test]
-    fn busy_under_wait_polls() {
-        assert_eq!(
-            decide_at(&busy(T0 + 30_000), &WAIT, 0, T0 + 10),
-            ClaimDecision::RetryAfter { ms: 50 }
-        );
-    }
-
-    #[test]
-    fn a_retry_never_outlasts_the_lapse_or_the_maximum_wait() {
-        // Lapse in 20 ms: ask again then, to take it over.
-        assert_eq!(
-            decide_at(&busy(T0 + 20), &WAIT, 0, T0),
-            ClaimDecision::RetryAfter { ms: 20 }
-        );
-        // 30 ms of waiting left.
-        assert_eq!(
-            decide_at(&busy(T0 + 30_000), &WAIT, 4_970, T0),
-            ClaimDecision::RetryAfter { ms: 30 }
-        );
-        // Lapsed by our clock but not the store's: ask right away.
-        assert_eq!(
-            decide_at(&busy(T0 - 5), &WAIT, 0, T0),
-            ClaimDecision::RetryAfter { ms: 0 }
-        );
-        // Exhaustive: every retry fits both bounds.
-        for waited in (0..5_000).step_by(37) {
-            for lapse_in in (1..200).step_by(13) {
-                match decide_at(&busy(T0 + lapse_in), &WAIT, waited, T0) {
-                    ClaimDecision::RetryAfter { ms } => {
-                        assert!((0..=50).contains(&ms));
-                        assert!(ms <= lapse_in);
-                        assert!(waited + ms <= 5_000);
-                    }
-                    other => panic!("{other:?}"),
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn busy_after_the_maximum_wait_is_in_flight() {
-        assert_eq!(decide_at(&busy(T0 + 30_000), &WAIT, 5_000, T0), in_flight());
-        assert_eq!(decide_at(&busy(T0 + 30_000), &WAIT, 9_999, T0), in_flight());
-    }
-
-    #[test]
-    fn a_zero_poll_does_not_spin() {
-        let policy = WaitPolicy::Wait {
-            max_wait_ms: 100,
-            poll_ms: 0,
-        };
-        assert_eq!(
-            decide_at(&busy(T0 + 30_000), &policy, 0, T0),
-            ClaimDecision::RetryAfter { ms: 1 }
-        );
-    }
-
-    #[test]
-    fn a_store_error_fails_closed() {
-        let err = StoreError::Open {
-            path: "/var/lib/rg/claims.db".into(),
-            reason: "directory /var/lib/rg does not exist".into(),
-        };
-        for policy in [WAIT, WaitPolicy::Refuse] {
-            let d = decide_at(&Err(err.clone()), &policy, 0, T0);
-            let ClaimDecision::Refuse { reason } = d else {
-                panic!("{d:?}")
-            };
-            assert_eq!(reason.sqlstate(), "58000");
-            let msg = reason.message(&key());
-            assert!(msg.contains("claim store unavailable"), "{msg}");
-            assert!(msg.contains("/var/lib/rg/claims.db"), "{msg}");
-            assert!(msg.contains("fail closed"), "{msg}");
-        }
-    }
-
-    #[test]
-    fn decide_uses_the_wall_clock() {
-        let lapse = now_ms() + 60_000;
-        assert_eq!(
-            decide(&busy(lapse), &WAIT, 0),
-            ClaimDecision::RetryAfter { ms: 50 }
-        );
-    }
-
-    #[test]
-    fn refusal_messages_say_who_when_and_which_interrupt() {
-        let answered = Refusal::Answered {
-            by: holder(),
-            at_ms: T0 + 7,
-        };
-        assert_eq!(answered.sqlstate(), "55000");
-        assert_eq!(
-            answered.message(&key()),
-            "resumeguard: interrupt already answered: thread \"t-1\", checkpoint_ns \"\", \
-             checkpoint \"1f0-c5\", interrupt abcdef012345 was answered by client \
-             10.1.2.3:50123 (application_name \"approver\", proxy proxy-a, session 42) at \
-             2023-11-14T22:13:20.007Z; this read of the parked checkpoint was refused before its node ran"
-        );
-        let flying = Refusal::InFlight {
-            by: holder(),
-            since_ms: T0,
-        };
-        assert_eq!(flying.sqlstate(), "55006");
-        let msg = flying.message(&key());
-        assert!(
-            msg.starts_with("resumeguard: interrupt is being answered"),
-            "{msg}"
-        );
-        assert!(msg.contains("application_name \"approver\""), "{msg}");
-        assert!(msg.contains("2023-11-14T22:13:20.000Z"), "{msg}");
-        assert!(!flying.hint().is_empty() && !answered.hint().is_empty());
-    }
-
-    fn lease() -> RunLease {
-        RunLease {
-            thread_id: "t-1".into(),
-            checkpoint_ns: String::new(),
-            answered_checkpoint_id: "1f0-c5".into(),
-            fingerprint: "abcdef0123456789".repeat(4),
-            holder: holder(),
-            answered_at_ms: T0 + 7,
-            last_write_ms: T0 + 900,
-            until_ms: T0 + 10_900,
-        }
-    }
-
-    #[test]
-    fn a_running_head_under_another_sessions_lease_is_refused() {
-        let other = Holder {
-            session_id: 43,
-            ..holder()
-        };
-        let decision = decide_running_head(&Ok(Some(lease())), &other);
-        let ClaimDecision::Refuse { reason } = &decision else {
-            panic!("{decision:?}");
-        };
-        assert_eq!(reason.sqlstate(), SQLSTATE_ANSWERED);
-        let head = ClaimKey {
-            checkpoint_id: "1f0-c6".into(),
-            fingerprint: String::new(),
-            ..key()
-        };
-        assert_eq!(
-            reason.message(&head),
-            "resumeguard: interrupt already answered and its run is in progress: thread \"t-1\", \
-             checkpoint_ns \"\": interrupt abcdef012345 of checkpoint \"1f0-c5\" was answered by \
-             client 10.1.2.3:50123 (application_name \"approver\", proxy proxy-a, session 42) at \
-             2023-11-14T22:13:20.007Z, and that run last wrote at 2023-11-14T22:13:20.900Z; this \
-             read of the thread's head (checkpoint \"1f0-c6\", tasks still to run) was refused \
-             before any node ran"
-        );
-        assert!(reason.hint().contains("run_lease_ms"));
-    }
-
-    #[test]
-    fn a_running_head_is_served_to_its_run_without_a_lease_or_store() {
-        let served = ClaimDecision::Serve { takeover: false };
-        assert_eq!(decide_running_head(&Ok(Some(lease())), &holder()), served);
-        assert_eq!(decide_running_head(&Ok(None), &holder()), served);
-        // Only reads of parked heads fail closed.
-        let down = Err(StoreError::Open {
-            path: "/nowhere/claims.db".into(),
-            reason: "unable to open database file".into(),
-        });
-        assert_eq!(decide_running_head(&down, &holder()), served);
-    }
-
-    #[test]
-    fn inspection_marks() {
-        let patterns = vec![
-            Regex::new("^langgraph-studio").expect("regex"),
-            Regex::new("(?i)inspect").expect("regex"),
-        ];
-        assert!(is_inspection(
-            "langgraph-studio/1.2",
-            &patterns,
-            false,
-            false
-        ));
-        assert!(is_inspection("ops-INSPECTOR", &patterns, false, false));
-        assert!(!is_inspection("worker", &patterns, false, false));
-        assert!(is_inspection("worker", &patterns, true, false));
-        assert!(is_inspection("worker", &patterns, false, true));
-        assert!(!is_inspection("anything", &[], false, false));
-    }
-
-    #[test]
-    fn the_sql_hint_must_be_in_a_comment() {
-        assert!(has_inspection_hint(
-            "/* resumeguard:inspect */ select * from checkpoints"
-        ));
-        assert!(has_inspection_hint(
-            "select 1 - 2 -- resumeguard:inspect\nfrom checkpoints"
-        ));
-        assert!(has_inspection_hint("select 1 /* resumeguard:inspect"));
-        assert!(!has_inspection_hint("select 'resumeguard:inspect'"));
-        assert!(!has_inspection_hint("select a/b - c from t"));
-        assert!(!has_inspection_hint("/* other */ select 1"));
-    }
-}
+mod tests;

@@ -556,10 +556,9 @@ fn claiming_state(inspection: &[&str], application_name: &str) -> SessionState {
     use crate::policy::claims::WaitPolicy;
 
     let leg = ClaimsLeg {
-        store: Err(crate::claims::StoreError::Open {
-            path: "unused".into(),
-            reason: "unused".into(),
-        }),
+        store: Arc::new(crate::claims::ClaimStore::connect(std::path::Path::new(
+            "/nonexistent/unused-claims.sqlite",
+        ))),
         proxy_id: "proxy-a".into(),
         lapse_ms: 1_000,
         run_lease: true,
@@ -568,6 +567,7 @@ fn claiming_state(inspection: &[&str], application_name: &str) -> SessionState {
             .iter()
             .map(|p| regex::Regex::new(p).unwrap())
             .collect(),
+        inspection_sql_hint: false,
         evidence: None,
     };
     let classifier = Arc::new(Classifier::new(vec![SaverProfile::langgraph_python()]));
@@ -682,6 +682,7 @@ fn a_refused_running_head_names_the_run_and_a_served_one_records_nothing() {
         decision: ClaimDecision::Serve { takeover: false },
         waited_ms: 0,
         displaced: None,
+        takeover: None,
     };
     assert!(st.apply_claim(&req, &served).is_none());
     assert!(st.ready_events.is_empty(), "{:?}", st.ready_events);
@@ -709,6 +710,7 @@ fn a_refused_running_head_names_the_run_and_a_served_one_records_nothing() {
         },
         waited_ms: 0,
         displaced: None,
+        takeover: None,
     };
     let error = st.apply_claim(&req, &refused);
     assert_refused_and_rest_swallowed(&mut st, error);
@@ -776,6 +778,7 @@ fn a_refused_claim_replaces_the_row_and_swallows_the_rest_of_its_answer() {
             },
             waited_ms: 0,
             displaced: None,
+            takeover: None,
         },
     );
     assert_refused_and_rest_swallowed(&mut st, refusal);
