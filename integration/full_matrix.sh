@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Consume-once full race matrix (issue 4) — NOT run in CI (CI runs the reduced
+# Consume-once full race matrix — NOT run in CI (CI runs the reduced
 # CI_CELLS of integration/test_consume_once.py::test_race).
 #
 #   integration/full_matrix.sh                 # N=2,4,8,16 x gate 0/300 ms x 10 reps

@@ -1,4 +1,4 @@
-"""Consume-once (issue 4) end to end: racers as separate OS processes against stock
+"""Consume-once end to end: racers as separate OS processes against stock
 PostgreSQL (direct DSN: the defect, N fires) and through the proxy (one fire, the rest
 refused before their node runs), plus liveness, inspection, fail-closed and the
 operator commands.

@@ -1,4 +1,4 @@
-"""Fork-intent filter (issue 3, leg 1; LangGraph #6663), end to end with real
+"""Fork-intent filter (LangGraph #6663), end to end with real
 LangGraph savers, each next to its stock differential in the same test: the
 scenario runs against PostgreSQL directly (the defect shows) and then through
 the proxy (the repair shows). Gated side effects are counted in an in-process

@@ -1,4 +1,4 @@
-"""Checkpoint validity gate (issue 3, leg 2; #6491 class), end to end with real
+"""Checkpoint validity gate (LangGraph #6491 class), end to end with real
 LangGraph, each next to its stock differential in the same test: the same
 scenario against PostgreSQL directly persists the invalid value, through the
 proxy (``serve --rules DIR``) the write is refused with SQLSTATE 23514 and
@@ -324,7 +324,7 @@ UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
 @pytest.mark.parametrize("state_kind", ("typeddict", "pydantic"))
 def test_every_rejection_names_its_checkpoint(vproxy_dsn, vproxy, state_kind):
-    """Issue 3: the 23514 message names the channel, thread, *checkpoint* and
+    """The 23514 message names the channel, thread, *checkpoint* and
     schema path. With durability="sync" the rejection invoke raises is the
     checkpoint put's (its blob of ``items``); every write_rejected event and
     the client's message must name the checkpoint being written by its id."""

@@ -1,4 +1,4 @@
-//! Consume-once claims (issue 4): a reader of a parked head takes a claim
+//! Consume-once claims: a reader of a parked head takes a claim
 //! on its interrupt in a store shared by every proxy replica; evidence of
 //! the run consumes it; a claim with no evidence lapses, so an inspection
 //! read or a dead holder never strands the thread.

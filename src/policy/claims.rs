@@ -1,4 +1,4 @@
-//! Consume-once decision (issue 4): what a read of a parked head gets,
+//! Consume-once decision: what a read of a parked head gets,
 //! given what the claim store answered.
 //!
 //! Pure: the wire layer asks the store, calls [`decide_at`], and serves,

@@ -119,9 +119,14 @@ fn await_answers(handle: &SessionHandle) -> bool {
     let Ok(mut st) = handle.state.lock() else {
         return false;
     };
-    while !st.settled() {
+    // Set and read under the state lock, so no answer's wake-up is missed.
+    handle.awaiting.store(true, Ordering::Relaxed);
+    let settled = loop {
+        if st.settled() {
+            break true;
+        }
         if handle.stopping().is_some() {
-            return false;
+            break false;
         }
         st = match handle
             .answered
@@ -130,8 +135,9 @@ fn await_answers(handle: &SessionHandle) -> bool {
             Ok((st, _)) => st,
             Err(_) => return false,
         };
-    }
-    true
+    };
+    handle.awaiting.store(false, Ordering::Relaxed);
+    settled
 }
 
 /// What one pass over the client's buffered bytes left to do.

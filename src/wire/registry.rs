@@ -29,6 +29,9 @@ pub struct SessionHandle {
     /// Signalled when server answers were tracked: a client message
     /// waiting for an earlier Sync's answers looks again.
     pub answered: Condvar,
+    /// The client thread waits on `answered` (read and written under the
+    /// state lock).
+    pub awaiting: AtomicBool,
     /// The client sent Terminate.
     pub client_terminated: AtomicBool,
     stop: AtomicU8,
@@ -49,6 +52,7 @@ impl SessionHandle {
             server,
             state,
             answered: Condvar::new(),
+            awaiting: AtomicBool::new(false),
             client_terminated: AtomicBool::new(false),
             stop: AtomicU8::new(RUNNING),
         }
