@@ -11,6 +11,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use dashmap::DashMap;
+use regex::Regex;
 use sqlparser::ast::{
     visit_relations, FromTable, OnConflictAction, OnInsert, SetExpr, Statement, TableFactor,
     TableObject,
@@ -169,6 +170,9 @@ const CACHE_LIMIT: usize = 10_000;
 /// Classifies SQL texts against the loaded saver profiles.
 pub struct Classifier {
     profiles: Vec<SaverProfile>,
+    /// Any profile's table name, case-insensitively: one SIMD literal
+    /// search decides that ordinary traffic is not checkpoint traffic.
+    prefilter: Option<Regex>,
     cache: DashMap<String, Arc<Classified>>,
     other: Arc<Classified>,
     unknown_policy: UnknownSaverPolicy,
@@ -177,8 +181,20 @@ pub struct Classifier {
 impl Classifier {
     /// A classifier that forwards unrecognized checkpoint statements.
     pub fn new(profiles: Vec<SaverProfile>) -> Self {
+        let names: Vec<String> = profiles
+            .iter()
+            .flat_map(|p| p.table_names())
+            .filter(|t| !t.is_empty())
+            .map(regex::escape)
+            .collect();
+        // Escaped literals always compile; without a prefilter every text
+        // would go through the per-profile search below (slower, not blind).
+        let prefilter = (!names.is_empty())
+            .then(|| Regex::new(&format!("(?i){}", names.join("|"))).ok())
+            .flatten();
         Classifier {
             profiles,
+            prefilter,
             cache: DashMap::new(),
             other: Arc::new(Classified::new(StatementKind::Other, None)),
             unknown_policy: UnknownSaverPolicy::Warn,
@@ -202,6 +218,9 @@ impl Classifier {
 
     /// Classifies one SQL text, from cache when seen before.
     pub fn classify(&self, sql: &str) -> Arc<Classified> {
+        if self.prefilter.as_ref().is_some_and(|p| !p.is_match(sql)) {
+            return self.other();
+        }
         let Some(profile) = self
             .profiles
             .iter()

@@ -12,7 +12,6 @@
 //! The tracker knows nothing of what the layer above watches for: it asks
 //! its [`Hooks`] to annotate statements and portals and to watch responses.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::backend::is_fatal;
@@ -28,13 +27,15 @@ mod names;
 pub use super::hooks::{
     Bound, Hooks, Refusal, TxnStatus, FEATURE_NOT_SUPPORTED, INVALID_STATEMENT_NAME,
 };
-use names::{apply_command, commands_of, Change, Executes, Lookup, Pending, Portal, Statement};
+use names::{
+    apply_command, commands_of, Change, Executes, Lookup, Names, Pending, Portal, Statement,
+};
 
 pub struct Tracker<H: Hooks> {
     pub hooks: H,
     queue: ResponseQueue<Pending<H>>,
-    statements: HashMap<Vec<u8>, Statement<H::Statement>>,
-    portals: HashMap<Vec<u8>, Portal<H::Portal, H::Statement>>,
+    statements: Names<Statement<H::Statement>>,
+    portals: Names<Portal<H::Portal, H::Statement>>,
     segment: u64,
     txn: TxnStatus,
     /// The first ReadyForQuery arrived: authentication is over.
@@ -46,8 +47,8 @@ impl<H: Hooks> Tracker<H> {
         Tracker {
             hooks,
             queue: ResponseQueue::new(),
-            statements: HashMap::new(),
-            portals: HashMap::new(),
+            statements: Names::default(),
+            portals: Names::default(),
             segment: 0,
             txn: TxnStatus::Idle,
             started: false,
@@ -123,7 +124,7 @@ impl<H: Hooks> Tracker<H> {
                     .map(|b| commands_of(&b.commands).to_vec())
                     .unwrap_or_default();
                 let change = Change::Answer {
-                    watch,
+                    watch: watch.map(Box::new),
                     commands,
                     resets_unnamed: false,
                 };
@@ -151,7 +152,7 @@ impl<H: Hooks> Tracker<H> {
                     Target::Portal => Expect::DescribePortal,
                 };
                 let change = Change::Answer {
-                    watch,
+                    watch: watch.map(Box::new),
                     commands: Vec::new(),
                     resets_unnamed: false,
                 };
@@ -208,14 +209,14 @@ impl<H: Hooks> Tracker<H> {
                     match self.definition(&command) {
                         Ok(defines) => commands.push((command, defines)),
                         Err(refusal) => {
-                            statement.refused = Some(refusal);
+                            statement.refused = Some(Box::new(refusal));
                             break;
                         }
                     }
                 }
                 statement.commands = Some(Arc::new(commands));
             }
-            Err(e) => statement.refused = Some(unreadable(&e.0)),
+            Err(e) => statement.refused = Some(Box::new(unreadable(&e.0))),
         }
         (statement, replacement)
     }
@@ -246,7 +247,7 @@ impl<H: Hooks> Tracker<H> {
             }
         };
         let refused = match &statement.refused {
-            Some(r) => Some(r.clone()),
+            Some(r) => Some(Refusal::clone(r)),
             None => match self.executes(commands_of(&statement.commands), &[]) {
                 Executes::Allowed => None,
                 Executes::Refused(r) => Some(r),
@@ -353,7 +354,7 @@ impl<H: Hooks> Tracker<H> {
             }
         };
         let change = Change::Answer {
-            watch,
+            watch: watch.map(Box::new),
             commands,
             resets_unnamed: true,
         };
@@ -480,11 +481,11 @@ impl<H: Hooks> Tracker<H> {
                 ..
             } => {
                 if resets_unnamed {
-                    self.statements.remove(&b""[..]);
-                    self.portals.remove(&b""[..]);
+                    self.statements.remove(b"");
+                    self.portals.remove(b"");
                 }
                 if let Some(w) = watch {
-                    self.hooks.completed(w, tag != b'E');
+                    self.hooks.completed(*w, tag != b'E');
                 }
             }
             _ => {}

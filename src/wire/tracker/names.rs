@@ -5,6 +5,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use foldhash::fast::RandomState;
+
 use super::super::frontend::Target;
 use super::super::hooks::{Hooks, Refusal};
 use super::super::sql_commands::SqlCommand;
@@ -29,7 +31,8 @@ pub(super) struct Statement<S> {
     /// SQL-level commands its text runs (`EXECUTE x` sent through Parse).
     pub(super) commands: SharedCommands<S>,
     /// Set when its text must not run.
-    pub(super) refused: Option<Refusal>,
+    /// Boxed: rare, and queue entries move by value on every message.
+    pub(super) refused: Option<Box<Refusal>>,
 }
 
 impl<S> Statement<S> {
@@ -79,7 +82,7 @@ pub(super) enum Change<H: Hooks> {
     /// An Execute, Describe or Query: its watch, and the SQL commands
     /// whose CommandComplete changes statements.
     Answer {
-        watch: Option<H::Watch>,
+        watch: Option<Box<H::Watch>>,
         commands: Commands<H::Statement>,
         /// A simple Query drops the unnamed statement and portal.
         resets_unnamed: bool,
@@ -97,6 +100,61 @@ pub(super) enum Lookup<S> {
     Known(Option<S>),
     /// Depends on answers still owed for an earlier Sync.
     Ambiguous,
+}
+
+/// Statements or portals by name. The unnamed one — a fresh Parse or
+/// Bind in every extended-protocol round of most drivers — has a slot of
+/// its own, so the hot path hashes nothing; named ones hash with a fast
+/// non-cryptographic hasher (names come from the session's own client).
+#[derive(Debug)]
+pub(super) struct Names<T> {
+    unnamed: Option<T>,
+    named: HashMap<Vec<u8>, T, RandomState>,
+}
+
+impl<T> Default for Names<T> {
+    fn default() -> Self {
+        Names {
+            unnamed: None,
+            named: HashMap::default(),
+        }
+    }
+}
+
+impl<T> Names<T> {
+    pub(super) fn get(&self, name: &[u8]) -> Option<&T> {
+        if name.is_empty() {
+            self.unnamed.as_ref()
+        } else {
+            self.named.get(name)
+        }
+    }
+
+    pub(super) fn insert(&mut self, name: Vec<u8>, value: T) {
+        if name.is_empty() {
+            self.unnamed = Some(value);
+        } else {
+            self.named.insert(name, value);
+        }
+    }
+
+    pub(super) fn remove(&mut self, name: &[u8]) {
+        if name.is_empty() {
+            self.unnamed = None;
+        } else {
+            self.named.remove(name);
+        }
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.unnamed = None;
+        self.named.clear();
+    }
+
+    /// Forgets every named one (the unnamed one is the protocol's).
+    pub(super) fn clear_named(&mut self) {
+        self.named.clear();
+    }
 }
 
 impl<H: Hooks> Tracker<H> {
@@ -204,7 +262,7 @@ impl<T> Settle<T> {
 }
 
 pub(super) fn apply_command<S>(
-    statements: &mut HashMap<Vec<u8>, Statement<S>>,
+    statements: &mut Names<Statement<S>>,
     command: SqlCommand,
     defines: Option<S>,
 ) {
@@ -218,7 +276,7 @@ pub(super) fn apply_command<S>(
             statements.remove(name.as_bytes());
         }
         // The unnamed statement is the protocol's, not SQL's.
-        SqlCommand::DeallocateAll => statements.retain(|name, _| name.is_empty()),
+        SqlCommand::DeallocateAll => statements.clear_named(),
         SqlCommand::Execute { .. } | SqlCommand::Declare { .. } => {}
     }
 }
