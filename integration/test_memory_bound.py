@@ -1,8 +1,8 @@
 """A session's memory stays bounded whatever the size of the messages the guard does
 not read: a 300 MB result row to a client that does not read, or reads slowly, and a
-200 MB Bind of an unwatched statement stream through the proxy instead of being
+200 MB Bind of an unwatched statement or CopyData stream through the proxy instead of being
 buffered whole (README "Memory"). Proxy RSS is read from /proc/<pid>/status; every
-value is checked against the same statement straight to PostgreSQL (md5)."""
+value's md5 is checked against PostgreSQL's own (straight to it, or of what it stored)."""
 
 from __future__ import annotations
 
@@ -152,6 +152,31 @@ def test_a_200mb_bind_of_an_unwatched_statement_streams_to_the_server(proxy, dbn
     assert rows == [[str(len(value)).encode(), hashlib.md5(value).hexdigest().encode()]], \
         [t for t, _ in answer]
     assert growth < RSS_GROWTH_LIMIT, f"proxy RSS grew {growth / MB:.1f} MiB"
+
+
+def test_a_200mb_copy_data_streams_to_the_server(proxy, dbname, direct_dsn):
+    line = b"w" * (BIND_BYTES - 8) + b"the-end\n"
+    with connect(direct_dsn) as c:
+        c.execute("create table copied (v text)")
+    sess = pgraw.login(HOST, proxy.port, SUPERUSER, dbname)
+    sess.sock.settimeout(120)
+    sess.send(pgraw.query("copy copied from stdin"))
+    assert sess.read()[0] == b"G"
+    peak = PeakRss(proxy.proc.pid)
+    sess.sock.sendall(b"d" + struct.pack("!I", len(line) + 4))
+    view = memoryview(line)
+    for at in range(0, len(line), MB):
+        sess.sock.sendall(view[at:at + MB])
+    sess.send(pgraw.msg(b"c"))
+    answer = sess.until_ready()
+    growth = peak.stop()
+    sess.close()
+    print(f"\n200 MB CopyData: proxy RSS +{growth / MB:.1f} MiB")
+    assert [t for t, _ in answer] == [b"C", b"Z"], answer[:1]
+    assert growth < RSS_GROWTH_LIMIT, f"proxy RSS grew {growth / MB:.1f} MiB"
+    with connect(direct_dsn) as c:
+        got = c.execute("select length(v), md5(v) from copied").fetchone()
+    assert got == (len(line) - 1, hashlib.md5(line[:-1]).hexdigest())
 
 
 def test_ordinary_traffic_after_streaming_is_unchanged(proxy_dsn, direct_dsn):
