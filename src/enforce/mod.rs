@@ -110,6 +110,16 @@ impl Guard for SessionGuard {
         Tracker::on_server(self, frame)
     }
 
+    fn client_streams(&mut self, prefix: &[u8]) -> bool {
+        // The enforcer decodes the parameters of checkpoint statements only
+        // (`SessionEnforcer::bind`).
+        Tracker::client_streams(self, prefix, |s| s.class.kind.is_checkpoint_traffic())
+    }
+
+    fn server_streams(&mut self, tag: u8) -> bool {
+        Tracker::server_streams(self, tag)
+    }
+
     fn release(&mut self, ticket: Box<dyn Ticket>) -> Option<Bytes> {
         let Ok(ticket) = ticket.into_any().downcast::<ClaimTicket>() else {
             return None;

@@ -8,10 +8,10 @@ use std::time::Instant;
 use bytes::BytesMut;
 
 use super::first_packet::{fill_before, is_timeout};
-use super::frame::peek_frame;
+use super::frame::peek_header;
 use super::guard::{ClientStep, Guard};
 use super::proxy::Proxy;
-use super::read_buffer::ReadBuffer;
+use super::read_buffer::{Passing, ReadBuffer, STREAM_ABOVE};
 use super::registry::{SessionHandle, StopReason};
 use super::session::End;
 
@@ -43,6 +43,8 @@ fn relay_client(proxy: &Proxy, handle: &SessionHandle, early: BytesMut, deadline
     let mut out = BytesMut::new();
     let mut read_more = early.is_empty();
     let mut started = false;
+    // A large message streaming to the server, body still coming.
+    let mut passing: Option<Passing> = None;
     loop {
         if !started {
             started = handle.state.lock().map(|st| st.started()).unwrap_or(false);
@@ -71,13 +73,23 @@ fn relay_client(proxy: &Proxy, handle: &SessionHandle, early: BytesMut, deadline
         if handle.stopping().is_some() {
             return End::Quiet;
         }
+        if let Some(p) = passing.as_mut() {
+            if let Err(e) = rb.pass(p, |chunk| server.write_all(chunk)) {
+                return End::Error(format!("upstream write: {e}"));
+            }
+            if p.left > 0 {
+                continue;
+            }
+        }
         // Frame and track under the lock; no I/O while it is held.
         let tracked = match handle.state.lock() {
             // Shutting down and nothing in flight: close instead of
             // starting new work (checked under the lock the drain uses).
             Ok(st) if proxy.sessions.draining() && st.is_idle() => return End::Shutdown,
             Ok(mut st) => {
-                let max = if started {
+                // Authentication may have ended while this read waited: the
+                // first message after it has the full limit.
+                let max = if started || st.started() {
                     proxy.config.max_message_bytes
                 } else {
                     MAX_PRE_AUTH_MESSAGE
@@ -105,6 +117,7 @@ fn relay_client(proxy: &Proxy, handle: &SessionHandle, early: BytesMut, deadline
         if let Some(reason) = tracked.refused {
             return End::ClientProtocol(format!("resumeguard: invalid client message: {reason}"));
         }
+        passing = tracked.passing;
         read_more = !tracked.awaiting;
         if tracked.awaiting && !await_answers(handle) {
             return End::Quiet;
@@ -150,12 +163,15 @@ struct TrackedClient {
     awaiting: bool,
     /// The client sent Terminate: the server closing next is expected.
     terminated: bool,
+    /// The last message consumed streams on: the rest of its body.
+    passing: Option<Passing>,
 }
 
-/// Frames and tracks the complete client messages at the front of `buf`.
-/// When the guard rewrites a message, `out` receives everything consumed
-/// (rewritten where needed); otherwise it stays empty and the consumed
-/// bytes are forwarded unchanged.
+/// Frames and tracks the complete client messages at the front of `buf`,
+/// and a large incomplete one the guard lets stream (see
+/// [`Guard::client_streams`]). When the guard rewrites a message, `out`
+/// receives everything consumed (rewritten where needed); otherwise it
+/// stays empty and the consumed bytes are forwarded unchanged.
 fn track_client(
     guard: &mut dyn Guard,
     buf: &[u8],
@@ -166,29 +182,47 @@ fn track_client(
     let mut copied = 0;
     let mut awaiting = false;
     let mut terminated = false;
+    let mut passing = None;
     let refused = loop {
-        match peek_frame(&buf[ready..], max) {
-            Ok(Some(h)) => {
-                let end = ready + h.total_len;
-                terminated |= h.tag == b'X';
-                match guard.on_client(&buf[ready..end]) {
-                    Ok(ClientStep::Forward) => {}
-                    Ok(ClientStep::Replace(replacement)) => {
-                        out.extend_from_slice(&buf[copied..ready]);
-                        out.extend_from_slice(&replacement);
-                        copied = end;
-                    }
-                    Ok(ClientStep::AwaitServer) => {
-                        awaiting = true;
-                        break None;
-                    }
-                    Err(e) => break Some(e.to_string()),
-                }
-                ready = end;
-            }
+        let h = match peek_header(&buf[ready..], max) {
+            Ok(Some(h)) => h,
             Ok(None) => break None,
             Err(e) => break Some(e.to_string()),
+        };
+        let whole = buf.len() - ready >= h.total_len;
+        if !whole && (h.total_len <= STREAM_ABOVE || !guard.client_streams(&buf[ready..])) {
+            break None;
         }
+        let end = if whole {
+            ready + h.total_len
+        } else {
+            buf.len()
+        };
+        terminated |= h.tag == b'X';
+        let mut forward = true;
+        match guard.on_client(&buf[ready..end]) {
+            Ok(ClientStep::Forward) => {}
+            Ok(ClientStep::Replace(replacement)) => {
+                out.extend_from_slice(&buf[copied..ready]);
+                out.extend_from_slice(&replacement);
+                copied = end;
+                forward = false;
+            }
+            Ok(ClientStep::AwaitServer) => {
+                awaiting = true;
+                break None;
+            }
+            Err(e) => break Some(e.to_string()),
+        }
+        if !whole {
+            passing = Some(Passing {
+                left: ready + h.total_len - end,
+                forward,
+            });
+            ready = end;
+            break None;
+        }
+        ready = end;
     };
     if !out.is_empty() {
         out.extend_from_slice(&buf[copied..ready]);
@@ -198,5 +232,9 @@ fn track_client(
         refused,
         awaiting,
         terminated,
+        passing,
     }
 }
+
+#[cfg(test)]
+pub(super) mod tests;

@@ -61,6 +61,13 @@ fn printable(tag: u8) -> String {
 /// The length check happens as soon as the header is in, before any body
 /// is buffered, so a 2 GiB header is refused without reading 2 GiB.
 pub fn peek_frame(buf: &[u8], max_len: usize) -> Result<Option<FrameHeader>, FrameError> {
+    Ok(peek_header(buf, max_len)?.filter(|h| buf.len() >= h.total_len))
+}
+
+/// Looks at the header at the front of `buf`: `Ok(Some)` as soon as the
+/// header is in, whether or not the body is (a message too large to buffer
+/// is streamed from here), `Ok(None)` before, `Err` when it is invalid.
+pub fn peek_header(buf: &[u8], max_len: usize) -> Result<Option<FrameHeader>, FrameError> {
     if buf.len() < HEADER_LEN {
         return Ok(None);
     }
@@ -77,11 +84,10 @@ pub fn peek_frame(buf: &[u8], max_len: usize) -> Result<Option<FrameHeader>, Fra
             max: max_len,
         });
     }
-    let total_len = body_and_len + 1;
-    if buf.len() < total_len {
-        return Ok(None);
-    }
-    Ok(Some(FrameHeader { tag, total_len }))
+    Ok(Some(FrameHeader {
+        tag,
+        total_len: body_and_len + 1,
+    }))
 }
 
 /// Reads a NUL-terminated string at the front of `buf`, returning it and
@@ -116,6 +122,17 @@ mod tests {
         for cut in 0..m.len() {
             assert_eq!(peek_frame(&m[..cut], 1 << 20).unwrap(), None, "cut {cut}");
         }
+    }
+
+    #[test]
+    fn reads_the_header_before_the_body() {
+        let m = msg(b'd', &[7u8; 1000]);
+        assert_eq!(peek_header(&m[..4], 1 << 20).unwrap(), None);
+        for cut in [5, 6, 500, m.len()] {
+            let h = peek_header(&m[..cut], 1 << 20).unwrap().unwrap();
+            assert_eq!((h.tag, h.total_len), (b'd', 1005), "cut {cut}");
+        }
+        assert!(peek_header(&m[..5], 100).is_err(), "the ceiling holds");
     }
 
     #[test]

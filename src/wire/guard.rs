@@ -66,6 +66,20 @@ impl Eq for HeldTicket {}
 pub trait Guard: Send {
     fn on_client(&mut self, frame: &[u8]) -> Result<ClientStep, ClientError>;
     fn on_server(&mut self, frame: &[u8]) -> Result<ServerStep, Desync>;
+    /// Whether a client message too large to buffer cheaply may stream:
+    /// `prefix` is its header and the body bytes read so far. True means
+    /// the guard needs no more of it: [`Guard::on_client`] is then called
+    /// with `prefix` alone, and the rest of the body goes to the server as
+    /// it arrives (or is dropped, when the step replaced the message).
+    /// False buffers more; the relay asks again after the next read, and
+    /// a message never allowed to stream is offered whole.
+    fn client_streams(&mut self, prefix: &[u8]) -> bool;
+    /// Whether a server message with this type byte, too large to buffer
+    /// cheaply, may stream: [`Guard::on_server`] is then called with its
+    /// header and the body bytes read so far, and must neither hold nor
+    /// replace it; the rest goes to the client as it arrives (or is
+    /// dropped, when its route is [`Route::Swallow`]).
+    fn server_streams(&mut self, tag: u8) -> bool;
     /// Applies a decided ticket of a held message: `None` lets the message
     /// through, `Some` is what the client gets instead (the rest of that
     /// statement's answer is then swallowed).

@@ -13,6 +13,22 @@ const MAX_READ: usize = 256 * 1024;
 /// A drained buffer whose allocation grew past this is dropped.
 const SHRINK_ABOVE: usize = 1024 * 1024;
 
+/// A message larger than this whose body the guard does not read streams
+/// through in chunks (at most one read each) instead of being buffered
+/// whole: a session's buffers stay near this size, whatever the traffic.
+pub const STREAM_ABOVE: usize = MAX_READ;
+
+/// The rest of a message streaming past the guard: its bytes go on to the
+/// peer as they arrive (or are dropped, when the guard replaced the
+/// message), none of them buffered beyond one read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Passing {
+    /// Bytes of the message still to come.
+    pub left: usize,
+    /// They go to the peer (else they are dropped).
+    pub forward: bool,
+}
+
 /// Bytes read and not yet consumed, in `bytes`.
 pub struct ReadBuffer {
     pub bytes: BytesMut,
@@ -45,6 +61,23 @@ impl ReadBuffer {
             self.want = (self.want / 2).max(MIN_READ);
         }
         read
+    }
+
+    /// Hands the buffered bytes of `passing`'s message to `send` (when
+    /// they are forwarded) and consumes them; what follows the message
+    /// stays. The message is through when `passing.left` is 0.
+    pub fn pass(
+        &mut self,
+        passing: &mut Passing,
+        send: impl FnOnce(&[u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        let n = passing.left.min(self.bytes.len());
+        if passing.forward && n > 0 {
+            send(&self.bytes[..n])?;
+        }
+        let _ = self.bytes.split_to(n);
+        passing.left -= n;
+        Ok(())
     }
 
     /// Gives a large allocation back once everything in it was consumed.
@@ -90,6 +123,45 @@ mod tests {
         assert_eq!(rb.bytes.len(), 100_003);
         assert_eq!(rb.fill(&mut src).unwrap(), 0);
         assert_eq!(rb.bytes.len(), 100_003, "end of file appends nothing");
+    }
+
+    #[test]
+    fn passes_a_message_in_chunks_and_keeps_what_follows() {
+        let mut rb = ReadBuffer::default();
+        let mut passing = Passing {
+            left: 10,
+            forward: true,
+        };
+        let mut sent = Vec::new();
+        rb.bytes.extend_from_slice(b"0123");
+        rb.pass(&mut passing, |b| {
+            sent.extend_from_slice(b);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!((passing.left, rb.bytes.len()), (6, 0));
+        rb.bytes.extend_from_slice(b"456789next");
+        rb.pass(&mut passing, |b| {
+            sent.extend_from_slice(b);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(passing.left, 0);
+        assert_eq!(&sent[..], b"0123456789");
+        assert_eq!(&rb.bytes[..], b"next");
+    }
+
+    #[test]
+    fn a_replaced_message_is_dropped_not_sent() {
+        let mut rb = ReadBuffer::default();
+        let mut passing = Passing {
+            left: 3,
+            forward: false,
+        };
+        rb.bytes.extend_from_slice(b"abcS");
+        rb.pass(&mut passing, |_| panic!("dropped bytes are not sent"))
+            .unwrap();
+        assert_eq!((passing.left, &rb.bytes[..]), (0, &b"S"[..]));
     }
 
     #[test]

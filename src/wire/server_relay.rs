@@ -10,10 +10,10 @@ use std::sync::Mutex;
 use bytes::BytesMut;
 
 use super::backend::{error_response, sqlstate, Severity};
-use super::frame::peek_frame;
+use super::frame::peek_header;
 use super::guard::{Guard, HeldTicket};
 use super::proxy::Proxy;
-use super::read_buffer::ReadBuffer;
+use super::read_buffer::{Passing, ReadBuffer, STREAM_ABOVE};
 use super::registry::{SessionHandle, StopReason};
 use super::response_queue::Route;
 use super::session::End;
@@ -33,6 +33,8 @@ pub(super) fn server_to_client(
     let mut rb = ReadBuffer::default();
     let mut out = BytesMut::new();
     let mut server_said_fatal = false;
+    // A large message streaming to the client, body still coming.
+    let mut passing: Option<Passing> = None;
     loop {
         let read = rb.fill(server);
         match (read, handle.stopping()) {
@@ -63,6 +65,16 @@ pub(super) fn server_to_client(
                 return End::Error(msg);
             }
         }
+        if let Some(p) = passing.as_mut() {
+            // A client that does not read blocks this write, and with it
+            // the reads from the server: nothing more is buffered.
+            if let Err(e) = rb.pass(p, |chunk| client.write_all(chunk)) {
+                return End::Error(format!("client write: {e}"));
+            }
+            if p.left > 0 {
+                continue;
+            }
+        }
         // Route every complete message; a read of a parked head stops the
         // batch until its claim is decided, then routing goes on.
         loop {
@@ -82,6 +94,7 @@ pub(super) fn server_to_client(
             let held = match outcome {
                 Ok(tracked) => {
                     server_said_fatal |= tracked.fatal;
+                    passing = tracked.passing;
                     tracked.held
                 }
                 Err(msg) => {
@@ -139,6 +152,8 @@ struct Tracked {
     fatal: bool,
     /// A message held until its ticket is decided.
     held: Option<Held>,
+    /// The last message routed streams on: the rest of its body.
+    passing: Option<Passing>,
 }
 
 /// A message held back from the client while its ticket is decided.
@@ -149,7 +164,9 @@ struct Held {
 }
 
 /// Frames, tracks and routes the complete server messages in `buf` into
-/// `out`. An error means the session can no longer be followed.
+/// `out`, and a large incomplete one the guard lets stream (see
+/// [`Guard::server_streams`]). An error means the session can no longer
+/// be followed.
 fn track_server(
     proxy: &Proxy,
     guard: &mut dyn Guard,
@@ -159,9 +176,16 @@ fn track_server(
 ) -> Result<Tracked, String> {
     let mut fatal = false;
     let mut held = None;
-    while let Some(h) = peek_frame(buf, proxy.config.max_backend_message_bytes)
+    let mut passing = None;
+    while let Some(h) = peek_header(buf, proxy.config.max_backend_message_bytes)
         .map_err(|e| format!("upstream protocol violation: {e}"))?
     {
+        if buf.len() < h.total_len {
+            if h.total_len > STREAM_ABOVE && guard.server_streams(h.tag) {
+                passing = Some(stream_server(guard, buf, out, h.total_len)?);
+            }
+            break;
+        }
         let frame = buf.split_to(h.total_len);
         let mut step = guard.on_server(&frame).map_err(|d| d.to_string())?;
         if let Some(ticket) = step.hold.take() {
@@ -183,7 +207,34 @@ fn track_server(
             }
         }
     }
-    Ok(Tracked { fatal, held })
+    Ok(Tracked {
+        fatal,
+        held,
+        passing,
+    })
+}
+
+/// Routes the front of a message that streams: what of it is in `buf`
+/// goes to `out` (unless swallowed), the rest passes as it arrives.
+fn stream_server(
+    guard: &mut dyn Guard,
+    buf: &mut BytesMut,
+    out: &mut BytesMut,
+    total_len: usize,
+) -> Result<Passing, String> {
+    let prefix = buf.split();
+    let step = guard.on_server(&prefix).map_err(|d| d.to_string())?;
+    if step.hold.is_some() || step.replace.is_some() || step.fatal || step.backend_key.is_some() {
+        return Err("the guard acted on a message it let stream".into());
+    }
+    let forward = step.route == Route::Forward;
+    if forward {
+        out.extend_from_slice(&prefix);
+    }
+    Ok(Passing {
+        left: total_len - prefix.len(),
+        forward,
+    })
 }
 
 fn idle(state: &Mutex<Box<dyn Guard>>) -> bool {
@@ -211,3 +262,6 @@ fn fail_session(mut client: &TcpStream, msg: &str) -> End {
     let _ = client.write_all(&err);
     End::Error(msg.to_owned())
 }
+
+#[cfg(test)]
+mod tests;
