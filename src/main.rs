@@ -294,8 +294,9 @@ fn run() -> anyhow::Result<()> {
             let cfg = load_config(config)?;
             let db = audit_db.unwrap_or_else(|| cfg.audit_db());
             let thread = thread.context("audit needs --thread T (or the prune subcommand)")?;
-            let events = audit::thread_events(&db, &thread)
+            let mut events = audit::thread_events(&db, &thread)
                 .with_context(|| format!("reading audit trail {}", db.display()))?;
+            audit::approver::attribute(&mut events);
             if json {
                 println!("{}", audit::render_json(&events));
             } else {

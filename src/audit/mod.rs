@@ -7,6 +7,7 @@
 //! retention limits. The trail is read back with [`thread_events`] and
 //! rendered with [`render_timeline`].
 
+pub mod approver;
 mod before;
 mod config;
 mod digest;
