@@ -115,8 +115,9 @@ enum Command {
     },
 }
 
-/// Where the audit database is: `--audit-db`, or `<state dir>/audit.sqlite`
-/// with the state directory from `--state-dir` or the configuration.
+/// Where the audit database is, found as `serve` finds it: `--audit-db`,
+/// else the configuration's `[audit] sqlite`, else `<state dir>/audit.sqlite`
+/// (`--state-dir` over the configuration's `state_dir`).
 #[derive(Args)]
 struct AuditDbArgs {
     /// The audit database file (default <state-dir>/audit.sqlite).
@@ -133,15 +134,13 @@ struct AuditDbArgs {
 impl AuditDbArgs {
     fn path(self) -> anyhow::Result<PathBuf> {
         let mut cfg = load_config(self.config)?;
-        if let Some(dir) = self.state_dir {
-            cfg.state_dir = dir;
-            cfg.audit.sqlite = None;
-        }
+        cfg.state_dir = self.state_dir.unwrap_or(cfg.state_dir);
         Ok(self.audit_db.unwrap_or_else(|| cfg.audit_db()))
     }
 }
 
-/// Where the claims store is: `--store`, or `<state dir>/claims.sqlite`.
+/// Where the claims store is, found as `serve` finds it: `--store`, else the
+/// configuration's `[claims] store`, else `<state dir>/claims.sqlite`.
 #[derive(Args)]
 struct ClaimsStoreArgs {
     /// The claims store file (default <state-dir>/claims.sqlite).
@@ -158,10 +157,7 @@ struct ClaimsStoreArgs {
 impl ClaimsStoreArgs {
     fn open(self) -> anyhow::Result<ClaimStore> {
         let mut cfg = load_config(self.config)?;
-        if let Some(dir) = self.state_dir {
-            cfg.state_dir = dir;
-            cfg.claims.store = None;
-        }
+        cfg.state_dir = self.state_dir.unwrap_or(cfg.state_dir);
         let path = self.store.unwrap_or_else(|| cfg.claims_store_path());
         Ok(ClaimStore::open_existing(&path)?)
     }
