@@ -287,9 +287,15 @@ class Proxy:
         return run_audit_cli(self.audit_db, thread_id, timeout)
 
 
+# `resumeguard audit --thread T` of a thread with no events on record.
+AUDIT_NO_SUCH_THREAD = 3
+
+
 def run_audit_cli(audit_db: Path, thread_id: str, timeout: float = 30.0) -> list[dict]:
     argv = [str(proxy_binary()), "audit", "--audit-db", str(audit_db), "--thread", thread_id, "--json"]
     cp = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+    if cp.returncode == AUDIT_NO_SUCH_THREAD:
+        return []  # nothing on record for the thread (yet)
     assert cp.returncode == 0, f"{argv} exited {cp.returncode}\nstdout:\n{cp.stdout}\nstderr:\n{cp.stderr}"
     try:
         data = json.loads(cp.stdout)

@@ -1,5 +1,5 @@
 //! The `resumeguard` command: `serve` runs the proxy, `audit` reads the
-//! audit trail.
+//! audit trail, `claims` and `rules` are the operator's views.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -8,19 +8,21 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use resumeguard::audit::{self, AuditSink};
+use resumeguard::audit::{self, AuditSink, EventFilter};
 use resumeguard::claims::{render_claims, ClaimStore};
 use resumeguard::config::{upstream_addr, Config};
 use resumeguard::enforce::Enforcement;
-use resumeguard::managed_pg::ManagedPostgres;
 use resumeguard::policy::ChannelRules;
 use resumeguard::saver::classify::Classifier;
 use resumeguard::saver::profile::profiles_for;
 use resumeguard::wire::{listener, proxy::Proxy};
+
+mod startup;
+use startup::{start_managed, Signals, Startup};
 
 #[derive(Parser)]
 #[command(
@@ -37,6 +39,7 @@ enum Command {
     /// Run the proxy (with no upstream configured: in front of a managed
     /// local PostgreSQL).
     Serve {
+        /// TOML configuration file (examples in configs/); flags override it.
         #[arg(long)]
         config: Option<PathBuf>,
         /// Address to listen on (default 127.0.0.1:6432).
@@ -45,19 +48,22 @@ enum Command {
         /// Upstream PostgreSQL: host:port or postgres:// URL.
         #[arg(long)]
         upstream: Option<String>,
-        /// Directory of saver profiles.
+        /// Directory of saver profiles and channel rules (default: the
+        /// built-in profiles, no channel rules).
         #[arg(long)]
         rules: Option<PathBuf>,
-        /// SQLite file of the audit trail.
+        /// SQLite file of the audit trail (default <state-dir>/audit.sqlite).
         #[arg(long)]
         audit_db: Option<PathBuf>,
         /// Also write audit events as JSON lines to this file ("-" = stdout).
         #[arg(long)]
         audit_jsonl: Option<String>,
-        /// Directory for the proxy's state (audit db, managed PostgreSQL).
+        /// Directory for the proxy's state (audit db, claims store, managed
+        /// PostgreSQL); default .resumeguard.
         #[arg(long)]
         state_dir: Option<PathBuf>,
-        /// SQLite file of consume-once claims (shared by replicas).
+        /// SQLite file of consume-once claims, shared by replicas (default
+        /// <state-dir>/claims.sqlite).
         #[arg(long)]
         claims_store: Option<PathBuf>,
         /// This proxy's name in claims (default: hostname-pid).
@@ -77,21 +83,84 @@ enum Command {
         #[command(subcommand)]
         command: RulesCommand,
     },
-    /// Print the audit trail of one thread (`--thread T`), or prune it.
+    /// Print the audit trail of one thread (`--thread T`), list the threads
+    /// (`--threads`), or prune the trail.
     #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Audit {
         #[command(subcommand)]
         command: Option<AuditCommand>,
-        #[arg(long, required = true)]
+        /// The thread whose timeline to print.
+        #[arg(long, required_unless_present = "threads", conflicts_with = "threads")]
         thread: Option<String>,
+        /// List the threads on record with their last activity, most
+        /// recent first (with --since/--until/--op: threads with such events).
+        #[arg(long)]
+        threads: bool,
+        /// Only events at or after this time: RFC 3339 UTC
+        /// (2026-11-30T09:00:00Z) or an age (2h, 7d).
+        #[arg(long)]
+        since: Option<String>,
+        /// Only events at or before this time: RFC 3339 UTC or an age.
+        #[arg(long)]
+        until: Option<String>,
+        /// Only these operations (resume_recorded, claim_consumed, ...);
+        /// repeat the flag or separate with commas.
+        #[arg(long, value_delimiter = ',')]
+        op: Vec<String>,
         /// Machine-readable JSON instead of the timeline.
         #[arg(long)]
         json: bool,
-        #[arg(long)]
-        audit_db: Option<PathBuf>,
-        #[arg(long)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        db: AuditDbArgs,
     },
+}
+
+/// Where the audit database is, found as `serve` finds it: `--audit-db`,
+/// else the configuration's `[audit] sqlite`, else `<state dir>/audit.sqlite`
+/// (`--state-dir` over the configuration's `state_dir`).
+#[derive(Args)]
+struct AuditDbArgs {
+    /// The audit database file (default <state-dir>/audit.sqlite).
+    #[arg(long, conflicts_with = "state_dir")]
+    audit_db: Option<PathBuf>,
+    /// The proxy's state directory: the audit database is <DIR>/audit.sqlite.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// The configuration `serve` ran with (its state_dir and [audit] sqlite).
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+impl AuditDbArgs {
+    fn path(self) -> anyhow::Result<PathBuf> {
+        let mut cfg = load_config(self.config)?;
+        cfg.state_dir = self.state_dir.unwrap_or(cfg.state_dir);
+        Ok(self.audit_db.unwrap_or_else(|| cfg.audit_db()))
+    }
+}
+
+/// Where the claims store is, found as `serve` finds it: `--store`, else the
+/// configuration's `[claims] store`, else `<state dir>/claims.sqlite`.
+#[derive(Args)]
+struct ClaimsStoreArgs {
+    /// The claims store file (default <state-dir>/claims.sqlite).
+    #[arg(long, conflicts_with = "state_dir")]
+    store: Option<PathBuf>,
+    /// The proxy's state directory: the store is <DIR>/claims.sqlite.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// The configuration `serve` ran with (its state_dir and [claims] store).
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+impl ClaimsStoreArgs {
+    fn open(self) -> anyhow::Result<ClaimStore> {
+        let mut cfg = load_config(self.config)?;
+        cfg.state_dir = self.state_dir.unwrap_or(cfg.state_dir);
+        let path = self.store.unwrap_or_else(|| cfg.claims_store_path());
+        Ok(ClaimStore::open_existing(&path)?)
+    }
 }
 
 #[derive(Subcommand)]
@@ -102,13 +171,8 @@ enum AuditCommand {
         /// An RFC 3339 UTC time (2026-11-01T00:00:00Z) or an age (7d, 12h).
         #[arg(long)]
         before: String,
-        /// The audit database is <DIR>/audit.sqlite.
-        #[arg(long, conflicts_with = "audit_db")]
-        state_dir: Option<PathBuf>,
-        #[arg(long)]
-        audit_db: Option<PathBuf>,
-        #[arg(long)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        db: AuditDbArgs,
     },
 }
 
@@ -116,36 +180,40 @@ enum AuditCommand {
 enum ClaimsCommand {
     /// Print the claims (of one thread).
     List {
+        /// Only this thread's claims.
         #[arg(long)]
         thread: Option<String>,
-        #[arg(long)]
-        store: Option<PathBuf>,
-        #[arg(long)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        store: ClaimsStoreArgs,
     },
     /// Release the claims of a thread that hold it: held claims, and answered
     /// ones whose run never wrote its next checkpoint (it died), so the next
     /// resume may take them. With --checkpoint, only that checkpoint's, and
     /// its answered claims even if the thread had moved on (rewound to it).
     Release {
+        /// The thread whose claims to release.
         #[arg(long)]
         thread: String,
+        /// Only the claims of this checkpoint id.
         #[arg(long)]
         checkpoint: Option<String>,
-        #[arg(long)]
-        store: Option<PathBuf>,
-        #[arg(long)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        store: ClaimsStoreArgs,
     },
 }
 
 #[derive(Subcommand)]
 enum RulesCommand {
-    /// Load a rules directory as `serve` would and print what each rule
-    /// matches; exits non-zero on the first error (file:line: what).
+    /// Load saver profiles and channel rules as `serve` would and print what
+    /// each rule matches; exits non-zero on the first error (file:line: what).
     Check {
-        /// The rules directory (default: ./rules).
+        /// The rules directory (default: the configuration's rules_dir, else
+        /// what `serve` uses without one: the built-in profiles, no channel
+        /// rules).
         dir: Option<PathBuf>,
+        /// The configuration `serve` runs with (its rules_dir).
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
 }
 
@@ -154,7 +222,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("resumeguard: {e:#}");
-            ExitCode::FAILURE
+            if e.is::<NoSuchThread>() {
+                ExitCode::from(EXIT_NO_SUCH_THREAD)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -199,17 +271,9 @@ fn run() -> anyhow::Result<()> {
             serve(cfg)
         }
         Command::Claims {
-            command:
-                ClaimsCommand::List {
-                    thread,
-                    store,
-                    config,
-                },
+            command: ClaimsCommand::List { thread, store },
         } => {
-            let cfg = load_config(config)?;
-            let store =
-                ClaimStore::open_existing(&store.unwrap_or_else(|| cfg.claims_store_path()))?;
-            print!("{}", render_claims(&store.list(thread.as_deref())?));
+            print!("{}", render_claims(&store.open()?.list(thread.as_deref())?));
             Ok(())
         }
         Command::Claims {
@@ -218,55 +282,20 @@ fn run() -> anyhow::Result<()> {
                     thread,
                     checkpoint,
                     store,
-                    config,
                 },
         } => {
-            let cfg = load_config(config)?;
-            let store =
-                ClaimStore::open_existing(&store.unwrap_or_else(|| cfg.claims_store_path()))?;
-            let n = store.release(&thread, checkpoint.as_deref())?;
+            let n = store.open()?.release(&thread, checkpoint.as_deref())?;
             println!("released {n} claim(s)");
             Ok(())
         }
         Command::Rules {
-            command: RulesCommand::Check { dir },
-        } => {
-            let dir = dir.unwrap_or_else(|| PathBuf::from("rules"));
-            let profiles = profiles_for(Some(&dir))?;
-            for p in &profiles {
-                println!(
-                    "profile {}: tables {}, {}, {}, {}{}",
-                    p.name,
-                    p.tables.checkpoints,
-                    p.tables.blobs,
-                    p.tables.writes,
-                    p.tables.migrations,
-                    p.schema
-                        .as_deref()
-                        .map(|s| format!(" (schema {s})"))
-                        .unwrap_or_default()
-                );
-                for k in &p.rows.pending_writes {
-                    println!("  saver {}: pending_writes rows {:?}", k.saver, k.elements);
-                }
-            }
-            let rules = ChannelRules::load(&dir).map_err(|e| anyhow::anyhow!("{e}"))?;
-            print!("{}", rules.describe());
-            Ok(())
-        }
+            command: RulesCommand::Check { dir, config },
+        } => rules_check(dir.or(load_config(config)?.rules_dir)),
         Command::Audit {
-            command:
-                Some(AuditCommand::Prune {
-                    before,
-                    state_dir,
-                    audit_db,
-                    config,
-                }),
+            command: Some(AuditCommand::Prune { before, db }),
             ..
         } => {
-            let mut cfg = load_config(config)?;
-            cfg.state_dir = state_dir.unwrap_or(cfg.state_dir);
-            let db = audit_db.unwrap_or_else(|| cfg.audit_db());
+            let db = db.path()?;
             let before = audit::parse_before(&before, SystemTime::now())?;
             let mut store = audit::Store::open_existing(&db)?;
             let rule = audit::PruneRule {
@@ -286,24 +315,102 @@ fn run() -> anyhow::Result<()> {
         }
         Command::Audit {
             thread,
+            threads,
+            since,
+            until,
+            op,
             json,
-            audit_db,
-            config,
+            db,
             ..
         } => {
-            let cfg = load_config(config)?;
-            let db = audit_db.unwrap_or_else(|| cfg.audit_db());
-            let thread = thread.context("audit needs --thread T (or the prune subcommand)")?;
-            let events = audit::thread_events(&db, &thread)
-                .with_context(|| format!("reading audit trail {}", db.display()))?;
-            if json {
-                println!("{}", audit::render_json(&events));
-            } else {
-                print!("{}", audit::render_timeline(&events));
+            let db = db.path()?;
+            let filter =
+                EventFilter::parse(since.as_deref(), until.as_deref(), &op, SystemTime::now())?;
+            if threads {
+                let list = audit::threads(&db, &filter)
+                    .with_context(|| format!("reading audit trail {}", db.display()))?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&list)?);
+                } else {
+                    print!("{}", audit::render_threads(&list));
+                }
+                return Ok(());
             }
-            Ok(())
+            let thread = thread.context("audit needs --thread T or --threads")?;
+            audit_thread(&db, &thread, &filter, json)
         }
     }
+}
+
+/// Prints one thread's events (those the filter keeps); a thread with no
+/// events on record is an error.
+fn audit_thread(
+    db: &std::path::Path,
+    thread: &str,
+    filter: &EventFilter,
+    json: bool,
+) -> anyhow::Result<()> {
+    let mut events = audit::thread_events(db, thread)
+        .with_context(|| format!("reading audit trail {}", db.display()))?;
+    if events.is_empty() {
+        return Err(NoSuchThread(format!(
+            "no audit events for thread {thread:?} in {} \
+             (`resumeguard audit --threads` lists the threads on record)",
+            db.display()
+        ))
+        .into());
+    }
+    audit::approver::attribute(&mut events);
+    events.retain(|e| filter.keeps(e));
+    if json {
+        println!("{}", audit::render_json(&events));
+    } else if events.is_empty() {
+        eprintln!("thread {thread}: no event matches --since/--until/--op");
+    } else {
+        print!("{}", audit::render_timeline(&events));
+    }
+    Ok(())
+}
+
+/// An `audit --thread` of a thread the trail has never seen.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct NoSuchThread(String);
+
+/// Exit status of [`NoSuchThread`], so scripts tell it from other failures.
+const EXIT_NO_SUCH_THREAD: u8 = 3;
+
+/// Loads profiles and channel rules from `dir`, or names the built-in
+/// profiles `serve` uses without one, and prints what each matches.
+fn rules_check(dir: Option<PathBuf>) -> anyhow::Result<()> {
+    match &dir {
+        Some(d) => println!("rules directory {}", d.display()),
+        None => println!("no rules directory: the built-in profiles, as `serve` uses by default"),
+    }
+    let profiles = profiles_for(dir.as_deref())?;
+    for p in &profiles {
+        println!(
+            "profile {}: tables {}, {}, {}, {}{}",
+            p.name,
+            p.tables.checkpoints,
+            p.tables.blobs,
+            p.tables.writes,
+            p.tables.migrations,
+            p.schema
+                .as_deref()
+                .map(|s| format!(" (schema {s})"))
+                .unwrap_or_default()
+        );
+        for k in &p.rows.pending_writes {
+            println!("  saver {}: pending_writes rows {:?}", k.saver, k.elements);
+        }
+    }
+    let rules = match &dir {
+        Some(d) => ChannelRules::load(d).map_err(|e| anyhow::anyhow!("{e}"))?,
+        None => ChannelRules::default(),
+    };
+    print!("{}", rules.describe());
+    Ok(())
 }
 
 fn load_config(path: Option<PathBuf>) -> anyhow::Result<Config> {
@@ -323,76 +430,101 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
         std::fs::create_dir_all(&cfg.state_dir)
             .with_context(|| format!("creating {}", cfg.state_dir.display()))?;
     }
+    // The addresses are taken before anything is started: a busy port
+    // fails here, with no managed server to clean up.
+    let listener = bind(&cfg.listen).with_context(|| format!("listening on {}", cfg.listen))?;
+    let inspection = match &cfg.claims.inspection_listen {
+        Some(addr) => {
+            Some(bind(addr).with_context(|| format!("listening for inspection on {addr}"))?)
+        }
+        None => None,
+    };
     let audit = AuditSink::start(&cfg.audit)?;
     let legs = cfg.legs(&audit)?;
-    let managed = match &cfg.upstream {
-        Some(_) => None,
-        None => Some(ManagedPostgres::start(&cfg.managed, &cfg.state_dir)?),
-    };
-    let upstream = match (&managed, &cfg.upstream) {
-        (Some(m), _) => m.socket(),
-        (None, u) => upstream_addr(u.as_deref().unwrap_or_default())?,
-    };
     // The event loop only accepts connections and watches for signals;
     // each session relays on threads of its own (wire/session.rs).
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let result = runtime.block_on(async {
-        let listener = TcpListener::bind(&cfg.listen)
-            .await
-            .with_context(|| format!("listening on {}", cfg.listen))?;
-        let local = listener.local_addr()?;
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let enforcement = Arc::new(Enforcement {
-            classifier: Arc::new(
-                Classifier::new(profiles).with_unknown_policy(cfg.enforce.unknown_saver),
-            ),
-            legs,
-            audit: audit.clone(),
-        });
-        let proxy = Arc::new(Proxy::new(
-            cfg.relay(upstream.clone()),
-            Arc::new(enforcement),
-        ));
-        tracing::info!(listen = %local, %upstream, audit = %cfg.audit_db().display(), "resumeguard serving");
-        let user = if managed.is_some() { "postgres@" } else { "" };
-        println!("DATABASE_URL=postgres://{user}{local}/postgres");
-        let inspection = match &cfg.claims.inspection_listen {
-            Some(addr) => {
-                let l = TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("listening for inspection on {addr}"))?;
-                tracing::info!(listen = %l.local_addr()?, "inspection listener (reads never claim)");
-                Some(l)
+    // Signals are ours from here on, so none of them can end the process
+    // between starting the managed server and stopping it.
+    let mut signals = runtime.block_on(async { Signals::install() })?;
+    let managed = match &cfg.upstream {
+        Some(_) => None,
+        None => {
+            let started = runtime.block_on(start_managed(&cfg, &mut signals));
+            match started {
+                Ok(Startup::Running(m)) => Some(m),
+                Ok(Startup::Interrupted(m)) => {
+                    m.stop();
+                    audit.shutdown(Duration::from_secs(5));
+                    return Ok(());
+                }
+                Err(e) => {
+                    audit.shutdown(Duration::from_secs(5));
+                    return Err(e);
+                }
             }
-            None => None,
-        };
-        let grace = Duration::from_millis(cfg.shutdown_grace_ms);
-        let stopped = |mut rx: watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|s| *s).await;
-        };
-        tokio::spawn(async move {
-            wait_for_signal().await;
-            tracing::info!("shutdown requested");
-            let _ = stop_tx.send(true);
-        });
-        let main_loop = listener::run(
-            Arc::clone(&proxy),
-            listener,
-            false,
-            stopped(stop_rx.clone()),
-        );
-        let inspection_loop = async {
-            if let Some(l) = inspection {
-                let stop = stopped(stop_rx.clone());
-                listener::run(Arc::clone(&proxy), l, true, stop).await;
-            }
-        };
-        tokio::join!(main_loop, inspection_loop);
-        listener::drain(&proxy, grace).await;
-        anyhow::Ok(())
-    });
+        }
+    };
+    let upstream = match (&managed, &cfg.upstream) {
+        (Some(m), _) => Ok(m.socket()),
+        (None, u) => upstream_addr(u.as_deref().unwrap_or_default()),
+    };
+    let result = match upstream {
+        Ok(upstream) => runtime.block_on(async {
+            let listener = TcpListener::from_std(listener)?;
+            let local = listener.local_addr()?;
+            let (stop_tx, stop_rx) = watch::channel(false);
+            let enforcement = Arc::new(Enforcement {
+                classifier: Arc::new(
+                    Classifier::new(profiles).with_unknown_policy(cfg.enforce.unknown_saver),
+                ),
+                legs,
+                audit: audit.clone(),
+            });
+            let proxy = Arc::new(Proxy::new(
+                cfg.relay(upstream.clone()),
+                Arc::new(enforcement),
+            ));
+            tracing::info!(listen = %local, %upstream, audit = %cfg.audit_db().display(), "resumeguard serving");
+            let user = if managed.is_some() { "postgres@" } else { "" };
+            println!("DATABASE_URL=postgres://{user}{local}/postgres");
+            let inspection = match inspection {
+                Some(l) => {
+                    let l = TcpListener::from_std(l)?;
+                    tracing::info!(listen = %l.local_addr()?, "inspection listener (reads never claim)");
+                    Some(l)
+                }
+                None => None,
+            };
+            let grace = Duration::from_millis(cfg.shutdown_grace_ms);
+            let stopped = |mut rx: watch::Receiver<bool>| async move {
+                let _ = rx.wait_for(|s| *s).await;
+            };
+            tokio::spawn(async move {
+                signals.stop_requested().await;
+                tracing::info!("shutdown requested");
+                let _ = stop_tx.send(true);
+            });
+            let main_loop = listener::run(
+                Arc::clone(&proxy),
+                listener,
+                false,
+                stopped(stop_rx.clone()),
+            );
+            let inspection_loop = async {
+                if let Some(l) = inspection {
+                    let stop = stopped(stop_rx.clone());
+                    listener::run(Arc::clone(&proxy), l, true, stop).await;
+                }
+            };
+            tokio::join!(main_loop, inspection_loop);
+            listener::drain(&proxy, grace).await;
+            anyhow::Ok(())
+        }),
+        Err(e) => Err(e),
+    };
     audit.shutdown(Duration::from_secs(5));
     if let Some(m) = managed {
         m.stop();
@@ -400,25 +532,107 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
     result
 }
 
-async fn wait_for_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
+/// A listening socket for tokio, bound now.
+fn bind(addr: &str) -> anyhow::Result<std::net::TcpListener> {
+    let l = std::net::TcpListener::bind(addr)?;
+    l.set_nonblocking(true)?;
+    Ok(l)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("resumeguard").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_flag_and_argument_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id != "help" && id != "version" && arg.get_help().is_none() {
+                    missing.push(format!("{path} {id}"));
                 }
             }
-            Err(_) => {
-                let _ = ctrl_c.await;
+            for sub in cmd.get_subcommands() {
+                if sub.get_about().is_none() {
+                    missing.push(format!("{path} {} (command)", sub.get_name()));
+                }
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
             }
         }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "resumeguard", &mut missing);
+        assert!(missing.is_empty(), "without help text: {missing:?}");
     }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+
+    #[test]
+    fn audit_and_claims_take_the_state_dir() {
+        let Command::Audit { threads, db, .. } =
+            parse(&["audit", "--threads", "--state-dir", "/s"])
+                .unwrap()
+                .command
+        else {
+            panic!("not audit")
+        };
+        assert!(threads);
+        assert_eq!(db.path().unwrap(), PathBuf::from("/s/audit.sqlite"));
+        let Command::Audit { thread, op, .. } = parse(&[
+            "audit",
+            "--thread",
+            "t",
+            "--op",
+            "resume_recorded,claim_consumed",
+            "--op",
+            "fork_served",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("not audit")
+        };
+        assert_eq!(thread.as_deref(), Some("t"));
+        assert_eq!(op, ["resume_recorded", "claim_consumed", "fork_served"]);
+        let Command::Claims {
+            command: ClaimsCommand::List { store, .. },
+        } = parse(&["claims", "list", "--state-dir", "/s"])
+            .unwrap()
+            .command
+        else {
+            panic!("not claims list")
+        };
+        assert_eq!(store.state_dir, Some(PathBuf::from("/s")));
+        assert!(parse(&["claims", "release", "--thread", "t", "--state-dir", "/s"]).is_ok());
+        assert!(parse(&["audit", "prune", "--before", "7d", "--state-dir", "/s"]).is_ok());
+        // One place or the other, and a thread or the list.
+        assert!(parse(&[
+            "audit",
+            "--threads",
+            "--state-dir",
+            "/s",
+            "--audit-db",
+            "/a"
+        ])
+        .is_err());
+        assert!(parse(&["audit", "--threads", "--thread", "t"]).is_err());
+        assert!(parse(&["audit"]).is_err());
+        assert!(parse(&["claims", "list", "--store", "/c", "--state-dir", "/s"]).is_err());
+    }
+
+    #[test]
+    fn a_taken_listen_address_fails_before_anything_starts() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap().to_string();
+        assert!(bind(&addr).is_err());
+        drop(taken);
+        assert!(bind(&addr).is_ok());
     }
 }

@@ -3,6 +3,7 @@
 //! PostgreSQL refuses to run as root, so when the proxy is root the server
 //! runs as the `postgres` system user.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -90,7 +91,14 @@ impl ManagedPostgres {
                 "start",
             ],
         )
-        .with_context(|| format!("starting PostgreSQL (log: {})", log.display()))?;
+        .map_err(|e| {
+            // `pg_ctl -w` gave up (or was killed) but the postmaster may be
+            // coming up anyway: stop it rather than leave it behind.
+            if pg.data_dir.join("postmaster.pid").exists() {
+                pg.stop();
+            }
+            e.context(format!("starting PostgreSQL (log: {})", log.display()))
+        })?;
         tracing::info!(port = pg.port, "managed PostgreSQL started");
         Ok(pg)
     }
@@ -128,8 +136,12 @@ impl ManagedPostgres {
     }
 }
 
+/// Runs `cmd` to completion in a process group of its own, so a terminal's
+/// Ctrl-C reaches the proxy (which stops the server in order) and not the
+/// tools mid-way.
 fn run(cmd: &mut Command) -> anyhow::Result<()> {
     let out = cmd
+        .process_group(0)
         .output()
         .with_context(|| format!("running {:?}", cmd.get_program()))?;
     if !out.status.success() {

@@ -1,4 +1,5 @@
-//! Reading the prune command's `--before`: a time, or an age.
+//! Reading the audit command's times (`--before`, `--since`, `--until`): a
+//! time, or an age.
 
 use std::time::SystemTime;
 
@@ -8,18 +9,23 @@ use anyhow::{bail, Context};
 /// fractions allowed) or an age before `now` in humantime's units (`7d`,
 /// `12h`, `1w 2d`, `90min`).
 pub fn parse_before(spec: &str, now: SystemTime) -> anyhow::Result<SystemTime> {
+    parse_instant("--before", spec, now)
+}
+
+/// As [`parse_before`], naming `flag` in its errors.
+pub fn parse_instant(flag: &str, spec: &str, now: SystemTime) -> anyhow::Result<SystemTime> {
     let spec = spec.trim();
     if spec.is_empty() {
-        bail!("--before needs a time (2026-11-01T00:00:00Z) or an age (7d)");
+        bail!("{flag} needs a time (2026-11-01T00:00:00Z) or an age (7d)");
     }
     if let Ok(t) = humantime::parse_rfc3339(spec) {
         return Ok(t);
     }
     let age = humantime::parse_duration(spec).with_context(|| {
-        format!("--before {spec:?} is neither an RFC 3339 UTC time (2026-11-01T00:00:00Z) nor an age (7d, 12h)")
+        format!("{flag} {spec:?} is neither an RFC 3339 UTC time (2026-11-01T00:00:00Z) nor an age (7d, 12h)")
     })?;
     now.checked_sub(age)
-        .with_context(|| format!("--before {spec:?} reaches before the clock's range"))
+        .with_context(|| format!("{flag} {spec:?} reaches before the clock's range"))
 }
 
 #[cfg(test)]

@@ -43,6 +43,10 @@ pub struct AuditConfig {
     pub max_rows: u64,
     /// How often the writer applies the two limits above.
     pub prune_interval_ms: u64,
+    /// Checkpoint metadata keys that name the person behind a run (LangGraph
+    /// copies `config["configurable"]` and `config["metadata"]` entries into
+    /// it); their values, and only theirs, are recorded as the approver.
+    pub approver_keys: Vec<String>,
 }
 
 impl Default for AuditConfig {
@@ -55,6 +59,7 @@ impl Default for AuditConfig {
             retention_days: DEFAULT_RETENTION_DAYS,
             max_rows: DEFAULT_MAX_ROWS,
             prune_interval_ms: DEFAULT_PRUNE_INTERVAL_MS,
+            approver_keys: super::approver::default_keys(),
         }
     }
 }
@@ -97,6 +102,9 @@ mod tests {
             (cfg.retention_days, cfg.max_rows),
             (DEFAULT_RETENTION_DAYS, DEFAULT_MAX_ROWS)
         );
+        assert_eq!(cfg.approver_keys, ["user_id", "user", "approver", "email"]);
+        let custom: AuditConfig = serde_json::from_str(r#"{"approver_keys":["sub"]}"#).unwrap();
+        assert_eq!(custom.approver_keys, ["sub"]);
     }
 
     #[test]

@@ -160,6 +160,10 @@ pub struct AuditEvent {
     pub blob_sha256: Vec<BlobDigest>,
     /// Free-form extras, e.g. `{"rows":1}` or `{"reason":"..."}`.
     pub detail: serde_json::Value,
+    /// A checkpoint's metadata on its way to the sink, which keeps only its
+    /// `[audit] approver_keys` (as `detail.approver`); never stored.
+    #[serde(skip)]
+    pub run_metadata: Option<serde_json::Value>,
 }
 
 impl AuditEvent {
@@ -182,6 +186,7 @@ impl AuditEvent {
             channels: Vec::new(),
             blob_sha256: Vec::new(),
             detail: serde_json::Value::Null,
+            run_metadata: None,
         }
     }
 

@@ -7,6 +7,7 @@
 //! retention limits. The trail is read back with [`thread_events`] and
 //! rendered with [`render_timeline`].
 
+pub mod approver;
 mod before;
 mod config;
 mod digest;
@@ -16,6 +17,7 @@ mod losses;
 mod outputs;
 mod private_file;
 mod prune;
+mod query;
 mod sink;
 mod sqlite_store;
 #[cfg(test)]
@@ -28,6 +30,7 @@ pub use digest::digest;
 pub use event::{format_rfc3339_millis, AuditEvent, BlobDigest, Operation, SessionContext};
 pub use jsonl::{read_jsonl, JsonlWriter};
 pub use prune::{prune, Declared, PruneRule};
+pub use query::{render_threads, threads, EventFilter, ThreadSummary};
 pub use sink::{AuditSink, AuditStats, DEFAULT_FLUSH_TIMEOUT};
 pub use sqlite_store::{all_events, thread_events, Store};
 pub use timeline::{render_json, render_timeline};

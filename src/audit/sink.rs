@@ -17,6 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 
+use super::approver;
 use super::config::AuditConfig;
 use super::event::AuditEvent;
 use super::jsonl::JsonlWriter;
@@ -60,6 +61,7 @@ struct Inner {
     shared: Arc<Shared>,
     writer: Mutex<Option<JoinHandle<()>>>,
     log_values: bool,
+    approver_keys: Vec<String>,
 }
 
 /// Boxed so each preallocated channel slot costs a pointer, not a whole
@@ -182,6 +184,7 @@ impl AuditSink {
                 shared,
                 writer: Mutex::new(Some(handle)),
                 log_values: cfg.log_values,
+                approver_keys: cfg.approver_keys.clone(),
             })),
         })
     }
@@ -199,8 +202,9 @@ impl AuditSink {
     /// Queue `ev` for writing. Never blocks: if the queue is full the event
     /// is dropped and counted, and the writer later records how many were
     /// lost. After [`AuditSink::shutdown`] events are discarded.
-    pub fn record(&self, ev: AuditEvent) {
+    pub fn record(&self, mut ev: AuditEvent) {
         let Some(inner) = &self.inner else { return };
+        approver::stamp(&mut ev, &inner.approver_keys);
         let s = &inner.shared;
         if s.stopping.load(Ordering::Relaxed) {
             return;

@@ -174,7 +174,7 @@ pub fn all_events(path: &Path) -> anyhow::Result<Vec<AuditEvent>> {
     collect(rows)
 }
 
-fn open_read_only(path: &Path) -> anyhow::Result<Connection> {
+pub(super) fn open_read_only(path: &Path) -> anyhow::Result<Connection> {
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -231,6 +231,7 @@ fn row_to_event(r: &Row<'_>) -> rusqlite::Result<anyhow::Result<AuditEvent>> {
             channels: serde_json::from_str(&channels).context("audit channels column")?,
             blob_sha256: serde_json::from_str(&blobs).context("audit blob_sha256 column")?,
             detail: serde_json::from_str(&detail).context("audit detail column")?,
+            run_metadata: None,
         })
     })())
 }

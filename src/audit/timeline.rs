@@ -6,6 +6,7 @@
 
 use std::fmt::Write;
 
+use super::approver;
 use super::event::{AuditEvent, Operation};
 
 /// Width of the operation column: the longest operation name.
@@ -109,10 +110,16 @@ fn phrase(ev: &AuditEvent) -> String {
             "stored {} channel value(s)",
             ev.channels.len().max(ev.blob_sha256.len())
         ),
-        Operation::CheckpointPut => match &ev.parent_checkpoint_id {
-            Some(parent) => format!("checkpoint saved (parent {})", short_id(parent)),
-            None => "checkpoint saved (first in thread)".to_string(),
-        },
+        Operation::CheckpointPut => {
+            let what = match ev.detail.get("source").and_then(|s| s.as_str()) {
+                Some("update") => "state updated by hand (update_state)",
+                _ => "checkpoint saved",
+            };
+            match &ev.parent_checkpoint_id {
+                Some(parent) => format!("{what} (parent {})", short_id(parent)),
+                None => format!("{what} (first in thread)"),
+            }
+        }
         Operation::WritesPut => format!("pending writes stored{by_task}"),
         Operation::DeleteThread => "thread deleted".to_string(),
         Operation::Migration => "schema migration".to_string(),
@@ -155,6 +162,9 @@ fn phrase(ev: &AuditEvent) -> String {
     }
     if let Some(reason) = ev.detail.get("reason").and_then(|r| r.as_str()) {
         let _ = write!(p, ": {reason}");
+    }
+    if let Some(approver) = approver::describe(&ev.detail) {
+        let _ = write!(p, ", by {approver}");
     }
     p
 }
@@ -325,6 +335,24 @@ mod tests {
             text.contains(
                 "audit trail pruned: rows before 2024-04-01T00:00:00.000Z removed (2 rows)"
             ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn names_the_approver_and_labels_hand_updates() {
+        let mut update = ev(4, Operation::CheckpointPut, "t-1")
+            .with_detail(serde_json::json!({"source": "update", "approver": {"user_id": "bob"}}));
+        update.parent_checkpoint_id = Some("c1".into());
+        let answer = ev(2, Operation::ResumeRecorded, "t-1")
+            .with_detail(serde_json::json!({"approver": {"user_id": "alice", "email": "a@x"}}));
+        let text = render_timeline(&[update, answer]);
+        assert!(
+            text.contains("state updated by hand (update_state) (parent c1), by user_id=bob"),
+            "{text}"
+        );
+        assert!(
+            text.contains("answer recorded, by email=a@x user_id=alice"),
             "{text}"
         );
     }

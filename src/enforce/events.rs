@@ -113,6 +113,14 @@ impl Watch {
         if let Some(cp) = &rec.checkpoint {
             ev.channels = inline_channels(cp);
         }
+        if let Some(metadata) = rec.metadata.as_deref().and_then(run_metadata) {
+            // `update` marks a `update_state` write; the sink keeps only
+            // the approver keys of the rest.
+            if let Some(source) = metadata.get("source").and_then(|s| s.as_str()) {
+                detail["source"] = json!(source);
+            }
+            ev.run_metadata = Some(metadata);
+        }
         let mut events = vec![ev.with_detail(detail)];
         let implied = match rec.channel.as_deref() {
             Some(INTERRUPT) => Some(Operation::InterruptParked),
@@ -142,6 +150,13 @@ fn inline_channels(checkpoint_json: &str) -> Vec<String> {
                 .map(|o| o.keys().cloned().collect())
         })
         .unwrap_or_default()
+}
+
+/// A checkpoint's metadata column as a JSON object, if it is one.
+fn run_metadata(metadata_json: &str) -> Option<serde_json::Value> {
+    serde_json::from_str::<serde_json::Value>(metadata_json)
+        .ok()
+        .filter(|v| v.is_object())
 }
 
 /// Why a write was refused, as the audit records it.

@@ -1,0 +1,194 @@
+//! Who answered an interrupt, as the application said it: the identity keys
+//! of the run's checkpoint metadata, attributed to the answer.
+//!
+//! LangGraph copies a run's `config["metadata"]` and the scalar entries of
+//! `config["configurable"]` (such as a `user_id`) into the metadata of every
+//! checkpoint the run saves. A checkpoint put therefore records the values of
+//! the keys `[audit] approver_keys` names (only those) as `detail.approver`.
+//! The answer itself is a pending write (`__resume__`) that carries no
+//! metadata; the checkpoint of the resumed run comes after it, as the answered
+//! checkpoint's child, possibly from another pooled connection or after the
+//! claim was consumed. So the answer's approver is read off that child when
+//! the trail is read ([`attribute`]): the first checkpoint put of the same
+//! thread and namespace whose parent is the answered checkpoint, written
+//! after the answer. A run that never saved its next checkpoint has no
+//! approver on record.
+
+use serde_json::{json, Map, Value};
+
+use super::event::{AuditEvent, Operation};
+
+/// The metadata keys recorded when `[audit] approver_keys` is not set: the
+/// names applications commonly pass a person's identity under.
+pub fn default_keys() -> Vec<String> {
+    ["user_id", "user", "approver", "email"]
+        .into_iter()
+        .map(String::from)
+        .collect()
+}
+
+/// Moves the event's run metadata, if any, into `detail.approver`: the
+/// entries whose key is one of `keys`, and nothing else of it.
+pub fn stamp(ev: &mut AuditEvent, keys: &[String]) {
+    let Some(metadata) = ev.run_metadata.take() else {
+        return;
+    };
+    let found: Map<String, Value> = keys
+        .iter()
+        .filter_map(|k| {
+            metadata
+                .get(k)
+                .filter(|v| !v.is_null())
+                .map(|v| (k.clone(), v.clone()))
+        })
+        .collect();
+    if found.is_empty() {
+        return;
+    }
+    if !ev.detail.is_object() {
+        ev.detail = json!({});
+    }
+    ev.detail["approver"] = Value::Object(found);
+}
+
+/// Gives each `resume_recorded` and `claim_consumed` event without an
+/// approver the one of the checkpoint its resumed run saved next (see the
+/// module doc), and says which checkpoint that was (`approver_from`).
+/// `events` are one thread's, in the order written.
+pub fn attribute(events: &mut [AuditEvent]) {
+    for i in 0..events.len() {
+        let op = events[i].operation;
+        if !matches!(op, Operation::ResumeRecorded | Operation::ClaimConsumed)
+            || events[i].detail.get("approver").is_some()
+        {
+            continue;
+        }
+        let start = match op {
+            Operation::ResumeRecorded => i + 1,
+            // Consumption is recorded when the child is already saved:
+            // look from the answer it consumed.
+            _ => answer_before(events, i).map_or(0, |a| a + 1),
+        };
+        if let Some(child) = child_put(events, start, &events[i]) {
+            let approver = events[child].detail["approver"].clone();
+            let from = events[child].checkpoint_id.clone();
+            let ev = &mut events[i];
+            if !ev.detail.is_object() {
+                ev.detail = json!({});
+            }
+            ev.detail["approver"] = approver;
+            ev.detail["approver_from"] = json!(from);
+        }
+    }
+}
+
+/// The latest answer recorded on the same checkpoint before `i`.
+fn answer_before(events: &[AuditEvent], i: usize) -> Option<usize> {
+    let target = &events[i];
+    (0..i).rev().find(|&j| {
+        let e = &events[j];
+        e.operation == Operation::ResumeRecorded
+            && e.thread_id == target.thread_id
+            && same_ns(e, target)
+            && e.checkpoint_id == target.checkpoint_id
+    })
+}
+
+/// The first checkpoint put from `start` on whose parent is the checkpoint
+/// `of` is about, and which names an approver.
+fn child_put(events: &[AuditEvent], start: usize, of: &AuditEvent) -> Option<usize> {
+    let parent = of.checkpoint_id.as_ref()?;
+    (start..events.len()).find(|&j| {
+        let e = &events[j];
+        e.operation == Operation::CheckpointPut
+            && e.thread_id == of.thread_id
+            && same_ns(e, of)
+            && e.parent_checkpoint_id.as_ref() == Some(parent)
+            && e.detail.get("approver").is_some()
+    })
+}
+
+fn same_ns(a: &AuditEvent, b: &AuditEvent) -> bool {
+    a.checkpoint_ns.as_deref().unwrap_or("") == b.checkpoint_ns.as_deref().unwrap_or("")
+}
+
+/// `user_id=alice` (several keys separated by spaces) for the timeline.
+pub fn describe(detail: &Value) -> Option<String> {
+    let found = detail.get("approver")?.as_object()?;
+    let parts: Vec<String> = found
+        .iter()
+        .map(|(k, v)| match v.as_str() {
+            Some(s) => format!("{k}={s}"),
+            None => format!("{k}={v}"),
+        })
+        .collect();
+    (!parts.is_empty()).then(|| parts.join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::event::SessionContext;
+
+    fn ev(op: Operation, ckpt: &str, parent: Option<&str>) -> AuditEvent {
+        let mut e = AuditEvent::new(&SessionContext::default(), op)
+            .with_thread("t")
+            .with_checkpoint("", ckpt);
+        e.parent_checkpoint_id = parent.map(String::from);
+        e
+    }
+
+    fn put(ckpt: &str, parent: &str, metadata: Value) -> AuditEvent {
+        let mut e = ev(Operation::CheckpointPut, ckpt, Some(parent));
+        e.detail = json!({"statement": "checkpoint_upsert"});
+        e.run_metadata = Some(metadata);
+        stamp(&mut e, &default_keys());
+        e
+    }
+
+    #[test]
+    fn only_the_configured_keys_are_recorded() {
+        let e = put(
+            "c2",
+            "c1",
+            json!({"source": "loop", "step": 2, "user_id": "alice", "secret": "s", "email": null}),
+        );
+        assert_eq!(e.detail["approver"], json!({"user_id": "alice"}));
+        assert_eq!(e.detail["statement"], json!("checkpoint_upsert"));
+        assert!(e.run_metadata.is_none());
+        let none = put("c2", "c1", json!({"source": "loop", "secret": "s"}));
+        assert!(none.detail.get("approver").is_none());
+        let mut custom = ev(Operation::CheckpointPut, "c2", Some("c1"));
+        custom.run_metadata = Some(json!({"user_id": "alice", "tenant": 7}));
+        stamp(&mut custom, &["tenant".to_string()]);
+        assert_eq!(custom.detail, json!({"approver": {"tenant": 7}}));
+    }
+
+    #[test]
+    fn an_answer_takes_the_approver_of_the_checkpoint_its_run_saved_next() {
+        let mut events = vec![
+            put("c1", "c0", json!({"source": "loop", "user_id": "bob"})),
+            ev(Operation::ResumeRecorded, "c1", None),
+            ev(Operation::ClaimConsumed, "c1", None),
+            put("c2", "c1", json!({"source": "loop", "user_id": "alice"})),
+            // A fork of c1 answered again later, by carol.
+            ev(Operation::ResumeRecorded, "c1", None),
+            put("c3", "c1", json!({"source": "loop", "user_id": "carol"})),
+            ev(Operation::ClaimConsumed, "c1", None),
+            // An answer whose run never saved a checkpoint.
+            ev(Operation::ResumeRecorded, "c3", None),
+        ];
+        attribute(&mut events);
+        let who = |i: usize| events[i].detail.get("approver").cloned();
+        assert_eq!(who(1), Some(json!({"user_id": "alice"})));
+        assert_eq!(events[1].detail["approver_from"], json!("c2"));
+        assert_eq!(who(2), Some(json!({"user_id": "alice"})));
+        assert_eq!(who(4), Some(json!({"user_id": "carol"})));
+        assert_eq!(who(6), Some(json!({"user_id": "carol"})));
+        assert_eq!(who(7), None);
+        assert_eq!(
+            describe(&events[1].detail).as_deref(),
+            Some("user_id=alice")
+        );
+    }
+}
