@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use resumeguard::admin::{self, AdminState};
 use resumeguard::audit::{self, AuditSink};
 use resumeguard::claims::{render_claims, ClaimStore};
 use resumeguard::config::{upstream_addr, Config};
@@ -30,6 +31,15 @@ use resumeguard::wire::{listener, proxy::Proxy};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log lines as text, or as one JSON object each.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -66,6 +76,10 @@ enum Command {
         /// Turn every enforcement leg off: relay, recognize and audit only.
         #[arg(long)]
         no_enforce: bool,
+        /// Address of the admin API and /metrics, or "off" (default
+        /// 127.0.0.1:6433 when free).
+        #[arg(long)]
+        admin_listen: Option<String>,
     },
     /// Consume-once claims: list them, or release them (operator).
     Claims {
@@ -159,16 +173,23 @@ fn main() -> ExitCode {
     }
 }
 
-fn run() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
+fn init_logging(format: LogFormat) {
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "resumeguard=info".into()),
         )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
-    match Cli::parse().command {
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logs.json().init(),
+    }
+}
+
+fn run() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match cli.command {
         Command::Serve {
             config,
             listen,
@@ -180,6 +201,7 @@ fn run() -> anyhow::Result<()> {
             claims_store,
             proxy_id,
             no_enforce,
+            admin_listen,
         } => {
             let mut cfg = load_config(config)?;
             cfg.listen = listen.unwrap_or(cfg.listen);
@@ -190,6 +212,7 @@ fn run() -> anyhow::Result<()> {
             cfg.audit.jsonl = audit_jsonl.or(cfg.audit.jsonl);
             cfg.claims.store = claims_store.or(cfg.claims.store);
             cfg.claims.proxy_id = proxy_id.or(cfg.claims.proxy_id);
+            cfg.admin_listen = admin_listen.or(cfg.admin_listen);
             if no_enforce {
                 cfg.enforce.fork_filter = false;
                 cfg.enforce.validity = false;
@@ -325,6 +348,7 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
     }
     let audit = AuditSink::start(&cfg.audit)?;
     let legs = cfg.legs(&audit)?;
+    let claims_store = legs.claims.as_ref().map(|leg| Arc::clone(&leg.store));
     let managed = match &cfg.upstream {
         Some(_) => None,
         None => Some(ManagedPostgres::start(&cfg.managed, &cfg.state_dir)?),
@@ -355,6 +379,18 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
             cfg.relay(upstream.clone()),
             Arc::new(enforcement),
         ));
+        let admin_state = |metrics| AdminState {
+            proxy: Arc::clone(&proxy),
+            metrics,
+            audit: audit.clone(),
+            audit_db: cfg.audit.sqlite.clone(),
+            claims: claims_store,
+            claims_path: cfg.claims_store_path(),
+            token: cfg.admin.token.clone(),
+        };
+        if let Some(addr) = admin::start(&cfg.admin_listen(), admin_state).await? {
+            tracing::info!(listen = %addr, "admin API and /metrics");
+        }
         tracing::info!(listen = %local, %upstream, audit = %cfg.audit_db().display(), "resumeguard serving");
         let user = if managed.is_some() { "postgres@" } else { "" };
         println!("DATABASE_URL=postgres://{user}{local}/postgres");
