@@ -271,6 +271,28 @@ def test_claims_release_needs_the_token(admin, proxy_factory):
     tokenless.stop()
 
 
+def test_connections_are_counted_and_refusals_past_max_client_conn(proxy_factory, workdir, dbname):
+    port = free_port()
+    cfg = workdir / "admin-maxconn.toml"
+    cfg.write_text(f'admin_listen = "{HOST}:{port}"\nmax_client_conn = 1\n')
+    p = proxy_factory("--config", str(cfg), name="admin-maxconn")
+    base = wait_admin(port)
+    before = scrape(base)
+    with psycopg.connect(p.dsn(dbname), autocommit=True) as first:
+        first.execute("select 1")
+        with pytest.raises(psycopg.OperationalError, match="max_client_conn"):
+            psycopg.connect(p.dsn(dbname), autocommit=True).close()
+        deadline = time.monotonic() + 5   # the refused connection's thread ends on its own
+        while value(during := scrape(base), "resumeguard_client_connections") != 1:
+            assert time.monotonic() < deadline, during
+            time.sleep(0.05)
+    total = "resumeguard_client_connections_total"
+    assert value(during, total) - value(before, total) == 2
+    assert value(during, "resumeguard_client_connections_refused_total",
+                 reason="max_client_conn") == 1
+    p.stop()
+
+
 # ----------------------------------------------------------------- readiness
 def test_readyz_fails_while_the_upstream_is_down(workdir, tmp_path):
     server = PgServer("admin-ready").start()
