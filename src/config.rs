@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use regex::Regex;
 
+use crate::admin::{AdminConfig, AdminListen};
 use crate::audit::{AuditConfig, AuditSink};
 use crate::claims::evidence::{self, EvidenceTiming};
 use crate::claims::{ClaimStore, DEFAULT_RUN_LEASE_MS};
@@ -48,6 +49,10 @@ pub struct Config {
     pub managed: ManagedConfig,
     pub enforce: EnforceConfig,
     pub claims: ClaimsConfig,
+    /// The admin API and `/metrics` (`--admin-listen`): an address, or
+    /// `off`; absent: 127.0.0.1:6433 when that port is free.
+    pub admin_listen: Option<String>,
+    pub admin: AdminConfig,
 }
 
 /// Consume-once claims (see README, "Consume-once").
@@ -163,6 +168,8 @@ impl Default for Config {
             managed: ManagedConfig::default(),
             enforce: EnforceConfig::default(),
             claims: ClaimsConfig::default(),
+            admin_listen: None,
+            admin: AdminConfig::default(),
         }
     }
 }
@@ -255,6 +262,11 @@ impl Config {
             inspection_sql_hint: c.inspection_sql_hint,
             evidence: Some(evidence),
         })
+    }
+
+    /// Where the admin API listens.
+    pub fn admin_listen(&self) -> AdminListen {
+        AdminListen::parse(self.admin_listen.as_deref())
     }
 
     /// The audit database, defaulting into the state directory.
@@ -379,6 +391,24 @@ mod tests {
         assert!(!off.claims.inspection_sql_hint);
         let on = toml::from_str::<Config>("[claims]\ninspection_sql_hint = true").unwrap();
         assert!(on.claims.inspection_sql_hint);
+    }
+
+    #[test]
+    fn admin_listen_and_token() {
+        let default = toml::from_str::<Config>("").unwrap();
+        assert_eq!(default.admin_listen(), AdminListen::Default);
+        assert_eq!(default.admin.token, None);
+        let off = toml::from_str::<Config>("admin_listen = \"off\"").unwrap();
+        assert_eq!(off.admin_listen(), AdminListen::Off);
+        let set =
+            toml::from_str::<Config>("admin_listen = \"0.0.0.0:9187\"\n[admin]\ntoken = \"s3\"")
+                .unwrap();
+        assert_eq!(
+            set.admin_listen(),
+            AdminListen::Explicit("0.0.0.0:9187".into())
+        );
+        assert_eq!(set.admin.token.as_deref(), Some("s3"));
+        assert!(toml::from_str::<Config>("[admin]\ntokn = \"x\"").is_err());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! recognizes checkpoint statements and decodes their parameters and rows;
 //! [`audit`] records what the proxy saw and decided.
 
+pub mod admin;
 pub mod audit;
 pub mod claims;
 pub mod config;

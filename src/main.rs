@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use resumeguard::admin::{self, AdminState};
 use resumeguard::audit::{self, AuditSink, EventFilter};
 use resumeguard::claims::{render_claims, ClaimStore};
 use resumeguard::config::{upstream_addr, Config};
@@ -32,6 +33,15 @@ use startup::{start_managed, Signals, Startup};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log lines as text, or as one JSON object each.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -72,6 +82,10 @@ enum Command {
         /// Turn every enforcement leg off: relay, recognize and audit only.
         #[arg(long)]
         no_enforce: bool,
+        /// Address of the admin API and /metrics, or "off" (default
+        /// 127.0.0.1:6433 when free).
+        #[arg(long)]
+        admin_listen: Option<String>,
     },
     /// Consume-once claims: list them, or release them (operator).
     Claims {
@@ -231,16 +245,23 @@ fn main() -> ExitCode {
     }
 }
 
-fn run() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
+fn init_logging(format: LogFormat) {
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "resumeguard=info".into()),
         )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
-    match Cli::parse().command {
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logs.json().init(),
+    }
+}
+
+fn run() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match cli.command {
         Command::Serve {
             config,
             listen,
@@ -252,6 +273,7 @@ fn run() -> anyhow::Result<()> {
             claims_store,
             proxy_id,
             no_enforce,
+            admin_listen,
         } => {
             let mut cfg = load_config(config)?;
             cfg.listen = listen.unwrap_or(cfg.listen);
@@ -262,6 +284,7 @@ fn run() -> anyhow::Result<()> {
             cfg.audit.jsonl = audit_jsonl.or(cfg.audit.jsonl);
             cfg.claims.store = claims_store.or(cfg.claims.store);
             cfg.claims.proxy_id = proxy_id.or(cfg.claims.proxy_id);
+            cfg.admin_listen = admin_listen.or(cfg.admin_listen);
             if no_enforce {
                 cfg.enforce.fork_filter = false;
                 cfg.enforce.validity = false;
@@ -441,6 +464,7 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
     };
     let audit = AuditSink::start(&cfg.audit)?;
     let legs = cfg.legs(&audit)?;
+    let claims_store = legs.claims.as_ref().map(|leg| Arc::clone(&leg.store));
     // The event loop only accepts connections and watches for signals;
     // each session relays on threads of its own (wire/session.rs).
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -487,6 +511,18 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
                 cfg.relay(upstream.clone()),
                 Arc::new(enforcement),
             ));
+            let admin_state = |metrics| AdminState {
+                proxy: Arc::clone(&proxy),
+                metrics,
+                audit: audit.clone(),
+                audit_db: cfg.audit.sqlite.clone(),
+                claims: claims_store,
+                claims_path: cfg.claims_store_path(),
+                token: cfg.admin.token.clone(),
+            };
+            if let Some(addr) = admin::start(&cfg.admin_listen(), admin_state).await? {
+                tracing::info!(listen = %addr, "admin API and /metrics");
+            }
             tracing::info!(listen = %local, %upstream, audit = %cfg.audit_db().display(), "resumeguard serving");
             let user = if managed.is_some() { "postgres@" } else { "" };
             println!("DATABASE_URL=postgres://{user}{local}/postgres");

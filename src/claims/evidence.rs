@@ -151,6 +151,8 @@ fn run(
         };
         match result {
             Ok(consumed) => {
+                metrics::counter!("resumeguard_claims_total", "outcome" => "consumed")
+                    .increment(consumed.len() as u64);
                 for record in consumed {
                     audit.record(consumed_event(&ctx, &ev, &record));
                 }

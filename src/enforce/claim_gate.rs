@@ -233,6 +233,7 @@ pub fn apply_claim(
             .with_checkpoint(key.checkpoint_ns.clone(), key.checkpoint_id.clone())
     };
     if res.waited_ms > 0 {
+        metrics::counter!("resumeguard_claims_total", "outcome" => "waited").increment(1);
         events.push(
             event(Operation::ClaimWaited).with_detail(detail(&WaitedDetail {
                 interrupt: key.short_fingerprint(),
@@ -243,6 +244,7 @@ pub fn apply_claim(
     match &res.decision {
         ClaimDecision::Refuse { reason } => {
             let message = reason.message(key);
+            crate::admin::metrics::claim_refused(reason);
             tracing::info!(thread = %key.thread_id, "{message}");
             let interrupt = match reason {
                 Refusal::RunInProgress { lease } => lease.short_fingerprint(),
@@ -269,6 +271,7 @@ pub fn apply_claim(
         // A running head outside any lease: nothing was claimed.
         ClaimDecision::Serve { .. } if req.head == Head::Running => None,
         ClaimDecision::Serve { takeover } => {
+            crate::admin::metrics::claim_served(*takeover, res.takeover);
             let op = if *takeover {
                 Operation::ClaimTakeover
             } else {

@@ -5,6 +5,7 @@
 //! outbox of audit events and claim evidence until their writes commit.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 
@@ -129,6 +130,7 @@ impl SessionEnforcer {
             rejection.message
         );
         self.ready_events.push(rejected(&self.ctx, &rejection));
+        metrics::counter!("resumeguard_writes_rejected_total").increment(1);
         Refusal {
             sqlstate: CHECK_VIOLATION,
             detail: rejection.detail(),
@@ -261,6 +263,7 @@ impl Hooks for SessionEnforcer {
         );
         w.record = b.record.clone();
         w.inspect = self.inspecting() || b.inspect_hint;
+        w.executed_at = Some(Instant::now());
         if self.shared.legs.claims.is_some() && !matches!(b.class.kind, StatementKind::Read(_)) {
             w.sent_at_ms = now_ms();
         }
@@ -284,10 +287,10 @@ impl Hooks for SessionEnforcer {
         if let Some(refusal) = unknown_refusal(&class) {
             return Err(refusal);
         }
-        Ok(class
-            .kind
-            .is_checkpoint_traffic()
-            .then(|| Watch::new(class, None, false)))
+        Ok(class.kind.is_checkpoint_traffic().then(|| Watch {
+            executed_at: Some(Instant::now()),
+            ..Watch::new(class, None, false)
+        }))
     }
 
     fn sync(&mut self) -> Option<Refusal> {
@@ -316,9 +319,11 @@ impl Hooks for SessionEnforcer {
     }
 
     fn completed(&mut self, watch: Watch, ok: bool) {
+        crate::admin::metrics::statement_completed(&watch.class.kind, watch.executed_at);
         if !ok {
             return;
         }
+        crate::admin::metrics::forks_served(watch.forks.len());
         let events = watch.events(&self.ctx);
         if matches!(watch.class.kind, StatementKind::Read(_)) {
             self.ready_events.extend(events);

@@ -3,6 +3,7 @@
 //! running head) and the parameters of a write.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 
@@ -35,6 +36,9 @@ pub struct Watch {
     /// When the statement passed the proxy (wall-clock ms), for claim
     /// evidence; only set for writes while consume-once is on.
     pub sent_at_ms: i64,
+    /// When the client's Execute (or simple Query) passed the proxy; unset
+    /// for Describe watches. Timed for the latency metrics.
+    pub executed_at: Option<Instant>,
     pub rows: Vec<CheckpointRow>,
     pub row_errors: usize,
     pub(super) forks: Vec<ForkServed>,
@@ -62,6 +66,7 @@ impl Watch {
             head_column,
             inspect: false,
             sent_at_ms: 0,
+            executed_at: None,
             rows: Vec::new(),
             row_errors: 0,
             forks: Vec::new(),

@@ -5,9 +5,10 @@
 use std::collections::HashMap;
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::SystemTime;
 
-use super::guard::Guard;
+use super::guard::{Guard, SessionInfo};
 use super::upstream::Upstream;
 
 /// Why a session's relay threads are stopping; the first reason set wins.
@@ -34,7 +35,37 @@ pub struct SessionHandle {
     pub awaiting: AtomicBool,
     /// The client sent Terminate.
     pub client_terminated: AtomicBool,
+    /// Who the session is, once known (see [`Registry::snapshot`]).
+    pub summary: OnceLock<SessionSummary>,
     stop: AtomicU8,
+}
+
+/// Who a live session is: its startup parameters and when it began.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionSummary {
+    pub id: u64,
+    pub peer: String,
+    pub user: String,
+    pub database: String,
+    /// As the startup packet named it.
+    pub application_name: String,
+    pub inspection_listener: bool,
+    pub started_at: SystemTime,
+}
+
+impl SessionSummary {
+    /// The summary of a session starting now.
+    pub fn of(info: &SessionInfo) -> Self {
+        SessionSummary {
+            id: info.session_id,
+            peer: info.client_addr.clone(),
+            user: info.user.clone(),
+            database: info.database.clone(),
+            application_name: info.application_name.clone(),
+            inspection_listener: info.inspection_listener,
+            started_at: SystemTime::now(),
+        }
+    }
 }
 
 const RUNNING: u8 = 0;
@@ -54,6 +85,7 @@ impl SessionHandle {
             answered: Condvar::new(),
             awaiting: AtomicBool::new(false),
             client_terminated: AtomicBool::new(false),
+            summary: OnceLock::new(),
             stop: AtomicU8::new(RUNNING),
         }
     }
@@ -172,6 +204,18 @@ impl Registry {
             handle.stop(StopReason::Quiet);
             handle.release_client_reader();
         }
+    }
+
+    /// The relaying sessions, by id: one lock of the map and a copy of
+    /// each summary; nothing on the data path waits for it.
+    pub fn snapshot(&self) -> Vec<SessionSummary> {
+        let mut out: Vec<SessionSummary> = self
+            .handles()
+            .iter()
+            .filter_map(|h| h.summary.get().cloned())
+            .collect();
+        out.sort_by_key(|s| s.id);
+        out
     }
 
     fn handles(&self) -> Vec<Arc<SessionHandle>> {

@@ -21,7 +21,7 @@ use super::client_relay::client_to_server;
 use super::first_packet::read_first_packet;
 use super::guard::SessionInfo;
 use super::proxy::Proxy;
-use super::registry::{SessionHandle, StopReason};
+use super::registry::{SessionHandle, SessionSummary, StopReason};
 use super::server_relay::server_to_client;
 use super::startup::{FirstPacket, StartupMessage};
 
@@ -67,6 +67,7 @@ pub fn serve_client(proxy: Arc<Proxy>, mut client: TcpStream, peer: SocketAddr, 
             // (This thread counts itself; cancel requests still pass.)
             let limit = proxy.config.max_client_conn;
             tracing::warn!(%peer, limit, "max_client_conn reached: connection refused");
+            metrics::counter!("resumeguard_client_connections_refused_total", "reason" => "max_client_conn").increment(1);
             let msg =
                 format!("resumeguard: too many client connections (max_client_conn = {limit})");
             let err = error_response(Severity::Fatal, sqlstate::TOO_MANY_CONNECTIONS, &msg, None);
@@ -108,6 +109,7 @@ fn run_session(proxy: Arc<Proxy>, client: TcpStream, peer: SocketAddr, start: St
     };
     let span = tracing::info_span!("session", id = session_id, %peer, user = %info.user, db = %info.database);
     let _entered = span.enter();
+    tracing::info!(app = %info.application_name, inspection, "login");
     relay_session(proxy, client, start, info, &span);
 }
 
@@ -120,10 +122,13 @@ fn relay_session(
     span: &tracing::Span,
 ) {
     let session_id = info.session_id;
+    let opened = Instant::now();
     let client = Arc::new(client);
     let server = match proxy.connect_upstream() {
         Ok(s) => Arc::new(s),
         Err(e) => {
+            metrics::counter!("resumeguard_upstream_errors_total", "kind" => "connect")
+                .increment(1);
             tracing::warn!(error = %e, "upstream unreachable");
             let msg = format!("resumeguard: cannot reach the upstream server: {e}");
             let err = error_response(Severity::Fatal, sqlstate::CONNECTION_FAILURE, &msg, None);
@@ -132,18 +137,21 @@ fn relay_session(
         }
     };
     if let Err(e) = server.write_all(&start.startup.raw) {
+        metrics::counter!("resumeguard_upstream_errors_total", "kind" => "connect").increment(1);
         let msg = format!("resumeguard: upstream failed during startup: {e}");
         let err = error_response(Severity::Fatal, sqlstate::CONNECTION_FAILURE, &msg, None);
         let _ = (&*client).write_all(&err);
         return;
     }
 
+    let summary = SessionSummary::of(&info);
     let state = Arc::new(Mutex::new(proxy.guards.guard(info)));
     let handle = Arc::new(SessionHandle::new(
         Arc::clone(&client),
         Arc::clone(&server),
         Arc::clone(&state),
     ));
+    let _ = handle.summary.set(summary);
     let registered = proxy.sessions.register(session_id, Arc::clone(&handle));
     let keys = Mutex::new(Vec::new());
 
@@ -191,13 +199,19 @@ fn relay_session(
         proxy.cancel_keys.remove(&(pid, key));
     }
     if let Ok(mut st) = state.lock() {
+        if st.started() && matches!(end, End::ServerClosed) {
+            metrics::counter!("resumeguard_upstream_errors_total", "kind" => "lost").increment(1);
+        }
         st.closed();
         st.flush();
     }
+    let age_ms = opened.elapsed().as_millis() as u64;
     match end {
-        End::Error(e) | End::ClientProtocol(e) => tracing::info!(error = %e, "session ended"),
+        End::Error(e) | End::ClientProtocol(e) => {
+            tracing::info!(error = %e, age_ms, "session closed")
+        }
         End::ClientClosed | End::ServerClosed | End::Shutdown | End::Quiet => {
-            tracing::debug!(?end, "session ended")
+            tracing::info!(reason = ?end, age_ms, "session closed")
         }
     }
 }

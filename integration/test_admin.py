@@ -1,0 +1,339 @@
+"""The admin listener (``--admin-listen``) end to end: Prometheus ``/metrics``
+counters move while real LangGraph runs through the proxy (a fork, a rejected
+write, a race of two resumers, a takeover), ``/readyz`` follows a throwaway
+PostgreSQL going down while ``/healthz`` and ``pg_isready`` through the proxy
+stay up, ``/threads/{id}`` shows an approval go parked → answered → completed,
+``/sessions`` lists a live session, and ``POST /claims/release`` needs the
+``[admin] token``. ``--log-format json`` prints the login and close lines as JSON.
+
+The helpers are the enforcement suites': ``lg_enforce`` scenarios (test_fork,
+test_validity) and the racer processes of test_consume_once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+
+import lg_enforce as E
+import racer as R
+from conftest import HOST, PG_BIN, PgServer, Proxy, free_port, pg_env, port_accepts
+from test_consume_once import Racers, park, racer_cli
+from test_validity import ITEMS_RULE, write_rules_dir
+
+HERE = Path(__file__).resolve().parent
+TOKEN = f"adm-{uuid.uuid4().hex}"
+
+
+# ----------------------------------------------------------------- http
+def http(base: str, method: str, path: str, body: dict | None = None,
+         token: str | None = None) -> tuple[int, str]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(base + path, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as res:
+            return res.status, res.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def get_json(base: str, path: str) -> tuple[int, object]:
+    status, text = http(base, "GET", path)
+    return status, json.loads(text)
+
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def scrape(base: str) -> dict[tuple, float]:
+    """``/metrics`` as {(name, ((label, value), ...)): value}."""
+    status, text = http(base, "GET", "/metrics")
+    assert status == 200, text
+    out = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m and not line.startswith("#"):
+            labels = tuple(sorted(_LABEL.findall(m.group(2) or "")))
+            out[(m.group(1), labels)] = float(m.group(3))
+    return out
+
+
+def value(sample: dict, name: str, **labels) -> float:
+    return sample.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def wait_admin(port: int) -> str:
+    deadline = time.monotonic() + 10
+    while not port_accepts(port):
+        assert time.monotonic() < deadline, f"admin listener {port} never accepted"
+        time.sleep(0.05)
+    return f"http://{HOST}:{port}"
+
+
+# ----------------------------------------------------------------- fixtures
+class Admin:
+    def __init__(self, proxy: Proxy, base: str, dbname: str):
+        self.proxy, self.base, self.dbname = proxy, base, dbname
+
+    def dsn(self, app: str | None = None) -> str:
+        return self.proxy.dsn(self.dbname) + (f"&application_name={app}" if app else "")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def migrated(direct_dsn):
+    E.setup_db(direct_dsn)
+    out = subprocess.run([sys.executable, str(HERE / "racer.py"), "setup", "--dsn", direct_dsn],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    R.CTX["ledger_dsn"] = direct_dsn
+    R.CTX["ledger"] = None
+
+
+@pytest.fixture(scope="module")
+def admin(proxy_factory, workdir, dbname) -> Admin:
+    port = free_port()
+    rules = write_rules_dir(workdir / "admin-rules", {"items.toml": ITEMS_RULE})
+    cfg = workdir / "admin.toml"
+    cfg.write_text(f'admin_listen = "{HOST}:{port}"\n\n[admin]\ntoken = "{TOKEN}"\n\n'
+                   f'[claims]\nstore = "{workdir / "admin-claims.sqlite"}"\nlapse_ms = 3000\n'
+                   f'holder_gone_grace_ms = 500\n')
+    p = proxy_factory("--config", str(cfg), "--rules", str(rules), name="admin")
+    return Admin(p, wait_admin(port), dbname)
+
+
+def tid(prefix: str) -> str:
+    return f"{prefix}-adm-{uuid.uuid4().hex[:8]}"
+
+
+class RaceEnv:
+    """What test_consume_once's ``Racers`` needs of its environment."""
+
+    def __init__(self, direct: str, workdir: Path):
+        self.direct, self.workdir = direct, workdir
+
+
+# ----------------------------------------------------------------- metrics
+def test_metrics_move_with_a_fork_a_rejection_a_race_and_a_takeover(admin, direct_dsn, workdir):
+    before = scrape(admin.base)
+
+    # A fork at the answered checkpoint is served its own answer.
+    fork = E.fork_scenario("conn", admin.dsn(), tid("fk"), "bare")
+    assert fork["ledger"] == [True, False], fork["ledger"]
+
+    # An invalid append is refused (23514).
+    thread = "vt" + tid("")
+    with E.Driver("conn", admin.dsn()) as d:
+        g = E.build_items_graph(d.saver)
+        d.invoke(g, {"pending": "a"}, E.cfg_of(thread))
+        with pytest.raises(psycopg.errors.CheckViolation):
+            d.invoke(g, {"pending": None}, E.cfg_of(thread))
+
+    # Two racer processes resume one parked interrupt: one fires, one is refused.
+    race_thread = tid("race")
+    its = park(admin.dsn(), race_thread)
+    racers = Racers(RaceEnv(direct_dsn, workdir), [admin.dsn(), admin.dsn()], "conn",
+                    [{"thread": race_thread, "graph": "one", "form": "bare", "gate_ms": 300,
+                      "interrupt_id": its[0]["id"]}], "adm-")
+    try:
+        results = racers.run_all()[0]
+    finally:
+        racers.kill()
+    assert sorted(r["ok"] for r in results) == [False, True], results
+    loser = next(r for r in results if not r["ok"])
+    assert loser["error"]["sqlstate"] == "55000", loser
+
+    # A get_state from a process that exits claims the parked head; a resume
+    # right after takes the lapsed claim over.
+    late_thread = tid("takeover")
+    park(admin.dsn(), late_thread)
+    racer_cli("state", "--dsn", admin.dsn("adm-inspector"), "--thread", late_thread)
+    R.CTX["racer"] = "adm-late"
+    with R.Runner("conn", admin.dsn()) as r:
+        assert R.resume_once(r, {"thread": late_thread})["ok"]
+
+    after = scrape(admin.base)
+
+    def moved(name: str, **labels) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert moved("resumeguard_forks_served_total") >= 1
+    assert moved("resumeguard_writes_rejected_total") >= 1
+    assert moved("resumeguard_claims_total", outcome="taken") >= 2   # fork's branch A, race winner
+    assert moved("resumeguard_claims_total", outcome="refused") >= 1
+    assert moved("resumeguard_claims_refused_total", reason="answered") >= 1
+    assert moved("resumeguard_claims_total", outcome="waited") >= 1
+    assert moved("resumeguard_claims_total", outcome="takeover") >= 1
+    assert moved("resumeguard_claims_total", outcome="lapsed") >= 1
+    # consumed by the claims worker, off the data path: give it a moment
+    deadline = time.monotonic() + 5
+    while moved("resumeguard_claims_total", outcome="consumed") < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        after = scrape(admin.base)
+    assert moved("resumeguard_claims_total", outcome="consumed") >= 3
+    for cls in ("read_latest", "read_by_id", "checkpoint_upsert", "blob_upsert",
+                "writes_insert_ignore", "writes_upsert"):
+        assert moved("resumeguard_checkpoint_statements_total", **{"class": cls}) >= 1, cls
+    reads = moved("resumeguard_checkpoint_statement_seconds_count", **{"class": "read_latest"})
+    assert reads >= 1
+    assert value(after, "resumeguard_checkpoint_statement_seconds_bucket",
+                 **{"class": "read_latest", "le": "+Inf"}) >= reads
+    assert moved("resumeguard_client_connections_total") >= 5
+    assert ("resumeguard_audit_queue_depth", ()) in after
+    assert ("resumeguard_unknown_saver_statements_total", ()) in after
+
+
+# ----------------------------------------------------------------- ledger
+def test_thread_ledger_shows_parked_then_answered(admin):
+    thread = tid("ledger")
+    ledger: list = []
+    with E.Driver("conn", admin.dsn("adm-runner")) as d:
+        d.invoke(E.build_gate_graph(d.saver, ledger), {"items": [], "approved": None},
+                 E.cfg_of(thread))
+
+    def ledger_when(want) -> dict:
+        deadline = time.monotonic() + 10
+        while True:
+            status, body = get_json(admin.base, f"/threads/{thread}")
+            if (status == 200 and want(body)) or time.monotonic() > deadline:
+                assert status == 200, body
+                return body
+            time.sleep(0.2)
+
+    parked = ledger_when(lambda b: b["state"] == "parked")
+    assert parked["state"] == "parked", parked
+    approval = parked["approvals"][0]
+    assert approval["parked"]["application_name"] == "adm-runner"
+    assert approval["claimed"] is None and approval["answered"] is None
+
+    with E.Driver("conn", admin.dsn("adm-approver")) as d:
+        d.invoke(E.build_gate_graph(d.saver, ledger), E.Command(resume=True), E.cfg_of(thread))
+    assert ledger == [True]
+
+    done = ledger_when(lambda b: b["state"] == "completed" and b["approvals"][0]["consumed"])
+    assert done["state"] == "completed", done
+    a = done["approvals"][0]
+    assert a["checkpoint_id"] == approval["checkpoint_id"]
+    assert a["claimed"]["application_name"] == "adm-approver"
+    assert a["answered"]["application_name"] == "adm-approver"
+    assert a["completed"]["operation"] == "checkpoint_put"
+    assert a["refused"] == [] and a["forks_served"] == []
+    ops = [e["operation"] for e in done["timeline"]]
+    for op in ("interrupt_parked", "claim_taken", "resume_recorded", "claim_consumed"):
+        assert op in ops, ops
+    assert ops.index("interrupt_parked") < ops.index("claim_taken") < ops.index("resume_recorded")
+    assert http(admin.base, "GET", f"/threads/{tid('never')}")[0] == 404
+
+
+# ----------------------------------------------------------------- claims and sessions
+def test_claims_release_needs_the_token(admin, proxy_factory):
+    thread = tid("release")
+    park(admin.dsn(), thread)
+    with R.Runner("conn", admin.dsn("adm-holder")) as holder:
+        # an unmarked get_state on a connection that stays open holds the claim
+        holder.get_state("one", thread)
+        status, claims = get_json(admin.base, f"/claims?thread={thread}")
+        assert status == 200 and len(claims) == 1, claims
+        assert claims[0]["state"] == "held"
+        assert claims[0]["holder"]["application_name"] == "adm-holder"
+        status, sessions = get_json(admin.base, "/sessions")
+        assert any(s["application_name"] == "adm-holder" and s["database"] == admin.dbname
+                   for s in sessions), sessions
+
+        body = {"thread": thread}
+        assert http(admin.base, "POST", "/claims/release", body)[0] == 401
+        assert http(admin.base, "POST", "/claims/release", body, token="wrong")[0] == 401
+        assert get_json(admin.base, f"/claims?thread={thread}")[1][0]["state"] == "held"
+        status, text = http(admin.base, "POST", "/claims/release", body, token=TOKEN)
+        assert status == 200 and json.loads(text) == {"released": 1}, text
+        assert get_json(admin.base, f"/claims?thread={thread}")[1][0]["state"] == "released"
+
+    # Without a token configured, mutating endpoints are off.
+    port = free_port()
+    tokenless = proxy_factory("--admin-listen", f"{HOST}:{port}", name="admin-tokenless")
+    base = wait_admin(port)
+    assert http(base, "POST", "/claims/release", {"thread": thread}, token=TOKEN)[0] == 403
+    tokenless.stop()
+
+
+def test_connections_are_counted_and_refusals_past_max_client_conn(proxy_factory, workdir, dbname):
+    port = free_port()
+    cfg = workdir / "admin-maxconn.toml"
+    cfg.write_text(f'admin_listen = "{HOST}:{port}"\nmax_client_conn = 1\n')
+    p = proxy_factory("--config", str(cfg), name="admin-maxconn")
+    base = wait_admin(port)
+    before = scrape(base)
+    with psycopg.connect(p.dsn(dbname), autocommit=True) as first:
+        first.execute("select 1")
+        with pytest.raises(psycopg.OperationalError, match="max_client_conn"):
+            psycopg.connect(p.dsn(dbname), autocommit=True).close()
+        deadline = time.monotonic() + 5   # the refused connection's thread ends on its own
+        while value(during := scrape(base), "resumeguard_client_connections") != 1:
+            assert time.monotonic() < deadline, during
+            time.sleep(0.05)
+    total = "resumeguard_client_connections_total"
+    assert value(during, total) - value(before, total) == 2
+    assert value(during, "resumeguard_client_connections_refused_total",
+                 reason="max_client_conn") == 1
+    p.stop()
+
+
+# ----------------------------------------------------------------- readiness
+def test_readyz_fails_while_the_upstream_is_down(workdir, tmp_path):
+    server = PgServer("admin-ready").start()
+    port = free_port()
+    proxy = Proxy(server.port, workdir, "admin-ready",
+                  ("--admin-listen", f"{HOST}:{port}", "--log-format", "json",
+                   "--state-dir", str(tmp_path))).start()
+    try:
+        base = wait_admin(port)
+        status, ready = get_json(base, "/readyz")
+        assert status == 200 and ready["ready"] and ready["upstream"]["ok"], ready
+        before = scrape(base)
+        session = psycopg.connect(proxy.dsn("postgres", application_name="adm-ready"),
+                                  autocommit=True)
+        session.execute("select 1")
+
+        server.stop()
+        status, ready = get_json(base, "/readyz")
+        assert status == 503 and not ready["ready"] and not ready["upstream"]["ok"], ready
+        assert http(base, "GET", "/healthz")[0] == 200
+        # pg_isready asks the proxy, which answers: it still says "accepting".
+        isready = subprocess.run([str(PG_BIN / "pg_isready"), "-h", HOST, "-p", str(proxy.port)],
+                                 capture_output=True, text=True, timeout=30, env=pg_env())
+        assert isready.returncode == 0, isready.stdout + isready.stderr
+        with pytest.raises(psycopg.OperationalError):
+            session.execute("select 1")
+        session.close()
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(proxy.dsn("postgres"), autocommit=True).close()
+        after = scrape(base)
+        errors = "resumeguard_upstream_errors_total"
+        assert value(after, errors, kind="lost") - value(before, errors, kind="lost") == 1
+        assert value(after, errors, kind="connect") - value(before, errors, kind="connect") >= 1
+    finally:
+        rc = proxy.stop(signal.SIGTERM)
+        server.stop()
+    assert rc == 0, proxy.describe()
+    # --log-format json: one JSON object per line, the login and the close among them.
+    lines = [json.loads(ln) for ln in proxy.stderr_path.read_text().splitlines() if ln.strip()]
+    logins = [ln for ln in lines if ln["fields"].get("message") == "login"]
+    assert any(ln["fields"].get("app") == "adm-ready" and ln["span"]["user"] == "postgres"
+               for ln in logins), logins
+    closes = [ln for ln in lines if ln["fields"].get("message") == "session closed"]
+    assert closes and all("age_ms" in ln["fields"] for ln in closes), closes

@@ -1,0 +1,307 @@
+//! The admin routes called as a client would (`Router::oneshot`), against
+//! real stores (SQLite files in the temp dir) and real sockets.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use axum::body::{to_bytes, Body};
+use axum::http::Request;
+use serde_json::Value;
+use tower::ServiceExt;
+
+use super::*;
+use crate::audit::{AuditEvent, AuditSink, Operation, SessionContext};
+use crate::claims::{ClaimKey, Holder};
+use crate::enforce::{Enforcement, Legs};
+use crate::saver::classify::Classifier;
+use crate::saver::profile::profiles_for;
+use crate::wire::guard::SessionInfo;
+use crate::wire::proxy::{Proxy, RelayConfig};
+use crate::wire::registry::{SessionHandle, SessionSummary};
+use crate::wire::upstream::{Upstream, UpstreamAddr};
+
+fn scratch(name: &str) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    std::env::temp_dir().join(format!(
+        "resumeguard-admin-{name}-{}-{n}.sqlite",
+        std::process::id()
+    ))
+}
+
+fn proxy(upstream: SocketAddr) -> Arc<Proxy> {
+    let enforcement = Arc::new(Enforcement {
+        classifier: Arc::new(Classifier::new(profiles_for(None).unwrap())),
+        legs: Legs::default(),
+        audit: AuditSink::disabled(),
+    });
+    let relay = RelayConfig {
+        upstream: UpstreamAddr::Tcp(upstream.to_string()),
+        ..RelayConfig::default()
+    };
+    Arc::new(Proxy::new(relay, Arc::new(enforcement)))
+}
+
+struct Setup {
+    upstream: SocketAddr,
+    token: Option<String>,
+    audit_db: Option<PathBuf>,
+    claims: Option<Arc<ClaimStore>>,
+}
+
+impl Setup {
+    fn new(upstream: SocketAddr) -> Self {
+        Setup {
+            upstream,
+            token: None,
+            audit_db: None,
+            claims: None,
+        }
+    }
+
+    fn state(self) -> Shared {
+        Arc::new(AdminState {
+            proxy: proxy(self.upstream),
+            metrics: super::super::metrics::recorder().unwrap().handle(),
+            audit: AuditSink::disabled(),
+            audit_db: self.audit_db,
+            claims: self.claims,
+            claims_path: PathBuf::from("/nonexistent/claims.sqlite"),
+            token: self.token,
+        })
+    }
+}
+
+/// An address nothing listens on.
+fn closed_port() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+async fn call(state: &Shared, req: Request<Body>) -> (StatusCode, HeaderMap, String) {
+    let res = router(Arc::clone(state)).oneshot(req).await.unwrap();
+    let (status, headers) = (res.status(), res.headers().clone());
+    let body = to_bytes(res.into_body(), 1 << 24).await.unwrap();
+    (status, headers, String::from_utf8(body.to_vec()).unwrap())
+}
+
+async fn get(state: &Shared, uri: &str) -> (StatusCode, String) {
+    let req = Request::get(uri).body(Body::empty()).unwrap();
+    let (status, _, body) = call(state, req).await;
+    (status, body)
+}
+
+fn json_of(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+#[tokio::test]
+async fn readyz_follows_the_upstream_and_the_drain() {
+    let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
+    let state = Setup::new(upstream.local_addr().unwrap()).state();
+    let (status, body) = get(&state, "/readyz").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(json_of(&body)["upstream"]["ok"], true);
+
+    state.proxy.sessions.begin_drain();
+    let (status, body) = get(&state, "/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(json_of(&body)["draining"], true);
+
+    let down = Setup::new(closed_port()).state();
+    let (status, body) = get(&down, "/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let v = json_of(&body);
+    assert_eq!(v["ready"], false);
+    assert_eq!(v["upstream"]["ok"], false);
+    assert!(
+        v["upstream"]["error"].as_str().unwrap().contains("refused"),
+        "{body}"
+    );
+    // The process itself is up.
+    assert_eq!(get(&down, "/healthz").await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn readyz_checks_the_claim_store() {
+    let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut setup = Setup::new(upstream.local_addr().unwrap());
+    setup.claims = Some(Arc::new(ClaimStore::connect(std::path::Path::new(
+        "/proc/nonexistent/claims.sqlite",
+    ))));
+    let (status, body) = get(&setup.state(), "/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let v = json_of(&body);
+    assert_eq!(
+        (v["upstream"]["ok"].clone(), v["claims_store"]["ok"].clone()),
+        (true.into(), false.into())
+    );
+}
+
+#[tokio::test]
+async fn metrics_renders_counters_and_scrape_time_values() {
+    let state = Setup::new(closed_port()).state();
+    let (status, body) = get(&state, "/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    for line in [
+        "resumeguard_client_connections 0",
+        "resumeguard_audit_queue_depth 0",
+        "resumeguard_audit_events_dropped_total 0",
+        "# TYPE resumeguard_unknown_saver_statements_total counter",
+    ] {
+        assert!(body.lines().any(|l| l == line), "{line} missing:\n{body}");
+    }
+}
+
+#[tokio::test]
+async fn sessions_lists_who_is_connected() {
+    let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
+    let state = Setup::new(upstream.local_addr().unwrap()).state();
+    let client = TcpStream::connect(upstream.local_addr().unwrap()).unwrap();
+    let server = TcpStream::connect(upstream.local_addr().unwrap()).unwrap();
+    let info = SessionInfo {
+        session_id: 7,
+        client_addr: "127.0.0.1:50007".into(),
+        user: "alice".into(),
+        database: "app".into(),
+        application_name: "worker-1".into(),
+        inspection_listener: false,
+    };
+    let guard = state.proxy.guards.guard(info.clone());
+    let handle = Arc::new(SessionHandle::new(
+        Arc::new(client),
+        Arc::new(Upstream::Tcp(server)),
+        Arc::new(Mutex::new(guard)),
+    ));
+    let _ = handle.summary.set(SessionSummary::of(&info));
+    let registered = state.proxy.sessions.register(7, handle);
+    let (status, body) = get(&state, "/sessions").await;
+    assert_eq!(status, StatusCode::OK);
+    let v = json_of(&body);
+    let s = &v[0];
+    assert_eq!(
+        (s["id"].clone(), s["user"].clone()),
+        (7.into(), "alice".into())
+    );
+    assert_eq!(s["database"], "app");
+    assert_eq!(s["application_name"], "worker-1");
+    assert_eq!(s["peer"], "127.0.0.1:50007");
+    assert!(s["started_at"].as_str().unwrap().ends_with('Z'));
+    drop(registered);
+    assert_eq!(get(&state, "/sessions").await.1, "[]");
+}
+
+fn held_claim(store: &ClaimStore, thread: &str) {
+    let key = ClaimKey {
+        thread_id: thread.into(),
+        checkpoint_ns: String::new(),
+        checkpoint_id: "1f0-c1".into(),
+        fingerprint: "ab".repeat(32),
+    };
+    let holder = Holder {
+        proxy_id: "px".into(),
+        session_id: 3,
+        client_addr: "127.0.0.1:50003".into(),
+        application_name: "ui".into(),
+    };
+    store.try_claim(&key, &holder, now_ms(), 60_000).unwrap();
+}
+
+fn release_request(token: Option<&str>) -> Request<Body> {
+    let mut req = Request::post("/claims/release").header(CONTENT_TYPE, "application/json");
+    if let Some(t) = token {
+        req = req.header(AUTHORIZATION, format!("Bearer {t}"));
+    }
+    req.body(Body::from(r#"{"thread": "t-rel"}"#)).unwrap()
+}
+
+#[tokio::test]
+async fn claims_are_listed_and_released_only_with_the_token() {
+    let path = scratch("claims");
+    let store = Arc::new(ClaimStore::open(&path).unwrap());
+    held_claim(&store, "t-rel");
+    let mut setup = Setup::new(closed_port());
+    setup.claims = Some(Arc::clone(&store));
+    let no_token = setup.state();
+    let (status, _, body) = call(&no_token, release_request(Some("anything"))).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+
+    let mut setup = Setup::new(closed_port());
+    setup.claims = Some(Arc::clone(&store));
+    setup.token = Some("s3cret".into());
+    let state = setup.state();
+    let (status, body) = get(&state, "/claims?thread=t-rel").await;
+    assert_eq!(status, StatusCode::OK);
+    let v = json_of(&body);
+    assert_eq!(v.as_array().unwrap().len(), 1, "{body}");
+    assert_eq!(v[0]["state"], "held");
+    assert_eq!(v[0]["holder"]["application_name"], "ui");
+    assert_eq!(get(&state, "/claims?thread=other").await.1, "[]");
+
+    let (status, headers, _) = call(&state, release_request(None)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(headers[WWW_AUTHENTICATE], "Bearer");
+    let (status, _, _) = call(&state, release_request(Some("s3cre"))).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(json_of(&get(&state, "/claims").await.1)[0]["state"], "held");
+
+    let (status, _, body) = call(&state, release_request(Some("s3cret"))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(json_of(&body)["released"], 1);
+    assert_eq!(
+        json_of(&get(&state, "/claims").await.1)[0]["state"],
+        "released"
+    );
+
+    let bad = Request::post("/claims/release")
+        .header(AUTHORIZATION, "Bearer s3cret")
+        .body(Body::from(r#"{"thread_id": "t-rel"}"#))
+        .unwrap();
+    assert_eq!(call(&state, bad).await.0, StatusCode::BAD_REQUEST);
+    drop(state);
+    drop(no_token);
+    drop(store);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}
+
+#[tokio::test]
+async fn threads_shows_the_ledger_from_the_audit_db() {
+    let db = scratch("audit");
+    let mut store = crate::audit::Store::open(&db).unwrap();
+    let runner = SessionContext {
+        session_id: 1,
+        application_name: "runner".into(),
+        ..SessionContext::default()
+    };
+    let mut parked = AuditEvent::new(&runner, Operation::InterruptParked)
+        .with_thread("t-led")
+        .with_checkpoint("", "1f0-c1");
+    parked.task_id = Some("task-gate".into());
+    let other = AuditEvent::new(&runner, Operation::ReadLatest).with_thread("t-other");
+    store.append([&parked, &other]).unwrap();
+
+    let mut setup = Setup::new(closed_port());
+    setup.audit_db = Some(db.clone());
+    let state = setup.state();
+    let (status, body) = get(&state, "/threads/t-led").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let v = json_of(&body);
+    assert_eq!(v["state"], "parked");
+    assert_eq!(v["approvals"][0]["parked"]["application_name"], "runner");
+    assert_eq!(v["approvals"][0]["tasks"][0], "task-gate");
+    assert_eq!(v["timeline"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        get(&state, "/threads/t-none").await.0,
+        StatusCode::NOT_FOUND
+    );
+    let none = Setup::new(closed_port()).state();
+    assert_eq!(get(&none, "/threads/t-led").await.0, StatusCode::NOT_FOUND);
+    drop(store);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
+    }
+}

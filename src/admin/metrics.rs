@@ -1,0 +1,200 @@
+//! The proxy's Prometheus metrics: the recorder behind `/metrics`, the
+//! help text of every metric, the counters whose labels depend on a
+//! decision (called where the decision is made), and the values read at
+//! scrape time (connections, audit queue, unknown-saver traffic).
+//!
+//! Without a recorder installed (`--admin-listen off`, the CLI commands,
+//! tests) every counter call is a no-op.
+
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use metrics::{counter, describe_counter, describe_histogram, histogram, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
+
+use crate::audit::AuditSink;
+use crate::policy::claims::{Refusal, TAKEOVER_LAPSED};
+use crate::saver::classify::StatementKind;
+use crate::wire::proxy::Proxy;
+
+/// Checkpoint statements completed, by the saver classification's label.
+pub const STATEMENTS: &str = "resumeguard_checkpoint_statements_total";
+/// Time from the client's Execute to the statement's completion.
+pub const STATEMENT_SECONDS: &str = "resumeguard_checkpoint_statement_seconds";
+
+/// Upper bounds of the latency buckets, in seconds: a checkpoint read is
+/// ~0.5 ms, a parked read that waits for a claim up to seconds.
+const LATENCY_BUCKETS: [f64; 15] = [
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0,
+];
+
+/// The recorder: counters and gauges as they are, the statement latency
+/// as a histogram with [`LATENCY_BUCKETS`].
+pub fn recorder() -> anyhow::Result<PrometheusRecorder> {
+    Ok(PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full(STATEMENT_SECONDS.to_owned()),
+            &LATENCY_BUCKETS,
+        )?
+        .build_recorder())
+}
+
+/// Help texts, for the recorder in effect (global, or a test's local one).
+pub fn describe() {
+    describe_counter!(
+        "resumeguard_client_connections_total",
+        "Client connections accepted (cancel requests included)"
+    );
+    describe_counter!(
+        "resumeguard_client_connections_refused_total",
+        "Client connections refused at startup, by reason (max_client_conn)"
+    );
+    describe_counter!(
+        STATEMENTS,
+        "Checkpoint statements completed, by the saver classification (class)"
+    );
+    describe_histogram!(
+        STATEMENT_SECONDS,
+        Unit::Seconds,
+        "Checkpoint statements: client's Execute to the statement's completion, by class"
+    );
+    describe_counter!(
+        "resumeguard_forks_served_total",
+        "Reads of a superseded checkpoint served without its recorded __resume__ writes"
+    );
+    describe_counter!(
+        "resumeguard_writes_rejected_total",
+        "Checkpoint writes refused by the validity gate (23514)"
+    );
+    describe_counter!(
+        "resumeguard_claims_total",
+        "Consume-once claim outcomes: taken, takeover, lapsed (a takeover of a lapsed claim), \
+         waited, refused, consumed"
+    );
+    describe_counter!(
+        "resumeguard_claims_refused_total",
+        "Reads of a thread's head refused, by reason: answered (55000), in_flight (55006), \
+         run_in_progress (55000, run lease), store_unavailable (58000)"
+    );
+    describe_counter!(
+        "resumeguard_upstream_errors_total",
+        "Upstream failures: connect (no connection, or it failed during startup), lost (the \
+         server ended a started session the client had not closed)"
+    );
+}
+
+/// A checkpoint statement completed: counted by class and, when it was
+/// executed (not a Describe), timed. Labels are static: no allocation.
+pub fn statement_completed(kind: &StatementKind, executed_at: Option<Instant>) {
+    let Some(at) = executed_at else { return };
+    let seconds = at.elapsed().as_secs_f64();
+    macro_rules! class {
+        ($label:literal) => {{
+            counter!(STATEMENTS, "class" => $label).increment(1);
+            histogram!(STATEMENT_SECONDS, "class" => $label).record(seconds);
+        }};
+    }
+    match kind.label() {
+        "read_latest" => class!("read_latest"),
+        "read_by_id" => class!("read_by_id"),
+        "read_list" => class!("read_list"),
+        "writes_read" => class!("writes_read"),
+        "blob_upsert" => class!("blob_upsert"),
+        "checkpoint_upsert" => class!("checkpoint_upsert"),
+        "writes_upsert" => class!("writes_upsert"),
+        "writes_insert_ignore" => class!("writes_insert_ignore"),
+        "delete_thread" => class!("delete_thread"),
+        "migration" => class!("migration"),
+        "unrecognized" => class!("unrecognized"),
+        _ => class!("other"),
+    }
+}
+
+/// Forks served by one completed read.
+pub fn forks_served(n: usize) {
+    if n > 0 {
+        counter!("resumeguard_forks_served_total").increment(n as u64);
+    }
+}
+
+/// A read of a parked head was served its claim: taken afresh, or taken
+/// over (`why`: the takeover's reason; a lapsed claim also counts as
+/// lapsed).
+pub fn claim_served(takeover: bool, why: Option<&str>) {
+    if !takeover {
+        counter!("resumeguard_claims_total", "outcome" => "taken").increment(1);
+        return;
+    }
+    counter!("resumeguard_claims_total", "outcome" => "takeover").increment(1);
+    if why == Some(TAKEOVER_LAPSED) {
+        counter!("resumeguard_claims_total", "outcome" => "lapsed").increment(1);
+    }
+}
+
+/// A read of a thread's head was refused.
+pub fn claim_refused(reason: &Refusal) {
+    counter!("resumeguard_claims_total", "outcome" => "refused").increment(1);
+    match reason {
+        Refusal::Answered { .. } => {
+            counter!("resumeguard_claims_refused_total", "reason" => "answered").increment(1)
+        }
+        Refusal::InFlight { .. } => {
+            counter!("resumeguard_claims_refused_total", "reason" => "in_flight").increment(1)
+        }
+        Refusal::RunInProgress { .. } => {
+            counter!("resumeguard_claims_refused_total", "reason" => "run_in_progress").increment(1)
+        }
+        Refusal::StoreUnavailable(_) => {
+            counter!("resumeguard_claims_refused_total", "reason" => "store_unavailable")
+                .increment(1)
+        }
+    }
+}
+
+/// Values the process keeps anyway, read when `/metrics` is scraped, in
+/// the exposition format (appended to the recorder's output).
+pub fn scrape_time(proxy: &Proxy, audit: &AuditSink) -> String {
+    let stats = audit.stats();
+    let mut out = String::new();
+    let mut put = |name: &str, kind: &str, help: &str, value: u64| {
+        let _ = write!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n\n"
+        );
+    };
+    put(
+        "resumeguard_client_connections",
+        "gauge",
+        "Client connections open now (startup included): what max_client_conn limits",
+        proxy.sessions.live() as u64,
+    );
+    put(
+        "resumeguard_unknown_saver_statements_total",
+        "counter",
+        "Checkpoint-table statements no saver profile recognizes (logged once per shape)",
+        crate::saver::unknown::unknown_total(),
+    );
+    put(
+        "resumeguard_audit_queue_depth",
+        "gauge",
+        "Audit events queued for the writer thread",
+        stats.enqueued.saturating_sub(stats.written),
+    );
+    put(
+        "resumeguard_audit_events_dropped_total",
+        "counter",
+        "Audit events lost (queue full, or given up after failed writes)",
+        audit.dropped_total(),
+    );
+    put(
+        "resumeguard_audit_write_errors_total",
+        "counter",
+        "Failed audit write attempts, over all outputs",
+        stats.write_errors,
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests;

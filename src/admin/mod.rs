@@ -1,0 +1,128 @@
+//! The admin listener: Prometheus `/metrics`, `/healthz` and `/readyz`,
+//! and a run ledger of the proxy's decisions (`/threads/{id}`, `/claims`,
+//! `/sessions`, `POST /claims/release`), served over HTTP on the tokio
+//! runtime that accepts client connections, never on a relay thread.
+//!
+//! - `metrics`: the recorder, help texts, decision counters, scrape-time values.
+//! - `http`: the routes, readiness, the bearer token of mutating endpoints.
+//! - `ledger`: a thread's approvals as a state machine, from its audit trail.
+//! - `views`: claims and sessions as JSON.
+
+mod http;
+mod ledger;
+pub mod metrics;
+mod views;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::Deserialize;
+use tokio::net::TcpListener;
+
+use crate::audit::AuditSink;
+use crate::claims::ClaimStore;
+use crate::wire::proxy::Proxy;
+
+pub use http::router;
+pub use ledger::{thread_ledger, ApprovalState, ThreadLedger};
+
+/// Where the admin listener goes when nothing says otherwise.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:6433";
+
+/// How often histogram samples are folded in when nobody scrapes.
+const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// `[admin]` in the configuration file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Bearer token of the mutating endpoints (`POST /claims/release`);
+    /// absent: they answer 403.
+    pub token: Option<String>,
+}
+
+/// The admin listener's address as configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminListen {
+    /// `off`.
+    Off,
+    /// Nothing configured: [`DEFAULT_ADMIN_LISTEN`]. When that port is
+    /// taken (another proxy on the host) the proxy serves without it.
+    Default,
+    /// An address given with `--admin-listen` or `admin_listen`: failing
+    /// to listen there stops the proxy.
+    Explicit(String),
+}
+
+impl AdminListen {
+    pub fn parse(setting: Option<&str>) -> AdminListen {
+        match setting {
+            None => AdminListen::Default,
+            Some("off") => AdminListen::Off,
+            Some(addr) => AdminListen::Explicit(addr.to_owned()),
+        }
+    }
+}
+
+/// What the admin endpoints read and act on.
+pub struct AdminState {
+    pub proxy: Arc<Proxy>,
+    /// Renders the recorder the counters go to.
+    pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+    pub audit: AuditSink,
+    /// The audit trail's SQLite file (`/threads/{id}` reads it).
+    pub audit_db: Option<PathBuf>,
+    /// The consume-once leg's store; `None` with the leg off (then
+    /// `claims_path` is opened per request, as `resumeguard claims` does).
+    pub claims: Option<Arc<ClaimStore>>,
+    pub claims_path: PathBuf,
+    pub token: Option<String>,
+}
+
+/// Binds the admin listener, installs the process's metrics recorder and
+/// serves the endpoints on the current runtime until it stops. Returns
+/// the address served, or `None` when the admin listener is off (or the
+/// default port was taken); the counters are then no-ops.
+pub async fn start(
+    listen: &AdminListen,
+    state: impl FnOnce(metrics_exporter_prometheus::PrometheusHandle) -> AdminState,
+) -> anyhow::Result<Option<SocketAddr>> {
+    let listener = match listen {
+        AdminListen::Off => return Ok(None),
+        AdminListen::Explicit(addr) => TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("admin listener on {addr}"))?,
+        AdminListen::Default => match TcpListener::bind(DEFAULT_ADMIN_LISTEN).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(addr = DEFAULT_ADMIN_LISTEN, error = %e,
+                    "admin listener not started (set admin_listen to another address, or \"off\")");
+                return Ok(None);
+            }
+        },
+    };
+    let local = listener.local_addr()?;
+    let recorder = self::metrics::recorder()?;
+    let handle = recorder.handle();
+    ::metrics::set_global_recorder(recorder)
+        .map_err(|e| anyhow::anyhow!("installing the metrics recorder: {e}"))?;
+    self::metrics::describe();
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(UPKEEP_INTERVAL);
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    let app = router(Arc::new(state(handle)));
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "admin listener failed");
+        }
+    });
+    Ok(Some(local))
+}
