@@ -66,6 +66,15 @@ enum Command {
         /// Turn every enforcement leg off: relay, recognize and audit only.
         #[arg(long)]
         no_enforce: bool,
+        /// PEM certificate chain presented to clients (TLS, with --tls-key).
+        #[arg(long)]
+        tls_cert: Option<PathBuf>,
+        /// PEM private key of --tls-cert.
+        #[arg(long)]
+        tls_key: Option<PathBuf>,
+        /// Refuse clients that do not use TLS.
+        #[arg(long)]
+        require_tls: bool,
     },
     /// Consume-once claims: list them, or release them (operator).
     Claims {
@@ -180,6 +189,9 @@ fn run() -> anyhow::Result<()> {
             claims_store,
             proxy_id,
             no_enforce,
+            tls_cert,
+            tls_key,
+            require_tls,
         } => {
             let mut cfg = load_config(config)?;
             cfg.listen = listen.unwrap_or(cfg.listen);
@@ -190,6 +202,9 @@ fn run() -> anyhow::Result<()> {
             cfg.audit.jsonl = audit_jsonl.or(cfg.audit.jsonl);
             cfg.claims.store = claims_store.or(cfg.claims.store);
             cfg.claims.proxy_id = proxy_id.or(cfg.claims.proxy_id);
+            cfg.tls.cert = tls_cert.or(cfg.tls.cert);
+            cfg.tls.key = tls_key.or(cfg.tls.key);
+            cfg.tls.require |= require_tls;
             if no_enforce {
                 cfg.enforce.fork_filter = false;
                 cfg.enforce.validity = false;
@@ -352,7 +367,7 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
             audit: audit.clone(),
         });
         let proxy = Arc::new(Proxy::new(
-            cfg.relay(upstream.clone()),
+            cfg.relay(upstream.clone())?,
             Arc::new(enforcement),
         ));
         tracing::info!(listen = %local, %upstream, audit = %cfg.audit_db().display(), "resumeguard serving");
