@@ -20,6 +20,8 @@ import os
 import pwd
 import shutil
 import subprocess
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -296,3 +298,28 @@ def test_langgraph_park_and_resume_over_tls(tls_proxy, certs, tls_pg):
     assert resumed["gate_effects"], resumed
     with connect(dsn) as c:
         assert upstream_ssl(c)
+
+
+def test_cancel_request_over_tls_on_both_sides(tls_proxy, certs):
+    """libpq 17+ sends its CancelRequest over TLS when the session uses it; the
+    proxy forwards it over its own TLS connection to the server."""
+    errors: list[Exception] = []
+
+    def cancel(conn):
+        # The cancel connection must end cleanly: libpq with OpenSSL 3 reports
+        # an end-of-file without close_notify as a failed cancellation.
+        try:
+            conn.cancel_safe()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    with connect(client_dsn(tls_proxy, certs, "verify-full")) as c:
+        timer = threading.Timer(1.0, cancel, (c,))
+        timer.start()
+        t0 = time.monotonic()
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            c.execute("SELECT pg_sleep(20)")
+        timer.join()
+        assert not errors, errors
+        assert time.monotonic() - t0 < 10
+        assert c.execute("SELECT 1").fetchone()[0] == 1

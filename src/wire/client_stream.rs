@@ -65,6 +65,13 @@ impl ClientStream {
         }
     }
 
+    /// Ends a TLS session cleanly before the socket closes.
+    pub fn close_notify(&self) {
+        if let ClientStream::Tls(t) = self {
+            t.close_notify();
+        }
+    }
+
     pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         self.socket().set_read_timeout(t)
     }

@@ -106,6 +106,7 @@ impl Proxy {
                 if let Err(e) = s.write_all(&packet) {
                     tracing::warn!(pid, error = %e, "forwarding cancel request failed");
                 }
+                s.close_notify();
                 tracing::info!(pid, "cancel request forwarded");
             }
             Err(e) => tracing::warn!(pid, error = %e, "cancel request: upstream unreachable"),

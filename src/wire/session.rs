@@ -61,11 +61,15 @@ pub fn serve_client(proxy: Arc<Proxy>, client: TcpStream, peer: SocketAddr, insp
             tracing::info!(%peer, error = %refusal.message, "refused connection start");
             let err = error_response(Severity::Fatal, refusal.sqlstate, &refusal.message, None);
             let _ = (&client).write_all(&err);
+            client.close_notify();
             return;
         }
     };
     match first {
-        FirstPacket::Cancel { pid, key } => proxy.forward_cancel(pid, key),
+        FirstPacket::Cancel { pid, key } => {
+            proxy.forward_cancel(pid, key);
+            client.close_notify();
+        }
         FirstPacket::Startup(_) if proxy.sessions.live() > proxy.config.max_client_conn => {
             // PgBouncer's max_client_conn: threads and the server's connection
             // slots are finite; say so at the start instead of failing later.
@@ -76,6 +80,7 @@ pub fn serve_client(proxy: Arc<Proxy>, client: TcpStream, peer: SocketAddr, insp
                 format!("resumeguard: too many client connections (max_client_conn = {limit})");
             let err = error_response(Severity::Fatal, sqlstate::TOO_MANY_CONNECTIONS, &msg, None);
             let _ = (&client).write_all(&err);
+            client.close_notify();
         }
         FirstPacket::Startup(startup) => {
             let start = Start {
@@ -192,6 +197,8 @@ fn relay_session(
         let err = error_response(Severity::Fatal, sqlstate::PROTOCOL_VIOLATION, msg, None);
         let _ = (&*client).write_all(&err);
     }
+    // Both relay loops are done: nothing else writes to the client now.
+    client.close_notify();
     for (pid, key) in keys.into_inner().unwrap_or_default() {
         proxy.cancel_keys.remove(&(pid, key));
     }

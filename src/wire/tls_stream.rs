@@ -117,6 +117,16 @@ impl TlsStream {
         self.sock.shutdown(how)
     }
 
+    /// Ends the TLS session with close_notify (a peer such as libpq with
+    /// OpenSSL 3 treats a bare end-of-file as an error). Errors are
+    /// ignored: the connection is being closed anyway.
+    pub fn close_notify(&self) {
+        if let Ok(mut conn) = lock(&self.conn) {
+            conn.send_close_notify();
+        }
+        let _ = self.flush_queued();
+    }
+
     /// Sends whatever rustls has queued (alerts, key updates).
     fn flush_queued(&self) -> io::Result<()> {
         let mut out = lock(&self.write_side)?;

@@ -87,6 +87,13 @@ impl Upstream {
         }
     }
 
+    /// Ends a TLS session cleanly before the socket closes.
+    pub fn close_notify(&self) {
+        if let Upstream::Tls(t) = self {
+            t.close_notify();
+        }
+    }
+
     /// Shuts one or both directions down; a thread blocked reading the
     /// socket wakes up with end-of-file.
     pub fn shutdown(&self, how: Shutdown) {
