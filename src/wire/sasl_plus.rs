@@ -38,6 +38,10 @@ enum State {
 }
 
 impl OutgoingFilter for StripPlus {
+    fn done(&self) -> bool {
+        matches!(self.state, State::Done)
+    }
+
     fn push(&mut self, mut input: &[u8], out: &mut Vec<u8>) {
         let partial = &mut self.partial;
         while !input.is_empty() {
