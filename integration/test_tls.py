@@ -19,6 +19,8 @@ import json
 import os
 import pwd
 import shutil
+import socket
+import struct
 import subprocess
 import threading
 import time
@@ -34,6 +36,7 @@ from lg_scenarios import park, resume, setup_db
 
 TLS_USER = "tls_scram"
 TLS_PASSWORD = "Tls-Secret-9"
+CERT_USER = "tls_cert"
 NODE_MODULES = REPO / "integration" / "js" / "node_modules"
 
 
@@ -61,6 +64,17 @@ def make_leaf(d: Path, name: str, ca: str) -> None:
             "-extfile", f"{name}.ext", cwd=d)
 
 
+def make_client_leaf(d: Path, user: str, ca: str) -> None:
+    """A client certificate whose CN is the role it authenticates."""
+    (d / f"{user}.ext").write_text("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+                                   "extendedKeyUsage=clientAuth\n")
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", f"{user}.key", "-out", f"{user}.csr", "-subj", f"/CN={user}", cwd=d)
+    openssl("x509", "-req", "-in", f"{user}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
+            "-CAcreateserial", "-out", f"{user}.crt", "-days", "2", "-extfile", f"{user}.ext",
+            cwd=d)
+
+
 @pytest.fixture(scope="module")
 def certs(workdir):
     d = workdir / "tls-certs"
@@ -69,6 +83,7 @@ def certs(workdir):
     make_ca(d, "wrong_ca")
     make_leaf(d, "proxy", "ca")
     make_leaf(d, "server", "ca")
+    make_client_leaf(d, CERT_USER, "ca")
     return d
 
 
@@ -76,22 +91,26 @@ def certs(workdir):
 def tls_pg(certs):
     """A PostgreSQL with ssl = on; ``tls_scram`` only over TLS, with SCRAM."""
     server = PgServer("tls").start()
-    for name in ("server.crt", "server.key"):
+    for name in ("server.crt", "server.key", "ca.crt"):
         shutil.copy(certs / name, server.datadir / name)
         os.chmod(server.datadir / name, 0o600)
         if IS_ROOT:
             pw = pwd.getpwnam("postgres")
             os.chown(server.datadir / name, pw.pw_uid, pw.pw_gid)
     with open(server.datadir / "postgresql.conf", "a") as f:
-        f.write("ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n")
+        f.write("ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n"
+                "ssl_ca_file = 'ca.crt'\n")
     (server.datadir / "pg_hba.conf").write_text(
         "local all all trust\n"
         f"hostssl all {TLS_USER} 127.0.0.1/32 scram-sha-256\n"
         f"hostnossl all {TLS_USER} 127.0.0.1/32 reject\n"
+        f"hostssl all {CERT_USER} 127.0.0.1/32 cert\n"
+        f"host all {CERT_USER} 127.0.0.1/32 reject\n"
         "host all all 127.0.0.1/32 trust\n")
     with connect(server.dsn("postgres")) as c:
         c.execute("SELECT pg_reload_conf()")
         c.execute(f"CREATE ROLE {TLS_USER} LOGIN SUPERUSER PASSWORD '{TLS_PASSWORD}'")
+        c.execute(f"CREATE ROLE {CERT_USER} LOGIN")
     yield server
     server.stop()
 
@@ -323,3 +342,35 @@ def test_cancel_request_over_tls_on_both_sides(tls_proxy, certs):
         assert not errors, errors
         assert time.monotonic() - t0 < 10
         assert c.execute("SELECT 1").fetchone()[0] == 1
+
+
+def test_upstream_client_certificate_from_the_config_file(started, certs, tls_pg, workdir):
+    """`[upstream_tls]` in the TOML file: the proxy presents its client
+    certificate, and the server's `cert` authentication admits the role it names;
+    `[tls]` there too."""
+    config = workdir / "tls-config.toml"
+    config.write_text(
+        f"[tls]\ncert = '{certs / 'proxy.crt'}'\nkey = '{certs / 'proxy.key'}'\nrequire = true\n"
+        f"[upstream_tls]\nsslmode = 'verify-full'\nsslrootcert = '{certs / 'ca.crt'}'\n"
+        f"sslcert = '{certs / (CERT_USER + '.crt')}'\nsslkey = '{certs / (CERT_USER + '.key')}'\n")
+    p = started(f"localhost:{tls_pg.port}", "--config", str(config))
+    dsn = make_dsn(p.port, "postgres", CERT_USER, sslmode="require")
+    with connect(dsn) as c:
+        assert c.execute("SELECT current_user").fetchone()[0] == CERT_USER
+        assert upstream_ssl(c)
+    with pytest.raises(psycopg.OperationalError) as e:
+        connect(make_dsn(p.port, "postgres", CERT_USER, sslmode="disable"))
+    assert "TLS is required" in str(e.value)
+
+
+def test_negotiation_edges_with_tls_on(tls_proxy):
+    """GSSENCRequest is still answered 'N'; plaintext sent after SSLRequest,
+    before the 'S', is refused in plaintext; an SSLRequest with no certificate
+    configured is answered 'N' (test_robustness)."""
+    with socket.create_connection((HOST, tls_proxy.port), timeout=5) as s:
+        s.sendall(struct.pack("!II", 8, 80877104))
+        assert s.recv(1) == b"N"
+    with socket.create_connection((HOST, tls_proxy.port), timeout=5) as s:
+        s.sendall(struct.pack("!II", 8, 80877103) + b"Q\0\0\0\x05x")
+        reply = s.recv(4096)
+    assert reply[:1] == b"E" and b"received unencrypted data after an encryption request" in reply
