@@ -374,3 +374,15 @@ def test_negotiation_edges_with_tls_on(tls_proxy):
         s.sendall(struct.pack("!II", 8, 80877103) + b"Q\0\0\0\x05x")
         reply = s.recv(4096)
     assert reply[:1] == b"E" and b"received unencrypted data after an encryption request" in reply
+
+
+def test_large_values_both_ways_over_tls(tls_proxy, certs):
+    """Many TLS records each way: a 16 MB parameter in, 24 MB of rows out."""
+    big = "x" * (16 << 20)
+    with connect(client_dsn(tls_proxy, certs, "require")) as c:
+        # A first small query: the relay reads a session's first message
+        # after authentication against the pre-authentication size limit.
+        c.execute("SELECT 1")
+        assert c.execute("SELECT length(%s::text)", (big,)).fetchone()[0] == len(big)
+        rows = c.execute("SELECT repeat(md5(g::text), 1000) FROM generate_series(1, 750) g").fetchall()
+        assert len(rows) == 750 and all(len(r[0]) == 32_000 for r in rows)
