@@ -20,8 +20,11 @@ use crate::enforce::Legs;
 use crate::policy::claims::WaitPolicy;
 use crate::policy::ChannelRules;
 use crate::saver::unknown::UnknownSaverPolicy;
+use crate::wire::client_stream::ClientTls;
 use crate::wire::proxy::RelayConfig;
+use crate::wire::tls_config;
 use crate::wire::upstream::UpstreamAddr;
+use crate::wire::upstream_tls::{UpstreamTls, UpstreamTlsParams};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -29,8 +32,10 @@ pub struct Config {
     /// Address clients connect to.
     pub listen: String,
     /// The PostgreSQL server behind the proxy (`host:port` or a
-    /// `postgres://` URL, of which only host and port are used: auth stays
-    /// end to end). Absent: a managed local PostgreSQL is started.
+    /// `postgres://` URL, of which host, port and the TLS parameters
+    /// `sslmode`, `sslrootcert`, `sslcert`, `sslkey`, `sslsni` are used:
+    /// auth stays end to end). Absent: a managed local PostgreSQL is
+    /// started.
     pub upstream: Option<String>,
     /// Directory of saver profiles; absent: the built-in LangGraph Python
     /// profile.
@@ -53,6 +58,37 @@ pub struct Config {
     /// `off`; absent: 127.0.0.1:6433 when that port is free.
     pub admin_listen: Option<String>,
     pub admin: AdminConfig,
+    pub tls: TlsConfig,
+    pub upstream_tls: UpstreamTlsConfig,
+}
+
+/// TLS towards clients (terminated by the proxy).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM certificate chain the proxy presents; with `key`, SSLRequest
+    /// is answered 'S'.
+    pub cert: Option<PathBuf>,
+    /// PEM private key of `cert`.
+    pub key: Option<PathBuf>,
+    /// Refuse clients that do not use TLS (FATAL 28000).
+    pub require: bool,
+}
+
+/// TLS towards the upstream server; a parameter in the upstream URL's
+/// query overrides the same key here.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpstreamTlsConfig {
+    /// disable, prefer (default), require, verify-ca, verify-full.
+    pub sslmode: Option<String>,
+    /// PEM roots to trust; absent: Mozilla's roots (webpki-roots).
+    pub sslrootcert: Option<PathBuf>,
+    /// PEM client certificate (with `sslkey`) presented to the server.
+    pub sslcert: Option<PathBuf>,
+    pub sslkey: Option<PathBuf>,
+    /// Send the host name (SNI) in the handshake; default true.
+    pub sni: Option<bool>,
 }
 
 /// Consume-once claims (see README, "Consume-once").
@@ -170,6 +206,8 @@ impl Default for Config {
             claims: ClaimsConfig::default(),
             admin_listen: None,
             admin: AdminConfig::default(),
+            tls: TlsConfig::default(),
+            upstream_tls: UpstreamTlsConfig::default(),
         }
     }
 }
@@ -181,16 +219,53 @@ impl Config {
         toml::from_str(&text).with_context(|| format!("in config {}", path.display()))
     }
 
-    /// The relay settings for an upstream address.
-    pub fn relay(&self, upstream: UpstreamAddr) -> RelayConfig {
-        RelayConfig {
+    /// The relay settings for an upstream address, TLS files loaded (one
+    /// that does not load, or a TLS setting that cannot be honoured,
+    /// stops the proxy).
+    pub fn relay(&self, upstream: UpstreamAddr) -> anyhow::Result<RelayConfig> {
+        let upstream_tls =
+            UpstreamTls::build(&upstream, &self.upstream_tls_params()?).context("upstream TLS")?;
+        Ok(RelayConfig {
             upstream,
+            upstream_tls,
+            client_tls: self.client_tls()?,
             connect_timeout: Duration::from_millis(self.connect_timeout_ms),
             startup_timeout: Duration::from_millis(self.startup_timeout_ms),
             max_message_bytes: self.max_message_bytes,
             max_client_conn: self.max_client_conn,
             ..RelayConfig::default()
+        })
+    }
+
+    /// TLS towards clients: both files or neither.
+    fn client_tls(&self) -> anyhow::Result<Option<ClientTls>> {
+        match (&self.tls.cert, &self.tls.key) {
+            (Some(cert), Some(key)) => Ok(Some(ClientTls {
+                config: tls_config::server_config(cert, key).context("client TLS")?,
+                require: self.tls.require,
+            })),
+            (None, None) if self.tls.require => {
+                bail!("tls.require (--require-tls) needs a certificate: tls.cert and tls.key")
+            }
+            (None, None) => Ok(None),
+            _ => bail!("tls.cert and tls.key (--tls-cert, --tls-key) go together"),
         }
+    }
+
+    /// The upstream TLS parameters: the URL's query over `[upstream_tls]`.
+    pub fn upstream_tls_params(&self) -> anyhow::Result<UpstreamTlsParams> {
+        let c = &self.upstream_tls;
+        let mut p = UpstreamTlsParams {
+            sslmode: c.sslmode.clone(),
+            sslrootcert: c.sslrootcert.clone(),
+            sslcert: c.sslcert.clone(),
+            sslkey: c.sslkey.clone(),
+            sni: c.sni,
+        };
+        if let Some(spec) = &self.upstream {
+            url_tls_params(spec, &mut p)?;
+        }
+        Ok(p)
     }
 
     /// The enforcement legs, with the channel rules loaded from the rules
@@ -322,6 +397,62 @@ pub fn upstream_addr(spec: &str) -> anyhow::Result<UpstreamAddr> {
     }))
 }
 
+/// Reads the TLS parameters of a `postgres://` URL's query into `p`. An
+/// `ssl*` parameter the proxy does not implement is refused rather than
+/// ignored; other parameters (application_name, ...) belong to clients.
+fn url_tls_params(spec: &str, p: &mut UpstreamTlsParams) -> anyhow::Result<()> {
+    let Some((_, query)) = spec.split_once("://").and_then(|(_, r)| r.split_once('?')) else {
+        return Ok(());
+    };
+    for pair in query.split('&').filter(|kv| !kv.is_empty()) {
+        let (key, raw) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = percent_decode(raw)?;
+        match key {
+            "sslmode" => p.sslmode = Some(value),
+            "sslrootcert" => p.sslrootcert = Some(value.into()),
+            "sslcert" => p.sslcert = Some(value.into()),
+            "sslkey" => p.sslkey = Some(value.into()),
+            "sslsni" => {
+                p.sni = Some(match value.as_str() {
+                    "1" => true,
+                    "0" => false,
+                    v => bail!("upstream sslsni must be 0 or 1, not {v:?}"),
+                })
+            }
+            "sslnegotiation" if value == "postgres" => {}
+            k if k.starts_with("ssl") || k == "requiressl" => bail!(
+                "upstream URL parameter {k}={value} is not supported by the proxy \
+                 (supported: sslmode, sslrootcert, sslcert, sslkey, sslsni)"
+            ),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// `%XX` escapes of a URL query value, decoded.
+fn percent_decode(s: &str) -> anyhow::Result<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = s.get(i + 1..i + 3).unwrap_or_default();
+                let b = u8::from_str_radix(hex, 16)
+                    .map_err(|_| anyhow::anyhow!("bad %-escape in upstream URL value {s:?}"))?;
+                out.push(b);
+                i += 3;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| anyhow::anyhow!("upstream URL value {s:?} is not UTF-8"))
+}
+
 fn socket_in(dir: &str, port: &str) -> String {
     format!("{}/.s.PGSQL.{port}", dir.trim_end_matches('/'))
 }
@@ -409,6 +540,47 @@ mod tests {
         );
         assert_eq!(set.admin.token.as_deref(), Some("s3"));
         assert!(toml::from_str::<Config>("[admin]\ntokn = \"x\"").is_err());
+    }
+
+    #[test]
+    fn upstream_tls_from_url_over_config() {
+        let cfg = toml::from_str::<Config>(
+            "upstream = 'postgres://u@db:5432/app?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem&application_name=x'\n\
+             [upstream_tls]\nsslmode = 'require'\nsslcert = '/c.pem'\nsslkey = '/k.pem'",
+        )
+        .unwrap();
+        let p = cfg.upstream_tls_params().unwrap();
+        assert_eq!(p.sslmode.as_deref(), Some("verify-full"));
+        assert_eq!(p.sslrootcert, Some(PathBuf::from("/etc/ca.pem")));
+        assert_eq!(p.sslcert, Some(PathBuf::from("/c.pem")));
+        assert_eq!(p.sni, None);
+    }
+
+    #[test]
+    fn unsupported_tls_parameters_are_refused() {
+        let with = |u: &str| Config {
+            upstream: Some(u.into()),
+            ..Config::default()
+        };
+        let err = with("postgres://db/app?sslcrl=/x.crl")
+            .upstream_tls_params()
+            .unwrap_err();
+        assert!(err.to_string().contains("sslcrl"), "{err}");
+        assert!(with("postgres://db/app?sslsni=yes")
+            .upstream_tls_params()
+            .is_err());
+        let err = with("postgres://db/app?sslmode=verify_full")
+            .relay(UpstreamAddr::Tcp("db:5432".into()))
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("verify_full"), "{err:#}");
+        let half = toml::from_str::<Config>("[tls]\ncert = '/x.pem'").unwrap();
+        assert!(half.relay(UpstreamAddr::Tcp("db:5432".into())).is_err());
+        let missing =
+            toml::from_str::<Config>("[tls]\ncert = '/no/x.pem'\nkey = '/no/k.pem'").unwrap();
+        let err = missing
+            .relay(UpstreamAddr::Tcp("db:5432".into()))
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("/no/x.pem"), "{err:#}");
     }
 
     #[test]

@@ -86,6 +86,15 @@ enum Command {
         /// 127.0.0.1:6433 when free).
         #[arg(long)]
         admin_listen: Option<String>,
+        /// PEM certificate chain presented to clients (TLS, with --tls-key).
+        #[arg(long)]
+        tls_cert: Option<PathBuf>,
+        /// PEM private key of --tls-cert.
+        #[arg(long)]
+        tls_key: Option<PathBuf>,
+        /// Refuse clients that do not use TLS.
+        #[arg(long)]
+        require_tls: bool,
     },
     /// Consume-once claims: list them, or release them (operator).
     Claims {
@@ -274,6 +283,9 @@ fn run() -> anyhow::Result<()> {
             proxy_id,
             no_enforce,
             admin_listen,
+            tls_cert,
+            tls_key,
+            require_tls,
         } => {
             let mut cfg = load_config(config)?;
             cfg.listen = listen.unwrap_or(cfg.listen);
@@ -285,6 +297,9 @@ fn run() -> anyhow::Result<()> {
             cfg.claims.store = claims_store.or(cfg.claims.store);
             cfg.claims.proxy_id = proxy_id.or(cfg.claims.proxy_id);
             cfg.admin_listen = admin_listen.or(cfg.admin_listen);
+            cfg.tls.cert = tls_cert.or(cfg.tls.cert);
+            cfg.tls.key = tls_key.or(cfg.tls.key);
+            cfg.tls.require |= require_tls;
             if no_enforce {
                 cfg.enforce.fork_filter = false;
                 cfg.enforce.validity = false;
@@ -508,7 +523,7 @@ fn serve(cfg: Config) -> anyhow::Result<()> {
                 audit: audit.clone(),
             });
             let proxy = Arc::new(Proxy::new(
-                cfg.relay(upstream.clone()),
+                cfg.relay(upstream.clone())?,
                 Arc::new(enforcement),
             ));
             let admin_state = |metrics| AdminState {

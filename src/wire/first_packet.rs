@@ -1,6 +1,7 @@
 //! A connection's first packet: answered SSL and GSSAPI encryption
-//! requests, then the StartupMessage or a CancelRequest, all within one
-//! deadline however slowly the bytes come.
+//! requests (and the TLS handshake when the proxy has a certificate),
+//! then the StartupMessage or a CancelRequest, all within one deadline
+//! however slowly the bytes come.
 
 use std::io::Write;
 use std::net::TcpStream;
@@ -8,53 +9,157 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 
+use super::backend::sqlstate;
+use super::client_stream::{ClientStream, ClientTls};
 use super::read_buffer::ReadBuffer;
 use super::startup::{self, FirstPacket};
 
-/// Reads the connection's first packet, answering SSL and GSSAPI
-/// encryption requests with 'N' (no TLS yet) until a real one arrives.
-/// The whole exchange must finish within the startup timeout, however
-/// slowly the bytes come. Bytes after the packet are the client's first
-/// messages: they come back with it.
+/// invalid_authorization_specification: what PostgreSQL answers when no
+/// pg_hba.conf line admits an unencrypted connection.
+pub const INVALID_AUTHORIZATION: &str = "28000";
+
+/// The first byte of a TLS handshake record: a client opening with TLS
+/// directly (PostgreSQL 17's `sslnegotiation=direct`).
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
+/// Why a connection was refused before its session began: told to the
+/// client (when it can still hear plaintext) with this SQLSTATE.
+#[derive(Debug)]
+pub struct Refusal {
+    pub sqlstate: &'static str,
+    pub message: String,
+}
+
+fn protocol(message: impl Into<String>) -> Refusal {
+    Refusal {
+        sqlstate: sqlstate::PROTOCOL_VIOLATION,
+        message: message.into(),
+    }
+}
+
+/// What the connection opened with, and the stream to go on with.
+pub struct Opened {
+    pub client: ClientStream,
+    pub first: FirstPacket,
+    /// Bytes after the packet: the client's first messages.
+    pub early: BytesMut,
+}
+
+/// Reads the connection's first packet. SSLRequest is answered 'S' and
+/// the handshake run when `tls` is given, 'N' otherwise; GSSENCRequest is
+/// answered 'N'. With `tls`, a connection may also open with a TLS
+/// ClientHello directly. With `tls.require`, a StartupMessage sent in
+/// plaintext is refused. `Ok(None)`: the client left (or failed its TLS
+/// handshake, which is logged) with nothing to answer; a refusal comes
+/// with the stream to tell it on.
 pub fn read_first_packet(
-    client: &mut TcpStream,
+    sock: TcpStream,
+    tls: Option<&ClientTls>,
     deadline: Instant,
-) -> Result<Option<(FirstPacket, BytesMut)>, String> {
+) -> Result<Option<Opened>, (ClientStream, Refusal)> {
+    let mut client = ClientStream::Plain(sock);
     let mut rb = ReadBuffer::default();
     let first = loop {
         let len = loop {
-            match startup::peek_len(&rb.bytes).map_err(|e| e.to_string())? {
-                Some(len) => break len,
-                None => match fill_before(&mut rb, client, deadline) {
-                    Ok(0) => return Ok(None),
-                    Ok(_) => {}
-                    Err(e) if is_timeout(&e) => {
-                        return Err("timed out waiting for the startup packet".into())
-                    }
-                    Err(_) => return Ok(None),
-                },
+            if let (Some(tls), ClientStream::Plain(sock), Some(&TLS_HANDSHAKE_RECORD)) =
+                (tls, &client, rb.bytes.first())
+            {
+                let early = rb.bytes.split();
+                let Some(upgraded) = upgrade(sock, tls, &early, true) else {
+                    return Ok(None);
+                };
+                client = upgraded;
+                continue;
+            }
+            match startup::peek_len(&rb.bytes) {
+                Ok(Some(len)) => break len,
+                Ok(None) => {}
+                Err(e) => return Err((client, protocol(e.to_string()))),
+            }
+            match fill_before(&mut rb, &client, deadline) {
+                Ok(0) => return Ok(None),
+                Ok(_) => {}
+                Err(e) if is_timeout(&e) => {
+                    let msg = "timed out waiting for the startup packet";
+                    return Err((client, protocol(msg)));
+                }
+                Err(_) => return Ok(None),
             }
         };
         let packet = rb.bytes.split_to(len);
-        match startup::parse(&packet).map_err(|e| e.to_string())? {
-            FirstPacket::SslRequest | FirstPacket::GssEncRequest => {
+        let parsed = match startup::parse(&packet) {
+            Ok(p) => p,
+            Err(e) => return Err((client, protocol(e.to_string()))),
+        };
+        match (parsed, &client) {
+            (FirstPacket::SslRequest | FirstPacket::GssEncRequest, ClientStream::Tls(_)) => {
+                let msg = "encryption requested on an encrypted connection";
+                return Err((client, protocol(msg)));
+            }
+            (request @ (FirstPacket::SslRequest | FirstPacket::GssEncRequest), _) => {
                 if !rb.bytes.is_empty() {
                     // Bytes after an encryption request, before our answer:
                     // a client must wait for it (PgBouncer refuses this too).
-                    return Err("received unencrypted data after an encryption request".into());
+                    let msg = "received unencrypted data after an encryption request";
+                    return Err((client, protocol(msg)));
                 }
-                client.write_all(b"N").map_err(|e| e.to_string())?;
+                let tls = tls.filter(|_| request == FirstPacket::SslRequest);
+                let answer: &[u8] = if tls.is_some() { b"S" } else { b"N" };
+                if let Err(e) = (&client).write_all(answer) {
+                    tracing::debug!(error = %e, "client left during encryption negotiation");
+                    return Ok(None);
+                }
+                if let (Some(tls), ClientStream::Plain(sock)) = (tls, &client) {
+                    let Some(upgraded) = upgrade(sock, tls, &[], false) else {
+                        return Ok(None);
+                    };
+                    client = upgraded;
+                }
             }
-            other => break other,
+            (FirstPacket::Startup(_), ClientStream::Plain(_)) if tls.is_some_and(|t| t.require) => {
+                let refusal = Refusal {
+                    sqlstate: INVALID_AUTHORIZATION,
+                    message: "resumeguard: TLS is required (require_tls): \
+                              connect with sslmode=require or stronger"
+                        .into(),
+                };
+                return Err((client, refusal));
+            }
+            (other, _) => break other,
         }
     };
-    Ok(Some((first, rb.bytes)))
+    Ok(Some(Opened {
+        client,
+        first,
+        early: rb.bytes,
+    }))
+}
+
+/// The TLS handshake on a plain client connection (on its own handle of
+/// the socket). A failure is logged and `None` returned: the client,
+/// mid-handshake, cannot read a plaintext error, so the connection just
+/// closes.
+fn upgrade(sock: &TcpStream, tls: &ClientTls, early: &[u8], direct: bool) -> Option<ClientStream> {
+    let sock = match sock.try_clone() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "client socket unusable for TLS");
+            return None;
+        }
+    };
+    match ClientStream::accept_tls(sock, tls, early, direct) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::info!(error = %e, direct, "client TLS handshake failed");
+            None
+        }
+    }
 }
 
 /// One read, given up at `deadline`.
 pub fn fill_before(
     rb: &mut ReadBuffer,
-    client: &TcpStream,
+    client: &ClientStream,
     deadline: Instant,
 ) -> std::io::Result<usize> {
     let left = deadline.saturating_duration_since(Instant::now());

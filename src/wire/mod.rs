@@ -3,6 +3,7 @@
 
 pub mod backend;
 mod client_relay;
+pub mod client_stream;
 pub mod first_packet;
 pub mod frame;
 pub mod frontend;
@@ -15,9 +16,13 @@ pub mod registry;
 pub mod reject;
 pub mod response_queue;
 pub mod row_rewrite;
+pub mod sasl_plus;
 mod server_relay;
 pub mod session;
 pub mod sql_commands;
 pub mod startup;
+pub mod tls_config;
+pub mod tls_stream;
 pub mod tracker;
 pub mod upstream;
+pub mod upstream_tls;

@@ -7,15 +7,21 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 
+use crate::wire::client_stream::ClientTls;
 use crate::wire::guard::GuardFactory;
 use crate::wire::registry::Registry;
 use crate::wire::upstream::{Upstream, UpstreamAddr};
+use crate::wire::upstream_tls::UpstreamTls;
 
 /// Settings of the relay itself.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
     /// The PostgreSQL server behind the proxy.
     pub upstream: UpstreamAddr,
+    /// TLS towards the upstream (sslmode and friends).
+    pub upstream_tls: UpstreamTls,
+    /// TLS towards clients; absent: SSLRequest is answered 'N'.
+    pub client_tls: Option<ClientTls>,
     pub connect_timeout: Duration,
     pub startup_timeout: Duration,
     /// Largest client message accepted (PostgreSQL's own cap is 1 GiB).
@@ -31,6 +37,8 @@ impl Default for RelayConfig {
     fn default() -> Self {
         RelayConfig {
             upstream: UpstreamAddr::Tcp("127.0.0.1:5432".into()),
+            upstream_tls: UpstreamTls::disabled(),
+            client_tls: None,
             connect_timeout: Duration::from_secs(5),
             startup_timeout: Duration::from_secs(30),
             max_message_bytes: (1 << 30) - 1,
@@ -64,12 +72,14 @@ impl Proxy {
         }
     }
 
-    /// Connects to the upstream server (blocking, bounded by the connect
-    /// timeout).
+    /// Connects to the upstream server and negotiates TLS as configured
+    /// (blocking, bounded by the connect timeout).
     pub fn connect_upstream(&self) -> std::io::Result<Upstream> {
+        let timeout = self.config.connect_timeout;
         self.config
             .upstream
-            .connect(self.config.connect_timeout)
+            .connect(timeout)
+            .and_then(|s| self.config.upstream_tls.negotiate(s, timeout))
             .map_err(|e| {
                 std::io::Error::new(
                     e.kind(),
@@ -96,6 +106,7 @@ impl Proxy {
                 if let Err(e) = s.write_all(&packet) {
                     tracing::warn!(pid, error = %e, "forwarding cancel request failed");
                 }
+                s.close_notify();
                 tracing::info!(pid, "cancel request forwarded");
             }
             Err(e) => tracing::warn!(pid, error = %e, "cancel request: upstream unreachable"),

@@ -3,11 +3,12 @@
 //! its sockets wakes it.
 
 use std::collections::HashMap;
-use std::net::{Shutdown, TcpStream};
+use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::SystemTime;
 
+use super::client_stream::ClientStream;
 use super::guard::{Guard, SessionInfo};
 use super::upstream::Upstream;
 
@@ -24,7 +25,7 @@ pub enum StopReason {
 /// What shutdown needs of one session: its sockets, its protocol state
 /// (to see whether it is idle) and its stop flag.
 pub struct SessionHandle {
-    pub client: Arc<TcpStream>,
+    pub client: Arc<ClientStream>,
     pub server: Arc<Upstream>,
     pub state: Arc<Mutex<Box<dyn Guard>>>,
     /// Signalled when server answers were tracked: a client message
@@ -74,7 +75,7 @@ const QUIET: u8 = 2;
 
 impl SessionHandle {
     pub fn new(
-        client: Arc<TcpStream>,
+        client: Arc<ClientStream>,
         server: Arc<Upstream>,
         state: Arc<Mutex<Box<dyn Guard>>>,
     ) -> Self {

@@ -3,13 +3,13 @@
 //! ticket (a claim) is decided.
 
 use std::io::Write;
-use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 use bytes::BytesMut;
 
 use super::backend::{error_response, sqlstate, Severity};
+use super::client_stream::ClientStream;
 use super::frame::peek_header;
 use super::guard::{Guard, HeldTicket};
 use super::proxy::Proxy;
@@ -241,7 +241,7 @@ fn idle(state: &Mutex<Box<dyn Guard>>) -> bool {
     state.lock().map(|s| s.is_idle()).unwrap_or(true)
 }
 
-fn close_for_shutdown(mut client: &TcpStream) -> End {
+fn close_for_shutdown(mut client: &ClientStream) -> End {
     let err = error_response(
         Severity::Fatal,
         sqlstate::ADMIN_SHUTDOWN,
@@ -252,7 +252,7 @@ fn close_for_shutdown(mut client: &TcpStream) -> End {
     End::Shutdown
 }
 
-fn fail_session(mut client: &TcpStream, msg: &str) -> End {
+fn fail_session(mut client: &ClientStream, msg: &str) -> End {
     let err = error_response(
         Severity::Fatal,
         sqlstate::INTERNAL_ERROR,

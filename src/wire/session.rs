@@ -18,7 +18,8 @@ use bytes::BytesMut;
 
 use super::backend::{error_response, sqlstate, Severity};
 use super::client_relay::client_to_server;
-use super::first_packet::read_first_packet;
+use super::client_stream::ClientStream;
+use super::first_packet::{read_first_packet, Opened};
 use super::guard::SessionInfo;
 use super::proxy::Proxy;
 use super::registry::{SessionHandle, SessionSummary, StopReason};
@@ -45,22 +46,30 @@ pub(super) enum End {
 
 /// Serves one accepted client connection to completion, on the calling
 /// thread (plus one more for the client→server direction).
-pub fn serve_client(proxy: Arc<Proxy>, mut client: TcpStream, peer: SocketAddr, inspection: bool) {
+pub fn serve_client(proxy: Arc<Proxy>, client: TcpStream, peer: SocketAddr, inspection: bool) {
     let _ = client.set_nodelay(true);
     let deadline = Instant::now() + proxy.config.startup_timeout;
-    let first = match read_first_packet(&mut client, deadline) {
-        Ok(Some(p)) => p,
+    let tls = proxy.config.client_tls.as_ref();
+    let Opened {
+        client,
+        first,
+        early,
+    } = match read_first_packet(client, tls, deadline) {
+        Ok(Some(opened)) => opened,
         Ok(None) => return,
-        Err(msg) => {
-            tracing::info!(%peer, error = %msg, "refused connection start");
-            let err = error_response(Severity::Fatal, sqlstate::PROTOCOL_VIOLATION, &msg, None);
-            let _ = client.write_all(&err);
+        Err((client, refusal)) => {
+            tracing::info!(%peer, error = %refusal.message, "refused connection start");
+            let err = error_response(Severity::Fatal, refusal.sqlstate, &refusal.message, None);
+            let _ = (&client).write_all(&err);
+            client.close_notify();
             return;
         }
     };
-    let (first, early) = first;
     match first {
-        FirstPacket::Cancel { pid, key } => proxy.forward_cancel(pid, key),
+        FirstPacket::Cancel { pid, key } => {
+            proxy.forward_cancel(pid, key);
+            client.close_notify();
+        }
         FirstPacket::Startup(_) if proxy.sessions.live() > proxy.config.max_client_conn => {
             // PgBouncer's max_client_conn: threads and the server's connection
             // slots are finite; say so at the start instead of failing later.
@@ -71,7 +80,8 @@ pub fn serve_client(proxy: Arc<Proxy>, mut client: TcpStream, peer: SocketAddr, 
             let msg =
                 format!("resumeguard: too many client connections (max_client_conn = {limit})");
             let err = error_response(Severity::Fatal, sqlstate::TOO_MANY_CONNECTIONS, &msg, None);
-            let _ = client.write_all(&err);
+            let _ = (&client).write_all(&err);
+            client.close_notify();
         }
         FirstPacket::Startup(startup) => {
             let start = Start {
@@ -96,7 +106,7 @@ struct Start {
     inspection: bool,
 }
 
-fn run_session(proxy: Arc<Proxy>, client: TcpStream, peer: SocketAddr, start: Start) {
+fn run_session(proxy: Arc<Proxy>, client: ClientStream, peer: SocketAddr, start: Start) {
     let (startup, inspection) = (&start.startup, start.inspection);
     let session_id = proxy.next_session_id.fetch_add(1, Ordering::Relaxed);
     let info = SessionInfo {
@@ -116,7 +126,7 @@ fn run_session(proxy: Arc<Proxy>, client: TcpStream, peer: SocketAddr, start: St
 /// The session proper, inside its tracing span.
 fn relay_session(
     proxy: Arc<Proxy>,
-    client: TcpStream,
+    client: ClientStream,
     start: Start,
     info: SessionInfo,
     span: &tracing::Span,
@@ -195,6 +205,8 @@ fn relay_session(
         let err = error_response(Severity::Fatal, sqlstate::PROTOCOL_VIOLATION, msg, None);
         let _ = (&*client).write_all(&err);
     }
+    // Both relay loops are done: nothing else writes to the client now.
+    client.close_notify();
     for (pid, key) in keys.into_inner().unwrap_or_default() {
         proxy.cancel_keys.remove(&(pid, key));
     }

@@ -2,6 +2,8 @@
 //! server is on the same host (the kernel's local-socket path is cheaper
 //! than loopback TCP, and the relay is bound by system calls).
 //!
+//! Either may carry TLS (see `upstream_tls.rs`; over TCP only).
+//!
 //! Blocking sockets: each session relays on two threads of its own (see
 //! `session.rs`), and both use the one socket through `&self`.
 
@@ -9,6 +11,8 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
+
+use super::tls_stream::TlsStream;
 
 /// Where the upstream server listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +64,7 @@ impl std::fmt::Display for UpstreamAddr {
 pub enum Upstream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    Tls(Box<TlsStream>),
 }
 
 /// Read through a shared reference, as `&TcpStream` is.
@@ -68,6 +73,7 @@ impl Read for &Upstream {
         match self {
             Upstream::Tcp(s) => (&*s).read(buf),
             Upstream::Unix(s) => (&*s).read(buf),
+            Upstream::Tls(t) => (&**t).read(buf),
         }
     }
 }
@@ -77,6 +83,14 @@ impl Upstream {
         match self {
             Upstream::Tcp(s) => (&*s).write_all(buf),
             Upstream::Unix(s) => (&*s).write_all(buf),
+            Upstream::Tls(t) => (&**t).write_all(buf),
+        }
+    }
+
+    /// Ends a TLS session cleanly before the socket closes.
+    pub fn close_notify(&self) {
+        if let Upstream::Tls(t) = self {
+            t.close_notify();
         }
     }
 
@@ -86,6 +100,7 @@ impl Upstream {
         let _ = match self {
             Upstream::Tcp(s) => s.shutdown(how),
             Upstream::Unix(s) => s.shutdown(how),
+            Upstream::Tls(t) => t.shutdown(how),
         };
     }
 }

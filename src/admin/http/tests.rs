@@ -17,6 +17,7 @@ use crate::claims::{ClaimKey, Holder};
 use crate::enforce::{Enforcement, Legs};
 use crate::saver::classify::Classifier;
 use crate::saver::profile::profiles_for;
+use crate::wire::client_stream::ClientStream;
 use crate::wire::guard::SessionInfo;
 use crate::wire::proxy::{Proxy, RelayConfig};
 use crate::wire::registry::{SessionHandle, SessionSummary};
@@ -171,7 +172,7 @@ async fn sessions_lists_who_is_connected() {
     };
     let guard = state.proxy.guards.guard(info.clone());
     let handle = Arc::new(SessionHandle::new(
-        Arc::new(client),
+        Arc::new(ClientStream::Plain(client)),
         Arc::new(Upstream::Tcp(server)),
         Arc::new(Mutex::new(guard)),
     ));

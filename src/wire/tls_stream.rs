@@ -1,0 +1,366 @@
+//! One TLS connection over a blocking TCP socket, shared by the session's
+//! two relay threads: one reads through `&TlsStream`, the other writes.
+//!
+//! The rustls state sits under a mutex that is never held while a thread
+//! blocks on the socket: the reader reads raw bytes unlocked, then locks
+//! to decrypt; a writer locks to encrypt into a buffer, unlocks, and
+//! sends. A second mutex, held from encryption through the socket write,
+//! keeps records on the wire in the order they were sealed.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use rustls::Connection;
+
+/// Raw bytes read from the socket per system call.
+const READ_CHUNK: usize = 32 * 1024;
+
+/// A TLS session whose handshake is done, usable from two threads.
+pub struct TlsStream {
+    sock: TcpStream,
+    conn: Mutex<Connection>,
+    /// The reader's side: ciphertext read and not yet given to rustls.
+    read_side: Mutex<ReadSide>,
+    /// The writers' side: held from sealing until the socket took it.
+    write_side: Mutex<Vec<u8>>,
+    /// Rewrites plaintext on its way out (the reader never sees it).
+    outgoing: Option<Mutex<Box<dyn OutgoingFilter>>>,
+}
+
+/// Rewrites the plaintext byte stream a [`TlsStream`] sends.
+pub trait OutgoingFilter: Send {
+    /// Appends to `out` what to send for `input`.
+    fn push(&mut self, input: &[u8], out: &mut Vec<u8>);
+
+    /// Whether everything from now on passes unchanged (then `push` is
+    /// skipped, and the bytes are not copied).
+    fn done(&self) -> bool;
+}
+
+#[derive(Default)]
+struct ReadSide {
+    pending: Vec<u8>,
+    scratch: Vec<u8>,
+}
+
+fn lock<T: ?Sized>(m: &Mutex<T>) -> io::Result<MutexGuard<'_, T>> {
+    m.lock()
+        .map_err(|_| io::Error::other("TLS state poisoned by a panicked thread"))
+}
+
+fn tls_error(e: rustls::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
+
+impl TlsStream {
+    /// Runs the handshake of `conn` on `sock` to completion. `early` is
+    /// ciphertext already read from the socket (a ClientHello that came
+    /// first). The socket's timeouts bound the wait.
+    pub fn handshake(
+        mut sock: TcpStream,
+        mut conn: Connection,
+        early: &[u8],
+    ) -> io::Result<TlsStream> {
+        let mut early = early;
+        while !early.is_empty() {
+            conn.read_tls(&mut early)?;
+            if let Err(e) = conn.process_new_packets() {
+                let _ = conn.write_tls(&mut sock);
+                return Err(tls_error(e));
+            }
+        }
+        while conn.is_handshaking() {
+            let (read, written) = conn.complete_io(&mut sock)?;
+            if read == 0 && written == 0 && conn.is_handshaking() {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the peer closed the connection during the TLS handshake",
+                ));
+            }
+        }
+        while conn.wants_write() {
+            conn.write_tls(&mut sock)?;
+        }
+        // Each write is sealed and sent whole: no limit on what it seals.
+        conn.set_buffer_limit(None);
+        Ok(TlsStream {
+            sock,
+            conn: Mutex::new(conn),
+            read_side: Mutex::new(ReadSide::default()),
+            write_side: Mutex::new(Vec::new()),
+            outgoing: None,
+        })
+    }
+
+    /// Passes everything written through `filter` before sealing it.
+    pub fn with_outgoing_filter(mut self, filter: Box<dyn OutgoingFilter>) -> Self {
+        self.outgoing = Some(Mutex::new(filter));
+        self
+    }
+
+    /// The negotiated ALPN protocol.
+    pub fn alpn_protocol(&self) -> Option<Vec<u8>> {
+        lock(&self.conn)
+            .ok()
+            .and_then(|c| c.alpn_protocol().map(<[u8]>::to_vec))
+    }
+
+    pub fn socket(&self) -> &TcpStream {
+        &self.sock
+    }
+
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.sock.set_read_timeout(t)
+    }
+
+    /// Closes the socket in one or both directions; a thread blocked
+    /// reading it wakes with end-of-file.
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        self.sock.shutdown(how)
+    }
+
+    /// Ends the TLS session with close_notify (a peer such as libpq with
+    /// OpenSSL 3 treats a bare end-of-file as an error). Errors are
+    /// ignored: the connection is being closed anyway.
+    pub fn close_notify(&self) {
+        if let Ok(mut conn) = lock(&self.conn) {
+            conn.send_close_notify();
+        }
+        let _ = self.flush_queued();
+    }
+
+    /// Sends whatever rustls has queued (alerts, key updates).
+    fn flush_queued(&self) -> io::Result<()> {
+        let mut out = lock(&self.write_side)?;
+        {
+            let mut conn = lock(&self.conn)?;
+            while conn.wants_write() {
+                conn.write_tls(&mut *out)?;
+            }
+        }
+        let sent = (&self.sock).write_all(&out);
+        out.clear();
+        sent
+    }
+
+    fn read_plain(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut side = lock(&self.read_side)?;
+        loop {
+            let mut wants_write = false;
+            let got = {
+                let mut conn = lock(&self.conn)?;
+                loop {
+                    match conn.reader().read(buf) {
+                        Ok(n) => break Some(Ok(n)),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => break Some(Err(e)),
+                    }
+                    if side.pending.is_empty() {
+                        break None;
+                    }
+                    let mut rest = &side.pending[..];
+                    let fed = conn.read_tls(&mut rest);
+                    let consumed = side.pending.len() - rest.len();
+                    side.pending.drain(..consumed);
+                    if let Err(e) = fed {
+                        break Some(Err(e));
+                    }
+                    if let Err(e) = conn.process_new_packets() {
+                        // The alert describing the error goes out below.
+                        wants_write = true;
+                        break Some(Err(tls_error(e)));
+                    }
+                    wants_write |= conn.wants_write();
+                }
+            };
+            if wants_write {
+                let _ = self.flush_queued();
+            }
+            if let Some(result) = got {
+                return result;
+            }
+            // Nothing decrypted and nothing pending: wait for the socket,
+            // holding only the reader's own lock.
+            let side = &mut *side;
+            side.scratch.resize(READ_CHUNK, 0);
+            let n = (&self.sock).read(&mut side.scratch)?;
+            if n == 0 {
+                return Ok(0);
+            }
+            side.pending.extend_from_slice(&side.scratch[..n]);
+        }
+    }
+
+    fn write_plain(&self, buf: &[u8]) -> io::Result<usize> {
+        let mut out = lock(&self.write_side)?;
+        {
+            let mut filtered = Vec::new();
+            let plain = match &self.outgoing {
+                Some(filter) => {
+                    let mut filter = lock(filter)?;
+                    if filter.done() {
+                        buf
+                    } else {
+                        filter.push(buf, &mut filtered);
+                        &filtered[..]
+                    }
+                }
+                None => buf,
+            };
+            let mut conn = lock(&self.conn)?;
+            conn.writer().write_all(plain)?;
+            while conn.wants_write() {
+                conn.write_tls(&mut *out)?;
+            }
+        }
+        let sent = (&self.sock).write_all(&out);
+        out.clear();
+        if out.capacity() > 4 * READ_CHUNK {
+            out.shrink_to(READ_CHUNK);
+        }
+        sent.map(|()| buf.len())
+    }
+}
+
+impl Read for &TlsStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_plain(buf)
+    }
+}
+
+impl Write for &TlsStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_plain(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    use rustls::pki_types::ServerName;
+    use rustls::{ClientConnection, ServerConnection};
+
+    use super::*;
+    use crate::wire::tls_config::{client_config, server_config, Verify};
+
+    /// A self-signed certificate for `names`, written as PEM files.
+    fn cert_files(tag: &str, names: &[&str]) -> (PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("rg-tls-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let ck = rcgen::generate_simple_self_signed(names).unwrap();
+        let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+        std::fs::write(&cert, ck.cert.pem()).unwrap();
+        std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+        (cert, key)
+    }
+
+    /// Both ends of one handshake: (server, client).
+    fn handshake_pair(
+        server: Arc<rustls::ServerConfig>,
+        client: Arc<rustls::ClientConfig>,
+        name: &str,
+    ) -> (io::Result<TlsStream>, io::Result<TlsStream>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let name = ServerName::try_from(name.to_owned()).unwrap();
+        let client_side = std::thread::spawn(move || {
+            let sock = TcpStream::connect(addr).unwrap();
+            let conn = ClientConnection::new(client, name).unwrap();
+            TlsStream::handshake(sock, Connection::Client(conn), &[])
+        });
+        let (sock, _) = listener.accept().unwrap();
+        let conn = ServerConnection::new(server).unwrap();
+        let server_side = TlsStream::handshake(sock, Connection::Server(conn), &[]);
+        if server_side.is_err() {
+            // Wake a client still waiting for the server's flight.
+            drop(listener);
+        }
+        (server_side, client_side.join().unwrap())
+    }
+
+    #[test]
+    fn both_threads_share_one_tls_session() {
+        let (cert, key) = cert_files("share", &["localhost"]);
+        let client_cfg = client_config(Verify::Full, Some(&cert), None, true).unwrap();
+        let (server, client) =
+            handshake_pair(server_config(&cert, &key).unwrap(), client_cfg, "localhost");
+        let (server, client) = (Arc::new(server.unwrap()), Arc::new(client.unwrap()));
+        // The server echoes: one thread reads, another writes what it read.
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+        let reader = {
+            let server = Arc::clone(&server);
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 7000];
+                loop {
+                    match (&*server).read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => tx.send(buf[..n].to_vec()).unwrap(),
+                    }
+                }
+            })
+        };
+        let writer = {
+            let server = Arc::clone(&server);
+            std::thread::spawn(move || {
+                for chunk in rx {
+                    (&*server).write_all(&chunk).unwrap();
+                }
+            })
+        };
+        let sent: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        let echo = {
+            let (client, len) = (Arc::clone(&client), sent.len());
+            std::thread::spawn(move || {
+                let mut got = vec![0u8; len];
+                (&*client).read_exact(&mut got).unwrap();
+                got
+            })
+        };
+        for part in sent.chunks(10_000) {
+            (&*client).write_all(part).unwrap();
+        }
+        assert!(echo.join().unwrap() == sent, "echo differs");
+        client.shutdown(Shutdown::Both).unwrap();
+        reader.join().unwrap();
+        writer.join().unwrap();
+    }
+
+    #[test]
+    fn verification_follows_the_mode() {
+        let (cert, key) = cert_files("verify", &["db.example"]);
+        let (other, _) = cert_files("other-ca", &["db.example"]);
+        let server = server_config(&cert, &key).unwrap();
+        let connect = |verify, roots: &PathBuf, name| {
+            let cfg = client_config(verify, Some(roots), None, true).unwrap();
+            handshake_pair(Arc::clone(&server), cfg, name).1
+        };
+        assert!(connect(Verify::Full, &cert, "db.example").is_ok());
+        let wrong_name = connect(Verify::Full, &cert, "elsewhere.example")
+            .err()
+            .expect("a wrong name is refused");
+        assert!(
+            wrong_name.to_string().contains("not valid for name"),
+            "{wrong_name}"
+        );
+        assert!(connect(Verify::Chain, &cert, "elsewhere.example").is_ok());
+        let wrong_ca = connect(Verify::Chain, &other, "db.example")
+            .err()
+            .expect("a wrong CA is refused");
+        assert!(
+            wrong_ca.to_string().contains("UnknownIssuer")
+                || wrong_ca.to_string().contains("BadSignature"),
+            "{wrong_ca}"
+        );
+        assert!(connect(Verify::Nothing, &other, "elsewhere.example").is_ok());
+    }
+}

@@ -1,0 +1,246 @@
+//! TLS towards the upstream server, with libpq's `sslmode` meanings: the
+//! proxy sends SSLRequest itself and, on 'S', runs the handshake; on 'N'
+//! it goes on in plaintext only under `prefer`.
+
+use std::io::{self, Read, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::bail;
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection, Connection};
+
+use super::tls_config::{self, Verify};
+use super::tls_stream::TlsStream;
+use super::upstream::{Upstream, UpstreamAddr};
+
+/// libpq's sslmode values the proxy honours (`allow` is not one: it
+/// would reconnect with TLS after a plaintext refusal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslMode {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl SslMode {
+    pub fn parse(s: &str) -> anyhow::Result<SslMode> {
+        Ok(match s {
+            "disable" => SslMode::Disable,
+            "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            "allow" => bail!(
+                "sslmode=allow is not supported for the upstream: use disable, prefer, \
+                 require, verify-ca or verify-full"
+            ),
+            other => bail!(
+                "unknown sslmode {other:?}: use disable, prefer, require, verify-ca or verify-full"
+            ),
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+}
+
+/// The upstream TLS parameters as given (URL query or `[upstream_tls]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UpstreamTlsParams {
+    pub sslmode: Option<String>,
+    pub sslrootcert: Option<PathBuf>,
+    pub sslcert: Option<PathBuf>,
+    pub sslkey: Option<PathBuf>,
+    /// Send the host name in the handshake (libpq's `sslsni`, default on).
+    pub sni: Option<bool>,
+}
+
+/// TLS towards the upstream, ready to use.
+#[derive(Debug, Clone)]
+pub struct UpstreamTls {
+    pub mode: SslMode,
+    config: Option<(Arc<ClientConfig>, ServerName<'static>)>,
+}
+
+/// The SSLRequest packet: length 8, code 80877103.
+const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+
+impl UpstreamTls {
+    /// No TLS: plaintext always.
+    pub fn disabled() -> Self {
+        UpstreamTls {
+            mode: SslMode::Disable,
+            config: None,
+        }
+    }
+
+    /// Builds the TLS settings for `addr`, loading every file now. The
+    /// default mode is libpq's, `prefer`; a Unix socket never uses TLS
+    /// (PostgreSQL offers none there), so a mode that requires it is
+    /// refused. `sslmode=require` with a root file checks the chain, as
+    /// libpq does.
+    pub fn build(addr: &UpstreamAddr, p: &UpstreamTlsParams) -> anyhow::Result<Self> {
+        let mode = match &p.sslmode {
+            Some(m) => SslMode::parse(m)?,
+            None => SslMode::Prefer,
+        };
+        if p.sslcert.is_some() != p.sslkey.is_some() {
+            bail!("upstream sslcert and sslkey go together: give both or neither");
+        }
+        let host = match addr {
+            UpstreamAddr::Unix(path) => {
+                let files = p.sslrootcert.is_some() || p.sslcert.is_some();
+                if matches!(mode, SslMode::Disable | SslMode::Prefer) && !files {
+                    return Ok(UpstreamTls::disabled());
+                }
+                bail!(
+                    "upstream TLS settings (sslmode={}) for the Unix socket {path}: \
+                     PostgreSQL offers no TLS on a local socket",
+                    mode.name()
+                );
+            }
+            UpstreamAddr::Tcp(hostport) => host_of(hostport),
+        };
+        if mode == SslMode::Disable {
+            if p.sslrootcert.is_some() || p.sslcert.is_some() {
+                bail!("upstream sslrootcert/sslcert given with sslmode=disable");
+            }
+            return Ok(UpstreamTls::disabled());
+        }
+        let verify = match mode {
+            SslMode::VerifyFull => Verify::Full,
+            SslMode::VerifyCa => Verify::Chain,
+            SslMode::Require if p.sslrootcert.is_some() => Verify::Chain,
+            _ => Verify::Nothing,
+        };
+        let identity = p.sslcert.as_deref().zip(p.sslkey.as_deref());
+        let config = tls_config::client_config(
+            verify,
+            p.sslrootcert.as_deref(),
+            identity,
+            p.sni.unwrap_or(true),
+        )?;
+        let name = ServerName::try_from(host.to_owned())
+            .map_err(|e| anyhow::anyhow!("upstream host {host:?} as a TLS server name: {e}"))?;
+        Ok(UpstreamTls {
+            mode,
+            config: Some((config, name)),
+        })
+    }
+
+    /// Negotiates TLS on a freshly connected upstream socket: SSLRequest,
+    /// then the handshake on 'S'. Bounded by `timeout` per read.
+    pub fn negotiate(&self, upstream: Upstream, timeout: Duration) -> io::Result<Upstream> {
+        let (Some((config, name)), Upstream::Tcp(sock)) = (&self.config, &upstream) else {
+            return Ok(upstream);
+        };
+        sock.set_read_timeout(Some(timeout))?;
+        sock.set_write_timeout(Some(timeout))?;
+        let mut sock = sock.try_clone()?;
+        sock.write_all(&SSL_REQUEST)?;
+        let mut answer = [0u8; 1];
+        sock.read_exact(&mut answer)?;
+        let upstream = match answer[0] {
+            b'S' => {
+                let conn = ClientConnection::new(Arc::clone(config), name.clone())
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                let tls = TlsStream::handshake(sock.try_clone()?, Connection::Client(conn), &[])
+                    .map_err(|e| {
+                        io::Error::new(e.kind(), format!("TLS handshake with the server: {e}"))
+                    })?;
+                Upstream::Tls(Box::new(tls))
+            }
+            b'N' if self.mode == SslMode::Prefer => upstream,
+            b'N' => {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionRefused,
+                    format!(
+                        "the server does not accept TLS (sslmode={} requires it)",
+                        self.mode.name()
+                    ),
+                ))
+            }
+            other => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("the server answered SSLRequest with byte {other:#04x}"),
+                ))
+            }
+        };
+        sock.set_read_timeout(None)?;
+        sock.set_write_timeout(None)?;
+        Ok(upstream)
+    }
+}
+
+/// The host of `host:port` (`[v6]:port` too).
+fn host_of(hostport: &str) -> &str {
+    let host = match hostport.rsplit_once(':') {
+        Some((h, port)) if !port.contains(']') => h,
+        _ => hostport,
+    };
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_and_unknown_ones_are_refused() {
+        assert_eq!(SslMode::parse("verify-full").unwrap(), SslMode::VerifyFull);
+        assert!(SslMode::parse("allow").is_err());
+        let err = SslMode::parse("verify_full").unwrap_err().to_string();
+        assert!(err.contains("verify_full"), "{err}");
+    }
+
+    #[test]
+    fn hosts_of_addresses() {
+        assert_eq!(host_of("db.example.com:5432"), "db.example.com");
+        assert_eq!(host_of("[::1]:5432"), "::1");
+        assert_eq!(host_of("10.0.0.1:6000"), "10.0.0.1");
+    }
+
+    #[test]
+    fn a_unix_socket_refuses_required_tls() {
+        let unix = UpstreamAddr::Unix("/tmp/.s.PGSQL.5432".into());
+        let none = UpstreamTlsParams::default();
+        assert_eq!(
+            UpstreamTls::build(&unix, &none).unwrap().mode,
+            SslMode::Disable
+        );
+        let require = UpstreamTlsParams {
+            sslmode: Some("require".into()),
+            ..Default::default()
+        };
+        assert!(UpstreamTls::build(&unix, &require).is_err());
+    }
+
+    #[test]
+    fn unreadable_files_stop_the_build() {
+        let tcp = UpstreamAddr::Tcp("db:5432".into());
+        let p = UpstreamTlsParams {
+            sslmode: Some("verify-full".into()),
+            sslrootcert: Some("/nonexistent/root.crt".into()),
+            ..Default::default()
+        };
+        let err = format!("{:#}", UpstreamTls::build(&tcp, &p).unwrap_err());
+        assert!(err.contains("/nonexistent/root.crt"), "{err}");
+        let half = UpstreamTlsParams {
+            sslcert: Some("/x.crt".into()),
+            ..Default::default()
+        };
+        assert!(UpstreamTls::build(&tcp, &half).is_err());
+    }
+}
