@@ -390,14 +390,16 @@ fn saver_decoders_never_panic() {
 
 /// Generated client scripts (statements, portals, the saver's reads and
 /// writes, SQL PREPARE / EXECUTE / DEALLOCATE, transactions, errors) with
-/// both `unknown_saver` policies: the guard never desyncs from the
+/// `unknown_saver` = warn and refuse: the guard never desyncs from the
 /// modelled server's answers to what the proxy actually sends, never
 /// waits for answers the server does not owe, never keeps a
 /// ReadyForQuery from the client, and a `select 1` round then routes.
+/// Half the sessions also run the validity gate (one rule on `items`), so
+/// refusals raised inside the server's transaction are part of the mix.
 #[test]
 fn tracker_keeps_step_with_modelled_server() {
-    let warn = enforcement(UnknownSaverPolicy::Warn);
-    let refuse = enforcement(UnknownSaverPolicy::Refuse);
+    let warn = enforcement(UnknownSaverPolicy::Warn, false);
+    let strict = enforcement(UnknownSaverPolicy::Refuse, true);
     let pool = sql_pool();
     let rows = vec![msg(b'D', &common::checkpoint_row_body())];
     let strategy = (
@@ -405,8 +407,8 @@ fn tracker_keeps_step_with_modelled_server() {
         proptest::collection::vec(any::<u8>(), 1..64),
         any::<bool>(),
     );
-    run_for("tracker vs model", strategy, |(ops, dice, strict)| {
-        let shared = if strict { &refuse } else { &warn };
+    run_for("tracker vs model", strategy, |(ops, dice, enforcing)| {
+        let shared = if enforcing { &strict } else { &warn };
         let mut s = Session::start(shared, rows.clone(), dice).map_err(fail)?;
         for (i, op) in ops.iter().enumerate() {
             s.client(&frame_of(op, &pool))
@@ -422,7 +424,7 @@ fn tracker_keeps_step_with_modelled_server() {
 /// before the guard sees it, so the stream stops there.
 #[test]
 fn tracker_survives_mutated_captured_sessions() {
-    let warn = enforcement(UnknownSaverPolicy::Warn);
+    let warn = enforcement(UnknownSaverPolicy::Warn, false);
     let strategy = (
         corpus::mutated_session(),
         proptest::collection::vec(any::<u8>(), 1..64),
@@ -456,7 +458,7 @@ fn tracker_survives_mutated_captured_sessions() {
 /// desync (the relay then closes the session), never a panic.
 #[test]
 fn guard_survives_mutated_server_streams() {
-    let warn = enforcement(UnknownSaverPolicy::Warn);
+    let warn = enforcement(UnknownSaverPolicy::Warn, false);
     run_for(
         "mutated server streams",
         corpus::mutated_session(),

@@ -110,7 +110,7 @@ pub fn frame_of(op: &Op, pool: &[String]) -> Vec<u8> {
             params,
         } => {
             let (portal, statement) = (pick(&PORTALS, *portal), pick(&STATEMENTS, *statement));
-            match params % 4 {
+            match params % 7 {
                 // The saver's `__interrupt__` write, as psycopg binds it.
                 0 => {
                     let frame = common::interrupt_write_bind(statement);
@@ -126,6 +126,39 @@ pub fn frame_of(op: &Op, pool: &[String]) -> Vec<u8> {
                     &[],
                     &[Some(b"t1"), Some(b""), Some(b"ck1")],
                     &[1],
+                ),
+                // A blob of channel `items`: ["a"] (valid) or [null] (invalid).
+                3 | 4 => {
+                    let blob: &[u8] = if params % 7 == 3 { &[0x91, 0xa1, b'a'] } else { &[0x91, 0xc0] };
+                    common::bind(
+                        portal,
+                        statement,
+                        &[0, 0, 0, 0, 0, 1],
+                        &[
+                            Some(b"t1"),
+                            Some(b""),
+                            Some(b"items"),
+                            Some(b"00002.0.1"),
+                            Some(b"msgpack"),
+                            Some(blob),
+                        ],
+                        &[],
+                    )
+                }
+                // The checkpoint that names that blob version.
+                5 => common::bind(
+                    portal,
+                    statement,
+                    &[],
+                    &[
+                        Some(b"t1"),
+                        Some(b""),
+                        Some(b"ck-42"),
+                        None,
+                        Some(br#"{"v": 4, "channel_values": {}, "channel_versions": {"items": "00002.0.1"}}"#),
+                        Some(b"{}"),
+                    ],
+                    &[],
                 ),
                 _ => common::bind(portal, statement, &[1], &[Some(&[*params; 3])], &[]),
             }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use resumeguard::audit::{AuditSink, SessionContext};
 use resumeguard::enforce::{Enforcement, Legs, SessionGuard};
+use resumeguard::policy::ChannelRules;
 use resumeguard::saver::classify::Classifier;
 use resumeguard::saver::profile::SaverProfile;
 use resumeguard::saver::unknown::UnknownSaverPolicy;
@@ -19,9 +20,24 @@ use resumeguard::wire::response_queue::Route;
 use super::corpus::split_frames;
 use super::server_model::{msg, Dice, ServerModel};
 
+/// The validity leg with one rule: channel `items` is a list of strings.
+fn items_rule() -> ChannelRules {
+    let dir = std::env::temp_dir().join(format!("rg-fuzz-rules-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("channels")).expect("a temporary rules directory");
+    std::fs::write(
+        dir.join("channels/items.toml"),
+        "[[channel]]\nname = \"items\"\nschema = { type = \"array\", items = { type = \"string\" } }\n",
+    )
+    .expect("a rule file");
+    let rules = ChannelRules::load(&dir).expect("the rule loads");
+    std::fs::remove_dir_all(&dir).ok();
+    rules
+}
+
 /// The enforcement every session of a property shares: the built-in
-/// LangGraph Python and JS profiles, default legs, no audit outputs.
-pub fn enforcement(unknown: UnknownSaverPolicy) -> Arc<Enforcement> {
+/// LangGraph Python and JS profiles, the fork filter, the validity gate
+/// with one rule when `validity`, no audit outputs.
+pub fn enforcement(unknown: UnknownSaverPolicy, validity: bool) -> Arc<Enforcement> {
     let classifier = Classifier::new(vec![
         SaverProfile::langgraph_python(),
         SaverProfile::langgraph_js(),
@@ -29,7 +45,14 @@ pub fn enforcement(unknown: UnknownSaverPolicy) -> Arc<Enforcement> {
     .with_unknown_policy(unknown);
     Arc::new(Enforcement {
         classifier: Arc::new(classifier),
-        legs: Legs::default(),
+        legs: Legs {
+            validity: Arc::new(if validity {
+                items_rule()
+            } else {
+                ChannelRules::default()
+            }),
+            ..Legs::default()
+        },
         audit: AuditSink::disabled(),
     })
 }
