@@ -59,6 +59,8 @@ pub(super) fn server_to_client(
                 return End::ServerClosed;
             }
             (Err(e), None) => {
+                metrics::counter!("resumeguard_upstream_errors_total", "kind" => "lost")
+                    .increment(1);
                 let msg = format!("resumeguard: lost the upstream connection: {e}");
                 let err = error_response(Severity::Fatal, sqlstate::CONNECTION_FAILURE, &msg, None);
                 let _ = client.write_all(&err);

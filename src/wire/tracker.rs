@@ -236,6 +236,13 @@ impl<H: Hooks> Tracker<H> {
                 self.segment += 1;
                 Ok(ClientStep::Forward)
             }
+            // A message of a type the server answers whose body does not
+            // read: the server answers it anyway, and every answer after
+            // it would be matched one request off. The session ends.
+            Frontend::Other(tag) if b"PBEDCQ".contains(&tag) => Err(ClientError(format!(
+                "malformed {} message",
+                char::from(tag)
+            ))),
             Frontend::Flush | Frontend::Terminate | Frontend::Copy | Frontend::Other(_) => {
                 Ok(ClientStep::Forward)
             }

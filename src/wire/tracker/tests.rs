@@ -315,3 +315,14 @@ fn transaction_status_follows_ready_for_query() {
     server(&mut t, &[error(), ready(b'E')]);
     assert_eq!(t.txn_status(), TxnStatus::Failed);
 }
+
+#[test]
+fn a_malformed_message_the_server_answers_ends_the_session() {
+    let mut t = tracker();
+    // A Query without its NUL, a Describe of neither S nor P: PostgreSQL
+    // answers them, so forwarding them untracked would shift every answer.
+    assert!(t.on_client(&msg(b'Q', b"select 1")).is_err());
+    assert!(t.on_client(&msg(b'D', b"Xname\0")).is_err());
+    // Messages nobody answers pass as they are.
+    assert_eq!(t.on_client(&msg(b'H', b"")).unwrap(), ClientStep::Forward);
+}
