@@ -7,16 +7,12 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde::Deserialize;
 
-use std::sync::Arc;
-
 use regex::Regex;
 
 use crate::admin::{AdminConfig, AdminListen};
-use crate::audit::{AuditConfig, AuditSink};
-use crate::claims::evidence::{self, EvidenceTiming};
-use crate::claims::{ClaimStore, DEFAULT_RUN_LEASE_MS};
-use crate::enforce::claim_gate::ClaimsLeg;
-use crate::enforce::Legs;
+use crate::audit::AuditConfig;
+use crate::claims::evidence::EvidenceTiming;
+use crate::claims::DEFAULT_RUN_LEASE_MS;
 use crate::policy::claims::WaitPolicy;
 use crate::policy::ChannelRules;
 use crate::saver::unknown::UnknownSaverPolicy;
@@ -89,6 +85,20 @@ pub struct UpstreamTlsConfig {
     pub sslkey: Option<PathBuf>,
     /// Send the host name (SNI) in the handshake; default true.
     pub sni: Option<bool>,
+}
+
+/// The consume-once leg as configured: what the proxy needs to open its
+/// store, start its evidence worker and decide reads.
+#[derive(Debug, Clone)]
+pub struct ClaimsSettings {
+    pub store: PathBuf,
+    pub proxy_id: String,
+    pub lapse_ms: i64,
+    pub run_lease_ms: i64,
+    pub policy: WaitPolicy,
+    pub inspection_patterns: Vec<Regex>,
+    pub inspection_sql_hint: bool,
+    pub timing: EvidenceTiming,
 }
 
 /// Consume-once claims (see README, "Consume-once").
@@ -268,23 +278,13 @@ impl Config {
         Ok(p)
     }
 
-    /// The enforcement legs, with the channel rules loaded from the rules
+    /// The channel rules of the validity leg, loaded from the rules
     /// directory (a rule that does not load stops the proxy: it must not
     /// run without a rule it was given).
-    pub fn legs(&self, audit: &AuditSink) -> anyhow::Result<Legs> {
-        let validity = match (&self.rules_dir, self.enforce.validity) {
+    pub fn channel_rules(&self) -> anyhow::Result<ChannelRules> {
+        Ok(match (&self.rules_dir, self.enforce.validity) {
             (Some(dir), true) => ChannelRules::load(dir).map_err(|e| anyhow::anyhow!("{e}"))?,
             _ => ChannelRules::default(),
-        };
-        let claims = if self.enforce.consume_once {
-            Some(Arc::new(self.claims_leg(audit)?))
-        } else {
-            None
-        };
-        Ok(Legs {
-            fork_filter: self.enforce.fork_filter,
-            validity: Arc::new(validity),
-            claims,
         })
     }
 
@@ -295,10 +295,12 @@ impl Config {
             .unwrap_or_else(|| self.state_dir.join("claims.sqlite"))
     }
 
-    /// The consume-once leg. A store that does not open is not fatal: the
-    /// proxy runs and refuses reads of parked heads until it does (fail
-    /// closed), says so, and retries opening it on use.
-    fn claims_leg(&self, audit: &AuditSink) -> anyhow::Result<ClaimsLeg> {
+    /// The consume-once leg's settings, checked (`None`: the leg is off).
+    /// Opening the store and starting its worker is the caller's.
+    pub fn claims_settings(&self) -> anyhow::Result<Option<ClaimsSettings>> {
+        if !self.enforce.consume_once {
+            return Ok(None);
+        }
         let c = &self.claims;
         let policy = match c.policy.as_str() {
             "wait" => WaitPolicy::Wait {
@@ -315,28 +317,19 @@ impl Config {
                 Regex::new(p).with_context(|| format!("claims.inspection_application_names: {p:?}"))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let proxy_id = c.proxy_id.clone().unwrap_or_else(default_proxy_id);
-        let store =
-            Arc::new(ClaimStore::connect(&self.claims_store_path()).with_run_lease(c.run_lease_ms));
-        let evidence = evidence::start(
-            Arc::clone(&store),
-            proxy_id.clone(),
-            EvidenceTiming {
-                progress_hold_ms: c.progress_hold_ms,
-                holder_gone_grace_ms: c.holder_gone_grace_ms,
-            },
-            audit.clone(),
-        );
-        Ok(ClaimsLeg {
-            store,
-            proxy_id,
+        Ok(Some(ClaimsSettings {
+            store: self.claims_store_path(),
+            proxy_id: c.proxy_id.clone().unwrap_or_else(default_proxy_id),
             lapse_ms: c.lapse_ms,
-            run_lease: c.run_lease_ms > 0,
+            run_lease_ms: c.run_lease_ms,
             policy,
             inspection_patterns,
             inspection_sql_hint: c.inspection_sql_hint,
-            evidence: Some(evidence),
-        })
+            timing: EvidenceTiming {
+                progress_hold_ms: c.progress_hold_ms,
+                holder_gone_grace_ms: c.holder_gone_grace_ms,
+            },
+        }))
     }
 
     /// Where the admin API listens.

@@ -4,26 +4,20 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use tokio::net::TcpListener;
-use tokio::sync::watch;
 
-use resumeguard::admin::{self, AdminState};
-use resumeguard::audit::{self, AuditSink, EventFilter};
+use resumeguard::audit::{self, EventFilter};
 use resumeguard::claims::{render_claims, ClaimStore};
-use resumeguard::config::{upstream_addr, Config};
-use resumeguard::enforce::Enforcement;
+use resumeguard::config::Config;
 use resumeguard::policy::ChannelRules;
-use resumeguard::saver::classify::Classifier;
 use resumeguard::saver::profile::profiles_for;
-use resumeguard::wire::{listener, proxy::Proxy};
 
+mod serve;
 mod startup;
-use startup::{start_managed, Signals, Startup};
+use serve::serve;
 
 #[derive(Parser)]
 #[command(
@@ -458,138 +452,6 @@ fn load_config(path: Option<PathBuf>) -> anyhow::Result<Config> {
     }
 }
 
-fn serve(cfg: Config) -> anyhow::Result<()> {
-    let profiles = profiles_for(cfg.rules_dir.as_deref())?;
-    if let Some(parent) = cfg.audit_db().parent() {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating {}", parent.display()))?;
-    }
-    if cfg.claims.store.is_none() {
-        std::fs::create_dir_all(&cfg.state_dir)
-            .with_context(|| format!("creating {}", cfg.state_dir.display()))?;
-    }
-    // The addresses are taken before anything is started: a busy port
-    // fails here, with no managed server to clean up.
-    let listener = bind(&cfg.listen).with_context(|| format!("listening on {}", cfg.listen))?;
-    let inspection = match &cfg.claims.inspection_listen {
-        Some(addr) => {
-            Some(bind(addr).with_context(|| format!("listening for inspection on {addr}"))?)
-        }
-        None => None,
-    };
-    let audit = AuditSink::start(&cfg.audit)?;
-    let legs = cfg.legs(&audit)?;
-    let claims_store = legs.claims.as_ref().map(|leg| Arc::clone(&leg.store));
-    // The event loop only accepts connections and watches for signals;
-    // each session relays on threads of its own (wire/session.rs).
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    // Signals are ours from here on, so none of them can end the process
-    // between starting the managed server and stopping it.
-    let mut signals = runtime.block_on(async { Signals::install() })?;
-    let managed = match &cfg.upstream {
-        Some(_) => None,
-        None => {
-            let started = runtime.block_on(start_managed(&cfg, &mut signals));
-            match started {
-                Ok(Startup::Running(m)) => Some(m),
-                Ok(Startup::Interrupted(m)) => {
-                    m.stop();
-                    audit.shutdown(Duration::from_secs(5));
-                    return Ok(());
-                }
-                Err(e) => {
-                    audit.shutdown(Duration::from_secs(5));
-                    return Err(e);
-                }
-            }
-        }
-    };
-    let upstream = match (&managed, &cfg.upstream) {
-        (Some(m), _) => Ok(m.socket()),
-        (None, u) => upstream_addr(u.as_deref().unwrap_or_default()),
-    };
-    let result = match upstream {
-        Ok(upstream) => runtime.block_on(async {
-            let listener = TcpListener::from_std(listener)?;
-            let local = listener.local_addr()?;
-            let (stop_tx, stop_rx) = watch::channel(false);
-            let enforcement = Arc::new(Enforcement {
-                classifier: Arc::new(
-                    Classifier::new(profiles).with_unknown_policy(cfg.enforce.unknown_saver),
-                ),
-                legs,
-                audit: audit.clone(),
-            });
-            let proxy = Arc::new(Proxy::new(
-                cfg.relay(upstream.clone())?,
-                Arc::new(enforcement),
-            ));
-            let admin_state = |metrics| AdminState {
-                proxy: Arc::clone(&proxy),
-                metrics,
-                audit: audit.clone(),
-                audit_db: cfg.audit.sqlite.clone(),
-                claims: claims_store,
-                claims_path: cfg.claims_store_path(),
-                token: cfg.admin.token.clone(),
-            };
-            if let Some(addr) = admin::start(&cfg.admin_listen(), admin_state).await? {
-                tracing::info!(listen = %addr, "admin API and /metrics");
-            }
-            tracing::info!(listen = %local, %upstream, audit = %cfg.audit_db().display(), "resumeguard serving");
-            let user = if managed.is_some() { "postgres@" } else { "" };
-            println!("DATABASE_URL=postgres://{user}{local}/postgres");
-            let inspection = match inspection {
-                Some(l) => {
-                    let l = TcpListener::from_std(l)?;
-                    tracing::info!(listen = %l.local_addr()?, "inspection listener (reads never claim)");
-                    Some(l)
-                }
-                None => None,
-            };
-            let grace = Duration::from_millis(cfg.shutdown_grace_ms);
-            let stopped = |mut rx: watch::Receiver<bool>| async move {
-                let _ = rx.wait_for(|s| *s).await;
-            };
-            tokio::spawn(async move {
-                signals.stop_requested().await;
-                tracing::info!("shutdown requested");
-                let _ = stop_tx.send(true);
-            });
-            let main_loop = listener::run(
-                Arc::clone(&proxy),
-                listener,
-                false,
-                stopped(stop_rx.clone()),
-            );
-            let inspection_loop = async {
-                if let Some(l) = inspection {
-                    let stop = stopped(stop_rx.clone());
-                    listener::run(Arc::clone(&proxy), l, true, stop).await;
-                }
-            };
-            tokio::join!(main_loop, inspection_loop);
-            listener::drain(&proxy, grace).await;
-            anyhow::Ok(())
-        }),
-        Err(e) => Err(e),
-    };
-    audit.shutdown(Duration::from_secs(5));
-    if let Some(m) = managed {
-        m.stop();
-    }
-    result
-}
-
-/// A listening socket for tokio, bound now.
-fn bind(addr: &str) -> anyhow::Result<std::net::TcpListener> {
-    let l = std::net::TcpListener::bind(addr)?;
-    l.set_nonblocking(true)?;
-    Ok(l)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -676,14 +538,5 @@ mod tests {
         assert!(parse(&["audit", "--threads", "--thread", "t"]).is_err());
         assert!(parse(&["audit"]).is_err());
         assert!(parse(&["claims", "list", "--store", "/c", "--state-dir", "/s"]).is_err());
-    }
-
-    #[test]
-    fn a_taken_listen_address_fails_before_anything_starts() {
-        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = taken.local_addr().unwrap().to_string();
-        assert!(bind(&addr).is_err());
-        drop(taken);
-        assert!(bind(&addr).is_ok());
     }
 }

@@ -128,6 +128,7 @@ impl ClaimStore {
 
     /// Sets how long consumed, released and long-lapsed rows are kept
     /// before [`ClaimStore::move_on`] deletes them.
+    #[cfg(test)]
     pub fn with_retention(mut self, retain_ms: i64) -> ClaimStore {
         self.retain_ms = retain_ms.max(0);
         self

@@ -66,11 +66,6 @@ impl ChannelRules {
         self.rules.len()
     }
 
-    /// Whether any rule names `channel`; callers may skip decoding when not.
-    pub fn has_channel(&self, channel: &str) -> bool {
-        self.by_channel.contains_key(channel)
-    }
-
     /// The violation for a checkpoint whose JSON cannot be read: its
     /// `channel_values` may hold any channel, so the first rule with a
     /// channel schema that selects this write refuses it. `None` when no

@@ -36,6 +36,7 @@ pub struct InsertShape {
 }
 
 impl InsertShape {
+    #[cfg(test)]
     pub fn param_of(&self, column: &str) -> Option<usize> {
         self.columns
             .iter()

@@ -1,0 +1,203 @@
+//! `resumeguard serve`: the one place that opens the proxy's stores,
+//! starts its workers and servers, and wires them together. Configuration
+//! arrives as data; everything with a lifetime is made here.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use resumeguard::admin::{self, AdminState};
+use resumeguard::audit::AuditSink;
+use resumeguard::claims::evidence;
+use resumeguard::claims::ClaimStore;
+use resumeguard::config::{upstream_addr, Config};
+use resumeguard::enforce::claim_gate::ClaimsLeg;
+use resumeguard::enforce::{Enforcement, Legs};
+use resumeguard::saver::classify::Classifier;
+use resumeguard::saver::profile::profiles_for;
+use resumeguard::wire::{listener, proxy::Proxy};
+
+use crate::startup::{start_managed, Signals, Startup};
+
+pub fn serve(cfg: Config) -> anyhow::Result<()> {
+    let profiles = profiles_for(cfg.rules_dir.as_deref())?;
+    if let Some(parent) = cfg.audit_db().parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    if cfg.claims.store.is_none() {
+        std::fs::create_dir_all(&cfg.state_dir)
+            .with_context(|| format!("creating {}", cfg.state_dir.display()))?;
+    }
+    // The addresses are taken before anything is started: a busy port
+    // fails here, with no managed server to clean up.
+    let listener = bind(&cfg.listen).with_context(|| format!("listening on {}", cfg.listen))?;
+    let inspection = match &cfg.claims.inspection_listen {
+        Some(addr) => {
+            Some(bind(addr).with_context(|| format!("listening for inspection on {addr}"))?)
+        }
+        None => None,
+    };
+    let audit = AuditSink::start(&cfg.audit)?;
+    let legs = legs(&cfg, &audit)?;
+    let claims_store = legs.claims.as_ref().map(|leg| Arc::clone(&leg.store));
+    // The event loop only accepts connections and watches for signals;
+    // each session relays on threads of its own (wire/session.rs).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    // Signals are ours from here on, so none of them can end the process
+    // between starting the managed server and stopping it.
+    let mut signals = runtime.block_on(async { Signals::install() })?;
+    let managed = match &cfg.upstream {
+        Some(_) => None,
+        None => {
+            let started = runtime.block_on(start_managed(&cfg, &mut signals));
+            match started {
+                Ok(Startup::Running(m)) => Some(m),
+                Ok(Startup::Interrupted(m)) => {
+                    m.stop();
+                    audit.shutdown(Duration::from_secs(5));
+                    return Ok(());
+                }
+                Err(e) => {
+                    audit.shutdown(Duration::from_secs(5));
+                    return Err(e);
+                }
+            }
+        }
+    };
+    let upstream = match (&managed, &cfg.upstream) {
+        (Some(m), _) => Ok(m.socket()),
+        (None, u) => upstream_addr(u.as_deref().unwrap_or_default()),
+    };
+    let result = match upstream {
+        Ok(upstream) => runtime.block_on(async {
+            let listener = TcpListener::from_std(listener)?;
+            let local = listener.local_addr()?;
+            let (stop_tx, stop_rx) = watch::channel(false);
+            let enforcement = Arc::new(Enforcement {
+                classifier: Arc::new(
+                    Classifier::new(profiles).with_unknown_policy(cfg.enforce.unknown_saver),
+                ),
+                legs,
+                audit: audit.clone(),
+            });
+            let proxy = Arc::new(Proxy::new(
+                cfg.relay(upstream.clone())?,
+                Arc::new(enforcement),
+            ));
+            let admin_state = |metrics| AdminState {
+                proxy: Arc::clone(&proxy),
+                metrics,
+                audit: audit.clone(),
+                audit_db: cfg.audit.sqlite.clone(),
+                claims: claims_store,
+                claims_path: cfg.claims_store_path(),
+                token: cfg.admin.token.clone(),
+            };
+            if let Some(addr) = admin::start(&cfg.admin_listen(), admin_state).await? {
+                tracing::info!(listen = %addr, "admin API and /metrics");
+            }
+            tracing::info!(listen = %local, %upstream, audit = %cfg.audit_db().display(), "resumeguard serving");
+            let user = if managed.is_some() { "postgres@" } else { "" };
+            println!("DATABASE_URL=postgres://{user}{local}/postgres");
+            let inspection = match inspection {
+                Some(l) => {
+                    let l = TcpListener::from_std(l)?;
+                    tracing::info!(listen = %l.local_addr()?, "inspection listener (reads never claim)");
+                    Some(l)
+                }
+                None => None,
+            };
+            let grace = Duration::from_millis(cfg.shutdown_grace_ms);
+            let stopped = |mut rx: watch::Receiver<bool>| async move {
+                let _ = rx.wait_for(|s| *s).await;
+            };
+            tokio::spawn(async move {
+                signals.stop_requested().await;
+                tracing::info!("shutdown requested");
+                let _ = stop_tx.send(true);
+            });
+            let main_loop = listener::run(
+                Arc::clone(&proxy),
+                listener,
+                false,
+                stopped(stop_rx.clone()),
+            );
+            let inspection_loop = async {
+                if let Some(l) = inspection {
+                    let stop = stopped(stop_rx.clone());
+                    listener::run(Arc::clone(&proxy), l, true, stop).await;
+                }
+            };
+            tokio::join!(main_loop, inspection_loop);
+            listener::drain(&proxy, grace).await;
+            anyhow::Ok(())
+        }),
+        Err(e) => Err(e),
+    };
+    audit.shutdown(Duration::from_secs(5));
+    if let Some(m) = managed {
+        m.stop();
+    }
+    result
+}
+
+/// A listening socket for tokio, bound now.
+fn bind(addr: &str) -> anyhow::Result<std::net::TcpListener> {
+    let l = std::net::TcpListener::bind(addr)?;
+    l.set_nonblocking(true)?;
+    Ok(l)
+}
+
+/// The enforcement legs: the channel rules, and for consume-once the
+/// shared claims store and its evidence worker. A store that does not
+/// open is not fatal: the proxy runs and refuses reads of parked heads
+/// until it does (fail closed), says so, and retries opening it on use.
+fn legs(cfg: &Config, audit: &AuditSink) -> anyhow::Result<Legs> {
+    let claims = match cfg.claims_settings()? {
+        Some(c) => {
+            let store = Arc::new(ClaimStore::connect(&c.store).with_run_lease(c.run_lease_ms));
+            let evidence = evidence::start(
+                Arc::clone(&store),
+                c.proxy_id.clone(),
+                c.timing,
+                audit.clone(),
+            );
+            Some(Arc::new(ClaimsLeg {
+                store,
+                proxy_id: c.proxy_id,
+                lapse_ms: c.lapse_ms,
+                run_lease: c.run_lease_ms > 0,
+                policy: c.policy,
+                inspection_patterns: c.inspection_patterns,
+                inspection_sql_hint: c.inspection_sql_hint,
+                evidence: Some(evidence),
+            }))
+        }
+        None => None,
+    };
+    Ok(Legs {
+        fork_filter: cfg.enforce.fork_filter,
+        validity: Arc::new(cfg.channel_rules()?),
+        claims,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_taken_listen_address_fails_before_anything_starts() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap().to_string();
+        assert!(bind(&addr).is_err());
+        drop(taken);
+        assert!(bind(&addr).is_ok());
+    }
+}
