@@ -63,23 +63,50 @@ pub fn attribute(events: &mut [AuditEvent]) {
         {
             continue;
         }
-        let start = match op {
-            Operation::ResumeRecorded => i + 1,
-            // Consumption is recorded when the child is already saved:
-            // look from the answer it consumed.
-            _ => answer_before(events, i).map_or(0, |a| a + 1),
+        // A task's own record of an answer belongs to the run-level answer
+        // recorded just before it (the same resume): it names the same
+        // approver, however its write and the child checkpoint interleave.
+        let same_answer = (op == Operation::ResumeRecorded
+            && events[i].detail.get("run_level") == Some(&json!(false)))
+        .then(|| run_level_answer_before(events, i))
+        .flatten()
+        .filter(|&a| events[a].detail.get("approver").is_some());
+        let found = match same_answer {
+            Some(a) => Some((
+                events[a].detail["approver"].clone(),
+                events[a].detail["approver_from"].clone(),
+            )),
+            None => {
+                let start = match op {
+                    Operation::ResumeRecorded => i + 1,
+                    // Consumption is recorded when the child is already
+                    // saved: look from the answer it consumed.
+                    _ => answer_before(events, i).map_or(0, |a| a + 1),
+                };
+                child_put(events, start, &events[i]).map(|child| {
+                    (
+                        events[child].detail["approver"].clone(),
+                        json!(events[child].checkpoint_id),
+                    )
+                })
+            }
         };
-        if let Some(child) = child_put(events, start, &events[i]) {
-            let approver = events[child].detail["approver"].clone();
-            let from = events[child].checkpoint_id.clone();
+        if let Some((approver, from)) = found {
             let ev = &mut events[i];
             if !ev.detail.is_object() {
                 ev.detail = json!({});
             }
             ev.detail["approver"] = approver;
-            ev.detail["approver_from"] = json!(from);
+            ev.detail["approver_from"] = from;
         }
     }
+}
+
+/// The latest run-level answer on the same checkpoint before `i`, when no
+/// other answer of that checkpoint lies between.
+fn run_level_answer_before(events: &[AuditEvent], i: usize) -> Option<usize> {
+    let a = answer_before(events, i)?;
+    (events[a].detail.get("run_level") == Some(&json!(true))).then_some(a)
 }
 
 /// The latest answer recorded on the same checkpoint before `i`.
@@ -190,5 +217,29 @@ mod tests {
             describe(&events[1].detail).as_deref(),
             Some("user_id=alice")
         );
+    }
+
+    #[test]
+    fn a_task_level_answer_written_after_the_child_names_its_run_level_answer_s_approver() {
+        let answer = |run_level: bool| {
+            let mut e = ev(Operation::ResumeRecorded, "c1", None);
+            e.detail = json!({"run_level": run_level});
+            e
+        };
+        let mut events = vec![
+            answer(true),
+            put("c2", "c1", json!({"source": "loop", "user_id": "alice"})),
+            // The task's own record lands after the child checkpoint.
+            answer(false),
+            // A later fork of c1 by carol: not the task's approver.
+            answer(true),
+            put("c3", "c1", json!({"source": "loop", "user_id": "carol"})),
+        ];
+        attribute(&mut events);
+        let who = |i: usize| events[i].detail.get("approver").cloned();
+        assert_eq!(who(0), Some(json!({"user_id": "alice"})));
+        assert_eq!(who(2), Some(json!({"user_id": "alice"})));
+        assert_eq!(events[2].detail["approver_from"], json!("c2"));
+        assert_eq!(who(3), Some(json!({"user_id": "carol"})));
     }
 }

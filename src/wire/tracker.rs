@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use super::backend::is_fatal;
+use super::backend::Backend;
 use super::frame::{cstr, HEADER_LEN};
 use super::frontend::{parse_frame, Frontend, Target};
 use super::guard::{ClientError, ClientStep, ServerStep};
@@ -445,6 +445,7 @@ impl<H: Hooks> Tracker<H> {
     /// Tracks one server message on its way to the client.
     pub fn on_server(&mut self, frame: &[u8]) -> Result<ServerStep, Desync> {
         let tag = frame.first().copied().unwrap_or(0);
+        let message = Backend::read(frame);
         let mut step = ServerStep::default();
         if let Some(Pending {
             change: Change::Answer {
@@ -453,13 +454,14 @@ impl<H: Hooks> Tracker<H> {
             ..
         }) = self.queue.front_payload_mut()
         {
-            match (tag, watch.as_mut()) {
-                (b'D', Some(w)) => self.hooks.row(w, frame, &mut step),
-                (b'T', Some(w)) => step.replace = self.hooks.row_description(w, frame),
-                (b'C', _) => {
+            match (message, watch.as_mut()) {
+                (Backend::DataRow, Some(w)) => self.hooks.row(w, frame, &mut step),
+                (Backend::RowDescription, Some(w)) => {
+                    step.replace = self.hooks.row_description(w, frame)
+                }
+                (Backend::CommandComplete { tag: completion }, _) => {
                     // The next unconfirmed command this tag confirms (an
                     // EXECUTE'd statement's own tag can come in between).
-                    let completion = command_tag(frame);
                     if let Some(at) = commands
                         .iter()
                         .position(|(c, _)| c.changes_namespace())
@@ -474,11 +476,8 @@ impl<H: Hooks> Tracker<H> {
         }
         match self.queue.on_server(tag)? {
             Progress::Async => {
-                if tag == b'S' {
-                    if let Some((name, rest)) = cstr(frame.get(5..).unwrap_or_default()) {
-                        let value = cstr(rest).map(|(v, _)| v).unwrap_or_default();
-                        self.hooks.parameter_status(name, value);
-                    }
+                if let Backend::ParameterStatus { name, value } = message {
+                    self.hooks.parameter_status(name, value);
                 }
             }
             Progress::Within { route } => step.route = route,
@@ -489,14 +488,14 @@ impl<H: Hooks> Tracker<H> {
                 }
             }
         }
-        match tag {
-            b'E' => {
+        match message {
+            Backend::ErrorResponse { fatal } => {
                 self.hooks.error();
-                step.fatal = is_fatal(frame);
+                step.fatal = fatal;
             }
-            b'Z' => {
+            Backend::ReadyForQuery { status } => {
                 self.started = true;
-                self.txn = TxnStatus::from_byte(frame.get(5).copied().unwrap_or(b'I'));
+                self.txn = TxnStatus::from_byte(status);
                 if self.txn == TxnStatus::Idle {
                     // The transaction ended, and its portals with it.
                     self.portals.clear();
@@ -506,8 +505,10 @@ impl<H: Hooks> Tracker<H> {
             // ROLLBACK (also what COMMIT of a failed transaction reports):
             // nothing written in the transaction survives. A savepoint
             // rollback reports the same tag and is treated alike.
-            b'C' if command_tag(frame).starts_with(b"ROLLBACK") => self.hooks.rollback(),
-            b'K' => step.backend_key = backend_key(frame),
+            Backend::CommandComplete { tag } if tag.starts_with(b"ROLLBACK") => {
+                self.hooks.rollback()
+            }
+            Backend::BackendKeyData { pid, key } => step.backend_key = Some((pid, key.to_vec())),
             _ => {}
         }
         Ok(step)
@@ -568,19 +569,6 @@ fn unreadable(error: &str) -> Refusal {
         message: "resumeguard cannot read this text's PREPARE, EXECUTE or DECLARE".into(),
         detail: format!("tokenizer: {error}"),
     }
-}
-
-/// A CommandComplete's tag, without its NUL.
-fn command_tag(frame: &[u8]) -> &[u8] {
-    cstr(frame.get(5..).unwrap_or_default())
-        .map(|(t, _)| t)
-        .unwrap_or_default()
-}
-
-fn backend_key(frame: &[u8]) -> Option<(i32, Vec<u8>)> {
-    let body = frame.get(5..)?;
-    let pid = i32::from_be_bytes(body.get(..4)?.try_into().ok()?);
-    Some((pid, body.get(4..)?.to_vec()))
 }
 
 #[cfg(test)]
