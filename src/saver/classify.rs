@@ -8,6 +8,7 @@
 //! cached process-wide by SQL text, so nothing is parsed per execution.
 
 use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use dashmap::DashMap;
@@ -167,6 +168,11 @@ impl Classified {
 
 /// Caps the cache so a client inventing SQL texts cannot grow it forever.
 const CACHE_LIMIT: usize = 10_000;
+/// Caps the bytes of SQL text the cache holds: 200 distinct 1 MB texts
+/// must not pin 200 MB. Texts above `CACHE_TEXT_MAX` are classified each
+/// time they are prepared (no saver sends one).
+const CACHE_BYTES: usize = 8 << 20;
+const CACHE_TEXT_MAX: usize = 64 << 10;
 
 /// Classifies SQL texts against the loaded saver profiles.
 pub struct Classifier {
@@ -175,6 +181,8 @@ pub struct Classifier {
     /// search decides that ordinary traffic is not checkpoint traffic.
     prefilter: Option<Regex>,
     cache: DashMap<String, Arc<Classified>>,
+    /// Bytes of SQL text held by `cache`.
+    cached_bytes: AtomicUsize,
     other: Arc<Classified>,
     unknown_policy: UnknownSaverPolicy,
 }
@@ -197,6 +205,7 @@ impl Classifier {
             profiles,
             prefilter,
             cache: DashMap::new(),
+            cached_bytes: AtomicUsize::new(0),
             other: Arc::new(Classified::new(StatementKind::Other, None)),
             unknown_policy: UnknownSaverPolicy::Warn,
         }
@@ -215,6 +224,22 @@ impl Classifier {
     /// The shared result for ordinary traffic (no allocation).
     pub fn other(&self) -> Arc<Classified> {
         Arc::clone(&self.other)
+    }
+
+    /// Takes room for a text of `len` bytes in the cache, if it fits.
+    fn reserve_cache_bytes(&self, len: usize) -> bool {
+        len <= CACHE_TEXT_MAX
+            && self
+                .cached_bytes
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                    (held + len <= CACHE_BYTES).then_some(held + len)
+                })
+                .is_ok()
+    }
+
+    /// Bytes of SQL text the cache holds.
+    pub fn cached_bytes(&self) -> usize {
+        self.cached_bytes.load(Ordering::Relaxed)
     }
 
     /// Classifies one SQL text, from cache when seen before.
@@ -241,7 +266,7 @@ impl Classifier {
                     }
                 }
                 let result = Arc::new(result);
-                if self.cache.len() < CACHE_LIMIT {
+                if self.cache.len() < CACHE_LIMIT && self.reserve_cache_bytes(sql.len()) {
                     self.cache.insert(sql.to_owned(), Arc::clone(&result));
                 }
                 result
