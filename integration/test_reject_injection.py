@@ -215,13 +215,11 @@ def test_raw_write_valid_value_is_stored(pg, rproxy, dbname):
 
 
 def test_message_the_database_encoding_cannot_hold_is_still_23514(pg, rproxy, latin1_db):
-    """The validator quotes the value: a string LATIN1 has no character for."""
-    value = "\U0001f4a5 boom"
-    blob = b"\xa9" + value.encode()  # msgpack fixstr (9 bytes), for an integer channel
-    assert len(value.encode()) == 9
-    thread = b"inj-latin1-" + uuid.uuid4().hex[:8].encode()
+    """The message names the thread: one with a character LATIN1 has none for."""
+    blob = b"\xa4boom"  # msgpack fixstr, for an integer channel
+    thread = "inj-latin1-\U0001f4a5-".encode() + uuid.uuid4().hex[:8].encode()
     errors, task = raw_write(rproxy.port, latin1_db, thread, blob, channel=b"count",
                              client_encoding="UTF8")
     assert [e.get("C") for e in errors] == ["23514"], errors
-    assert "\\u{1f4a5} boom" in errors[0]["M"], errors[0]
+    assert "inj-latin1-\\u{1f4a5}-" in errors[0]["M"], errors[0]
     assert stored_writes(pg.dsn(latin1_db, options="-c client_encoding=UTF8"), task) == 0

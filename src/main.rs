@@ -250,15 +250,26 @@ fn main() -> ExitCode {
 
 fn init_logging(format: LogFormat) {
     let logs = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "resumeguard=info".into()),
-        )
+        .with_env_filter(log_filter(std::env::var("RUST_LOG").ok().as_deref()))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
         LogFormat::Json => logs.json().init(),
     }
+}
+
+/// The log filter: `RUST_LOG`, else `resumeguard=info`. sqlparser logs
+/// the SQL it parses (literals included) at debug level, so it stays at
+/// `warn` unless `RUST_LOG` names it.
+fn log_filter(rust_log: Option<&str>) -> tracing_subscriber::EnvFilter {
+    let spec = rust_log.unwrap_or("resumeguard=info");
+    let spec = if spec.contains("sqlparser") {
+        spec.to_owned()
+    } else {
+        format!("{spec},sqlparser=warn")
+    };
+    tracing_subscriber::EnvFilter::try_new(&spec)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("resumeguard=info,sqlparser=warn"))
 }
 
 fn run() -> anyhow::Result<()> {

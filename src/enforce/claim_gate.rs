@@ -16,6 +16,7 @@ use serde::Serialize;
 
 use super::events::detail;
 use crate::audit::{AuditEvent, Operation, SessionContext};
+use crate::log_text::shown;
 use crate::wire::backend::{error_response, Severity};
 use crate::wire::guard::Ticket;
 
@@ -93,7 +94,7 @@ impl ClaimsLeg {
                 Ok(ClaimOutcome::TakenOver { previous, .. }) => {
                     let why = takeover_reason(previous);
                     if previous.state == ClaimState::Consumed {
-                        tracing::warn!(thread = %req.key.thread_id, checkpoint = %req.key.checkpoint_id,
+                        tracing::warn!(thread = %shown(&req.key.thread_id), checkpoint = %shown(&req.key.checkpoint_id),
                             holder = %previous.holder.proxy_id, session = previous.holder.session_id,
                             "{why}: the thread continues with this reader");
                     }
@@ -245,7 +246,7 @@ pub fn apply_claim(
         ClaimDecision::Refuse { reason } => {
             let message = reason.message(key);
             crate::admin::metrics::claim_refused(reason);
-            tracing::info!(thread = %key.thread_id, "{message}");
+            tracing::info!(thread = %shown(&key.thread_id), "{}", shown(&message));
             let interrupt = match reason {
                 Refusal::RunInProgress { lease } => lease.short_fingerprint(),
                 _ => key.short_fingerprint(),

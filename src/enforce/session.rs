@@ -17,6 +17,7 @@ use super::Enforcement;
 use crate::audit::{AuditEvent, SessionContext};
 use crate::claims::evidence::{Evidence, EvidenceSender};
 use crate::claims::{now_ms, Holder};
+use crate::log_text::shown;
 use crate::policy::claims::{has_inspection_hint, is_inspection};
 use crate::saver::bind::BoundParams;
 use crate::saver::classify::{Classified, StatementKind};
@@ -65,6 +66,7 @@ pub struct SessionEnforcer {
 
 impl SessionEnforcer {
     pub fn new(shared: Arc<Enforcement>, ctx: SessionContext) -> Self {
+        let show_values = shared.audit.log_values();
         SessionEnforcer {
             shared,
             ctx,
@@ -74,7 +76,7 @@ impl SessionEnforcer {
             ready_evidence: Vec::new(),
             ready_events: Vec::new(),
             segment_failed: false,
-            validity: ValidityGate::default(),
+            validity: ValidityGate::new(show_values),
         }
     }
 
@@ -124,10 +126,10 @@ impl SessionEnforcer {
 
     fn refuse_write(&mut self, rejection: super::validity::Rejection) -> Refusal {
         tracing::warn!(
-            thread = ?rejection.record.thread_id,
-            checkpoint = ?rejection.record.checkpoint_id,
+            thread = ?rejection.record.thread_id.as_deref().map(shown),
+            checkpoint = ?rejection.record.checkpoint_id.as_deref().map(shown),
             "{}",
-            rejection.message
+            shown(&rejection.message)
         );
         self.ready_events.push(rejected(&self.ctx, &rejection));
         metrics::counter!("resumeguard_writes_rejected_total").increment(1);

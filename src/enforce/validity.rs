@@ -30,7 +30,9 @@ impl Rejection {
         self.violation.as_ref().map_or(String::new(), |v| {
             format!(
                 "rule {} failed at {} (value path {})",
-                v.rule, v.schema_path, v.instance_path
+                v.rule_name(),
+                v.schema_path,
+                v.instance_path
             )
         })
     }
@@ -44,12 +46,23 @@ struct DoomedBlob {
 }
 
 /// The gate's state within one Sync segment.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ValidityGate {
     doomed: Option<DoomedBlob>,
+    /// Refusals quote the failing value (`[audit] log_values`); otherwise
+    /// they name the failing keyword only, in the client's error, the
+    /// server's log and the proxy's.
+    show_values: bool,
 }
 
 impl ValidityGate {
+    pub fn new(show_values: bool) -> Self {
+        ValidityGate {
+            doomed: None,
+            show_values,
+        }
+    }
+
     /// Checks one write (`record`: its decoded row, or why it did not
     /// decode). `Some` is the refusal the server raises in its place.
     pub fn check(
@@ -98,13 +111,18 @@ impl ValidityGate {
                 named.checkpoint_id = record.checkpoint_id.or(named.checkpoint_id);
                 named.metadata = record.metadata;
                 Some(Rejection {
-                    message: rejection_message(WriteKind::Blob, &doomed.violation, &named),
+                    message: rejection_message(
+                        WriteKind::Blob,
+                        &doomed.violation,
+                        &named,
+                        self.show_values,
+                    ),
                     record: named,
                     violation: Some(doomed.violation),
                 })
             }
             (kind, Some(violation), None) => Some(Rejection {
-                message: rejection_message(kind, &violation, &record),
+                message: rejection_message(kind, &violation, &record, self.show_values),
                 record,
                 violation: Some(violation),
             }),
@@ -117,7 +135,12 @@ impl ValidityGate {
     pub fn at_sync(&mut self) -> Option<Rejection> {
         let doomed = self.doomed.take()?;
         Some(Rejection {
-            message: rejection_message(WriteKind::Blob, &doomed.violation, &doomed.record),
+            message: rejection_message(
+                WriteKind::Blob,
+                &doomed.violation,
+                &doomed.record,
+                self.show_values,
+            ),
             record: doomed.record,
             violation: Some(doomed.violation),
         })

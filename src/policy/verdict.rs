@@ -48,8 +48,16 @@ pub struct Violation {
 }
 
 impl Violation {
-    /// The text for the client's ErrorResponse and the audit log.
+    /// The text for the client's ErrorResponse and the audit log, with the
+    /// validator's message (which quotes the failing value).
     pub fn describe(&self, ctx: &WriteContext<'_>) -> String {
+        self.describe_as(ctx, true)
+    }
+
+    /// As [`Violation::describe`]; without `show_value`, the validator's
+    /// message (which quotes the value) is replaced by the keyword that
+    /// failed. The rule is named by its file and line, never its path.
+    pub fn describe_as(&self, ctx: &WriteContext<'_>, show_value: bool) -> String {
         let at = if self.schema_path.is_empty() {
             String::new()
         } else {
@@ -60,16 +68,27 @@ impl Violation {
             };
             format!(" at schema path {} ({value_at})", self.schema_path)
         };
+        let reason = match self.schema_path.rsplit('/').next() {
+            Some(keyword) if !show_value && !keyword.is_empty() => {
+                format!("fails its \"{keyword}\" keyword (the value is not shown)")
+            }
+            _ => self.message.clone(),
+        };
         format!(
             "channel \"{}\" of thread \"{}\" (checkpoint_ns \"{}\", checkpoint {}) violates rule {}{}: {}",
             self.channel,
             ctx.thread_id,
             ctx.checkpoint_ns,
             ctx.checkpoint_id,
-            self.rule,
+            self.rule_name(),
             at,
-            self.message
+            reason
         )
+    }
+
+    /// The rule's file name and line, without the directories above it.
+    pub fn rule_name(&self) -> &str {
+        self.rule.rsplit('/').next().unwrap_or(&self.rule)
     }
 }
 

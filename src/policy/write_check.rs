@@ -66,13 +66,18 @@ pub fn check_write(rules: &ChannelRules, kind: WriteKind, rec: &WriteRecord) -> 
 /// The client's error message for a rejected write. `at` is the write that
 /// names the checkpoint: the rejected one itself, or, for a blob (which
 /// carries only a channel version), the checkpoint row of the same `put`.
-pub fn rejection_message(kind: WriteKind, violation: &Violation, at: &WriteRecord) -> String {
+pub fn rejection_message(
+    kind: WriteKind,
+    violation: &Violation,
+    at: &WriteRecord,
+    show_value: bool,
+) -> String {
     let metadata = metadata_of(at);
     let ctx = context(at, &metadata);
     format!(
         "resumeguard: {} rejected: {}",
         kind.label(),
-        violation.describe(&ctx.ctx())
+        violation.describe_as(&ctx.ctx(), show_value)
     )
 }
 
@@ -161,12 +166,19 @@ mod tests {
         // msgpack [None]
         let rec = pending("cv-1", b"\x91\xc0");
         let v = check_write(&rules, WriteKind::PendingWrite, &rec).unwrap();
-        let message = rejection_message(WriteKind::PendingWrite, &v, &rec);
+        let message = rejection_message(WriteKind::PendingWrite, &v, &rec, true);
         assert!(message.contains("pending write rejected"), "{message}");
         assert!(message.contains("\"items\""), "{message}");
         assert!(message.contains("cv-1"), "{message}");
         assert!(message.contains("ck-7"), "{message}");
         assert_eq!(v.schema_path, "/items/type");
+        assert!(message.contains("null is not of type"), "{message}");
+        // Values are shown only when configured; the rule by file, not path.
+        let quiet = rejection_message(WriteKind::PendingWrite, &v, &rec, false);
+        assert!(!quiet.contains("null"), "{quiet}");
+        assert!(quiet.contains("fails its \"type\" keyword"), "{quiet}");
+        assert!(!quiet.contains(&dir.display().to_string()), "{quiet}");
+        assert!(quiet.contains("items.toml:"), "{quiet}");
         std::fs::remove_dir_all(dir).ok();
     }
 
@@ -200,12 +212,12 @@ mod tests {
         blob.checkpoint_id = None;
         blob.version = Some("00002.0.5".into());
         let v = check_write(&rules, WriteKind::Blob, &blob).unwrap();
-        let alone = rejection_message(WriteKind::Blob, &v, &blob);
+        let alone = rejection_message(WriteKind::Blob, &v, &blob, true);
         assert!(alone.contains("channel version 00002.0.5"), "{alone}");
         // Named by the checkpoint row of the same put when there is one.
         let mut checkpoint_row = blob.clone();
         checkpoint_row.checkpoint_id = Some("ck-8".into());
-        let named = rejection_message(WriteKind::Blob, &v, &checkpoint_row);
+        let named = rejection_message(WriteKind::Blob, &v, &checkpoint_row, true);
         assert!(named.contains("checkpoint ck-8"), "{named}");
         let cp = WriteRecord {
             thread_id: Some("cv-3".into()),
@@ -285,7 +297,7 @@ mod tests {
                 "{v:?}"
             );
             assert!(v.rule.contains("items.toml:"), "{v:?}");
-            let message = rejection_message(WriteKind::Checkpoint, &v, &rec);
+            let message = rejection_message(WriteKind::Checkpoint, &v, &rec, true);
             assert!(
                 message.contains("cv-5") && message.contains("ck-10"),
                 "{message}"

@@ -13,6 +13,8 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 use regex::Regex;
+
+use crate::log_text::shown;
 use sqlparser::ast::{
     visit_relations, FromTable, OnConflictAction, OnInsert, SetExpr, Statement, TableFactor,
     TableObject,
@@ -259,7 +261,7 @@ impl Classifier {
             None => {
                 let mut result = self.classify_uncached(sql, profile);
                 if let Some(what) = &result.unenforced {
-                    tracing::debug!(sql = %sql.trim(), statement = %what.statement, "unrecognized checkpoint statement");
+                    tracing::debug!(sql = %shown(sql.trim()), statement = %shown(&what.statement), "unrecognized checkpoint statement");
                     if self.unknown_policy == UnknownSaverPolicy::Refuse {
                         result.refusal =
                             Some(what.refusal_message(result.profile.as_deref().unwrap_or("none")));

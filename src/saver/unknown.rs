@@ -9,6 +9,7 @@
 //! `[enforce] unknown_saver` policy says whether the statement is
 //! forwarded (`warn`) or refused (`refuse`).
 
+use crate::log_text::shown;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -98,8 +99,8 @@ impl UnknownLog {
             };
             tracing::error!(
                 profile,
-                statement = %what.statement,
-                reason = %what.reason,
+                statement = %shown(&what.statement),
+                reason = %shown(&what.reason),
                 legs_off = what.legs_off,
                 "checkpoint traffic not enforced, {outcome}: logged once per statement shape, \
                  every occurrence counted (unknown_total)"

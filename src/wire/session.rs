@@ -25,6 +25,7 @@ use super::proxy::Proxy;
 use super::registry::{SessionHandle, SessionSummary, StopReason};
 use super::server_relay::server_to_client;
 use super::startup::{FirstPacket, StartupMessage};
+use crate::log_text::shown;
 
 /// Stack of each relay thread: the deepest paths are sqlparser's recursive
 /// descent (its own depth limit applies) and SQLite; only touched pages
@@ -117,9 +118,10 @@ fn run_session(proxy: Arc<Proxy>, client: ClientStream, peer: SocketAddr, start:
         application_name: startup.param("application_name").unwrap_or("").to_owned(),
         inspection_listener: inspection,
     };
-    let span = tracing::info_span!("session", id = session_id, %peer, user = %info.user, db = %info.database);
+    // Names from the StartupMessage are the client's: escaped and cut.
+    let span = tracing::info_span!("session", id = session_id, %peer, user = %shown(&info.user), db = %shown(&info.database));
     let _entered = span.enter();
-    tracing::info!(app = %info.application_name, inspection, "login");
+    tracing::info!(app = %shown(&info.application_name), inspection, "login");
     relay_session(proxy, client, start, info, &span);
 }
 

@@ -422,18 +422,28 @@ fn the_cache_holds_a_bounded_number_of_bytes() {
     let c = classifier();
     // Distinct 1 MB texts on a checkpoint table: classified, never cached.
     for i in 0..20 {
-        let sql = format!("select * from checkpoints /* {i} {} */", "x".repeat(1 << 20));
+        let sql = format!(
+            "select * from checkpoints /* {i} {} */",
+            "x".repeat(1 << 20)
+        );
         c.classify(&sql);
     }
     assert_eq!(c.cached_bytes(), 0);
     // Small texts are cached up to the byte budget.
     let mut texts = 0;
     for i in 0..400 {
-        let sql = format!("select * from checkpoints /* {i} {} */", "y".repeat(60 << 10));
+        let sql = format!(
+            "select * from checkpoints /* {i} {} */",
+            "y".repeat(60 << 10)
+        );
         c.classify(&sql);
         texts += 1;
     }
     assert!(texts * (60 << 10) > super::CACHE_BYTES);
-    assert!(c.cached_bytes() <= super::CACHE_BYTES, "{}", c.cached_bytes());
+    assert!(
+        c.cached_bytes() <= super::CACHE_BYTES,
+        "{}",
+        c.cached_bytes()
+    );
     assert!(c.cached_bytes() > super::CACHE_BYTES / 2);
 }
