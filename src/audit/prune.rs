@@ -161,9 +161,15 @@ fn boundary(
         ),
         None => None,
     };
+    // Over the limit, the newest `max_rows - 1` stay, so that with the
+    // prune's own record the trail holds `max_rows`: an idle trail at its
+    // limit is not pruned again (and again) for that record.
+    let min_id: i64 = conn.query_row("SELECT min(id) FROM audit_events", [], |r| r.get(0))?;
     let by_rows = max_rows
         .filter(|&n| n > 0)
-        .map(|n| max_id.saturating_sub(i64::try_from(n).unwrap_or(i64::MAX)) + 1);
+        .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
+        .filter(|&n| max_id - min_id + 1 > n)
+        .map(|n| max_id - (n - 1) + 1);
     Ok(by_time.into_iter().chain(by_rows).max())
 }
 
@@ -262,15 +268,18 @@ mod tests {
         assert_eq!(
             declared,
             Declared {
-                rows: 6,
-                below_id: 7
+                rows: 7,
+                below_id: 8
             }
         );
         let left = all_events(&path).unwrap();
-        let ns: Vec<_> = left[..4].iter().map(|e| e.detail["n"].clone()).collect();
-        assert_eq!(ns, vec![6, 7, 8, 9]);
-        assert_eq!(left[4].operation, Operation::AuditPruned);
-        assert_eq!(left.len(), 5);
+        let ns: Vec<_> = left[..3].iter().map(|e| e.detail["n"].clone()).collect();
+        assert_eq!(ns, vec![7, 8, 9]);
+        assert_eq!(left[3].operation, Operation::AuditPruned);
+        assert_eq!(left.len(), 4, "the prune's own record counts");
+        // At its limit and idle, the trail is left alone.
+        assert_eq!(prune(&mut store, &rule, "retention").unwrap(), None);
+        assert_eq!(all_events(&path).unwrap().len(), 4);
         remove_db(&path);
     }
 
