@@ -55,7 +55,9 @@ pub struct Config {
     pub admin_listen: Option<String>,
     pub admin: AdminConfig,
     pub tls: TlsConfig,
-    pub upstream_tls: UpstreamTlsConfig,
+    /// TLS towards the upstream; a parameter in the upstream URL's query
+    /// overrides the same key here.
+    pub upstream_tls: UpstreamTlsParams,
 }
 
 /// TLS towards clients (terminated by the proxy).
@@ -69,22 +71,6 @@ pub struct TlsConfig {
     pub key: Option<PathBuf>,
     /// Refuse clients that do not use TLS (FATAL 28000).
     pub require: bool,
-}
-
-/// TLS towards the upstream server; a parameter in the upstream URL's
-/// query overrides the same key here.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct UpstreamTlsConfig {
-    /// disable, prefer (default), require, verify-ca, verify-full.
-    pub sslmode: Option<String>,
-    /// PEM roots to trust; absent: Mozilla's roots (webpki-roots).
-    pub sslrootcert: Option<PathBuf>,
-    /// PEM client certificate (with `sslkey`) presented to the server.
-    pub sslcert: Option<PathBuf>,
-    pub sslkey: Option<PathBuf>,
-    /// Send the host name (SNI) in the handshake; default true.
-    pub sni: Option<bool>,
 }
 
 /// The consume-once leg as configured: what the proxy needs to open its
@@ -217,7 +203,7 @@ impl Default for Config {
             admin_listen: None,
             admin: AdminConfig::default(),
             tls: TlsConfig::default(),
-            upstream_tls: UpstreamTlsConfig::default(),
+            upstream_tls: UpstreamTlsParams::default(),
         }
     }
 }
@@ -264,14 +250,7 @@ impl Config {
 
     /// The upstream TLS parameters: the URL's query over `[upstream_tls]`.
     pub fn upstream_tls_params(&self) -> anyhow::Result<UpstreamTlsParams> {
-        let c = &self.upstream_tls;
-        let mut p = UpstreamTlsParams {
-            sslmode: c.sslmode.clone(),
-            sslrootcert: c.sslrootcert.clone(),
-            sslcert: c.sslcert.clone(),
-            sslkey: c.sslkey.clone(),
-            sni: c.sni,
-        };
+        let mut p = self.upstream_tls.clone();
         if let Some(spec) = &self.upstream {
             url_tls_params(spec, &mut p)?;
         }

@@ -55,11 +55,16 @@ impl SslMode {
     }
 }
 
-/// The upstream TLS parameters as given (URL query or `[upstream_tls]`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// The upstream TLS parameters as given: the `[upstream_tls]` table of
+/// the configuration, overridden by the upstream URL's query.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct UpstreamTlsParams {
+    /// disable, prefer (default), require, verify-ca, verify-full.
     pub sslmode: Option<String>,
+    /// PEM roots to trust; absent: Mozilla's roots (webpki-roots).
     pub sslrootcert: Option<PathBuf>,
+    /// PEM client certificate (with `sslkey`) presented to the server.
     pub sslcert: Option<PathBuf>,
     pub sslkey: Option<PathBuf>,
     /// Send the host name in the handshake (libpq's `sslsni`, default on).
