@@ -97,16 +97,20 @@ pub fn cstr(buf: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((&buf[..end], &buf[end + 1..]))
 }
 
+/// A framed message (tag, length, body), for tests.
+#[cfg(test)]
+pub(crate) fn message(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut v = vec![tag];
+    v.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
+    v.extend_from_slice(body);
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
-        let mut v = vec![tag];
-        v.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
-        v.extend_from_slice(body);
-        v
-    }
+    use crate::wire::frame::message as msg;
 
     #[test]
     fn frames_a_whole_message() {

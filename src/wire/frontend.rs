@@ -125,12 +125,7 @@ pub fn parse_frame(name: &[u8], sql: &str, param_types: &[u8]) -> Vec<u8> {
 mod tests {
     use super::*;
 
-    fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
-        let mut v = vec![tag];
-        v.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
-        v.extend_from_slice(body);
-        v
-    }
+    use crate::wire::frame::message as msg;
 
     #[test]
     fn reads_each_message() {

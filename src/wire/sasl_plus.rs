@@ -135,12 +135,7 @@ fn rewrite_sasl(msg: &[u8], out: &mut Vec<u8>) {
 mod tests {
     use super::*;
 
-    fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
-        let mut v = vec![tag];
-        v.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
-        v.extend_from_slice(body);
-        v
-    }
+    use crate::wire::frame::message as msg;
 
     fn sasl(names: &[&[u8]]) -> Vec<u8> {
         let mut body = 10i32.to_be_bytes().to_vec();

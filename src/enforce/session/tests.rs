@@ -99,12 +99,7 @@ fn state() -> SessionState {
     SessionState::new(classifier, Legs::default(), SessionContext::default())
 }
 
-fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut v = vec![tag];
-    v.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
-    v.extend_from_slice(body);
-    v
-}
+use crate::wire::frame::message as msg;
 
 fn parse(name: &str, sql: &str) -> Vec<u8> {
     let mut b = Vec::new();

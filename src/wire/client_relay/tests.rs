@@ -16,12 +16,7 @@ use crate::wire::read_buffer::{Passing, STREAM_ABOVE};
 
 const MAX: usize = 1 << 30;
 
-pub(in crate::wire) fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut v = vec![tag];
-    v.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
-    v.extend_from_slice(body);
-    v
-}
+pub(in crate::wire) use crate::wire::frame::message as msg;
 
 fn parse(name: &str, sql: &str) -> Vec<u8> {
     let mut b = Vec::new();
