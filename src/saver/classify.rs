@@ -11,8 +11,8 @@ use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use aho_corasick::AhoCorasick;
 use dashmap::DashMap;
-use regex::Regex;
 
 use crate::log_text::shown;
 use sqlparser::ast::{
@@ -179,9 +179,10 @@ const CACHE_TEXT_MAX: usize = 64 << 10;
 /// Classifies SQL texts against the loaded saver profiles.
 pub struct Classifier {
     profiles: Vec<SaverProfile>,
-    /// Any profile's table name, case-insensitively: one SIMD literal
-    /// search decides that ordinary traffic is not checkpoint traffic.
-    prefilter: Option<Regex>,
+    /// Any profile's table name, ASCII case-insensitively: one SIMD
+    /// literal search decides that ordinary traffic is not checkpoint
+    /// traffic.
+    prefilter: Option<AhoCorasick>,
     cache: DashMap<String, Arc<Classified>>,
     /// Bytes of SQL text held by `cache`.
     cached_bytes: AtomicUsize,
@@ -192,16 +193,20 @@ pub struct Classifier {
 impl Classifier {
     /// A classifier that forwards unrecognized checkpoint statements.
     pub fn new(profiles: Vec<SaverProfile>) -> Self {
-        let names: Vec<String> = profiles
+        let names: Vec<&str> = profiles
             .iter()
             .flat_map(|p| p.table_names())
             .filter(|t| !t.is_empty())
-            .map(regex::escape)
             .collect();
-        // Escaped literals always compile; without a prefilter every text
-        // would go through the per-profile search below (slower, not blind).
+        // Literals always build; without a prefilter every text would go
+        // through the per-profile search below (slower, not blind).
         let prefilter = (!names.is_empty())
-            .then(|| Regex::new(&format!("(?i){}", names.join("|"))).ok())
+            .then(|| {
+                AhoCorasick::builder()
+                    .ascii_case_insensitive(true)
+                    .build(&names)
+                    .ok()
+            })
             .flatten();
         Classifier {
             profiles,
