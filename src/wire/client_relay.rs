@@ -3,15 +3,17 @@
 //! authentication is over, reads have a deadline and messages are small.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::BytesMut;
 
-use super::first_packet::{fill_before, is_timeout};
+use super::connection::Connection;
+use super::first_packet::is_timeout;
 use super::frame::peek_header;
 use super::guard::{ClientStep, Guard};
 use super::proxy::Proxy;
-use super::read_buffer::{Passing, ReadBuffer, STREAM_ABOVE};
+use super::read_buffer::{Passing, STREAM_ABOVE};
 use super::registry::{SessionHandle, StopReason};
 use super::session::End;
 
@@ -37,28 +39,25 @@ pub(super) fn client_to_server(
 pub const MAX_PRE_AUTH_MESSAGE: usize = 65_536;
 
 fn relay_client(proxy: &Proxy, handle: &SessionHandle, early: BytesMut, deadline: Instant) -> End {
-    let (client, server) = (&*handle.client, &*handle.server);
-    let mut rb = ReadBuffer::default();
-    rb.bytes.extend_from_slice(&early);
+    let server = &*handle.server;
+    let mut conn = Connection::new(Arc::clone(&handle.client), &early);
     let mut out = BytesMut::new();
     let mut read_more = early.is_empty();
     let mut started = false;
-    // A large message streaming to the server, body still coming.
-    let mut passing: Option<Passing> = None;
     loop {
         if !started {
             started = handle.state.lock().map(|st| st.started()).unwrap_or(false);
             if started {
-                let _ = client.set_read_timeout(None);
+                let _ = conn.socket().set_read_timeout(None);
             }
         }
         if read_more {
             let read = if started {
-                rb.fill(client)
+                conn.read()
             } else {
                 // Startup and authentication have one deadline, however
                 // slowly the bytes come.
-                fill_before(&mut rb, client, deadline)
+                conn.read_before(deadline)
             };
             match read {
                 Ok(0) => return End::ClientClosed,
@@ -73,13 +72,10 @@ fn relay_client(proxy: &Proxy, handle: &SessionHandle, early: BytesMut, deadline
         if handle.stopping().is_some() {
             return End::Quiet;
         }
-        if let Some(p) = passing.as_mut() {
-            if let Err(e) = rb.pass(p, |chunk| server.write_all(chunk)) {
-                return End::Error(format!("upstream write: {e}"));
-            }
-            if p.left > 0 {
-                continue;
-            }
+        match conn.pass_streaming(|chunk| server.write_all(chunk)) {
+            Ok(true) => continue,
+            Ok(false) => {}
+            Err(e) => return End::Error(format!("upstream write: {e}")),
         }
         // Frame and track under the lock; no I/O while it is held.
         let tracked = match handle.state.lock() {
@@ -94,7 +90,7 @@ fn relay_client(proxy: &Proxy, handle: &SessionHandle, early: BytesMut, deadline
                 } else {
                     MAX_PRE_AUTH_MESSAGE
                 };
-                track_client(st.as_mut(), &rb.bytes, &mut out, max)
+                track_client(st.as_mut(), conn.buffered(), &mut out, max)
             }
             Err(_) => return End::Error("session state poisoned".into()),
         };
@@ -104,7 +100,7 @@ fn relay_client(proxy: &Proxy, handle: &SessionHandle, early: BytesMut, deadline
         }
         let sent = if out.is_empty() {
             // Nothing rewritten: forward the received bytes as they are.
-            server.write_all(&rb.bytes[..tracked.ready])
+            server.write_all(&conn.buffered()[..tracked.ready])
         } else {
             let sent = server.write_all(&out);
             out.clear();
@@ -113,16 +109,16 @@ fn relay_client(proxy: &Proxy, handle: &SessionHandle, early: BytesMut, deadline
         if let Err(e) = sent {
             return End::Error(format!("upstream write: {e}"));
         }
-        let _ = rb.bytes.split_to(tracked.ready);
+        conn.consume(tracked.ready);
         if let Some(reason) = tracked.refused {
             return End::ClientProtocol(format!("resumeguard: invalid client message: {reason}"));
         }
-        passing = tracked.passing;
+        conn.stream_on(tracked.passing);
         read_more = !tracked.awaiting;
         if tracked.awaiting && !await_answers(handle) {
             return End::Quiet;
         }
-        rb.shrink_if_drained();
+        conn.shrink_if_drained();
     }
 }
 

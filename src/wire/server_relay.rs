@@ -4,16 +4,17 @@
 
 use std::io::Write;
 use std::sync::atomic::Ordering;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use bytes::BytesMut;
 
 use super::backend::{error_response, sqlstate, Severity};
 use super::client_stream::ClientStream;
+use super::connection::Connection;
 use super::frame::peek_header;
 use super::guard::{Guard, HeldTicket};
 use super::proxy::Proxy;
-use super::read_buffer::{Passing, ReadBuffer, STREAM_ABOVE};
+use super::read_buffer::{Passing, STREAM_ABOVE};
 use super::registry::{SessionHandle, StopReason};
 use super::response_queue::Route;
 use super::session::End;
@@ -28,15 +29,13 @@ pub(super) fn server_to_client(
     handle: &SessionHandle,
     keys: &Mutex<Vec<(i32, Vec<u8>)>>,
 ) -> End {
-    let (server, mut client) = (&*handle.server, &*handle.client);
+    let mut client = &*handle.client;
     let state = &*handle.state;
-    let mut rb = ReadBuffer::default();
+    let mut conn = Connection::new(Arc::clone(&handle.server), &[]);
     let mut out = BytesMut::new();
     let mut server_said_fatal = false;
-    // A large message streaming to the client, body still coming.
-    let mut passing: Option<Passing> = None;
     loop {
-        let read = rb.fill(server);
+        let read = conn.read();
         match (read, handle.stopping()) {
             (Ok(n), None) if n > 0 => {}
             (Err(e), None) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -67,22 +66,20 @@ pub(super) fn server_to_client(
                 return End::Error(msg);
             }
         }
-        if let Some(p) = passing.as_mut() {
-            // A client that does not read blocks this write, and with it
-            // the reads from the server: nothing more is buffered.
-            if let Err(e) = rb.pass(p, |chunk| client.write_all(chunk)) {
-                return End::Error(format!("client write: {e}"));
-            }
-            if p.left > 0 {
-                continue;
-            }
+        // A client that does not read blocks this write, and with it the
+        // reads from the server: nothing more is buffered.
+        match conn.pass_streaming(|chunk| client.write_all(chunk)) {
+            Ok(true) => continue,
+            Ok(false) => {}
+            Err(e) => return End::Error(format!("client write: {e}")),
         }
         // Route every complete message; a read of a parked head stops the
         // batch until its claim is decided, then routing goes on.
         loop {
             let outcome = match state.lock() {
                 Ok(mut st) => {
-                    let tracked = track_server(proxy, st.as_mut(), keys, &mut rb.bytes, &mut out);
+                    let tracked =
+                        track_server(proxy, st.as_mut(), keys, conn.buffered_mut(), &mut out);
                     st.flush();
                     // Only a waiting client thread is woken: a notify is a
                     // system call, and almost no batch has a waiter.
@@ -96,7 +93,7 @@ pub(super) fn server_to_client(
             let held = match outcome {
                 Ok(tracked) => {
                     server_said_fatal |= tracked.fatal;
-                    passing = tracked.passing;
+                    conn.stream_on(tracked.passing);
                     tracked.held
                 }
                 Err(msg) => {
@@ -139,7 +136,7 @@ pub(super) fn server_to_client(
             }
             out.clear();
         }
-        rb.shrink_if_drained();
+        conn.shrink_if_drained();
         if out.capacity() > SHRINK_ABOVE {
             out = BytesMut::new();
         }
