@@ -4,7 +4,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, Context};
 use serde::Deserialize;
 
 use regex::Regex;
@@ -21,6 +20,9 @@ use crate::wire::proxy::RelayConfig;
 use crate::wire::tls_config;
 use crate::wire::upstream::UpstreamAddr;
 use crate::wire::upstream_tls::{UpstreamTls, UpstreamTlsParams};
+
+mod error;
+pub use error::ConfigError;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -209,18 +211,23 @@ impl Default for Config {
 }
 
 impl Config {
-    pub fn load(path: &Path) -> anyhow::Result<Config> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading config {}", path.display()))?;
-        toml::from_str(&text).with_context(|| format!("in config {}", path.display()))
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })
     }
 
     /// The relay settings for an upstream address, TLS files loaded (one
     /// that does not load, or a TLS setting that cannot be honoured,
     /// stops the proxy).
-    pub fn relay(&self, upstream: UpstreamAddr) -> anyhow::Result<RelayConfig> {
-        let upstream_tls =
-            UpstreamTls::build(&upstream, &self.upstream_tls_params()?).context("upstream TLS")?;
+    pub fn relay(&self, upstream: UpstreamAddr) -> Result<RelayConfig, ConfigError> {
+        let upstream_tls = UpstreamTls::build(&upstream, &self.upstream_tls_params()?)
+            .map_err(ConfigError::UpstreamTls)?;
         Ok(RelayConfig {
             upstream,
             upstream_tls,
@@ -234,22 +241,20 @@ impl Config {
     }
 
     /// TLS towards clients: both files or neither.
-    fn client_tls(&self) -> anyhow::Result<Option<ClientTls>> {
+    fn client_tls(&self) -> Result<Option<ClientTls>, ConfigError> {
         match (&self.tls.cert, &self.tls.key) {
             (Some(cert), Some(key)) => Ok(Some(ClientTls {
-                config: tls_config::server_config(cert, key).context("client TLS")?,
+                config: tls_config::server_config(cert, key).map_err(ConfigError::ClientTls)?,
                 require: self.tls.require,
             })),
-            (None, None) if self.tls.require => {
-                bail!("tls.require (--require-tls) needs a certificate: tls.cert and tls.key")
-            }
+            (None, None) if self.tls.require => Err(ConfigError::RequireTlsWithoutCertificate),
             (None, None) => Ok(None),
-            _ => bail!("tls.cert and tls.key (--tls-cert, --tls-key) go together"),
+            _ => Err(ConfigError::HalfClientTls),
         }
     }
 
     /// The upstream TLS parameters: the URL's query over `[upstream_tls]`.
-    pub fn upstream_tls_params(&self) -> anyhow::Result<UpstreamTlsParams> {
+    pub fn upstream_tls_params(&self) -> Result<UpstreamTlsParams, ConfigError> {
         let mut p = self.upstream_tls.clone();
         if let Some(spec) = &self.upstream {
             url_tls_params(spec, &mut p)?;
@@ -260,9 +265,9 @@ impl Config {
     /// The channel rules of the validity leg, loaded from the rules
     /// directory (a rule that does not load stops the proxy: it must not
     /// run without a rule it was given).
-    pub fn channel_rules(&self) -> anyhow::Result<ChannelRules> {
+    pub fn channel_rules(&self) -> Result<ChannelRules, ConfigError> {
         Ok(match (&self.rules_dir, self.enforce.validity) {
-            (Some(dir), true) => ChannelRules::load(dir).map_err(|e| anyhow::anyhow!("{e}"))?,
+            (Some(dir), true) => ChannelRules::load(dir)?,
             _ => ChannelRules::default(),
         })
     }
@@ -276,7 +281,7 @@ impl Config {
 
     /// The consume-once leg's settings, checked (`None`: the leg is off).
     /// Opening the store and starting its worker is the caller's.
-    pub fn claims_settings(&self) -> anyhow::Result<Option<ClaimsSettings>> {
+    pub fn claims_settings(&self) -> Result<Option<ClaimsSettings>, ConfigError> {
         if !self.enforce.consume_once {
             return Ok(None);
         }
@@ -287,15 +292,18 @@ impl Config {
                 poll_ms: c.poll_ms,
             },
             "refuse" => WaitPolicy::Refuse,
-            other => bail!("claims.policy must be \"wait\" or \"refuse\", not {other:?}"),
+            other => return Err(ConfigError::ClaimsPolicy(other.to_owned())),
         };
         let inspection_patterns = c
             .inspection_application_names
             .iter()
             .map(|p| {
-                Regex::new(p).with_context(|| format!("claims.inspection_application_names: {p:?}"))
+                Regex::new(p).map_err(|source| ConfigError::InspectionPattern {
+                    pattern: p.clone(),
+                    source,
+                })
             })
-            .collect::<anyhow::Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Some(ClaimsSettings {
             store: self.claims_store_path(),
             proxy_id: c.proxy_id.clone().unwrap_or_else(default_proxy_id),
@@ -335,7 +343,7 @@ fn default_proxy_id() -> String {
 /// The upstream from `host:port`, `host`, a `postgres://` URL, or a Unix
 /// socket: `unix:/path/.s.PGSQL.5432`, a socket directory (`/var/run/postgresql`,
 /// port 5432), or a URL with `?host=/dir` (libpq's spelling, port from the URL).
-pub fn upstream_addr(spec: &str) -> anyhow::Result<UpstreamAddr> {
+pub fn upstream_addr(spec: &str) -> Result<UpstreamAddr, ConfigError> {
     if let Some(path) = spec.strip_prefix("unix:") {
         return Ok(UpstreamAddr::Unix(path.to_owned()));
     }
@@ -344,7 +352,7 @@ pub fn upstream_addr(spec: &str) -> anyhow::Result<UpstreamAddr> {
     }
     let rest = match spec.split_once("://") {
         Some((scheme, rest)) if scheme == "postgres" || scheme == "postgresql" => rest,
-        Some((scheme, _)) => bail!("upstream URL scheme {scheme:?} is not postgres://"),
+        Some((scheme, _)) => return Err(ConfigError::UpstreamScheme(scheme.to_owned())),
         None => spec,
     };
     let authority = rest.split(['/', '?']).next().unwrap_or_default();
@@ -361,7 +369,7 @@ pub fn upstream_addr(spec: &str) -> anyhow::Result<UpstreamAddr> {
         return Ok(UpstreamAddr::Unix(socket_in(dir, port.unwrap_or("5432"))));
     }
     if hostport.is_empty() {
-        bail!("upstream {spec:?} names no host");
+        return Err(ConfigError::UpstreamHost(spec.to_owned()));
     }
     Ok(UpstreamAddr::Tcp(match port {
         Some(_) => hostport.to_owned(),
@@ -372,7 +380,7 @@ pub fn upstream_addr(spec: &str) -> anyhow::Result<UpstreamAddr> {
 /// Reads the TLS parameters of a `postgres://` URL's query into `p`. An
 /// `ssl*` parameter the proxy does not implement is refused rather than
 /// ignored; other parameters (application_name, ...) belong to clients.
-fn url_tls_params(spec: &str, p: &mut UpstreamTlsParams) -> anyhow::Result<()> {
+fn url_tls_params(spec: &str, p: &mut UpstreamTlsParams) -> Result<(), ConfigError> {
     let Some((_, query)) = spec.split_once("://").and_then(|(_, r)| r.split_once('?')) else {
         return Ok(());
     };
@@ -388,14 +396,16 @@ fn url_tls_params(spec: &str, p: &mut UpstreamTlsParams) -> anyhow::Result<()> {
                 p.sni = Some(match value.as_str() {
                     "1" => true,
                     "0" => false,
-                    v => bail!("upstream sslsni must be 0 or 1, not {v:?}"),
+                    v => return Err(ConfigError::UpstreamSni(v.to_owned())),
                 })
             }
             "sslnegotiation" if value == "postgres" => {}
-            k if k.starts_with("ssl") || k == "requiressl" => bail!(
-                "upstream URL parameter {k}={value} is not supported by the proxy \
-                 (supported: sslmode, sslrootcert, sslcert, sslkey, sslsni)"
-            ),
+            k if k.starts_with("ssl") || k == "requiressl" => {
+                return Err(ConfigError::UpstreamParameter {
+                    key: k.to_owned(),
+                    value,
+                })
+            }
             _ => {}
         }
     }
@@ -403,7 +413,7 @@ fn url_tls_params(spec: &str, p: &mut UpstreamTlsParams) -> anyhow::Result<()> {
 }
 
 /// `%XX` escapes of a URL query value, decoded.
-fn percent_decode(s: &str) -> anyhow::Result<String> {
+fn percent_decode(s: &str) -> Result<String, ConfigError> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -412,7 +422,7 @@ fn percent_decode(s: &str) -> anyhow::Result<String> {
             b'%' => {
                 let hex = s.get(i + 1..i + 3).unwrap_or_default();
                 let b = u8::from_str_radix(hex, 16)
-                    .map_err(|_| anyhow::anyhow!("bad %-escape in upstream URL value {s:?}"))?;
+                    .map_err(|_| ConfigError::UpstreamEscape(s.to_owned()))?;
                 out.push(b);
                 i += 3;
             }
@@ -422,7 +432,7 @@ fn percent_decode(s: &str) -> anyhow::Result<String> {
             }
         }
     }
-    String::from_utf8(out).map_err(|_| anyhow::anyhow!("upstream URL value {s:?} is not UTF-8"))
+    String::from_utf8(out).map_err(|_| ConfigError::UpstreamUtf8(s.to_owned()))
 }
 
 fn socket_in(dir: &str, port: &str) -> String {
@@ -432,6 +442,9 @@ fn socket_in(dir: &str, port: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error_chain::chain;
+    use crate::wire::tls_config::TlsConfigError;
+    use crate::wire::upstream_tls::UpstreamTlsError;
 
     #[test]
     fn upstream_forms() {
@@ -544,7 +557,11 @@ mod tests {
         let err = with("postgres://db/app?sslmode=verify_full")
             .relay(UpstreamAddr::Tcp("db:5432".into()))
             .unwrap_err();
-        assert!(format!("{err:#}").contains("verify_full"), "{err:#}");
+        assert!(
+            chain(&err).to_string().contains("verify_full"),
+            "{}",
+            chain(&err)
+        );
         let half = toml::from_str::<Config>("[tls]\ncert = '/x.pem'").unwrap();
         assert!(half.relay(UpstreamAddr::Tcp("db:5432".into())).is_err());
         let missing =
@@ -552,7 +569,65 @@ mod tests {
         let err = missing
             .relay(UpstreamAddr::Tcp("db:5432".into()))
             .unwrap_err();
-        assert!(format!("{err:#}").contains("/no/x.pem"), "{err:#}");
+        assert!(
+            chain(&err).to_string().contains("/no/x.pem"),
+            "{}",
+            chain(&err)
+        );
+    }
+
+    #[test]
+    fn tls_errors_name_their_side_and_file() {
+        let missing =
+            toml::from_str::<Config>("[tls]\ncert = '/no/x.pem'\nkey = '/no/k.pem'").unwrap();
+        let err = missing
+            .relay(UpstreamAddr::Tcp("db:5432".into()))
+            .unwrap_err();
+        match &err {
+            ConfigError::ClientTls(TlsConfigError::ReadCerts { path, .. }) => {
+                assert_eq!(path, Path::new("/no/x.pem"))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(err.to_string(), "client TLS");
+        assert!(
+            chain(&err)
+                .to_string()
+                .starts_with("client TLS: reading certificates from /no/x.pem: "),
+            "{}",
+            chain(&err)
+        );
+        let bad_mode = Config {
+            upstream: Some("postgres://db/app?sslmode=verify_full".into()),
+            ..Config::default()
+        };
+        let err = bad_mode
+            .relay(UpstreamAddr::Tcp("db:5432".into()))
+            .unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::UpstreamTls(UpstreamTlsError::UnknownMode(m)) if m == "verify_full"),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_config_file_error_names_the_file() {
+        let path = std::env::temp_dir().join(format!("rg-config-{}.toml", std::process::id()));
+        std::fs::write(&path, "listen = 6432\n").unwrap();
+        let err = Config::load(&path).unwrap_err();
+        let _ = std::fs::remove_file(&path);
+        assert!(
+            matches!(&err, ConfigError::Parse { path: p, .. } if *p == path),
+            "{err:?}"
+        );
+        assert_eq!(err.to_string(), format!("in config {}", path.display()));
+        assert!(
+            chain(&err).to_string().contains("invalid type"),
+            "{}",
+            chain(&err)
+        );
+        let err = Config::load(Path::new("/no/such/config.toml")).unwrap_err();
+        assert!(matches!(err, ConfigError::Read { .. }), "{err:?}");
     }
 
     #[test]

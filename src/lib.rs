@@ -10,6 +10,7 @@ pub mod audit;
 pub mod claims;
 pub mod config;
 pub mod enforce;
+pub mod error_chain;
 pub mod log_text;
 pub mod managed_pg;
 pub mod policy;

@@ -458,7 +458,7 @@ fn rules_check(dir: Option<PathBuf>) -> anyhow::Result<()> {
 
 fn load_config(path: Option<PathBuf>) -> anyhow::Result<Config> {
     match path {
-        Some(p) => Config::load(&p),
+        Some(p) => Ok(Config::load(&p)?),
         None => Ok(Config::default()),
     }
 }

@@ -3,14 +3,53 @@
 //! PostgreSQL refuses to run as root, so when the proxy is root the server
 //! runs as the `postgres` system user.
 
+use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-use anyhow::{bail, Context};
+use std::process::{Command, ExitStatus};
 
 use crate::config::ManagedConfig;
+use crate::error_chain::chain;
 use crate::wire::upstream::UpstreamAddr;
+
+/// Why the managed PostgreSQL could not be set up or started.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagedPgError {
+    #[error("creating {}", .path.display())]
+    DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "no PostgreSQL server found under {} (install postgresql, or set upstream)",
+        .root.display()
+    )]
+    NoServerDir {
+        root: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("no PostgreSQL server binaries under /usr/lib/postgresql/*/bin")]
+    NoServerBinaries,
+    #[error("running {program:?}")]
+    Spawn {
+        program: OsString,
+        source: std::io::Error,
+    },
+    #[error("{program:?} failed ({status}): {stderr}")]
+    Failed {
+        program: OsString,
+        status: ExitStatus,
+        stderr: String,
+    },
+    #[error("starting PostgreSQL (log: {})", .log.display())]
+    Start {
+        log: PathBuf,
+        source: Box<ManagedPgError>,
+    },
+    /// A loopback port or the data directory's canonical path.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
 
 pub struct ManagedPostgres {
     bin_dir: PathBuf,
@@ -21,7 +60,7 @@ pub struct ManagedPostgres {
 
 impl ManagedPostgres {
     /// Initializes the data directory if needed and starts the server.
-    pub fn start(cfg: &ManagedConfig, state_dir: &Path) -> anyhow::Result<Self> {
+    pub fn start(cfg: &ManagedConfig, state_dir: &Path) -> Result<Self, ManagedPgError> {
         let bin_dir = match &cfg.bin_dir {
             Some(d) => d.clone(),
             None => find_bin_dir()?,
@@ -30,8 +69,10 @@ impl ManagedPostgres {
             .data_dir
             .clone()
             .unwrap_or_else(|| state_dir.join("postgres"));
-        std::fs::create_dir_all(&data_dir)
-            .with_context(|| format!("creating {}", data_dir.display()))?;
+        std::fs::create_dir_all(&data_dir).map_err(|source| ManagedPgError::DataDir {
+            path: data_dir.clone(),
+            source,
+        })?;
         let data_dir = data_dir.canonicalize()?;
         let as_postgres_user = running_as_root();
         let port = match cfg.port {
@@ -97,7 +138,10 @@ impl ManagedPostgres {
             if pg.data_dir.join("postmaster.pid").exists() {
                 pg.stop();
             }
-            e.context(format!("starting PostgreSQL (log: {})", log.display()))
+            ManagedPgError::Start {
+                log: log.clone(),
+                source: Box::new(e),
+            }
         })?;
         tracing::info!(port = pg.port, "managed PostgreSQL started");
         Ok(pg)
@@ -118,11 +162,11 @@ impl ManagedPostgres {
         let dir = self.data_dir.to_string_lossy().into_owned();
         match self.run_pg("pg_ctl", &["-D", &dir, "-m", "fast", "-w", "stop"]) {
             Ok(()) => tracing::info!("managed PostgreSQL stopped"),
-            Err(e) => tracing::warn!(error = %e, "stopping managed PostgreSQL failed"),
+            Err(e) => tracing::warn!(error = %chain(&e), "stopping managed PostgreSQL failed"),
         }
     }
 
-    fn run_pg(&self, tool: &str, args: &[&str]) -> anyhow::Result<()> {
+    fn run_pg(&self, tool: &str, args: &[&str]) -> Result<(), ManagedPgError> {
         let exe = self.bin_dir.join(tool);
         let mut cmd = if self.as_postgres_user {
             let mut c = Command::new("runuser");
@@ -139,31 +183,31 @@ impl ManagedPostgres {
 /// Runs `cmd` to completion in a process group of its own, so a terminal's
 /// Ctrl-C reaches the proxy (which stops the server in order) and not the
 /// tools mid-way.
-fn run(cmd: &mut Command) -> anyhow::Result<()> {
+fn run(cmd: &mut Command) -> Result<(), ManagedPgError> {
     let out = cmd
         .process_group(0)
         .output()
-        .with_context(|| format!("running {:?}", cmd.get_program()))?;
+        .map_err(|source| ManagedPgError::Spawn {
+            program: cmd.get_program().to_owned(),
+            source,
+        })?;
     if !out.status.success() {
-        bail!(
-            "{:?} failed ({}): {}",
-            cmd.get_program(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+        return Err(ManagedPgError::Failed {
+            program: cmd.get_program().to_owned(),
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
     }
     Ok(())
 }
 
 /// The newest `/usr/lib/postgresql/<version>/bin` with a `postgres` in it.
-fn find_bin_dir() -> anyhow::Result<PathBuf> {
+fn find_bin_dir() -> Result<PathBuf, ManagedPgError> {
     let root = Path::new("/usr/lib/postgresql");
     let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir(root)
-        .with_context(|| {
-            format!(
-                "no PostgreSQL server found under {} (install postgresql, or set upstream)",
-                root.display()
-            )
+        .map_err(|source| ManagedPgError::NoServerDir {
+            root: root.to_path_buf(),
+            source,
         })?
         .filter_map(|e| e.ok())
         .filter_map(|e| {
@@ -176,7 +220,7 @@ fn find_bin_dir() -> anyhow::Result<PathBuf> {
     versions
         .pop()
         .map(|(_, bin)| bin)
-        .context("no PostgreSQL server binaries under /usr/lib/postgresql/*/bin")
+        .ok_or(ManagedPgError::NoServerBinaries)
 }
 
 fn running_as_root() -> bool {
@@ -190,7 +234,43 @@ fn running_as_root() -> bool {
         .unwrap_or(false)
 }
 
-fn free_port() -> anyhow::Result<u16> {
+fn free_port() -> Result<u16, ManagedPgError> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_tool_is_reported_with_its_status_and_stderr() {
+        let err =
+            run(Command::new("sh").args(["-c", "echo 'no such role' >&2; exit 3"])).unwrap_err();
+        match &err {
+            ManagedPgError::Failed {
+                program,
+                status,
+                stderr,
+            } => {
+                assert_eq!(program, "sh");
+                assert_eq!(status.code(), Some(3));
+                assert_eq!(stderr, "no such role");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            err.to_string(),
+            "\"sh\" failed (exit status: 3): no such role"
+        );
+        let err = run(&mut Command::new("/no/such/initdb")).unwrap_err();
+        assert!(
+            matches!(&err, ManagedPgError::Spawn { source, .. }
+                if source.kind() == std::io::ErrorKind::NotFound),
+            "{err:?}"
+        );
+        assert!(chain(&err)
+            .to_string()
+            .starts_with("running \"/no/such/initdb\": "));
+    }
 }

@@ -138,7 +138,7 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
             listener::drain(&proxy, grace).await;
             anyhow::Ok(())
         }),
-        Err(e) => Err(e),
+        Err(e) => Err(e.into()),
     };
     audit.shutdown(Duration::from_secs(5));
     if let Some(m) = managed {

@@ -21,6 +21,7 @@ use super::metrics::scrape_time;
 use super::views::{ClaimView, SessionView};
 use super::AdminState;
 use crate::claims::{now_ms, ClaimStore, StoreError};
+use crate::error_chain::chain;
 
 /// Longest connect `/readyz` tries to the upstream.
 const READY_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -181,7 +182,7 @@ async fn thread(State(s): State<Shared>, Path(id): Path<String>) -> Response {
     };
     let thread_id = id.clone();
     let events = blocking(move || {
-        crate::audit::thread_events(&db, &thread_id).map_err(|e| format!("{e:#}"))
+        crate::audit::thread_events(&db, &thread_id).map_err(|e| chain(&e).to_string())
     })
     .await;
     match events {

@@ -12,6 +12,7 @@ use std::time::Instant;
 use metrics::{counter, describe_counter, describe_histogram, histogram, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
 
+use super::AdminError;
 use crate::audit::AuditSink;
 use crate::policy::claims::{Refusal, TAKEOVER_LAPSED};
 use crate::saver::classify::StatementKind;
@@ -31,12 +32,13 @@ const LATENCY_BUCKETS: [f64; 15] = [
 
 /// The recorder: counters and gauges as they are, the statement latency
 /// as a histogram with [`LATENCY_BUCKETS`].
-pub fn recorder() -> anyhow::Result<PrometheusRecorder> {
+pub fn recorder() -> Result<PrometheusRecorder, AdminError> {
     Ok(PrometheusBuilder::new()
         .set_buckets_for_metric(
             Matcher::Full(STATEMENT_SECONDS.to_owned()),
             &LATENCY_BUCKETS,
-        )?
+        )
+        .map_err(AdminError::Buckets)?
         .build_recorder())
 }
 

@@ -18,7 +18,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use serde::Deserialize;
 use tokio::net::TcpListener;
 
@@ -28,6 +27,24 @@ use crate::wire::proxy::Proxy;
 
 pub use http::router;
 pub use ledger::{thread_ledger, ApprovalState, ThreadLedger};
+
+/// Why the admin listener could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("admin listener on {addr}")]
+    Listen {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("the admin listener's local address")]
+    LocalAddr(#[source] std::io::Error),
+    #[error("the latency buckets of {}", self::metrics::STATEMENT_SECONDS)]
+    Buckets(#[source] metrics_exporter_prometheus::BuildError),
+    #[error("installing the metrics recorder")]
+    Recorder(
+        #[source] ::metrics::SetRecorderError<metrics_exporter_prometheus::PrometheusRecorder>,
+    ),
+}
 
 /// Where the admin listener goes when nothing says otherwise.
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:6433";
@@ -89,12 +106,17 @@ pub struct AdminState {
 pub async fn start(
     listen: &AdminListen,
     state: impl FnOnce(metrics_exporter_prometheus::PrometheusHandle) -> AdminState,
-) -> anyhow::Result<Option<SocketAddr>> {
+) -> Result<Option<SocketAddr>, AdminError> {
     let listener = match listen {
         AdminListen::Off => return Ok(None),
-        AdminListen::Explicit(addr) => TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("admin listener on {addr}"))?,
+        AdminListen::Explicit(addr) => {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| AdminError::Listen {
+                    addr: addr.clone(),
+                    source,
+                })?
+        }
         AdminListen::Default => match TcpListener::bind(DEFAULT_ADMIN_LISTEN).await {
             Ok(l) => l,
             Err(e) => {
@@ -104,11 +126,10 @@ pub async fn start(
             }
         },
     };
-    let local = listener.local_addr()?;
+    let local = listener.local_addr().map_err(AdminError::LocalAddr)?;
     let recorder = self::metrics::recorder()?;
     let handle = recorder.handle();
-    ::metrics::set_global_recorder(recorder)
-        .map_err(|e| anyhow::anyhow!("installing the metrics recorder: {e}"))?;
+    ::metrics::set_global_recorder(recorder).map_err(AdminError::Recorder)?;
     self::metrics::describe();
     let upkeep = handle.clone();
     tokio::spawn(async move {

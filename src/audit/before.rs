@@ -3,29 +3,34 @@
 
 use std::time::SystemTime;
 
-use anyhow::{bail, Context};
+use super::error::FilterError;
 
 /// `spec` as an instant: an RFC 3339 UTC time (`2026-11-01T00:00:00Z`,
 /// fractions allowed) or an age before `now` in humantime's units (`7d`,
 /// `12h`, `1w 2d`, `90min`).
-pub fn parse_before(spec: &str, now: SystemTime) -> anyhow::Result<SystemTime> {
+pub fn parse_before(spec: &str, now: SystemTime) -> Result<SystemTime, FilterError> {
     parse_instant("--before", spec, now)
 }
 
 /// As [`parse_before`], naming `flag` in its errors.
-pub fn parse_instant(flag: &str, spec: &str, now: SystemTime) -> anyhow::Result<SystemTime> {
+pub fn parse_instant(flag: &str, spec: &str, now: SystemTime) -> Result<SystemTime, FilterError> {
     let spec = spec.trim();
     if spec.is_empty() {
-        bail!("{flag} needs a time (2026-11-01T00:00:00Z) or an age (7d)");
+        return Err(FilterError::NoTime { flag: flag.into() });
     }
     if let Ok(t) = humantime::parse_rfc3339(spec) {
         return Ok(t);
     }
-    let age = humantime::parse_duration(spec).with_context(|| {
-        format!("{flag} {spec:?} is neither an RFC 3339 UTC time (2026-11-01T00:00:00Z) nor an age (7d, 12h)")
+    let age = humantime::parse_duration(spec).map_err(|source| FilterError::NotATime {
+        flag: flag.into(),
+        spec: spec.into(),
+        source,
     })?;
     now.checked_sub(age)
-        .with_context(|| format!("{flag} {spec:?} reaches before the clock's range"))
+        .ok_or_else(|| FilterError::BeforeClock {
+            flag: flag.into(),
+            spec: spec.into(),
+        })
 }
 
 #[cfg(test)]
@@ -49,5 +54,21 @@ mod tests {
         for bad in ["", "yesterday", "2026-11-01", "7 parsecs"] {
             assert!(parse_before(bad, now).is_err(), "{bad}");
         }
+        assert!(matches!(
+            parse_instant("--since", " ", now),
+            Err(FilterError::NoTime { flag }) if flag == "--since"
+        ));
+        let err = parse_instant("--until", "yesterday", now).unwrap_err();
+        assert!(
+            matches!(&err, FilterError::NotATime { flag, spec, .. } if flag == "--until" && spec == "yesterday"),
+            "{err:?}"
+        );
+        assert!(err
+            .to_string()
+            .starts_with("--until \"yesterday\" is neither"));
+        assert!(matches!(
+            parse_before("10000000000000000000s", std::time::UNIX_EPOCH),
+            Err(FilterError::BeforeClock { .. })
+        ));
     }
 }

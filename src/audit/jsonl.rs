@@ -4,8 +4,7 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader, Write};
 use std::path::Path;
 
-use anyhow::Context;
-
+use super::error::AuditError;
 use super::event::AuditEvent;
 use super::private_file::open_append_private;
 
@@ -22,12 +21,15 @@ pub struct JsonlWriter {
 impl JsonlWriter {
     /// `"-"` writes to stdout; anything else is a file path opened for append
     /// (created mode 0600 if missing), so restarts never truncate the trail.
-    pub fn open(target: &str) -> anyhow::Result<JsonlWriter> {
+    pub fn open(target: &str) -> Result<JsonlWriter, AuditError> {
         let out: Box<dyn Write + Send> = if target == "-" {
             Box::new(io::stdout())
         } else {
-            let file = open_append_private(Path::new(target))
-                .with_context(|| format!("opening audit jsonl file {target}"))?;
+            let file =
+                open_append_private(Path::new(target)).map_err(|source| AuditError::OpenJsonl {
+                    target: target.to_owned(),
+                    source,
+                })?;
             Box::new(file)
         };
         Ok(JsonlWriter {
@@ -44,7 +46,7 @@ impl JsonlWriter {
     pub fn append<'a>(
         &mut self,
         events: impl IntoIterator<Item = &'a AuditEvent>,
-    ) -> Result<(), (usize, anyhow::Error)> {
+    ) -> Result<(), (usize, AuditError)> {
         self.buf.clear();
         if self.torn {
             self.buf.push(b'\n');
@@ -53,7 +55,7 @@ impl JsonlWriter {
         let mut line_ends = Vec::new();
         for ev in events {
             if let Err(e) = serde_json::to_writer(&mut self.buf, ev) {
-                return Err((0, anyhow::Error::new(e).context("encoding audit event")));
+                return Err((0, AuditError::EncodeEvent(e)));
             }
             self.buf.push(b'\n');
             line_ends.push(self.buf.len());
@@ -75,12 +77,9 @@ impl JsonlWriter {
             }
         }
         self.torn = false;
-        self.out.flush().map_err(|e| {
-            (
-                line_ends.len(),
-                anyhow::Error::new(e).context("flushing audit jsonl"),
-            )
-        })
+        self.out
+            .flush()
+            .map_err(|e| (line_ends.len(), AuditError::FlushJsonl(e)))
     }
 
     /// The failure of a write that stopped after `pos` bytes.
@@ -90,26 +89,35 @@ impl JsonlWriter {
         prefix: usize,
         line_ends: &[usize],
         e: io::Error,
-    ) -> (usize, anyhow::Error) {
+    ) -> (usize, AuditError) {
         let whole = line_ends.iter().take_while(|&&end| end <= pos).count();
         if pos > 0 {
             self.torn = pos != prefix && !line_ends.contains(&pos);
         }
-        (whole, anyhow::Error::new(e).context("writing audit jsonl"))
+        (whole, AuditError::WriteJsonl(e))
     }
 }
 
 /// Read back every event from a JSON Lines file (blank lines are skipped).
-pub fn read_jsonl(path: &Path) -> anyhow::Result<Vec<AuditEvent>> {
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+pub fn read_jsonl(path: &Path) -> Result<Vec<AuditEvent>, AuditError> {
+    let file = File::open(path).map_err(|source| AuditError::OpenJsonlToRead {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let mut events = Vec::new();
     for (n, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.with_context(|| format!("reading {}", path.display()))?;
+        let line = line.map_err(|source| AuditError::ReadJsonl {
+            path: path.to_path_buf(),
+            source,
+        })?;
         if line.trim().is_empty() {
             continue;
         }
-        let ev = serde_json::from_str(&line)
-            .with_context(|| format!("{}:{}: bad audit event", path.display(), n + 1))?;
+        let ev = serde_json::from_str(&line).map_err(|source| AuditError::BadJsonlLine {
+            path: path.to_path_buf(),
+            line: n + 1,
+            source,
+        })?;
         events.push(ev);
     }
     Ok(events)
@@ -204,7 +212,8 @@ mod tests {
         budget.store(line + line / 2, Ordering::SeqCst);
         let (written, error) = writer.append(&evs).unwrap_err();
         assert_eq!(written, 1);
-        assert!(format!("{error:#}").contains("No space left"), "{error:#}");
+        let shown = crate::error_chain::chain(&error).to_string();
+        assert!(shown.contains("No space left"), "{shown}");
         // The retry of the rest lands on its own line.
         budget.store(usize::MAX / 2, Ordering::SeqCst);
         writer.append(&evs[1..]).unwrap();
@@ -217,6 +226,27 @@ mod tests {
         assert_eq!(parsed[1], None, "the torn line");
         assert_eq!(parsed[2].as_ref(), Some(&evs[1]));
         assert_eq!(parsed[3].as_ref(), Some(&evs[2]));
+    }
+
+    #[test]
+    fn a_bad_line_is_reported_with_its_file_and_line() {
+        let path = temp_path("jsonl-bad-line", "jsonl");
+        let ev = AuditEvent::new(&SessionContext::default(), Operation::ReadLatest);
+        let good = serde_json::to_string(&ev).unwrap();
+        std::fs::write(&path, format!("{good}\n\n{{\"time\": 1}}\n")).unwrap();
+        let err = read_jsonl(&path).unwrap_err();
+        let _ = std::fs::remove_file(&path);
+        match &err {
+            AuditError::BadJsonlLine { path: p, line, .. } => {
+                assert_eq!((p, *line), (&path, 3));
+            }
+            other => panic!("{other:?}"),
+        }
+        let shown = crate::error_chain::chain(&err).to_string();
+        assert!(
+            shown.starts_with(&format!("{}:3: bad audit event: ", path.display())),
+            "{shown}"
+        );
     }
 
     #[test]

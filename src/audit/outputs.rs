@@ -8,10 +8,12 @@
 //! why, and when. Failing and recovering are logged at ERROR once each, not
 //! per batch.
 
+use super::error::AuditError;
 use super::event::AuditEvent;
 use super::jsonl::JsonlWriter;
 use super::losses::{LossLedger, LossReason};
 use super::sqlite_store::Store;
+use crate::error_chain::chain;
 
 /// Attempts a failed event gets before it is counted as lost.
 pub const MAX_ATTEMPTS: u32 = 3;
@@ -36,7 +38,7 @@ impl Target {
 
     /// Write `events` in order. On failure, also how many leading events
     /// did reach the output (SQLite: none, the batch is one transaction).
-    fn write(&mut self, events: &[&AuditEvent]) -> Result<(), (usize, anyhow::Error)> {
+    fn write(&mut self, events: &[&AuditEvent]) -> Result<(), (usize, AuditError)> {
         match self {
             Target::Sqlite(store) => store.append(events.iter().copied()).map_err(|e| (0, e)),
             Target::Jsonl(jsonl) => jsonl.append(events.iter().copied()),
@@ -151,8 +153,8 @@ impl Output {
     }
 
     /// Keep what was not written for a retry, or give it up.
-    fn failed(&mut self, batch: &[AuditEvent], written: usize, error: &anyhow::Error) {
-        let error = format!("{error:#}");
+    fn failed(&mut self, batch: &[AuditEvent], written: usize, error: &AuditError) {
+        let error = chain(error).to_string();
         if !self.failing {
             tracing::error!(
                 output = self.name(),

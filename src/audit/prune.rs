@@ -11,9 +11,9 @@
 
 use std::time::SystemTime;
 
-use anyhow::Context;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
+use super::error::AuditError;
 use super::event::{format_rfc3339_millis, AuditEvent, Operation, SessionContext};
 use super::sqlite_store::{insert, Store};
 
@@ -39,7 +39,11 @@ pub struct Declared {
 
 /// Declare a prune by `rule` (recorded as asked for `by`): returns what it
 /// removes, or `None` when no row qualifies. Rows are removed by [`step`].
-pub fn begin(store: &mut Store, rule: &PruneRule, by: &str) -> anyhow::Result<Option<Declared>> {
+pub fn begin(
+    store: &mut Store,
+    rule: &PruneRule,
+    by: &str,
+) -> Result<Option<Declared>, AuditError> {
     let tx = store
         .conn()
         .transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -74,7 +78,10 @@ pub fn begin(store: &mut Store, rule: &PruneRule, by: &str) -> anyhow::Result<Op
         "UPDATE audit_prune_guard SET below_id = ?1 WHERE id = 1",
         [boundary],
     )?;
-    tx.commit().context("committing the prune record")?;
+    tx.commit().map_err(|source| AuditError::Commit {
+        what: "the prune record",
+        source,
+    })?;
     Ok(Some(Declared {
         rows: rows as u64,
         below_id: boundary,
@@ -83,7 +90,7 @@ pub fn begin(store: &mut Store, rule: &PruneRule, by: &str) -> anyhow::Result<Op
 
 /// Delete up to [`PRUNE_CHUNK`] rows below the guard; when none are left,
 /// lower the guard. Returns whether rows below it remain.
-pub fn step(store: &mut Store) -> anyhow::Result<bool> {
+pub fn step(store: &mut Store) -> Result<bool, AuditError> {
     let tx = store
         .conn()
         .transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -100,12 +107,15 @@ pub fn step(store: &mut Store) -> anyhow::Result<bool> {
     if !more && guard > 0 {
         tx.execute("UPDATE audit_prune_guard SET below_id = 0 WHERE id = 1", [])?;
     }
-    tx.commit().context("committing a prune step")?;
+    tx.commit().map_err(|source| AuditError::Commit {
+        what: "a prune step",
+        source,
+    })?;
     Ok(more)
 }
 
 /// Whether a declared prune is unfinished (rows below the guard remain).
-pub fn pending(store: &mut Store) -> anyhow::Result<bool> {
+pub fn pending(store: &mut Store) -> Result<bool, AuditError> {
     let conn = store.conn();
     let guard = guard(conn)?;
     Ok(guard > 0
@@ -117,13 +127,17 @@ pub fn pending(store: &mut Store) -> anyhow::Result<bool> {
 }
 
 /// Declare and carry out a prune to the end (the command line's prune).
-pub fn prune(store: &mut Store, rule: &PruneRule, by: &str) -> anyhow::Result<Option<Declared>> {
+pub fn prune(
+    store: &mut Store,
+    rule: &PruneRule,
+    by: &str,
+) -> Result<Option<Declared>, AuditError> {
     let declared = begin(store, rule, by)?;
     while step(store)? {}
     Ok(declared)
 }
 
-fn guard(conn: &Connection) -> anyhow::Result<i64> {
+fn guard(conn: &Connection) -> Result<i64, AuditError> {
     let below: Option<i64> = conn
         .query_row(
             "SELECT below_id FROM audit_prune_guard WHERE id = 1",
@@ -142,7 +156,7 @@ fn boundary(
     conn: &Connection,
     cutoff: Option<&str>,
     max_rows: Option<u64>,
-) -> anyhow::Result<Option<i64>> {
+) -> Result<Option<i64>, AuditError> {
     let Some(max_id) = conn.query_row("SELECT max(id) FROM audit_events", [], |r| {
         r.get::<_, Option<i64>>(0)
     })?

@@ -5,10 +5,10 @@
 use std::path::Path;
 use std::time::SystemTime;
 
-use anyhow::{bail, Context};
 use serde::Serialize;
 
 use super::before::parse_instant;
+use super::error::{AuditError, FilterError};
 use super::event::{format_rfc3339_millis, AuditEvent, Operation};
 use super::sqlite_store::open_read_only;
 
@@ -29,23 +29,18 @@ impl EventFilter {
         until: Option<&str>,
         ops: &[String],
         now: SystemTime,
-    ) -> anyhow::Result<EventFilter> {
-        let at = |flag: &str, spec: Option<&str>| -> anyhow::Result<Option<String>> {
+    ) -> Result<EventFilter, FilterError> {
+        let at = |flag: &str, spec: Option<&str>| -> Result<Option<String>, FilterError> {
             spec.map(|s| parse_instant(flag, s, now).map(format_rfc3339_millis))
                 .transpose()
         };
         let ops = ops
             .iter()
             .map(|name| {
-                Operation::parse(name.trim()).with_context(|| {
-                    let names: Vec<&str> = Operation::ALL.iter().map(|o| o.as_str()).collect();
-                    format!(
-                        "--op {name:?} is not an operation; one of: {}",
-                        names.join(", ")
-                    )
-                })
+                Operation::parse(name.trim())
+                    .ok_or_else(|| FilterError::UnknownOperation { name: name.clone() })
             })
-            .collect::<anyhow::Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>, _>>()?;
         let filter = EventFilter {
             since: at("--since", since)?,
             until: at("--until", until)?,
@@ -53,7 +48,10 @@ impl EventFilter {
         };
         if let (Some(s), Some(u)) = (&filter.since, &filter.until) {
             if s > u {
-                bail!("--since {s} is after --until {u}");
+                return Err(FilterError::EmptyWindow {
+                    since: s.clone(),
+                    until: u.clone(),
+                });
             }
         }
         Ok(filter)
@@ -86,7 +84,7 @@ pub struct ThreadSummary {
 /// The threads with events in the filter's window (and of its operations),
 /// the most recently active first. Reads the whole table: an operator's
 /// question, not a hot path.
-pub fn threads(path: &Path, filter: &EventFilter) -> anyhow::Result<Vec<ThreadSummary>> {
+pub fn threads(path: &Path, filter: &EventFilter) -> Result<Vec<ThreadSummary>, AuditError> {
     let conn = open_read_only(path)?;
     let mut stmt = conn.prepare(
         "SELECT thread_id, time, operation FROM audit_events \

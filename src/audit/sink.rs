@@ -15,16 +15,16 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::Context;
-
 use super::approver;
 use super::config::AuditConfig;
+use super::error::AuditError;
 use super::event::AuditEvent;
 use super::jsonl::JsonlWriter;
 use super::losses::{millis_to_rfc3339, now_millis};
 use super::outputs::{Output, Target};
 use super::prune;
 use super::sqlite_store::Store;
+use crate::error_chain::chain;
 
 /// Upper bound on events per transaction, so one huge backlog does not hold
 /// a single write transaction (and its memory) for too long.
@@ -145,11 +145,11 @@ impl AuditSink {
     /// errors (bad path, unwritable file) surface here, at startup, rather
     /// than as silent gaps later. With no output configured the sink is
     /// disabled.
-    pub fn start(cfg: &AuditConfig) -> anyhow::Result<AuditSink> {
+    pub fn start(cfg: &AuditConfig) -> Result<AuditSink, AuditError> {
         AuditSink::start_with(cfg, WriterHooks::default())
     }
 
-    fn start_with(cfg: &AuditConfig, hooks: WriterHooks) -> anyhow::Result<AuditSink> {
+    fn start_with(cfg: &AuditConfig, hooks: WriterHooks) -> Result<AuditSink, AuditError> {
         if !cfg.is_enabled() {
             return Ok(AuditSink::disabled());
         }
@@ -177,7 +177,7 @@ impl AuditSink {
         let handle = std::thread::Builder::new()
             .name("resumeguard-audit".to_string())
             .spawn(move || writer.run())
-            .context("spawning audit writer thread")?;
+            .map_err(AuditError::SpawnWriter)?;
         Ok(AuditSink {
             inner: Some(Arc::new(Inner {
                 tx,
@@ -357,7 +357,10 @@ impl Retention {
             match prune::step(store) {
                 Ok(more) => self.active = more,
                 Err(error) => {
-                    tracing::warn!(%error, "audit prune step failed; retrying at the next interval");
+                    tracing::warn!(
+                        error = %chain(&error),
+                        "audit prune step failed; retrying at the next interval"
+                    );
                     self.active = false;
                 }
             }
@@ -376,7 +379,7 @@ impl Retention {
                     "audit retention: pruning the oldest rows (audit_pruned recorded)"
                 ),
                 Ok(None) => {}
-                Err(error) => tracing::warn!(%error, "audit prune failed"),
+                Err(error) => tracing::warn!(error = %chain(&error), "audit prune failed"),
             }
         }
         self.active = prune::pending(store).unwrap_or(false);
@@ -523,7 +526,7 @@ impl Writer {
 impl AuditSink {
     /// Start a sink whose writer does not read the queue until the returned
     /// sender sends `()` (or is dropped).
-    fn start_paused(cfg: &AuditConfig) -> anyhow::Result<(AuditSink, mpsc::Sender<()>)> {
+    fn start_paused(cfg: &AuditConfig) -> Result<(AuditSink, mpsc::Sender<()>), AuditError> {
         let (release, gate) = mpsc::channel();
         let hooks = WriterHooks {
             gate: Some(gate),
@@ -534,7 +537,10 @@ impl AuditSink {
 
     /// Start a sink whose SQLite writes give up waiting for a lock after
     /// `timeout`.
-    fn start_with_busy_timeout(cfg: &AuditConfig, timeout: Duration) -> anyhow::Result<AuditSink> {
+    fn start_with_busy_timeout(
+        cfg: &AuditConfig,
+        timeout: Duration,
+    ) -> Result<AuditSink, AuditError> {
         let hooks = WriterHooks {
             busy_timeout: Some(timeout),
             ..WriterHooks::default()

@@ -10,9 +10,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::Context;
 use rusqlite::{params, Connection, OpenFlags, Row};
 
+use super::error::AuditError;
 use super::event::{AuditEvent, Operation};
 use super::private_file::precreate_private;
 
@@ -73,20 +73,25 @@ pub struct Store {
 impl Store {
     /// Open (creating if needed, mode 0600) the database at `path` in WAL
     /// mode, so readers such as the timeline command never block the writer.
-    pub fn open(path: &Path) -> anyhow::Result<Store> {
-        precreate_private(path)
-            .with_context(|| format!("creating audit database {}", path.display()))?;
+    pub fn open(path: &Path) -> Result<Store, AuditError> {
+        precreate_private(path).map_err(|source| AuditError::CreateDatabase {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Store::open_existing(path)
     }
 
     /// Open the database at `path`, which must exist (the prune command
     /// must not create an empty trail where the user mistyped a path).
-    pub fn open_existing(path: &Path) -> anyhow::Result<Store> {
+    pub fn open_existing(path: &Path) -> Result<Store, AuditError> {
         let conn = Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
-        .with_context(|| format!("opening audit database {}", path.display()))?;
+        .map_err(|source| AuditError::OpenDatabase {
+            path: path.to_path_buf(),
+            source,
+        })?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
         let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
@@ -98,12 +103,12 @@ impl Store {
         // One transaction: an older database swaps its delete trigger for
         // the prune-aware one with no moment unguarded.
         conn.execute_batch(&format!("BEGIN IMMEDIATE;\n{SCHEMA}\nCOMMIT;"))
-            .context("creating audit_events schema")?;
+            .map_err(AuditError::Schema)?;
         Ok(Store { conn })
     }
 
     /// How long writes wait for another connection's lock.
-    pub fn set_busy_timeout(&self, timeout: Duration) -> anyhow::Result<()> {
+    pub fn set_busy_timeout(&self, timeout: Duration) -> Result<(), AuditError> {
         Ok(self.conn.busy_timeout(timeout)?)
     }
 
@@ -111,12 +116,15 @@ impl Store {
     pub fn append<'a>(
         &mut self,
         events: impl IntoIterator<Item = &'a AuditEvent>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), AuditError> {
         let tx = self.conn.transaction()?;
         for ev in events {
             insert(&tx, ev)?;
         }
-        tx.commit().context("committing audit batch")
+        tx.commit().map_err(|source| AuditError::Commit {
+            what: "audit batch",
+            source,
+        })
     }
 
     /// The connection, for the prune.
@@ -126,7 +134,7 @@ impl Store {
 }
 
 /// Insert one event (inside the caller's transaction).
-pub(super) fn insert(conn: &Connection, ev: &AuditEvent) -> anyhow::Result<()> {
+pub(super) fn insert(conn: &Connection, ev: &AuditEvent) -> Result<(), AuditError> {
     let mut stmt = conn.prepare_cached(INSERT)?;
     stmt.execute(params![
         ev.time,
@@ -153,7 +161,7 @@ pub(super) fn insert(conn: &Connection, ev: &AuditEvent) -> anyhow::Result<()> {
 /// Events for `thread_id`, in the order they were written, and every gap
 /// record written since the thread's first event (the thread's own events
 /// may be among those lost).
-pub fn thread_events(path: &Path, thread_id: &str) -> anyhow::Result<Vec<AuditEvent>> {
+pub fn thread_events(path: &Path, thread_id: &str) -> Result<Vec<AuditEvent>, AuditError> {
     let conn = open_read_only(path)?;
     // Two index searches (by thread; the partial index of gap records),
     // not a scan of the table.
@@ -167,26 +175,29 @@ pub fn thread_events(path: &Path, thread_id: &str) -> anyhow::Result<Vec<AuditEv
 }
 
 /// Every event in the database, in the order written.
-pub fn all_events(path: &Path) -> anyhow::Result<Vec<AuditEvent>> {
+pub fn all_events(path: &Path) -> Result<Vec<AuditEvent>, AuditError> {
     let conn = open_read_only(path)?;
     let mut stmt = conn.prepare(&format!("{SELECT} ORDER BY id"))?;
     let rows = stmt.query_map([], row_to_event)?;
     collect(rows)
 }
 
-pub(super) fn open_read_only(path: &Path) -> anyhow::Result<Connection> {
+pub(super) fn open_read_only(path: &Path) -> Result<Connection, AuditError> {
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
-    .with_context(|| format!("opening audit database {}", path.display()))?;
+    .map_err(|source| AuditError::OpenDatabase {
+        path: path.to_path_buf(),
+        source,
+    })?;
     conn.busy_timeout(Duration::from_secs(5))?;
     Ok(conn)
 }
 
 fn collect(
-    rows: impl Iterator<Item = rusqlite::Result<anyhow::Result<AuditEvent>>>,
-) -> anyhow::Result<Vec<AuditEvent>> {
+    rows: impl Iterator<Item = rusqlite::Result<Result<AuditEvent, AuditError>>>,
+) -> Result<Vec<AuditEvent>, AuditError> {
     let mut out = Vec::new();
     for row in rows {
         out.push(row??);
@@ -197,7 +208,7 @@ fn collect(
 /// Decode one row. SQL errors surface through rusqlite; malformed JSON or an
 /// unknown operation surface as the inner error so one bad row is reported
 /// rather than silently skipped.
-fn row_to_event(r: &Row<'_>) -> rusqlite::Result<anyhow::Result<AuditEvent>> {
+fn row_to_event(r: &Row<'_>) -> rusqlite::Result<Result<AuditEvent, AuditError>> {
     let op_name: String = r.get(6)?;
     let channels: String = r.get(12)?;
     let blobs: String = r.get(13)?;
@@ -222,18 +233,26 @@ fn row_to_event(r: &Row<'_>) -> rusqlite::Result<anyhow::Result<AuditEvent>> {
             database,
             application_name,
             operation: Operation::parse(&op_name)
-                .with_context(|| format!("unknown audit operation {op_name:?}"))?,
+                .ok_or_else(|| AuditError::UnknownOperation(op_name.clone()))?,
             thread_id,
             checkpoint_ns,
             checkpoint_id,
             parent_checkpoint_id,
             task_id,
-            channels: serde_json::from_str(&channels).context("audit channels column")?,
-            blob_sha256: serde_json::from_str(&blobs).context("audit blob_sha256 column")?,
-            detail: serde_json::from_str(&detail).context("audit detail column")?,
+            channels: column("channels", &channels)?,
+            blob_sha256: column("blob_sha256", &blobs)?,
+            detail: column("detail", &detail)?,
             run_metadata: None,
         })
     })())
+}
+
+/// One JSON column of a row, decoded.
+fn column<T: serde::de::DeserializeOwned>(
+    column: &'static str,
+    text: &str,
+) -> Result<T, AuditError> {
+    serde_json::from_str(text).map_err(|source| AuditError::Column { column, source })
 }
 
 #[cfg(test)]

@@ -3,12 +3,36 @@
 //! (TOML files in `rules/`, the shipped ones also built in), so supporting
 //! another saver with the same columns is a new file, not new code.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use serde::Deserialize;
 
 use super::layout::{ChannelValuesLayout, DeclaredLayout, Element, PendingWritesLayout};
+
+/// A saver profile that does not load, with the file it came from.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error(transparent)]
+    Toml(#[from] toml::de::Error),
+    /// A row layout that cannot decode the saver's rows.
+    #[error("{0}")]
+    Layout(String),
+    #[error("reading saver profile {}", .path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("in saver profile {}", .path.display())]
+    In {
+        path: PathBuf,
+        source: Box<ProfileError>,
+    },
+    #[error("reading rules directory {}", .dir.display())]
+    ReadDir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+}
 
 /// The checkpoint tables of one saver.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -134,9 +158,9 @@ const BUILT_IN: [(&str, &str); 2] = [
 ];
 
 impl SaverProfile {
-    pub fn from_toml(text: &str) -> anyhow::Result<Self> {
+    pub fn from_toml(text: &str) -> Result<Self, ProfileError> {
         let file: ProfileFile = toml::from_str(text)?;
-        let rows = RowLayouts::from_declared(file.rows).map_err(anyhow::Error::msg)?;
+        let rows = RowLayouts::from_declared(file.rows).map_err(ProfileError::Layout)?;
         Ok(SaverProfile {
             name: file.profile.name,
             schema: file.profile.schema,
@@ -146,10 +170,15 @@ impl SaverProfile {
         })
     }
 
-    pub fn load(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading saver profile {}", path.display()))?;
-        Self::from_toml(&text).with_context(|| format!("in saver profile {}", path.display()))
+    pub fn load(path: &Path) -> Result<Self, ProfileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|e| ProfileError::In {
+            path: path.to_path_buf(),
+            source: Box::new(e),
+        })
     }
 
     /// Every shipped profile (LangGraph JS and Python), in file-name order.
@@ -159,7 +188,7 @@ impl SaverProfile {
             .map(|(file, text)| {
                 // The shipped files are fixed at compile time and parsed by
                 // `built_in_profiles_are_the_shipped_files`.
-                Self::from_toml(text).unwrap_or_else(|e| panic!("built-in {file}: {e:#}"))
+                Self::from_toml(text).unwrap_or_else(|e| panic!("built-in {file}: {e}"))
             })
             .collect()
     }
@@ -245,7 +274,7 @@ fn ident_eq(ident: &str, quoted: bool, want: &str) -> bool {
 /// The profiles of a rules directory, or the built-in ones when it
 /// declares none (a directory of channel rules alone still enforces the
 /// shipped savers' traffic).
-pub fn profiles_for(dir: Option<&Path>) -> anyhow::Result<Vec<SaverProfile>> {
+pub fn profiles_for(dir: Option<&Path>) -> Result<Vec<SaverProfile>, ProfileError> {
     let loaded = match dir {
         Some(dir) => load_profiles(dir)?,
         None => Vec::new(),
@@ -264,9 +293,12 @@ pub fn profiles_for(dir: Option<&Path>) -> anyhow::Result<Vec<SaverProfile>> {
 
 /// Loads every `*.toml` profile in a rules directory (sorted by name, so
 /// precedence is stable); files of other kinds are left to their loaders.
-pub fn load_profiles(dir: &Path) -> anyhow::Result<Vec<SaverProfile>> {
+pub fn load_profiles(dir: &Path) -> Result<Vec<SaverProfile>, ProfileError> {
     let mut paths: Vec<_> = std::fs::read_dir(dir)
-        .with_context(|| format!("reading rules directory {}", dir.display()))?
+        .map_err(|source| ProfileError::ReadDir {
+            dir: dir.to_path_buf(),
+            source,
+        })?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "toml"))
         .collect();
@@ -362,6 +394,33 @@ mod tests {
         ))
         .unwrap_err();
         assert_eq!(err.to_string(), "rows.pending_writes: no layout declared");
+    }
+
+    #[test]
+    fn a_bad_profile_file_is_named_in_its_error() {
+        let dir = std::env::temp_dir().join(format!("rg-bad-profile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("broken.toml");
+        std::fs::write(&file, "[profile]\nname = 1\n").unwrap();
+        let err = load_profiles(&dir).unwrap_err();
+        let _ = std::fs::remove_dir_all(&dir);
+        match &err {
+            ProfileError::In { path, source } => {
+                assert_eq!(path, &file);
+                assert!(matches!(**source, ProfileError::Toml(_)), "{source:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let shown = crate::error_chain::chain(&err).to_string();
+        assert!(
+            shown.starts_with(&format!("in saver profile {}: ", file.display())),
+            "{shown}"
+        );
+        let err = load_profiles(&dir).unwrap_err();
+        assert!(
+            matches!(&err, ProfileError::ReadDir { dir: d, .. } if *d == dir),
+            "{err:?}"
+        );
     }
 
     #[test]

@@ -3,14 +3,13 @@
 //! it uses towards the upstream server. A file that does not load stops
 //! the proxy before it serves anything.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{anyhow, Context};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::WebPkiServerVerifier;
+use rustls::client::{VerifierBuilderError, WebPkiServerVerifier};
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
-use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig,
@@ -19,35 +18,84 @@ use rustls::{
 
 use super::client_stream::ALPN_POSTGRESQL;
 
+/// A TLS file that does not load, or a TLS setting rustls refuses; each
+/// names the file(s) involved.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsConfigError {
+    #[error("reading certificates from {}", .path.display())]
+    ReadCerts { path: PathBuf, source: pem::Error },
+    #[error("parsing certificates in {}", .path.display())]
+    ParseCerts { path: PathBuf, source: pem::Error },
+    #[error("{} holds no PEM certificate", .path.display())]
+    NoCertificate { path: PathBuf },
+    #[error("reading a PEM private key from {}", .path.display())]
+    ReadKey { path: PathBuf, source: pem::Error },
+    #[error("certificate {} with key {}", .cert.display(), .key.display())]
+    ServerIdentity {
+        cert: PathBuf,
+        key: PathBuf,
+        source: rustls::Error,
+    },
+    #[error("client certificate {} with key {}", .cert.display(), .key.display())]
+    ClientIdentity {
+        cert: PathBuf,
+        key: PathBuf,
+        source: rustls::Error,
+    },
+    #[error("a root certificate in {}", .path.display())]
+    RootCertificate {
+        path: PathBuf,
+        source: rustls::Error,
+    },
+    #[error("building the upstream certificate verifier")]
+    Verifier(#[source] VerifierBuilderError),
+    /// The provider's protocol versions (never expected with ring).
+    #[error(transparent)]
+    Rustls(#[from] rustls::Error),
+}
+
 /// The one crypto provider: ring.
 pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-pub fn load_certs(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsConfigError> {
+    let path_buf = || path.to_path_buf();
     let certs = CertificateDer::pem_file_iter(path)
-        .with_context(|| format!("reading certificates from {}", path.display()))?
+        .map_err(|source| TlsConfigError::ReadCerts {
+            path: path_buf(),
+            source,
+        })?
         .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("parsing certificates in {}", path.display()))?;
+        .map_err(|source| TlsConfigError::ParseCerts {
+            path: path_buf(),
+            source,
+        })?;
     if certs.is_empty() {
-        return Err(anyhow!("{} holds no PEM certificate", path.display()));
+        return Err(TlsConfigError::NoCertificate { path: path_buf() });
     }
     Ok(certs)
 }
 
-pub fn load_key(path: &Path) -> anyhow::Result<PrivateKeyDer<'static>> {
-    PrivateKeyDer::from_pem_file(path)
-        .with_context(|| format!("reading a PEM private key from {}", path.display()))
+pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsConfigError> {
+    PrivateKeyDer::from_pem_file(path).map_err(|source| TlsConfigError::ReadKey {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// The proxy's side towards clients: its certificate chain and key.
 /// ALPN "postgresql" is offered (clients that send none are served too).
-pub fn server_config(cert: &Path, key: &Path) -> anyhow::Result<Arc<ServerConfig>> {
+pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsConfigError> {
     let mut config = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
         .with_single_cert(load_certs(cert)?, load_key(key)?)
-        .with_context(|| format!("certificate {} with key {}", cert.display(), key.display()))?;
+        .map_err(|source| TlsConfigError::ServerIdentity {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+            source,
+        })?;
     config.alpn_protocols = vec![ALPN_POSTGRESQL.to_vec()];
     Ok(Arc::new(config))
 }
@@ -71,7 +119,7 @@ pub fn client_config(
     roots: Option<&Path>,
     identity: Option<(&Path, &Path)>,
     sni: bool,
-) -> anyhow::Result<Arc<ClientConfig>> {
+) -> Result<Arc<ClientConfig>, TlsConfigError> {
     let provider = provider();
     let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()?
@@ -82,14 +130,17 @@ pub fn client_config(
             for cert in load_certs(path)? {
                 store
                     .add(cert)
-                    .with_context(|| format!("a root certificate in {}", path.display()))?;
+                    .map_err(|source| TlsConfigError::RootCertificate {
+                        path: path.to_path_buf(),
+                        source,
+                    })?;
             }
         }
         None => store.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
     }
     let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider.clone())
         .build()
-        .context("building the upstream certificate verifier")?;
+        .map_err(TlsConfigError::Verifier)?;
     let verifier = Arc::new(UpstreamVerifier {
         verify,
         webpki,
@@ -99,12 +150,10 @@ pub fn client_config(
     let mut config = match identity {
         Some((cert, key)) => builder
             .with_client_auth_cert(load_certs(cert)?, load_key(key)?)
-            .with_context(|| {
-                format!(
-                    "client certificate {} with key {}",
-                    cert.display(),
-                    key.display()
-                )
+            .map_err(|source| TlsConfigError::ClientIdentity {
+                cert: cert.to_path_buf(),
+                key: key.to_path_buf(),
+                source,
             })?,
         None => builder.with_no_client_auth(),
     };

@@ -7,13 +7,40 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::bail;
-use rustls::pki_types::ServerName;
+use rustls::pki_types::{InvalidDnsNameError, ServerName};
 use rustls::{ClientConfig, ClientConnection, Connection};
 
-use super::tls_config::{self, Verify};
+use super::tls_config::{self, TlsConfigError, Verify};
 use super::tls_stream::TlsStream;
 use super::upstream::{Upstream, UpstreamAddr};
+
+/// An upstream TLS setting the proxy cannot honour.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamTlsError {
+    #[error(
+        "sslmode=allow is not supported for the upstream: use disable, prefer, \
+         require, verify-ca or verify-full"
+    )]
+    AllowMode,
+    #[error("unknown sslmode {0:?}: use disable, prefer, require, verify-ca or verify-full")]
+    UnknownMode(String),
+    #[error("upstream sslcert and sslkey go together: give both or neither")]
+    HalfIdentity,
+    #[error(
+        "upstream TLS settings (sslmode={mode}) for the Unix socket {path}: \
+         PostgreSQL offers no TLS on a local socket"
+    )]
+    UnixSocket { mode: &'static str, path: String },
+    #[error("upstream sslrootcert/sslcert given with sslmode=disable")]
+    FilesWithDisable,
+    #[error(transparent)]
+    Files(#[from] TlsConfigError),
+    #[error("upstream host {host:?} as a TLS server name")]
+    ServerName {
+        host: String,
+        source: InvalidDnsNameError,
+    },
+}
 
 /// libpq's sslmode values the proxy honours (`allow` is not one: it
 /// would reconnect with TLS after a plaintext refusal).
@@ -27,20 +54,15 @@ pub enum SslMode {
 }
 
 impl SslMode {
-    pub fn parse(s: &str) -> anyhow::Result<SslMode> {
+    pub fn parse(s: &str) -> Result<SslMode, UpstreamTlsError> {
         Ok(match s {
             "disable" => SslMode::Disable,
             "prefer" => SslMode::Prefer,
             "require" => SslMode::Require,
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
-            "allow" => bail!(
-                "sslmode=allow is not supported for the upstream: use disable, prefer, \
-                 require, verify-ca or verify-full"
-            ),
-            other => bail!(
-                "unknown sslmode {other:?}: use disable, prefer, require, verify-ca or verify-full"
-            ),
+            "allow" => return Err(UpstreamTlsError::AllowMode),
+            other => return Err(UpstreamTlsError::UnknownMode(other.to_owned())),
         })
     }
 
@@ -95,13 +117,13 @@ impl UpstreamTls {
     /// (PostgreSQL offers none there), so a mode that requires it is
     /// refused. `sslmode=require` with a root file checks the chain, as
     /// libpq does.
-    pub fn build(addr: &UpstreamAddr, p: &UpstreamTlsParams) -> anyhow::Result<Self> {
+    pub fn build(addr: &UpstreamAddr, p: &UpstreamTlsParams) -> Result<Self, UpstreamTlsError> {
         let mode = match &p.sslmode {
             Some(m) => SslMode::parse(m)?,
             None => SslMode::Prefer,
         };
         if p.sslcert.is_some() != p.sslkey.is_some() {
-            bail!("upstream sslcert and sslkey go together: give both or neither");
+            return Err(UpstreamTlsError::HalfIdentity);
         }
         let host = match addr {
             UpstreamAddr::Unix(path) => {
@@ -109,17 +131,16 @@ impl UpstreamTls {
                 if matches!(mode, SslMode::Disable | SslMode::Prefer) && !files {
                     return Ok(UpstreamTls::disabled());
                 }
-                bail!(
-                    "upstream TLS settings (sslmode={}) for the Unix socket {path}: \
-                     PostgreSQL offers no TLS on a local socket",
-                    mode.name()
-                );
+                return Err(UpstreamTlsError::UnixSocket {
+                    mode: mode.name(),
+                    path: path.clone(),
+                });
             }
             UpstreamAddr::Tcp(hostport) => host_of(hostport),
         };
         if mode == SslMode::Disable {
             if p.sslrootcert.is_some() || p.sslcert.is_some() {
-                bail!("upstream sslrootcert/sslcert given with sslmode=disable");
+                return Err(UpstreamTlsError::FilesWithDisable);
             }
             return Ok(UpstreamTls::disabled());
         }
@@ -136,8 +157,12 @@ impl UpstreamTls {
             identity,
             p.sni.unwrap_or(true),
         )?;
-        let name = ServerName::try_from(host.to_owned())
-            .map_err(|e| anyhow::anyhow!("upstream host {host:?} as a TLS server name: {e}"))?;
+        let name = ServerName::try_from(host.to_owned()).map_err(|source| {
+            UpstreamTlsError::ServerName {
+                host: host.to_owned(),
+                source,
+            }
+        })?;
         Ok(UpstreamTls {
             mode,
             config: Some((config, name)),
