@@ -449,7 +449,7 @@ fn rules_check(dir: Option<PathBuf>) -> anyhow::Result<()> {
         }
     }
     let rules = match &dir {
-        Some(d) => ChannelRules::load(d).map_err(|e| anyhow::anyhow!("{e}"))?,
+        Some(d) => ChannelRules::load(d)?,
         None => ChannelRules::default(),
     };
     print!("{}", rules.describe());
