@@ -18,7 +18,6 @@ use crate::policy::ChannelRules;
 use crate::saver::unknown::UnknownSaverPolicy;
 use crate::wire::client_stream::ClientTls;
 use crate::wire::proxy::RelayConfig;
-use crate::wire::tls_config;
 use crate::wire::upstream::UpstreamAddr;
 use crate::wire::upstream_tls::{UpstreamTls, UpstreamTlsParams};
 
@@ -236,10 +235,9 @@ impl Config {
     /// TLS towards clients: both files or neither.
     fn client_tls(&self) -> anyhow::Result<Option<ClientTls>> {
         match (&self.tls.cert, &self.tls.key) {
-            (Some(cert), Some(key)) => Ok(Some(ClientTls {
-                config: tls_config::server_config(cert, key).context("client TLS")?,
-                require: self.tls.require,
-            })),
+            (Some(cert), Some(key)) => Ok(Some(
+                ClientTls::load(cert, key, self.tls.require).context("client TLS")?,
+            )),
             (None, None) if self.tls.require => {
                 bail!("tls.require (--require-tls) needs a certificate: tls.cert and tls.key")
             }
