@@ -12,6 +12,10 @@ certificate and key the proxy shows its clients.
   SIGHUP and succeeds after it, and the handshake shows the new certificate's
   fingerprint; a TLS session opened before it goes on working. A certificate
   file that does not load keeps the current one.
+* The upstream's trusted roots (``sslrootcert``, verify-full) replaced by
+  another CA's: new sessions are refused (the server's certificate no longer
+  verifies) while a session opened before goes on; a root file that does not
+  load keeps the roots in effect; the right CA back, new sessions pass again.
 * No SIGHUP stops the proxy (every proxy here must still exit 0 on SIGTERM).
 """
 
@@ -33,7 +37,8 @@ from langgraph.checkpoint.postgres import PostgresSaver
 import lg_enforce as E
 from conftest import HOST, connect, free_port, make_dsn
 from test_admin import scrape, value, wait_admin
-from test_tls import make_ca, make_leaf
+from test_tls import (TlsProxy, certs, make_ca, make_leaf, tls_pg,  # noqa: F401
+                      upstream_url)
 from test_validity import write_rules_dir
 
 ITEMS_RULE = """\
@@ -253,3 +258,55 @@ def test_a_certificate_that_does_not_load_keeps_the_current_one(tproxy, tls_file
     assert presented_fingerprint(tproxy.port, d / "ca2.crt") == fingerprint_of_file(d / "leaf2.crt")
     with connect(tls_dsn(tproxy, dbname, "verify-full", d / "ca2.crt")) as c:
         assert c.execute("SELECT 1").fetchone()[0] == 1
+
+
+# --------------------------------------------------------------------------- upstream TLS
+def upstream_session(proxy) -> psycopg.Connection:
+    """A plaintext client session through `proxy` (trust auth: the proxy's
+    own TLS towards the server is what is at stake)."""
+    return connect(make_dsn(proxy.port, "postgres", sslmode="disable"))
+
+
+@pytest.fixture
+def upstream_root(workdir, certs) -> Path:
+    """The proxy's sslrootcert file, starting as the right CA."""
+    root = workdir / f"reload-upstream-root-{uuid.uuid4().hex[:6]}.crt"
+    root.write_bytes((certs / "ca.crt").read_bytes())
+    return root
+
+
+@pytest.fixture
+def uproxy(tls_pg, upstream_root, workdir):
+    """verify-full towards the TLS server, trusting the roots of `upstream_root`."""
+    upstream = upstream_url(tls_pg.port, sslmode="verify-full", sslrootcert=upstream_root)
+    p = TlsProxy(upstream, workdir, "proxy-reload-upstream").start()
+    yield p
+    was_alive = p.alive()
+    assert was_alive and p.stop() == 0, p.describe()
+
+
+def test_sighup_replaces_the_upstream_roots(uproxy, upstream_root, certs):
+    proxy, root = uproxy, upstream_root
+    open_session = upstream_session(proxy)
+    assert open_session.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
+                                ).fetchone()[0]
+
+    root.write_text("no certificate here\n")
+    sighup_and_wait(proxy, "upstream_tls", "failed")
+    assert str(root.name) in error_lines(proxy, "upstream_tls")[-1]
+    with upstream_session(proxy) as c:                       # the roots in effect stay
+        assert c.execute("SELECT 1").fetchone()[0] == 1
+
+    root.write_bytes((certs / "wrong_ca.crt").read_bytes())
+    sighup_and_wait(proxy, "upstream_tls", "ok")
+    with pytest.raises(psycopg.OperationalError) as e:
+        upstream_session(proxy)
+    msg = str(e.value)
+    assert "TLS handshake" in msg and ("UnknownIssuer" in msg or "unknown issuer" in msg.lower()), msg
+    assert open_session.execute("SELECT 2").fetchone()[0] == 2   # opened before: unaffected
+
+    root.write_bytes((certs / "ca.crt").read_bytes())
+    sighup_and_wait(proxy, "upstream_tls", "ok")
+    with upstream_session(proxy) as c:
+        assert c.execute("SELECT 3").fetchone()[0] == 3
+    open_session.close()
