@@ -29,9 +29,9 @@ pub async fn start_managed(cfg: &Config, signals: &mut Signals) -> anyhow::Resul
             done = &mut start => return Ok(Startup::Running(done??)),
             signal = signals.next() => match signal {
                 Received::Stop => break,
-                Received::Hangup => tracing::info!(
-                    "SIGHUP while the managed PostgreSQL starts: nothing to reload yet \
-                     (the files were read a moment ago)"
+                Received::Hangup => tracing::warn!(
+                    "SIGHUP while the managed PostgreSQL starts: ignored; send it again once \
+                     the proxy serves to reload"
                 ),
             },
         }
