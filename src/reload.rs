@@ -91,6 +91,7 @@ impl Reloader {
     /// Reloads every part (blocking: it reads files); logs and counts
     /// each outcome.
     pub fn reload(&self) -> Vec<Outcome> {
+        tracing::info!("SIGHUP received: reloading the rules and certificates");
         let outcomes: Vec<Outcome> = self
             .parts()
             .into_iter()

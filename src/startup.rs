@@ -30,8 +30,8 @@ pub async fn start_managed(cfg: &Config, signals: &mut Signals) -> anyhow::Resul
             signal = signals.next() => match signal {
                 Received::Stop => break,
                 Received::Hangup => tracing::warn!(
-                    "SIGHUP while the managed PostgreSQL starts: ignored; send it again once \
-                     the proxy serves to reload"
+                    "SIGHUP received while the managed PostgreSQL starts: ignored; send it \
+                     again once the proxy serves to reload"
                 ),
             },
         }
