@@ -5,7 +5,9 @@ Starts a throwaway PostgreSQL 15, one resumeguard per named proxy
 configuration, and PgBouncer (session mode), all on loopback, then measures:
 
   pgbench   select-only and TPC-B-like, -M simple/extended/prepared,
-            direct vs each resumeguard config vs PgBouncer, interleaved
+            direct vs each resumeguard config vs PgBouncer, interleaved;
+            configurations with `sslmode=` are reached over TLS, and
+            PgBouncer then runs a second time with client TLS beside them
   langgraph the interrupt protocol (park, get_state, resume) via
             bench/lg_bench.py, direct vs each resumeguard config
   memory    RSS growth of a fresh proxy process with N idle client sessions
@@ -205,6 +207,10 @@ class Resumeguard:
         # A configuration may name its own upstream; "@SOCKET@" stands for
         # the benchmark server's Unix socket.
         args = [a.replace("@SOCKET@", f"unix:{work / 'pg'}/.s.PGSQL.{upstream_port}") for a in args]
+        # "@TLS_CERT@" / "@TLS_KEY@": the benchmark's client-side certificate.
+        if any("@TLS_" in a for a in args):
+            cert, key = tls_files(work)
+            args = [a.replace("@TLS_CERT@", str(cert)).replace("@TLS_KEY@", str(key)) for a in args]
         upstream = [] if "--upstream" in args else ["--upstream", f"{HOST}:{upstream_port}"]
         self.argv = [str(binary), "serve", "--listen", f"{HOST}:{self.port}", *upstream,
                      "--audit-db", str(work / f"{name}-{self.port}-audit.sqlite"), *args]
@@ -242,7 +248,7 @@ class Resumeguard:
 
 class PgBouncer:
     def __init__(self, procs: Procs, work: Path, upstream_port: int, pool_size: int,
-                 max_clients: int, tag: str):
+                 max_clients: int, tag: str, tls: bool = False):
         self.procs = procs
         self.port = free_port()
         self.dir = work / f"pgbouncer-{tag}"
@@ -271,6 +277,13 @@ logfile = {self.dir / 'pgbouncer.log'}
 log_connections = 0
 log_disconnections = 0
 """)
+        if tls:
+            # The same certificate as the TLS resumeguard configurations; a
+            # client without TLS is refused, as under `--require-tls`.
+            cert, key = tls_files(work)
+            with open(ini, "a") as f:
+                f.write(f"client_tls_sslmode = require\nclient_tls_cert_file = {cert}\n"
+                        f"client_tls_key_file = {key}\n")
         for p in (ini, users):
             chown_pg(p)
         self.argv = as_postgres() + ["pgbouncer", str(ini)]
@@ -292,6 +305,25 @@ log_disconnections = 0
         return self.procs.stop(self.proc) if self.proc else None
 
 
+def tls_files(work: Path) -> tuple[Path, Path]:
+    """A self-signed certificate and key for the client side of the TLS
+    targets (made once per run, readable by the postgres user)."""
+    d = work / "tls"
+    cert, key = d / "cert.pem", d / "key.pem"
+    if not cert.exists():
+        d.mkdir(exist_ok=True)
+        cp = subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                             "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key),
+                             "-out", str(cert), "-days", "2", "-subj", "/CN=localhost",
+                             "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                            capture_output=True, text=True, timeout=60)
+        if cp.returncode != 0:
+            raise RuntimeError(f"openssl req failed: {cp.stderr}")
+        for f in (d, cert, key):
+            chown_pg(f)
+    return cert, key
+
+
 # --------------------------------------------------------------------------- pgbench
 TPS_RE = re.compile(r"^tps = ([0-9.]+) \(without initial connection time\)", re.M)
 TXNS_RE = re.compile(r"^number of transactions actually processed: ([0-9]+)", re.M)
@@ -304,14 +336,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def run_pgbench(pg_bin: Path, port: int, args: list[str], duration: int, who=None) -> tuple[float, float | None]:
+def run_pgbench(pg_bin: Path, port: int, args: list[str], duration: int, who=None,
+                sslmode: str | None = None) -> tuple[float, float | None]:
     """TPS, and the CPU the process behind `port` spent per transaction (µs)
-    when it is one of ours to watch (`who`)."""
+    when it is one of ours to watch (`who`). `sslmode`: libpq's, for a TLS
+    target."""
     argv = [str(pg_bin / "pgbench"), "-h", HOST, "-p", str(port), "-U", USER, "-n",
             "-T", str(duration), *args, DB]
+    env = pg_env()
+    if sslmode:
+        env["PGSSLMODE"] = sslmode
     cpu_before = cpu_seconds(who.pid) if who is not None and who.poll() is None else None
     cp = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                        timeout=duration + 120, env=pg_env())
+                        timeout=duration + 120, env=env)
     m = TPS_RE.search(cp.stdout)
     if cp.returncode != 0 or not m:
         if who is not None and who.poll() is not None:
@@ -326,14 +363,16 @@ def run_pgbench(pg_bin: Path, port: int, args: list[str], duration: int, who=Non
     return float(m.group(1)), cpu_us
 
 
-def pgbench_suite(a, pg: Postgres, targets: dict[str, int], who: dict) -> dict:
+def pgbench_suite(a, pg: Postgres, targets: dict[str, int], who: dict,
+                  sslmodes: dict[str, str]) -> dict:
     names = list(targets)
     cells = [(w, m) for w in a.workloads.split(",") for m in ("simple", "extended", "prepared")]
     results = {(w, m, t): [] for (w, m) in cells for t in names}
     base = ["-c", str(a.clients), "-j", str(a.threads)]
     log(f"pgbench warm-up ({a.warmup}s per target)")
     for t in names:
-        run_pgbench(a.pg_bin, targets[t], base + ["-S", "-M", "prepared"], a.warmup, who.get(t))
+        run_pgbench(a.pg_bin, targets[t], base + ["-S", "-M", "prepared"], a.warmup, who.get(t),
+                    sslmodes.get(t))
     cpu = {(w, m, t): [] for (w, m) in cells for t in names}
     total = a.rounds * len(cells) * len(names)
     k = 0
@@ -346,7 +385,7 @@ def pgbench_suite(a, pg: Postgres, targets: dict[str, int], who: dict) -> dict:
                 k += 1
                 extra = ["-S"] if w == "select-only" else []
                 tps, cpu_us = run_pgbench(a.pg_bin, targets[t], base + extra + ["-M", m],
-                                          a.duration, who.get(t))
+                                          a.duration, who.get(t), sslmodes.get(t))
                 results[(w, m, t)].append(tps)
                 if cpu_us is not None:
                     cpu[(w, m, t)].append(cpu_us)
@@ -367,7 +406,7 @@ def pgbench_suite(a, pg: Postgres, targets: dict[str, int], who: dict) -> dict:
                 "median_cpu_us_per_tx": median(cpu[(w, m, t)]) if cpu[(w, m, t)] else None,
             })
     return {"clients": a.clients, "threads": a.threads, "scale": a.scale, "rounds": a.rounds,
-            "duration_s": a.duration, "cells": out}
+            "duration_s": a.duration, "sslmodes": sslmodes, "cells": out}
 
 
 # --------------------------------------------------------------------------- memory
@@ -611,6 +650,7 @@ def fmt_ratio(c) -> str:
 def describe_config(res: dict, name: str, args: list[str]) -> str:
     """A configuration as its line in proxy-configs.conf would give it."""
     words = [f"bin={res['config_bin'][name]}"] if name in res.get("config_bin", {}) else []
+    words += [f"sslmode={res['config_sslmode'][name]}"] if name in res.get("config_sslmode", {}) else []
     words += [f"{k}={v}" for k, v in res["config_env"].get(name, {}).items()] + args
     return " ".join(words) or "(no extra args)"
 
@@ -636,6 +676,9 @@ def render_md(res: dict) -> str:
               f"{pb['rounds']} interleaved rounds × {pb['duration_s']} s)", "",
               "TPS: median (min–max) over rounds. Ratio: median of per-round ratios to direct "
               "(min–max).", ""]
+        if pb.get("sslmodes"):
+            L += ["Over TLS from pgbench to the proxy (direct stays plaintext): "
+                  + ", ".join(f"`{t}` (sslmode={m})" for t, m in pb["sslmodes"].items()) + ".", ""]
         hdr = "| workload | mode | " + " | ".join(f"{t} TPS" for t in targets) + " | " + \
               " | ".join(f"{t} / direct" for t in targets if t != "direct") + " |"
         L += [hdr, "|" + "---|" * (2 + 2 * len(targets) - 1)]
@@ -710,7 +753,6 @@ def check_targets(res: dict, proxy_names: list[str]) -> list[str]:
     pb = res.get("pgbench")
     if pb:
         cells = {(c["workload"], c["mode"], c["target"]): c for c in pb["cells"]}
-        have_pgb = any(t == "pgbouncer" for (_, _, t) in cells)
         baselines = [b for b in proxy_names if b in CONFIG_BIN]
         for p in proxy_names:
             if ("select-only", "simple", p) not in cells or p in CONFIG_BIN:
@@ -720,12 +762,17 @@ def check_targets(res: dict, proxy_names: list[str]) -> list[str]:
                 ok = c["ratio_to_direct"] >= 0.85
                 line = f"{p} select-only -M {mo}: {c['ratio_to_direct']:.3f}× direct " \
                        f"({'meets' if ok else 'MISSES'} ≥ 0.85×"
-                if have_pgb:
-                    b = cells[("select-only", mo, "pgbouncer")]
-                    per_round = [x / y for x, y in zip(c["tps"], b["tps"])]
-                    vs = median(per_round)
-                    line += f"; {vs:.3f}× PgBouncer, {'ahead' if vs > 1 else 'BEHIND'}"
-                for base in baselines:
+                # TLS configurations are held against the PgBouncer with TLS.
+                tls = p in res.get("config_sslmode", {})
+                bouncer = PGBOUNCER_TLS if tls else "pgbouncer"
+                if ("select-only", mo, bouncer) in cells:
+                    b = cells[("select-only", mo, bouncer)]
+                    mine, theirs = c.get("median_cpu_us_per_tx"), b.get("median_cpu_us_per_tx")
+                    vs = median([x / y for x, y in zip(c["tps"], b["tps"])])
+                    line += f"; {vs:.3f}× {bouncer}, {'ahead' if vs > 1 else 'BEHIND'}"
+                    if mine and theirs:
+                        line += f"; CPU/tx {mine:.1f} vs {theirs:.1f} µs"
+                for base in [] if tls else baselines:
                     if ("select-only", mo, base) in cells:
                         r = cells[("select-only", mo, base)]
                         vs = median([x / y for x, y in zip(c["tps"], r["tps"])])
@@ -759,10 +806,13 @@ def parse_proxy_configs(a) -> dict[str, list[str]]:
             raise SystemExit(f"bad or duplicate proxy config name {name!r}")
         parts = set(ALL_PARTS)
         env = {}
-        while args and (args[0].startswith(("parts=", "bin="))
+        while args and (args[0].startswith(("parts=", "bin=", "sslmode="))
                         or re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", args[0])):
             if args[0].startswith("bin="):
                 CONFIG_BIN[name] = REPO / args.pop(0)[len("bin="):]
+                continue
+            if args[0].startswith("sslmode="):
+                CONFIG_SSLMODE[name] = args.pop(0)[len("sslmode="):]
                 continue
             if not args[0].startswith("parts="):
                 k, v = args.pop(0).split("=", 1)
@@ -784,6 +834,10 @@ CONFIG_PARTS: dict[str, set] = {}
 CONFIG_ENV: dict[str, dict] = {}
 # Configurations that run a baseline binary instead of resumeguard.
 CONFIG_BIN: dict[str, Path] = {}
+# Configurations whose clients connect with this libpq sslmode (TLS rows).
+CONFIG_SSLMODE: dict[str, str] = {}
+# The PgBouncer that terminates client TLS, run when some configuration does.
+PGBOUNCER_TLS = "pgbouncer-tls"
 
 
 def in_part(name: str, part: str) -> bool:
@@ -854,6 +908,7 @@ def main() -> int:
                  "config_parts": {n: sorted(CONFIG_PARTS[n]) for n in proxies},
                  "config_env": {n: CONFIG_ENV[n] for n in proxies},
                  "config_bin": {n: str(CONFIG_BIN[n].relative_to(REPO)) for n in proxies if n in CONFIG_BIN},
+                 "config_sslmode": {n: CONFIG_SSLMODE[n] for n in proxies if n in CONFIG_SSLMODE},
                  "machine": machine_info(a)}
     try:
         log(f"machine: {res['machine']}")
@@ -863,10 +918,14 @@ def main() -> int:
         rgs = {n: Resumeguard(procs, work, a.binary, n, args, pg.port).start() for n, args in proxies.items()}
         for n, r in rgs.items():
             log(f"resumeguard '{n}' on {HOST}:{r.port} (pid {r.proc.pid}) args {r.args}")
-        pgb = None
+        pgb = pgb_tls = None
         if not a.no_pgbouncer and ("pgbench" in parts):
             pgb = PgBouncer(procs, work, pg.port, pool_size=a.clients + 12, max_clients=200, tag="main").start()
             log(f"pgbouncer (session mode) on {HOST}:{pgb.port}")
+            if any(in_part(n, "pgbench") for n in CONFIG_SSLMODE):
+                pgb_tls = PgBouncer(procs, work, pg.port, pool_size=a.clients + 12, max_clients=200,
+                                    tag="tls", tls=True).start()
+                log(f"pgbouncer (session mode, client TLS required) on {HOST}:{pgb_tls.port}")
         if parts & {"pgbench", "profile"}:
             log(f"pgbench -i -s {a.scale}")
             cp = subprocess.run([str(a.pg_bin / "pgbench"), "-h", HOST, "-p", str(pg.port), "-U", USER,
@@ -878,14 +937,18 @@ def main() -> int:
         if "pgbench" in parts:
             targets = {"direct": pg.port,
                        **{n: r.port for n, r in rgs.items() if in_part(n, "pgbench")}}
-            if pgb:
-                targets["pgbouncer"] = pgb.port
             who = {n: r.proc for n, r in rgs.items()}
-            if pgb:
-                who["pgbouncer"] = pgb.proc
-            res["pgbench"] = pgbench_suite(a, pg, targets, who)
-        if pgb:
-            pgb.stop()
+            sslmodes = {n: m for n, m in CONFIG_SSLMODE.items() if n in targets}
+            for name, bouncer in (("pgbouncer", pgb), (PGBOUNCER_TLS, pgb_tls)):
+                if bouncer:
+                    targets[name] = bouncer.port
+                    who[name] = bouncer.proc
+            if pgb_tls:
+                sslmodes[PGBOUNCER_TLS] = "require"
+            res["pgbench"] = pgbench_suite(a, pg, targets, who, sslmodes)
+        for bouncer in (pgb, pgb_tls):
+            if bouncer:
+                bouncer.stop()
         if "langgraph" in parts:
             targets = {"direct": pg.port,
                        **{n: r.port for n, r in rgs.items() if in_part(n, "langgraph")}}

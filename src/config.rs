@@ -17,7 +17,6 @@ use crate::policy::ChannelRules;
 use crate::saver::unknown::UnknownSaverPolicy;
 use crate::wire::client_stream::ClientTls;
 use crate::wire::proxy::RelayConfig;
-use crate::wire::tls_config;
 use crate::wire::upstream::UpstreamAddr;
 use crate::wire::upstream_tls::{UpstreamTls, UpstreamTlsParams};
 
@@ -243,10 +242,9 @@ impl Config {
     /// TLS towards clients: both files or neither.
     fn client_tls(&self) -> Result<Option<ClientTls>, ConfigError> {
         match (&self.tls.cert, &self.tls.key) {
-            (Some(cert), Some(key)) => Ok(Some(ClientTls {
-                config: tls_config::server_config(cert, key).map_err(ConfigError::ClientTls)?,
-                require: self.tls.require,
-            })),
+            (Some(cert), Some(key)) => Ok(Some(
+                ClientTls::load(cert, key, self.tls.require).map_err(ConfigError::ClientTls)?,
+            )),
             (None, None) if self.tls.require => Err(ConfigError::RequireTlsWithoutCertificate),
             (None, None) => Ok(None),
             _ => Err(ConfigError::HalfClientTls),

@@ -15,6 +15,7 @@ use resumeguard::config::Config;
 use resumeguard::policy::ChannelRules;
 use resumeguard::saver::profile::profiles_for;
 
+mod reload;
 mod serve;
 mod startup;
 use serve::serve;

@@ -15,15 +15,16 @@ use resumeguard::claims::evidence;
 use resumeguard::claims::ClaimStore;
 use resumeguard::config::{upstream_addr, Config};
 use resumeguard::enforce::claim_gate::ClaimsLeg;
+use resumeguard::enforce::reload::Reloadable;
 use resumeguard::enforce::{Enforcement, Legs};
-use resumeguard::saver::classify::Classifier;
-use resumeguard::saver::profile::profiles_for;
+use resumeguard::policy::ChannelRules;
 use resumeguard::wire::{listener, proxy::Proxy};
 
-use crate::startup::{start_managed, Signals, Startup};
+use crate::reload::{load_rules, Reloader};
+use crate::startup::{start_managed, Received, Signals, Startup};
 
 pub fn serve(cfg: Config) -> anyhow::Result<()> {
-    let profiles = profiles_for(cfg.rules_dir.as_deref())?;
+    let rules = load_rules(&cfg)?;
     if let Some(parent) = cfg.audit_db().parent() {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
@@ -42,7 +43,7 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
         None => None,
     };
     let audit = AuditSink::start(&cfg.audit)?;
-    let legs = legs(&cfg, &audit)?;
+    let legs = legs(&cfg, &audit, rules.validity)?;
     let claims_store = legs.claims.as_ref().map(|leg| Arc::clone(&leg.store));
     // The event loop only accepts connections and watches for signals;
     // each session relays on threads of its own (wire/session.rs).
@@ -79,16 +80,14 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
             let listener = TcpListener::from_std(listener)?;
             let local = listener.local_addr()?;
             let (stop_tx, stop_rx) = watch::channel(false);
-            let enforcement = Arc::new(Enforcement {
-                classifier: Arc::new(
-                    Classifier::new(profiles).with_unknown_policy(cfg.enforce.unknown_saver),
-                ),
+            let enforcement = Reloadable::new(Enforcement {
+                classifier: rules.classifier,
                 legs,
                 audit: audit.clone(),
             });
             let proxy = Arc::new(Proxy::new(
                 cfg.relay(upstream.clone())?,
-                Arc::new(enforcement),
+                Arc::new(Arc::clone(&enforcement)),
             ));
             let admin_state = |metrics| AdminState {
                 proxy: Arc::clone(&proxy),
@@ -117,8 +116,14 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
             let stopped = |mut rx: watch::Receiver<bool>| async move {
                 let _ = rx.wait_for(|s| *s).await;
             };
+            let reloader = Arc::new(Reloader::new(cfg.clone(), enforcement, Arc::clone(&proxy)));
             tokio::spawn(async move {
-                signals.stop_requested().await;
+                while signals.next().await == Received::Hangup {
+                    let reloader = Arc::clone(&reloader);
+                    if let Err(e) = tokio::task::spawn_blocking(move || reloader.reload()).await {
+                        tracing::error!(error = %e, "SIGHUP: the reload did not finish");
+                    }
+                }
                 tracing::info!("shutdown requested");
                 let _ = stop_tx.send(true);
             });
@@ -158,7 +163,7 @@ fn bind(addr: &str) -> anyhow::Result<std::net::TcpListener> {
 /// shared claims store and its evidence worker. A store that does not
 /// open is not fatal: the proxy runs and refuses reads of parked heads
 /// until it does (fail closed), says so, and retries opening it on use.
-fn legs(cfg: &Config, audit: &AuditSink) -> anyhow::Result<Legs> {
+fn legs(cfg: &Config, audit: &AuditSink, validity: Arc<ChannelRules>) -> anyhow::Result<Legs> {
     let claims = match cfg.claims_settings()? {
         Some(c) => {
             let store = Arc::new(ClaimStore::connect(&c.store).with_run_lease(c.run_lease_ms));
@@ -183,7 +188,7 @@ fn legs(cfg: &Config, audit: &AuditSink) -> anyhow::Result<Legs> {
     };
     Ok(Legs {
         fork_filter: cfg.enforce.fork_filter,
-        validity: Arc::new(cfg.channel_rules()?),
+        validity,
         claims,
     })
 }

@@ -24,16 +24,24 @@ pub async fn start_managed(cfg: &Config, signals: &mut Signals) -> anyhow::Resul
     let state_dir = cfg.state_dir.clone();
     let start = tokio::task::spawn_blocking(move || ManagedPostgres::start(&managed, &state_dir));
     tokio::pin!(start);
-    tokio::select! {
-        done = &mut start => return Ok(Startup::Running(done??)),
-        _ = signals.stop_requested() => {}
+    loop {
+        tokio::select! {
+            done = &mut start => return Ok(Startup::Running(done??)),
+            signal = signals.next() => match signal {
+                Received::Stop => break,
+                Received::Hangup => tracing::warn!(
+                    "SIGHUP received while the managed PostgreSQL starts: ignored; send it \
+                     again once the proxy serves to reload"
+                ),
+            },
+        }
     }
     tracing::info!("shutdown requested while the managed PostgreSQL starts: stopping it once up");
     Ok(Startup::Interrupted(start.await??))
 }
 
-/// The signals `serve` handles: SIGINT and SIGTERM stop it; SIGHUP is
-/// logged and otherwise ignored (the configuration is not reloaded).
+/// The signals `serve` handles: SIGINT and SIGTERM stop it, SIGHUP
+/// reloads the files its configuration names (`crate::reload`).
 pub struct Signals {
     term: Signal,
     hup: Signal,
@@ -51,17 +59,21 @@ impl Signals {
         })
     }
 
-    /// Resolves on the first SIGINT or SIGTERM.
-    pub async fn stop_requested(&mut self) {
-        loop {
-            tokio::select! {
-                _ = self.int.recv() => return,
-                _ = self.term.recv() => return,
-                _ = self.hup.recv() => tracing::warn!(
-                    "SIGHUP received: configuration reload is not supported; still serving \
-                     with the configuration it started with"
-                ),
-            }
+    /// The next signal (cancel-safe: one that arrives meanwhile waits).
+    pub async fn next(&mut self) -> Received {
+        tokio::select! {
+            _ = self.int.recv() => Received::Stop,
+            _ = self.term.recv() => Received::Stop,
+            _ = self.hup.recv() => Received::Hangup,
         }
     }
+}
+
+/// A signal, by what it asks of `serve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Received {
+    /// SIGINT, SIGTERM: stop (gracefully).
+    Stop,
+    /// SIGHUP: read the rules and certificates again.
+    Hangup,
 }

@@ -8,10 +8,12 @@
 //! - `watch`, `events`, `evidence`: one statement's answer, what it
 //!   audits, what it tells the claims store.
 //! - `validity`, `claim_gate`: the validity gate and the consume-once gate.
+//! - `reload`: the rule set a running proxy replaces (SIGHUP).
 
 pub mod claim_gate;
 mod events;
 mod evidence;
+pub mod reload;
 pub mod session;
 pub mod validity;
 pub mod watch;
@@ -86,10 +88,9 @@ impl Enforcement {
         tracker.expect_startup();
         tracker
     }
-}
 
-impl GuardFactory for Arc<Enforcement> {
-    fn guard(&self, info: SessionInfo) -> Box<dyn Guard> {
+    /// The guard of the session the relay describes.
+    fn session_for(self: &Arc<Self>, info: SessionInfo) -> SessionGuard {
         let ctx = SessionContext {
             session_id: info.session_id,
             client_addr: info.client_addr,
@@ -97,7 +98,13 @@ impl GuardFactory for Arc<Enforcement> {
             database: info.database,
             application_name: info.application_name,
         };
-        Box::new(self.session(ctx, info.inspection_listener))
+        self.session(ctx, info.inspection_listener)
+    }
+}
+
+impl GuardFactory for Arc<Enforcement> {
+    fn guard(&self, info: SessionInfo) -> Box<dyn Guard> {
+        Box::new(self.session_for(info))
     }
 }
 

@@ -84,6 +84,12 @@ impl SessionEnforcer {
         &self.shared
     }
 
+    /// Takes a reloaded rule set for the statements to come (see
+    /// `enforce::reload`: only while the session is idle).
+    pub fn rebase(&mut self, shared: Arc<Enforcement>) {
+        self.shared = shared;
+    }
+
     /// Where committed writes' claim evidence goes, with consume-once on.
     pub fn evidence_sender(&self) -> Option<&EvidenceSender> {
         self.shared.legs.claims.as_ref()?.evidence.as_ref()

@@ -3,24 +3,63 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use rustls::{Connection, ServerConfig, ServerConnection};
 
 use super::sasl_plus::StripPlus;
+use super::tls_config::{self, TlsConfigError};
 use super::tls_stream::TlsStream;
 
 /// The ALPN name of the PostgreSQL protocol (direct TLS, PostgreSQL 17).
 pub const ALPN_POSTGRESQL: &[u8] = b"postgresql";
 
 /// TLS towards clients: the proxy's certificate, and whether clients
-/// must use it.
+/// must use it. The certificate and key can be read again while the proxy
+/// runs ([`ClientTls::reload`]); each handshake uses the latest that
+/// loaded, sessions already encrypted keep theirs.
 #[derive(Debug, Clone)]
 pub struct ClientTls {
-    pub config: Arc<ServerConfig>,
+    config: Arc<ArcSwap<ServerConfig>>,
+    cert: PathBuf,
+    key: PathBuf,
     /// A StartupMessage without TLS is refused.
     pub require: bool,
+}
+
+impl ClientTls {
+    /// Loads the PEM certificate chain and key now.
+    pub fn load(cert: &Path, key: &Path, require: bool) -> Result<ClientTls, TlsConfigError> {
+        let config = tls_config::server_config(cert, key)?;
+        Ok(ClientTls {
+            config: Arc::new(ArcSwap::new(config)),
+            cert: cert.to_owned(),
+            key: key.to_owned(),
+            require,
+        })
+    }
+
+    /// Reads the certificate and key files again and, when they load as a
+    /// matching pair, makes them the ones new handshakes present. On an
+    /// error nothing changes.
+    pub fn reload(&self) -> Result<(), TlsConfigError> {
+        let config = tls_config::server_config(&self.cert, &self.key)?;
+        self.config.store(config);
+        Ok(())
+    }
+
+    /// The certificate file, for messages.
+    pub fn cert_path(&self) -> &Path {
+        &self.cert
+    }
+
+    /// The configuration a handshake starting now uses.
+    pub fn config(&self) -> Arc<ServerConfig> {
+        self.config.load_full()
+    }
 }
 
 /// One client connection.
@@ -41,7 +80,7 @@ impl ClientStream {
         early: &[u8],
         direct: bool,
     ) -> io::Result<ClientStream> {
-        let conn = ServerConnection::new(Arc::clone(&tls.config))
+        let conn = ServerConnection::new(tls.config())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         let stream = TlsStream::handshake(sock, Connection::Server(conn), early)?
             .with_outgoing_filter(Box::new(StripPlus::default()));
@@ -102,5 +141,94 @@ impl Write for &ClientStream {
 
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::path::PathBuf;
+
+    use rustls::pki_types::{CertificateDer, ServerName};
+    use rustls::{ClientConfig, ClientConnection};
+
+    use super::*;
+
+    /// A self-signed certificate for localhost and its key, as PEM text.
+    pub(crate) fn self_signed() -> (String, String) {
+        let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        (ck.cert.pem(), ck.signing_key.serialize_pem())
+    }
+
+    /// A fresh directory for one test's files.
+    pub(crate) fn scratch(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("rg-reload-{}-{tag}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Runs a handshake in memory; the server's certificate, or why the
+    /// client refused it.
+    pub(crate) fn handshake(
+        client: Arc<ClientConfig>,
+        server: Arc<ServerConfig>,
+    ) -> Result<CertificateDer<'static>, rustls::Error> {
+        let name = ServerName::try_from("localhost").unwrap();
+        let mut c = ClientConnection::new(client, name)?;
+        let mut s = ServerConnection::new(server)?;
+        for _ in 0..10 {
+            if !c.is_handshaking() && !s.is_handshaking() {
+                let chain = c.peer_certificates().unwrap_or_default();
+                return Ok(chain[0].clone().into_owned());
+            }
+            let mut wire = Vec::new();
+            c.write_tls(&mut wire).unwrap();
+            s.read_tls(&mut &wire[..]).unwrap();
+            s.process_new_packets()?;
+            wire.clear();
+            s.write_tls(&mut wire).unwrap();
+            c.read_tls(&mut &wire[..]).unwrap();
+            c.process_new_packets()?;
+        }
+        panic!("the handshake did not finish");
+    }
+
+    fn der(pem: &str) -> CertificateDer<'static> {
+        use rustls::pki_types::pem::PemObject;
+        CertificateDer::from_pem_slice(pem.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn a_reload_presents_the_new_certificate_and_a_bad_one_keeps_the_old() {
+        let dir = scratch("client-tls");
+        let (cert, key) = (dir.join("proxy.crt"), dir.join("proxy.key"));
+        let (first, first_key) = self_signed();
+        std::fs::write(&cert, &first).unwrap();
+        std::fs::write(&key, &first_key).unwrap();
+        let tls = ClientTls::load(&cert, &key, false).unwrap();
+        let shared = tls.clone(); // what the relay holds
+        let anyone =
+            tls_config::client_config(tls_config::Verify::Nothing, None, None, true).unwrap();
+        let presented = || handshake(Arc::clone(&anyone), shared.config()).unwrap();
+        assert_eq!(presented(), der(&first));
+
+        let (second, second_key) = self_signed();
+        std::fs::write(&cert, &second).unwrap();
+        std::fs::write(&key, &second_key).unwrap();
+        assert_eq!(presented(), der(&first), "files alone change nothing");
+        tls.reload().unwrap();
+        assert_eq!(presented(), der(&second));
+
+        // A certificate whose key is not its own: refused, the last good
+        // pair stays.
+        let (third, _) = self_signed();
+        std::fs::write(&cert, &third).unwrap();
+        let err = format!("{:#}", tls.reload().unwrap_err());
+        assert!(err.contains("proxy.crt"), "{err}");
+        std::fs::write(&key, "not a key").unwrap();
+        let err = format!("{:#}", tls.reload().unwrap_err());
+        assert!(err.contains("proxy.key"), "{err}");
+        assert_eq!(presented(), der(&second));
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

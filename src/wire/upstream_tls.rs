@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use rustls::pki_types::{InvalidDnsNameError, ServerName};
 use rustls::{ClientConfig, ClientConnection, Connection};
 
@@ -97,7 +98,36 @@ pub struct UpstreamTlsParams {
 #[derive(Debug, Clone)]
 pub struct UpstreamTls {
     pub mode: SslMode,
-    config: Option<(Arc<ClientConfig>, ServerName<'static>)>,
+    config: Option<Handshake>,
+}
+
+/// What a TLS handshake with the upstream needs. The configuration is
+/// rebuilt from the same files by [`UpstreamTls::reload`]; each
+/// connection uses the latest that loaded.
+#[derive(Debug, Clone)]
+struct Handshake {
+    config: Arc<ArcSwap<ClientConfig>>,
+    name: ServerName<'static>,
+    files: Files,
+}
+
+/// The settings the client configuration is built from.
+#[derive(Debug, Clone)]
+struct Files {
+    verify: Verify,
+    roots: Option<PathBuf>,
+    identity: Option<(PathBuf, PathBuf)>,
+    sni: bool,
+}
+
+impl Files {
+    fn build(&self) -> Result<Arc<ClientConfig>, TlsConfigError> {
+        let identity = self
+            .identity
+            .as_ref()
+            .map(|(c, k)| (c.as_path(), k.as_path()));
+        tls_config::client_config(self.verify, self.roots.as_deref(), identity, self.sni)
+    }
 }
 
 /// The SSLRequest packet: length 8, code 80877103.
@@ -150,13 +180,13 @@ impl UpstreamTls {
             SslMode::Require if p.sslrootcert.is_some() => Verify::Chain,
             _ => Verify::Nothing,
         };
-        let identity = p.sslcert.as_deref().zip(p.sslkey.as_deref());
-        let config = tls_config::client_config(
+        let files = Files {
             verify,
-            p.sslrootcert.as_deref(),
-            identity,
-            p.sni.unwrap_or(true),
-        )?;
+            roots: p.sslrootcert.clone(),
+            identity: p.sslcert.clone().zip(p.sslkey.clone()),
+            sni: p.sni.unwrap_or(true),
+        };
+        let config = files.build()?;
         let name = ServerName::try_from(host.to_owned()).map_err(|source| {
             UpstreamTlsError::ServerName {
                 host: host.to_owned(),
@@ -165,14 +195,37 @@ impl UpstreamTls {
         })?;
         Ok(UpstreamTls {
             mode,
-            config: Some((config, name)),
+            config: Some(Handshake {
+                config: Arc::new(ArcSwap::new(config)),
+                name,
+                files,
+            }),
         })
+    }
+
+    /// Whether a reload reads any file: a root file or a client
+    /// certificate is configured.
+    pub fn has_files(&self) -> bool {
+        self.config
+            .as_ref()
+            .is_some_and(|h| h.files.roots.is_some() || h.files.identity.is_some())
+    }
+
+    /// Reads the root file and the client certificate and key again and,
+    /// when all of them load, makes them what new upstream connections
+    /// use. On an error nothing changes. Without TLS there is nothing to
+    /// read.
+    pub fn reload(&self) -> Result<(), TlsConfigError> {
+        if let Some(h) = &self.config {
+            h.config.store(h.files.build()?);
+        }
+        Ok(())
     }
 
     /// Negotiates TLS on a freshly connected upstream socket: SSLRequest,
     /// then the handshake on 'S'. Bounded by `timeout` per read.
     pub fn negotiate(&self, upstream: Upstream, timeout: Duration) -> io::Result<Upstream> {
-        let (Some((config, name)), Upstream::Tcp(sock)) = (&self.config, &upstream) else {
+        let (Some(handshake), Upstream::Tcp(sock)) = (&self.config, &upstream) else {
             return Ok(upstream);
         };
         sock.set_read_timeout(Some(timeout))?;
@@ -183,8 +236,9 @@ impl UpstreamTls {
         sock.read_exact(&mut answer)?;
         let upstream = match answer[0] {
             b'S' => {
-                let conn = ClientConnection::new(Arc::clone(config), name.clone())
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                let conn =
+                    ClientConnection::new(handshake.config.load_full(), handshake.name.clone())
+                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
                 let tls = TlsStream::handshake(sock.try_clone()?, Connection::Client(conn), &[])
                     .map_err(|e| {
                         io::Error::new(e.kind(), format!("TLS handshake with the server: {e}"))
@@ -255,6 +309,49 @@ mod tests {
             ..Default::default()
         };
         assert!(UpstreamTls::build(&unix, &require).is_err());
+    }
+
+    #[test]
+    fn a_reload_trusts_the_new_roots_and_a_bad_file_keeps_the_old() {
+        use crate::wire::client_stream::tests::{handshake, scratch, self_signed};
+        let dir = scratch("upstream-tls");
+        let root = dir.join("root.crt");
+        let server_with = |tag: &str, (cert, key): (String, String)| {
+            let (c, k) = (
+                dir.join(format!("{tag}.crt")),
+                dir.join(format!("{tag}.key")),
+            );
+            std::fs::write(&c, &cert).unwrap();
+            std::fs::write(&k, key).unwrap();
+            (tls_config::server_config(&c, &k).unwrap(), cert)
+        };
+        let (old_server, old_cert) = server_with("old", self_signed());
+        let (new_server, new_cert) = server_with("new", self_signed());
+        std::fs::write(&root, &old_cert).unwrap();
+        let tls = UpstreamTls::build(
+            &UpstreamAddr::Tcp("localhost:5432".into()),
+            &UpstreamTlsParams {
+                sslmode: Some("verify-full".into()),
+                sslrootcert: Some(root.clone()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert!(tls.has_files());
+        let shared = tls.clone(); // what the relay holds
+        let trusts = |server: &Arc<rustls::ServerConfig>| {
+            let config = shared.config.as_ref().unwrap().config.load_full();
+            handshake(config, Arc::clone(server)).is_ok()
+        };
+        assert!(trusts(&old_server) && !trusts(&new_server));
+        std::fs::write(&root, &new_cert).unwrap();
+        tls.reload().unwrap();
+        assert!(!trusts(&old_server) && trusts(&new_server));
+        std::fs::write(&root, "no certificate here").unwrap();
+        let err = format!("{:#}", tls.reload().unwrap_err());
+        assert!(err.contains("root.crt"), "{err}");
+        assert!(trusts(&new_server), "the last roots that loaded stay");
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

@@ -1,0 +1,312 @@
+"""SIGHUP reloads the files the configuration names, without dropping a
+session: the rules directory (saver profiles, channel rules) and the
+certificate and key the proxy shows its clients.
+
+* A channel rule added while a LangGraph saver keeps its connection open: the
+  write it accepted before the SIGHUP is refused after it (23514), on that
+  same connection and on new ones.
+* A rule file that does not load: the SIGHUP is logged at ERROR with the
+  file, counted as failed in /metrics, and the rules in effect stay in effect.
+* The client certificate rotated to one from another CA: a new
+  ``sslmode=verify-full`` connection trusting only the new CA fails before the
+  SIGHUP and succeeds after it, and the handshake shows the new certificate's
+  fingerprint; a TLS session opened before it goes on working. A certificate
+  file that does not load keeps the current one.
+* The upstream's trusted roots (``sslrootcert``, verify-full) replaced by
+  another CA's: new sessions are refused (the server's certificate no longer
+  verifies) while a session opened before goes on; a root file that does not
+  load keeps the roots in effect; the right CA back, new sessions pass again.
+* No SIGHUP stops the proxy (every proxy here must still exit 0 on SIGTERM).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import socket
+import ssl
+import struct
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+from langgraph.checkpoint.postgres import PostgresSaver
+
+import lg_enforce as E
+from conftest import HOST, connect, free_port, make_dsn
+from test_admin import scrape, value, wait_admin
+from test_tls import (TlsProxy, certs, make_ca, make_leaf, tls_pg,  # noqa: F401
+                      upstream_url)
+from test_validity import write_rules_dir
+
+ITEMS_RULE = """\
+[[channel]]
+name = "items"
+thread_id = "rl-.*"
+schema = { type = "array", items = { type = "string" } }
+"""
+RELOADS = "resumeguard_reloads_total"
+
+
+def sighup_and_wait(proxy, part: str, result: str, timeout: float = 10.0) -> None:
+    """Sends SIGHUP and waits until the proxy logged the part's outcome."""
+    want = "SIGHUP: reloaded" if result == "ok" else "SIGHUP: reload failed"
+    seen = log_count(proxy, part, want)
+    proxy.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + timeout
+    while log_count(proxy, part, want) == seen:
+        assert proxy.alive(), proxy.describe()
+        assert time.monotonic() < deadline, f"no {want!r} for {part}\n{proxy.describe()}"
+        time.sleep(0.05)
+    assert proxy.alive(), proxy.describe()
+
+
+def log_count(proxy, part: str, text: str) -> int:
+    return sum(1 for line in proxy.stderr_path.read_text(errors="replace").splitlines()
+               if text in line and f'part="{part}"' in line)
+
+
+def error_lines(proxy, part: str) -> list[str]:
+    return [line for line in proxy.stderr_path.read_text(errors="replace").splitlines()
+            if "ERROR" in line and "SIGHUP: reload failed" in line and f'part="{part}"' in line]
+
+
+# --------------------------------------------------------------------------- rules
+@pytest.fixture(scope="module", autouse=True)
+def migrated(direct_dsn):
+    E.setup_db(direct_dsn)
+
+
+@pytest.fixture(scope="module")
+def rules_dir(workdir) -> Path:
+    """The shipped saver profiles and no channel rule yet."""
+    return write_rules_dir(workdir / f"reload-rules-{uuid.uuid4().hex[:6]}", {})
+
+
+@pytest.fixture(scope="module")
+def admin_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def rproxy(proxy_factory, rules_dir, admin_port):
+    return proxy_factory("--rules", str(rules_dir), "--admin-listen", f"{HOST}:{admin_port}",
+                         name="proxy-reload-rules")
+
+
+def reloads(admin_port: int, part: str, result: str) -> float:
+    return value(scrape(wait_admin(admin_port)), RELOADS, part=part, result=result)
+
+
+def invalid_append(graph, thread: str) -> psycopg.Error | None:
+    """Appends None to ``items`` (a list of strings in the application's own
+    type); the error the write raised, if any."""
+    try:
+        graph.invoke({"pending": None}, E.cfg_of(thread))
+        return None
+    except psycopg.Error as e:
+        return e
+
+
+def test_sighup_puts_a_new_rule_in_effect_on_open_and_new_connections(
+        rproxy, rules_dir, admin_port, dbname, direct_dsn):
+    assert reloads(admin_port, "rules", "ok") == 0
+    assert reloads(admin_port, "rules", "failed") == 0
+    dsn = rproxy.dsn(dbname)
+    with PostgresSaver.from_conn_string(dsn) as saver:   # one connection, kept open
+        g = E.build_items_graph(saver)
+        before = f"rl-before-{uuid.uuid4().hex[:8]}"
+        g.invoke({"pending": "a"}, E.cfg_of(before))
+        assert invalid_append(g, before) is None, "no rule yet: the invalid value is accepted"
+        assert ("writes", [None]) in E.invalid_items(E.channel_rows(direct_dsn, before, "items"))
+
+        (rules_dir / "channels" / "items.toml").write_text(ITEMS_RULE)
+        sighup_and_wait(rproxy, "rules", "ok")
+        assert reloads(admin_port, "rules", "ok") == 1
+
+        after = f"rl-after-{uuid.uuid4().hex[:8]}"
+        g.invoke({"pending": "a"}, E.cfg_of(after))
+        err = invalid_append(g, after)
+        assert isinstance(err, psycopg.errors.CheckViolation), err
+        assert err.sqlstate == "23514" and "items.toml" in str(err), str(err)
+        assert E.invalid_items(E.channel_rows(direct_dsn, after, "items")) == []
+        assert g.invoke({"pending": "b"}, E.cfg_of(after))["items"] == ["a", "b"]
+    with PostgresSaver.from_conn_string(dsn) as saver:   # a new connection
+        g = E.build_items_graph(saver)
+        fresh = f"rl-new-{uuid.uuid4().hex[:8]}"
+        assert isinstance(invalid_append(g, fresh), psycopg.errors.CheckViolation)
+
+
+def test_a_broken_rule_file_keeps_the_rules_in_effect(rproxy, rules_dir, admin_port, dbname):
+    rule = rules_dir / "channels" / "items.toml"
+    rule.write_text(ITEMS_RULE)
+    sighup_and_wait(rproxy, "rules", "ok")
+    broken = rules_dir / "channels" / "zz-broken.toml"
+    broken.write_text('[[channel]\nname = ')
+    failed = reloads(admin_port, "rules", "failed")
+    sighup_and_wait(rproxy, "rules", "failed")
+    assert reloads(admin_port, "rules", "failed") == failed + 1
+    errors = error_lines(rproxy, "rules")
+    assert errors and "zz-broken.toml" in errors[-1], errors
+    # the rules loaded before are still enforced, on a connection opened now
+    with PostgresSaver.from_conn_string(rproxy.dsn(dbname)) as saver:
+        g = E.build_items_graph(saver)
+        thread = f"rl-kept-{uuid.uuid4().hex[:8]}"
+        assert isinstance(invalid_append(g, thread), psycopg.errors.CheckViolation)
+        assert g.invoke({"pending": "ok"}, E.cfg_of(thread))["items"] == ["ok"]
+    # removing the rule and the broken file: the next SIGHUP lifts the rule
+    broken.unlink()
+    rule.unlink()
+    sighup_and_wait(rproxy, "rules", "ok")
+    with PostgresSaver.from_conn_string(rproxy.dsn(dbname)) as saver:
+        g = E.build_items_graph(saver)
+        assert invalid_append(g, f"rl-lifted-{uuid.uuid4().hex[:8]}") is None
+
+
+def test_repeated_sighups_never_stop_the_proxy(rproxy, dbname):
+    for _ in range(5):
+        rproxy.proc.send_signal(signal.SIGHUP)
+    time.sleep(0.5)
+    assert rproxy.alive(), rproxy.describe()
+    with connect(rproxy.dsn(dbname)) as c:
+        assert c.execute("SELECT 1").fetchone()[0] == 1
+
+
+# --------------------------------------------------------------------------- client TLS
+@pytest.fixture(scope="module")
+def tls_files(workdir) -> Path:
+    """Two CAs, a leaf of each for localhost; the proxy's files start as ca1's."""
+    d = workdir / f"reload-tls-{uuid.uuid4().hex[:6]}"
+    d.mkdir()
+    for n in (1, 2):
+        make_ca(d, f"ca{n}")
+        make_leaf(d, f"leaf{n}", f"ca{n}")
+    (d / "proxy.crt").write_bytes((d / "leaf1.crt").read_bytes())
+    (d / "proxy.key").write_bytes((d / "leaf1.key").read_bytes())
+    return d
+
+
+@pytest.fixture(scope="module")
+def tproxy(proxy_factory, tls_files):
+    return proxy_factory("--tls-cert", str(tls_files / "proxy.crt"),
+                         "--tls-key", str(tls_files / "proxy.key"), name="proxy-reload-tls")
+
+
+def tls_dsn(proxy, dbname: str, sslmode: str, root: Path | None = None) -> str:
+    params = {"sslmode": sslmode}
+    if root is not None:
+        params["sslrootcert"] = str(root)
+    return make_dsn(proxy.port, dbname, **params).replace(f"@{HOST}:", "@localhost:")
+
+
+def fingerprint_of_file(pem: Path) -> str:
+    return hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem.read_text())).hexdigest()
+
+
+def presented_fingerprint(port: int, root: Path) -> str:
+    """SSLRequest, then a handshake verifying chain and host name (what
+    verify-full checks); the sha256 of the certificate the proxy showed."""
+    ctx = ssl.create_default_context(cafile=str(root))
+    with socket.create_connection(("localhost", port), timeout=10) as raw:
+        raw.sendall(struct.pack("!ii", 8, 80877103))
+        assert raw.recv(1) == b"S"
+        with ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+            return hashlib.sha256(tls.getpeercert(binary_form=True)).hexdigest()
+
+
+def test_sighup_rotates_the_client_certificate_and_open_sessions_survive(
+        tproxy, tls_files, dbname):
+    d = tls_files
+    assert presented_fingerprint(tproxy.port, d / "ca1.crt") == fingerprint_of_file(d / "leaf1.crt")
+    with pytest.raises(psycopg.OperationalError):
+        connect(tls_dsn(tproxy, dbname, "verify-full", d / "ca2.crt"))
+    open_session = connect(tls_dsn(tproxy, dbname, "require"))
+    assert open_session.pgconn.ssl_in_use
+    open_session.execute("CREATE TEMP TABLE kept (v int)")
+    open_session.execute("INSERT INTO kept VALUES (1)")
+
+    (d / "proxy.crt").write_bytes((d / "leaf2.crt").read_bytes())
+    (d / "proxy.key").write_bytes((d / "leaf2.key").read_bytes())
+    sighup_and_wait(tproxy, "client_tls", "ok")
+
+    assert presented_fingerprint(tproxy.port, d / "ca2.crt") == fingerprint_of_file(d / "leaf2.crt")
+    with connect(tls_dsn(tproxy, dbname, "verify-full", d / "ca2.crt")) as c:
+        assert c.pgconn.ssl_in_use and c.execute("SELECT 1").fetchone()[0] == 1
+    with pytest.raises(psycopg.OperationalError):
+        connect(tls_dsn(tproxy, dbname, "verify-full", d / "ca1.crt"))
+    # the session opened before the SIGHUP is the same session, still encrypted
+    assert open_session.execute("SELECT sum(v) FROM kept").fetchone()[0] == 1
+    assert open_session.pgconn.ssl_in_use
+    open_session.close()
+
+
+def test_a_certificate_that_does_not_load_keeps_the_current_one(tproxy, tls_files, dbname):
+    d = tls_files
+    (d / "proxy.crt").write_bytes((d / "leaf2.crt").read_bytes())
+    (d / "proxy.key").write_bytes((d / "leaf2.key").read_bytes())
+    sighup_and_wait(tproxy, "client_tls", "ok")
+    # leaf1's certificate with leaf2's key: not a pair
+    (d / "proxy.crt").write_bytes((d / "leaf1.crt").read_bytes())
+    sighup_and_wait(tproxy, "client_tls", "failed")
+    errors = error_lines(tproxy, "client_tls")
+    assert errors and "proxy.crt" in errors[-1], errors
+    (d / "proxy.key").write_text("not a key\n")
+    sighup_and_wait(tproxy, "client_tls", "failed")
+    assert "proxy.key" in error_lines(tproxy, "client_tls")[-1]
+    assert presented_fingerprint(tproxy.port, d / "ca2.crt") == fingerprint_of_file(d / "leaf2.crt")
+    with connect(tls_dsn(tproxy, dbname, "verify-full", d / "ca2.crt")) as c:
+        assert c.execute("SELECT 1").fetchone()[0] == 1
+
+
+# --------------------------------------------------------------------------- upstream TLS
+def upstream_session(proxy) -> psycopg.Connection:
+    """A plaintext client session through `proxy` (trust auth: the proxy's
+    own TLS towards the server is what is at stake)."""
+    return connect(make_dsn(proxy.port, "postgres", sslmode="disable"))
+
+
+@pytest.fixture
+def upstream_root(workdir, certs) -> Path:
+    """The proxy's sslrootcert file, starting as the right CA."""
+    root = workdir / f"reload-upstream-root-{uuid.uuid4().hex[:6]}.crt"
+    root.write_bytes((certs / "ca.crt").read_bytes())
+    return root
+
+
+@pytest.fixture
+def uproxy(tls_pg, upstream_root, workdir):
+    """verify-full towards the TLS server, trusting the roots of `upstream_root`."""
+    upstream = upstream_url(tls_pg.port, sslmode="verify-full", sslrootcert=upstream_root)
+    p = TlsProxy(upstream, workdir, "proxy-reload-upstream").start()
+    yield p
+    was_alive = p.alive()
+    assert was_alive and p.stop() == 0, p.describe()
+
+
+def test_sighup_replaces_the_upstream_roots(uproxy, upstream_root, certs):
+    proxy, root = uproxy, upstream_root
+    open_session = upstream_session(proxy)
+    assert open_session.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
+                                ).fetchone()[0]
+
+    root.write_text("no certificate here\n")
+    sighup_and_wait(proxy, "upstream_tls", "failed")
+    assert str(root.name) in error_lines(proxy, "upstream_tls")[-1]
+    with upstream_session(proxy) as c:                       # the roots in effect stay
+        assert c.execute("SELECT 1").fetchone()[0] == 1
+
+    root.write_bytes((certs / "wrong_ca.crt").read_bytes())
+    sighup_and_wait(proxy, "upstream_tls", "ok")
+    with pytest.raises(psycopg.OperationalError) as e:
+        upstream_session(proxy)
+    msg = str(e.value)
+    assert "TLS handshake" in msg and ("UnknownIssuer" in msg or "unknown issuer" in msg.lower()), msg
+    assert open_session.execute("SELECT 2").fetchone()[0] == 2   # opened before: unaffected
+
+    root.write_bytes((certs / "ca.crt").read_bytes())
+    sighup_and_wait(proxy, "upstream_tls", "ok")
+    with upstream_session(proxy) as c:
+        assert c.execute("SELECT 3").fetchone()[0] == 3
+    open_session.close()

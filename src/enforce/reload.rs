@@ -1,0 +1,279 @@
+//! The rule set of a running proxy, replaceable (SIGHUP): saver profiles
+//! and channel rules are swapped in whole, and every session, open ones
+//! included, takes the new set at its next idle point — nothing
+//! outstanding, no transaction open — so a transaction is judged by one
+//! set from its first statement to its last.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+
+use super::{Enforcement, Legs, SessionGuard};
+use crate::policy::ChannelRules;
+use crate::saver::classify::Classifier;
+use crate::wire::guard::{
+    ClientError, ClientStep, Guard, GuardFactory, ServerStep, SessionInfo, Ticket,
+};
+use crate::wire::response_queue::Desync;
+
+/// The enforcement every session shares, with rules that can be replaced.
+pub struct Reloadable {
+    current: ArcSwap<Enforcement>,
+    /// Moves after each replacement. Sessions compare it on every client
+    /// message (one atomic load) and read the new set only when it moved.
+    generation: AtomicU64,
+}
+
+impl Reloadable {
+    pub fn new(enforcement: Enforcement) -> Arc<Reloadable> {
+        Arc::new(Reloadable {
+            current: ArcSwap::from_pointee(enforcement),
+            generation: AtomicU64::new(0),
+        })
+    }
+
+    /// The set new sessions and statements use now.
+    pub fn current(&self) -> Arc<Enforcement> {
+        self.current.load_full()
+    }
+
+    /// Puts a new classifier (saver profiles) and new channel rules in
+    /// place of the current ones; the legs' switches, the claims leg and
+    /// the audit sink stay as they are.
+    pub fn replace(&self, classifier: Arc<Classifier>, validity: Arc<ChannelRules>) {
+        self.current.rcu(|now| Enforcement {
+            classifier: Arc::clone(&classifier),
+            legs: Legs {
+                validity: Arc::clone(&validity),
+                ..now.legs.clone()
+            },
+            audit: now.audit.clone(),
+        });
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+}
+
+impl GuardFactory for Arc<Reloadable> {
+    fn guard(&self, info: SessionInfo) -> Box<dyn Guard> {
+        let generation = self.generation.load(Ordering::Acquire);
+        Box::new(ReloadingGuard {
+            guard: self.current().session_for(info),
+            source: Arc::clone(self),
+            generation,
+        })
+    }
+}
+
+/// A session's guard that moves to a replaced rule set when idle.
+struct ReloadingGuard {
+    guard: SessionGuard,
+    source: Arc<Reloadable>,
+    /// The generation of the set the session uses.
+    generation: u64,
+}
+
+impl ReloadingGuard {
+    /// Adopts the current set if it was replaced and the session is idle.
+    fn adopt(&mut self) {
+        let generation = self.source.generation.load(Ordering::Acquire);
+        if generation != self.generation && Guard::is_idle(&self.guard) {
+            self.guard.hooks.rebase(self.source.current());
+            self.generation = generation;
+        }
+    }
+}
+
+impl Guard for ReloadingGuard {
+    fn on_client(&mut self, frame: &[u8]) -> Result<ClientStep, ClientError> {
+        self.adopt();
+        Guard::on_client(&mut self.guard, frame)
+    }
+
+    fn on_server(&mut self, frame: &[u8]) -> Result<ServerStep, Desync> {
+        Guard::on_server(&mut self.guard, frame)
+    }
+
+    fn client_streams(&mut self, prefix: &[u8]) -> bool {
+        Guard::client_streams(&mut self.guard, prefix)
+    }
+
+    fn server_streams(&mut self, tag: u8) -> bool {
+        Guard::server_streams(&mut self.guard, tag)
+    }
+
+    fn release(&mut self, ticket: Box<dyn Ticket>) -> Option<Bytes> {
+        Guard::release(&mut self.guard, ticket)
+    }
+
+    fn is_idle(&self) -> bool {
+        Guard::is_idle(&self.guard)
+    }
+
+    fn settled(&self) -> bool {
+        Guard::settled(&self.guard)
+    }
+
+    fn started(&self) -> bool {
+        Guard::started(&self.guard)
+    }
+
+    fn flush(&mut self) {
+        Guard::flush(&mut self.guard)
+    }
+
+    fn closed(&mut self) {
+        Guard::closed(&mut self.guard)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::AuditSink;
+    use crate::saver::profile::SaverProfile;
+    use crate::wire::frame::message as msg;
+
+    const WRITE_SQL: &str = "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET channel = EXCLUDED.channel, type = EXCLUDED.type, blob = EXCLUDED.blob";
+
+    fn classifier() -> Arc<Classifier> {
+        Arc::new(Classifier::new(vec![SaverProfile::langgraph_python()]))
+    }
+
+    /// One rule: `items` is a list of strings.
+    fn items_rules() -> Arc<ChannelRules> {
+        let dir = std::env::temp_dir().join(format!("rg-reload-rules-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("channels")).unwrap();
+        std::fs::write(
+            dir.join("channels/items.toml"),
+            "[[channel]]\nname = \"items\"\nschema = { type = \"array\", items = { type = \"string\" } }\n",
+        )
+        .unwrap();
+        let rules = ChannelRules::load(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).ok();
+        Arc::new(rules)
+    }
+
+    fn reloadable() -> Arc<Reloadable> {
+        Reloadable::new(Enforcement {
+            classifier: classifier(),
+            legs: Legs::default(),
+            audit: AuditSink::disabled(),
+        })
+    }
+
+    /// A session of `source` past its startup exchange.
+    fn session(source: &Arc<Reloadable>) -> Box<dyn Guard> {
+        let mut guard = source.guard(SessionInfo::default());
+        for frame in [msg(b'R', &0i32.to_be_bytes()), msg(b'Z', b"I")] {
+            guard.on_server(&frame).unwrap();
+        }
+        assert!(guard.started() && guard.is_idle());
+        guard
+    }
+
+    fn client(guard: &mut Box<dyn Guard>, frames: &[Vec<u8>]) -> Vec<ClientStep> {
+        frames.iter().map(|f| guard.on_client(f).unwrap()).collect()
+    }
+
+    fn server(guard: &mut Box<dyn Guard>, frames: &[Vec<u8>]) {
+        for f in frames {
+            guard.on_server(f).unwrap();
+        }
+    }
+
+    fn query(sql: &str) -> Vec<u8> {
+        msg(b'Q', format!("{sql}\0").as_bytes())
+    }
+
+    fn parse() -> Vec<u8> {
+        msg(b'P', format!("\0{WRITE_SQL}\0\0\0").as_bytes())
+    }
+
+    /// A pending write of msgpack `[None]` to `items`.
+    fn bind() -> Vec<u8> {
+        let params: [Option<&[u8]>; 9] = [
+            Some(b"t1"),
+            Some(b""),
+            Some(b"ck1"),
+            Some(b"task-1"),
+            Some(b""),
+            Some(&[0, 0, 0, 0]),
+            Some(b"items"),
+            Some(b"msgpack"),
+            Some(b"\x91\xc0"),
+        ];
+        crate::saver::bind::tests::bind_frame("", &[0, 0, 0, 0, 0, 1, 0, 0, 1], &params, &[])
+    }
+
+    /// Whether the write is let through (its Bind forwarded as it is) or
+    /// refused; a write let through completes, ending with `status`.
+    fn write(guard: &mut Box<dyn Guard>, status: u8) -> bool {
+        let steps = client(guard, &[parse(), bind()]);
+        if steps[1] != ClientStep::Forward {
+            return false;
+        }
+        client(guard, &[msg(b'E', b"\0\0\0\0\0"), msg(b'S', b"")]);
+        let done = msg(b'C', b"INSERT 0 1\0");
+        server(
+            guard,
+            &[msg(b'1', b""), msg(b'2', b""), done, msg(b'Z', &[status])],
+        );
+        true
+    }
+
+    #[test]
+    fn an_open_session_takes_replaced_rules_at_its_next_statement() {
+        let source = reloadable();
+        let mut open = session(&source);
+        assert!(write(&mut open, b'I'), "no rules yet: the write passes");
+        source.replace(classifier(), items_rules());
+        assert!(
+            !write(&mut open, b'I'),
+            "the open session checks the new rule"
+        );
+        let mut new = session(&source);
+        assert!(!write(&mut new, b'I'), "so does a new one");
+        assert_eq!(source.current().legs.validity.len(), 1);
+    }
+
+    #[test]
+    fn a_transaction_keeps_the_rules_it_began_with() {
+        let source = reloadable();
+        let mut open = session(&source);
+        client(&mut open, &[query("BEGIN")]);
+        server(&mut open, &[msg(b'C', b"BEGIN\0"), msg(b'Z', b"T")]);
+        source.replace(classifier(), items_rules());
+        assert!(
+            write(&mut open, b'T'),
+            "inside the transaction: the old set"
+        );
+        client(&mut open, &[query("COMMIT")]);
+        server(&mut open, &[msg(b'C', b"COMMIT\0"), msg(b'Z', b"I")]);
+        assert!(!write(&mut open, b'I'), "after it: the new one");
+    }
+
+    #[test]
+    fn a_replacement_keeps_the_other_legs() {
+        let claims_off = Legs {
+            fork_filter: false,
+            ..Legs::default()
+        };
+        let source = Reloadable::new(Enforcement {
+            classifier: classifier(),
+            legs: claims_off,
+            audit: AuditSink::disabled(),
+        });
+        let before = source.current();
+        source.replace(classifier(), items_rules());
+        let after = source.current();
+        assert!(!after.legs.fork_filter);
+        assert!(after.legs.claims.is_none());
+        assert!(!Arc::ptr_eq(&before.classifier, &after.classifier));
+        assert!(
+            before.legs.validity.is_empty(),
+            "the old set is left as it was"
+        );
+    }
+}
