@@ -24,6 +24,15 @@ use crate::reload::{load_rules, Reloader};
 use crate::startup::{start_managed, Received, Signals, Startup};
 
 pub fn serve(cfg: Config) -> anyhow::Result<()> {
+    // The event loop only accepts connections and watches for signals;
+    // each session relays on threads of its own (wire/session.rs).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    // Signals are ours before anything else is done (loading rules can
+    // take a while), so none of them can end the process early, nor
+    // between starting the managed server and stopping it.
+    let mut signals = runtime.block_on(async { Signals::install() })?;
     let rules = load_rules(&cfg)?;
     if let Some(parent) = cfg.audit_db().parent() {
         std::fs::create_dir_all(parent)
@@ -45,14 +54,6 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
     let audit = AuditSink::start(&cfg.audit)?;
     let legs = legs(&cfg, &audit, rules.validity)?;
     let claims_store = legs.claims.as_ref().map(|leg| Arc::clone(&leg.store));
-    // The event loop only accepts connections and watches for signals;
-    // each session relays on threads of its own (wire/session.rs).
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    // Signals are ours from here on, so none of them can end the process
-    // between starting the managed server and stopping it.
-    let mut signals = runtime.block_on(async { Signals::install() })?;
     let managed = match &cfg.upstream {
         Some(_) => None,
         None => {
