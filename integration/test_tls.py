@@ -254,6 +254,21 @@ def test_scram_channel_binding_through_the_proxy(tls_proxy, tls_pg, certs):
         assert c.execute("SELECT 1").fetchone()[0] == 1
 
 
+def test_plaintext_client_of_a_tls_upstream_uses_scram(started, certs, tls_pg):
+    """A proxy with no client TLS in front of a TLS server: the server offers
+    SCRAM-SHA-256-PLUS to the proxy's TLS connection, which a plaintext client
+    must refuse ("server offered SCRAM-SHA-256-PLUS authentication over a
+    non-SSL connection"). The list reaches every client without it, so the
+    client's default (channel_binding=prefer) authenticates with plain SCRAM."""
+    upstream = upstream_url(tls_pg.port, sslmode="verify-full", sslrootcert=certs / "ca.crt")
+    p = started(upstream)
+    dsn = make_dsn(p.port, "postgres", TLS_USER, TLS_PASSWORD, sslmode="disable")
+    with connect(dsn) as c:
+        assert not c.pgconn.ssl_in_use
+        assert upstream_ssl(c)
+        assert c.execute("SELECT current_user").fetchone()[0] == TLS_USER
+
+
 def test_wrong_upstream_ca_is_refused_clearly(started, certs, tls_pg):
     upstream = upstream_url(tls_pg.port, sslmode="verify-full",
                             sslrootcert=certs / "wrong_ca.crt")

@@ -10,7 +10,6 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use rustls::{Connection, ServerConfig, ServerConnection};
 
-use super::sasl_plus::StripPlus;
 use super::tls_config::{self, TlsConfigError};
 use super::tls_stream::TlsStream;
 
@@ -82,8 +81,7 @@ impl ClientStream {
     ) -> io::Result<ClientStream> {
         let conn = ServerConnection::new(tls.config())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        let stream = TlsStream::handshake(sock, Connection::Server(conn), early)?
-            .with_outgoing_filter(Box::new(StripPlus::default()));
+        let stream = TlsStream::handshake(sock, Connection::Server(conn), early)?;
         if direct && stream.alpn_protocol().as_deref() != Some(ALPN_POSTGRESQL) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,

@@ -25,18 +25,6 @@ pub struct TlsStream {
     read_side: Mutex<ReadSide>,
     /// The writers' side: held from sealing until the socket took it.
     write_side: Mutex<Vec<u8>>,
-    /// Rewrites plaintext on its way out (the reader never sees it).
-    outgoing: Option<Mutex<Box<dyn OutgoingFilter>>>,
-}
-
-/// Rewrites the plaintext byte stream a [`TlsStream`] sends.
-pub trait OutgoingFilter: Send {
-    /// Appends to `out` what to send for `input`.
-    fn push(&mut self, input: &[u8], out: &mut Vec<u8>);
-
-    /// Whether everything from now on passes unchanged (then `push` is
-    /// skipped, and the bytes are not copied).
-    fn done(&self) -> bool;
 }
 
 #[derive(Default)]
@@ -90,14 +78,7 @@ impl TlsStream {
             conn: Mutex::new(conn),
             read_side: Mutex::new(ReadSide::default()),
             write_side: Mutex::new(Vec::new()),
-            outgoing: None,
         })
-    }
-
-    /// Passes everything written through `filter` before sealing it.
-    pub fn with_outgoing_filter(mut self, filter: Box<dyn OutgoingFilter>) -> Self {
-        self.outgoing = Some(Mutex::new(filter));
-        self
     }
 
     /// The negotiated ALPN protocol.
@@ -196,21 +177,8 @@ impl TlsStream {
     fn write_plain(&self, buf: &[u8]) -> io::Result<usize> {
         let mut out = lock(&self.write_side)?;
         {
-            let mut filtered = Vec::new();
-            let plain = match &self.outgoing {
-                Some(filter) => {
-                    let mut filter = lock(filter)?;
-                    if filter.done() {
-                        buf
-                    } else {
-                        filter.push(buf, &mut filtered);
-                        &filtered[..]
-                    }
-                }
-                None => buf,
-            };
             let mut conn = lock(&self.conn)?;
-            conn.writer().write_all(plain)?;
+            conn.writer().write_all(buf)?;
             while conn.wants_write() {
                 conn.write_tls(&mut *out)?;
             }

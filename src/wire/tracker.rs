@@ -20,6 +20,7 @@ use super::frontend::{parse_frame, Frontend, Target};
 use super::guard::{ClientError, ClientStep, ServerStep};
 use super::reject::{raising_query, raising_statement};
 use super::response_queue::{Desync, Expect, Progress, ResponseQueue, Route};
+use super::sasl_plus;
 use super::sql_commands::{scan, SqlCommand};
 
 mod names;
@@ -447,6 +448,9 @@ impl<H: Hooks> Tracker<H> {
         let tag = frame.first().copied().unwrap_or(0);
         let message = Backend::read(frame);
         let mut step = ServerStep::default();
+        if !self.started && tag == b'R' {
+            step.replace = sasl_plus::without_plus(frame);
+        }
         if let Some(Pending {
             change: Change::Answer {
                 watch, commands, ..
