@@ -7,11 +7,14 @@
 //! - `session`: one session's hooks into the protocol tracker.
 //! - `watch`, `events`, `evidence`: one statement's answer, what it
 //!   audits, what it tells the claims store.
-//! - `validity`, `claim_gate`: the validity gate and the consume-once gate.
+//! - `validity`, `claim_gate`, `fencing`: the validity gate, the
+//!   consume-once gate, and the fencing of writes continuing a claimed
+//!   checkpoint from sessions other than its holder.
 
 pub mod claim_gate;
 mod events;
 mod evidence;
+mod fencing;
 pub mod session;
 pub mod validity;
 pub mod watch;
@@ -29,7 +32,7 @@ use crate::wire::guard::{
 };
 use crate::wire::response_queue::Desync;
 use crate::wire::tracker::Tracker;
-use claim_gate::{apply_claim, ClaimTicket, ClaimsLeg};
+use claim_gate::{apply_claim, ClaimTicket, ClaimsLeg, Head};
 use session::SessionEnforcer;
 
 /// Which enforcement legs run. Off, the proxy is a transparent relay that
@@ -126,6 +129,12 @@ impl Guard for SessionGuard {
         };
         let resolution = ticket.resolution.as_ref()?;
         let e = &mut self.hooks;
+        if ticket.request.head == Head::Parked {
+            match resolution.epoch {
+                Some(epoch) => e.fencing.took(&ticket.request.key, epoch),
+                None => e.fencing.read_parked(&ticket.request.key),
+            }
+        }
         let refusal = apply_claim(&e.ctx, &ticket.request, resolution, &mut e.ready_events);
         if refusal.is_some() {
             // The reader's node must not run: the rest of that statement's

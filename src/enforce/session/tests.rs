@@ -677,6 +677,7 @@ fn a_refused_running_head_names_the_run_and_a_served_one_records_nothing() {
         decision: ClaimDecision::Serve { takeover: false },
         waited_ms: 0,
         displaced: None,
+        epoch: None,
         takeover: None,
     };
     assert!(st.apply_claim(&req, &served).is_none());
@@ -705,6 +706,7 @@ fn a_refused_running_head_names_the_run_and_a_served_one_records_nothing() {
         },
         waited_ms: 0,
         displaced: None,
+        epoch: None,
         takeover: None,
     };
     let error = st.apply_claim(&req, &refused);
@@ -773,6 +775,7 @@ fn a_refused_claim_replaces_the_row_and_swallows_the_rest_of_its_answer() {
             },
             waited_ms: 0,
             displaced: None,
+            epoch: None,
             takeover: None,
         },
     );
