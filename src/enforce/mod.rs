@@ -32,7 +32,7 @@ use crate::wire::guard::{
 };
 use crate::wire::response_queue::Desync;
 use crate::wire::tracker::Tracker;
-use claim_gate::{apply_claim, ClaimTicket, ClaimsLeg, Head};
+use claim_gate::{ClaimTicket, ClaimsLeg};
 use session::SessionEnforcer;
 
 /// Which enforcement legs run. Off, the proxy is a transparent relay that
@@ -128,14 +128,7 @@ impl Guard for SessionGuard {
             return None;
         };
         let resolution = ticket.resolution.as_ref()?;
-        let e = &mut self.hooks;
-        if ticket.request.head == Head::Parked {
-            match resolution.epoch {
-                Some(epoch) => e.fencing.took(&ticket.request.key, epoch),
-                None => e.fencing.read_parked(&ticket.request.key),
-            }
-        }
-        let refusal = apply_claim(&e.ctx, &ticket.request, resolution, &mut e.ready_events);
+        let refusal = self.hooks.claim_resolved(&ticket.request, resolution);
         if refusal.is_some() {
             // The reader's node must not run: the rest of that statement's
             // answer is swallowed.

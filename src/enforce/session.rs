@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::claim_gate::{ClaimRequest, ClaimTicket, Head};
+use super::claim_gate::{apply_claim, ClaimRequest, ClaimTicket, Head, Resolution};
 use super::events::rejected;
 use super::evidence::continuation;
 use super::fencing::FenceGate;
@@ -169,6 +169,19 @@ impl SessionEnforcer {
             holder: self.holder(&leg.proxy_id),
             head,
         })
+    }
+
+    /// A held head row's claim was decided: what this session now holds
+    /// is remembered for fencing, the decision audited; returns the
+    /// refusal the client gets instead of the row, if any.
+    pub fn claim_resolved(&mut self, req: &ClaimRequest, res: &Resolution) -> Option<Bytes> {
+        if req.head == Head::Parked {
+            match res.epoch {
+                Some(epoch) => self.fencing.took(&req.key, epoch),
+                None => self.fencing.read_parked(&req.key),
+            }
+        }
+        apply_claim(&self.ctx, req, res, &mut self.ready_events)
     }
 
     /// With consume-once on: a write continuing a claimed checkpoint from

@@ -332,12 +332,16 @@ pub enum WriteVerdict {
 /// checkpoint's current claim ([`crate::claims::ClaimStore::current_holder`]).
 ///
 /// In order: no claim (none ever, or released): accepted. The holder's
-/// own session: accepted. A session that held an earlier generation of
-/// the current claim (taken over since): fenced. A session on another
-/// proxy than the holder: fenced. Another session of the holder's proxy
-/// from the same client host address with the same application_name:
-/// accepted, as the holder's pool (psycopg and node-postgres pools read
-/// on one connection and write on others). Anyone else: fenced.
+/// own session: accepted. Another session of the holder's proxy from the
+/// same client host address with the same application_name: accepted, as
+/// the holder's pool (psycopg and node-postgres pools read on one
+/// connection and write on others, and one pool connection may take over
+/// the claim another one's unmarked `get_state` left). Otherwise fenced:
+/// a session that held an earlier generation of the current claim (taken
+/// over since by another client), a session on another proxy, any other
+/// client. So two processes sharing host, proxy and application_name
+/// count as one client: give each its own application_name to fence them
+/// from each other.
 ///
 /// A store that cannot answer fails closed where the proxy knows the
 /// checkpoint is claimed ([`Writer::known_claimed`]); elsewhere the write
@@ -358,6 +362,12 @@ pub fn decide_write(
     if holder.same_session(me) {
         return WriteVerdict::Accept(Accepted::Holder);
     }
+    if holder.proxy_id == me.proxy_id
+        && client_host(&holder.client_addr) == client_host(&me.client_addr)
+        && holder.application_name == me.application_name
+    {
+        return WriteVerdict::Accept(Accepted::Pool);
+    }
     let fenced = |reason| WriteVerdict::Fenced {
         current: Box::new(current.clone()),
         reason,
@@ -375,11 +385,6 @@ pub fn decide_write(
     }
     if holder.proxy_id != me.proxy_id {
         return fenced(FenceReason::OtherProxy);
-    }
-    if client_host(&holder.client_addr) == client_host(&me.client_addr)
-        && holder.application_name == me.application_name
-    {
-        return WriteVerdict::Accept(Accepted::Pool);
     }
     fenced(FenceReason::OtherClient)
 }

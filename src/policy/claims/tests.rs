@@ -382,24 +382,31 @@ fn the_holders_session_and_pool_may_continue_a_claimed_checkpoint() {
 }
 
 #[test]
-fn a_superseded_holder_is_fenced_even_from_the_holders_client() {
-    // Session 41 took epoch 1; session 42 of the same client took it over
-    // (epoch 2). Without the generation it would pass as the pool.
+fn a_superseded_holder_is_fenced_unless_it_is_the_holders_own_client() {
     let fp = key().fingerprint;
-    let old = writer_session("proxy-a", 41, "10.1.2.3:50100", "approver");
     let current = held_at(2);
+    // Session 41 of proxy-b took epoch 1; proxy-a's session 42 took it over.
+    let old = writer_session("proxy-b", 41, "10.1.2.3:50100", "approver");
     assert_eq!(
         fence_reason(verdict(&old, &[(fp.clone(), 1)], &current)),
         Some(FenceReason::Superseded { epoch: 1 })
     );
     assert_eq!(
-        verdict(&old, &[], &current),
+        fence_reason(verdict(&old, &[], &current)),
+        Some(FenceReason::OtherProxy)
+    );
+    // The same client on the holder's proxy is its pool, whichever of its
+    // connections held the earlier generation (an unmarked get_state on
+    // one, the resume on another).
+    let pooled = writer_session("proxy-a", 41, "10.1.2.3:50100", "approver");
+    assert_eq!(
+        verdict(&pooled, &[(fp, 1)], &current),
         WriteVerdict::Accept(Accepted::Pool)
     );
     // A generation of another interrupt of the checkpoint is not this one's.
     assert_eq!(
-        verdict(&old, &[("other".into(), 1)], &current),
-        WriteVerdict::Accept(Accepted::Pool)
+        fence_reason(verdict(&old, &[("other".into(), 1)], &current)),
+        Some(FenceReason::OtherProxy)
     );
 }
 
