@@ -11,12 +11,15 @@ to PostgreSQL, where the stock defect shows.
   psycopg connection through the holder's proxy with another application_name, or
   through the other proxy) sends the gated task's pending write: fenced; stock: it
   lands.
+- A psycopg pool: an unmarked get_state on one pooled connection claims, the resume
+  reads and writes on others; none of the pool's writes is fenced.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import urllib.request
 import uuid
 
 import psycopg
@@ -24,7 +27,8 @@ import pytest
 from langgraph.checkpoint.postgres.base import BasePostgresSaver
 
 import racer as R
-from test_consume_once import Env, Racers, audit_ops, ledger, one_resumer, ops, park
+from conftest import HOST, free_port
+from test_consume_once import Env, audit_ops, ledger, one_resumer, ops, park
 
 LAPSE_MS = 1000
 SLOW_GATE_MS = LAPSE_MS + 3000
@@ -37,13 +41,16 @@ def fx(proxy_factory, direct_dsn, workdir) -> Env:
     cfg = workdir / "fx.toml"
     cfg.write_text(f'[enforce]\nconsume_once = true\n\n[claims]\nstore = "{store}"\n'
                    f'lapse_ms = {LAPSE_MS}\npolicy = "wait"\nholder_gone_grace_ms = 1000\n')
-    a = proxy_factory("--config", str(cfg), "--proxy-id", "fx-A", name="fx-A")
+    admin = free_port()
+    a = proxy_factory("--config", str(cfg), "--proxy-id", "fx-A", "--admin-listen",
+                      f"{HOST}:{admin}", name="fx-A")
     b = proxy_factory("--config", str(cfg), "--proxy-id", "fx-B", name="fx-B")
     R.CTX["ledger_dsn"] = direct_dsn
     R.CTX["ledger"] = None
     R.main(["setup", "--dsn", direct_dsn])
     env = Env(direct_dsn, a, b, a, 0, store, workdir)
     env.proxy_ids = {a.port: "fx-A", b.port: "fx-B"}
+    env.admin = f"http://{HOST}:{admin}"
     return env
 
 
@@ -199,3 +206,44 @@ def test_a_replayed_write_from_a_session_that_never_held_the_claim_is_fenced(fx)
             assert not any(e["application_name"].startswith("racer-") for e in ops(evs, "write_fenced"))
         outcome[via] = (states, rows)
     assert outcome == {"direct": ([None], 1), "proxies": ([FENCED, FENCED], 0)}
+
+
+def fence_lookups(env: Env) -> dict[str, float]:
+    """fx-A's resumeguard_fence_lookups_total, by outcome."""
+    text = urllib.request.urlopen(f"{env.admin}/metrics", timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("resumeguard_fence_lookups_total{"):
+            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+            out[outcome] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_a_pool_resume_is_not_fenced_by_its_own_connections(fx):
+    """psycopg ConnectionPool (autocommit, 2 connections) through fx-A: an unmarked
+    get_state claims the parked head on one pooled connection, the resume reads it on
+    another (taking that claim over after lapse_ms) and writes on whichever the pool
+    hands out. The run completes as it does straight to PostgreSQL, no write is fenced,
+    and the proxy's fence lookups accepted pooled writers (outcome "pool")."""
+    outcome = {}
+    before = fence_lookups(fx)
+    for via in ("direct", "A"):
+        dsn = fx.direct if via == "direct" else fx.dsn("A")
+        thread = tid(f"pool-{via}")
+        R.CTX["racer"] = f"pool{via}"
+        with R.Runner("pool", dsn) as r:
+            R.CTX["thread"] = thread
+            r.invoke("one", dict(R.INITIAL), thread)
+            st = r.get_state("one", thread)
+            assert st.interrupts, st
+            res = r.invoke("one", R.Command(resume="yes"), thread)
+        outcome[via] = R.plain(res)
+    assert outcome["A"] == outcome["direct"] == {"items": ["prep", "gate:yes", "after"],
+                                                 "approved": "yes"}, outcome
+    evs = audit_ops(fx, thread, lambda e: ops(e, "claim_consumed"), proxies=("A",))
+    assert not ops(evs, "write_fenced"), ops(evs, "write_fenced")
+    after = fence_lookups(fx)
+    grew = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    print(f"fence lookups during the pooled run: {grew}")
+    assert grew.get("pool", 0) >= 1, grew
+    assert grew.get("fenced", 0) == 0, grew
