@@ -420,6 +420,8 @@ fn list_and_render() {
     let col = lines[0].find("STATE").expect("header");
     assert_eq!(&lines[1][col..col + 8], "consumed");
     assert_eq!(&lines[2][col..col + 4], "held");
+    let col = lines[0].find("EPOCH").expect("epoch column");
+    assert_eq!(&lines[1][col..col + 2], "1 ");
 }
 
 #[test]
