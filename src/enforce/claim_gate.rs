@@ -219,7 +219,7 @@ struct TakenDetail<'a> {
     takeover: Option<&'a str>,
 }
 
-#[derive(Serialize)]
+#[derive(Debug, Serialize)]
 pub(super) struct HolderDetail<'a> {
     pub client_addr: &'a str,
     pub application_name: &'a str,

@@ -15,12 +15,10 @@
 
 use std::collections::VecDeque;
 
-use serde::Serialize;
-
-use super::claim_gate::{ClaimsLeg, HolderDetail};
-use super::events::detail;
+use super::claim_gate::ClaimsLeg;
+use super::events::{fenced, FencedWrite};
 use super::evidence::{Continuation, Step};
-use crate::audit::{AuditEvent, Operation, SessionContext};
+use crate::audit::{AuditEvent, SessionContext};
 use crate::claims::{ClaimKey, Holder};
 use crate::log_text::shown;
 use crate::policy::claims::{
@@ -53,20 +51,6 @@ pub struct FenceGate {
 pub struct Fenced {
     pub refusal: Refusal,
     pub event: AuditEvent,
-}
-
-#[derive(Serialize)]
-struct FencedDetail<'a> {
-    sqlstate: &'a str,
-    reason: &'a str,
-    /// superseded_holder, other_proxy, other_client, store_unavailable
-    fence: &'a str,
-    statement: &'a str,
-    /// The checkpoint the write continues.
-    continues: &'a str,
-    holder: Option<HolderDetail<'a>>,
-    epoch: Option<i64>,
-    interrupt: Option<&'a str>,
 }
 
 fn checkpoint_of(key: &ClaimKey) -> Checkpoint {
@@ -169,23 +153,20 @@ impl FenceGate {
             ),
         };
         tracing::warn!(thread = %shown(&at.0), checkpoint = %shown(&at.2), "{}", shown(&message));
-        let mut event = AuditEvent::new(ctx, Operation::WriteFenced);
-        event.thread_id = Some(at.0.clone());
-        event.checkpoint_ns = Some(at.1.clone());
-        event.checkpoint_id = rec.checkpoint_id.clone();
-        event.parent_checkpoint_id = rec.parent_checkpoint_id.clone();
-        event.task_id = rec.task_id.clone();
-        event.channels = rec.channel.iter().cloned().collect();
-        let event = event.with_detail(detail(&FencedDetail {
-            sqlstate,
-            reason: &message,
-            fence,
-            statement: kind_label,
-            continues: &at.2,
-            holder: current.map(|c| HolderDetail::of(&c.holder)),
-            epoch: current.map(|c| c.epoch),
-            interrupt: current.map(|c| c.key.short_fingerprint()),
-        }));
+        let event = fenced(
+            ctx,
+            &FencedWrite {
+                record: rec,
+                thread_id: &at.0,
+                checkpoint_ns: &at.1,
+                continues: &at.2,
+                statement: kind_label,
+                sqlstate,
+                message: &message,
+                fence,
+                current,
+            },
+        );
         let detail = match current {
             Some(c) => format!(
                 "the claim's holder: proxy {}, session {}, epoch {}",
