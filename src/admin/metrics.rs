@@ -14,7 +14,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder
 
 use super::AdminError;
 use crate::audit::AuditSink;
-use crate::policy::claims::{Refusal, TAKEOVER_LAPSED};
+use crate::policy::claims::{Accepted, FenceReason, Refusal, WriteVerdict, TAKEOVER_LAPSED};
 use crate::saver::classify::StatementKind;
 use crate::wire::proxy::Proxy;
 
@@ -78,6 +78,17 @@ pub fn describe() {
         "resumeguard_claims_refused_total",
         "Reads of a thread's head refused, by reason: answered (55000), in_flight (55006), \
          run_in_progress (55000, run lease), store_unavailable (58000)"
+    );
+    describe_counter!(
+        "resumeguard_writes_fenced_total",
+        "Writes continuing a claimed checkpoint refused because they came from a session other \
+         than its holder (RGF01), by reason: superseded_holder, other_proxy, other_client; and \
+         store_unavailable (58000, fail closed)"
+    );
+    describe_counter!(
+        "resumeguard_fence_lookups_total",
+        "Claim store lookups made to fence writes continuing a checkpoint, by outcome: \
+         unclaimed, holder, pool, fenced, failed"
     );
     describe_counter!(
         "resumeguard_upstream_errors_total",
@@ -151,6 +162,40 @@ pub fn claim_refused(reason: &Refusal) {
             counter!("resumeguard_claims_refused_total", "reason" => "store_unavailable")
                 .increment(1)
         }
+    }
+}
+
+/// A write continuing a checkpoint got `verdict` from one store lookup
+/// (`cached`: decided earlier in the same transaction, no lookup).
+pub fn write_fence(verdict: &WriteVerdict, cached: bool) {
+    let outcome = match verdict {
+        WriteVerdict::Accept(Accepted::Unclaimed) => "unclaimed",
+        WriteVerdict::Accept(Accepted::Holder) => "holder",
+        WriteVerdict::Accept(Accepted::Pool) => "pool",
+        WriteVerdict::Accept(Accepted::Unknown) | WriteVerdict::StoreUnavailable(_) => "failed",
+        WriteVerdict::Fenced { .. } => "fenced",
+    };
+    if !cached {
+        counter!("resumeguard_fence_lookups_total", "outcome" => outcome).increment(1);
+    }
+    match verdict {
+        WriteVerdict::Fenced { reason, .. } => match reason {
+            FenceReason::Superseded { .. } => {
+                counter!("resumeguard_writes_fenced_total", "reason" => "superseded_holder")
+                    .increment(1)
+            }
+            FenceReason::OtherProxy => {
+                counter!("resumeguard_writes_fenced_total", "reason" => "other_proxy").increment(1)
+            }
+            FenceReason::OtherClient => {
+                counter!("resumeguard_writes_fenced_total", "reason" => "other_client").increment(1)
+            }
+        },
+        WriteVerdict::StoreUnavailable(_) => {
+            counter!("resumeguard_writes_fenced_total", "reason" => "store_unavailable")
+                .increment(1)
+        }
+        WriteVerdict::Accept(_) => {}
     }
 }
 

@@ -18,6 +18,8 @@ pub struct ClaimView {
     /// The interrupt's fingerprint, shortened as in `claims list`.
     pub interrupt: String,
     pub state: &'static str,
+    /// The claim's generation (one more on each new holder).
+    pub epoch: i64,
     pub holder: HolderView,
     pub claimed_at: String,
     pub lapses_at: String,
@@ -47,6 +49,7 @@ impl From<&ClaimRecord> for ClaimView {
             checkpoint_id: r.key.checkpoint_id.clone(),
             interrupt: r.key.short_fingerprint().to_owned(),
             state: r.state.as_str(),
+            epoch: r.epoch,
             holder: HolderView {
                 proxy_id: r.holder.proxy_id.clone(),
                 session_id: r.holder.session_id,

@@ -30,13 +30,14 @@ pub enum Operation {
     ClaimRefused,
     ClaimWaited,
     ClaimTakeover,
+    WriteFenced,
     EventsDropped,
     AuditPruned,
 }
 
 impl Operation {
     /// Every variant, so names can be parsed back without a second table.
-    pub const ALL: [Operation; 21] = [
+    pub const ALL: [Operation; 22] = [
         Operation::ReadLatest,
         Operation::ReadById,
         Operation::ReadList,
@@ -56,6 +57,7 @@ impl Operation {
         Operation::ClaimRefused,
         Operation::ClaimWaited,
         Operation::ClaimTakeover,
+        Operation::WriteFenced,
         Operation::EventsDropped,
         Operation::AuditPruned,
     ];
@@ -82,6 +84,7 @@ impl Operation {
             Operation::ClaimRefused => "claim_refused",
             Operation::ClaimWaited => "claim_waited",
             Operation::ClaimTakeover => "claim_takeover",
+            Operation::WriteFenced => "write_fenced",
             Operation::EventsDropped => "events_dropped",
             Operation::AuditPruned => "audit_pruned",
         }

@@ -134,6 +134,9 @@ fn phrase(ev: &AuditEvent) -> String {
             None => "fork served".to_string(),
         },
         Operation::WriteRejected => "write rejected".to_string(),
+        Operation::WriteFenced => {
+            "write fenced: its checkpoint is claimed by another session".to_string()
+        }
         Operation::ClaimTaken => format!("resume claimed by session {}", ev.session_id),
         Operation::ClaimConsumed => "claim consumed: resume completed".to_string(),
         Operation::ClaimLapsed => "claim lapsed: holder did not finish".to_string(),

@@ -54,6 +54,7 @@ CREATE TABLE IF NOT EXISTS claims (
     takeovers INTEGER NOT NULL DEFAULT 0,
     superseded_at_ms INTEGER,
     abandon_at_ms INTEGER,
+    epoch INTEGER NOT NULL DEFAULT 1,
     PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, fingerprint)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS claims_consumed_at ON claims(consumed_at_ms);
@@ -333,6 +334,14 @@ fn prepare(conn: &mut Connection) -> rusqlite::Result<String> {
         .exists([])?;
     if !has_abandon {
         tx.execute_batch("ALTER TABLE claims ADD COLUMN abandon_at_ms INTEGER")?;
+    }
+    // Files from before generations were counted: their claims are each
+    // key's first generation.
+    let has_epoch = tx
+        .prepare("SELECT 1 FROM pragma_table_info('claims') WHERE name = 'epoch'")?
+        .exists([])?;
+    if !has_epoch {
+        tx.execute_batch("ALTER TABLE claims ADD COLUMN epoch INTEGER NOT NULL DEFAULT 1")?;
     }
     tx.execute(
         "INSERT OR IGNORE INTO store_identity (only, id, created_at_ms) \

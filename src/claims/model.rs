@@ -91,6 +91,11 @@ pub struct ClaimRecord {
     pub consumed_at_ms: Option<i64>,
     /// What consumed it (or, on a held claim, the progress last noted).
     pub evidence: Option<String>,
+    /// The claim's generation: 1 when the key is first taken, one more on
+    /// each new holder (a take after a release, a takeover). A holder
+    /// whose generation is no longer the key's latest is superseded: its
+    /// writes that continue the checkpoint are fenced.
+    pub epoch: i64,
     /// Readers refused while this claim was live or consumed.
     pub refusals: i64,
     /// Times another session took this claim over (after it lapsed, or

@@ -2,12 +2,13 @@
 
 use super::model::{format_ms, ClaimRecord};
 
-const HEADERS: [&str; 13] = [
+const HEADERS: [&str; 14] = [
     "THREAD",
     "NS",
     "CHECKPOINT",
     "INTERRUPT",
     "STATE",
+    "EPOCH",
     "HOLDER",
     "CLIENT",
     "APPLICATION",
@@ -24,7 +25,7 @@ pub fn render_claims(records: &[ClaimRecord]) -> String {
     if records.is_empty() {
         return "no claims\n".to_string();
     }
-    let rows: Vec<[String; 13]> = records.iter().map(cells).collect();
+    let rows: Vec<[String; 14]> = records.iter().map(cells).collect();
     let mut widths = HEADERS.map(str::len);
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -61,7 +62,7 @@ pub fn render_claims(records: &[ClaimRecord]) -> String {
     out
 }
 
-fn cells(r: &ClaimRecord) -> [String; 13] {
+fn cells(r: &ClaimRecord) -> [String; 14] {
     let ns = if r.key.checkpoint_ns.is_empty() {
         "''".to_string()
     } else {
@@ -73,6 +74,7 @@ fn cells(r: &ClaimRecord) -> [String; 13] {
         r.key.checkpoint_id.clone(),
         r.key.short_fingerprint().to_string(),
         r.state.as_str().to_string(),
+        r.epoch.to_string(),
         format!("{}/{}", r.holder.proxy_id, r.holder.session_id),
         r.holder.client_addr.clone(),
         r.holder.application_name.clone(),
@@ -86,7 +88,7 @@ fn cells(r: &ClaimRecord) -> [String; 13] {
     ]
 }
 
-fn push_line(out: &mut String, cells: &[String; 13], widths: &[usize; 13]) {
+fn push_line(out: &mut String, cells: &[String; 14], widths: &[usize; 14]) {
     let line: Vec<String> = cells
         .iter()
         .zip(widths)

@@ -8,7 +8,7 @@ use super::model::{ClaimKey, ClaimRecord, ClaimState, Holder};
 
 pub(super) const COLUMNS: &str = "thread_id, checkpoint_ns, checkpoint_id, fingerprint, state, \
     proxy_id, session_id, client_addr, application_name, claimed_at_ms, lapse_at_ms, \
-    consumed_at_ms, evidence, refusals, takeovers, superseded_at_ms, abandon_at_ms";
+    consumed_at_ms, evidence, refusals, takeovers, superseded_at_ms, abandon_at_ms, epoch";
 
 pub(super) const KEY_MATCH: &str =
     "thread_id = ?1 AND checkpoint_ns = ?2 AND checkpoint_id = ?3 AND fingerprint = ?4";
@@ -86,5 +86,6 @@ fn record(r: &Row<'_>) -> rusqlite::Result<ClaimRecord> {
         takeovers: r.get(14)?,
         superseded_at_ms: r.get(15)?,
         abandon_at_ms: r.get(16)?,
+        epoch: r.get(17)?,
     })
 }

@@ -166,12 +166,14 @@ impl ClaimStore {
         self.with_tx("taking a claim", |tx| {
             // A row on a checkpoint superseded longer than the grace ago
             // is as good as purged: the thread was rewound to it.
-            let prev = select_key(tx, key)?
-                .filter(|p| p.superseded_at_ms.is_none_or(|at| at > superseded_cutoff));
+            let found = select_key(tx, key)?;
+            // A stale row's generation still counts: epochs never go back.
+            let epoch = found.as_ref().map_or(0, |p| p.epoch).saturating_add(1);
+            let prev = found.filter(|p| p.superseded_at_ms.is_none_or(|at| at > superseded_cutoff));
             let Some(prev) = prev else {
                 tx.prepare_cached(&format!(
                     "INSERT OR REPLACE INTO claims ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, 'held', \
-                     ?5, ?6, ?7, ?8, ?9, ?10, NULL, NULL, 0, 0, NULL, NULL)"
+                     ?5, ?6, ?7, ?8, ?9, ?10, NULL, NULL, 0, 0, NULL, NULL, ?11)"
                 ))?
                 .execute(params![
                     key.thread_id,
@@ -184,6 +186,7 @@ impl ClaimStore {
                     holder.application_name,
                     now_ms,
                     lapse_at_ms,
+                    epoch,
                 ])?;
                 return Ok(ClaimOutcome::Taken(ClaimRecord {
                     key: key.clone(),
@@ -193,6 +196,7 @@ impl ClaimStore {
                     lapse_at_ms,
                     consumed_at_ms: None,
                     evidence: None,
+                    epoch,
                     refusals: 0,
                     takeovers: 0,
                     superseded_at_ms: None,
@@ -422,6 +426,32 @@ impl ClaimStore {
         })
     }
 
+    /// The claim whose holder may continue this checkpoint: its
+    /// latest-generation held or consumed claim, any fingerprint (the most
+    /// recently claimed one, then the highest epoch). `None` when the
+    /// checkpoint has no such claim (never claimed, released, purged).
+    /// A read: takes no write lock.
+    pub fn current_holder(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: &str,
+        checkpoint_id: &str,
+    ) -> Result<Option<ClaimRecord>, StoreError> {
+        self.with_tx_as(
+            "reading a checkpoint's holder",
+            TransactionBehavior::Deferred,
+            |tx| {
+                let mut live = select_where(
+                    tx,
+                    &format!("{CHECKPOINT_MATCH} AND state IN ('held', 'consumed')"),
+                    &[&thread_id, &checkpoint_ns, &checkpoint_id],
+                )?;
+                live.sort_by_key(|r| (r.claimed_at_ms, r.epoch));
+                Ok(live.pop())
+            },
+        )
+    }
+
     /// One claim by key.
     pub fn get(&self, key: &ClaimKey) -> Result<Option<ClaimRecord>, StoreError> {
         self.with_tx("reading a claim", |tx| select_key(tx, key))
@@ -485,7 +515,8 @@ fn retake(
     tx.prepare_cached(&format!(
         "UPDATE claims SET state = 'held', proxy_id = ?5, session_id = ?6, client_addr = ?7, \
          application_name = ?8, claimed_at_ms = ?9, lapse_at_ms = ?10, consumed_at_ms = NULL, \
-         evidence = NULL, takeovers = takeovers + ?11, abandon_at_ms = NULL WHERE {KEY_MATCH}"
+         evidence = NULL, takeovers = takeovers + ?11, abandon_at_ms = NULL, \
+         epoch = epoch + 1 WHERE {KEY_MATCH}"
     ))?
     .execute(params![
         prev.key.thread_id,
@@ -508,6 +539,7 @@ fn retake(
         lapse_at_ms,
         consumed_at_ms: None,
         evidence: None,
+        epoch: prev.epoch.saturating_add(1),
         refusals: prev.refusals,
         takeovers: prev.takeovers + takeover,
         superseded_at_ms: prev.superseded_at_ms,

@@ -420,6 +420,8 @@ fn list_and_render() {
     let col = lines[0].find("STATE").expect("header");
     assert_eq!(&lines[1][col..col + 8], "consumed");
     assert_eq!(&lines[2][col..col + 4], "held");
+    let col = lines[0].find("EPOCH").expect("epoch column");
+    assert_eq!(&lines[1][col..col + 2], "1 ");
 }
 
 #[test]
@@ -859,7 +861,14 @@ fn a_file_from_before_identities_and_abandonment_is_upgraded() {
         })
         .expect("old file");
     let (a, b) = (db.open(), db.open());
-    assert_eq!(a.list(Some("t-1")).expect("list")[0].abandon_at_ms, None);
+    let old = &a.list(Some("t-1")).expect("list")[0];
+    assert_eq!(old.abandon_at_ms, None);
+    // A claim from before generations were counted is its key's first.
+    assert_eq!(old.epoch, 1);
+    assert_eq!(
+        a.current_holder("t-1", "", "c0").expect("holder"),
+        Some(old.clone())
+    );
     answered(&b, &holder("p1", 1));
     assert_eq!(a.list(Some("t-1")).expect("list").len(), 2);
 }
@@ -874,4 +883,98 @@ fn operator_commands_do_not_create_a_store() {
     assert!(!db.path().exists());
     db.open();
     assert!(ClaimStore::open_existing(db.path()).is_ok());
+}
+
+#[test]
+fn each_new_holder_of_a_key_is_a_new_epoch() {
+    let db = TempDb::new("epochs");
+    let (a, b) = (db.open(), db.open());
+    let k = key("c1", b"q");
+    let epoch = |o: Result<ClaimOutcome, StoreError>| match o {
+        Ok(ClaimOutcome::Taken(r) | ClaimOutcome::AlreadyHeld(r)) => r.epoch,
+        Ok(ClaimOutcome::TakenOver { previous, now }) => {
+            assert_eq!(now.epoch, previous.epoch + 1);
+            now.epoch
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(epoch(a.try_claim(&k, &holder("p1", 1), T0, LAPSE)), 1);
+    // The same holder reading again is the same generation.
+    assert_eq!(epoch(a.try_claim(&k, &holder("p1", 1), T0 + 1, LAPSE)), 1);
+    // A takeover after the lapse, from the other replica.
+    assert_eq!(
+        epoch(b.try_claim(&k, &holder("p2", 2), T0 + LAPSE, LAPSE)),
+        2
+    );
+    let current = a.current_holder("t-1", "", "c1").expect("holder");
+    assert_eq!(
+        current.as_ref().map(|r| (&r.holder, r.epoch)),
+        Some((&holder("p2", 2), 2))
+    );
+    // Consumed by its run: still the holder that may continue it.
+    b.consume("t-1", "", "c1", "task wrote x", T0 + LAPSE, T0 + LAPSE + 1)
+        .expect("consume");
+    let current = a
+        .current_holder("t-1", "", "c1")
+        .expect("holder")
+        .expect("row");
+    assert_eq!((current.state, current.epoch), (ClaimState::Consumed, 2));
+    // Released by an operator: nobody holds it until the next take.
+    b.release("t-1", Some("c1")).expect("release");
+    assert_eq!(a.current_holder("t-1", "", "c1").expect("holder"), None);
+    assert_eq!(
+        epoch(a.try_claim(&k, &holder("p1", 3), T0 + LAPSE + 2, LAPSE)),
+        3
+    );
+    assert_eq!(a.get(&k).expect("get").expect("row").epoch, 3);
+}
+
+#[test]
+fn current_holder_is_the_latest_claim_on_the_checkpoint() {
+    let db = TempDb::new("current");
+    let store = db.open();
+    assert_eq!(store.current_holder("t-1", "", "c1").expect("holder"), None);
+    let first = key("c1", b"first");
+    let second = key("c1", b"second");
+    store
+        .try_claim(&first, &holder("p1", 1), T0, LAPSE)
+        .expect("claim");
+    store
+        .consume("t-1", "", "c1", "task wrote x", T0, T0 + 1)
+        .expect("consume");
+    // The node parked again: a new interrupt on the same checkpoint.
+    store
+        .try_claim(&second, &holder("p2", 2), T0 + 10, LAPSE)
+        .expect("claim");
+    store
+        .try_claim(&key("c2", b"q"), &holder("p3", 3), T0 + 20, LAPSE)
+        .expect("claim");
+    let current = store
+        .current_holder("t-1", "", "c1")
+        .expect("holder")
+        .expect("row");
+    assert_eq!((current.key, current.holder), (second, holder("p2", 2)));
+    assert_eq!(
+        store
+            .current_holder("t-1", "other-ns", "c1")
+            .expect("holder"),
+        None
+    );
+    assert_eq!(store.current_holder("t-2", "", "c1").expect("holder"), None);
+}
+
+#[test]
+fn a_key_claimed_afresh_after_its_row_went_stale_keeps_counting() {
+    let db = TempDb::new("stale-epoch");
+    let store = db.open().with_superseded_grace(1_000);
+    let k = key("c1", b"q");
+    store
+        .try_claim(&k, &holder("p1", 1), T0, LAPSE)
+        .expect("claim");
+    store.move_on("t-1", "", "c1", T0 + 1).expect("move on");
+    // Rewound to c1 after the grace: a fresh claim, the next generation.
+    match store.try_claim(&k, &holder("p2", 2), T0 + 5_000, LAPSE) {
+        Ok(ClaimOutcome::Taken(r)) => assert_eq!(r.epoch, 2),
+        other => panic!("{other:?}"),
+    }
 }

@@ -77,6 +77,8 @@ pub struct Resolution {
     pub displaced: Option<Holder>,
     /// Why the displaced holder's claim could be taken over.
     pub takeover: Option<&'static str>,
+    /// The claim generation this session holds, when it was served one.
+    pub epoch: Option<i64>,
 }
 
 impl ClaimsLeg {
@@ -102,6 +104,11 @@ impl ClaimsLeg {
                 }
                 _ => (None, None),
             };
+            let epoch = match &outcome {
+                Ok(ClaimOutcome::Taken(r) | ClaimOutcome::AlreadyHeld(r)) => Some(r.epoch),
+                Ok(ClaimOutcome::TakenOver { now, .. }) => Some(now.epoch),
+                _ => None,
+            };
             match decide(&outcome, &self.policy, waited_ms) {
                 ClaimDecision::RetryAfter { ms } => {
                     std::thread::sleep(Duration::from_millis(ms.max(1) as u64));
@@ -119,6 +126,7 @@ impl ClaimsLeg {
                         waited_ms,
                         displaced,
                         takeover,
+                        epoch,
                     };
                 }
             }
@@ -137,6 +145,7 @@ impl ClaimsLeg {
             waited_ms: 0,
             displaced: None,
             takeover: None,
+            epoch: None,
         }
     }
 
@@ -210,12 +219,23 @@ struct TakenDetail<'a> {
     takeover: Option<&'a str>,
 }
 
-#[derive(Serialize)]
-struct HolderDetail<'a> {
-    client_addr: &'a str,
-    application_name: &'a str,
-    proxy_id: &'a str,
-    session_id: u64,
+#[derive(Debug, Serialize)]
+pub(super) struct HolderDetail<'a> {
+    pub client_addr: &'a str,
+    pub application_name: &'a str,
+    pub proxy_id: &'a str,
+    pub session_id: u64,
+}
+
+impl<'a> HolderDetail<'a> {
+    pub fn of(h: &'a Holder) -> Self {
+        HolderDetail {
+            client_addr: &h.client_addr,
+            application_name: &h.application_name,
+            proxy_id: &h.proxy_id,
+            session_id: h.session_id,
+        }
+    }
 }
 
 /// What a decided claim means for the held row: `None` lets it through;
@@ -280,12 +300,7 @@ pub fn apply_claim(
             };
             events.push(event(op).with_detail(detail(&TakenDetail {
                 interrupt: key.short_fingerprint(),
-                displaced: res.displaced.as_ref().map(|h| HolderDetail {
-                    client_addr: &h.client_addr,
-                    application_name: &h.application_name,
-                    proxy_id: &h.proxy_id,
-                    session_id: h.session_id,
-                }),
+                displaced: res.displaced.as_ref().map(HolderDetail::of),
                 takeover: res.takeover,
             })));
             None

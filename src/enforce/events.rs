@@ -5,9 +5,11 @@
 use serde::Serialize;
 use serde_json::json;
 
+use super::claim_gate::HolderDetail;
 use super::validity::Rejection;
 use super::watch::Watch;
 use crate::audit::{AuditEvent, BlobDigest, Operation, SessionContext};
+use crate::claims::ClaimRecord;
 use crate::saver::classify::{ReadMode, ReadShape, StatementKind};
 use crate::saver::reserved::{INTERRUPT, NULL_TASK, RESUME};
 use crate::saver::write_record::WriteRecord;
@@ -186,6 +188,61 @@ pub fn rejected(ctx: &SessionContext, rejection: &Rejection) -> AuditEvent {
         rule: v.map(|v| v.rule.as_str()),
         schema_path: v.map(|v| v.schema_path.as_str()),
         instance_path: v.map(|v| v.instance_path.as_str()),
+    }))
+}
+
+/// A write the fencing refused: what the audit records of it.
+pub struct FencedWrite<'a> {
+    pub record: &'a WriteRecord,
+    pub thread_id: &'a str,
+    pub checkpoint_ns: &'a str,
+    /// The claimed checkpoint the write continues.
+    pub continues: &'a str,
+    /// The statement's classification label.
+    pub statement: &'a str,
+    pub sqlstate: &'a str,
+    /// The error message the client got.
+    pub message: &'a str,
+    /// superseded_holder, other_proxy, other_client, store_unavailable
+    pub fence: &'a str,
+    /// The checkpoint's current claim (none when the store failed).
+    pub current: Option<&'a ClaimRecord>,
+}
+
+#[derive(Debug, Serialize)]
+struct FencedDetail<'a> {
+    sqlstate: &'a str,
+    reason: &'a str,
+    fence: &'a str,
+    statement: &'a str,
+    continues: &'a str,
+    holder: Option<HolderDetail<'a>>,
+    epoch: Option<i64>,
+    interrupt: Option<&'a str>,
+}
+
+/// The `write_fenced` record of a fenced write.
+pub fn fenced(ctx: &SessionContext, w: &FencedWrite<'_>) -> AuditEvent {
+    let rec = w.record;
+    let mut ev = AuditEvent::new(ctx, Operation::WriteFenced);
+    ev.thread_id = Some(w.thread_id.to_owned());
+    ev.checkpoint_ns = Some(w.checkpoint_ns.to_owned());
+    ev.checkpoint_id = rec.checkpoint_id.clone();
+    ev.parent_checkpoint_id = rec.parent_checkpoint_id.clone();
+    ev.task_id = rec.task_id.clone();
+    ev.channels = rec.channel.iter().cloned().collect();
+    if let (Some(c), Some(b)) = (&rec.channel, &rec.blob) {
+        ev.blob_sha256.push(BlobDigest::of(c.clone(), b));
+    }
+    ev.with_detail(detail(&FencedDetail {
+        sqlstate: w.sqlstate,
+        reason: w.message,
+        fence: w.fence,
+        statement: w.statement,
+        continues: w.continues,
+        holder: w.current.map(|c| HolderDetail::of(&c.holder)),
+        epoch: w.current.map(|c| c.epoch),
+        interrupt: w.current.map(|c| c.key.short_fingerprint()),
     }))
 }
 

@@ -1,6 +1,7 @@
-//! What a committed checkpoint write tells the claims store: an interrupt
-//! answered (its claim consumed), a run making progress, a thread moved on
-//! or deleted.
+//! What a checkpoint write tells the claims store: an interrupt answered
+//! (its claim consumed), a run making progress, a thread moved on or
+//! deleted. The same recognition says which checkpoint a write continues,
+//! for the fencing of writes from sessions other than its holder.
 
 use super::watch::Watch;
 use crate::claims::evidence::Evidence;
@@ -9,65 +10,109 @@ use crate::saver::profile::TableRole;
 use crate::saver::reserved::{ERROR, INTERRUPT, NULL_TASK, RESUME, SCHEDULED};
 use crate::saver::write_record::WriteRecord;
 
+/// A write that continues a checkpoint: a run answering or going on from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Continuation {
+    pub thread_id: String,
+    pub checkpoint_ns: String,
+    /// The checkpoint continued (for a new checkpoint: its parent).
+    pub checkpoint_id: String,
+    pub step: Step,
+}
+
+/// How a write continues its checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// A run-level `__resume__` write: a resume is running.
+    Progress,
+    /// A task's pending write (its results): the interrupt is answered.
+    TaskWrote(String),
+    /// A new checkpoint whose parent it is.
+    Child,
+}
+
+/// The checkpoint a decoded write of `kind` continues, if it continues
+/// one. Parking (`__interrupt__`), failing (`__error__`) and scheduling
+/// writes do not: they are no answer.
+pub fn continuation(kind: &StatementKind, rec: &WriteRecord) -> Option<Continuation> {
+    let (thread_id, checkpoint_ns) = (rec.thread_id.clone()?, rec.checkpoint_ns.clone()?);
+    match kind {
+        StatementKind::WritesUpsert(_) | StatementKind::WritesInsertIgnore(_) => {
+            let checkpoint_id = rec.checkpoint_id.clone()?;
+            let channel = rec.channel.as_deref()?;
+            let task = rec.task_id.as_deref().unwrap_or_default();
+            let step = match channel {
+                RESUME if task == NULL_TASK => Step::Progress,
+                INTERRUPT | ERROR | SCHEDULED => return None,
+                _ => Step::TaskWrote(format!("task {task} wrote {channel}")),
+            };
+            Some(Continuation {
+                thread_id,
+                checkpoint_ns,
+                checkpoint_id,
+                step,
+            })
+        }
+        StatementKind::CheckpointUpsert(_) => Some(Continuation {
+            thread_id,
+            checkpoint_ns,
+            checkpoint_id: rec.parent_checkpoint_id.clone()?,
+            step: Step::Child,
+        }),
+        _ => None,
+    }
+}
+
+impl Continuation {
+    /// The claim evidence of this write, once it committed.
+    fn evidence(self, written_at_ms: i64) -> Evidence {
+        let Continuation {
+            thread_id,
+            checkpoint_ns,
+            checkpoint_id,
+            step,
+        } = self;
+        match step {
+            Step::Progress => Evidence::Progress {
+                thread_id,
+                checkpoint_ns,
+                checkpoint_id,
+                written_at_ms,
+            },
+            Step::TaskWrote(what) => Evidence::Consumed {
+                thread_id,
+                checkpoint_ns,
+                checkpoint_id,
+                what,
+                written_at_ms,
+            },
+            Step::Child => Evidence::MovedOn {
+                thread_id,
+                checkpoint_ns,
+                parent_checkpoint_id: checkpoint_id,
+            },
+        }
+    }
+}
+
 impl Watch {
     /// What a completed write means for consume-once claims.
     pub fn evidence(&self) -> Vec<Evidence> {
-        let record = match &self.record {
-            Some(Ok(rec)) => Some(rec.as_ref()),
-            _ => None,
-        };
-        match &self.class.kind {
-            StatementKind::WritesUpsert(_) | StatementKind::WritesInsertIgnore(_) => {
-                let Some(rec) = record else {
-                    return Vec::new();
-                };
-                let (Some(thread_id), Some(checkpoint_ns), Some(checkpoint_id), Some(channel)) = (
-                    rec.thread_id.clone(),
-                    rec.checkpoint_ns.clone(),
-                    rec.checkpoint_id.clone(),
-                    rec.channel.as_deref(),
-                ) else {
-                    return Vec::new();
-                };
-                let task = rec.task_id.as_deref().unwrap_or_default();
-                match channel {
-                    RESUME if task == NULL_TASK => vec![Evidence::Progress {
-                        thread_id,
-                        checkpoint_ns,
-                        checkpoint_id,
-                        written_at_ms: self.sent_at_ms,
-                    }],
-                    // Parking, failing or scheduling is not an answer.
-                    INTERRUPT | ERROR | SCHEDULED => Vec::new(),
-                    _ => vec![Evidence::Consumed {
-                        thread_id,
-                        checkpoint_ns,
-                        checkpoint_id,
-                        what: format!("task {task} wrote {channel}"),
-                        written_at_ms: self.sent_at_ms,
-                    }],
-                }
-            }
-            StatementKind::CheckpointUpsert(_) => match record {
-                Some(WriteRecord {
-                    thread_id: Some(thread_id),
-                    checkpoint_ns: Some(checkpoint_ns),
-                    parent_checkpoint_id: Some(parent_checkpoint_id),
-                    ..
-                }) => vec![Evidence::MovedOn {
-                    thread_id: thread_id.clone(),
-                    checkpoint_ns: checkpoint_ns.clone(),
-                    parent_checkpoint_id: parent_checkpoint_id.clone(),
-                }],
-                _ => Vec::new(),
-            },
-            StatementKind::DeleteThread {
-                table: TableRole::Checkpoints,
-                thread_param,
-            } => self
+        if let StatementKind::DeleteThread {
+            table: TableRole::Checkpoints,
+            thread_param,
+        } = &self.class.kind
+        {
+            return self
                 .param_text(*thread_param)
                 .map(|thread_id| vec![Evidence::ThreadDeleted { thread_id }])
-                .unwrap_or_default(),
+                .unwrap_or_default();
+        }
+        match &self.record {
+            Some(Ok(rec)) => continuation(&self.class.kind, rec)
+                .map(|c| c.evidence(self.sent_at_ms))
+                .into_iter()
+                .collect(),
             _ => Vec::new(),
         }
     }

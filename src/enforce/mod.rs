@@ -7,12 +7,15 @@
 //! - `session`: one session's hooks into the protocol tracker.
 //! - `watch`, `events`, `evidence`: one statement's answer, what it
 //!   audits, what it tells the claims store.
-//! - `validity`, `claim_gate`: the validity gate and the consume-once gate.
+//! - `validity`, `claim_gate`, `fencing`: the validity gate, the
+//!   consume-once gate, and the fencing of writes continuing a claimed
+//!   checkpoint from sessions other than its holder.
 //! - `reload`: the rule set a running proxy replaces (SIGHUP).
 
 pub mod claim_gate;
 mod events;
 mod evidence;
+mod fencing;
 pub mod reload;
 pub mod session;
 pub mod validity;
@@ -31,7 +34,7 @@ use crate::wire::guard::{
 };
 use crate::wire::response_queue::Desync;
 use crate::wire::tracker::Tracker;
-use claim_gate::{apply_claim, ClaimTicket, ClaimsLeg};
+use claim_gate::{ClaimTicket, ClaimsLeg};
 use session::SessionEnforcer;
 
 /// Which enforcement legs run. Off, the proxy is a transparent relay that
@@ -132,8 +135,7 @@ impl Guard for SessionGuard {
             return None;
         };
         let resolution = ticket.resolution.as_ref()?;
-        let e = &mut self.hooks;
-        let refusal = apply_claim(&e.ctx, &ticket.request, resolution, &mut e.ready_events);
+        let refusal = self.hooks.claim_resolved(&ticket.request, resolution);
         if refusal.is_some() {
             // The reader's node must not run: the rest of that statement's
             // answer is swallowed.

@@ -9,8 +9,10 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::claim_gate::{ClaimRequest, ClaimTicket, Head};
+use super::claim_gate::{apply_claim, ClaimRequest, ClaimTicket, Head, Resolution};
 use super::events::rejected;
+use super::evidence::continuation;
+use super::fencing::FenceGate;
 use super::validity::{ValidityGate, CHECK_VIOLATION};
 use super::watch::{Watch, WriteDecode};
 use super::Enforcement;
@@ -62,6 +64,9 @@ pub struct SessionEnforcer {
     pub ready_events: Vec<AuditEvent>,
     segment_failed: bool,
     validity: ValidityGate,
+    /// The claims this session took and the verdicts of its current
+    /// transaction, for fencing writes continuing claimed checkpoints.
+    pub fencing: FenceGate,
 }
 
 impl SessionEnforcer {
@@ -77,6 +82,7 @@ impl SessionEnforcer {
             ready_events: Vec::new(),
             segment_failed: false,
             validity: ValidityGate::new(show_values),
+            fencing: FenceGate::default(),
         }
     }
 
@@ -146,6 +152,16 @@ impl SessionEnforcer {
         }
     }
 
+    /// This session as a claim holder.
+    fn holder(&self, proxy_id: &str) -> Holder {
+        Holder {
+            proxy_id: proxy_id.to_owned(),
+            session_id: self.ctx.session_id,
+            client_addr: self.ctx.client_addr.clone(),
+            application_name: self.ctx.application_name.clone(),
+        }
+    }
+
     /// The claim request a decoded head row asks for, if any.
     fn claim_request(&self, watch: &Watch) -> Option<ClaimRequest> {
         let leg = self.shared.legs.claims.as_ref()?;
@@ -156,14 +172,41 @@ impl SessionEnforcer {
         };
         Some(ClaimRequest {
             key,
-            holder: Holder {
-                proxy_id: leg.proxy_id.clone(),
-                session_id: self.ctx.session_id,
-                client_addr: self.ctx.client_addr.clone(),
-                application_name: self.ctx.application_name.clone(),
-            },
+            holder: self.holder(&leg.proxy_id),
             head,
         })
+    }
+
+    /// A held head row's claim was decided: what this session now holds
+    /// is remembered for fencing, the decision audited; returns the
+    /// refusal the client gets instead of the row, if any.
+    pub fn claim_resolved(&mut self, req: &ClaimRequest, res: &Resolution) -> Option<Bytes> {
+        if req.head == Head::Parked {
+            match res.epoch {
+                Some(epoch) => self.fencing.took(&req.key, epoch),
+                None => self.fencing.read_parked(&req.key),
+            }
+        }
+        apply_claim(&self.ctx, req, res, &mut self.ready_events)
+    }
+
+    /// With consume-once on: a write continuing a claimed checkpoint from
+    /// a session other than its holder is refused (see `fencing`).
+    fn fence(&mut self, kind: &StatementKind, record: Option<&WriteDecode>) -> Option<Refusal> {
+        let leg = Arc::clone(self.shared.legs.claims.as_ref()?);
+        let Some(Ok(rec)) = record else {
+            return None;
+        };
+        let cont = continuation(kind, rec)?;
+        let session = self.holder(&leg.proxy_id);
+        let fenced = self.fencing.check(
+            &leg,
+            &self.ctx,
+            &session,
+            (&cont, kind.label(), rec.as_ref()),
+        )?;
+        self.ready_events.push(fenced.event);
+        Some(fenced.refusal)
     }
 }
 
@@ -242,6 +285,9 @@ impl Hooks for SessionEnforcer {
             if let Some(rejection) = self.validity.check(&rules, &statement.class.kind, checked) {
                 return Ok(Bound::Refuse(self.refuse_write(rejection)));
             }
+        }
+        if let Some(refusal) = self.fence(&statement.class.kind, record.as_ref()) {
+            return Ok(Bound::Refuse(refusal));
         }
         let mut replacement = None;
         if statement.rewritten && bound.result_formats.len() > 1 {
@@ -362,12 +408,14 @@ impl Hooks for SessionEnforcer {
         }
         if status != TxnStatus::InBlock {
             self.segment_failed = false;
+            self.fencing.end_transaction();
         }
     }
 
     fn rollback(&mut self) {
         self.uncommitted.clear();
         self.uncommitted_evidence.clear();
+        self.fencing.end_transaction();
     }
 
     fn parameter_status(&mut self, name: &[u8], value: &[u8]) {

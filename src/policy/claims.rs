@@ -17,6 +17,11 @@
 //! - `58000` system_error, [`Refusal::StoreUnavailable`]: the claim store
 //!   (outside PostgreSQL) failed; nothing about the thread is known.
 //!
+//! - `RGF01` (class `RG`, resumeguard's own), [`WriteVerdict::Fenced`]: a
+//!   write continuing a claimed checkpoint came from a session other than
+//!   its current holder (see [`decide_write`]). Raised inside the server's
+//!   transaction, so nothing of the write commits.
+//!
 //! None is in class 40 or 08, so drivers and pools do not retry or drop
 //! the connection on their own.
 
@@ -33,6 +38,9 @@ pub const SQLSTATE_ANSWERED: &str = "55000";
 pub const SQLSTATE_IN_FLIGHT: &str = "55006";
 /// SQLSTATE for a read refused because the claim store failed.
 pub const SQLSTATE_STORE_UNAVAILABLE: &str = "58000";
+
+/// SQLSTATE for a write fenced off a claimed checkpoint.
+pub const SQLSTATE_WRITE_FENCED: &str = "RGF01";
 
 /// The SQL comment that marks a statement as inspection, where
 /// `claims.inspection_sql_hint` is on: `/* resumeguard:inspect */` (or
@@ -261,6 +269,181 @@ impl Refusal {
             }
         }
     }
+}
+
+/// The session sending a write that continues a checkpoint (its task's
+/// pending writes on it, or a checkpoint whose parent it is).
+#[derive(Debug, Clone, Copy)]
+pub struct Writer<'a> {
+    pub session: &'a Holder,
+    /// The claims this session took on that checkpoint, as
+    /// (fingerprint, epoch): a generation it held that is not the current
+    /// one was taken over.
+    pub took: &'a [(String, i64)],
+    /// Whether the proxy knows the checkpoint was claimed without asking
+    /// the store: this session took or was refused a claim on it, or the
+    /// write is a run-level `__resume__` (only a resume writes one).
+    pub known_claimed: bool,
+}
+
+/// Why a write continuing a claimed checkpoint is accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accepted {
+    /// Nobody holds a claim on the checkpoint.
+    Unclaimed,
+    /// The writer is the holder's session.
+    Holder,
+    /// Another session of the same proxy and the same client (host
+    /// address and application_name) as the holder: its pool.
+    Pool,
+    /// The store could not answer and nothing tells the proxy the
+    /// checkpoint was claimed (see [`decide_write`]).
+    Unknown,
+}
+
+/// Why a write is fenced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FenceReason {
+    /// The writing session held generation `epoch` of the claim, which
+    /// was taken over since.
+    Superseded { epoch: i64 },
+    /// The writer is on another proxy than the holder.
+    OtherProxy,
+    /// The writer is another client than the holder (host address or
+    /// application_name differ).
+    OtherClient,
+}
+
+/// What happens to a write that continues a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteVerdict {
+    Accept(Accepted),
+    /// Raised in the write's place ([`SQLSTATE_WRITE_FENCED`]).
+    Fenced {
+        current: Box<ClaimRecord>,
+        reason: FenceReason,
+    },
+    /// The store failed on a checkpoint known to be claimed: refused
+    /// ([`SQLSTATE_STORE_UNAVAILABLE`]), fail closed.
+    StoreUnavailable(String),
+}
+
+/// The fencing rule for a write continuing a checkpoint, given the
+/// checkpoint's current claim ([`crate::claims::ClaimStore::current_holder`]).
+///
+/// In order: no claim (none ever, or released): accepted. The holder's
+/// own session: accepted. Another session of the holder's proxy from the
+/// same client host address with the same application_name: accepted, as
+/// the holder's pool (psycopg and node-postgres pools read on one
+/// connection and write on others, and one pool connection may take over
+/// the claim another one's unmarked `get_state` left). Otherwise fenced:
+/// a session that held an earlier generation of the current claim (taken
+/// over since by another client), a session on another proxy, any other
+/// client. So two processes sharing host, proxy and application_name
+/// count as one client: give each its own application_name to fence them
+/// from each other.
+///
+/// A store that cannot answer fails closed where the proxy knows the
+/// checkpoint is claimed ([`Writer::known_claimed`]); elsewhere the write
+/// passes, since every step of every run continues some checkpoint and
+/// refusing them all would stop unrelated traffic.
+pub fn decide_write(
+    writer: &Writer<'_>,
+    current: &Result<Option<ClaimRecord>, StoreError>,
+) -> WriteVerdict {
+    let current = match current {
+        Ok(Some(c)) => c,
+        Ok(None) => return WriteVerdict::Accept(Accepted::Unclaimed),
+        Err(e) if writer.known_claimed => return WriteVerdict::StoreUnavailable(e.to_string()),
+        Err(_) => return WriteVerdict::Accept(Accepted::Unknown),
+    };
+    let me = writer.session;
+    let holder = &current.holder;
+    if holder.same_session(me) {
+        return WriteVerdict::Accept(Accepted::Holder);
+    }
+    if holder.proxy_id == me.proxy_id
+        && client_host(&holder.client_addr) == client_host(&me.client_addr)
+        && holder.application_name == me.application_name
+    {
+        return WriteVerdict::Accept(Accepted::Pool);
+    }
+    let fenced = |reason| WriteVerdict::Fenced {
+        current: Box::new(current.clone()),
+        reason,
+    };
+    let superseded = writer
+        .took
+        .iter()
+        .filter(|(fingerprint, epoch)| {
+            *fingerprint == current.key.fingerprint && *epoch < current.epoch
+        })
+        .map(|(_, epoch)| *epoch)
+        .max();
+    if let Some(epoch) = superseded {
+        return fenced(FenceReason::Superseded { epoch });
+    }
+    if holder.proxy_id != me.proxy_id {
+        return fenced(FenceReason::OtherProxy);
+    }
+    fenced(FenceReason::OtherClient)
+}
+
+/// The host part of a client address (`10.0.0.1:5432` → `10.0.0.1`,
+/// `[::1]:5432` → `[::1]`); an address without a port is its own host.
+fn client_host(addr: &str) -> &str {
+    match addr.rsplit_once(':') {
+        Some((host, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => host,
+        _ => addr,
+    }
+}
+
+impl FenceReason {
+    /// What the writer is, in the fenced write's message.
+    pub fn describe(&self, writer: &Holder) -> String {
+        match self {
+            FenceReason::Superseded { epoch } => format!(
+                "this session (proxy {}, session {}) held epoch {epoch}, which was taken over",
+                writer.proxy_id, writer.session_id
+            ),
+            FenceReason::OtherProxy => format!(
+                "this session is on proxy {}, not the holder's",
+                writer.proxy_id
+            ),
+            FenceReason::OtherClient => format!(
+                "this session is another client ({}, application_name \"{}\")",
+                writer.client_addr, writer.application_name
+            ),
+        }
+    }
+
+    /// The reason's name in the audit record and the metrics label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            FenceReason::Superseded { .. } => "superseded_holder",
+            FenceReason::OtherProxy => "other_proxy",
+            FenceReason::OtherClient => "other_client",
+        }
+    }
+}
+
+/// The message of a fenced write: which checkpoint, who holds it at which
+/// epoch, and why this writer is not them.
+pub fn fenced_message(
+    (thread_id, checkpoint_ns, checkpoint_id): (&str, &str, &str),
+    current: &ClaimRecord,
+    reason: &FenceReason,
+    writer: &Holder,
+) -> String {
+    format!(
+        "resumeguard: write fenced: thread \"{thread_id}\", checkpoint_ns \"{checkpoint_ns}\", \
+         checkpoint \"{checkpoint_id}\" is held by {} at epoch {} (interrupt {}); {}; \
+         nothing of this write was committed",
+        who(&current.holder),
+        current.epoch,
+        current.key.short_fingerprint(),
+        reason.describe(writer)
+    )
 }
 
 fn who(by: &Holder) -> String {

@@ -5,7 +5,7 @@ use std::ops::{Deref, DerefMut};
 
 use super::*;
 use crate::audit::Operation;
-use crate::enforce::claim_gate::{apply_claim, ClaimsLeg, Resolution};
+use crate::enforce::claim_gate::{ClaimsLeg, Resolution};
 use crate::enforce::{Enforcement, Legs};
 use crate::saver::classify::Classifier;
 use crate::saver::pg_array::ByteaArray;
@@ -65,8 +65,7 @@ impl SessionState {
     }
 
     fn apply_claim(&mut self, req: &ClaimRequest, res: &Resolution) -> Option<Bytes> {
-        let e = &mut self.0.hooks;
-        let refusal = apply_claim(&e.ctx, req, res, &mut e.ready_events);
+        let refusal = self.0.hooks.claim_resolved(req, res);
         if refusal.is_some() {
             self.0.swallow_front();
         }
@@ -677,6 +676,7 @@ fn a_refused_running_head_names_the_run_and_a_served_one_records_nothing() {
         decision: ClaimDecision::Serve { takeover: false },
         waited_ms: 0,
         displaced: None,
+        epoch: None,
         takeover: None,
     };
     assert!(st.apply_claim(&req, &served).is_none());
@@ -705,6 +705,7 @@ fn a_refused_running_head_names_the_run_and_a_served_one_records_nothing() {
         },
         waited_ms: 0,
         displaced: None,
+        epoch: None,
         takeover: None,
     };
     let error = st.apply_claim(&req, &refused);
@@ -773,6 +774,7 @@ fn a_refused_claim_replaces_the_row_and_swallows_the_rest_of_its_answer() {
             },
             waited_ms: 0,
             displaced: None,
+            epoch: None,
             takeover: None,
         },
     );
@@ -846,4 +848,74 @@ fn an_unknown_checkpoint_statement_passes_under_warn() {
         .unwrap(),
         None
     );
+}
+
+/// The gated task's pending write on `checkpoint_id` of thread t1.
+fn task_write_bind(checkpoint_id: &[u8]) -> Vec<u8> {
+    bind(
+        "w",
+        &[0, 0, 0, 0, 0, 1, 0, 0, 1],
+        &[
+            Some(b"t1"),
+            Some(b""),
+            Some(checkpoint_id),
+            Some(b"task-1"),
+            Some(b"~__pregel_pull, gate"),
+            Some(&[0, 0]),
+            Some(b"approved"),
+            Some(b"msgpack"),
+            Some(&[0xc3]),
+        ],
+        &[],
+    )
+}
+
+#[test]
+fn a_write_continuing_a_claimed_checkpoint_fails_closed_while_the_store_cannot_answer() {
+    use crate::policy::claims::ClaimDecision;
+    // The store's path does not exist: every lookup fails.
+    let mut st = claiming_state(&[], "worker");
+    client(&mut st, &[parse("w", WRITE_SQL)]);
+    // A checkpoint nothing says is claimed: the write passes.
+    assert_eq!(st.on_client(&task_write_bind(b"ck0")).unwrap(), None);
+    assert!(st.ready_events.is_empty(), "{:?}", st.ready_events);
+    client(&mut st, &[msg(b'D', b"P\0"), execute(), msg(b'S', b"")]);
+    server(
+        &mut st,
+        &[
+            msg(b'1', b""),
+            msg(b'2', b""),
+            msg(b'n', b""),
+            msg(b'C', b"INSERT 0 1\0"),
+            ready(b'I'),
+        ],
+    );
+    std::mem::take(&mut st.ready_events);
+    // This session was served the claim on ck1 (before the store failed).
+    let req = read_parked_head(&mut st).claim.unwrap();
+    let served = Resolution {
+        decision: ClaimDecision::Serve { takeover: false },
+        waited_ms: 0,
+        displaced: None,
+        epoch: Some(1),
+        takeover: None,
+    };
+    assert!(st.apply_claim(&req, &served).is_none());
+    server(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
+    std::mem::take(&mut st.ready_events);
+    // Its task's write on ck1 cannot be checked against the holder: refused.
+    let injected = st
+        .on_client(&task_write_bind(b"ck1"))
+        .unwrap()
+        .expect("refused");
+    assert!(is_raise(&injected));
+    let text = crate::wire::reject::readable(&injected);
+    assert!(text.contains("58000"), "{text}");
+    assert!(text.contains("claim store unavailable"), "{text}");
+    let events = std::mem::take(&mut st.ready_events);
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].operation, Operation::WriteFenced);
+    assert_eq!(events[0].detail["fence"], "store_unavailable");
+    assert_eq!(events[0].detail["continues"], "ck1");
+    assert_eq!(events[0].task_id.as_deref(), Some("task-1"));
 }

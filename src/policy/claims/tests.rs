@@ -35,6 +35,7 @@ fn rec(state: ClaimState, lapse_at_ms: i64) -> ClaimRecord {
         lapse_at_ms,
         consumed_at_ms: (state == ClaimState::Consumed).then_some(T0 + 7),
         evidence: None,
+        epoch: 1,
         refusals: 0,
         takeovers: 0,
         superseded_at_ms: None,
@@ -318,4 +319,173 @@ fn the_sql_hint_must_be_in_a_comment() {
     assert!(!has_inspection_hint("select 'resumeguard:inspect'"));
     assert!(!has_inspection_hint("select a/b - c from t"));
     assert!(!has_inspection_hint("/* other */ select 1"));
+}
+
+fn writer_session(proxy: &str, session_id: u64, addr: &str, app: &str) -> Holder {
+    Holder {
+        proxy_id: proxy.into(),
+        session_id,
+        client_addr: addr.into(),
+        application_name: app.into(),
+    }
+}
+
+fn held_at(epoch: i64) -> Result<Option<ClaimRecord>, StoreError> {
+    Ok(Some(ClaimRecord {
+        epoch,
+        ..rec(ClaimState::Held, T0 + 1_000)
+    }))
+}
+
+fn verdict(
+    session: &Holder,
+    took: &[(String, i64)],
+    current: &Result<Option<ClaimRecord>, StoreError>,
+) -> WriteVerdict {
+    decide_write(
+        &Writer {
+            session,
+            took,
+            known_claimed: false,
+        },
+        current,
+    )
+}
+
+fn fence_reason(v: WriteVerdict) -> Option<FenceReason> {
+    match v {
+        WriteVerdict::Fenced { reason, .. } => Some(reason),
+        _ => None,
+    }
+}
+
+#[test]
+fn the_holders_session_and_pool_may_continue_a_claimed_checkpoint() {
+    let current = held_at(1);
+    // The holder itself (proxy-a, session 42, 10.1.2.3, "approver").
+    assert_eq!(
+        verdict(&holder(), &[], &current),
+        WriteVerdict::Accept(Accepted::Holder)
+    );
+    // Another connection of its pool: same proxy, host and application_name.
+    let pooled = writer_session("proxy-a", 43, "10.1.2.3:50999", "approver");
+    assert_eq!(
+        verdict(&pooled, &[], &current),
+        WriteVerdict::Accept(Accepted::Pool)
+    );
+    // Unclaimed checkpoints are anybody's.
+    let stranger = writer_session("proxy-b", 7, "10.9.9.9:1", "other");
+    assert_eq!(
+        verdict(&stranger, &[], &Ok(None)),
+        WriteVerdict::Accept(Accepted::Unclaimed)
+    );
+}
+
+#[test]
+fn a_superseded_holder_is_fenced_unless_it_is_the_holders_own_client() {
+    let fp = key().fingerprint;
+    let current = held_at(2);
+    // Session 41 of proxy-b took epoch 1; proxy-a's session 42 took it over.
+    let old = writer_session("proxy-b", 41, "10.1.2.3:50100", "approver");
+    assert_eq!(
+        fence_reason(verdict(&old, &[(fp.clone(), 1)], &current)),
+        Some(FenceReason::Superseded { epoch: 1 })
+    );
+    assert_eq!(
+        fence_reason(verdict(&old, &[], &current)),
+        Some(FenceReason::OtherProxy)
+    );
+    // The same client on the holder's proxy is its pool, whichever of its
+    // connections held the earlier generation (an unmarked get_state on
+    // one, the resume on another).
+    let pooled = writer_session("proxy-a", 41, "10.1.2.3:50100", "approver");
+    assert_eq!(
+        verdict(&pooled, &[(fp, 1)], &current),
+        WriteVerdict::Accept(Accepted::Pool)
+    );
+    // A generation of another interrupt of the checkpoint is not this one's.
+    assert_eq!(
+        fence_reason(verdict(&old, &[("other".into(), 1)], &current)),
+        Some(FenceReason::OtherProxy)
+    );
+}
+
+#[test]
+fn other_proxies_and_other_clients_are_fenced() {
+    let current = held_at(3);
+    let elsewhere = writer_session("proxy-b", 42, "10.1.2.3:50123", "approver");
+    assert_eq!(
+        fence_reason(verdict(&elsewhere, &[], &current)),
+        Some(FenceReason::OtherProxy)
+    );
+    let other_host = writer_session("proxy-a", 5, "10.1.2.4:50123", "approver");
+    let other_app = writer_session("proxy-a", 6, "10.1.2.3:50123", "replayer");
+    for w in [other_host, other_app] {
+        assert_eq!(
+            fence_reason(verdict(&w, &[], &current)),
+            Some(FenceReason::OtherClient),
+            "{w:?}"
+        );
+    }
+    // Consumed by its holder's run: still fenced for others.
+    let consumed = Ok(Some(rec(ClaimState::Consumed, T0 + 1_000)));
+    let other = writer_session("proxy-b", 1, "10.1.2.3:1", "approver");
+    assert_eq!(
+        fence_reason(verdict(&other, &[], &consumed)),
+        Some(FenceReason::OtherProxy)
+    );
+}
+
+#[test]
+fn a_store_that_cannot_answer_fails_closed_where_a_claim_is_known() {
+    let down: Result<Option<ClaimRecord>, StoreError> = Err(StoreError::Open {
+        path: "/x/claims.sqlite".into(),
+        reason: "no such directory".into(),
+    });
+    let w = holder();
+    let known = Writer {
+        session: &w,
+        took: &[],
+        known_claimed: true,
+    };
+    match decide_write(&known, &down) {
+        WriteVerdict::StoreUnavailable(text) => {
+            assert!(text.contains("/x/claims.sqlite"), "{text}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        verdict(&w, &[], &down),
+        WriteVerdict::Accept(Accepted::Unknown)
+    );
+}
+
+#[test]
+fn a_fenced_message_names_the_holder_epoch_and_why() {
+    let current = ClaimRecord {
+        epoch: 2,
+        ..rec(ClaimState::Held, T0)
+    };
+    let writer = writer_session("proxy-b", 9, "10.0.0.9:4000", "racer");
+    let text = fenced_message(
+        ("t-1", "", "1f0-c5"),
+        &current,
+        &FenceReason::OtherProxy,
+        &writer,
+    );
+    for part in [
+        "write fenced",
+        "thread \"t-1\"",
+        "checkpoint \"1f0-c5\"",
+        "client 10.1.2.3:50123",
+        "proxy proxy-a, session 42",
+        "at epoch 2",
+        "interrupt abcdef012345",
+        "on proxy proxy-b, not the holder's",
+        "nothing of this write was committed",
+    ] {
+        assert!(text.contains(part), "{part}: {text}");
+    }
+    assert_eq!(client_host("[::1]:5432"), "[::1]");
+    assert_eq!(client_host("unix"), "unix");
 }

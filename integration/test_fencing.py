@@ -1,0 +1,249 @@
+"""Fencing of superseded claim holders, end to end: two proxies (``fx-A``, ``fx-B``)
+share one SQLite claims file; each scenario runs beside the same scenario straight
+to PostgreSQL, where the stock defect shows.
+
+- A map-form gate slower than ``lapse_ms``: the first resumer's claim lapses while
+  its node still runs, a second resumer (other proxy) takes it over and completes;
+  the first resumer's writes then arrive. Stock: both runs write, the parked
+  checkpoint gets two children. Through the proxies: the first resumer's writes are
+  fenced (RGF01, ``write_fenced``), nothing of them is written, one child.
+- A replay: while a holder's node runs, a session that never held the claim (a plain
+  psycopg connection through the holder's proxy with another application_name, or
+  through the other proxy) sends the gated task's pending write: fenced; stock: it
+  lands.
+- A psycopg pool: an unmarked get_state on one pooled connection claims, the resume
+  reads and writes on others; none of the pool's writes is fenced.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+import uuid
+
+import psycopg
+import pytest
+from langgraph.checkpoint.postgres.base import BasePostgresSaver
+
+import racer as R
+from conftest import HOST, free_port
+from test_consume_once import Env, audit_ops, ledger, one_resumer, ops, park
+
+LAPSE_MS = 1000
+SLOW_GATE_MS = LAPSE_MS + 3000
+FENCED = "RGF01"
+
+
+@pytest.fixture(scope="module")
+def fx(proxy_factory, direct_dsn, workdir) -> Env:
+    store = workdir / f"fx-claims-{uuid.uuid4().hex[:6]}.sqlite"
+    cfg = workdir / "fx.toml"
+    cfg.write_text(f'[enforce]\nconsume_once = true\n\n[claims]\nstore = "{store}"\n'
+                   f'lapse_ms = {LAPSE_MS}\npolicy = "wait"\nholder_gone_grace_ms = 1000\n')
+    admin = free_port()
+    a = proxy_factory("--config", str(cfg), "--proxy-id", "fx-A", "--admin-listen",
+                      f"{HOST}:{admin}", name="fx-A")
+    b = proxy_factory("--config", str(cfg), "--proxy-id", "fx-B", name="fx-B")
+    R.CTX["ledger_dsn"] = direct_dsn
+    R.CTX["ledger"] = None
+    R.main(["setup", "--dsn", direct_dsn])
+    env = Env(direct_dsn, a, b, a, 0, store, workdir)
+    env.proxy_ids = {a.port: "fx-A", b.port: "fx-B"}
+    env.admin = f"http://{HOST}:{admin}"
+    return env
+
+
+def tid(prefix: str) -> str:
+    return f"fx-{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def head_id(env: Env, thread: str) -> str:
+    with psycopg.connect(env.direct, autocommit=True) as c:
+        return c.execute("select checkpoint_id from checkpoints where thread_id = %s and "
+                         "checkpoint_ns = '' order by checkpoint_id desc limit 1",
+                         (thread,)).fetchone()[0]
+
+
+def children(env: Env, thread: str, parent: str) -> list[str]:
+    with psycopg.connect(env.direct, autocommit=True) as c:
+        rows = c.execute("select checkpoint_id from checkpoints where thread_id = %s and "
+                         "checkpoint_ns = '' and parent_checkpoint_id = %s", (thread, parent))
+        return [r[0] for r in rows.fetchall()]
+
+
+def wait_for_gate(env: Env, thread: str, racer: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(r[0] == racer and r[1] == "gate" for r in ledger(env, thread)):
+        assert time.monotonic() < deadline, f"{racer}'s gate never ran"
+        time.sleep(0.01)
+
+
+def test_a_holder_superseded_during_a_slow_map_gate_is_fenced(fx):
+    """Racer 1 (fx-A) resumes in map form and its gate runs longer than lapse_ms;
+    racer 2 (fx-B) reads meanwhile, waits for the lapse, takes the claim over and
+    completes. Racer 1's writes come after: stock, they land and the parked checkpoint
+    has two children; through the proxies they are fenced, audited as write_fenced
+    naming the holder and its epoch, and the parked checkpoint has one child, racer
+    2's."""
+    outcome = {}
+    for via in ("direct", "proxies"):
+        dsn1, dsn2 = (fx.direct, fx.direct) if via == "direct" else (fx.dsn("A"), fx.dsn("B"))
+        thread = tid(f"slow-{via}")
+        iid = park(dsn1, thread)[0]["id"]
+        parked = head_id(fx, thread)
+        first = one_resumer(fx, dsn1, thread, f"s1{via[0]}-", form="map", interrupt_id=iid,
+                            gate_ms=SLOW_GATE_MS)
+        second = one_resumer(fx, dsn2, thread, f"s2{via[0]}-", form="map", interrupt_id=iid)
+        try:
+            first.ready(0)
+            second.ready(0)
+            first.go(0)
+            wait_for_gate(fx, thread, first.ids[0])
+            second.go(0)
+            r2 = second.results(0)[0]
+            r1 = first.results(0, timeout=SLOW_GATE_MS / 1000 + 60)[0]
+            first.finish()
+            second.finish()
+        finally:
+            first.kill()
+            second.kill()
+        assert r2["ok"], r2
+        assert r2["t_end"] < r1["t_end"], "the takeover's run must finish first"
+        kids = children(fx, thread, parked)
+        print(f"{via}: first resumer ok={r1['ok']} error={r1['error']}; children of the "
+              f"parked checkpoint: {len(kids)}")
+        if via == "direct":
+            assert r1["ok"], r1
+            assert len(kids) == 2, kids
+        else:
+            assert not r1["ok"], r1
+            assert r1["error"]["sqlstate"] == FENCED, r1["error"]
+            message = r1["error"]["message"]
+            for part in ("write fenced", f'thread "{thread}"', f'checkpoint "{parked}"',
+                         "proxy fx-B", "at epoch 2", "held epoch 1, which was taken over",
+                         "nothing of this write was committed"):
+                assert part in message, (part, message)
+            assert len(kids) == 1, kids
+            with R.Runner("conn", fx.direct) as rn:
+                st = rn.get_state("one", thread)
+            assert list(st.next) == [] and st.values["approved"] == f"v-{second.ids[0]}", st
+            evs = audit_ops(fx, thread, lambda e: ops(e, "write_fenced"))
+            fenced = ops(evs, "write_fenced")
+            assert fenced, [e["operation"] for e in evs]
+            d = fenced[0]["detail"]
+            assert (d["sqlstate"], d["fence"], d["epoch"], d["continues"]) == \
+                (FENCED, "superseded_holder", 2, parked), d
+            assert d["holder"]["proxy_id"] == "fx-B", d
+            assert fenced[0]["application_name"] == f"racer-{first.ids[0]}"
+            assert {e["application_name"] for e in ops(evs, "claim_takeover")} == \
+                {f"racer-{second.ids[0]}"}
+        # the gate itself ran in both (the effect happened before any write)
+        assert [r[0] for r in ledger(fx, thread)] == [first.ids[0], second.ids[0]]
+        outcome[via] = len(kids)
+    assert outcome == {"direct": 2, "proxies": 1}
+
+
+def replay_write(dsn: str, thread: str, parked: str, task_id: str) -> str | None:
+    """The gated task's pending write, sent as the saver sends it; the SQLSTATE of
+    its error, or None if it was written."""
+    try:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(BasePostgresSaver.UPSERT_CHECKPOINT_WRITES_SQL,
+                      (thread, "", parked, task_id, "", 7, "replayed", "msgpack", b"\xa1x"))
+    except psycopg.Error as e:
+        return e.sqlstate
+    return None
+
+
+def replayed_rows(env: Env, thread: str) -> int:
+    with psycopg.connect(env.direct, autocommit=True) as c:
+        return c.execute("select count(*) from checkpoint_writes where thread_id = %s and "
+                         "channel = 'replayed'", (thread,)).fetchone()[0]
+
+
+def test_a_replayed_write_from_a_session_that_never_held_the_claim_is_fenced(fx):
+    """While the holder's (fx-A) gate runs, the gated task's pending write for the
+    parked checkpoint is replayed from a plain connection: through fx-A with another
+    application_name (other client) and through fx-B (other proxy). Stock: it is
+    written. Through the proxies: fenced (RGF01) and nothing written; the holder's own
+    run then completes."""
+    outcome = {}
+    for via in ("direct", "proxies"):
+        dsn = fx.direct if via == "direct" else fx.dsn("A")
+        thread = tid(f"replay-{via}")
+        iid = park(dsn, thread)[0]["id"]
+        parked = head_id(fx, thread)
+        with psycopg.connect(fx.direct, autocommit=True) as c:
+            task_id = c.execute("select task_id from checkpoint_writes where thread_id = %s and "
+                                "checkpoint_id = %s and channel = '__interrupt__'",
+                                (thread, parked)).fetchone()[0]
+        holder = one_resumer(fx, dsn, thread, f"h{via[0]}-", form="map", interrupt_id=iid,
+                             gate_ms=2500)
+        try:
+            holder.ready(0)
+            holder.go(0)
+            wait_for_gate(fx, thread, holder.ids[0])
+            if via == "direct":
+                states = [replay_write(fx.direct, thread, parked, task_id)]
+            else:
+                states = [replay_write(fx.dsn("A", "replayer"), thread, parked, task_id),
+                          replay_write(fx.dsn("B"), thread, parked, task_id)]
+            rows = replayed_rows(fx, thread)
+            r = holder.results(0)[0]
+            holder.finish()
+        finally:
+            holder.kill()
+        assert r["ok"], r
+        print(f"{via}: replays answered {states}, replayed rows {rows}")
+        if via == "proxies":
+            evs = audit_ops(fx, thread, lambda e: len(ops(e, "write_fenced")) >= 2)
+            fences = sorted(e["detail"]["fence"] for e in ops(evs, "write_fenced"))
+            assert fences == ["other_client", "other_proxy"], fences
+            assert all(e["detail"]["holder"]["proxy_id"] == "fx-A" and e["detail"]["epoch"] == 1
+                       for e in ops(evs, "write_fenced"))
+            # the holder's own writes were not fenced
+            assert not any(e["application_name"].startswith("racer-") for e in ops(evs, "write_fenced"))
+        outcome[via] = (states, rows)
+    assert outcome == {"direct": ([None], 1), "proxies": ([FENCED, FENCED], 0)}
+
+
+def fence_lookups(env: Env) -> dict[str, float]:
+    """fx-A's resumeguard_fence_lookups_total, by outcome."""
+    text = urllib.request.urlopen(f"{env.admin}/metrics", timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("resumeguard_fence_lookups_total{"):
+            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+            out[outcome] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_a_pool_resume_is_not_fenced_by_its_own_connections(fx):
+    """psycopg ConnectionPool (autocommit, 2 connections) through fx-A: an unmarked
+    get_state claims the parked head on one pooled connection, the resume reads it on
+    another (taking that claim over after lapse_ms) and writes on whichever the pool
+    hands out. The run completes as it does straight to PostgreSQL, no write is fenced,
+    and the proxy's fence lookups accepted pooled writers (outcome "pool")."""
+    outcome = {}
+    before = fence_lookups(fx)
+    for via in ("direct", "A"):
+        dsn = fx.direct if via == "direct" else fx.dsn("A")
+        thread = tid(f"pool-{via}")
+        R.CTX["racer"] = f"pool{via}"
+        with R.Runner("pool", dsn) as r:
+            R.CTX["thread"] = thread
+            r.invoke("one", dict(R.INITIAL), thread)
+            st = r.get_state("one", thread)
+            assert st.interrupts, st
+            res = r.invoke("one", R.Command(resume="yes"), thread)
+        outcome[via] = R.plain(res)
+    assert outcome["A"] == outcome["direct"] == {"items": ["prep", "gate:yes", "after"],
+                                                 "approved": "yes"}, outcome
+    evs = audit_ops(fx, thread, lambda e: ops(e, "claim_consumed"), proxies=("A",))
+    assert not ops(evs, "write_fenced"), ops(evs, "write_fenced")
+    after = fence_lookups(fx)
+    grew = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    print(f"fence lookups during the pooled run: {grew}")
+    assert grew.get("pool", 0) >= 1, grew
+    assert grew.get("fenced", 0) == 0, grew

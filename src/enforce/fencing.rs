@@ -1,0 +1,186 @@
+//! Fencing: a write that continues a claimed checkpoint (its gated task's
+//! results, a checkpoint whose parent it is) is accepted only from the
+//! claim's current holder (its session, or its pool: see
+//! [`crate::policy::claims::decide_write`]). A superseded holder still
+//! running after a takeover, or a session replaying a run's statements,
+//! would otherwise fork the record with a second child of the parked
+//! checkpoint. Checked at the write's Bind, before it is forwarded; the
+//! refusal is raised inside the server's transaction, so nothing commits.
+//!
+//! Cost: one claim store read per checkpoint continued per transaction
+//! (the verdict is kept until the transaction ends, so a `put_writes`
+//! batch and its checkpoint ask once). What a session needs to know of its
+//! own claims (the generations it took, the parked checkpoints it read)
+//! is kept here, in memory, bounded.
+
+use std::collections::VecDeque;
+
+use super::claim_gate::ClaimsLeg;
+use super::events::{fenced, FencedWrite};
+use super::evidence::{Continuation, Step};
+use crate::audit::{AuditEvent, SessionContext};
+use crate::claims::{ClaimKey, Holder};
+use crate::log_text::shown;
+use crate::policy::claims::{
+    decide_write, fenced_message, WriteVerdict, Writer, SQLSTATE_STORE_UNAVAILABLE,
+    SQLSTATE_WRITE_FENCED,
+};
+use crate::saver::write_record::WriteRecord;
+use crate::wire::tracker::Refusal;
+
+/// How many claims (and parked checkpoints) a session remembers: a
+/// session answers one interrupt at a time; a long-lived pooled connection
+/// only needs its recent ones.
+const REMEMBERED: usize = 32;
+
+/// (thread_id, checkpoint_ns, checkpoint_id)
+type Checkpoint = (String, String, String);
+
+/// One session's fencing state.
+#[derive(Debug, Default)]
+pub struct FenceGate {
+    /// Claims this session took: the checkpoint, fingerprint and epoch.
+    took: VecDeque<(Checkpoint, String, i64)>,
+    /// Parked checkpoints this session read (claimed or refused).
+    parked: VecDeque<Checkpoint>,
+    /// Verdicts of the current transaction, by checkpoint continued.
+    decided: Vec<(Checkpoint, WriteVerdict)>,
+}
+
+/// A fenced write: the refusal the server raises and its audit record.
+pub struct Fenced {
+    pub refusal: Refusal,
+    pub event: AuditEvent,
+}
+
+fn checkpoint_of(key: &ClaimKey) -> Checkpoint {
+    (
+        key.thread_id.clone(),
+        key.checkpoint_ns.clone(),
+        key.checkpoint_id.clone(),
+    )
+}
+
+fn remember<T>(list: &mut VecDeque<T>, item: T) {
+    if list.len() == REMEMBERED {
+        list.pop_front();
+    }
+    list.push_back(item);
+}
+
+impl FenceGate {
+    /// This session was served a claim on `key` at generation `epoch`.
+    pub fn took(&mut self, key: &ClaimKey, epoch: i64) {
+        let at = checkpoint_of(key);
+        let known = self
+            .took
+            .iter()
+            .any(|(c, f, e)| *c == at && *f == key.fingerprint && *e == epoch);
+        if !known {
+            remember(&mut self.took, (at.clone(), key.fingerprint.clone(), epoch));
+        }
+        self.read_parked(key);
+    }
+
+    /// This session read `key`'s checkpoint as a parked head.
+    pub fn read_parked(&mut self, key: &ClaimKey) {
+        let at = checkpoint_of(key);
+        if !self.parked.contains(&at) {
+            remember(&mut self.parked, at);
+        }
+    }
+
+    /// The transaction ended (committed or rolled back): later writes ask
+    /// the store again.
+    pub fn end_transaction(&mut self) {
+        self.decided.clear();
+    }
+
+    /// The verdict on a write continuing `cont`, from `session`; `None`
+    /// lets it through.
+    pub fn check(
+        &mut self,
+        leg: &ClaimsLeg,
+        ctx: &SessionContext,
+        session: &Holder,
+        (cont, kind_label, rec): (&Continuation, &str, &WriteRecord),
+    ) -> Option<Fenced> {
+        let at = (
+            cont.thread_id.clone(),
+            cont.checkpoint_ns.clone(),
+            cont.checkpoint_id.clone(),
+        );
+        let cached = self.decided.iter().find(|(c, _)| *c == at).map(|(_, v)| v);
+        let (verdict, was_cached) = match cached {
+            Some(v) => (v.clone(), true),
+            None => {
+                let current = leg.store.current_holder(&at.0, &at.1, &at.2);
+                let took: Vec<(String, i64)> = self
+                    .took
+                    .iter()
+                    .filter(|(c, _, _)| *c == at)
+                    .map(|(_, f, e)| (f.clone(), *e))
+                    .collect();
+                let writer = Writer {
+                    session,
+                    took: &took,
+                    known_claimed: cont.step == Step::Progress || self.parked.contains(&at),
+                };
+                let v = decide_write(&writer, &current);
+                self.decided.push((at.clone(), v.clone()));
+                (v, false)
+            }
+        };
+        crate::admin::metrics::write_fence(&verdict, was_cached);
+        let (sqlstate, message, fence, current) = match &verdict {
+            WriteVerdict::Accept(_) => return None,
+            WriteVerdict::Fenced { current, reason } => (
+                SQLSTATE_WRITE_FENCED,
+                fenced_message((&at.0, &at.1, &at.2), current, reason, session),
+                reason.label(),
+                Some(current.as_ref()),
+            ),
+            WriteVerdict::StoreUnavailable(why) => (
+                SQLSTATE_STORE_UNAVAILABLE,
+                format!(
+                    "resumeguard: write continuing thread \"{}\", checkpoint_ns \"{}\", \
+                     checkpoint \"{}\" refused (fail closed): claim store unavailable, its \
+                     holder cannot be checked: {why}",
+                    at.0, at.1, at.2
+                ),
+                "store_unavailable",
+                None,
+            ),
+        };
+        tracing::warn!(thread = %shown(&at.0), checkpoint = %shown(&at.2), "{}", shown(&message));
+        let event = fenced(
+            ctx,
+            &FencedWrite {
+                record: rec,
+                thread_id: &at.0,
+                checkpoint_ns: &at.1,
+                continues: &at.2,
+                statement: kind_label,
+                sqlstate,
+                message: &message,
+                fence,
+                current,
+            },
+        );
+        let detail = match current {
+            Some(c) => format!(
+                "the claim's holder: proxy {}, session {}, epoch {}",
+                c.holder.proxy_id, c.holder.session_id, c.epoch
+            ),
+            None => String::new(),
+        };
+        Some(Fenced {
+            refusal: Refusal {
+                sqlstate,
+                message,
+                detail,
+            },
+            event,
+        })
+    }
+}
