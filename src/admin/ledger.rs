@@ -79,6 +79,9 @@ pub struct Approval {
     pub takeovers: Vec<Mark>,
     pub refused: Vec<Mark>,
     pub forks_served: Vec<Mark>,
+    /// Writes continuing this checkpoint from other than its claim's
+    /// holder (a superseded holder, a replay), raised and not written.
+    pub fenced: Vec<Mark>,
 }
 
 /// The ledger of one thread.
@@ -89,6 +92,8 @@ pub struct ThreadLedger {
     pub state: Option<ApprovalState>,
     pub approvals: Vec<Approval>,
     pub writes_rejected: Vec<Mark>,
+    /// Fenced writes continuing no parked checkpoint of this thread.
+    pub writes_fenced: Vec<Mark>,
     /// Refusals of reads that name no parked checkpoint of this thread
     /// (a running head under another run's lease).
     pub refused: Vec<Mark>,
@@ -108,6 +113,7 @@ pub fn thread_ledger(thread_id: &str, events: Vec<AuditEvent>) -> ThreadLedger {
         state: None,
         approvals: Vec::new(),
         writes_rejected: Vec::new(),
+        writes_fenced: Vec::new(),
         refused: Vec::new(),
         forks_served: Vec::new(),
         gaps: Vec::new(),
@@ -170,6 +176,13 @@ impl ThreadLedger {
                 None => self.forks_served.push(Mark::of(ev)),
             },
             Operation::WriteRejected => self.writes_rejected.push(Mark::of(ev)),
+            Operation::WriteFenced => {
+                let continues = ev.detail.get("continues").and_then(|c| c.as_str());
+                match self.approval(ns, continues) {
+                    Some(a) => a.fenced.push(Mark::of(ev)),
+                    None => self.writes_fenced.push(Mark::of(ev)),
+                }
+            }
             Operation::EventsDropped => self.gaps.push(Mark::of(ev)),
             _ => {}
         }
@@ -201,6 +214,7 @@ impl ThreadLedger {
             takeovers: Vec::new(),
             refused: Vec::new(),
             forks_served: Vec::new(),
+            fenced: Vec::new(),
         });
     }
 

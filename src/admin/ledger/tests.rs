@@ -157,3 +157,29 @@ fn refusals_and_forks_off_any_parked_checkpoint_stay_on_the_thread() {
     assert_eq!(l.refused.len(), 1);
     assert_eq!(l.forks_served.len(), 1);
 }
+
+#[test]
+fn a_fenced_write_is_listed_on_the_approval_it_continues() {
+    let holder = who(1, "resumer");
+    let stale = who(2, "resumer");
+    let fenced = |continues: &str| {
+        at(&stale, Operation::WriteFenced, "1f0-c7")
+            .with_detail(json!({"sqlstate": "RGF01", "continues": continues}))
+    };
+    let events = vec![
+        parked(&holder, C1, "task-gate"),
+        at(&holder, Operation::ClaimTaken, C1),
+        fenced(C1),
+        fenced("1f0-elsewhere"),
+    ];
+    let l = thread_ledger(THREAD, events);
+    let a = &l.approvals[0];
+    assert_eq!(a.fenced.len(), 1);
+    assert_eq!(a.fenced[0].session_id, 2);
+    assert_eq!(a.fenced[0].detail["sqlstate"], "RGF01");
+    assert_eq!(
+        l.writes_fenced.len(),
+        1,
+        "a fence on no parked checkpoint is the thread's"
+    );
+}
