@@ -22,8 +22,10 @@ certificate and key the proxy shows its clients.
 from __future__ import annotations
 
 import hashlib
+import json
 import signal
 import socket
+import sqlite3
 import ssl
 import struct
 import time
@@ -139,6 +141,25 @@ def test_sighup_puts_a_new_rule_in_effect_on_open_and_new_connections(
         assert isinstance(invalid_append(g, fresh), psycopg.errors.CheckViolation)
 
 
+def wait_for_reload_records(audit_db, at_least: int, timeout: float = 10.0) -> list[dict]:
+    """The `config_reloaded` audit records' details, once `at_least` are written
+    (the audit writer is asynchronous)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            con = sqlite3.connect(f"file:{audit_db}?mode=ro", uri=True, timeout=5)
+            try:
+                rows = con.execute("SELECT detail FROM audit_events WHERE operation = "
+                                   "'config_reloaded' ORDER BY id").fetchall()
+            finally:
+                con.close()
+        except sqlite3.Error:
+            rows = []
+        if len(rows) >= at_least or time.monotonic() > deadline:
+            return [json.loads(r[0]) for r in rows]
+        time.sleep(0.1)
+
+
 def test_a_broken_rule_file_keeps_the_rules_in_effect(rproxy, rules_dir, admin_port, dbname):
     rule = rules_dir / "channels" / "items.toml"
     rule.write_text(ITEMS_RULE)
@@ -150,6 +171,11 @@ def test_a_broken_rule_file_keeps_the_rules_in_effect(rproxy, rules_dir, admin_p
     assert reloads(admin_port, "rules", "failed") == failed + 1
     errors = error_lines(rproxy, "rules")
     assert errors and "zz-broken.toml" in errors[-1], errors
+    # each reload is in the audit trail, with its outcome and why it failed
+    reloads_audited = wait_for_reload_records(rproxy.audit_db, 2)
+    assert [(d["part"], d["result"]) for d in reloads_audited[-2:]] == [
+        ("rules", "ok"), ("rules", "failed")], reloads_audited
+    assert "zz-broken.toml" in reloads_audited[-1]["reason"], reloads_audited[-1]
     # the rules loaded before are still enforced, on a connection opened now
     with PostgresSaver.from_conn_string(rproxy.dsn(dbname)) as saver:
         g = E.build_items_graph(saver)

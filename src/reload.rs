@@ -8,7 +8,9 @@
 use std::sync::Arc;
 
 use metrics::{counter, describe_counter};
+use serde_json::json;
 
+use resumeguard::audit::{AuditEvent, AuditSink, Operation, SessionContext};
 use resumeguard::config::Config;
 use resumeguard::enforce::reload::Reloadable;
 use resumeguard::policy::ChannelRules;
@@ -55,18 +57,30 @@ pub struct Reloader {
     cfg: Config,
     rules: Arc<Reloadable>,
     proxy: Arc<Proxy>,
+    /// Each part's outcome is audited (`config_reloaded`).
+    audit: AuditSink,
 }
 
 impl Reloader {
     /// Starts the counters at zero, so a scrape shows them before the
     /// first SIGHUP (call it once the metrics recorder is installed).
-    pub fn new(cfg: Config, rules: Arc<Reloadable>, proxy: Arc<Proxy>) -> Reloader {
+    pub fn new(
+        cfg: Config,
+        rules: Arc<Reloadable>,
+        proxy: Arc<Proxy>,
+        audit: AuditSink,
+    ) -> Reloader {
         describe_counter!(
             RELOADS,
             "SIGHUP reloads by part (rules, client_tls, upstream_tls) and result (ok, failed: \
              the previous files stay in effect)"
         );
-        let reloader = Reloader { cfg, rules, proxy };
+        let reloader = Reloader {
+            cfg,
+            rules,
+            proxy,
+            audit,
+        };
         for part in reloader.parts() {
             for result in ["ok", "failed"] {
                 counter!(RELOADS, "part" => part.name(), "result" => result).increment(0);
@@ -110,6 +124,19 @@ impl Reloader {
             }
             let result = if o.result.is_ok() { "ok" } else { "failed" };
             counter!(RELOADS, "part" => o.part, "result" => result).increment(1);
+            let (now, reason) = match &o.result {
+                Ok(now) => (Some(now.as_str()), None),
+                Err(why) => (None, Some(why.as_str())),
+            };
+            self.audit.record(
+                AuditEvent::new(&SessionContext::internal(), Operation::ConfigReloaded)
+                    .with_detail(json!({
+                        "part": o.part,
+                        "result": result,
+                        "loaded": now,
+                        "reason": reason,
+                    })),
+            );
         }
         outcomes
     }
@@ -192,7 +219,7 @@ mod tests {
         });
         let guards = Arc::new(Arc::clone(&enforcement));
         let proxy = Arc::new(Proxy::new(RelayConfig::default(), guards));
-        Reloader::new(cfg, enforcement, proxy)
+        Reloader::new(cfg, enforcement, proxy, AuditSink::disabled())
     }
 
     fn channels(r: &Reloader) -> usize {

@@ -117,7 +117,12 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
             let stopped = |mut rx: watch::Receiver<bool>| async move {
                 let _ = rx.wait_for(|s| *s).await;
             };
-            let reloader = Arc::new(Reloader::new(cfg.clone(), enforcement, Arc::clone(&proxy)));
+            let reloader = Arc::new(Reloader::new(
+                cfg.clone(),
+                enforcement,
+                Arc::clone(&proxy),
+                audit.clone(),
+            ));
             tokio::spawn(async move {
                 while signals.next().await == Received::Hangup {
                     let reloader = Arc::clone(&reloader);

@@ -33,11 +33,12 @@ pub enum Operation {
     WriteFenced,
     EventsDropped,
     AuditPruned,
+    ConfigReloaded,
 }
 
 impl Operation {
     /// Every variant, so names can be parsed back without a second table.
-    pub const ALL: [Operation; 22] = [
+    pub const ALL: [Operation; 23] = [
         Operation::ReadLatest,
         Operation::ReadById,
         Operation::ReadList,
@@ -60,6 +61,7 @@ impl Operation {
         Operation::WriteFenced,
         Operation::EventsDropped,
         Operation::AuditPruned,
+        Operation::ConfigReloaded,
     ];
 
     /// The snake_case name, identical to the serde representation.
@@ -87,6 +89,7 @@ impl Operation {
             Operation::WriteFenced => "write_fenced",
             Operation::EventsDropped => "events_dropped",
             Operation::AuditPruned => "audit_pruned",
+            Operation::ConfigReloaded => "config_reloaded",
         }
     }
 

@@ -159,6 +159,10 @@ fn phrase(ev: &AuditEvent) -> String {
             Some(cutoff) => format!("audit trail pruned: rows before {cutoff} removed"),
             None => "audit trail pruned: oldest rows removed".to_string(),
         },
+        Operation::ConfigReloaded => match ev.detail.get("part").and_then(|c| c.as_str()) {
+            Some(part) => format!("configuration reloaded (SIGHUP): {part}"),
+            None => "configuration reloaded (SIGHUP)".to_string(),
+        },
     };
     if let Some(rows) = ev.detail.get("rows").and_then(|r| r.as_u64()) {
         let _ = write!(p, " ({rows} row{})", if rows == 1 { "" } else { "s" });
