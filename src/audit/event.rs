@@ -7,6 +7,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::saver::checkpoint_ref::CheckpointRef;
+
 /// What the proxy saw or decided. Stored as its snake_case name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -204,6 +206,14 @@ impl AuditEvent {
     /// Builder-style setter for the thread id.
     pub fn with_thread(mut self, thread_id: impl Into<String>) -> AuditEvent {
         self.thread_id = Some(thread_id.into());
+        self
+    }
+
+    /// Builder-style setter for the thread, namespace and checkpoint id.
+    pub fn at(mut self, at: &CheckpointRef) -> AuditEvent {
+        self.thread_id = Some(at.thread_id.clone());
+        self.checkpoint_ns = Some(at.checkpoint_ns.clone());
+        self.checkpoint_id = Some(at.checkpoint_id.clone());
         self
     }
 

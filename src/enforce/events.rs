@@ -10,6 +10,7 @@ use super::validity::Rejection;
 use super::watch::Watch;
 use crate::audit::{AuditEvent, BlobDigest, Operation, SessionContext};
 use crate::claims::ClaimRecord;
+use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::classify::{ReadMode, ReadShape, StatementKind};
 use crate::saver::reserved::{INTERRUPT, NULL_TASK, RESUME};
 use crate::saver::write_record::WriteRecord;
@@ -44,12 +45,9 @@ impl Watch {
     }
 
     fn fork_events(&self, ctx: &SessionContext) -> impl Iterator<Item = AuditEvent> + '_ {
-        let thread = self.rows.first().map(|r| r.thread_id.clone());
         let ctx = ctx.clone();
         self.forks.iter().map(move |f| {
-            let mut ev = AuditEvent::new(&ctx, Operation::ForkServed)
-                .with_checkpoint(f.checkpoint_ns.clone(), f.addressed.clone());
-            ev.thread_id = thread.clone();
+            let mut ev = AuditEvent::new(&ctx, Operation::ForkServed).at(&f.addressed);
             ev.channels = f.hidden.iter().map(|(_, c)| c.clone()).collect();
             ev.with_detail(json!({
                 "head": f.head,
@@ -70,11 +68,11 @@ impl Watch {
         ev.checkpoint_id = self.param_text(shape.id_param);
         let first = self.rows.first();
         if let Some(row) = first {
-            ev.thread_id.get_or_insert_with(|| row.thread_id.clone());
+            ev.thread_id.get_or_insert_with(|| row.at.thread_id.clone());
             ev.checkpoint_ns
-                .get_or_insert_with(|| row.checkpoint_ns.clone());
+                .get_or_insert_with(|| row.at.checkpoint_ns.clone());
             ev.checkpoint_id
-                .get_or_insert_with(|| row.checkpoint_id.clone());
+                .get_or_insert_with(|| row.at.checkpoint_id.clone());
             ev.parent_checkpoint_id = row.parent_checkpoint_id.clone();
         }
         let parked = first.is_some_and(|r| r.has_pending(INTERRUPT));
@@ -194,10 +192,8 @@ pub fn rejected(ctx: &SessionContext, rejection: &Rejection) -> AuditEvent {
 /// A write the fencing refused: what the audit records of it.
 pub struct FencedWrite<'a> {
     pub record: &'a WriteRecord,
-    pub thread_id: &'a str,
-    pub checkpoint_ns: &'a str,
     /// The claimed checkpoint the write continues.
-    pub continues: &'a str,
+    pub continues: &'a CheckpointRef,
     /// The statement's classification label.
     pub statement: &'a str,
     pub sqlstate: &'a str,
@@ -225,8 +221,8 @@ struct FencedDetail<'a> {
 pub fn fenced(ctx: &SessionContext, w: &FencedWrite<'_>) -> AuditEvent {
     let rec = w.record;
     let mut ev = AuditEvent::new(ctx, Operation::WriteFenced);
-    ev.thread_id = Some(w.thread_id.to_owned());
-    ev.checkpoint_ns = Some(w.checkpoint_ns.to_owned());
+    ev.thread_id = Some(w.continues.thread_id.clone());
+    ev.checkpoint_ns = Some(w.continues.checkpoint_ns.clone());
     ev.checkpoint_id = rec.checkpoint_id.clone();
     ev.parent_checkpoint_id = rec.parent_checkpoint_id.clone();
     ev.task_id = rec.task_id.clone();
@@ -239,7 +235,7 @@ pub fn fenced(ctx: &SessionContext, w: &FencedWrite<'_>) -> AuditEvent {
         reason: w.message,
         fence: w.fence,
         statement: w.statement,
-        continues: w.continues,
+        continues: &w.continues.checkpoint_id,
         holder: w.current.map(|c| HolderDetail::of(&c.holder)),
         epoch: w.current.map(|c| c.epoch),
         interrupt: w.current.map(|c| c.key.short_fingerprint()),

@@ -5,6 +5,7 @@
 
 use super::watch::Watch;
 use crate::claims::evidence::Evidence;
+use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::classify::StatementKind;
 use crate::saver::profile::TableRole;
 use crate::saver::reserved::{ERROR, INTERRUPT, NULL_TASK, RESUME, SCHEDULED};
@@ -13,10 +14,8 @@ use crate::saver::write_record::WriteRecord;
 /// A write that continues a checkpoint: a run answering or going on from it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Continuation {
-    pub thread_id: String,
-    pub checkpoint_ns: String,
     /// The checkpoint continued (for a new checkpoint: its parent).
-    pub checkpoint_id: String,
+    pub at: CheckpointRef,
     pub step: Step,
 }
 
@@ -36,6 +35,11 @@ pub enum Step {
 /// writes do not: they are no answer.
 pub fn continuation(kind: &StatementKind, rec: &WriteRecord) -> Option<Continuation> {
     let (thread_id, checkpoint_ns) = (rec.thread_id.clone()?, rec.checkpoint_ns.clone()?);
+    let at = |checkpoint_id| CheckpointRef {
+        thread_id,
+        checkpoint_ns,
+        checkpoint_id,
+    };
     match kind {
         StatementKind::WritesUpsert(_) | StatementKind::WritesInsertIgnore(_) => {
             let checkpoint_id = rec.checkpoint_id.clone()?;
@@ -47,16 +51,12 @@ pub fn continuation(kind: &StatementKind, rec: &WriteRecord) -> Option<Continuat
                 _ => Step::TaskWrote(format!("task {task} wrote {channel}")),
             };
             Some(Continuation {
-                thread_id,
-                checkpoint_ns,
-                checkpoint_id,
+                at: at(checkpoint_id),
                 step,
             })
         }
         StatementKind::CheckpointUpsert(_) => Some(Continuation {
-            thread_id,
-            checkpoint_ns,
-            checkpoint_id: rec.parent_checkpoint_id.clone()?,
+            at: at(rec.parent_checkpoint_id.clone()?),
             step: Step::Child,
         }),
         _ => None,
@@ -67,9 +67,12 @@ impl Continuation {
     /// The claim evidence of this write, once it committed.
     fn evidence(self, written_at_ms: i64) -> Evidence {
         let Continuation {
-            thread_id,
-            checkpoint_ns,
-            checkpoint_id,
+            at:
+                CheckpointRef {
+                    thread_id,
+                    checkpoint_ns,
+                    checkpoint_id,
+                },
             step,
         } = self;
         match step {

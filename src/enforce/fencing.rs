@@ -25,6 +25,7 @@ use crate::policy::claims::{
     decide_write, fenced_message, WriteVerdict, Writer, SQLSTATE_STORE_UNAVAILABLE,
     SQLSTATE_WRITE_FENCED,
 };
+use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::write_record::WriteRecord;
 use crate::wire::tracker::Refusal;
 
@@ -33,18 +34,15 @@ use crate::wire::tracker::Refusal;
 /// only needs its recent ones.
 const REMEMBERED: usize = 32;
 
-/// (thread_id, checkpoint_ns, checkpoint_id)
-type Checkpoint = (String, String, String);
-
 /// One session's fencing state.
 #[derive(Debug, Default)]
 pub struct FenceGate {
     /// Claims this session took: the checkpoint, fingerprint and epoch.
-    took: VecDeque<(Checkpoint, String, i64)>,
+    took: VecDeque<(CheckpointRef, String, i64)>,
     /// Parked checkpoints this session read (claimed or refused).
-    parked: VecDeque<Checkpoint>,
+    parked: VecDeque<CheckpointRef>,
     /// Verdicts of the current transaction, by checkpoint continued.
-    decided: Vec<(Checkpoint, WriteVerdict)>,
+    decided: Vec<(CheckpointRef, WriteVerdict)>,
 }
 
 /// A fenced write: the refusal the server raises and its audit record.
@@ -53,8 +51,8 @@ pub struct Fenced {
     pub event: AuditEvent,
 }
 
-fn checkpoint_of(key: &ClaimKey) -> Checkpoint {
-    (
+fn checkpoint_of(key: &ClaimKey) -> CheckpointRef {
+    CheckpointRef::new(
         key.thread_id.clone(),
         key.checkpoint_ns.clone(),
         key.checkpoint_id.clone(),
@@ -105,26 +103,24 @@ impl FenceGate {
         session: &Holder,
         (cont, kind_label, rec): (&Continuation, &str, &WriteRecord),
     ) -> Option<Fenced> {
-        let at = (
-            cont.thread_id.clone(),
-            cont.checkpoint_ns.clone(),
-            cont.checkpoint_id.clone(),
-        );
-        let cached = self.decided.iter().find(|(c, _)| *c == at).map(|(_, v)| v);
+        let at = &cont.at;
+        let cached = self.decided.iter().find(|(c, _)| c == at).map(|(_, v)| v);
         let (verdict, was_cached) = match cached {
             Some(v) => (v.clone(), true),
             None => {
-                let current = leg.store.current_holder(&at.0, &at.1, &at.2);
+                let current =
+                    leg.store
+                        .current_holder(&at.thread_id, &at.checkpoint_ns, &at.checkpoint_id);
                 let took: Vec<(String, i64)> = self
                     .took
                     .iter()
-                    .filter(|(c, _, _)| *c == at)
+                    .filter(|(c, _, _)| c == at)
                     .map(|(_, f, e)| (f.clone(), *e))
                     .collect();
                 let writer = Writer {
                     session,
                     took: &took,
-                    known_claimed: cont.step == Step::Progress || self.parked.contains(&at),
+                    known_claimed: cont.step == Step::Progress || self.parked.contains(at),
                 };
                 let v = decide_write(&writer, &current);
                 self.decided.push((at.clone(), v.clone()));
@@ -136,7 +132,7 @@ impl FenceGate {
             WriteVerdict::Accept(_) => return None,
             WriteVerdict::Fenced { current, reason } => (
                 SQLSTATE_WRITE_FENCED,
-                fenced_message((&at.0, &at.1, &at.2), current, reason, session),
+                fenced_message(at, current, reason, session),
                 reason.label(),
                 Some(current.as_ref()),
             ),
@@ -146,20 +142,18 @@ impl FenceGate {
                     "resumeguard: write continuing thread \"{}\", checkpoint_ns \"{}\", \
                      checkpoint \"{}\" refused (fail closed): claim store unavailable, its \
                      holder cannot be checked: {why}",
-                    at.0, at.1, at.2
+                    at.thread_id, at.checkpoint_ns, at.checkpoint_id
                 ),
                 "store_unavailable",
                 None,
             ),
         };
-        tracing::warn!(thread = %shown(&at.0), checkpoint = %shown(&at.2), "{}", shown(&message));
+        tracing::warn!(thread = %shown(&at.thread_id), checkpoint = %shown(&at.checkpoint_id), "{}", shown(&message));
         let event = fenced(
             ctx,
             &FencedWrite {
                 record: rec,
-                thread_id: &at.0,
-                checkpoint_ns: &at.1,
-                continues: &at.2,
+                continues: at,
                 statement: kind_label,
                 sqlstate,
                 message: &message,

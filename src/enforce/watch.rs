@@ -10,6 +10,7 @@ use bytes::Bytes;
 use crate::claims::{interrupt_fingerprint, ClaimKey};
 use crate::policy::fork::{fork_filter, ForkVerdict};
 use crate::saver::bind::BoundParams;
+use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::checkpoint_row::PendingWrite;
 use crate::saver::checkpoint_row::{decode_checkpoint_row, CheckpointRow, RowLayout};
 use crate::saver::classify::{Classified, ReadMode, StatementKind};
@@ -51,8 +52,7 @@ pub type WriteDecode = Result<Arc<WriteRecord>, String>;
 /// A read that addressed a superseded checkpoint, as served.
 #[derive(Debug)]
 pub(super) struct ForkServed {
-    pub checkpoint_ns: String,
-    pub addressed: String,
+    pub addressed: CheckpointRef,
     pub head: Option<String>,
     pub hidden: Vec<(String, String)>,
 }
@@ -131,7 +131,7 @@ impl Watch {
         formats: &[i16],
         layout: &RowLayout,
     ) -> Bytes {
-        match fork_filter(&row.checkpoint_id, head.as_deref(), &row.pending_writes) {
+        match fork_filter(&row.at.checkpoint_id, head.as_deref(), &row.pending_writes) {
             ForkVerdict::Untouched => row_rewrite::data_row(fields),
             ForkVerdict::Fork { hide } => {
                 let kept: Vec<&PendingWrite> = row
@@ -142,8 +142,7 @@ impl Watch {
                     .map(|(_, w)| w)
                     .collect();
                 self.forks.push(ForkServed {
-                    checkpoint_ns: row.checkpoint_ns.clone(),
-                    addressed: row.checkpoint_id.clone(),
+                    addressed: row.at.clone(),
                     head,
                     hidden: hide
                         .iter()
@@ -205,9 +204,9 @@ impl Watch {
             return None;
         }
         Some(ClaimKey {
-            thread_id: row.thread_id.clone(),
-            checkpoint_ns: row.checkpoint_ns.clone(),
-            checkpoint_id: row.checkpoint_id.clone(),
+            thread_id: row.at.thread_id.clone(),
+            checkpoint_ns: row.at.checkpoint_ns.clone(),
+            checkpoint_id: row.at.checkpoint_id.clone(),
             fingerprint: interrupt_fingerprint(&interrupts),
         })
     }
@@ -221,9 +220,9 @@ impl Watch {
             return None;
         }
         Some(ClaimKey {
-            thread_id: row.thread_id.clone(),
-            checkpoint_ns: row.checkpoint_ns.clone(),
-            checkpoint_id: row.checkpoint_id.clone(),
+            thread_id: row.at.thread_id.clone(),
+            checkpoint_ns: row.at.checkpoint_ns.clone(),
+            checkpoint_id: row.at.checkpoint_id.clone(),
             fingerprint: String::new(),
         })
     }

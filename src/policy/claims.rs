@@ -31,6 +31,7 @@ use crate::claims::{
     format_ms, now_ms, ClaimKey, ClaimOutcome, ClaimRecord, ClaimState, Holder, RunLease,
     StoreError,
 };
+use crate::saver::checkpoint_ref::CheckpointRef;
 
 /// SQLSTATE for a resume of an interrupt already answered.
 pub const SQLSTATE_ANSWERED: &str = "55000";
@@ -430,15 +431,18 @@ impl FenceReason {
 /// The message of a fenced write: which checkpoint, who holds it at which
 /// epoch, and why this writer is not them.
 pub fn fenced_message(
-    (thread_id, checkpoint_ns, checkpoint_id): (&str, &str, &str),
+    at: &CheckpointRef,
     current: &ClaimRecord,
     reason: &FenceReason,
     writer: &Holder,
 ) -> String {
     format!(
-        "resumeguard: write fenced: thread \"{thread_id}\", checkpoint_ns \"{checkpoint_ns}\", \
-         checkpoint \"{checkpoint_id}\" is held by {} at epoch {} (interrupt {}); {}; \
+        "resumeguard: write fenced: thread \"{}\", checkpoint_ns \"{}\", \
+         checkpoint \"{}\" is held by {} at epoch {} (interrupt {}); {}; \
          nothing of this write was committed",
+        at.thread_id,
+        at.checkpoint_ns,
+        at.checkpoint_id,
         who(&current.holder),
         current.epoch,
         current.key.short_fingerprint(),

@@ -9,6 +9,7 @@
 
 use bytes::Bytes;
 
+use super::checkpoint_ref::CheckpointRef;
 use super::decode_error::DecodeError;
 use super::layout::{ChannelValuesLayout, PendingWritesLayout};
 use super::pg_array::ByteaArray;
@@ -49,11 +50,10 @@ impl RowLayout {
 /// A decoded checkpoint row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckpointRow {
-    pub thread_id: String,
+    /// Which checkpoint the row is.
+    pub at: CheckpointRef,
     /// The checkpoint as JSON text.
     pub checkpoint: String,
-    pub checkpoint_ns: String,
-    pub checkpoint_id: String,
     /// `None` for a thread's first checkpoint.
     pub parent_checkpoint_id: Option<String>,
     /// The metadata as JSON text.
@@ -143,10 +143,12 @@ pub fn decode_checkpoint_row(
     let channel_values = array("channel_values", layout.channel_values)?;
     let pending_writes = array("pending_writes", layout.pending_writes)?;
     Ok(CheckpointRow {
-        thread_id: text("thread_id", layout.thread_id)?,
+        at: CheckpointRef {
+            thread_id: text("thread_id", layout.thread_id)?,
+            checkpoint_ns: text("checkpoint_ns", layout.checkpoint_ns)?,
+            checkpoint_id: text("checkpoint_id", layout.checkpoint_id)?,
+        },
         checkpoint: json("checkpoint", layout.checkpoint)?,
-        checkpoint_ns: text("checkpoint_ns", layout.checkpoint_ns)?,
-        checkpoint_id: text("checkpoint_id", layout.checkpoint_id)?,
         parent_checkpoint_id: parent,
         metadata: json("metadata", layout.metadata)?,
         channel_values: channel_blobs(&channel_values, &layout.value_rows)

@@ -2,6 +2,7 @@
 
 pub mod bind;
 pub mod bytea;
+pub mod checkpoint_ref;
 pub mod checkpoint_row;
 pub mod classify;
 pub mod data_row;

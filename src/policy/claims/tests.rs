@@ -468,7 +468,7 @@ fn a_fenced_message_names_the_holder_epoch_and_why() {
     };
     let writer = writer_session("proxy-b", 9, "10.0.0.9:4000", "racer");
     let text = fenced_message(
-        ("t-1", "", "1f0-c5"),
+        &CheckpointRef::new("t-1", "", "1f0-c5"),
         &current,
         &FenceReason::OtherProxy,
         &writer,

@@ -46,8 +46,8 @@ fn js_parked_row_decodes_in_text_and_binary() {
     let layout = js_layout();
     let row = decode(JS_PARKED_TEXT, 0, &layout);
     assert_eq!(row, decode(JS_PARKED_BINARY, 1, &layout));
-    assert_eq!(row.thread_id, "t-js");
-    assert_eq!(row.checkpoint_id, "1f1ecc82-d2a3-6070-8001-bc61bf196fcc");
+    assert_eq!(row.at.thread_id, "t-js");
+    assert_eq!(row.at.checkpoint_id, "1f1ecc82-d2a3-6070-8001-bc61bf196fcc");
     assert!(row.has_pending("__interrupt__") && !row.has_pending("__resume__"));
     let [w] = row.pending_writes.as_slice() else {
         panic!("{:?}", row.pending_writes)
@@ -83,7 +83,7 @@ fn python_2_parked_row_decodes_in_text_and_binary() {
     let layout = py2_layout();
     let row = decode(PY2_PARKED_TEXT, 0, &layout);
     assert_eq!(row, decode(PY2_PARKED_BINARY, 1, &layout));
-    assert_eq!(row.thread_id, "t-py2");
+    assert_eq!(row.at.thread_id, "t-py2");
     let [w] = row.pending_writes.as_slice() else {
         panic!("{:?}", row.pending_writes)
     };
@@ -136,7 +136,7 @@ fn pending_writes_re_encode_to_the_servers_bytes() {
             encoded(&layout.write_rows.encode(&all), format),
             pending_field(hex_body, &layout),
             "{}",
-            row.thread_id
+            row.at.thread_id
         );
     }
 }
@@ -164,7 +164,7 @@ fn a_js_fork_is_served_without_its_recorded_answers() {
         );
         // Not the head any more: the fork policy hides both answers.
         let ForkVerdict::Fork { hide } = fork_filter(
-            &row.checkpoint_id,
+            &row.at.checkpoint_id,
             Some("1f1ecc82-e048"),
             &row.pending_writes,
         ) else {

@@ -98,10 +98,8 @@ fn decode_binary_body(body: &[u8]) -> Result<CheckpointRow, DecodeError> {
 
 fn expected() -> CheckpointRow {
     CheckpointRow {
-        thread_id: "thread-1".into(),
+        at: CheckpointRef::new("thread-1", "", "1f0-cp2"),
         checkpoint: "{\"v\": 4}".into(),
-        checkpoint_ns: String::new(),
-        checkpoint_id: "1f0-cp2".into(),
         parent_checkpoint_id: Some("1f0-cp1".into()),
         metadata: "{\"step\": 1}".into(),
         channel_values: vec![ChannelBlob {
@@ -198,8 +196,8 @@ fn per_column_formats_and_custom_layout() {
         ..RowLayout::SAVER_SELECT
     };
     let row = decode_checkpoint_row(&fields, &[1, 1, 0, 0, 1, 1, 0, 1], &layout).unwrap();
-    assert_eq!(row.thread_id, "thread-1");
-    assert_eq!(row.checkpoint_ns, "sub");
+    assert_eq!(row.at.thread_id, "thread-1");
+    assert_eq!(row.at.checkpoint_ns, "sub");
     assert_eq!(row.checkpoint, "{\"v\": 4}");
     assert_eq!(row.parent_checkpoint_id, None);
     assert_eq!(row.channel_values.len(), 1);
