@@ -136,6 +136,31 @@ impl ManagedPostgres {
     }
 }
 
+/// The socket of the managed server running in the state directory, read
+/// from its `postmaster.pid` (port on line 4, socket directory on line 5):
+/// operator commands reach the claims there.
+pub fn running_socket(cfg: &ManagedConfig, state_dir: &Path) -> anyhow::Result<UpstreamAddr> {
+    let data_dir = cfg
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| state_dir.join("postgres"));
+    let pid_file = data_dir.join("postmaster.pid");
+    let text = std::fs::read_to_string(&pid_file).with_context(|| {
+        format!(
+            "no managed PostgreSQL running ({} unreadable): start `resumeguard serve`, \
+             or give --upstream or --store",
+            pid_file.display()
+        )
+    })?;
+    let lines: Vec<&str> = text.lines().collect();
+    let port = lines.get(3).map(|l| l.trim()).unwrap_or_default();
+    let dir = lines.get(4).map(|l| l.trim()).unwrap_or_default();
+    if port.parse::<u16>().is_err() || dir.is_empty() {
+        bail!("{} names no port and socket directory", pid_file.display());
+    }
+    Ok(UpstreamAddr::Unix(format!("{dir}/.s.PGSQL.{port}")))
+}
+
 /// Runs `cmd` to completion in a process group of its own, so a terminal's
 /// Ctrl-C reaches the proxy (which stops the server in order) and not the
 /// tools mid-way.

@@ -12,7 +12,8 @@ use tokio::sync::watch;
 use resumeguard::admin::{self, AdminState};
 use resumeguard::audit::AuditSink;
 use resumeguard::claims::evidence;
-use resumeguard::claims::ClaimStore;
+use resumeguard::claims::location::store_location;
+use resumeguard::claims::{ClaimStore, StoreLocation};
 use resumeguard::config::{upstream_addr, Config};
 use resumeguard::enforce::claim_gate::ClaimsLeg;
 use resumeguard::enforce::{Enforcement, Legs};
@@ -28,7 +29,7 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
     }
-    if cfg.claims.store.is_none() {
+    if cfg.claims.store.is_none() && cfg.claims.backend.as_deref() == Some("sqlite") {
         std::fs::create_dir_all(&cfg.state_dir)
             .with_context(|| format!("creating {}", cfg.state_dir.display()))?;
     }
@@ -42,8 +43,10 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
         None => None,
     };
     let audit = AuditSink::start(&cfg.audit)?;
-    let legs = legs(&cfg, &audit)?;
-    let claims_store = legs.claims.as_ref().map(|leg| Arc::clone(&leg.store));
+    // Settings are checked before anything starts; the store is opened
+    // once the upstream (perhaps the managed server) is known.
+    cfg.claims_settings()?;
+    cfg.channel_rules()?;
     // The event loop only accepts connections and watches for signals;
     // each session relays on threads of its own (wire/session.rs).
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -74,8 +77,12 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
         (Some(m), _) => Ok(m.socket()),
         (None, u) => upstream_addr(u.as_deref().unwrap_or_default()),
     };
-    let result = match upstream {
-        Ok(upstream) => runtime.block_on(async {
+    let managed_socket = managed.as_ref().map(|m| m.socket());
+    let claims_at = store_location(&cfg, managed_socket.as_ref());
+    let result = match upstream.and_then(|u| Ok((u, claims_at?))) {
+        Ok((upstream, claims_at)) => runtime.block_on(async {
+            let legs = legs(&cfg, &audit, &claims_at)?;
+            let claims_store = legs.claims.as_ref().map(|leg| Arc::clone(&leg.store));
             let listener = TcpListener::from_std(listener)?;
             let local = listener.local_addr()?;
             let (stop_tx, stop_rx) = watch::channel(false);
@@ -96,7 +103,7 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
                 audit: audit.clone(),
                 audit_db: cfg.audit.sqlite.clone(),
                 claims: claims_store,
-                claims_path: cfg.claims_store_path(),
+                claims_at,
                 token: cfg.admin.token.clone(),
             };
             if let Some(addr) = admin::start(&cfg.admin_listen(), admin_state).await? {
@@ -158,10 +165,15 @@ fn bind(addr: &str) -> anyhow::Result<std::net::TcpListener> {
 /// shared claims store and its evidence worker. A store that does not
 /// open is not fatal: the proxy runs and refuses reads of parked heads
 /// until it does (fail closed), says so, and retries opening it on use.
-fn legs(cfg: &Config, audit: &AuditSink) -> anyhow::Result<Legs> {
+fn legs(cfg: &Config, audit: &AuditSink, at: &StoreLocation) -> anyhow::Result<Legs> {
     let claims = match cfg.claims_settings()? {
         Some(c) => {
-            let store = Arc::new(ClaimStore::connect(&c.store).with_run_lease(c.run_lease_ms));
+            tracing::info!(backend = ?c.backend, at = %at.shown(), "claims store");
+            let store = Arc::new(
+                ClaimStore::connect_to(at)
+                    .with_run_lease(c.run_lease_ms)
+                    .with_holder_gone_grace(c.timing.holder_gone_grace_ms),
+            );
             let evidence = evidence::start(
                 Arc::clone(&store),
                 c.proxy_id.clone(),

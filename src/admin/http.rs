@@ -230,7 +230,7 @@ fn with_store<T>(
     match &s.claims {
         Some(store) => f(store).map_err(|e| e.to_string()),
         None => {
-            let store = ClaimStore::open_existing(&s.claims_path).map_err(|e| e.to_string())?;
+            let store = ClaimStore::open_existing_at(&s.claims_at).map_err(|e| e.to_string())?;
             f(&store).map_err(|e| e.to_string())
         }
     }

@@ -102,6 +102,9 @@ pub struct ClaimRecord {
     /// When the holder counts as gone: its connection closed, plus
     /// `holder_gone_grace_ms`. `None` while the connection is open.
     pub abandon_at_ms: Option<i64>,
+    /// The claim's generation on its key: 1 when first taken, +1 on each
+    /// new holder (a take after a release, a takeover).
+    pub epoch: i64,
 }
 
 impl ClaimRecord {

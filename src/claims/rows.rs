@@ -86,5 +86,7 @@ fn record(r: &Row<'_>) -> rusqlite::Result<ClaimRecord> {
         takeovers: r.get(14)?,
         superseded_at_ms: r.get(15)?,
         abandon_at_ms: r.get(16)?,
+        // Generations are not stored in SQLite files on this branch.
+        epoch: 0,
     })
 }

@@ -39,6 +39,7 @@ fn rec(state: ClaimState, lapse_at_ms: i64) -> ClaimRecord {
         takeovers: 0,
         superseded_at_ms: None,
         abandon_at_ms: None,
+        epoch: 1,
     }
 }
 
