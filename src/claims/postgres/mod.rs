@@ -18,6 +18,8 @@ mod store;
 mod target;
 #[cfg(test)]
 pub(crate) mod test_server;
+#[cfg(test)]
+mod tests;
 
 pub use store::PgClaims;
 pub use target::{PgTarget, DEFAULT_LIVENESS_BOUND, DEFAULT_SCHEMA};

@@ -74,6 +74,10 @@ impl PgSchema {
         }
     }
 
+    pub fn target(&self) -> &PgTarget {
+        &self.target
+    }
+
     pub fn open(&self) -> PgClaims {
         PgClaims::open(self.target.clone()).expect("open PostgreSQL claim store")
     }
