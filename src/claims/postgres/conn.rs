@@ -44,24 +44,39 @@ pub(super) enum Role {
 pub(super) struct PgConn {
     pub(super) target: PgTarget,
     role: Role,
-    slot: Mutex<Slot>,
+    inner: Mutex<Inner>,
 }
 
-enum Slot {
-    Closed {
-        error: StoreError,
-        retry_at: Instant,
-        backoff: Duration,
-    },
-    Open(Box<Opened>),
+/// The connections, and why the store is down while it is.
+#[derive(Default)]
+struct Inner {
+    decision: Option<Decision>,
+    liveness: Option<Liveness>,
+    down: Option<Down>,
 }
 
-struct Opened {
+struct Down {
+    error: StoreError,
+    retry_at: Instant,
+    backoff: Duration,
+}
+
+struct Decision {
     client: Client,
-    lock: Option<Client>,
-    instance: i64,
     cache: HashMap<String, Statement>,
 }
+
+struct Liveness {
+    client: Client,
+    instance: i64,
+    /// When the lock connection was last seen alive. The blocking client
+    /// reads a connection only when it is used, so it is asked at most
+    /// every [`LIVENESS_CHECK`].
+    checked_at: Instant,
+}
+
+/// How often the proxy checks that its own liveness lock is still held.
+const LIVENESS_CHECK: Duration = Duration::from_secs(1);
 
 /// Why an operation failed: the server's message with its SQLSTATE, or a
 /// row that does not map to a claim.
@@ -116,114 +131,100 @@ impl PgConn {
     /// Connects now if it can; otherwise logs the error (ERROR) and
     /// connects on use, with backoff.
     pub(super) fn connect(target: PgTarget, role: Role) -> PgConn {
-        let slot = match open(&target, role) {
-            Ok(o) => Slot::Open(Box::new(o)),
-            Err(error) => {
-                tracing::error!(%error, "claim store cannot be reached: reads of parked heads \
-                    are refused (58000) until it can; connecting is retried on use");
-                Slot::Closed {
-                    error,
-                    retry_at: Instant::now() + FIRST_RETRY,
-                    backoff: FIRST_RETRY,
-                }
-            }
-        };
+        let mut inner = Inner::default();
+        if let Err(error) = inner.ensure(&target, role) {
+            tracing::error!(%error, "claim store cannot be reached: reads of parked heads \
+                are refused (58000) until it can; connecting is retried on use");
+            inner.down = Some(Down {
+                error,
+                retry_at: Instant::now() + FIRST_RETRY,
+                backoff: FIRST_RETRY,
+            });
+        }
         PgConn {
             target,
             role,
-            slot: Mutex::new(slot),
+            inner: Mutex::new(inner),
         }
     }
 
     /// Connects now; an error is returned as is.
     pub(super) fn open_now(target: PgTarget, role: Role) -> Result<PgConn, StoreError> {
-        let opened = open(&target, role)?;
+        let mut inner = Inner::default();
+        inner.ensure(&target, role)?;
         Ok(PgConn {
             target,
             role,
-            slot: Mutex::new(Slot::Open(Box::new(opened))),
+            inner: Mutex::new(inner),
         })
     }
 
-    /// This process's instance id, once connected.
+    /// This process's instance id, while it holds its liveness lock.
     pub(super) fn instance(&self) -> Option<i64> {
-        match &*self.slot.lock().unwrap_or_else(PoisonError::into_inner) {
-            Slot::Open(o) => Some(o.instance),
-            Slot::Closed { .. } => None,
-        }
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        inner.liveness.as_ref().map(|l| l.instance)
     }
 
-    /// Runs `f` in one transaction, committed on success.
+    /// Runs `f` in one transaction, committed on success; (re)connects
+    /// first what is not connected, once the retry time has come.
     pub(super) fn with_tx<T>(
         &self,
         op: &'static str,
         f: impl FnOnce(&mut Tx<'_>) -> Result<T, Fail>,
     ) -> Result<T, StoreError> {
-        let mut slot = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Slot::Closed {
-            error,
-            retry_at,
-            backoff,
-        } = &*slot
-        {
-            if Instant::now() < *retry_at {
-                return Err(error.clone());
-            }
-            match open(&self.target, self.role) {
-                Ok(o) => {
-                    tracing::warn!(at = %self.target.shown, "claim store reachable: reads of \
-                        parked heads are claimed again");
-                    *slot = Slot::Open(Box::new(o));
-                }
-                Err(error) => {
-                    let backoff = (*backoff * 2).min(MAX_RETRY);
-                    tracing::debug!(%error, "claim store still cannot be reached");
-                    *slot = Slot::Closed {
-                        error: error.clone(),
-                        retry_at: Instant::now() + backoff,
-                        backoff,
-                    };
-                    return Err(error);
-                }
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(down) = &inner.down {
+            if Instant::now() < down.retry_at {
+                return Err(down.error.clone());
             }
         }
-        let Slot::Open(opened) = &mut *slot else {
+        if let Err(error) = inner.ensure(&self.target, self.role) {
+            let backoff = match &inner.down {
+                Some(d) => (d.backoff * 2).min(MAX_RETRY),
+                None => {
+                    tracing::error!(%error, "claim store lost: reads of parked heads are \
+                        refused (58000, fail closed) until it is back; reconnecting is retried \
+                        on use");
+                    FIRST_RETRY
+                }
+            };
+            inner.down = Some(Down {
+                error: error.clone(),
+                retry_at: Instant::now() + backoff,
+                backoff,
+            });
+            return Err(error);
+        }
+        if inner.down.take().is_some() {
+            tracing::warn!(at = %self.target.shown, "claim store reachable: reads of parked \
+                heads are claimed again");
+        }
+        let instance = inner.liveness.as_ref().map_or(0, |l| l.instance);
+        let Some(decision) = inner.decision.as_mut() else {
             return Err(StoreError::Postgres {
                 at: self.target.shown.clone(),
                 op,
                 reason: "not connected".into(),
             });
         };
-        let lost = if opened.client.is_closed() {
-            Some("the connection was lost")
-        } else if opened.lock.as_ref().is_some_and(Client::is_closed) {
-            Some("the liveness lock's connection was lost (other proxies count this one's holders as gone)")
-        } else {
-            None
-        };
-        let result = match lost {
-            Some(why) => Err(why.to_owned()),
-            None => run(opened, &self.target.schema, f).map_err(|Fail(why)| why),
-        };
-        match result {
+        match run(decision, instance, &self.target.schema, f) {
             Ok(v) => Ok(v),
-            Err(reason) => {
+            Err(Fail(reason)) => {
                 let error = StoreError::Postgres {
                     at: self.target.shown.clone(),
                     op,
                     reason,
                 };
-                let broken = opened.client.is_closed()
-                    || opened.lock.as_ref().is_some_and(Client::is_closed);
-                if broken {
-                    tracing::error!(%error, "claim store connection lost: reads of parked heads \
-                        are refused (58000, fail closed) until it is back; reconnecting is \
-                        retried on use");
-                    *slot = Slot::Closed {
+                if decision.client.is_closed() {
+                    tracing::error!(%error, "claim store connection lost: reads of parked \
+                        heads are refused (58000, fail closed) until it is back; reconnecting \
+                        is retried on use");
+                    inner.decision = None;
+                    inner.down = Some(Down {
                         error: error.clone(),
                         retry_at: Instant::now() + FIRST_RETRY,
                         backoff: FIRST_RETRY,
-                    };
+                    });
                 }
                 Err(error)
             }
@@ -231,16 +232,75 @@ impl PgConn {
     }
 }
 
+impl Inner {
+    /// Connects the decision connection if it is not (migrating the schema
+    /// for the proxy, checking it exists for operators) and, for the proxy,
+    /// takes a liveness lock if it holds none, or its lock connection died.
+    fn ensure(&mut self, target: &PgTarget, role: Role) -> Result<(), StoreError> {
+        if self.decision.as_ref().is_none_or(|d| d.client.is_closed()) {
+            self.decision = None;
+            self.decision = Some(connect_decision(target, role)?);
+        }
+        if role == Role::Operator {
+            return Ok(());
+        }
+        let mut lost = None;
+        if let Some(l) = &mut self.liveness {
+            let alive = !l.client.is_closed()
+                && (l.checked_at.elapsed() < LIVENESS_CHECK
+                    || l.client.is_valid(LIVENESS_CHECK).is_ok());
+            if alive {
+                l.checked_at = Instant::now();
+            } else {
+                tracing::error!(
+                    instance = l.instance,
+                    "claims liveness lock lost: other \
+                    proxies count this one's holders as gone meanwhile; taking a new one"
+                );
+                lost = Some(l.instance);
+                self.liveness = None;
+            }
+        }
+        if self.liveness.is_none() {
+            let open_err = |e: postgres::Error| StoreError::Open {
+                path: target.shown.clone(),
+                reason: format!("taking the liveness lock: {}", describe(&e)),
+            };
+            let (client, instance) = lock_instance(target).map_err(open_err)?;
+            if let (Some(old), Some(d)) = (lost, self.decision.as_mut()) {
+                // This process's claims not yet counted as gone are its
+                // holders' still: they follow it to its new lock.
+                let s = &target.schema;
+                d.client
+                    .batch_execute(&format!(
+                        "UPDATE {s}.claims SET holder_instance = {instance} \
+                         WHERE holder_instance = {old} AND abandon_at_ms IS NULL; \
+                         UPDATE {s}.run_leases SET holder_instance = {instance} \
+                         WHERE holder_instance = {old}"
+                    ))
+                    .map_err(open_err)?;
+            }
+            self.liveness = Some(Liveness {
+                client,
+                instance,
+                checked_at: Instant::now(),
+            });
+        }
+        Ok(())
+    }
+}
+
 fn run<T>(
-    opened: &mut Opened,
+    decision: &mut Decision,
+    instance: i64,
     schema: &str,
     f: impl FnOnce(&mut Tx<'_>) -> Result<T, Fail>,
 ) -> Result<T, Fail> {
-    let tx = opened.client.transaction()?;
+    let tx = decision.client.transaction()?;
     let mut t = Tx {
         tx,
-        cache: &mut opened.cache,
-        instance: opened.instance,
+        cache: &mut decision.cache,
+        instance,
         schema,
     };
     let out = f(&mut t)?;
@@ -248,10 +308,9 @@ fn run<T>(
     Ok(out)
 }
 
-/// Connects the decision connection (migrating the schema for the proxy,
-/// checking it exists for operators) and, for the proxy, the lock
-/// connection holding the instance's advisory lock.
-fn open(target: &PgTarget, role: Role) -> Result<Opened, StoreError> {
+/// The decision connection, its schema migrated (proxy) or checked to
+/// exist (operators).
+fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, StoreError> {
     let err = |e: postgres::Error| StoreError::Open {
         path: target.shown.clone(),
         reason: describe(&e),
@@ -272,8 +331,7 @@ fn open(target: &PgTarget, role: Role) -> Result<Opened, StoreError> {
             reason: format!("creating the claims schema {schema}: {}", describe(&e)),
         })?,
         Role::Operator => {
-            let v = schema::version(&mut client, schema).map_err(err)?;
-            if v == 0 {
+            if schema::version(&mut client, schema).map_err(err)? == 0 {
                 return Err(StoreError::Open {
                     path: target.shown.clone(),
                     reason: format!("no claims schema {schema} (no proxy has used this database)"),
@@ -281,26 +339,15 @@ fn open(target: &PgTarget, role: Role) -> Result<Opened, StoreError> {
             }
         }
     }
-    if role == Role::Operator {
-        return Ok(Opened {
-            client,
-            lock: None,
-            instance: 0,
-            cache: HashMap::new(),
-        });
-    }
-    let (lock, instance) = lock_instance(target, &mut client).map_err(err)?;
-    Ok(Opened {
+    Ok(Decision {
         client,
-        lock: Some(lock),
-        instance,
         cache: HashMap::new(),
     })
 }
 
 /// The liveness connection, with its server-side keepalives and TCP user
 /// timeout, holding a fresh instance id's session-level advisory lock.
-fn lock_instance(target: &PgTarget, client: &mut Client) -> Result<(Client, i64), postgres::Error> {
+fn lock_instance(target: &PgTarget) -> Result<(Client, i64), postgres::Error> {
     let bound = target.liveness_bound;
     let mut config = target.config.clone();
     config.application_name("resumeguard-claims-liveness");
@@ -315,7 +362,7 @@ fn lock_instance(target: &PgTarget, client: &mut Client) -> Result<(Client, i64)
          SET tcp_keepalives_count = 3; SET tcp_user_timeout = {}",
         bound.as_millis()
     ))?;
-    let mut id = next_instance(client, &target.schema)?;
+    let mut id = next_instance(&mut lock, &target.schema)?;
     loop {
         let locked: bool = lock
             .query_one("SELECT pg_try_advisory_lock($1)", &[&id])?
@@ -324,7 +371,7 @@ fn lock_instance(target: &PgTarget, client: &mut Client) -> Result<(Client, i64)
             return Ok((lock, id));
         }
         // A dead predecessor's backend still holds it: take a new id.
-        id = next_instance(client, &target.schema)?;
+        id = next_instance(&mut lock, &target.schema)?;
     }
 }
 

@@ -254,3 +254,38 @@ fn a_lost_connection_fails_the_operation_then_reconnects() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[test]
+fn a_proxy_that_lost_its_liveness_lock_takes_a_new_one_and_keeps_its_claims() {
+    let db = PgSchema::new("relock");
+    let a = db.open();
+    let b = db.open().with_holder_gone_grace(GRACE);
+    let k = key("c1");
+    a.try_claim(&k, &holder("p1", 1), T0, LAPSE).expect("claim");
+    let first = a.instance().expect("instance");
+    let mut admin = db
+        .target()
+        .config
+        .connect(postgres::NoTls)
+        .expect("connect");
+    let ended = admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks \
+             WHERE locktype = 'advisory' AND objsubid = 1 AND objid::text::bigint = $1",
+            &[&first],
+        )
+        .expect("terminate");
+    assert_eq!(ended, 1);
+    // Within a second the proxy asks its lock connection, finds it gone
+    // and takes a new lock, which its claims follow.
+    std::thread::sleep(Duration::from_millis(1_100));
+    a.get(&k).expect("read").expect("row");
+    let second = a.instance().expect("instance");
+    assert_ne!(first, second);
+    match b.try_claim(&k, &holder("p2", 2), T0 + 10, LAPSE) {
+        Ok(ClaimOutcome::Busy(r)) => {
+            assert_eq!((r.lapse_at_ms, r.abandon_at_ms), (T0 + LAPSE, None))
+        }
+        other => panic!("{other:?}"),
+    }
+}
