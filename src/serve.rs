@@ -79,9 +79,15 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
     };
     let managed_socket = managed.as_ref().map(|m| m.socket());
     let claims_at = store_location(&cfg, managed_socket.as_ref());
-    let result = match upstream.and_then(|u| Ok((u, claims_at?))) {
-        Ok((upstream, claims_at)) => runtime.block_on(async {
-            let legs = legs(&cfg, &audit, &claims_at)?;
+    // The claims store's blocking client runs a runtime of its own: the
+    // legs are made outside this one.
+    let ready = upstream.and_then(|u| {
+        let claims_at = claims_at?;
+        let legs = legs(&cfg, &audit, &claims_at)?;
+        Ok((u, claims_at, legs))
+    });
+    let result = match ready {
+        Ok((upstream, claims_at, legs)) => runtime.block_on(async {
             let claims_store = legs.claims.as_ref().map(|leg| Arc::clone(&leg.store));
             let listener = TcpListener::from_std(listener)?;
             let local = listener.local_addr()?;
