@@ -1,4 +1,4 @@
-//! The PostgreSQL store's connections: one for decisions (one short
+//! The PostgreSQL store's connections: a few for decisions (one short
 //! transaction each, prepared statements cached) and one that only holds
 //! this process's liveness lock. While either is down every operation
 //! fails (the proxy fails closed, 58000), with one ERROR log per
@@ -13,7 +13,8 @@
 //! is cut (server-side TCP keepalives and TCP user timeout set on it).
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use postgres::types::ToSql;
@@ -44,16 +45,17 @@ pub(super) enum Role {
 pub(super) struct PgConn {
     pub(super) target: PgTarget,
     role: Role,
-    inner: Mutex<Inner>,
+    /// Decision connections: a session's read does not wait behind the
+    /// evidence worker's write, nor one session behind another.
+    slots: Vec<Mutex<Option<Decision>>>,
+    next: AtomicUsize,
+    liveness: Mutex<Option<Liveness>>,
+    /// Why the store is down, while it is.
+    down: Mutex<Option<Down>>,
 }
 
-/// The connections, and why the store is down while it is.
-#[derive(Default)]
-struct Inner {
-    decision: Option<Decision>,
-    liveness: Option<Liveness>,
-    down: Option<Down>,
-}
+/// Decision connections per proxy process.
+const POOL: usize = 3;
 
 struct Down {
     error: StoreError,
@@ -89,10 +91,19 @@ impl From<postgres::Error> for Fail {
     }
 }
 
+/// Where a decision's statements run.
+enum Link<'a> {
+    /// One transaction, committed when the decision returns.
+    Tx(Transaction<'a>),
+    /// Each statement on its own (autocommit): a decision of one
+    /// statement, without the round trips of BEGIN and COMMIT.
+    Single(&'a mut Client),
+}
+
 /// One decision's transaction, with the statement cache and this
 /// process's instance id.
 pub(super) struct Tx<'a> {
-    tx: Transaction<'a>,
+    link: Link<'a>,
     cache: &'a mut HashMap<String, Statement>,
     pub(super) instance: i64,
     pub(super) schema: &'a str,
@@ -103,7 +114,10 @@ impl Tx<'_> {
         if let Some(s) = self.cache.get(sql) {
             return Ok(s.clone());
         }
-        let s = self.tx.prepare(sql)?;
+        let s = match &mut self.link {
+            Link::Tx(tx) => tx.prepare(sql)?,
+            Link::Single(c) => c.prepare(sql)?,
+        };
         self.cache.insert(sql.to_owned(), s.clone());
         Ok(s)
     }
@@ -114,7 +128,10 @@ impl Tx<'_> {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, postgres::Error> {
         let s = self.statement(sql)?;
-        self.tx.query(&s, params)
+        match &mut self.link {
+            Link::Tx(tx) => tx.query(&s, params),
+            Link::Single(c) => c.query(&s, params),
+        }
     }
 
     pub(super) fn execute(
@@ -123,46 +140,50 @@ impl Tx<'_> {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, postgres::Error> {
         let s = self.statement(sql)?;
-        self.tx.execute(&s, params)
+        match &mut self.link {
+            Link::Tx(tx) => tx.execute(&s, params),
+            Link::Single(c) => c.execute(&s, params),
+        }
     }
 }
 
 impl PgConn {
-    /// Connects now if it can; otherwise logs the error (ERROR) and
-    /// connects on use, with backoff.
-    pub(super) fn connect(target: PgTarget, role: Role) -> PgConn {
-        let mut inner = Inner::default();
-        if let Err(error) = inner.ensure(&target, role) {
-            tracing::error!(%error, "claim store cannot be reached: reads of parked heads \
-                are refused (58000) until it can; connecting is retried on use");
-            inner.down = Some(Down {
-                error,
-                retry_at: Instant::now() + FIRST_RETRY,
-                backoff: FIRST_RETRY,
-            });
-        }
+    fn new(target: PgTarget, role: Role) -> PgConn {
         PgConn {
             target,
             role,
-            inner: Mutex::new(inner),
+            slots: (0..POOL).map(|_| Mutex::new(None)).collect(),
+            next: AtomicUsize::new(0),
+            liveness: Mutex::new(None),
+            down: Mutex::new(None),
         }
+    }
+
+    /// Connects now if it can; otherwise logs the error (ERROR) and
+    /// connects on use, with backoff.
+    pub(super) fn connect(target: PgTarget, role: Role) -> PgConn {
+        let conn = PgConn::new(target, role);
+        let mut slot = conn.slot();
+        if let Err(error) = conn.ensure(&mut slot) {
+            conn.mark_down(error);
+        }
+        drop(slot);
+        conn
     }
 
     /// Connects now; an error is returned as is.
     pub(super) fn open_now(target: PgTarget, role: Role) -> Result<PgConn, StoreError> {
-        let mut inner = Inner::default();
-        inner.ensure(&target, role)?;
-        Ok(PgConn {
-            target,
-            role,
-            inner: Mutex::new(inner),
-        })
+        let conn = PgConn::new(target, role);
+        let mut slot = conn.slot();
+        conn.ensure(&mut slot)?;
+        drop(slot);
+        Ok(conn)
     }
 
     /// This process's instance id, while it holds its liveness lock.
     pub(super) fn instance(&self) -> Option<i64> {
-        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        inner.liveness.as_ref().map(|l| l.instance)
+        let liveness = self.liveness.lock().unwrap_or_else(PoisonError::into_inner);
+        liveness.as_ref().map(|l| l.instance)
     }
 
     /// Runs `f` in one transaction, committed on success; (re)connects
@@ -172,42 +193,56 @@ impl PgConn {
         op: &'static str,
         f: impl FnOnce(&mut Tx<'_>) -> Result<T, Fail>,
     ) -> Result<T, StoreError> {
-        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(down) = &inner.down {
-            if Instant::now() < down.retry_at {
-                return Err(down.error.clone());
+        self.decide(op, false, f)
+    }
+
+    /// Runs `f`, whose statements each commit on their own: for a
+    /// decision that one statement makes.
+    pub(super) fn with_single<T>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&mut Tx<'_>) -> Result<T, Fail>,
+    ) -> Result<T, StoreError> {
+        self.decide(op, true, f)
+    }
+
+    fn decide<T>(
+        &self,
+        op: &'static str,
+        single: bool,
+        f: impl FnOnce(&mut Tx<'_>) -> Result<T, Fail>,
+    ) -> Result<T, StoreError> {
+        if let Some(d) = &*self.down.lock().unwrap_or_else(PoisonError::into_inner) {
+            if Instant::now() < d.retry_at {
+                return Err(d.error.clone());
             }
         }
-        if let Err(error) = inner.ensure(&self.target, self.role) {
-            let backoff = match &inner.down {
-                Some(d) => (d.backoff * 2).min(MAX_RETRY),
-                None => {
-                    tracing::error!(%error, "claim store lost: reads of parked heads are \
-                        refused (58000, fail closed) until it is back; reconnecting is retried \
-                        on use");
-                    FIRST_RETRY
-                }
-            };
-            inner.down = Some(Down {
-                error: error.clone(),
-                retry_at: Instant::now() + backoff,
-                backoff,
-            });
-            return Err(error);
-        }
-        if inner.down.take().is_some() {
+        let mut slot = self.slot();
+        let instance = match self.ensure(&mut slot) {
+            Ok(i) => i,
+            Err(error) => {
+                self.mark_down(error.clone());
+                return Err(error);
+            }
+        };
+        if self
+            .down
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .is_some()
+        {
             tracing::warn!(at = %self.target.shown, "claim store reachable: reads of parked \
                 heads are claimed again");
         }
-        let instance = inner.liveness.as_ref().map_or(0, |l| l.instance);
-        let Some(decision) = inner.decision.as_mut() else {
+        let Some(decision) = slot.as_mut() else {
             return Err(StoreError::Postgres {
                 at: self.target.shown.clone(),
                 op,
                 reason: "not connected".into(),
             });
         };
-        match run(decision, instance, &self.target.schema, f) {
+        match run(decision, instance, &self.target.schema, single, f) {
             Ok(v) => Ok(v),
             Err(Fail(reason)) => {
                 let error = StoreError::Postgres {
@@ -216,77 +251,109 @@ impl PgConn {
                     reason,
                 };
                 if decision.client.is_closed() {
-                    tracing::error!(%error, "claim store connection lost: reads of parked \
-                        heads are refused (58000, fail closed) until it is back; reconnecting \
-                        is retried on use");
-                    inner.decision = None;
-                    inner.down = Some(Down {
-                        error: error.clone(),
-                        retry_at: Instant::now() + FIRST_RETRY,
-                        backoff: FIRST_RETRY,
-                    });
+                    *slot = None;
+                    self.mark_down(error.clone());
                 }
                 Err(error)
             }
         }
     }
-}
 
-impl Inner {
-    /// Connects the decision connection if it is not (migrating the schema
-    /// for the proxy, checking it exists for operators) and, for the proxy,
-    /// takes a liveness lock if it holds none, or its lock connection died.
-    fn ensure(&mut self, target: &PgTarget, role: Role) -> Result<(), StoreError> {
-        if self.decision.as_ref().is_none_or(|d| d.client.is_closed()) {
-            self.decision = None;
-            self.decision = Some(connect_decision(target, role)?);
+    /// A free decision connection's slot, else the next one's (waited for).
+    fn slot(&self) -> MutexGuard<'_, Option<Decision>> {
+        let n = self.slots.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        for i in 0..n {
+            match self.slots[(start + i) % n].try_lock() {
+                Ok(g) => return g,
+                Err(TryLockError::Poisoned(p)) => return p.into_inner(),
+                Err(TryLockError::WouldBlock) => {}
+            }
         }
-        if role == Role::Operator {
-            return Ok(());
+        self.slots[start]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The store is down: every operation fails until the retry time
+    /// (first 100 ms, doubled per failed retry up to 2 s); logged (ERROR)
+    /// on the transition.
+    fn mark_down(&self, error: StoreError) {
+        let mut down = self.down.lock().unwrap_or_else(PoisonError::into_inner);
+        let backoff = match &*down {
+            Some(d) => {
+                tracing::debug!(%error, "claim store still cannot be reached");
+                (d.backoff * 2).min(MAX_RETRY)
+            }
+            None => {
+                tracing::error!(%error, "claim store unavailable: reads of parked heads are \
+                    refused (58000, fail closed) until it is back; reconnecting is retried \
+                    on use");
+                FIRST_RETRY
+            }
+        };
+        *down = Some(Down {
+            error,
+            retry_at: Instant::now() + backoff,
+            backoff,
+        });
+    }
+
+    /// Connects the slot's decision connection if it is not (migrating the
+    /// schema for the proxy, checking it exists for operators) and, for the
+    /// proxy, takes a liveness lock if it holds none or its connection
+    /// died; returns this process's instance id (0 for operators).
+    fn ensure(&self, slot: &mut Option<Decision>) -> Result<i64, StoreError> {
+        let target = &self.target;
+        if slot.as_ref().is_none_or(|d| d.client.is_closed()) {
+            *slot = None;
+            *slot = Some(connect_decision(target, self.role)?);
         }
+        if self.role == Role::Operator {
+            return Ok(0);
+        }
+        let mut liveness = self.liveness.lock().unwrap_or_else(PoisonError::into_inner);
         let mut lost = None;
-        if let Some(l) = &mut self.liveness {
+        if let Some(l) = &mut *liveness {
             let alive = !l.client.is_closed()
                 && (l.checked_at.elapsed() < LIVENESS_CHECK
                     || l.client.is_valid(LIVENESS_CHECK).is_ok());
             if alive {
                 l.checked_at = Instant::now();
-            } else {
-                tracing::error!(
-                    instance = l.instance,
-                    "claims liveness lock lost: other \
-                    proxies count this one's holders as gone meanwhile; taking a new one"
-                );
-                lost = Some(l.instance);
-                self.liveness = None;
+                return Ok(l.instance);
             }
+            tracing::error!(
+                instance = l.instance,
+                "claims liveness lock lost: other proxies count this one's holders as gone \
+                 meanwhile; taking a new one"
+            );
+            lost = Some(l.instance);
+            *liveness = None;
         }
-        if self.liveness.is_none() {
-            let open_err = |e: postgres::Error| StoreError::Open {
-                path: target.shown.clone(),
-                reason: format!("taking the liveness lock: {}", describe(&e)),
-            };
-            let (client, instance) = lock_instance(target).map_err(open_err)?;
-            if let (Some(old), Some(d)) = (lost, self.decision.as_mut()) {
-                // This process's claims not yet counted as gone are its
-                // holders' still: they follow it to its new lock.
-                let s = &target.schema;
-                d.client
-                    .batch_execute(&format!(
-                        "UPDATE {s}.claims SET holder_instance = {instance} \
-                         WHERE holder_instance = {old} AND abandon_at_ms IS NULL; \
-                         UPDATE {s}.run_leases SET holder_instance = {instance} \
-                         WHERE holder_instance = {old}"
-                    ))
-                    .map_err(open_err)?;
-            }
-            self.liveness = Some(Liveness {
-                client,
-                instance,
-                checked_at: Instant::now(),
-            });
+        let open_err = |e: postgres::Error| StoreError::Open {
+            path: target.shown.clone(),
+            reason: format!("taking the liveness lock: {}", describe(&e)),
+        };
+        let (client, instance) = lock_instance(target).map_err(open_err)?;
+        if let (Some(old), Some(d)) = (lost, slot.as_mut()) {
+            // This process's claims not yet counted as gone are its
+            // holders' still: they follow it to its new lock.
+            let s = &target.schema;
+            d.client
+                .batch_execute(&format!(
+                    "UPDATE {s}.claims SET holder_instance = {instance} \
+                     WHERE holder_instance = {old} AND abandon_at_ms IS NULL; \
+                     UPDATE {s}.run_leases SET holder_instance = {instance} \
+                     WHERE holder_instance = {old}"
+                ))
+                .map_err(open_err)?;
         }
-        Ok(())
+        *liveness = Some(Liveness {
+            client,
+            instance,
+            checked_at: Instant::now(),
+        });
+        Ok(instance)
     }
 }
 
@@ -294,17 +361,24 @@ fn run<T>(
     decision: &mut Decision,
     instance: i64,
     schema: &str,
+    single: bool,
     f: impl FnOnce(&mut Tx<'_>) -> Result<T, Fail>,
 ) -> Result<T, Fail> {
-    let tx = decision.client.transaction()?;
+    let link = if single {
+        Link::Single(&mut decision.client)
+    } else {
+        Link::Tx(decision.client.transaction()?)
+    };
     let mut t = Tx {
-        tx,
+        link,
         cache: &mut decision.cache,
         instance,
         schema,
     };
     let out = f(&mut t)?;
-    t.tx.commit()?;
+    if let Link::Tx(tx) = t.link {
+        tx.commit()?;
+    }
     Ok(out)
 }
 

@@ -113,31 +113,32 @@ impl PgClaims {
         let lapse_at_ms = now_ms.saturating_add(lapse_ms.max(0));
         let superseded_cutoff = now_ms.saturating_sub(self.superseded_grace_ms);
         let gone_until = now_ms.saturating_add(self.holder_gone_grace_ms);
+        // One statement each for the common cases: a first reader takes
+        // the claim; the holder's own session reads it again.
+        let quick = self.conn.with_single("taking a claim", |tx| {
+            if insert_fresh(tx, key, holder, now_ms, lapse_at_ms)? {
+                return Ok(Some(ClaimOutcome::Taken(fresh(
+                    key,
+                    holder,
+                    now_ms,
+                    lapse_at_ms,
+                    1,
+                ))));
+            }
+            Ok(select_key(tx, key, false)?
+                .filter(|p| p.superseded_at_ms.is_none_or(|at| at > superseded_cutoff))
+                .filter(|p| p.state == ClaimState::Held && p.holder.same_session(holder))
+                .map(ClaimOutcome::AlreadyHeld))
+        })?;
+        if let Some(outcome) = quick {
+            return Ok(outcome);
+        }
         self.conn.with_tx("taking a claim", |tx| {
             sweep(tx, &key.thread_id, &key.checkpoint_ns, gone_until)?;
             let s = tx.schema;
             let mine = tx.instance;
-            let inserted = tx.execute(
-                &format!(
-                    "INSERT INTO {s}.claims ({COLUMNS}, holder_instance) VALUES ($1, $2, $3, $4, \
-                     'held', $5, $6, $7, $8, $9, $10, NULL, NULL, 0, 0, NULL, NULL, 1, $11) \
-                     ON CONFLICT DO NOTHING"
-                ),
-                &[
-                    &key.thread_id,
-                    &key.checkpoint_ns,
-                    &key.checkpoint_id,
-                    &key.fingerprint,
-                    &holder.proxy_id,
-                    &(holder.session_id as i64),
-                    &holder.client_addr,
-                    &holder.application_name,
-                    &now_ms,
-                    &lapse_at_ms,
-                    &mine,
-                ],
-            )?;
-            if inserted == 1 {
+            // The row may have gone since (purged, thread forgotten).
+            if insert_fresh(tx, key, holder, now_ms, lapse_at_ms)? {
                 return Ok(ClaimOutcome::Taken(fresh(
                     key,
                     holder,
@@ -444,6 +445,40 @@ impl PgClaims {
             live_lease(tx, thread_id, checkpoint_ns, now_ms)
         })
     }
+}
+
+/// Inserts `key` as a fresh held claim of `holder` unless a row exists;
+/// whether it did (a concurrent inserter's commit is waited for).
+fn insert_fresh(
+    tx: &mut Tx<'_>,
+    key: &ClaimKey,
+    holder: &Holder,
+    now_ms: i64,
+    lapse_at_ms: i64,
+) -> Result<bool, Fail> {
+    let s = tx.schema;
+    let mine = tx.instance;
+    let inserted = tx.execute(
+        &format!(
+            "INSERT INTO {s}.claims ({COLUMNS}, holder_instance) VALUES ($1, $2, $3, $4, \
+             'held', $5, $6, $7, $8, $9, $10, NULL, NULL, 0, 0, NULL, NULL, 1, $11) \
+             ON CONFLICT DO NOTHING"
+        ),
+        &[
+            &key.thread_id,
+            &key.checkpoint_ns,
+            &key.checkpoint_id,
+            &key.fingerprint,
+            &holder.proxy_id,
+            &(holder.session_id as i64),
+            &holder.client_addr,
+            &holder.application_name,
+            &now_ms,
+            &lapse_at_ms,
+            &mine,
+        ],
+    )?;
+    Ok(inserted == 1)
 }
 
 fn fresh(

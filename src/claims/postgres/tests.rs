@@ -233,7 +233,7 @@ fn a_lost_connection_fails_the_operation_then_reconnects() {
             &[],
         )
         .expect("terminate");
-    assert_eq!(ended, 1);
+    assert!(ended >= 1, "the store's decision connections");
     // The next operation fails (fail closed) ...
     let mut failed = false;
     let deadline = Instant::now() + Duration::from_secs(5);
