@@ -81,13 +81,12 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
     let claims_at = store_location(&cfg, managed_socket.as_ref());
     // The claims store's blocking client runs a runtime of its own: the
     // legs are made outside this one.
-    let ready = upstream.and_then(|u| {
-        let claims_at = claims_at?;
-        let legs = legs(&cfg, &audit, &claims_at)?;
-        Ok((u, claims_at, legs))
-    });
+    let ready = upstream.and_then(|u| Ok((u, legs(&cfg, &audit, claims_at.as_ref())?)));
+    // With consume-once off, the admin API opens the store per request, if
+    // one is configured.
+    let claims_at = claims_at.map_err(|e| format!("{e:#}"));
     let result = match ready {
-        Ok((upstream, claims_at, legs)) => runtime.block_on(async {
+        Ok((upstream, legs)) => runtime.block_on(async {
             let claims_store = legs.claims.as_ref().map(|leg| Arc::clone(&leg.store));
             let listener = TcpListener::from_std(listener)?;
             let local = listener.local_addr()?;
@@ -171,9 +170,14 @@ fn bind(addr: &str) -> anyhow::Result<std::net::TcpListener> {
 /// shared claims store and its evidence worker. A store that does not
 /// open is not fatal: the proxy runs and refuses reads of parked heads
 /// until it does (fail closed), says so, and retries opening it on use.
-fn legs(cfg: &Config, audit: &AuditSink, at: &StoreLocation) -> anyhow::Result<Legs> {
+fn legs(
+    cfg: &Config,
+    audit: &AuditSink,
+    at: Result<&StoreLocation, &anyhow::Error>,
+) -> anyhow::Result<Legs> {
     let claims = match cfg.claims_settings()? {
         Some(c) => {
+            let at = at.map_err(|e| anyhow::anyhow!("claims store: {e:#}"))?;
             tracing::info!(backend = ?c.backend, at = %at.shown(), "claims store");
             let store = Arc::new(
                 ClaimStore::connect_to(at)

@@ -78,7 +78,8 @@ pub struct AdminState {
     /// The consume-once leg's store; `None` with the leg off (then
     /// `claims_at` is opened per request, as `resumeguard claims` does).
     pub claims: Option<Arc<ClaimStore>>,
-    pub claims_at: crate::claims::StoreLocation,
+    /// Where the claims are, or why no store is configured.
+    pub claims_at: Result<crate::claims::StoreLocation, String>,
     pub token: Option<String>,
 }
 
