@@ -1,5 +1,6 @@
 //! Rows of the PostgreSQL `claims` table: the column list, the filters
-//! and the mapping between a row and a [`ClaimRecord`].
+//! the mapping between a row and a [`ClaimRecord`], and the insert of a
+//! fresh claim.
 
 use postgres::Row;
 
@@ -107,4 +108,62 @@ pub(super) fn record(r: &Row) -> Result<ClaimRecord, Fail> {
         abandon_at_ms: r.try_get(16)?,
         epoch: r.try_get(17)?,
     })
+}
+
+/// Inserts `key` as a fresh held claim of `holder` unless a row exists;
+/// whether it did (a concurrent inserter's commit is waited for).
+pub(super) fn insert_fresh(
+    tx: &mut Tx<'_>,
+    key: &ClaimKey,
+    holder: &Holder,
+    now_ms: i64,
+    lapse_at_ms: i64,
+) -> Result<bool, Fail> {
+    let s = tx.schema;
+    let mine = tx.instance;
+    let inserted = tx.execute(
+        &format!(
+            "INSERT INTO {s}.claims ({COLUMNS}, holder_instance) VALUES ($1, $2, $3, $4, \
+             'held', $5, $6, $7, $8, $9, $10, NULL, NULL, 0, 0, NULL, NULL, 1, $11) \
+             ON CONFLICT DO NOTHING"
+        ),
+        &[
+            &key.thread_id,
+            &key.checkpoint_ns,
+            &key.checkpoint_id,
+            &key.fingerprint,
+            &holder.proxy_id,
+            &(holder.session_id as i64),
+            &holder.client_addr,
+            &holder.application_name,
+            &now_ms,
+            &lapse_at_ms,
+            &mine,
+        ],
+    )?;
+    Ok(inserted == 1)
+}
+
+/// The record of a claim just taken.
+pub(super) fn fresh(
+    key: &ClaimKey,
+    holder: &Holder,
+    now_ms: i64,
+    lapse_at_ms: i64,
+    epoch: i64,
+) -> ClaimRecord {
+    ClaimRecord {
+        key: key.clone(),
+        holder: holder.clone(),
+        state: ClaimState::Held,
+        claimed_at_ms: now_ms,
+        lapse_at_ms,
+        consumed_at_ms: None,
+        evidence: None,
+        refusals: 0,
+        takeovers: 0,
+        superseded_at_ms: None,
+        abandon_at_ms: None,
+        epoch,
+    }
 }

@@ -12,7 +12,8 @@ use super::conn::{Fail, PgConn, Role, Tx};
 use super::leases::{end_holder_leases, lease_runs, live_lease};
 use super::liveness::sweep;
 use super::rows::{
-    select_for_update, select_key, select_where, CHECKPOINT_MATCH, COLUMNS, KEY_MATCH,
+    fresh, insert_fresh, select_for_update, select_key, select_where, CHECKPOINT_MATCH, COLUMNS,
+    KEY_MATCH,
 };
 use super::target::PgTarget;
 use crate::claims::error::StoreError;
@@ -444,63 +445,6 @@ impl PgClaims {
             sweep(tx, thread_id, checkpoint_ns, gone_until)?;
             live_lease(tx, thread_id, checkpoint_ns, now_ms)
         })
-    }
-}
-
-/// Inserts `key` as a fresh held claim of `holder` unless a row exists;
-/// whether it did (a concurrent inserter's commit is waited for).
-fn insert_fresh(
-    tx: &mut Tx<'_>,
-    key: &ClaimKey,
-    holder: &Holder,
-    now_ms: i64,
-    lapse_at_ms: i64,
-) -> Result<bool, Fail> {
-    let s = tx.schema;
-    let mine = tx.instance;
-    let inserted = tx.execute(
-        &format!(
-            "INSERT INTO {s}.claims ({COLUMNS}, holder_instance) VALUES ($1, $2, $3, $4, \
-             'held', $5, $6, $7, $8, $9, $10, NULL, NULL, 0, 0, NULL, NULL, 1, $11) \
-             ON CONFLICT DO NOTHING"
-        ),
-        &[
-            &key.thread_id,
-            &key.checkpoint_ns,
-            &key.checkpoint_id,
-            &key.fingerprint,
-            &holder.proxy_id,
-            &(holder.session_id as i64),
-            &holder.client_addr,
-            &holder.application_name,
-            &now_ms,
-            &lapse_at_ms,
-            &mine,
-        ],
-    )?;
-    Ok(inserted == 1)
-}
-
-fn fresh(
-    key: &ClaimKey,
-    holder: &Holder,
-    now_ms: i64,
-    lapse_at_ms: i64,
-    epoch: i64,
-) -> ClaimRecord {
-    ClaimRecord {
-        key: key.clone(),
-        holder: holder.clone(),
-        state: ClaimState::Held,
-        claimed_at_ms: now_ms,
-        lapse_at_ms,
-        consumed_at_ms: None,
-        evidence: None,
-        refusals: 0,
-        takeovers: 0,
-        superseded_at_ms: None,
-        abandon_at_ms: None,
-        epoch,
     }
 }
 
