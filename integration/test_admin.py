@@ -304,6 +304,8 @@ def test_readyz_fails_while_the_upstream_is_down(workdir, tmp_path):
         base = wait_admin(port)
         status, ready = get_json(base, "/readyz")
         assert status == 200 and ready["ready"] and ready["upstream"]["ok"], ready
+        # The claims live in that PostgreSQL (the default backend).
+        assert ready["claims_store"]["ok"], ready
         before = scrape(base)
         session = psycopg.connect(proxy.dsn("postgres", application_name="adm-ready"),
                                   autocommit=True)
@@ -312,6 +314,7 @@ def test_readyz_fails_while_the_upstream_is_down(workdir, tmp_path):
         server.stop()
         status, ready = get_json(base, "/readyz")
         assert status == 503 and not ready["ready"] and not ready["upstream"]["ok"], ready
+        assert not ready["claims_store"]["ok"], ready
         assert http(base, "GET", "/healthz")[0] == 200
         # pg_isready asks the proxy, which answers: it still says "accepting".
         isready = subprocess.run([str(PG_BIN / "pg_isready"), "-h", HOST, "-p", str(proxy.port)],

@@ -185,7 +185,15 @@ def test_audit_lists_threads_and_filters_by_time_and_operation(proxy, pg, workdi
 def test_claims_take_the_state_dir(proxy, pg, workdir):
     state = workdir / f"claims-{uuid.uuid4().hex[:6]}"
     state.mkdir()
+    # The default backend keeps the claims in the managed server of the state dir.
     missing = cli("claims", "list", "--state-dir", str(state))
+    assert missing.returncode != 0 and "no managed PostgreSQL running" in missing.stderr, \
+        missing.stderr
+    assert str(state / "postgres" / "postmaster.pid") in missing.stderr, missing.stderr
+    # With the SQLite backend, the state dir's claims.sqlite.
+    cfg = state / "sqlite.toml"
+    cfg.write_text('[claims]\nbackend = "sqlite"\n')
+    missing = cli("claims", "list", "--state-dir", str(state), "--config", str(cfg))
     assert missing.returncode != 0 and "claims.sqlite" in missing.stderr, missing.stderr
 
 

@@ -78,7 +78,9 @@ pub struct TlsConfig {
 /// store, start its evidence worker and decide reads.
 #[derive(Debug, Clone)]
 pub struct ClaimsSettings {
-    pub store: PathBuf,
+    /// Where the claims live (resolved against the upstream by the caller:
+    /// `claims::location`).
+    pub backend: crate::claims::location::Backend,
     pub proxy_id: String,
     pub lapse_ms: i64,
     pub run_lease_ms: i64,
@@ -92,8 +94,17 @@ pub struct ClaimsSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClaimsConfig {
-    /// The SQLite file every replica in front of the same database shares;
-    /// absent: `<state_dir>/claims.sqlite`.
+    /// `postgres` (the default: the database the proxy fronts, shared
+    /// across hosts) or `sqlite` (one host: the file `store`).
+    pub backend: Option<String>,
+    /// The claims database when it is not the upstream's (libpq DSN or
+    /// `postgres://` URL); absent: the upstream (or the managed server).
+    pub dsn: Option<String>,
+    /// How soon the liveness lock of a proxy cut off from the database
+    /// goes, so other proxies count its holders as gone (PostgreSQL).
+    pub liveness_bound_ms: u64,
+    /// The SQLite file every replica on this host shares (implies
+    /// `backend = "sqlite"`); absent: `<state_dir>/claims.sqlite`.
     pub store: Option<PathBuf>,
     /// This proxy's name in claims; absent: `<hostname>-<pid>`.
     pub proxy_id: Option<String>,
@@ -129,6 +140,9 @@ pub struct ClaimsConfig {
 impl Default for ClaimsConfig {
     fn default() -> Self {
         ClaimsConfig {
+            backend: None,
+            dsn: None,
+            liveness_bound_ms: 10_000,
             store: None,
             proxy_id: None,
             lapse_ms: 2_000,
@@ -303,7 +317,7 @@ impl Config {
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Some(ClaimsSettings {
-            store: self.claims_store_path(),
+            backend: crate::claims::location::Backend::of(self)?,
             proxy_id: c.proxy_id.clone().unwrap_or_else(default_proxy_id),
             lapse_ms: c.lapse_ms,
             run_lease_ms: c.run_lease_ms,

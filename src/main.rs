@@ -10,8 +10,10 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use resumeguard::audit::{self, EventFilter};
+use resumeguard::claims::location::{store_location, Backend};
 use resumeguard::claims::{render_claims, ClaimStore};
 use resumeguard::config::Config;
+use resumeguard::managed_pg::running_socket;
 use resumeguard::policy::ChannelRules;
 use resumeguard::saver::profile::profiles_for;
 
@@ -67,8 +69,9 @@ enum Command {
         /// PostgreSQL); default .resumeguard.
         #[arg(long)]
         state_dir: Option<PathBuf>,
-        /// SQLite file of consume-once claims, shared by replicas (default
-        /// <state-dir>/claims.sqlite).
+        /// SQLite file of consume-once claims, shared by replicas on this
+        /// host (implies [claims] backend = "sqlite"; default: the claims
+        /// live in the fronted PostgreSQL).
         #[arg(long)]
         claims_store: Option<PathBuf>,
         /// This proxy's name in claims (default: hostname-pid).
@@ -157,17 +160,23 @@ impl AuditDbArgs {
     }
 }
 
-/// Where the claims store is, found as `serve` finds it: `--store`, else the
-/// configuration's `[claims] store`, else `<state dir>/claims.sqlite`.
+/// Where the claims store is, found as `serve` finds it: `--store` (a
+/// SQLite file), else the configuration's `[claims]` (backend, dsn, store),
+/// else the PostgreSQL the proxy fronts (`--upstream`, or the running
+/// managed server of the state directory).
 #[derive(Args)]
 struct ClaimsStoreArgs {
-    /// The claims store file (default <state-dir>/claims.sqlite).
+    /// A SQLite claims file (implies the sqlite backend).
     #[arg(long, conflicts_with = "state_dir")]
     store: Option<PathBuf>,
-    /// The proxy's state directory: the store is <DIR>/claims.sqlite.
+    /// The proxy's state directory (its managed server; with the sqlite
+    /// backend, <DIR>/claims.sqlite).
     #[arg(long)]
     state_dir: Option<PathBuf>,
-    /// The configuration `serve` ran with (its state_dir and [claims] store).
+    /// The upstream `serve` fronts (its database holds the claims).
+    #[arg(long)]
+    upstream: Option<String>,
+    /// The configuration `serve` ran with.
     #[arg(long)]
     config: Option<PathBuf>,
 }
@@ -176,8 +185,16 @@ impl ClaimsStoreArgs {
     fn open(self) -> anyhow::Result<ClaimStore> {
         let mut cfg = load_config(self.config)?;
         cfg.state_dir = self.state_dir.unwrap_or(cfg.state_dir);
-        let path = self.store.unwrap_or_else(|| cfg.claims_store_path());
-        Ok(ClaimStore::open_existing(&path)?)
+        cfg.upstream = self.upstream.or(cfg.upstream);
+        cfg.claims.store = self.store.or(cfg.claims.store);
+        let managed = match (&cfg.upstream, &cfg.claims.dsn, Backend::of(&cfg)?) {
+            (None, None, Backend::Postgres) => Some(running_socket(&cfg.managed, &cfg.state_dir)?),
+            _ => None,
+        };
+        Ok(ClaimStore::open_existing_at(&store_location(
+            &cfg,
+            managed.as_ref(),
+        )?)?)
     }
 }
 

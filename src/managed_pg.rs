@@ -49,6 +49,17 @@ pub enum ManagedPgError {
     /// A loopback port or the data directory's canonical path.
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    #[error(
+        "no managed PostgreSQL running ({} unreadable): start `resumeguard serve`, \
+         or give --upstream or --store",
+        .pid_file.display()
+    )]
+    NotRunning {
+        pid_file: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} names no port and socket directory", .0.display())]
+    PidFile(PathBuf),
 }
 
 pub struct ManagedPostgres {
@@ -178,6 +189,31 @@ impl ManagedPostgres {
         cmd.args(args);
         run(&mut cmd)
     }
+}
+
+/// The socket of the managed server running in the state directory, read
+/// from its `postmaster.pid` (port on line 4, socket directory on line 5):
+/// operator commands reach the claims there.
+pub fn running_socket(
+    cfg: &ManagedConfig,
+    state_dir: &Path,
+) -> Result<UpstreamAddr, ManagedPgError> {
+    let data_dir = cfg
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| state_dir.join("postgres"));
+    let pid_file = data_dir.join("postmaster.pid");
+    let text = match std::fs::read_to_string(&pid_file) {
+        Ok(text) => text,
+        Err(source) => return Err(ManagedPgError::NotRunning { pid_file, source }),
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let port = lines.get(3).map(|l| l.trim()).unwrap_or_default();
+    let dir = lines.get(4).map(|l| l.trim()).unwrap_or_default();
+    if port.parse::<u16>().is_err() || dir.is_empty() {
+        return Err(ManagedPgError::PidFile(pid_file));
+    }
+    Ok(UpstreamAddr::Unix(format!("{dir}/.s.PGSQL.{port}")))
 }
 
 /// Runs `cmd` to completion in a process group of its own, so a terminal's

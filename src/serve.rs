@@ -12,7 +12,8 @@ use tokio::sync::watch;
 use resumeguard::admin::{self, AdminState};
 use resumeguard::audit::AuditSink;
 use resumeguard::claims::evidence;
-use resumeguard::claims::ClaimStore;
+use resumeguard::claims::location::{store_location, LocationError};
+use resumeguard::claims::{ClaimStore, StoreLocation};
 use resumeguard::config::{upstream_addr, Config};
 use resumeguard::enforce::claim_gate::ClaimsLeg;
 use resumeguard::enforce::reload::Reloadable;
@@ -38,7 +39,7 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
     }
-    if cfg.claims.store.is_none() {
+    if cfg.claims.store.is_none() && cfg.claims.backend.as_deref() == Some("sqlite") {
         std::fs::create_dir_all(&cfg.state_dir)
             .with_context(|| format!("creating {}", cfg.state_dir.display()))?;
     }
@@ -52,8 +53,9 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
         None => None,
     };
     let audit = AuditSink::start(&cfg.audit)?;
-    let legs = legs(&cfg, &audit, rules.validity)?;
-    let claims_store = legs.claims.as_ref().map(|leg| Arc::clone(&leg.store));
+    // Settings are checked before anything starts; the store is opened
+    // once the upstream (perhaps the managed server) is known.
+    cfg.claims_settings()?;
     let managed = match &cfg.upstream {
         Some(_) => None,
         None => {
@@ -76,8 +78,20 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
         (Some(m), _) => Ok(m.socket()),
         (None, u) => upstream_addr(u.as_deref().unwrap_or_default()),
     };
-    let result = match upstream {
-        Ok(upstream) => runtime.block_on(async {
+    let managed_socket = managed.as_ref().map(|m| m.socket());
+    let claims_at = store_location(&cfg, managed_socket.as_ref());
+    // The claims store's blocking client runs a runtime of its own: the
+    // legs are made outside this one.
+    let validity = rules.validity;
+    let ready = upstream
+        .map_err(anyhow::Error::from)
+        .and_then(|u| Ok((u, legs(&cfg, &audit, validity, claims_at.as_ref())?)));
+    // With consume-once off, the admin API opens the store per request, if
+    // one is configured.
+    let claims_at = claims_at.map_err(|e| resumeguard::error_chain::chain(&e).to_string());
+    let result = match ready {
+        Ok((upstream, legs)) => runtime.block_on(async {
+            let claims_store = legs.claims.as_ref().map(|leg| Arc::clone(&leg.store));
             let listener = TcpListener::from_std(listener)?;
             let local = listener.local_addr()?;
             let (stop_tx, stop_rx) = watch::channel(false);
@@ -96,7 +110,7 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
                 audit: audit.clone(),
                 audit_db: cfg.audit.sqlite.clone(),
                 claims: claims_store,
-                claims_path: cfg.claims_store_path(),
+                claims_at,
                 token: cfg.admin.token.clone(),
             };
             if let Some(addr) = admin::start(&cfg.admin_listen(), admin_state).await? {
@@ -149,7 +163,7 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
             listener::drain(&proxy, grace).await;
             anyhow::Ok(())
         }),
-        Err(e) => Err(e.into()),
+        Err(e) => Err(e),
     };
     audit.shutdown(Duration::from_secs(5));
     if let Some(m) = managed {
@@ -169,10 +183,23 @@ fn bind(addr: &str) -> anyhow::Result<std::net::TcpListener> {
 /// shared claims store and its evidence worker. A store that does not
 /// open is not fatal: the proxy runs and refuses reads of parked heads
 /// until it does (fail closed), says so, and retries opening it on use.
-fn legs(cfg: &Config, audit: &AuditSink, validity: Arc<ChannelRules>) -> anyhow::Result<Legs> {
+fn legs(
+    cfg: &Config,
+    audit: &AuditSink,
+    validity: Arc<ChannelRules>,
+    at: Result<&StoreLocation, &LocationError>,
+) -> anyhow::Result<Legs> {
     let claims = match cfg.claims_settings()? {
         Some(c) => {
-            let store = Arc::new(ClaimStore::connect(&c.store).with_run_lease(c.run_lease_ms));
+            let at = at.map_err(|e| {
+                anyhow::anyhow!("claims store: {}", resumeguard::error_chain::chain(e))
+            })?;
+            tracing::info!(backend = ?c.backend, at = %at.shown(), "claims store");
+            let store = Arc::new(
+                ClaimStore::connect_to(at)
+                    .with_run_lease(c.run_lease_ms)
+                    .with_holder_gone_grace(c.timing.holder_gone_grace_ms),
+            );
             let evidence = evidence::start(
                 Arc::clone(&store),
                 c.proxy_id.clone(),

@@ -231,7 +231,8 @@ fn with_store<T>(
     match &s.claims {
         Some(store) => f(store).map_err(|e| e.to_string()),
         None => {
-            let store = ClaimStore::open_existing(&s.claims_path).map_err(|e| e.to_string())?;
+            let at = s.claims_at.as_ref().map_err(String::clone)?;
+            let store = ClaimStore::open_existing_at(at).map_err(|e| e.to_string())?;
             f(&store).map_err(|e| e.to_string())
         }
     }

@@ -93,9 +93,10 @@ pub struct AdminState {
     /// The audit trail's SQLite file (`/threads/{id}` reads it).
     pub audit_db: Option<PathBuf>,
     /// The consume-once leg's store; `None` with the leg off (then
-    /// `claims_path` is opened per request, as `resumeguard claims` does).
+    /// `claims_at` is opened per request, as `resumeguard claims` does).
     pub claims: Option<Arc<ClaimStore>>,
-    pub claims_path: PathBuf,
+    /// Where the claims are, or why no store is configured.
+    pub claims_at: Result<crate::claims::StoreLocation, String>,
     pub token: Option<String>,
 }
 

@@ -64,12 +64,18 @@ pub fn attribute(events: &mut [AuditEvent]) {
             continue;
         }
         // A task's own record of an answer belongs to the run-level answer
-        // recorded just before it (the same resume): it names the same
-        // approver, however its write and the child checkpoint interleave.
-        let same_answer = (op == Operation::ResumeRecorded
-            && events[i].detail.get("run_level") == Some(&json!(false)))
-        .then(|| run_level_answer_before(events, i))
-        .flatten()
+        // recorded just before it (the same resume), and a consumed claim to
+        // the answer recorded just before it: each names the same approver,
+        // however the writes and the child checkpoint interleave.
+        let same_answer = match op {
+            Operation::ResumeRecorded
+                if events[i].detail.get("run_level") == Some(&json!(false)) =>
+            {
+                run_level_answer_before(events, i)
+            }
+            Operation::ClaimConsumed => answer_before(events, i),
+            _ => None,
+        }
         .filter(|&a| events[a].detail.get("approver").is_some());
         let found = match same_answer {
             Some(a) => Some((
@@ -241,5 +247,27 @@ mod tests {
         assert_eq!(who(2), Some(json!({"user_id": "alice"})));
         assert_eq!(events[2].detail["approver_from"], json!("c2"));
         assert_eq!(who(3), Some(json!({"user_id": "carol"})));
+    }
+
+    #[test]
+    fn a_claim_consumed_after_the_task_level_answer_names_that_answer_s_approver() {
+        let answer = |run_level: bool| {
+            let mut e = ev(Operation::ResumeRecorded, "c1", None);
+            e.detail = json!({"run_level": run_level});
+            e
+        };
+        let mut events = vec![
+            answer(true),
+            // The child checkpoint was saved before the task's own record
+            // (LangGraph saves checkpoints in the background) ...
+            put("c2", "c1", json!({"source": "loop", "user_id": "alice"})),
+            answer(false),
+            put("c3", "c2", json!({"source": "loop", "user_id": "alice"})),
+            // ... and the claim's consumption was recorded last.
+            ev(Operation::ClaimConsumed, "c1", None),
+        ];
+        attribute(&mut events);
+        assert_eq!(events[4].detail["approver"], json!({"user_id": "alice"}));
+        assert_eq!(events[4].detail["approver_from"], json!("c2"));
     }
 }

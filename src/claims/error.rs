@@ -2,7 +2,7 @@
 //!
 //! The proxy fails closed on any of these: a read of a parked head is
 //! refused and the client sees this text, so each message says that the
-//! claim store is unavailable, which file, and what SQLite said.
+//! claim store is unavailable, which file or database, and what it said.
 
 use thiserror::Error;
 
@@ -24,6 +24,14 @@ pub enum StoreError {
     #[error("claim store unavailable: {op} failed on {path}: {reason}")]
     Sqlite {
         path: String,
+        op: &'static str,
+        reason: String,
+    },
+    /// An operation failed on the PostgreSQL store (connection lost,
+    /// lock or statement timeout, permission, ...).
+    #[error("claim store unavailable: {op} failed on {at}: {reason}")]
+    Postgres {
+        at: String,
         op: &'static str,
         reason: String,
     },

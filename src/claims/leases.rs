@@ -9,9 +9,9 @@ use rusqlite::{params, OptionalExtension, Transaction, TransactionBehavior};
 use super::error::StoreError;
 use super::model::{ClaimRecord, RunLease};
 use super::rows::holder_at;
-use super::store::ClaimStore;
+use super::store::SqliteClaims;
 
-impl ClaimStore {
+impl SqliteClaims {
     /// The live run lease on a namespace of a thread, if any.
     pub fn run_lease(
         &self,

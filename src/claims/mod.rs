@@ -6,18 +6,24 @@
 //! - `model`: keys, holders, records, the interrupt fingerprint.
 //! - `file`: the shared SQLite file: opening (retried), identity, the
 //!   check that it is still the file this process opened.
-//! - `store`: claims, one transaction per operation; `rows` maps them.
+//! - `backend`: the [`ClaimStore`] facade over the two backends.
+//! - `postgres`: claims in the fronted PostgreSQL (shared across hosts).
+//! - `store`: claims in SQLite, one transaction per operation; `rows`
+//!   maps them.
 //! - `leases`: run leases of answered threads.
 //! - `render`: the table behind `resumeguard claims list`.
 //!
 //! The decision for a read (serve, wait, refuse) is pure and lives in
 //! [`crate::policy::claims`].
 
+mod backend;
 mod error;
 pub mod evidence;
 mod file;
 mod leases;
+pub mod location;
 mod model;
+pub mod postgres;
 mod render;
 mod rows;
 mod store;
@@ -25,6 +31,7 @@ mod store;
 #[cfg(test)]
 mod tests;
 
+pub use backend::{ClaimStore, StoreLocation};
 pub use error::StoreError;
 pub use file::BUSY_TIMEOUT;
 pub use model::{
@@ -32,6 +39,6 @@ pub use model::{
 };
 pub use render::render_claims;
 pub use store::{
-    ClaimOutcome, ClaimStore, DEFAULT_RETAIN_MS, DEFAULT_RUN_LEASE_MS, DEFAULT_SUPERSEDED_GRACE_MS,
-    NEXT_CHECKPOINT,
+    ClaimOutcome, SqliteClaims, DEFAULT_RETAIN_MS, DEFAULT_RUN_LEASE_MS,
+    DEFAULT_SUPERSEDED_GRACE_MS, NEXT_CHECKPOINT,
 };

@@ -42,7 +42,7 @@ pub const DEFAULT_RUN_LEASE_MS: i64 = 10 * 1000;
 /// Evidence recorded when a newer checkpoint consumes held claims.
 pub const NEXT_CHECKPOINT: &str = "next checkpoint";
 
-/// What a reader of a parked head got from [`ClaimStore::try_claim`].
+/// What a reader of a parked head got from `try_claim`.
 // Built once per parked read and moved, never stored in bulk: boxing the
 // takeover's two records would buy nothing and complicate matching.
 #[allow(clippy::large_enum_variant)]
@@ -76,16 +76,16 @@ pub enum ClaimOutcome {
 /// session threads and the evidence worker; calls may block up to
 /// [`super::BUSY_TIMEOUT`] on another process.
 /// Not `Clone`: two handles in one process would only contend on the file.
-pub struct ClaimStore {
+pub struct SqliteClaims {
     file: StoreFile,
     retain_ms: i64,
     superseded_grace_ms: i64,
     pub(super) run_lease_ms: i64,
 }
 
-impl std::fmt::Debug for ClaimStore {
+impl std::fmt::Debug for SqliteClaims {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClaimStore")
+        f.debug_struct("SqliteClaims")
             .field("path", &self.path())
             .field("retain_ms", &self.retain_ms)
             .field("superseded_grace_ms", &self.superseded_grace_ms)
@@ -94,18 +94,18 @@ impl std::fmt::Debug for ClaimStore {
     }
 }
 
-impl ClaimStore {
+impl SqliteClaims {
     /// Opens (creating if needed) the claim file at `path` in WAL mode and
     /// creates the schema and the file's identity. Fails at once if it
     /// cannot.
-    pub fn open(path: &Path) -> Result<ClaimStore, StoreError> {
-        StoreFile::open(path, OpenMode::Create).map(ClaimStore::on)
+    pub fn open(path: &Path) -> Result<SqliteClaims, StoreError> {
+        StoreFile::open(path, OpenMode::Create).map(SqliteClaims::on)
     }
 
     /// Opens an existing claim file (operator commands: a mistyped path
     /// must not start a new store beside the replicas' one).
-    pub fn open_existing(path: &Path) -> Result<ClaimStore, StoreError> {
-        StoreFile::open(path, OpenMode::Existing).map(ClaimStore::on)
+    pub fn open_existing(path: &Path) -> Result<SqliteClaims, StoreError> {
+        StoreFile::open(path, OpenMode::Existing).map(SqliteClaims::on)
     }
 
     /// The proxy's store: opened now if it can be; otherwise every
@@ -113,12 +113,12 @@ impl ClaimStore {
     /// refused) and opening is retried on use, with backoff, until it
     /// works. Once open, an operation fails while the path does not hold
     /// the file this process opened (removed, replaced, overwritten).
-    pub fn connect(path: &Path) -> ClaimStore {
-        ClaimStore::on(StoreFile::connect(path))
+    pub fn connect(path: &Path) -> SqliteClaims {
+        SqliteClaims::on(StoreFile::connect(path))
     }
 
-    fn on(file: StoreFile) -> ClaimStore {
-        ClaimStore {
+    fn on(file: StoreFile) -> SqliteClaims {
+        SqliteClaims {
             file,
             retain_ms: DEFAULT_RETAIN_MS,
             superseded_grace_ms: DEFAULT_SUPERSEDED_GRACE_MS,
@@ -127,22 +127,22 @@ impl ClaimStore {
     }
 
     /// Sets how long consumed, released and long-lapsed rows are kept
-    /// before [`ClaimStore::move_on`] deletes them.
+    /// before [`SqliteClaims::move_on`] deletes them.
     #[cfg(test)]
-    pub fn with_retention(mut self, retain_ms: i64) -> ClaimStore {
+    pub fn with_retention(mut self, retain_ms: i64) -> SqliteClaims {
         self.retain_ms = retain_ms.max(0);
         self
     }
 
     /// Sets how long rows on a superseded checkpoint are kept.
-    pub fn with_superseded_grace(mut self, grace_ms: i64) -> ClaimStore {
+    pub fn with_superseded_grace(mut self, grace_ms: i64) -> SqliteClaims {
         self.superseded_grace_ms = grace_ms.max(0);
         self
     }
 
     /// Sets the run lease (0: no leases; answered threads are not guarded
     /// after their parked head is gone).
-    pub fn with_run_lease(mut self, lease_ms: i64) -> ClaimStore {
+    pub fn with_run_lease(mut self, lease_ms: i64) -> SqliteClaims {
         self.run_lease_ms = lease_ms.max(0);
         self
     }
@@ -491,7 +491,7 @@ impl ClaimStore {
         self.file.with_tx(op, TransactionBehavior::Immediate, f)
     }
 
-    /// [`ClaimStore::with_tx`] with another locking behaviour: `Deferred`
+    /// [`SqliteClaims::with_tx`] with another locking behaviour: `Deferred`
     /// for a read, which then takes no write lock other processes wait on.
     pub(super) fn with_tx_as<T>(
         &self,

@@ -1,5 +1,9 @@
-//! Store behaviour across "proxies": every test opens its own file, often
-//! twice, the way two replicas share one.
+//! Store behaviour across "proxies": every test opens its own store,
+//! often twice, the way two replicas share one. The tests in
+//! `conformance!` run against both backends: a SQLite file, and a schema
+//! of its own in a real PostgreSQL (`RESUMEGUARD_TEST_PG_DSN`, else a
+//! server this test process starts with `managed_pg`; a server that cannot
+//! be had fails those tests).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -66,362 +70,737 @@ fn holder(proxy: &str, session: u64) -> Holder {
     }
 }
 
-#[test]
-fn one_winner_across_two_proxies_and_many_threads() {
-    let db = TempDb::new("race");
-    let stores = [Arc::new(db.open()), Arc::new(db.open())];
-    let k = key("c1", b"approve?");
-    const N: usize = 16;
-    let barrier = Arc::new(Barrier::new(N));
-    let handles: Vec<_> = (0..N)
-        .map(|i| {
-            let store = Arc::clone(&stores[i % 2]);
-            let barrier = Arc::clone(&barrier);
-            let k = k.clone();
-            std::thread::spawn(move || {
-                let h = holder(&format!("proxy-{}", i % 2), i as u64);
-                barrier.wait();
-                store.try_claim(&k, &h, T0, LAPSE).expect("try_claim")
-            })
-        })
-        .collect();
-    let outcomes: Vec<ClaimOutcome> = handles
-        .into_iter()
-        .map(|h| h.join().expect("racer thread"))
-        .collect();
-    let taken: Vec<&ClaimRecord> = outcomes
-        .iter()
-        .filter_map(|o| match o {
-            ClaimOutcome::Taken(r) => Some(r),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(taken.len(), 1, "{outcomes:?}");
-    let busy = outcomes
-        .iter()
-        .filter(|o| matches!(o, ClaimOutcome::Busy(r) if r.holder == taken[0].holder))
-        .count();
-    assert_eq!(busy, N - 1, "{outcomes:?}");
+/// A backend the conformance tests run against: makes scratch stores.
+trait Kind {
+    fn another(&self, name: &str) -> Box<dyn Db>;
 }
 
-#[test]
-fn the_holders_own_session_passes_without_renewing() {
-    let db = TempDb::new("same");
-    let store = db.open();
-    let k = key("c1", b"q");
-    let h = holder("p1", 7);
-    assert!(matches!(
-        store.try_claim(&k, &h, T0, LAPSE),
-        Ok(ClaimOutcome::Taken(_))
-    ));
-    match store.try_claim(&k, &h, T0 + 5, LAPSE) {
-        Ok(ClaimOutcome::AlreadyHeld(r)) => assert_eq!(r.lapse_at_ms, T0 + LAPSE),
-        other => panic!("{other:?}"),
+/// One scratch store, opened as often as a test has "proxies".
+trait Db {
+    fn open(&self) -> ClaimStore;
+}
+
+struct Sqlite;
+
+impl Kind for Sqlite {
+    fn another(&self, name: &str) -> Box<dyn Db> {
+        Box::new(TempDb::new(name))
     }
-    // Same session id on another proxy is another session.
-    assert!(matches!(
-        store.try_claim(&k, &holder("p2", 7), T0 + 6, LAPSE),
-        Ok(ClaimOutcome::Busy(_))
-    ));
 }
 
-#[test]
-fn a_lapsed_claim_is_taken_over_and_counted() {
-    let db = TempDb::new("lapse");
-    let (a, b) = (db.open(), db.open());
-    let k = key("c1", b"q");
-    a.try_claim(&k, &holder("p1", 1), T0, LAPSE).expect("claim");
-    assert!(matches!(
-        b.try_claim(&k, &holder("p2", 2), T0 + LAPSE - 1, LAPSE),
-        Ok(ClaimOutcome::Busy(_))
-    ));
-    match b.try_claim(&k, &holder("p2", 2), T0 + LAPSE, LAPSE) {
-        Ok(ClaimOutcome::TakenOver { previous, now }) => {
-            assert_eq!(previous.holder, holder("p1", 1));
-            assert_eq!(now.holder, holder("p2", 2));
-            assert_eq!(now.takeovers, 1);
-            assert_eq!(now.claimed_at_ms, T0 + LAPSE);
-            assert_eq!(now.lapse_at_ms, T0 + 2 * LAPSE);
+impl Db for TempDb {
+    fn open(&self) -> ClaimStore {
+        TempDb::open(self)
+    }
+}
+
+struct Postgres;
+
+impl Kind for Postgres {
+    fn another(&self, name: &str) -> Box<dyn Db> {
+        Box::new(super::postgres::test_server::PgSchema::new(name))
+    }
+}
+
+impl Db for super::postgres::test_server::PgSchema {
+    fn open(&self) -> ClaimStore {
+        ClaimStore::Postgres(self.open())
+    }
+}
+
+/// Each test body, run once per backend (`<test>::sqlite`,
+/// `<test>::postgres`).
+macro_rules! conformance {
+    ($(fn $name:ident($fx:ident) $body:block)*) => {$(
+        mod $name {
+            use super::*;
+
+            fn run($fx: &dyn Kind) $body
+
+            #[test]
+            fn sqlite() {
+                run(&Sqlite)
+            }
+
+            #[test]
+            fn postgres() {
+                run(&Postgres)
+            }
         }
-        other => panic!("{other:?}"),
-    }
-    let stored = a.get(&k).expect("get").expect("row");
-    assert_eq!(stored.takeovers, 1);
-    assert_eq!(stored.holder, holder("p2", 2));
-    // The old holder is now just another reader.
-    assert!(matches!(
-        a.try_claim(&k, &holder("p1", 1), T0 + LAPSE + 1, LAPSE),
-        Ok(ClaimOutcome::Busy(_))
-    ));
+    )*};
 }
 
-#[test]
-fn consumed_claims_refuse_everyone_from_either_store() {
-    let db = TempDb::new("consume");
-    let (a, b) = (db.open(), db.open());
+/// A claim of `h` on c1 of t-1, consumed by its gated task's writes at
+/// `T0 + 10` (the run lease, if any, starts then).
+fn answered(store: &ClaimStore, h: &Holder) -> ClaimKey {
     let k = key("c1", b"q");
-    a.try_claim(&k, &holder("p1", 1), T0, LAPSE).expect("claim");
-    let before = b
-        .consume("t-1", "", "c1", "__resume__ write", i64::MAX, T0 + 3)
+    store.try_claim(&k, h, T0, LAPSE).expect("claim");
+    store
+        .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 10)
         .expect("consume");
-    assert_eq!(before.len(), 1);
-    assert_eq!(before[0].state, ClaimState::Held);
-    assert_eq!(before[0].holder, holder("p1", 1));
-    for (store, h) in [(&a, holder("p1", 1)), (&b, holder("p2", 9))] {
-        match store.try_claim(&k, &h, T0 + 10 * LAPSE, LAPSE) {
-            Ok(ClaimOutcome::Consumed(r)) => {
-                assert_eq!(r.consumed_at_ms, Some(T0 + 3));
-                assert_eq!(r.evidence.as_deref(), Some("__resume__ write"));
-                assert_eq!(r.holder, holder("p1", 1));
+    k
+}
+
+conformance! {
+    fn one_winner_across_two_proxies_and_many_threads(fx) {
+        let db = fx.another("race");
+        let stores = [Arc::new(db.open()), Arc::new(db.open())];
+        let k = key("c1", b"approve?");
+        const N: usize = 16;
+        let barrier = Arc::new(Barrier::new(N));
+        let handles: Vec<_> = (0..N)
+            .map(|i| {
+                let store = Arc::clone(&stores[i % 2]);
+                let barrier = Arc::clone(&barrier);
+                let k = k.clone();
+                std::thread::spawn(move || {
+                    let h = holder(&format!("proxy-{}", i % 2), i as u64);
+                    barrier.wait();
+                    store.try_claim(&k, &h, T0, LAPSE).expect("try_claim")
+                })
+            })
+            .collect();
+        let outcomes: Vec<ClaimOutcome> = handles
+            .into_iter()
+            .map(|h| h.join().expect("racer thread"))
+            .collect();
+        let taken: Vec<&ClaimRecord> = outcomes
+            .iter()
+            .filter_map(|o| match o {
+                ClaimOutcome::Taken(r) => Some(r),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(taken.len(), 1, "{outcomes:?}");
+        let busy = outcomes
+            .iter()
+            .filter(|o| matches!(o, ClaimOutcome::Busy(r) if r.holder == taken[0].holder))
+            .count();
+        assert_eq!(busy, N - 1, "{outcomes:?}");
+    }
+
+    fn the_holders_own_session_passes_without_renewing(fx) {
+        let db = fx.another("same");
+        let store = db.open();
+        let k = key("c1", b"q");
+        let h = holder("p1", 7);
+        assert!(matches!(
+            store.try_claim(&k, &h, T0, LAPSE),
+            Ok(ClaimOutcome::Taken(_))
+        ));
+        match store.try_claim(&k, &h, T0 + 5, LAPSE) {
+            Ok(ClaimOutcome::AlreadyHeld(r)) => assert_eq!(r.lapse_at_ms, T0 + LAPSE),
+            other => panic!("{other:?}"),
+        }
+        // Same session id on another proxy is another session.
+        assert!(matches!(
+            store.try_claim(&k, &holder("p2", 7), T0 + 6, LAPSE),
+            Ok(ClaimOutcome::Busy(_))
+        ));
+    }
+
+    fn a_lapsed_claim_is_taken_over_and_counted(fx) {
+        let db = fx.another("lapse");
+        let (a, b) = (db.open(), db.open());
+        let k = key("c1", b"q");
+        a.try_claim(&k, &holder("p1", 1), T0, LAPSE).expect("claim");
+        assert!(matches!(
+            b.try_claim(&k, &holder("p2", 2), T0 + LAPSE - 1, LAPSE),
+            Ok(ClaimOutcome::Busy(_))
+        ));
+        match b.try_claim(&k, &holder("p2", 2), T0 + LAPSE, LAPSE) {
+            Ok(ClaimOutcome::TakenOver { previous, now }) => {
+                assert_eq!(previous.holder, holder("p1", 1));
+                assert_eq!(now.holder, holder("p2", 2));
+                assert_eq!(now.takeovers, 1);
+                assert_eq!(now.claimed_at_ms, T0 + LAPSE);
+                assert_eq!(now.lapse_at_ms, T0 + 2 * LAPSE);
             }
             other => panic!("{other:?}"),
         }
+        let stored = a.get(&k).expect("get").expect("row");
+        assert_eq!(stored.takeovers, 1);
+        assert_eq!(stored.holder, holder("p2", 2));
+        // The old holder is now just another reader.
+        assert!(matches!(
+            a.try_claim(&k, &holder("p1", 1), T0 + LAPSE + 1, LAPSE),
+            Ok(ClaimOutcome::Busy(_))
+        ));
     }
-    // Consuming again finds nothing held.
-    assert!(a
-        .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 9)
-        .expect("again")
-        .is_empty());
-    a.note_refusal(&k).expect("refusal");
-    b.note_refusal(&k).expect("refusal");
-    assert_eq!(a.get(&k).expect("get").expect("row").refusals, 2);
-}
 
-#[test]
-fn a_new_interrupt_on_the_same_checkpoint_is_a_new_claim() {
-    let db = TempDb::new("fingerprint");
-    let store = db.open();
-    let first = key("c1", b"first question");
-    let second = key("c1", b"second question");
-    store
-        .try_claim(&first, &holder("p1", 1), T0, LAPSE)
-        .expect("claim");
-    store
-        .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 5)
-        .expect("consume");
-    assert!(matches!(
-        store.try_claim(&second, &holder("p2", 2), T0 + 10, LAPSE),
-        Ok(ClaimOutcome::Taken(_))
-    ));
-    assert!(matches!(
-        store.try_claim(&first, &holder("p2", 2), T0 + 11, LAPSE),
-        Ok(ClaimOutcome::Consumed(_))
-    ));
-    // Another namespace with the same ids is another claim too.
-    let sub = ClaimKey {
-        checkpoint_ns: "sub:abc".into(),
-        ..first.clone()
-    };
-    assert!(matches!(
-        store.try_claim(&sub, &holder("p2", 2), T0 + 12, LAPSE),
-        Ok(ClaimOutcome::Taken(_))
-    ));
-}
-
-#[test]
-fn consumption_after_the_lapse_is_visible_to_the_caller() {
-    let db = TempDb::new("late");
-    let store = db.open();
-    let k = key("c1", b"q");
-    store
-        .try_claim(&k, &holder("p1", 1), T0, LAPSE)
-        .expect("claim");
-    let before = store
-        .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + LAPSE + 500)
-        .expect("consume");
-    assert_eq!(before.len(), 1);
-    assert!(T0 + LAPSE + 500 > before[0].lapse_at_ms);
-    let after = store.get(&k).expect("get").expect("row");
-    assert!(after.consumed_after_lapse());
-}
-
-#[test]
-fn moving_on_consumes_the_parent_and_old_rows_are_purged() {
-    let db = TempDb::new("move");
-    let store = db
-        .open()
-        .with_retention(3_600_000)
-        .with_superseded_grace(60_000);
-    let parent = key("c1", b"q");
-    let other = ClaimKey {
-        thread_id: "t-2".into(),
-        ..key("c7", b"q")
-    };
-    store
-        .try_claim(&parent, &holder("p1", 1), T0, LAPSE)
-        .expect("claim");
-    store
-        .try_claim(&other, &holder("p1", 2), T0, LAPSE)
-        .expect("claim");
-    let moved = store.move_on("t-1", "", "c1", T0 + 20).expect("move on");
-    assert_eq!(moved.len(), 1);
-    assert_eq!(moved[0].state, ClaimState::Held);
-    let row = store.get(&parent).expect("get").expect("kept for racers");
-    assert_eq!(row.state, ClaimState::Consumed);
-    assert_eq!(row.evidence.as_deref(), Some(NEXT_CHECKPOINT));
-    // A racer that read the parked head just before the move is refused.
-    assert!(matches!(
-        store.try_claim(&parent, &holder("p2", 3), T0 + 30, LAPSE),
-        Ok(ClaimOutcome::Consumed(_))
-    ));
-    // After the grace, the next move_on (any thread) deletes the parent's rows.
-    store.move_on("t-3", "", "x", T0 + 60_021).expect("move on");
-    assert_eq!(store.get(&parent).expect("get"), None);
-    // The other thread's claim is still held (not lapsed past retention).
-    assert!(store.get(&other).expect("get").is_some());
-    // Purge by absolute time: a held row lapsed before the cutoff goes.
-    assert_eq!(store.purge(T0 + LAPSE + 1).expect("purge"), 1);
-    assert_eq!(store.list(None).expect("list"), vec![]);
-}
-
-#[test]
-fn purge_keeps_recent_consumed_rows() {
-    let db = TempDb::new("purge");
-    let store = db.open();
-    let k = key("c1", b"q");
-    store
-        .try_claim(&k, &holder("p1", 1), T0, LAPSE)
-        .expect("claim");
-    store
-        .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 100)
-        .expect("consume");
-    assert_eq!(store.purge(T0 + 100).expect("purge"), 0);
-    assert_eq!(store.purge(T0 + 101).expect("purge"), 1);
-}
-
-#[test]
-fn forgetting_a_thread_deletes_its_claims_only() {
-    let db = TempDb::new("forget");
-    let store = db.open();
-    store
-        .try_claim(&key("c1", b"a"), &holder("p1", 1), T0, LAPSE)
-        .expect("claim");
-    store
-        .try_claim(&key("c1", b"b"), &holder("p1", 1), T0, LAPSE)
-        .expect("claim");
-    let other = ClaimKey {
-        thread_id: "t-2".into(),
-        ..key("c1", b"a")
-    };
-    store
-        .try_claim(&other, &holder("p1", 1), T0, LAPSE)
-        .expect("claim");
-    assert_eq!(store.forget_thread("t-1").expect("forget"), 2);
-    assert_eq!(store.list(Some("t-1")).expect("list"), vec![]);
-    assert_eq!(store.list(None).expect("list").len(), 1);
-}
-
-#[test]
-fn release_makes_a_claim_takeable_again() {
-    let db = TempDb::new("release");
-    let store = db.open();
-    let k1 = key("c1", b"q");
-    let k2 = key("c2", b"q");
-    store
-        .try_claim(&k1, &holder("p1", 1), T0, LAPSE)
-        .expect("claim");
-    store
-        .try_claim(&k2, &holder("p1", 1), T0, LAPSE)
-        .expect("claim");
-    assert_eq!(store.release("t-1", Some("c1")).expect("release"), 1);
-    assert_eq!(
-        store.get(&k1).expect("get").expect("row").state,
-        ClaimState::Released
-    );
-    assert_eq!(
-        store.get(&k2).expect("get").expect("row").state,
-        ClaimState::Held
-    );
-    match store.try_claim(&k1, &holder("p2", 2), T0 + 1, LAPSE) {
-        Ok(ClaimOutcome::Taken(r)) => {
-            assert_eq!(r.holder, holder("p2", 2));
-            assert_eq!(r.takeovers, 0);
+    fn consumed_claims_refuse_everyone_from_either_store(fx) {
+        let db = fx.another("consume");
+        let (a, b) = (db.open(), db.open());
+        let k = key("c1", b"q");
+        a.try_claim(&k, &holder("p1", 1), T0, LAPSE).expect("claim");
+        let before = b
+            .consume("t-1", "", "c1", "__resume__ write", i64::MAX, T0 + 3)
+            .expect("consume");
+        assert_eq!(before.len(), 1);
+        assert_eq!(before[0].state, ClaimState::Held);
+        assert_eq!(before[0].holder, holder("p1", 1));
+        for (store, h) in [(&a, holder("p1", 1)), (&b, holder("p2", 9))] {
+            match store.try_claim(&k, &h, T0 + 10 * LAPSE, LAPSE) {
+                Ok(ClaimOutcome::Consumed(r)) => {
+                    assert_eq!(r.consumed_at_ms, Some(T0 + 3));
+                    assert_eq!(r.evidence.as_deref(), Some("__resume__ write"));
+                    assert_eq!(r.holder, holder("p1", 1));
+                }
+                other => panic!("{other:?}"),
+            }
         }
-        other => panic!("{other:?}"),
+        // Consuming again finds nothing held.
+        assert!(a
+            .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 9)
+            .expect("again")
+            .is_empty());
+        a.note_refusal(&k).expect("refusal");
+        b.note_refusal(&k).expect("refusal");
+        assert_eq!(a.get(&k).expect("get").expect("row").refusals, 2);
     }
-    assert_eq!(store.release("t-1", None).expect("release"), 2);
-    assert_eq!(store.release("t-1", None).expect("release"), 0);
-}
 
-#[test]
-fn progress_extends_a_live_claim_and_holder_gone_shortens_it() {
-    let db = TempDb::new("progress");
-    let store = db.open();
-    let k = key("c1", b"q");
-    store
-        .try_claim(&k, &holder("p1", 1), T0, LAPSE)
-        .expect("claim");
-    let noted = store
-        .note_progress(
-            ("t-1", "", "c1"),
-            "__resume__ write",
-            i64::MAX,
-            T0 + 2,
-            120_000,
-        )
-        .expect("progress");
-    assert_eq!(noted.len(), 1);
-    assert_eq!(noted[0].lapse_at_ms, T0 + 120_002);
-    assert_eq!(noted[0].state, ClaimState::Held);
-    let gone = store.holder_gone("p1", 1, T0 + 10, 5_000).expect("gone");
-    assert_eq!(gone.len(), 1);
-    assert_eq!(gone[0].lapse_at_ms, T0 + 5_010);
-    assert!(store
-        .holder_gone("p1", 1, T0 + 11, 5_000)
-        .expect("gone")
-        .is_empty());
-    assert!(matches!(
-        store.try_claim(&k, &holder("p2", 2), T0 + 5_010, LAPSE),
-        Ok(ClaimOutcome::TakenOver { .. })
-    ));
-}
+    fn a_new_interrupt_on_the_same_checkpoint_is_a_new_claim(fx) {
+        let db = fx.another("fingerprint");
+        let store = db.open();
+        let first = key("c1", b"first question");
+        let second = key("c1", b"second question");
+        store
+            .try_claim(&first, &holder("p1", 1), T0, LAPSE)
+            .expect("claim");
+        store
+            .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 5)
+            .expect("consume");
+        assert!(matches!(
+            store.try_claim(&second, &holder("p2", 2), T0 + 10, LAPSE),
+            Ok(ClaimOutcome::Taken(_))
+        ));
+        assert!(matches!(
+            store.try_claim(&first, &holder("p2", 2), T0 + 11, LAPSE),
+            Ok(ClaimOutcome::Consumed(_))
+        ));
+        // Another namespace with the same ids is another claim too.
+        let sub = ClaimKey {
+            checkpoint_ns: "sub:abc".into(),
+            ..first.clone()
+        };
+        assert!(matches!(
+            store.try_claim(&sub, &holder("p2", 2), T0 + 12, LAPSE),
+            Ok(ClaimOutcome::Taken(_))
+        ));
+    }
 
-#[test]
-fn large_session_ids_round_trip() {
-    let db = TempDb::new("session");
-    let store = db.open();
-    let k = key("c1", b"q");
-    let h = holder("p1", u64::MAX - 3);
-    store.try_claim(&k, &h, T0, LAPSE).expect("claim");
-    assert_eq!(store.get(&k).expect("get").expect("row").holder, h);
-}
+    fn consumption_after_the_lapse_is_visible_to_the_caller(fx) {
+        let db = fx.another("late");
+        let store = db.open();
+        let k = key("c1", b"q");
+        store
+            .try_claim(&k, &holder("p1", 1), T0, LAPSE)
+            .expect("claim");
+        let before = store
+            .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + LAPSE + 500)
+            .expect("consume");
+        assert_eq!(before.len(), 1);
+        assert!(T0 + LAPSE + 500 > before[0].lapse_at_ms);
+        let after = store.get(&k).expect("get").expect("row");
+        assert!(after.consumed_after_lapse());
+    }
 
-#[test]
-fn list_and_render() {
-    let db = TempDb::new("list");
-    let store = db.open();
-    assert_eq!(render_claims(&[]), "no claims\n");
-    store
-        .try_claim(&key("c1", b"q"), &holder("p1", 1), T0, LAPSE)
-        .expect("claim");
-    store
-        .try_claim(&key("c2", b"q"), &holder("p2", 2), T0 + 1, LAPSE)
-        .expect("claim");
-    store
-        .consume("t-1", "", "c1", "next checkpoint", i64::MAX, T0 + 9)
-        .expect("consume");
-    let records = store.list(Some("t-1")).expect("list");
-    assert_eq!(records.len(), 2);
-    assert_eq!(records[0].key.checkpoint_id, "c1");
-    let table = render_claims(&records);
-    let lines: Vec<&str> = table.lines().collect();
-    assert!(lines[0].starts_with("THREAD"), "{table}");
-    assert!(
-        lines[1].contains("consumed") && lines[1].contains("p1/1"),
-        "{table}"
-    );
-    assert!(lines[1].contains("2023-11-14T22:13:20.009Z"), "{table}");
-    assert!(
-        lines[2].contains("held") && lines[2].contains("worker-2"),
-        "{table}"
-    );
-    assert!(table.contains("evidence:\n  t-1 c1"), "{table}");
-    // Columns line up: STATE starts at the same offset on every row.
-    let col = lines[0].find("STATE").expect("header");
-    assert_eq!(&lines[1][col..col + 8], "consumed");
-    assert_eq!(&lines[2][col..col + 4], "held");
-    let col = lines[0].find("EPOCH").expect("epoch column");
-    assert_eq!(&lines[1][col..col + 2], "1 ");
+    fn moving_on_consumes_the_parent_and_old_rows_are_purged(fx) {
+        let db = fx.another("move");
+        let store = db
+            .open()
+            .with_retention(3_600_000)
+            .with_superseded_grace(60_000);
+        let parent = key("c1", b"q");
+        let other = ClaimKey {
+            thread_id: "t-2".into(),
+            ..key("c7", b"q")
+        };
+        store
+            .try_claim(&parent, &holder("p1", 1), T0, LAPSE)
+            .expect("claim");
+        store
+            .try_claim(&other, &holder("p1", 2), T0, LAPSE)
+            .expect("claim");
+        let moved = store.move_on("t-1", "", "c1", T0 + 20).expect("move on");
+        assert_eq!(moved.len(), 1);
+        assert_eq!(moved[0].state, ClaimState::Held);
+        let row = store.get(&parent).expect("get").expect("kept for racers");
+        assert_eq!(row.state, ClaimState::Consumed);
+        assert_eq!(row.evidence.as_deref(), Some(NEXT_CHECKPOINT));
+        // A racer that read the parked head just before the move is refused.
+        assert!(matches!(
+            store.try_claim(&parent, &holder("p2", 3), T0 + 30, LAPSE),
+            Ok(ClaimOutcome::Consumed(_))
+        ));
+        // After the grace, the next move_on (any thread) deletes the parent's rows.
+        store.move_on("t-3", "", "x", T0 + 60_021).expect("move on");
+        assert_eq!(store.get(&parent).expect("get"), None);
+        // The other thread's claim is still held (not lapsed past retention).
+        assert!(store.get(&other).expect("get").is_some());
+        // Purge by absolute time: a held row lapsed before the cutoff goes.
+        assert_eq!(store.purge(T0 + LAPSE + 1).expect("purge"), 1);
+        assert_eq!(store.list(None).expect("list"), vec![]);
+    }
+
+    fn purge_keeps_recent_consumed_rows(fx) {
+        let db = fx.another("purge");
+        let store = db.open();
+        let k = key("c1", b"q");
+        store
+            .try_claim(&k, &holder("p1", 1), T0, LAPSE)
+            .expect("claim");
+        store
+            .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 100)
+            .expect("consume");
+        assert_eq!(store.purge(T0 + 100).expect("purge"), 0);
+        assert_eq!(store.purge(T0 + 101).expect("purge"), 1);
+    }
+
+    fn forgetting_a_thread_deletes_its_claims_only(fx) {
+        let db = fx.another("forget");
+        let store = db.open();
+        store
+            .try_claim(&key("c1", b"a"), &holder("p1", 1), T0, LAPSE)
+            .expect("claim");
+        store
+            .try_claim(&key("c1", b"b"), &holder("p1", 1), T0, LAPSE)
+            .expect("claim");
+        let other = ClaimKey {
+            thread_id: "t-2".into(),
+            ..key("c1", b"a")
+        };
+        store
+            .try_claim(&other, &holder("p1", 1), T0, LAPSE)
+            .expect("claim");
+        assert_eq!(store.forget_thread("t-1").expect("forget"), 2);
+        assert_eq!(store.list(Some("t-1")).expect("list"), vec![]);
+        assert_eq!(store.list(None).expect("list").len(), 1);
+    }
+
+    fn release_makes_a_claim_takeable_again(fx) {
+        let db = fx.another("release");
+        let store = db.open();
+        let k1 = key("c1", b"q");
+        let k2 = key("c2", b"q");
+        store
+            .try_claim(&k1, &holder("p1", 1), T0, LAPSE)
+            .expect("claim");
+        store
+            .try_claim(&k2, &holder("p1", 1), T0, LAPSE)
+            .expect("claim");
+        assert_eq!(store.release("t-1", Some("c1")).expect("release"), 1);
+        assert_eq!(
+            store.get(&k1).expect("get").expect("row").state,
+            ClaimState::Released
+        );
+        assert_eq!(
+            store.get(&k2).expect("get").expect("row").state,
+            ClaimState::Held
+        );
+        match store.try_claim(&k1, &holder("p2", 2), T0 + 1, LAPSE) {
+            Ok(ClaimOutcome::Taken(r)) => {
+                assert_eq!(r.holder, holder("p2", 2));
+                assert_eq!(r.takeovers, 0);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(store.release("t-1", None).expect("release"), 2);
+        assert_eq!(store.release("t-1", None).expect("release"), 0);
+    }
+
+    fn progress_extends_a_live_claim_and_holder_gone_shortens_it(fx) {
+        let db = fx.another("progress");
+        let store = db.open();
+        let k = key("c1", b"q");
+        store
+            .try_claim(&k, &holder("p1", 1), T0, LAPSE)
+            .expect("claim");
+        let noted = store
+            .note_progress(
+                ("t-1", "", "c1"),
+                "__resume__ write",
+                i64::MAX,
+                T0 + 2,
+                120_000,
+            )
+            .expect("progress");
+        assert_eq!(noted.len(), 1);
+        assert_eq!(noted[0].lapse_at_ms, T0 + 120_002);
+        assert_eq!(noted[0].state, ClaimState::Held);
+        let gone = store.holder_gone("p1", 1, T0 + 10, 5_000).expect("gone");
+        assert_eq!(gone.len(), 1);
+        assert_eq!(gone[0].lapse_at_ms, T0 + 5_010);
+        assert!(store
+            .holder_gone("p1", 1, T0 + 11, 5_000)
+            .expect("gone")
+            .is_empty());
+        assert!(matches!(
+            store.try_claim(&k, &holder("p2", 2), T0 + 5_010, LAPSE),
+            Ok(ClaimOutcome::TakenOver { .. })
+        ));
+    }
+
+    fn large_session_ids_round_trip(fx) {
+        let db = fx.another("session");
+        let store = db.open();
+        let k = key("c1", b"q");
+        let h = holder("p1", u64::MAX - 3);
+        store.try_claim(&k, &h, T0, LAPSE).expect("claim");
+        assert_eq!(store.get(&k).expect("get").expect("row").holder, h);
+    }
+
+    fn list_and_render(fx) {
+        let db = fx.another("list");
+        let store = db.open();
+        assert_eq!(render_claims(&[]), "no claims\n");
+        store
+            .try_claim(&key("c1", b"q"), &holder("p1", 1), T0, LAPSE)
+            .expect("claim");
+        store
+            .try_claim(&key("c2", b"q"), &holder("p2", 2), T0 + 1, LAPSE)
+            .expect("claim");
+        store
+            .consume("t-1", "", "c1", "next checkpoint", i64::MAX, T0 + 9)
+            .expect("consume");
+        let records = store.list(Some("t-1")).expect("list");
+        assert_eq!(records.len(), 2);
+        assert_eq!(records[0].key.checkpoint_id, "c1");
+        let table = render_claims(&records);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[0].starts_with("THREAD"), "{table}");
+        assert!(
+            lines[1].contains("consumed") && lines[1].contains("p1/1"),
+            "{table}"
+        );
+        assert!(lines[1].contains("2023-11-14T22:13:20.009Z"), "{table}");
+        assert!(
+            lines[2].contains("held") && lines[2].contains("worker-2"),
+            "{table}"
+        );
+        assert!(table.contains("evidence:\n  t-1 c1"), "{table}");
+        // Columns line up: STATE starts at the same offset on every row.
+        let col = lines[0].find("STATE").expect("header");
+        assert_eq!(&lines[1][col..col + 8], "consumed");
+        assert_eq!(&lines[2][col..col + 4], "held");
+        let col = lines[0].find("EPOCH").expect("epoch column");
+        assert_eq!(&lines[1][col..col + 2], "1 ");
+    }
+
+    fn consumption_starts_a_run_lease_that_writes_extend(fx) {
+        let db = fx.another("lease");
+        let (a, b) = (
+            db.open().with_run_lease(1_000),
+            db.open().with_run_lease(1_000),
+        );
+        let k = key("c1", b"q");
+        a.try_claim(&k, &holder("p1", 1), T0, LAPSE).expect("claim");
+        assert_eq!(b.run_lease("t-1", "", T0).expect("none yet"), None);
+        b.consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 10)
+            .expect("consume");
+        let lease = a
+            .run_lease("t-1", "", T0 + 20)
+            .expect("read")
+            .expect("lease");
+        assert_eq!(lease.holder, holder("p1", 1));
+        assert_eq!(lease.answered_checkpoint_id, "c1");
+        assert_eq!(lease.fingerprint, k.fingerprint);
+        assert_eq!(
+            (lease.answered_at_ms, lease.last_write_ms),
+            (T0 + 10, T0 + 10)
+        );
+        assert_eq!(lease.until_ms, T0 + 1_010);
+        // Other namespaces and threads are not leased.
+        assert_eq!(a.run_lease("t-1", "sub:x", T0 + 20).expect("read"), None);
+        assert_eq!(a.run_lease("t-2", "", T0 + 20).expect("read"), None);
+        // The run's next checkpoint (parent c1, then c2) extends it.
+        b.move_on("t-1", "", "c1", T0 + 900).expect("move on");
+        b.move_on("t-1", "", "c2", T0 + 1_500).expect("move on");
+        let lease = a
+            .run_lease("t-1", "", T0 + 2_000)
+            .expect("read")
+            .expect("lease");
+        assert_eq!(
+            (lease.last_write_ms, lease.until_ms),
+            (T0 + 1_500, T0 + 2_500)
+        );
+        assert_eq!(lease.answered_at_ms, T0 + 10);
+        // Quiet for the lease time: over, and a late write does not revive it.
+        assert_eq!(a.run_lease("t-1", "", T0 + 2_500).expect("read"), None);
+        b.move_on("t-1", "", "c3", T0 + 3_000).expect("move on");
+        assert_eq!(a.run_lease("t-1", "", T0 + 3_001).expect("read"), None);
+    }
+
+    fn a_move_on_that_consumes_starts_the_lease_too(fx) {
+        let db = fx.another("lease-move");
+        let store = db.open().with_run_lease(5_000);
+        store
+            .try_claim(&key("c1", b"q"), &holder("p1", 4), T0, LAPSE)
+            .expect("claim");
+        store.move_on("t-1", "", "c1", T0 + 7).expect("move on");
+        let lease = store
+            .run_lease("t-1", "", T0 + 8)
+            .expect("read")
+            .expect("lease");
+        assert_eq!(lease.holder, holder("p1", 4));
+        assert_eq!(lease.until_ms, T0 + 5_007);
+    }
+
+    fn leases_end_with_their_holder_or_thread_and_can_be_off(fx) {
+        let db = fx.another("lease-end");
+        let store = db.open().with_run_lease(10_000);
+        for (cp, h) in [("c1", holder("p1", 1)), ("d1", holder("p1", 2))] {
+            let k = ClaimKey {
+                thread_id: format!("t-{cp}"),
+                ..key(cp, b"q")
+            };
+            store.try_claim(&k, &h, T0, LAPSE).expect("claim");
+            store
+                .consume(&k.thread_id, "", cp, "task writes", i64::MAX, T0 + 1)
+                .expect("consume");
+        }
+        // Session 1 closed: its lease ends within the grace; session 2's stays.
+        store.holder_gone("p1", 1, T0 + 100, 50).expect("gone");
+        assert!(store
+            .run_lease("t-c1", "", T0 + 149)
+            .expect("read")
+            .is_some());
+        assert_eq!(store.run_lease("t-c1", "", T0 + 150).expect("read"), None);
+        assert!(store
+            .run_lease("t-d1", "", T0 + 150)
+            .expect("read")
+            .is_some());
+        store.forget_thread("t-d1").expect("forget");
+        assert_eq!(store.run_lease("t-d1", "", T0 + 150).expect("read"), None);
+
+        let off = fx.another("lease-off");
+        let store = off.open().with_run_lease(0);
+        store
+            .try_claim(&key("c1", b"q"), &holder("p1", 1), T0, LAPSE)
+            .expect("claim");
+        store
+            .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 1)
+            .expect("consume");
+        assert_eq!(store.run_lease("t-1", "", T0 + 2).expect("read"), None);
+    }
+
+    fn an_answered_run_abandoned_before_its_next_checkpoint_is_taken_over(fx) {
+        let db = fx.another("abandoned");
+        let (a, b) = (db.open().with_run_lease(10_000), db.open());
+        let k = answered(&a, &holder("p1", 1));
+        // The holder's connection closes (a crash: no next checkpoint).
+        a.holder_gone("p1", 1, T0 + 100, 1_000).expect("gone");
+        // Within the grace the interrupt is still answered.
+        assert!(matches!(
+            b.try_claim(&k, &holder("p2", 2), T0 + 1_099, LAPSE),
+            Ok(ClaimOutcome::Consumed(_))
+        ));
+        match b.try_claim(&k, &holder("p2", 2), T0 + 1_100, LAPSE) {
+            Ok(ClaimOutcome::TakenOver { previous, now }) => {
+                assert_eq!(previous.state, ClaimState::Consumed);
+                assert_eq!(previous.holder, holder("p1", 1));
+                assert_eq!(previous.abandon_at_ms, Some(T0 + 1_100));
+                assert_eq!(now.state, ClaimState::Held);
+                assert_eq!(now.holder, holder("p2", 2));
+                assert_eq!(now.takeovers, 1);
+                assert_eq!(now.abandon_at_ms, None);
+            }
+            other => panic!("{other:?}"),
+        }
+        // The new run is a live holder: a third reader waits, and once that
+        // run's writes consume the claim, is refused.
+        assert!(matches!(
+            a.try_claim(&k, &holder("p3", 3), T0 + 1_200, LAPSE),
+            Ok(ClaimOutcome::Busy(_))
+        ));
+        a.consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 1_300)
+            .expect("consume");
+        match a.try_claim(&k, &holder("p3", 3), T0 + 60_000, LAPSE) {
+            Ok(ClaimOutcome::Consumed(r)) => assert_eq!(r.holder, holder("p2", 2)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn an_answered_run_that_went_on_or_is_alive_still_refuses(fx) {
+        let late = T0 + 50 * LAPSE;
+        // Holder still connected: an answered run in progress.
+        let db = fx.another("alive");
+        let store = db.open();
+        let k = answered(&store, &holder("p1", 1));
+        assert!(matches!(
+            store.try_claim(&k, &holder("p2", 2), late, LAPSE),
+            Ok(ClaimOutcome::Consumed(_))
+        ));
+        // A child checkpoint was recorded, then the holder left: finished.
+        let db = fx.another("went-on");
+        let store = db.open();
+        let k = answered(&store, &holder("p1", 1));
+        store.move_on("t-1", "", "c1", T0 + 20).expect("move on");
+        store.holder_gone("p1", 1, T0 + 30, 1_000).expect("gone");
+        assert!(matches!(
+            store.try_claim(&k, &holder("p2", 2), T0 + 50_000, LAPSE),
+            Ok(ClaimOutcome::Consumed(_))
+        ));
+        // The holder's connection closed but the run still writes (other
+        // connections of a pool): its run lease is live, so not abandoned.
+        let db = fx.another("pool");
+        let store = db.open().with_run_lease(10_000);
+        let k = answered(&store, &holder("p1", 1));
+        store.holder_gone("p1", 1, T0 + 100, 1_000).expect("gone");
+        store
+            .consume("t-1", "", "c9", "another write", i64::MAX, T0 + 1_000)
+            .expect("write");
+        assert!(matches!(
+            store.try_claim(&k, &holder("p2", 2), T0 + 5_000, LAPSE),
+            Ok(ClaimOutcome::Consumed(_))
+        ));
+        // Quiet for the lease time: abandoned.
+        assert!(matches!(
+            store.try_claim(&k, &holder("p2", 2), T0 + 11_000, LAPSE),
+            Ok(ClaimOutcome::TakenOver { .. })
+        ));
+    }
+
+    fn release_frees_an_answered_claim_whose_run_never_moved_on(fx) {
+        let db = fx.another("release-answered");
+        let store = db.open();
+        let k = answered(&store, &holder("p1", 1));
+        assert_eq!(store.release("t-1", None).expect("release"), 1);
+        match store.try_claim(&k, &holder("p2", 2), T0 + 100, LAPSE) {
+            Ok(ClaimOutcome::Taken(r)) => assert_eq!(r.holder, holder("p2", 2)),
+            other => panic!("{other:?}"),
+        }
+        // An interrupt whose run went on stays answered.
+        store
+            .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 200)
+            .expect("consume");
+        store.move_on("t-1", "", "c1", T0 + 300).expect("move on");
+        assert_eq!(store.release("t-1", None).expect("release"), 0);
+        assert!(matches!(
+            store.try_claim(&k, &holder("p3", 3), T0 + 400, LAPSE),
+            Ok(ClaimOutcome::Consumed(_))
+        ));
+        // Unless the operator names that checkpoint (the thread was rewound).
+        assert_eq!(store.release("t-1", Some("c2")).expect("release"), 0);
+        assert_eq!(store.release("t-1", Some("c1")).expect("release"), 1);
+        assert!(matches!(
+            store.try_claim(&k, &holder("p3", 3), T0 + 500, LAPSE),
+            Ok(ClaimOutcome::Taken(_))
+        ));
+    }
+
+    fn a_row_superseded_longer_than_the_grace_ago_is_claimed_afresh(fx) {
+        let db = fx.another("rewound");
+        let store = db.open().with_superseded_grace(60_000);
+        let k = answered(&store, &holder("p1", 1));
+        store.move_on("t-1", "", "c1", T0 + 20).expect("move on");
+        assert!(matches!(
+            store.try_claim(&k, &holder("p2", 2), T0 + 60_019, LAPSE),
+            Ok(ClaimOutcome::Consumed(_))
+        ));
+        // The thread was rewound to c1 (its newer checkpoints deleted) and no
+        // purge ran yet: the row counts as gone.
+        match store.try_claim(&k, &holder("p2", 2), T0 + 60_020, LAPSE) {
+            Ok(ClaimOutcome::Taken(r)) => {
+                assert_eq!(r.holder, holder("p2", 2));
+                assert_eq!(r.superseded_at_ms, None);
+            }
+            other => panic!("{other:?}"),
+        }
+        let row = store.get(&k).expect("get").expect("row");
+        assert_eq!((row.state, row.superseded_at_ms), (ClaimState::Held, None));
+    }
+
+    fn each_new_holder_of_a_key_is_a_new_epoch(fx) {
+        let db = fx.another("epochs");
+        let (a, b) = (db.open(), db.open());
+        let k = key("c1", b"q");
+        let epoch = |o: Result<ClaimOutcome, StoreError>| match o {
+            Ok(ClaimOutcome::Taken(r) | ClaimOutcome::AlreadyHeld(r)) => r.epoch,
+            Ok(ClaimOutcome::TakenOver { previous, now }) => {
+                assert_eq!(now.epoch, previous.epoch + 1);
+                now.epoch
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(epoch(a.try_claim(&k, &holder("p1", 1), T0, LAPSE)), 1);
+        // The same holder reading again is the same generation.
+        assert_eq!(epoch(a.try_claim(&k, &holder("p1", 1), T0 + 1, LAPSE)), 1);
+        // A takeover after the lapse, from the other replica.
+        assert_eq!(
+            epoch(b.try_claim(&k, &holder("p2", 2), T0 + LAPSE, LAPSE)),
+            2
+        );
+        let current = a.current_holder("t-1", "", "c1").expect("holder");
+        assert_eq!(
+            current.as_ref().map(|r| (&r.holder, r.epoch)),
+            Some((&holder("p2", 2), 2))
+        );
+        // Consumed by its run: still the holder that may continue it.
+        b.consume("t-1", "", "c1", "task wrote x", T0 + LAPSE, T0 + LAPSE + 1)
+            .expect("consume");
+        let current = a
+            .current_holder("t-1", "", "c1")
+            .expect("holder")
+            .expect("row");
+        assert_eq!((current.state, current.epoch), (ClaimState::Consumed, 2));
+        // Released by an operator: nobody holds it until the next take.
+        b.release("t-1", Some("c1")).expect("release");
+        assert_eq!(a.current_holder("t-1", "", "c1").expect("holder"), None);
+        assert_eq!(
+            epoch(a.try_claim(&k, &holder("p1", 3), T0 + LAPSE + 2, LAPSE)),
+            3
+        );
+        assert_eq!(a.get(&k).expect("get").expect("row").epoch, 3);
+    }
+
+    fn current_holder_is_the_latest_claim_on_the_checkpoint(fx) {
+        let db = fx.another("current");
+        let store = db.open();
+        assert_eq!(store.current_holder("t-1", "", "c1").expect("holder"), None);
+        let first = key("c1", b"first");
+        let second = key("c1", b"second");
+        store
+            .try_claim(&first, &holder("p1", 1), T0, LAPSE)
+            .expect("claim");
+        store
+            .consume("t-1", "", "c1", "task wrote x", T0, T0 + 1)
+            .expect("consume");
+        // The node parked again: a new interrupt on the same checkpoint.
+        store
+            .try_claim(&second, &holder("p2", 2), T0 + 10, LAPSE)
+            .expect("claim");
+        store
+            .try_claim(&key("c2", b"q"), &holder("p3", 3), T0 + 20, LAPSE)
+            .expect("claim");
+        let current = store
+            .current_holder("t-1", "", "c1")
+            .expect("holder")
+            .expect("row");
+        assert_eq!((current.key, current.holder), (second, holder("p2", 2)));
+        assert_eq!(
+            store
+                .current_holder("t-1", "other-ns", "c1")
+                .expect("holder"),
+            None
+        );
+        assert_eq!(store.current_holder("t-2", "", "c1").expect("holder"), None);
+    }
+
+    fn a_key_claimed_afresh_after_its_row_went_stale_keeps_counting(fx) {
+        let db = fx.another("stale-epoch");
+        let store = db.open().with_superseded_grace(1_000);
+        let k = key("c1", b"q");
+        store
+            .try_claim(&k, &holder("p1", 1), T0, LAPSE)
+            .expect("claim");
+        store.move_on("t-1", "", "c1", T0 + 1).expect("move on");
+        // Rewound to c1 after the grace: a fresh claim, the next generation.
+        match store.try_claim(&k, &holder("p2", 2), T0 + 5_000, LAPSE) {
+            Ok(ClaimOutcome::Taken(r)) => assert_eq!(r.epoch, 2),
+            other => panic!("{other:?}"),
+        }
+    }
 }
 
 #[test]
@@ -478,248 +857,6 @@ fn a_store_that_disappears_fails_each_operation_clearly() {
         "{text}"
     );
     assert!(text.contains("no such table"), "{text}");
-}
-
-#[test]
-fn consumption_starts_a_run_lease_that_writes_extend() {
-    let db = TempDb::new("lease");
-    let (a, b) = (
-        db.open().with_run_lease(1_000),
-        db.open().with_run_lease(1_000),
-    );
-    let k = key("c1", b"q");
-    a.try_claim(&k, &holder("p1", 1), T0, LAPSE).expect("claim");
-    assert_eq!(b.run_lease("t-1", "", T0).expect("none yet"), None);
-    b.consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 10)
-        .expect("consume");
-    let lease = a
-        .run_lease("t-1", "", T0 + 20)
-        .expect("read")
-        .expect("lease");
-    assert_eq!(lease.holder, holder("p1", 1));
-    assert_eq!(lease.answered_checkpoint_id, "c1");
-    assert_eq!(lease.fingerprint, k.fingerprint);
-    assert_eq!(
-        (lease.answered_at_ms, lease.last_write_ms),
-        (T0 + 10, T0 + 10)
-    );
-    assert_eq!(lease.until_ms, T0 + 1_010);
-    // Other namespaces and threads are not leased.
-    assert_eq!(a.run_lease("t-1", "sub:x", T0 + 20).expect("read"), None);
-    assert_eq!(a.run_lease("t-2", "", T0 + 20).expect("read"), None);
-    // The run's next checkpoint (parent c1, then c2) extends it.
-    b.move_on("t-1", "", "c1", T0 + 900).expect("move on");
-    b.move_on("t-1", "", "c2", T0 + 1_500).expect("move on");
-    let lease = a
-        .run_lease("t-1", "", T0 + 2_000)
-        .expect("read")
-        .expect("lease");
-    assert_eq!(
-        (lease.last_write_ms, lease.until_ms),
-        (T0 + 1_500, T0 + 2_500)
-    );
-    assert_eq!(lease.answered_at_ms, T0 + 10);
-    // Quiet for the lease time: over, and a late write does not revive it.
-    assert_eq!(a.run_lease("t-1", "", T0 + 2_500).expect("read"), None);
-    b.move_on("t-1", "", "c3", T0 + 3_000).expect("move on");
-    assert_eq!(a.run_lease("t-1", "", T0 + 3_001).expect("read"), None);
-}
-
-#[test]
-fn a_move_on_that_consumes_starts_the_lease_too() {
-    let db = TempDb::new("lease-move");
-    let store = db.open().with_run_lease(5_000);
-    store
-        .try_claim(&key("c1", b"q"), &holder("p1", 4), T0, LAPSE)
-        .expect("claim");
-    store.move_on("t-1", "", "c1", T0 + 7).expect("move on");
-    let lease = store
-        .run_lease("t-1", "", T0 + 8)
-        .expect("read")
-        .expect("lease");
-    assert_eq!(lease.holder, holder("p1", 4));
-    assert_eq!(lease.until_ms, T0 + 5_007);
-}
-
-#[test]
-fn leases_end_with_their_holder_or_thread_and_can_be_off() {
-    let db = TempDb::new("lease-end");
-    let store = db.open().with_run_lease(10_000);
-    for (cp, h) in [("c1", holder("p1", 1)), ("d1", holder("p1", 2))] {
-        let k = ClaimKey {
-            thread_id: format!("t-{cp}"),
-            ..key(cp, b"q")
-        };
-        store.try_claim(&k, &h, T0, LAPSE).expect("claim");
-        store
-            .consume(&k.thread_id, "", cp, "task writes", i64::MAX, T0 + 1)
-            .expect("consume");
-    }
-    // Session 1 closed: its lease ends within the grace; session 2's stays.
-    store.holder_gone("p1", 1, T0 + 100, 50).expect("gone");
-    assert!(store
-        .run_lease("t-c1", "", T0 + 149)
-        .expect("read")
-        .is_some());
-    assert_eq!(store.run_lease("t-c1", "", T0 + 150).expect("read"), None);
-    assert!(store
-        .run_lease("t-d1", "", T0 + 150)
-        .expect("read")
-        .is_some());
-    store.forget_thread("t-d1").expect("forget");
-    assert_eq!(store.run_lease("t-d1", "", T0 + 150).expect("read"), None);
-
-    let off = TempDb::new("lease-off");
-    let store = off.open().with_run_lease(0);
-    store
-        .try_claim(&key("c1", b"q"), &holder("p1", 1), T0, LAPSE)
-        .expect("claim");
-    store
-        .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 1)
-        .expect("consume");
-    assert_eq!(store.run_lease("t-1", "", T0 + 2).expect("read"), None);
-}
-
-/// A claim of `h` on c1 of t-1, consumed by its gated task's writes at
-/// `T0 + 10` (the run lease, if any, starts then).
-fn answered(store: &ClaimStore, h: &Holder) -> ClaimKey {
-    let k = key("c1", b"q");
-    store.try_claim(&k, h, T0, LAPSE).expect("claim");
-    store
-        .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 10)
-        .expect("consume");
-    k
-}
-
-#[test]
-fn an_answered_run_abandoned_before_its_next_checkpoint_is_taken_over() {
-    let db = TempDb::new("abandoned");
-    let (a, b) = (db.open().with_run_lease(10_000), db.open());
-    let k = answered(&a, &holder("p1", 1));
-    // The holder's connection closes (a crash: no next checkpoint).
-    a.holder_gone("p1", 1, T0 + 100, 1_000).expect("gone");
-    // Within the grace the interrupt is still answered.
-    assert!(matches!(
-        b.try_claim(&k, &holder("p2", 2), T0 + 1_099, LAPSE),
-        Ok(ClaimOutcome::Consumed(_))
-    ));
-    match b.try_claim(&k, &holder("p2", 2), T0 + 1_100, LAPSE) {
-        Ok(ClaimOutcome::TakenOver { previous, now }) => {
-            assert_eq!(previous.state, ClaimState::Consumed);
-            assert_eq!(previous.holder, holder("p1", 1));
-            assert_eq!(previous.abandon_at_ms, Some(T0 + 1_100));
-            assert_eq!(now.state, ClaimState::Held);
-            assert_eq!(now.holder, holder("p2", 2));
-            assert_eq!(now.takeovers, 1);
-            assert_eq!(now.abandon_at_ms, None);
-        }
-        other => panic!("{other:?}"),
-    }
-    // The new run is a live holder: a third reader waits, and once that
-    // run's writes consume the claim, is refused.
-    assert!(matches!(
-        a.try_claim(&k, &holder("p3", 3), T0 + 1_200, LAPSE),
-        Ok(ClaimOutcome::Busy(_))
-    ));
-    a.consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 1_300)
-        .expect("consume");
-    match a.try_claim(&k, &holder("p3", 3), T0 + 60_000, LAPSE) {
-        Ok(ClaimOutcome::Consumed(r)) => assert_eq!(r.holder, holder("p2", 2)),
-        other => panic!("{other:?}"),
-    }
-}
-
-#[test]
-fn an_answered_run_that_went_on_or_is_alive_still_refuses() {
-    let late = T0 + 50 * LAPSE;
-    // Holder still connected: an answered run in progress.
-    let db = TempDb::new("alive");
-    let store = db.open();
-    let k = answered(&store, &holder("p1", 1));
-    assert!(matches!(
-        store.try_claim(&k, &holder("p2", 2), late, LAPSE),
-        Ok(ClaimOutcome::Consumed(_))
-    ));
-    // A child checkpoint was recorded, then the holder left: finished.
-    let db = TempDb::new("went-on");
-    let store = db.open();
-    let k = answered(&store, &holder("p1", 1));
-    store.move_on("t-1", "", "c1", T0 + 20).expect("move on");
-    store.holder_gone("p1", 1, T0 + 30, 1_000).expect("gone");
-    assert!(matches!(
-        store.try_claim(&k, &holder("p2", 2), T0 + 50_000, LAPSE),
-        Ok(ClaimOutcome::Consumed(_))
-    ));
-    // The holder's connection closed but the run still writes (other
-    // connections of a pool): its run lease is live, so not abandoned.
-    let db = TempDb::new("pool");
-    let store = db.open().with_run_lease(10_000);
-    let k = answered(&store, &holder("p1", 1));
-    store.holder_gone("p1", 1, T0 + 100, 1_000).expect("gone");
-    store
-        .consume("t-1", "", "c9", "another write", i64::MAX, T0 + 1_000)
-        .expect("write");
-    assert!(matches!(
-        store.try_claim(&k, &holder("p2", 2), T0 + 5_000, LAPSE),
-        Ok(ClaimOutcome::Consumed(_))
-    ));
-    // Quiet for the lease time: abandoned.
-    assert!(matches!(
-        store.try_claim(&k, &holder("p2", 2), T0 + 11_000, LAPSE),
-        Ok(ClaimOutcome::TakenOver { .. })
-    ));
-}
-
-#[test]
-fn release_frees_an_answered_claim_whose_run_never_moved_on() {
-    let db = TempDb::new("release-answered");
-    let store = db.open();
-    let k = answered(&store, &holder("p1", 1));
-    assert_eq!(store.release("t-1", None).expect("release"), 1);
-    match store.try_claim(&k, &holder("p2", 2), T0 + 100, LAPSE) {
-        Ok(ClaimOutcome::Taken(r)) => assert_eq!(r.holder, holder("p2", 2)),
-        other => panic!("{other:?}"),
-    }
-    // An interrupt whose run went on stays answered.
-    store
-        .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 200)
-        .expect("consume");
-    store.move_on("t-1", "", "c1", T0 + 300).expect("move on");
-    assert_eq!(store.release("t-1", None).expect("release"), 0);
-    assert!(matches!(
-        store.try_claim(&k, &holder("p3", 3), T0 + 400, LAPSE),
-        Ok(ClaimOutcome::Consumed(_))
-    ));
-    // Unless the operator names that checkpoint (the thread was rewound).
-    assert_eq!(store.release("t-1", Some("c2")).expect("release"), 0);
-    assert_eq!(store.release("t-1", Some("c1")).expect("release"), 1);
-    assert!(matches!(
-        store.try_claim(&k, &holder("p3", 3), T0 + 500, LAPSE),
-        Ok(ClaimOutcome::Taken(_))
-    ));
-}
-
-#[test]
-fn a_row_superseded_longer_than_the_grace_ago_is_claimed_afresh() {
-    let db = TempDb::new("rewound");
-    let store = db.open().with_superseded_grace(60_000);
-    let k = answered(&store, &holder("p1", 1));
-    store.move_on("t-1", "", "c1", T0 + 20).expect("move on");
-    assert!(matches!(
-        store.try_claim(&k, &holder("p2", 2), T0 + 60_019, LAPSE),
-        Ok(ClaimOutcome::Consumed(_))
-    ));
-    // The thread was rewound to c1 (its newer checkpoints deleted) and no
-    // purge ran yet: the row counts as gone.
-    match store.try_claim(&k, &holder("p2", 2), T0 + 60_020, LAPSE) {
-        Ok(ClaimOutcome::Taken(r)) => {
-            assert_eq!(r.holder, holder("p2", 2));
-            assert_eq!(r.superseded_at_ms, None);
-        }
-        other => panic!("{other:?}"),
-    }
-    let row = store.get(&k).expect("get").expect("row");
-    assert_eq!((row.state, row.superseded_at_ms), (ClaimState::Held, None));
 }
 
 fn scratch_dir(name: &str) -> PathBuf {
@@ -883,98 +1020,4 @@ fn operator_commands_do_not_create_a_store() {
     assert!(!db.path().exists());
     db.open();
     assert!(ClaimStore::open_existing(db.path()).is_ok());
-}
-
-#[test]
-fn each_new_holder_of_a_key_is_a_new_epoch() {
-    let db = TempDb::new("epochs");
-    let (a, b) = (db.open(), db.open());
-    let k = key("c1", b"q");
-    let epoch = |o: Result<ClaimOutcome, StoreError>| match o {
-        Ok(ClaimOutcome::Taken(r) | ClaimOutcome::AlreadyHeld(r)) => r.epoch,
-        Ok(ClaimOutcome::TakenOver { previous, now }) => {
-            assert_eq!(now.epoch, previous.epoch + 1);
-            now.epoch
-        }
-        other => panic!("{other:?}"),
-    };
-    assert_eq!(epoch(a.try_claim(&k, &holder("p1", 1), T0, LAPSE)), 1);
-    // The same holder reading again is the same generation.
-    assert_eq!(epoch(a.try_claim(&k, &holder("p1", 1), T0 + 1, LAPSE)), 1);
-    // A takeover after the lapse, from the other replica.
-    assert_eq!(
-        epoch(b.try_claim(&k, &holder("p2", 2), T0 + LAPSE, LAPSE)),
-        2
-    );
-    let current = a.current_holder("t-1", "", "c1").expect("holder");
-    assert_eq!(
-        current.as_ref().map(|r| (&r.holder, r.epoch)),
-        Some((&holder("p2", 2), 2))
-    );
-    // Consumed by its run: still the holder that may continue it.
-    b.consume("t-1", "", "c1", "task wrote x", T0 + LAPSE, T0 + LAPSE + 1)
-        .expect("consume");
-    let current = a
-        .current_holder("t-1", "", "c1")
-        .expect("holder")
-        .expect("row");
-    assert_eq!((current.state, current.epoch), (ClaimState::Consumed, 2));
-    // Released by an operator: nobody holds it until the next take.
-    b.release("t-1", Some("c1")).expect("release");
-    assert_eq!(a.current_holder("t-1", "", "c1").expect("holder"), None);
-    assert_eq!(
-        epoch(a.try_claim(&k, &holder("p1", 3), T0 + LAPSE + 2, LAPSE)),
-        3
-    );
-    assert_eq!(a.get(&k).expect("get").expect("row").epoch, 3);
-}
-
-#[test]
-fn current_holder_is_the_latest_claim_on_the_checkpoint() {
-    let db = TempDb::new("current");
-    let store = db.open();
-    assert_eq!(store.current_holder("t-1", "", "c1").expect("holder"), None);
-    let first = key("c1", b"first");
-    let second = key("c1", b"second");
-    store
-        .try_claim(&first, &holder("p1", 1), T0, LAPSE)
-        .expect("claim");
-    store
-        .consume("t-1", "", "c1", "task wrote x", T0, T0 + 1)
-        .expect("consume");
-    // The node parked again: a new interrupt on the same checkpoint.
-    store
-        .try_claim(&second, &holder("p2", 2), T0 + 10, LAPSE)
-        .expect("claim");
-    store
-        .try_claim(&key("c2", b"q"), &holder("p3", 3), T0 + 20, LAPSE)
-        .expect("claim");
-    let current = store
-        .current_holder("t-1", "", "c1")
-        .expect("holder")
-        .expect("row");
-    assert_eq!((current.key, current.holder), (second, holder("p2", 2)));
-    assert_eq!(
-        store
-            .current_holder("t-1", "other-ns", "c1")
-            .expect("holder"),
-        None
-    );
-    assert_eq!(store.current_holder("t-2", "", "c1").expect("holder"), None);
-}
-
-#[test]
-fn a_key_claimed_afresh_after_its_row_went_stale_keeps_counting() {
-    let db = TempDb::new("stale-epoch");
-    let store = db.open().with_superseded_grace(1_000);
-    let k = key("c1", b"q");
-    store
-        .try_claim(&k, &holder("p1", 1), T0, LAPSE)
-        .expect("claim");
-    store.move_on("t-1", "", "c1", T0 + 1).expect("move on");
-    // Rewound to c1 after the grace: a fresh claim, the next generation.
-    match store.try_claim(&k, &holder("p2", 2), T0 + 5_000, LAPSE) {
-        Ok(ClaimOutcome::Taken(r)) => assert_eq!(r.epoch, 2),
-        other => panic!("{other:?}"),
-    }
 }

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use crate::claims::location::BackendError;
 use crate::policy::RuleError;
 use crate::wire::tls_config::TlsConfigError;
 use crate::wire::upstream_tls::UpstreamTlsError;
@@ -22,6 +23,8 @@ pub enum ConfigError {
     },
     #[error("upstream TLS")]
     UpstreamTls(#[source] UpstreamTlsError),
+    #[error(transparent)]
+    ClaimsBackend(#[from] BackendError),
     #[error("client TLS")]
     ClientTls(#[source] TlsConfigError),
     #[error("tls.require (--require-tls) needs a certificate: tls.cert and tls.key")]

@@ -69,7 +69,9 @@ impl Setup {
             audit: AuditSink::disabled(),
             audit_db: self.audit_db,
             claims: self.claims,
-            claims_path: PathBuf::from("/nonexistent/claims.sqlite"),
+            claims_at: Ok(crate::claims::StoreLocation::Sqlite(PathBuf::from(
+                "/nonexistent/claims.sqlite",
+            ))),
             token: self.token,
         })
     }

@@ -1,0 +1,170 @@
+"""Consume-once across hosts: claims kept in the PostgreSQL the proxies front (the
+default backend), end to end (real PostgreSQL 15, real LangGraph, ``resumeguard
+serve`` processes that share nothing but the database: separate state dirs).
+
+- racers spread over two proxies fire the gated node once per parked interrupt
+  (N = 2, 4 x gate 0 / 300 ms); beside it the same cells with two proxies on SQLite
+  stores in separate state dirs (what replicas on two hosts had before): each proxy
+  grants the interrupt, so it fires once per proxy (the defect this backend ends);
+- a proxy SIGKILLed while its racer holds the claim: the other proxy sees its
+  liveness lock gone and its racer takes the claim over within the holder-gone
+  grace, where the claim's lapse would have kept it refused for 30 s;
+- ``resumeguard claims list|release --upstream`` reads and edits the same claims;
+- the claims schema holds the claims (``resumeguard.claims``).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+import uuid
+from types import SimpleNamespace
+
+import psycopg
+import pytest
+
+import racer as R
+from conftest import HOST, proxy_binary, run_audit_cli
+from test_consume_once import Racers, make_jobs, one_resumer, park, wait_for_node
+
+GRACE_MS = 1000          # holder_gone_grace_ms
+LONG_LAPSE_MS = 30000    # long enough that only liveness explains a fast takeover
+LAPSE_MS = 3000
+
+
+def start(proxy_factory, workdir, name: str, backend: str, lapse_ms: int = LAPSE_MS):
+    """A proxy with a state directory of its own and the given claims backend."""
+    state = workdir / f"state-{name}-{uuid.uuid4().hex[:6]}"
+    cfg = workdir / f"{name}.toml"
+    cfg.write_text(
+        f'[claims]\nbackend = "{backend}"\nproxy_id = "{name}"\nlapse_ms = {lapse_ms}\n'
+        f'holder_gone_grace_ms = {GRACE_MS}\nprogress_hold_ms = 10000\n')
+    return proxy_factory("--config", str(cfg), "--state-dir", str(state), name=name)
+
+
+@pytest.fixture(scope="module")
+def env(proxy_factory, direct_dsn, workdir):
+    R.CTX["ledger_dsn"] = direct_dsn
+    R.CTX["ledger"] = None
+    import sys
+    from pathlib import Path
+    here = Path(__file__).resolve().parent
+    out = subprocess.run([sys.executable, str(here / "racer.py"), "setup", "--dsn", direct_dsn],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    dbname = direct_dsn.rsplit("/", 1)[1].split("?")[0]
+    return SimpleNamespace(direct=direct_dsn, dbname=dbname, workdir=workdir,
+                           pg1=start(proxy_factory, workdir, "pg-1", "postgres"),
+                           pg2=start(proxy_factory, workdir, "pg-2", "postgres"),
+                           lite1=start(proxy_factory, workdir, "lite-1", "sqlite"),
+                           lite2=start(proxy_factory, workdir, "lite-2", "sqlite"))
+
+
+def ledger(env, thread: str) -> list[tuple]:
+    with psycopg.connect(env.direct, autocommit=True) as c:
+        return c.execute("select racer, node, value from rg_ledger where thread_id = %s order by seq",
+                         (thread,)).fetchall()
+
+
+def race(env, proxies, n: int, gates=(0, 300)) -> dict[int, list[int]]:
+    """N racers spread over ``proxies`` resume one parked thread per gate; the number
+    of fires (gated-node runs) per gate."""
+    dsns = [proxies[i % len(proxies)].dsn(env.dbname) for i in range(n)]
+    jobs = make_jobs(proxies[0].dsn(env.dbname), "bare", gates, 1, "conn", f"x{n}")
+    racers = Racers(env, dsns, "conn", jobs, "r")
+    try:
+        racers.run_all()
+    finally:
+        racers.kill()
+    fires: dict[int, list[int]] = {}
+    for job in jobs:
+        fires.setdefault(job["gate_ms"], []).append(len(ledger(env, job["thread"])))
+    return fires
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("n", [2, 4])
+def test_racers_over_two_proxies_sharing_only_the_database_fire_once(env, n):
+    shared = race(env, [env.pg1, env.pg2], n)
+    print(f"postgres claims, N={n}: fires per gate {shared}")
+    assert shared == {0: [1], 300: [1]}, shared
+    # The stock comparison: a claims store per proxy (SQLite, separate state dirs).
+    split = race(env, [env.lite1, env.lite2], n)
+    print(f"sqlite per proxy, N={n}: fires per gate {split}")
+    # Each proxy grants the interrupt to one of its racers: with a 300 ms gate both
+    # are inside the node together, so it fires once per proxy.
+    assert split[300] == [2], split
+    assert 1 <= split[0][0] <= 2, split
+
+
+@pytest.mark.timeout(300)
+def test_sigkilled_proxy_holding_a_claim_is_taken_over_within_the_bound(
+        proxy_factory, env, workdir):
+    p1 = start(proxy_factory, workdir, "kill-1", "postgres", lapse_ms=LONG_LAPSE_MS)
+    p2 = start(proxy_factory, workdir, "kill-2", "postgres", lapse_ms=LONG_LAPSE_MS)
+    thread = f"pgk-{uuid.uuid4().hex[:8]}"
+    iid = park(p1.dsn(env.dbname), thread)[0]["id"]
+    victim = one_resumer(env, p1.dsn(env.dbname), thread, "kv-", gate_ms=60000, interrupt_id=iid)
+    recovery = one_resumer(env, p2.dsn(env.dbname), thread, "kr-", interrupt_id=iid)
+    try:
+        victim.ready(0)
+        recovery.ready(0)
+        victim.go(0)
+        wait_for_node(env, thread, "gate")
+        time.sleep(0.2)
+        p1.proc.send_signal(signal.SIGKILL)
+        p1.proc.wait(timeout=10)
+        p1.expected_down = True
+        t_kill = time.time()
+        _, r = recovery.go_and_finish()
+    finally:
+        victim.kill()
+        recovery.kill()
+    latency = r["t_end"] - t_kill
+    print(f"recovery through the other proxy completed {latency * 1000:.0f} ms after the SIGKILL")
+    assert r["ok"], r
+    vid, rid = victim.ids[0], recovery.ids[0]
+    assert [row[0] for row in ledger(env, thread)] == [vid, rid]
+    # The claim's lapse (30 s, extended by the run's progress) would have refused it;
+    # the gone holder's grace (1 s) plus the resume's own run is what it took.
+    assert latency < GRACE_MS / 1000 + 2.0, latency
+    evs = run_audit_cli(p2.audit_db, thread)
+    takeover = [e for e in evs if e["operation"] == "claim_takeover"]
+    assert [e["application_name"] for e in takeover] == [f"racer-{rid}"], evs
+
+
+def claims_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(proxy_binary()), "claims", *args], capture_output=True, text=True,
+                          timeout=30)
+
+
+def test_claims_commands_read_the_upstream_database(env, pg):
+    thread = f"pgc-{uuid.uuid4().hex[:8]}"
+    park(env.pg1.dsn(env.dbname), thread)
+    # A read through the proxy claims the parked head.
+    with R.Runner("conn", env.pg2.dsn(env.dbname)) as r:
+        r.get_state("one", thread)
+    upstream = f"postgres://postgres@{HOST}:{pg.port}/postgres"
+    listed = claims_cli("list", "--upstream", upstream, "--thread", thread)
+    assert listed.returncode == 0, listed.stderr
+    assert thread in listed.stdout and "held" in listed.stdout and "pg-2" in listed.stdout, listed.stdout
+    with psycopg.connect(pg.dsn("postgres"), autocommit=True) as c:
+        rows = c.execute("select state, proxy_id, epoch from resumeguard.claims "
+                         "where thread_id = %s", (thread,)).fetchall()
+    assert rows == [("held", "pg-2", 1)], rows
+    released = claims_cli("release", "--upstream", upstream, "--thread", thread)
+    assert released.returncode == 0, released.stderr
+    with psycopg.connect(pg.dsn("postgres"), autocommit=True) as c:
+        state = c.execute("select state from resumeguard.claims where thread_id = %s",
+                          (thread,)).fetchone()[0]
+    assert state == "released"
+    # A database no proxy used has no claims schema: an error, not an empty store.
+    with psycopg.connect(pg.dsn("postgres"), autocommit=True) as c:
+        c.execute("drop database if exists rg_no_claims")
+        c.execute("create database rg_no_claims")
+    missing = claims_cli("list", "--upstream", f"postgres://postgres@{HOST}:{pg.port}/rg_no_claims")
+    assert missing.returncode != 0 and "no claims schema" in missing.stderr, missing.stderr
+    with psycopg.connect(pg.dsn("postgres"), autocommit=True) as c:
+        c.execute("drop database rg_no_claims")

@@ -1,0 +1,232 @@
+//! The claim store a proxy uses: PostgreSQL (the database the replicas
+//! front: shared across hosts; the default) or a SQLite file (one host
+//! only: `[claims] backend = "sqlite"` or a `[claims] store` file). One
+//! facade, the same operations and semantics on both.
+
+use std::path::{Path, PathBuf};
+
+use super::error::StoreError;
+use super::model::{ClaimKey, ClaimRecord, Holder, RunLease};
+use super::postgres::{PgClaims, PgTarget};
+use super::store::{ClaimOutcome, SqliteClaims};
+
+/// Where a proxy's claims live.
+#[derive(Debug, Clone)]
+pub enum StoreLocation {
+    Sqlite(PathBuf),
+    Postgres(Box<PgTarget>),
+}
+
+impl StoreLocation {
+    /// The file or database, as shown in errors and logs.
+    pub fn shown(&self) -> String {
+        match self {
+            StoreLocation::Sqlite(p) => p.display().to_string(),
+            StoreLocation::Postgres(t) => t.shown().to_owned(),
+        }
+    }
+}
+
+/// Handle on the shared claims, one per proxy process (`Send + Sync`,
+/// shared in an `Arc` by session threads and the evidence worker).
+// One per process, shared in an `Arc`: boxing the larger variant would
+// buy nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum ClaimStore {
+    Sqlite(SqliteClaims),
+    Postgres(PgClaims),
+}
+
+macro_rules! each {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self {
+            ClaimStore::Sqlite($s) => $e,
+            ClaimStore::Postgres($s) => $e,
+        }
+    };
+}
+
+impl ClaimStore {
+    /// The proxy's store at `at`: opened now if it can be, else every
+    /// operation fails (fail closed) and opening is retried on use.
+    pub fn connect_to(at: &StoreLocation) -> ClaimStore {
+        match at {
+            StoreLocation::Sqlite(p) => ClaimStore::Sqlite(SqliteClaims::connect(p)),
+            StoreLocation::Postgres(t) => ClaimStore::Postgres(PgClaims::connect((**t).clone())),
+        }
+    }
+
+    /// Operator commands: the store must exist already (a mistyped path or
+    /// database must not start a new store beside the replicas' one).
+    pub fn open_existing_at(at: &StoreLocation) -> Result<ClaimStore, StoreError> {
+        match at {
+            StoreLocation::Sqlite(p) => SqliteClaims::open_existing(p).map(ClaimStore::Sqlite),
+            StoreLocation::Postgres(t) => {
+                PgClaims::open_existing((**t).clone()).map(ClaimStore::Postgres)
+            }
+        }
+    }
+
+    /// A SQLite file, opened (created) now.
+    pub fn open(path: &Path) -> Result<ClaimStore, StoreError> {
+        SqliteClaims::open(path).map(ClaimStore::Sqlite)
+    }
+
+    /// An existing SQLite file.
+    pub fn open_existing(path: &Path) -> Result<ClaimStore, StoreError> {
+        SqliteClaims::open_existing(path).map(ClaimStore::Sqlite)
+    }
+
+    /// A SQLite file, opened now or on use.
+    pub fn connect(path: &Path) -> ClaimStore {
+        ClaimStore::Sqlite(SqliteClaims::connect(path))
+    }
+
+    #[cfg(test)]
+    pub fn with_retention(self, retain_ms: i64) -> ClaimStore {
+        match self {
+            ClaimStore::Sqlite(s) => ClaimStore::Sqlite(s.with_retention(retain_ms)),
+            ClaimStore::Postgres(s) => ClaimStore::Postgres(s.with_retention(retain_ms)),
+        }
+    }
+
+    pub fn with_superseded_grace(self, grace_ms: i64) -> ClaimStore {
+        match self {
+            ClaimStore::Sqlite(s) => ClaimStore::Sqlite(s.with_superseded_grace(grace_ms)),
+            ClaimStore::Postgres(s) => ClaimStore::Postgres(s.with_superseded_grace(grace_ms)),
+        }
+    }
+
+    pub fn with_run_lease(self, lease_ms: i64) -> ClaimStore {
+        match self {
+            ClaimStore::Sqlite(s) => ClaimStore::Sqlite(s.with_run_lease(lease_ms)),
+            ClaimStore::Postgres(s) => ClaimStore::Postgres(s.with_run_lease(lease_ms)),
+        }
+    }
+
+    /// The grace given to holders whose proxy process is gone (PostgreSQL:
+    /// its liveness lock went). SQLite knows no other processes' liveness.
+    pub fn with_holder_gone_grace(self, grace_ms: i64) -> ClaimStore {
+        match self {
+            ClaimStore::Sqlite(s) => ClaimStore::Sqlite(s),
+            ClaimStore::Postgres(s) => ClaimStore::Postgres(s.with_holder_gone_grace(grace_ms)),
+        }
+    }
+
+    /// The file or database, as shown in errors.
+    pub fn path(&self) -> &str {
+        match self {
+            ClaimStore::Sqlite(s) => s.path(),
+            ClaimStore::Postgres(s) => s.shown(),
+        }
+    }
+
+    /// Which backend: `sqlite` or `postgres`.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            ClaimStore::Sqlite(_) => "sqlite",
+            ClaimStore::Postgres(_) => "postgres",
+        }
+    }
+
+    pub fn try_claim(
+        &self,
+        key: &ClaimKey,
+        holder: &Holder,
+        now_ms: i64,
+        lapse_ms: i64,
+    ) -> Result<ClaimOutcome, StoreError> {
+        each!(self, s => s.try_claim(key, holder, now_ms, lapse_ms))
+    }
+
+    pub fn consume(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: &str,
+        checkpoint_id: &str,
+        evidence: &str,
+        written_at_ms: i64,
+        now_ms: i64,
+    ) -> Result<Vec<ClaimRecord>, StoreError> {
+        each!(self, s => s.consume(thread_id, checkpoint_ns, checkpoint_id, evidence, written_at_ms, now_ms))
+    }
+
+    pub fn note_refusal(&self, key: &ClaimKey) -> Result<(), StoreError> {
+        each!(self, s => s.note_refusal(key))
+    }
+
+    pub fn note_progress(
+        &self,
+        at: (&str, &str, &str),
+        evidence: &str,
+        written_at_ms: i64,
+        now_ms: i64,
+        hold_ms: i64,
+    ) -> Result<Vec<ClaimRecord>, StoreError> {
+        each!(self, s => s.note_progress(at, evidence, written_at_ms, now_ms, hold_ms))
+    }
+
+    pub fn holder_gone(
+        &self,
+        proxy_id: &str,
+        session_id: u64,
+        now_ms: i64,
+        grace_ms: i64,
+    ) -> Result<Vec<ClaimRecord>, StoreError> {
+        each!(self, s => s.holder_gone(proxy_id, session_id, now_ms, grace_ms))
+    }
+
+    pub fn move_on(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: &str,
+        parent_checkpoint_id: &str,
+        now_ms: i64,
+    ) -> Result<Vec<ClaimRecord>, StoreError> {
+        each!(self, s => s.move_on(thread_id, checkpoint_ns, parent_checkpoint_id, now_ms))
+    }
+
+    pub fn purge(&self, older_than_ms: i64) -> Result<usize, StoreError> {
+        each!(self, s => s.purge(older_than_ms))
+    }
+
+    pub fn forget_thread(&self, thread_id: &str) -> Result<usize, StoreError> {
+        each!(self, s => s.forget_thread(thread_id))
+    }
+
+    pub fn list(&self, thread_id: Option<&str>) -> Result<Vec<ClaimRecord>, StoreError> {
+        each!(self, s => s.list(thread_id))
+    }
+
+    pub fn get(&self, key: &ClaimKey) -> Result<Option<ClaimRecord>, StoreError> {
+        each!(self, s => s.get(key))
+    }
+
+    /// The latest-generation held or consumed claim on a checkpoint.
+    pub fn current_holder(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: &str,
+        checkpoint_id: &str,
+    ) -> Result<Option<ClaimRecord>, StoreError> {
+        each!(self, s => s.current_holder(thread_id, checkpoint_ns, checkpoint_id))
+    }
+
+    pub fn release(
+        &self,
+        thread_id: &str,
+        checkpoint_id: Option<&str>,
+    ) -> Result<usize, StoreError> {
+        each!(self, s => s.release(thread_id, checkpoint_id))
+    }
+
+    pub fn run_lease(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: &str,
+        now_ms: i64,
+    ) -> Result<Option<RunLease>, StoreError> {
+        each!(self, s => s.run_lease(thread_id, checkpoint_ns, now_ms))
+    }
+}

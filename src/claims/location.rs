@@ -1,0 +1,149 @@
+//! Which claims backend a configuration names, and where its store is:
+//! PostgreSQL by default (`[claims] dsn`, else the upstream the proxy
+//! fronts, else the managed server), SQLite when `backend = "sqlite"` or a
+//! `[claims] store` file is given.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::backend::StoreLocation;
+use super::postgres::{PgTarget, TargetError};
+use crate::config::{upstream_addr, Config, ConfigError};
+use crate::wire::upstream::UpstreamAddr;
+use crate::wire::upstream_tls::{SslMode, UpstreamTlsError};
+
+/// `[claims] backend` and `store` that contradict each other.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error(
+        "claims.store {} names a SQLite file but claims.backend is \"postgres\": \
+         drop one of them",
+        .0.display()
+    )]
+    StoreWithPostgres(PathBuf),
+    #[error("claims.backend must be \"postgres\" or \"sqlite\", not {0:?}")]
+    UnknownBackend(String),
+}
+
+/// A claims configuration that names no usable store.
+#[derive(Debug, thiserror::Error)]
+pub enum LocationError {
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error(
+        "the upstream requires TLS (sslmode {0}), which the PostgreSQL claims store \
+         does not speak: give [claims] dsn (a connection it may make without TLS, \
+         e.g. a local socket) or choose [claims] backend = \"sqlite\""
+    )]
+    UpstreamTls(String),
+    #[error(
+        "the PostgreSQL claims store needs a database: no upstream, no managed server \
+         running, no [claims] dsn"
+    )]
+    NoDatabase,
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    #[error(transparent)]
+    Config(#[from] Box<ConfigError>),
+    #[error(transparent)]
+    Tls(#[from] UpstreamTlsError),
+}
+
+/// The configured backend, before the upstream is known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite(PathBuf),
+    Postgres,
+}
+
+impl Backend {
+    /// `[claims] backend` and `store` checked against each other.
+    pub fn of(cfg: &Config) -> Result<Backend, BackendError> {
+        let c = &cfg.claims;
+        match (c.backend.as_deref(), &c.store) {
+            (Some("sqlite"), _) | (None, Some(_)) => Ok(Backend::Sqlite(cfg.claims_store_path())),
+            (Some("postgres") | None, None) => Ok(Backend::Postgres),
+            (Some("postgres"), Some(f)) => Err(BackendError::StoreWithPostgres(f.clone())),
+            (Some(other), _) => Err(BackendError::UnknownBackend(other.to_owned())),
+        }
+    }
+}
+
+/// Where the claims of `cfg` live. `managed` is the managed server's
+/// socket when the proxy runs one (no upstream configured); its superuser
+/// is `postgres`.
+pub fn store_location(
+    cfg: &Config,
+    managed: Option<&UpstreamAddr>,
+) -> Result<StoreLocation, LocationError> {
+    let target = match Backend::of(cfg)? {
+        Backend::Sqlite(path) => return Ok(StoreLocation::Sqlite(path)),
+        Backend::Postgres => postgres_target(cfg, managed)?,
+    };
+    Ok(StoreLocation::Postgres(Box::new(target)))
+}
+
+fn postgres_target(
+    cfg: &Config,
+    managed: Option<&UpstreamAddr>,
+) -> Result<PgTarget, LocationError> {
+    let bound = Duration::from_millis(cfg.claims.liveness_bound_ms);
+    if let Some(dsn) = &cfg.claims.dsn {
+        return Ok(PgTarget::from_dsn(dsn)?.with_liveness_bound(bound));
+    }
+    let target = match (managed, cfg.upstream.as_deref()) {
+        (Some(socket), _) => {
+            PgTarget::from_upstream(Some("postgres://postgres@/postgres"), socket)?
+        }
+        (None, Some(spec)) => {
+            let tls = cfg.upstream_tls_params().map_err(Box::new)?;
+            let mode = SslMode::parse(tls.sslmode.as_deref().unwrap_or("prefer"))?;
+            if !matches!(mode, SslMode::Disable | SslMode::Prefer) {
+                return Err(LocationError::UpstreamTls(tls.sslmode.unwrap_or_default()));
+            }
+            PgTarget::from_upstream(Some(spec), &upstream_addr(spec).map_err(Box::new)?)?
+        }
+        (None, None) => return Err(LocationError::NoDatabase),
+    };
+    Ok(target.with_liveness_bound(bound))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(toml_text: &str) -> Config {
+        toml::from_str(toml_text).unwrap()
+    }
+
+    #[test]
+    fn postgres_is_the_default_and_a_store_file_means_sqlite() {
+        assert_eq!(Backend::of(&cfg("")).unwrap(), Backend::Postgres);
+        assert_eq!(
+            Backend::of(&cfg("[claims]\nstore = '/x/c.db'")).unwrap(),
+            Backend::Sqlite("/x/c.db".into())
+        );
+        assert_eq!(
+            Backend::of(&cfg("state_dir = '/s'\n[claims]\nbackend = 'sqlite'")).unwrap(),
+            Backend::Sqlite("/s/claims.sqlite".into())
+        );
+        assert!(Backend::of(&cfg("[claims]\nbackend = 'postgres'\nstore = '/x'")).is_err());
+        assert!(Backend::of(&cfg("[claims]\nbackend = 'redis'")).is_err());
+    }
+
+    #[test]
+    fn the_upstream_is_the_store_unless_tls_is_required() {
+        let at = store_location(&cfg("upstream = 'postgres://app@db:6000/ck'"), None).unwrap();
+        assert_eq!(at.shown(), "postgres app@db:6000/ck");
+        let tls = cfg("upstream = 'postgres://app@db:6000/ck?sslmode=require'");
+        let err = store_location(&tls, None).unwrap_err().to_string();
+        assert!(err.contains("requires TLS"), "{err}");
+        let dsn = cfg(
+            "upstream = 'db?sslmode=require'\n[claims]\ndsn = 'host=/run/pg user=rg dbname=ck'",
+        );
+        assert!(store_location(&dsn, None).is_ok());
+        let managed = UpstreamAddr::Unix("/s/postgres/.s.PGSQL.6001".into());
+        let at = store_location(&cfg(""), Some(&managed)).unwrap();
+        assert_eq!(at.shown(), "postgres postgres@/s/postgres:6001/postgres");
+    }
+}

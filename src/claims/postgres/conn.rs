@@ -1,0 +1,464 @@
+//! The PostgreSQL store's connections: a few for decisions (one short
+//! transaction each, prepared statements cached) and one that only holds
+//! this process's liveness lock. While either is down every operation
+//! fails (the proxy fails closed, 58000), with one ERROR log per
+//! transition, and reconnecting is retried on use with backoff.
+//!
+//! Liveness: the lock connection holds a session-level advisory lock keyed
+//! by this process's instance id (from the `holder_instances` sequence),
+//! and every claim and run lease records that id. Another proxy that finds
+//! the lock gone (pg_locks) treats the holder as gone. The server ends the
+//! lock when the connection dies: at once when the process is killed (the
+//! kernel closes the socket), within the liveness bound when the network
+//! is cut (server-side TCP keepalives and TCP user timeout set on it).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
+use std::time::{Duration, Instant};
+
+use postgres::types::ToSql;
+use postgres::{Client, NoTls, Row, Statement, Transaction};
+
+use super::schema;
+use super::target::PgTarget;
+use crate::claims::error::StoreError;
+
+/// How long a statement or a row lock may wait before the store counts as
+/// unavailable (as the SQLite store's busy timeout).
+const STATEMENT_TIMEOUT_MS: u64 = 2_000;
+
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+const MAX_RETRY: Duration = Duration::from_secs(2);
+
+/// Whether connecting may create or upgrade the schema and must hold a
+/// liveness lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Role {
+    /// The proxy: migrates, holds the liveness lock.
+    Proxy,
+    /// Operator commands: the schema must exist; no lock (they never
+    /// take claims).
+    Operator,
+}
+
+pub(super) struct PgConn {
+    pub(super) target: PgTarget,
+    role: Role,
+    /// Decision connections: a session's read does not wait behind the
+    /// evidence worker's write, nor one session behind another.
+    slots: Vec<Mutex<Option<Decision>>>,
+    next: AtomicUsize,
+    liveness: Mutex<Option<Liveness>>,
+    /// Why the store is down, while it is.
+    down: Mutex<Option<Down>>,
+}
+
+/// Decision connections per proxy process.
+const POOL: usize = 3;
+
+struct Down {
+    error: StoreError,
+    retry_at: Instant,
+    backoff: Duration,
+}
+
+struct Decision {
+    client: Client,
+    cache: HashMap<String, Statement>,
+}
+
+struct Liveness {
+    client: Client,
+    instance: i64,
+    /// When the lock connection was last seen alive. The blocking client
+    /// reads a connection only when it is used, so it is asked at most
+    /// every [`LIVENESS_CHECK`].
+    checked_at: Instant,
+}
+
+/// How often the proxy checks that its own liveness lock is still held.
+const LIVENESS_CHECK: Duration = Duration::from_secs(1);
+
+/// Why an operation failed: the server's message with its SQLSTATE, or a
+/// row that does not map to a claim.
+#[derive(Debug)]
+pub(super) struct Fail(pub(super) String);
+
+impl From<postgres::Error> for Fail {
+    fn from(e: postgres::Error) -> Fail {
+        Fail(describe(&e))
+    }
+}
+
+/// Where a decision's statements run.
+enum Link<'a> {
+    /// One transaction, committed when the decision returns.
+    Tx(Transaction<'a>),
+    /// Each statement on its own (autocommit): a decision of one
+    /// statement, without the round trips of BEGIN and COMMIT.
+    Single(&'a mut Client),
+}
+
+/// One decision's transaction, with the statement cache and this
+/// process's instance id.
+pub(super) struct Tx<'a> {
+    link: Link<'a>,
+    cache: &'a mut HashMap<String, Statement>,
+    pub(super) instance: i64,
+    pub(super) schema: &'a str,
+}
+
+impl Tx<'_> {
+    fn statement(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
+        if let Some(s) = self.cache.get(sql) {
+            return Ok(s.clone());
+        }
+        let s = match &mut self.link {
+            Link::Tx(tx) => tx.prepare(sql)?,
+            Link::Single(c) => c.prepare(sql)?,
+        };
+        self.cache.insert(sql.to_owned(), s.clone());
+        Ok(s)
+    }
+
+    pub(super) fn query(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, postgres::Error> {
+        let s = self.statement(sql)?;
+        match &mut self.link {
+            Link::Tx(tx) => tx.query(&s, params),
+            Link::Single(c) => c.query(&s, params),
+        }
+    }
+
+    pub(super) fn execute(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, postgres::Error> {
+        let s = self.statement(sql)?;
+        match &mut self.link {
+            Link::Tx(tx) => tx.execute(&s, params),
+            Link::Single(c) => c.execute(&s, params),
+        }
+    }
+}
+
+impl PgConn {
+    fn new(target: PgTarget, role: Role) -> PgConn {
+        PgConn {
+            target,
+            role,
+            slots: (0..POOL).map(|_| Mutex::new(None)).collect(),
+            next: AtomicUsize::new(0),
+            liveness: Mutex::new(None),
+            down: Mutex::new(None),
+        }
+    }
+
+    /// Connects now if it can; otherwise logs the error (ERROR) and
+    /// connects on use, with backoff.
+    pub(super) fn connect(target: PgTarget, role: Role) -> PgConn {
+        let conn = PgConn::new(target, role);
+        let mut slot = conn.slot();
+        if let Err(error) = conn.ensure(&mut slot) {
+            conn.mark_down(error);
+        }
+        drop(slot);
+        conn
+    }
+
+    /// Connects now; an error is returned as is.
+    pub(super) fn open_now(target: PgTarget, role: Role) -> Result<PgConn, StoreError> {
+        let conn = PgConn::new(target, role);
+        let mut slot = conn.slot();
+        conn.ensure(&mut slot)?;
+        drop(slot);
+        Ok(conn)
+    }
+
+    /// This process's instance id, while it holds its liveness lock.
+    pub(super) fn instance(&self) -> Option<i64> {
+        let liveness = self.liveness.lock().unwrap_or_else(PoisonError::into_inner);
+        liveness.as_ref().map(|l| l.instance)
+    }
+
+    /// Runs `f` in one transaction, committed on success; (re)connects
+    /// first what is not connected, once the retry time has come.
+    pub(super) fn with_tx<T>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&mut Tx<'_>) -> Result<T, Fail>,
+    ) -> Result<T, StoreError> {
+        self.decide(op, false, f)
+    }
+
+    /// Runs `f`, whose statements each commit on their own: for a
+    /// decision that one statement makes.
+    pub(super) fn with_single<T>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&mut Tx<'_>) -> Result<T, Fail>,
+    ) -> Result<T, StoreError> {
+        self.decide(op, true, f)
+    }
+
+    fn decide<T>(
+        &self,
+        op: &'static str,
+        single: bool,
+        f: impl FnOnce(&mut Tx<'_>) -> Result<T, Fail>,
+    ) -> Result<T, StoreError> {
+        if let Some(d) = &*self.down.lock().unwrap_or_else(PoisonError::into_inner) {
+            if Instant::now() < d.retry_at {
+                return Err(d.error.clone());
+            }
+        }
+        let mut slot = self.slot();
+        let instance = match self.ensure(&mut slot) {
+            Ok(i) => i,
+            Err(error) => {
+                self.mark_down(error.clone());
+                return Err(error);
+            }
+        };
+        if self
+            .down
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .is_some()
+        {
+            tracing::warn!(at = %self.target.shown, "claim store reachable: reads of parked \
+                heads are claimed again");
+        }
+        let Some(decision) = slot.as_mut() else {
+            return Err(StoreError::Postgres {
+                at: self.target.shown.clone(),
+                op,
+                reason: "not connected".into(),
+            });
+        };
+        match run(decision, instance, &self.target.schema, single, f) {
+            Ok(v) => Ok(v),
+            Err(Fail(reason)) => {
+                let error = StoreError::Postgres {
+                    at: self.target.shown.clone(),
+                    op,
+                    reason,
+                };
+                if decision.client.is_closed() {
+                    *slot = None;
+                    self.mark_down(error.clone());
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// A free decision connection's slot, else the next one's (waited for).
+    fn slot(&self) -> MutexGuard<'_, Option<Decision>> {
+        let n = self.slots.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        for i in 0..n {
+            match self.slots[(start + i) % n].try_lock() {
+                Ok(g) => return g,
+                Err(TryLockError::Poisoned(p)) => return p.into_inner(),
+                Err(TryLockError::WouldBlock) => {}
+            }
+        }
+        self.slots[start]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The store is down: every operation fails until the retry time
+    /// (first 100 ms, doubled per failed retry up to 2 s); logged (ERROR)
+    /// on the transition.
+    fn mark_down(&self, error: StoreError) {
+        let mut down = self.down.lock().unwrap_or_else(PoisonError::into_inner);
+        let backoff = match &*down {
+            Some(d) => {
+                tracing::debug!(%error, "claim store still cannot be reached");
+                (d.backoff * 2).min(MAX_RETRY)
+            }
+            None => {
+                tracing::error!(%error, "claim store unavailable: reads of parked heads are \
+                    refused (58000, fail closed) until it is back; reconnecting is retried \
+                    on use");
+                FIRST_RETRY
+            }
+        };
+        *down = Some(Down {
+            error,
+            retry_at: Instant::now() + backoff,
+            backoff,
+        });
+    }
+
+    /// Connects the slot's decision connection if it is not (migrating the
+    /// schema for the proxy, checking it exists for operators) and, for the
+    /// proxy, takes a liveness lock if it holds none or its connection
+    /// died; returns this process's instance id (0 for operators).
+    fn ensure(&self, slot: &mut Option<Decision>) -> Result<i64, StoreError> {
+        let target = &self.target;
+        if slot.as_ref().is_none_or(|d| d.client.is_closed()) {
+            *slot = None;
+            *slot = Some(connect_decision(target, self.role)?);
+        }
+        if self.role == Role::Operator {
+            return Ok(0);
+        }
+        let mut liveness = self.liveness.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut lost = None;
+        if let Some(l) = &mut *liveness {
+            let alive = !l.client.is_closed()
+                && (l.checked_at.elapsed() < LIVENESS_CHECK
+                    || l.client.is_valid(LIVENESS_CHECK).is_ok());
+            if alive {
+                l.checked_at = Instant::now();
+                return Ok(l.instance);
+            }
+            tracing::error!(
+                instance = l.instance,
+                "claims liveness lock lost: other proxies count this one's holders as gone \
+                 meanwhile; taking a new one"
+            );
+            lost = Some(l.instance);
+            *liveness = None;
+        }
+        let open_err = |e: postgres::Error| StoreError::Open {
+            path: target.shown.clone(),
+            reason: format!("taking the liveness lock: {}", describe(&e)),
+        };
+        let (client, instance) = lock_instance(target).map_err(open_err)?;
+        if let (Some(old), Some(d)) = (lost, slot.as_mut()) {
+            // This process's claims not yet counted as gone are its
+            // holders' still: they follow it to its new lock.
+            let s = &target.schema;
+            d.client
+                .batch_execute(&format!(
+                    "UPDATE {s}.claims SET holder_instance = {instance} \
+                     WHERE holder_instance = {old} AND abandon_at_ms IS NULL; \
+                     UPDATE {s}.run_leases SET holder_instance = {instance} \
+                     WHERE holder_instance = {old}"
+                ))
+                .map_err(open_err)?;
+        }
+        *liveness = Some(Liveness {
+            client,
+            instance,
+            checked_at: Instant::now(),
+        });
+        Ok(instance)
+    }
+}
+
+fn run<T>(
+    decision: &mut Decision,
+    instance: i64,
+    schema: &str,
+    single: bool,
+    f: impl FnOnce(&mut Tx<'_>) -> Result<T, Fail>,
+) -> Result<T, Fail> {
+    let link = if single {
+        Link::Single(&mut decision.client)
+    } else {
+        Link::Tx(decision.client.transaction()?)
+    };
+    let mut t = Tx {
+        link,
+        cache: &mut decision.cache,
+        instance,
+        schema,
+    };
+    let out = f(&mut t)?;
+    if let Link::Tx(tx) = t.link {
+        tx.commit()?;
+    }
+    Ok(out)
+}
+
+/// The decision connection, its schema migrated (proxy) or checked to
+/// exist (operators).
+fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, StoreError> {
+    let err = |e: postgres::Error| StoreError::Open {
+        path: target.shown.clone(),
+        reason: describe(&e),
+    };
+    let mut client = target.config.connect(NoTls).map_err(err)?;
+    client
+        .batch_execute(&format!(
+            "SET statement_timeout = {STATEMENT_TIMEOUT_MS}; \
+             SET lock_timeout = {STATEMENT_TIMEOUT_MS}; \
+             SET idle_in_transaction_session_timeout = {}",
+            STATEMENT_TIMEOUT_MS * 5
+        ))
+        .map_err(err)?;
+    let schema = &target.schema;
+    match role {
+        Role::Proxy => schema::migrate(&mut client, schema).map_err(|e| StoreError::Open {
+            path: target.shown.clone(),
+            reason: format!("creating the claims schema {schema}: {}", describe(&e)),
+        })?,
+        Role::Operator => {
+            if schema::version(&mut client, schema).map_err(err)? == 0 {
+                return Err(StoreError::Open {
+                    path: target.shown.clone(),
+                    reason: format!("no claims schema {schema} (no proxy has used this database)"),
+                });
+            }
+        }
+    }
+    Ok(Decision {
+        client,
+        cache: HashMap::new(),
+    })
+}
+
+/// The liveness connection, with its server-side keepalives and TCP user
+/// timeout, holding a fresh instance id's session-level advisory lock.
+fn lock_instance(target: &PgTarget) -> Result<(Client, i64), postgres::Error> {
+    let bound = target.liveness_bound;
+    let mut config = target.config.clone();
+    config.application_name("resumeguard-claims-liveness");
+    let mut lock = config.connect(NoTls)?;
+    // idle + count * interval ≈ the bound; the user timeout bounds data
+    // the server sent and the peer never acknowledged.
+    let secs = bound.as_secs().max(2);
+    let idle = (secs / 2).max(1);
+    let interval = ((secs - idle) / 3).max(1);
+    lock.batch_execute(&format!(
+        "SET tcp_keepalives_idle = {idle}; SET tcp_keepalives_interval = {interval}; \
+         SET tcp_keepalives_count = 3; SET tcp_user_timeout = {}",
+        bound.as_millis()
+    ))?;
+    let mut id = next_instance(&mut lock, &target.schema)?;
+    loop {
+        let locked: bool = lock
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&id])?
+            .get(0);
+        if locked {
+            return Ok((lock, id));
+        }
+        // A dead predecessor's backend still holds it: take a new id.
+        id = next_instance(&mut lock, &target.schema)?;
+    }
+}
+
+fn next_instance(client: &mut Client, schema: &str) -> Result<i64, postgres::Error> {
+    client
+        .query_one(&format!("SELECT nextval('{schema}.holder_instances')"), &[])
+        .map(|r| r.get(0))
+}
+
+/// The server's message, with its SQLSTATE, or the client's.
+fn describe(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}

@@ -1,0 +1,342 @@
+//! Where the PostgreSQL claims store is: connection parameters taken from
+//! the upstream the proxy fronts (or a separate `[claims] dsn`), the
+//! password from the URL, `PGPASSWORD` or the password file, and the bound
+//! within which a partitioned proxy's liveness lock goes.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use postgres::config::{Host, SslMode};
+
+use crate::wire::upstream::UpstreamAddr;
+
+/// The schema every replica shares.
+pub const DEFAULT_SCHEMA: &str = "resumeguard";
+
+/// Default bound for a partitioned proxy's liveness lock to go: the
+/// server's keepalive probes and TCP user timeout on the lock connection
+/// end it within this long.
+pub const DEFAULT_LIVENESS_BOUND: Duration = Duration::from_secs(10);
+
+/// A claims database that cannot be named.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error("claims.dsn")]
+    Dsn(#[source] postgres::Error),
+    #[error("upstream {0:?} has no port")]
+    NoPort(String),
+    #[error("upstream port {port:?}")]
+    Port {
+        port: String,
+        source: std::num::ParseIntError,
+    },
+    #[error("upstream socket {0:?} is not <dir>/.s.PGSQL.<port>")]
+    Socket(String),
+    #[error(
+        "the PostgreSQL claims store connects without TLS and cannot honour sslmode \
+         require or stricter: give a [claims] dsn it may reach without TLS (a local \
+         socket), or choose [claims] backend = \"sqlite\""
+    )]
+    TlsRequired,
+    #[error("claims schema {0:?}: lower-case letters, digits and _ only")]
+    Schema(String),
+}
+
+/// How the claims store reaches its database.
+#[derive(Clone)]
+pub struct PgTarget {
+    pub(super) config: postgres::Config,
+    /// `user@host:port/db`, as shown in errors (never the password).
+    pub(super) shown: String,
+    pub(super) schema: String,
+    pub(super) liveness_bound: Duration,
+}
+
+impl std::fmt::Debug for PgTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgTarget")
+            .field("at", &self.shown)
+            .field("schema", &self.schema)
+            .field("liveness_bound", &self.liveness_bound)
+            .finish()
+    }
+}
+
+impl PgTarget {
+    /// A libpq-style DSN or `postgres://` URL (`[claims] dsn`); a password
+    /// it does not give comes from `PGPASSWORD` or the password file.
+    pub fn from_dsn(dsn: &str) -> Result<PgTarget, TargetError> {
+        let config = postgres::Config::from_str(dsn).map_err(TargetError::Dsn)?;
+        PgTarget::finish(config)
+    }
+
+    /// The upstream the proxy fronts: its address, and user, database and
+    /// password from `spec` when it is a `postgres://` URL (else `PGUSER`,
+    /// `PGDATABASE`, `postgres`).
+    pub fn from_upstream(spec: Option<&str>, addr: &UpstreamAddr) -> Result<PgTarget, TargetError> {
+        let url = spec.and_then(UrlParts::parse).unwrap_or_default();
+        let mut config = postgres::Config::new();
+        match addr {
+            UpstreamAddr::Tcp(hostport) => {
+                let (host, port) = hostport
+                    .rsplit_once(':')
+                    .ok_or_else(|| TargetError::NoPort(hostport.clone()))?;
+                let port: u16 = port.parse().map_err(|source| TargetError::Port {
+                    port: port.to_owned(),
+                    source,
+                })?;
+                config
+                    .host(host.trim_start_matches('[').trim_end_matches(']'))
+                    .port(port);
+            }
+            UpstreamAddr::Unix(socket) => {
+                let (dir, file) = socket
+                    .rsplit_once('/')
+                    .ok_or_else(|| TargetError::Socket(socket.clone()))?;
+                let port = file
+                    .strip_prefix(".s.PGSQL.")
+                    .and_then(|p| p.parse::<u16>().ok())
+                    .ok_or_else(|| TargetError::Socket(socket.clone()))?;
+                config
+                    .host_path(if dir.is_empty() { "/" } else { dir })
+                    .port(port);
+            }
+        }
+        let user = url
+            .user
+            .or_else(|| std::env::var("PGUSER").ok())
+            .unwrap_or_else(|| "postgres".into());
+        let dbname = url
+            .dbname
+            .or_else(|| std::env::var("PGDATABASE").ok())
+            .unwrap_or_else(|| user.clone());
+        config.user(&user).dbname(&dbname);
+        if let Some(p) = url.password {
+            config.password(p);
+        }
+        PgTarget::finish(config)
+    }
+
+    fn finish(mut config: postgres::Config) -> Result<PgTarget, TargetError> {
+        if config.get_hosts().is_empty() {
+            config.host("localhost");
+        }
+        if config.get_ports().is_empty() {
+            config.port(5432);
+        }
+        if config.get_user().is_none() {
+            config.user(&std::env::var("PGUSER").unwrap_or_else(|_| "postgres".into()));
+        }
+        if config.get_dbname().is_none() {
+            let user = config.get_user().unwrap_or("postgres").to_owned();
+            config.dbname(&std::env::var("PGDATABASE").unwrap_or(user));
+        }
+        match config.get_ssl_mode() {
+            SslMode::Disable | SslMode::Prefer => {}
+            _ => return Err(TargetError::TlsRequired),
+        }
+        config.ssl_mode(SslMode::Disable);
+        config.application_name("resumeguard-claims");
+        config.connect_timeout(Duration::from_secs(2));
+        let host = match config.get_hosts().first() {
+            Some(Host::Tcp(h)) => h.clone(),
+            Some(Host::Unix(p)) => p.display().to_string(),
+            None => "localhost".into(),
+        };
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        let user = config.get_user().unwrap_or_default().to_owned();
+        let db = config.get_dbname().unwrap_or_default().to_owned();
+        if config.get_password().is_none() {
+            if let Ok(p) = std::env::var("PGPASSWORD") {
+                config.password(p);
+            } else if let Some(p) = pgpass_lookup(&host, port, &db, &user) {
+                config.password(p);
+            }
+        }
+        Ok(PgTarget {
+            shown: format!("postgres {user}@{host}:{port}/{db}"),
+            config,
+            schema: DEFAULT_SCHEMA.into(),
+            liveness_bound: DEFAULT_LIVENESS_BOUND,
+        })
+    }
+
+    /// Keeps the claims in another schema (tests: one per test).
+    pub fn with_schema(mut self, schema: &str) -> Result<PgTarget, TargetError> {
+        let ok = !schema.is_empty()
+            && schema
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if !ok {
+            return Err(TargetError::Schema(schema.to_owned()));
+        }
+        self.schema = schema.into();
+        Ok(self)
+    }
+
+    /// Sets the bound within which a partitioned proxy's liveness lock
+    /// goes (at least 2 s).
+    pub fn with_liveness_bound(mut self, bound: Duration) -> PgTarget {
+        self.liveness_bound = bound.max(Duration::from_secs(2));
+        self
+    }
+
+    /// The database as shown in errors.
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+}
+
+/// User, password and database of a `postgres://` URL.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct UrlParts {
+    user: Option<String>,
+    password: Option<String>,
+    dbname: Option<String>,
+}
+
+impl UrlParts {
+    fn parse(spec: &str) -> Option<UrlParts> {
+        let (_, rest) = spec.split_once("://")?;
+        let rest = rest.split('?').next().unwrap_or_default();
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let userinfo = authority.rsplit_once('@').map(|(u, _)| u);
+        let (user, password) = match userinfo {
+            Some(u) => match u.split_once(':') {
+                Some((u, p)) => (Some(decode(u)), Some(decode(p))),
+                None => (Some(decode(u)), None),
+            },
+            None => (None, None),
+        };
+        Some(UrlParts {
+            user: user.filter(|u| !u.is_empty()),
+            password,
+            dbname: Some(decode(path)).filter(|d| !d.is_empty()),
+        })
+    }
+}
+
+/// `%XX` escapes decoded; a malformed escape is kept as written.
+fn decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = s
+            .get(i + 1..i + 3)
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (b[i], hex) {
+            (b'%', Some(v)) => {
+                out.push(v);
+                i += 3;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The password file: `PGPASSFILE`, else `~/.pgpass`.
+fn pgpass_path() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("PGPASSFILE") {
+        return Some(PathBuf::from(p));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pgpass"))
+}
+
+fn pgpass_lookup(host: &str, port: u16, db: &str, user: &str) -> Option<String> {
+    let text = std::fs::read_to_string(pgpass_path()?).ok()?;
+    // libpq matches a socket directory as "localhost".
+    let host = if host.starts_with('/') {
+        "localhost"
+    } else {
+        host
+    };
+    pgpass_match(&text, host, &port.to_string(), db, user)
+}
+
+/// The password of the first `host:port:db:user:password` line matching
+/// (`*` matches anything; `\:` and `\\` are escapes).
+fn pgpass_match(text: &str, host: &str, port: &str, db: &str, user: &str) -> Option<String> {
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .find_map(|line| {
+            let fields = split_pgpass(line);
+            let [h, p, d, u, pw] = <[String; 5]>::try_from(fields).ok()?;
+            let m = |pat: &str, v: &str| pat == "*" || pat == v;
+            (m(&h, host) && m(&p, port) && m(&d, db) && m(&u, user)).then_some(pw)
+        })
+}
+
+fn split_pgpass(line: &str) -> Vec<String> {
+    let mut fields = vec![String::new()];
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                if let (Some(n), Some(last)) = (chars.next(), fields.last_mut()) {
+                    last.push(n);
+                }
+            }
+            ':' if fields.len() < 5 => fields.push(String::new()),
+            c => {
+                if let Some(last) = fields.last_mut() {
+                    last.push(c);
+                }
+            }
+        }
+    }
+    fields
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_parts() {
+        let p = UrlParts::parse("postgres://app%40x:s%3Acret@db:5432/checkpoints?sslmode=disable")
+            .unwrap();
+        assert_eq!(p.user.as_deref(), Some("app@x"));
+        assert_eq!(p.password.as_deref(), Some("s:cret"));
+        assert_eq!(p.dbname.as_deref(), Some("checkpoints"));
+        assert_eq!(UrlParts::parse("db:5432"), None);
+    }
+
+    #[test]
+    fn pgpass_lines_match_with_wildcards_and_escapes() {
+        let text = "# comment\nother:5432:*:app:no\ndb:*:app\\:db:app:pa\\:ss\n*:*:*:*:any\n";
+        assert_eq!(
+            pgpass_match(text, "db", "5432", "app:db", "app").as_deref(),
+            Some("pa:ss")
+        );
+        assert_eq!(
+            pgpass_match(text, "x", "1", "y", "z").as_deref(),
+            Some("any")
+        );
+        assert_eq!(pgpass_match("a:b:c\n", "a", "b", "c", "d"), None);
+    }
+
+    #[test]
+    fn upstream_sockets_and_urls_become_connection_parameters() {
+        let t = PgTarget::from_upstream(
+            Some("postgres://app:pw@db.internal:6000/ck"),
+            &UpstreamAddr::Tcp("db.internal:6000".into()),
+        )
+        .unwrap();
+        assert_eq!(t.shown(), "postgres app@db.internal:6000/ck");
+        assert_eq!(t.config.get_password(), Some(&b"pw"[..]));
+        let s = PgTarget::from_upstream(None, &UpstreamAddr::Unix("/run/pg/.s.PGSQL.5433".into()))
+            .unwrap();
+        assert!(s.shown().contains("/run/pg:5433/"), "{}", s.shown());
+        assert!(PgTarget::from_dsn("host=db sslmode=require").is_err());
+        assert!(PgTarget::from_dsn("host=db")
+            .unwrap()
+            .with_schema("Bad;")
+            .is_err());
+    }
+}

@@ -1,0 +1,98 @@
+//! A real PostgreSQL for the claims tests: `RESUMEGUARD_TEST_PG_DSN`, else
+//! one server per test process started with `managed_pg` in a scratch
+//! directory (stopped and removed by a watchdog once the process exits).
+//! Each scratch store is a schema of its own, dropped afterwards.
+
+use std::os::unix::process::CommandExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+use super::{PgClaims, PgTarget};
+use crate::config::ManagedConfig;
+use crate::managed_pg::ManagedPostgres;
+
+fn server() -> &'static PgTarget {
+    static SERVER: OnceLock<Result<PgTarget, String>> = OnceLock::new();
+    let got = SERVER.get_or_init(|| match std::env::var("RESUMEGUARD_TEST_PG_DSN") {
+        Ok(dsn) => PgTarget::from_dsn(&dsn).map_err(|e| format!("{e:#}")),
+        Err(_) => start().map_err(|e| format!("{e:#}")),
+    });
+    match got {
+        Ok(t) => t,
+        Err(e) => panic!("no PostgreSQL for the claims tests: {e}"),
+    }
+}
+
+fn start() -> Result<PgTarget, Box<dyn std::error::Error>> {
+    let me = std::process::id();
+    let dir = std::env::temp_dir().join(format!("resumeguard-claims-pg-{me}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let pg = ManagedPostgres::start(&ManagedConfig::default(), &dir)?;
+    let shown = dir.display();
+    // Stops the server (fast shutdown) and removes it once this process
+    // is gone, however it ends.
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "while kill -0 {me} 2>/dev/null; do sleep 1; done; \
+             kill -INT $(head -1 {shown}/postgres/postmaster.pid); sleep 3; rm -rf {shown}"
+        ))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()?;
+    Ok(PgTarget::from_upstream(
+        Some("postgres://postgres@/postgres"),
+        &pg.socket(),
+    )?)
+}
+
+/// A scratch store: a schema of its own, dropped on drop.
+pub struct PgSchema {
+    target: PgTarget,
+}
+
+impl PgSchema {
+    pub fn new(name: &str) -> PgSchema {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let tag: String = name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let schema = format!("rgtest_{tag}_{}_{n}", std::process::id());
+        PgSchema {
+            target: server()
+                .clone()
+                .with_schema(&schema)
+                .expect("test schema name"),
+        }
+    }
+
+    pub fn target(&self) -> &PgTarget {
+        &self.target
+    }
+
+    pub fn open(&self) -> PgClaims {
+        PgClaims::open(self.target.clone()).expect("open PostgreSQL claim store")
+    }
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        if let Ok(mut c) = self.target.config.connect(postgres::NoTls) {
+            let _ = c.batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS {} CASCADE",
+                self.target.schema
+            ));
+        }
+    }
+}
