@@ -332,6 +332,16 @@ def test_langgraph_park_and_resume_over_tls(tls_proxy, certs, tls_pg):
     assert resumed["gate_effects"], resumed
     with connect(dsn) as c:
         assert upstream_ssl(c)
+    # The proxy's own connections (the claims store in the upstream, its
+    # liveness lock) take the upstream's TLS settings too.
+    with connect(tls_pg.dsn("postgres")) as c:
+        own = c.execute(
+            "SELECT a.application_name, s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s "
+            "USING (pid) WHERE a.application_name LIKE 'resumeguard-claims%'").fetchall()
+        claims = c.execute("SELECT count(*) FROM resumeguard.claims WHERE thread_id = %s",
+                           (thread,)).fetchone()[0]
+    assert own and all(ssl for _, ssl in own), own
+    assert claims >= 1
 
 
 def test_cancel_request_over_tls_on_both_sides(tls_proxy, certs):

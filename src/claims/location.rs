@@ -10,7 +10,7 @@ use super::backend::StoreLocation;
 use super::postgres::{PgTarget, TargetError};
 use crate::config::{upstream_addr, Config, ConfigError};
 use crate::wire::upstream::UpstreamAddr;
-use crate::wire::upstream_tls::{SslMode, UpstreamTlsError};
+use crate::wire::upstream_tls::{UpstreamTls, UpstreamTlsError};
 
 /// `[claims] backend` and `store` that contradict each other.
 #[derive(Debug, thiserror::Error)]
@@ -30,12 +30,6 @@ pub enum BackendError {
 pub enum LocationError {
     #[error(transparent)]
     Backend(#[from] BackendError),
-    #[error(
-        "the upstream requires TLS (sslmode {0}), which the PostgreSQL claims store \
-         does not speak: give [claims] dsn (a connection it may make without TLS, \
-         e.g. a local socket) or choose [claims] backend = \"sqlite\""
-    )]
-    UpstreamTls(String),
     #[error(
         "the PostgreSQL claims store needs a database: no upstream, no managed server \
          running, no [claims] dsn"
@@ -96,12 +90,11 @@ fn postgres_target(
             PgTarget::from_upstream(Some("postgres://postgres@/postgres"), socket)?
         }
         (None, Some(spec)) => {
-            let tls = cfg.upstream_tls_params().map_err(Box::new)?;
-            let mode = SslMode::parse(tls.sslmode.as_deref().unwrap_or("prefer"))?;
-            if !matches!(mode, SslMode::Disable | SslMode::Prefer) {
-                return Err(LocationError::UpstreamTls(tls.sslmode.unwrap_or_default()));
-            }
-            PgTarget::from_upstream(Some(spec), &upstream_addr(spec).map_err(Box::new)?)?
+            // The proxy's own connections take the upstream's TLS settings.
+            let addr = upstream_addr(spec).map_err(Box::new)?;
+            let params = cfg.upstream_tls_params().map_err(Box::new)?;
+            let tls = UpstreamTls::build(&addr, &params)?;
+            PgTarget::from_upstream(Some(spec), &addr)?.with_tls(tls.mode, tls.client_config())
         }
         (None, None) => return Err(LocationError::NoDatabase),
     };
@@ -132,12 +125,28 @@ mod tests {
     }
 
     #[test]
-    fn the_upstream_is_the_store_unless_tls_is_required() {
+    fn the_upstream_is_the_store_with_its_tls_settings() {
+        let sslmode = |at: StoreLocation| match at {
+            StoreLocation::Postgres(t) => t.sslmode(),
+            StoreLocation::Sqlite(_) => "sqlite",
+        };
         let at = store_location(&cfg("upstream = 'postgres://app@db:6000/ck'"), None).unwrap();
         assert_eq!(at.shown(), "postgres app@db:6000/ck");
+        assert_eq!(sslmode(at), "prefer", "libpq's default");
         let tls = cfg("upstream = 'postgres://app@db:6000/ck?sslmode=require'");
-        let err = store_location(&tls, None).unwrap_err().to_string();
-        assert!(err.contains("requires TLS"), "{err}");
+        assert_eq!(sslmode(store_location(&tls, None).unwrap()), "require");
+        let off = cfg("upstream = 'postgres://app@db:6000/ck?sslmode=disable'");
+        assert_eq!(sslmode(store_location(&off, None).unwrap()), "disable");
+        let missing_roots = cfg(
+            "upstream = 'postgres://app@db:6000/ck?sslmode=verify-full&sslrootcert=/no/ca.pem'",
+        );
+        let err = store_location(&missing_roots, None).unwrap_err();
+        assert!(
+            crate::error_chain::chain(&err)
+                .to_string()
+                .contains("/no/ca.pem"),
+            "{err}"
+        );
         let dsn = cfg(
             "upstream = 'db?sslmode=require'\n[claims]\ndsn = 'host=/run/pg user=rg dbname=ck'",
         );

@@ -203,6 +203,13 @@ impl UpstreamTls {
         })
     }
 
+    /// The client configuration a handshake starting now uses; `None`
+    /// without TLS. The proxy's own connections to the upstream (the
+    /// claims store) use it too.
+    pub fn client_config(&self) -> Option<Arc<ClientConfig>> {
+        self.config.as_ref().map(|h| h.config.load_full())
+    }
+
     /// Whether a reload reads any file: a root file or a client
     /// certificate is configured.
     pub fn has_files(&self) -> bool {

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use postgres::types::ToSql;
 use postgres::{Client, NoTls, Row, Statement, Transaction};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::schema;
 use super::target::PgTarget;
@@ -382,6 +383,15 @@ fn run<T>(
     Ok(out)
 }
 
+/// A connection with `config`, over TLS where `target` has it (its
+/// `sslmode` says whether TLS is required or only preferred).
+fn connect(config: &postgres::Config, target: &PgTarget) -> Result<Client, postgres::Error> {
+    match &target.tls {
+        Some(tls) => config.connect(MakeRustlsConnect::new((**tls).clone())),
+        None => config.connect(NoTls),
+    }
+}
+
 /// The decision connection, its schema migrated (proxy) or checked to
 /// exist (operators).
 fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, StoreError> {
@@ -389,7 +399,7 @@ fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, StoreErro
         path: target.shown.clone(),
         reason: describe(&e),
     };
-    let mut client = target.config.connect(NoTls).map_err(err)?;
+    let mut client = connect(&target.config, target).map_err(err)?;
     client
         .batch_execute(&format!(
             "SET statement_timeout = {STATEMENT_TIMEOUT_MS}; \
@@ -425,7 +435,7 @@ fn lock_instance(target: &PgTarget) -> Result<(Client, i64), postgres::Error> {
     let bound = target.liveness_bound;
     let mut config = target.config.clone();
     config.application_name("resumeguard-claims-liveness");
-    let mut lock = config.connect(NoTls)?;
+    let mut lock = connect(&config, target)?;
     // idle + count * interval ≈ the bound; the user timeout bounds data
     // the server sent and the peer never acknowledged.
     let secs = bound.as_secs().max(2);

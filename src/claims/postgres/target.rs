@@ -5,11 +5,15 @@
 
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use postgres::config::{Host, SslMode};
+use rustls::ClientConfig;
 
+use crate::wire::tls_config::{self, TlsConfigError, Verify};
 use crate::wire::upstream::UpstreamAddr;
+use crate::wire::upstream_tls::SslMode as UpstreamSslMode;
 
 /// The schema every replica shares.
 pub const DEFAULT_SCHEMA: &str = "resumeguard";
@@ -33,12 +37,8 @@ pub enum TargetError {
     },
     #[error("upstream socket {0:?} is not <dir>/.s.PGSQL.<port>")]
     Socket(String),
-    #[error(
-        "the PostgreSQL claims store connects without TLS and cannot honour sslmode \
-         require or stricter: give a [claims] dsn it may reach without TLS (a local \
-         socket), or choose [claims] backend = \"sqlite\""
-    )]
-    TlsRequired,
+    #[error("TLS for claims.dsn")]
+    Tls(#[source] TlsConfigError),
     #[error("claims schema {0:?}: lower-case letters, digits and _ only")]
     Schema(String),
 }
@@ -47,6 +47,9 @@ pub enum TargetError {
 #[derive(Clone)]
 pub struct PgTarget {
     pub(super) config: postgres::Config,
+    /// TLS for `sslmode` prefer and require (`config` says which); `None`:
+    /// plaintext only.
+    pub(super) tls: Option<Arc<ClientConfig>>,
     /// `user@host:port/db`, as shown in errors (never the password).
     pub(super) shown: String,
     pub(super) schema: String,
@@ -132,11 +135,16 @@ impl PgTarget {
             let user = config.get_user().unwrap_or("postgres").to_owned();
             config.dbname(&std::env::var("PGDATABASE").unwrap_or(user));
         }
-        match config.get_ssl_mode() {
-            SslMode::Disable | SslMode::Prefer => {}
-            _ => return Err(TargetError::TlsRequired),
-        }
-        config.ssl_mode(SslMode::Disable);
+        // A DSN's prefer and require encrypt without verifying the
+        // server, as libpq's do; the upstream's own settings (verify-ca,
+        // verify-full, roots, client certificate) come in `with_tls`.
+        let tls = match config.get_ssl_mode() {
+            SslMode::Disable => None,
+            _ => Some(
+                tls_config::client_config(Verify::Nothing, None, None, true)
+                    .map_err(TargetError::Tls)?,
+            ),
+        };
         config.application_name("resumeguard-claims");
         config.connect_timeout(Duration::from_secs(2));
         let host = match config.get_hosts().first() {
@@ -157,9 +165,25 @@ impl PgTarget {
         Ok(PgTarget {
             shown: format!("postgres {user}@{host}:{port}/{db}"),
             config,
+            tls,
             schema: DEFAULT_SCHEMA.into(),
             liveness_bound: DEFAULT_LIVENESS_BOUND,
         })
+    }
+
+    /// Connects as the proxy connects to the upstream: plaintext under
+    /// `disable`, TLS when the server offers it under `prefer`, TLS
+    /// required (verified as `client` verifies: chain, host name, roots,
+    /// client certificate) under `require`, `verify-ca`, `verify-full`.
+    pub fn with_tls(mut self, mode: UpstreamSslMode, client: Option<Arc<ClientConfig>>) -> Self {
+        let ssl_mode = match (mode, &client) {
+            (UpstreamSslMode::Disable, _) | (_, None) => SslMode::Disable,
+            (UpstreamSslMode::Prefer, Some(_)) => SslMode::Prefer,
+            (_, Some(_)) => SslMode::Require,
+        };
+        self.config.ssl_mode(ssl_mode);
+        self.tls = client.filter(|_| ssl_mode != SslMode::Disable);
+        self
     }
 
     /// Keeps the claims in another schema (tests: one per test).
@@ -180,6 +204,15 @@ impl PgTarget {
     pub fn with_liveness_bound(mut self, bound: Duration) -> PgTarget {
         self.liveness_bound = bound.max(Duration::from_secs(2));
         self
+    }
+
+    /// Whether the connections use TLS: `disable`, `prefer` or `require`.
+    pub fn sslmode(&self) -> &'static str {
+        match (self.config.get_ssl_mode(), &self.tls) {
+            (SslMode::Disable, _) | (_, None) => "disable",
+            (SslMode::Prefer, Some(_)) => "prefer",
+            (_, Some(_)) => "require",
+        }
     }
 
     /// The database as shown in errors.
