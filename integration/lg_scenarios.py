@@ -208,7 +208,7 @@ def _snapshot(s) -> dict:
     return {
         "values": dict(s.values),
         "next": list(s.next),
-        "interrupts": _interrupt_values(s.interrupts),
+        "interrupts": _interrupt_values(state_interrupts(s)),
         "task_names": [t.name for t in s.tasks],
         "task_interrupts": [_interrupt_values(t.interrupts) for t in s.tasks],
         "step": (s.metadata or {}).get("step"),

@@ -34,6 +34,10 @@ Commands (each prints one JSON object on stdout):
 
 A racer's result: {"id", "ok", "values", "interrupts", "error": {"class",
 "sqlstate", "message"} | null, "t_go", "t_start", "t_end"} (epoch seconds).
+
+Runs under every LangGraph Python the suite installs, langgraph 0.2.x (saver 2.0.8)
+included: there invoke is streamed so the result still names its interrupts, and an
+interrupt's "id" (the key of a map-form resume) is its task's id.
 """
 
 from __future__ import annotations
