@@ -9,9 +9,9 @@
 #   RG_CO_SAVERS=conn,pool,async RG_CO_PROXIES=1,2 integration/full_matrix.sh
 # Saver stacks (RG_CO_STACKS, comma list, default py3): py3 = test_consume_once.py
 # (LangGraph Python 3.x, the cells above); js = test_js_saver.py (LangGraph.js,
-# N x gates x reps); py2 = test_py2_saver.py (Python 2.0.25, N x gates x reps x
-# RG_CO_SAVERS). RG_CO_FORMS and RG_CO_PROXIES apply to py3 only.
-#   RG_CO_STACKS=py3,js,py2 integration/full_matrix.sh
+# N x gates x reps); py2 and py208 = test_py2_saver.py (Python 2.0.25 and 2.0.8,
+# N x gates x reps x RG_CO_SAVERS). RG_CO_FORMS and RG_CO_PROXIES apply to py3 only.
+#   RG_CO_STACKS=py3,js,py2,py208 integration/full_matrix.sh
 # Extra arguments go to pytest (e.g. -x, or -k 'n16').
 #
 # Every cell runs racers as separate OS processes behind a file barrier, first
@@ -39,8 +39,9 @@ for stack in "${stacks[@]}"; do
     case "$stack" in
         py3) selected+=("test_consume_once and test_race") ;;
         js) selected+=("test_js_saver and test_race") ;;
-        py2) selected+=("test_py2_saver and test_race") ;;
-        *) echo "full_matrix: unknown stack '$stack' in RG_CO_STACKS (py3, js, py2)" >&2; exit 2 ;;
+        py2) selected+=("test_py2_saver and test_race and saver2.0.25") ;;
+        py208) selected+=("test_py2_saver and test_race and saver2.0.8") ;;
+        *) echo "full_matrix: unknown stack '$stack' in RG_CO_STACKS (py3, js, py2, py208)" >&2; exit 2 ;;
     esac
 done
 expr="$(printf '(%s) or ' "${selected[@]}")"

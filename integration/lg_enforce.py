@@ -77,8 +77,8 @@ class Driver:
 
     def invoke(self, graph, inp: Any, cfg: dict) -> dict:
         if self.kind == "async":
-            return self._run(graph.ainvoke(inp, cfg))
-        return graph.invoke(inp, cfg)
+            return self._run(L.ainvoke_reporting_interrupts(graph, inp, cfg))
+        return L.invoke_reporting_interrupts(graph, inp, cfg)
 
     def get_state(self, graph, cfg: dict, subgraphs: bool = False):
         if self.kind == "async":
@@ -157,7 +157,7 @@ def fork_scenario(kind: str, dsn: str, thread_id: str, form: str, forks: int = 1
         c_id = cp_id(c_state)
         out["c_id"] = c_id
         out["c_next"] = list(c_state.next)
-        interrupt_id = c_state.interrupts[0].id
+        interrupt_id = L.resume_key(c_state)
         out["interrupt_id"] = interrupt_id
         a_result = d.invoke(graph, Command(resume=True), cfg)
         out["a_result"] = strip_interrupts(a_result)

@@ -44,7 +44,7 @@ from psycopg_pool import ConnectionPool
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.graph import END, START, StateGraph
-from langgraph.types import Command, interrupt
+from langgraph.types import Command, StateSnapshot, interrupt
 
 SAVER_KINDS = ("conn", "pool", "async")
 # Further constructions from the wire notes' table. setup() fails with both (25001:
@@ -109,6 +109,66 @@ def thread_config(thread_id: str, checkpoint_id: str | None = None) -> dict:
     return cfg
 
 
+# ----------------------------------------------------------------- interrupts across versions
+# langgraph 0.2.x (paired with saver 2.0.8) has no StateSnapshot.interrupts: invoke's
+# result carries no "__interrupt__", an Interrupt has no id, and a resume map is keyed
+# by task id. Its parked state names the interrupts on its tasks instead.
+LEGACY_INTERRUPTS = "interrupts" not in StateSnapshot._fields
+
+
+def state_interrupts(snapshot) -> list:
+    """The interrupts ``snapshot`` is parked on, whatever the langgraph version."""
+    if LEGACY_INTERRUPTS:
+        return [i for t in snapshot.tasks for i in t.interrupts]
+    return list(snapshot.interrupts)
+
+
+def interrupt_key(i) -> str:
+    """The key of a resume map answering interrupt ``i``: its id, or on langgraph 0.2.x
+    its task's id (the last element of its namespace, ``node:task_id``)."""
+    if LEGACY_INTERRUPTS:
+        return i.ns[-1].rsplit(":", 1)[1]
+    return i.id
+
+
+def _values_and_interrupts(chunks) -> dict:
+    out: dict = {}
+    interrupts: list = []
+    for mode, chunk in chunks:
+        if mode == "values":
+            out = dict(chunk)
+        elif "__interrupt__" in chunk:
+            interrupts.extend(chunk["__interrupt__"])
+    if interrupts:
+        out["__interrupt__"] = tuple(interrupts)
+    return out
+
+
+def invoke_reporting_interrupts(graph, inp, config: dict) -> dict:
+    """``graph.invoke`` whose result carries ``"__interrupt__"`` on every version:
+    on langgraph 0.2.x it streams the same run (invoke is a stream of "values") and
+    takes the interrupts from its "updates" chunks, with no further checkpoint read."""
+    if not LEGACY_INTERRUPTS:
+        return graph.invoke(inp, config)
+    return _values_and_interrupts(graph.stream(inp, config, stream_mode=["values", "updates"]))
+
+
+async def ainvoke_reporting_interrupts(graph, inp, config: dict) -> dict:
+    """The async twin of :func:`invoke_reporting_interrupts`."""
+    if not LEGACY_INTERRUPTS:
+        return await graph.ainvoke(inp, config)
+    return _values_and_interrupts([c async for c in graph.astream(
+        inp, config, stream_mode=["values", "updates"])])
+
+
+def resume_key(snapshot) -> str:
+    """The key of ``Command(resume={key: value})`` answering ``snapshot``'s first
+    interrupt: the interrupt's id, or on langgraph 0.2.x its task's id."""
+    if LEGACY_INTERRUPTS:
+        return next(t.id for t in snapshot.tasks if t.interrupts)
+    return snapshot.interrupts[0].id
+
+
 # ----------------------------------------------------------------- savers
 @contextlib.contextmanager
 def sync_saver(kind: str, dsn: str) -> Iterator[PostgresSaver]:
@@ -148,7 +208,7 @@ def _snapshot(s) -> dict:
     return {
         "values": dict(s.values),
         "next": list(s.next),
-        "interrupts": _interrupt_values(s.interrupts),
+        "interrupts": _interrupt_values(state_interrupts(s)),
         "task_names": [t.name for t in s.tasks],
         "task_interrupts": [_interrupt_values(t.interrupts) for t in s.tasks],
         "step": (s.metadata or {}).get("step"),

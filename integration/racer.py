@@ -34,6 +34,10 @@ Commands (each prints one JSON object on stdout):
 
 A racer's result: {"id", "ok", "values", "interrupts", "error": {"class",
 "sqlstate", "message"} | null, "t_go", "t_start", "t_end"} (epoch seconds).
+
+Runs under every LangGraph Python the suite installs, langgraph 0.2.x (saver 2.0.8)
+included: there invoke is streamed so the result still names its interrupts, and an
+interrupt's "id" (the key of a map-form resume) is its task's id.
 """
 
 from __future__ import annotations
@@ -143,7 +147,7 @@ def cfg(thread: str) -> dict:
 
 
 def interrupts_of(res: dict) -> list[dict]:
-    return [{"id": i.id, "value": i.value} for i in (res.get("__interrupt__") or ())]
+    return [{"id": L.interrupt_key(i), "value": i.value} for i in (res.get("__interrupt__") or ())]
 
 
 def plain(res: dict) -> dict:
@@ -198,8 +202,8 @@ class Runner:
     def invoke(self, graph: str, inp: Any, thread: str) -> dict:
         g = self.graphs[graph]
         if self.loop is not None:
-            return self.loop.run_until_complete(g.ainvoke(inp, cfg(thread)))
-        return g.invoke(inp, cfg(thread))
+            return self.loop.run_until_complete(L.ainvoke_reporting_interrupts(g, inp, cfg(thread)))
+        return L.invoke_reporting_interrupts(g, inp, cfg(thread))
 
     def get_state(self, graph: str, thread: str):
         g = self.graphs[graph]
@@ -284,7 +288,8 @@ def cmd_state(a) -> dict:
         try:
             st = runner.get_state(a.graph, a.thread)
             out = {"ok": True, "values": dict(st.values), "next": list(st.next),
-                   "interrupts": [{"id": i.id, "value": i.value} for i in st.interrupts],
+                   "interrupts": [{"id": L.interrupt_key(i), "value": i.value}
+                                  for i in L.state_interrupts(st)],
                    "error": None}
         except Exception as e:
             out = {"ok": False, "error": describe_error(e)}

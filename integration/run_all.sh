@@ -3,7 +3,8 @@
 #   1. checks prerequisites (and names whatever is missing),
 #   2. creates / updates the Python venv at .venv from integration/requirements.txt
 #      (reinstalls only when that file or the Python version changed: stamp file),
-#      the same for .venv-lg2 (LangGraph Python 2.0.x) from integration/requirements-lg2.txt,
+#      the same for .venv-lg2 (LangGraph Python 2.0.25) from integration/requirements-lg2.txt
+#      and .venv-lg208 (2.0.8) from integration/requirements-lg208.txt,
 #      and `npm ci` in integration/js (LangGraph.js) when its package-lock.json changed,
 #   3. cargo test --all-targets          (unit + Rust integration tests)
 #   4. cargo build --release             (the binary the Python suite drives, and the
@@ -104,8 +105,10 @@ venv_from() {
 
 log "python venv ($VENV)"
 venv_from "$VENV" "$REQ"
-log "python venv .venv-lg2 (LangGraph Python 2.0.x)"
+log "python venv .venv-lg2 (LangGraph Python 2.0.25)"
 venv_from .venv-lg2 integration/requirements-lg2.txt
+log "python venv .venv-lg208 (LangGraph Python 2.0.8)"
+venv_from .venv-lg208 integration/requirements-lg208.txt
 
 # ---------------------------------------------------------------- 2b. node modules
 if command -v npm >/dev/null 2>&1; then

@@ -1,15 +1,27 @@
-"""LangGraph Python's 2.0.x saver generation (`langgraph-checkpoint-postgres` 2.0.25 with
-langgraph 0.6.11) end to end, straight to PostgreSQL (the stock defect) and through the
-proxy (the repair). This generation's checkpoint read carries 4-element pending writes
-and reads pending sends with a separate statement; the scenarios are the suite's own
-(racer.py, lg_enforce.py), run by the interpreter of ``.venv-lg2``
-(integration/requirements-lg2.txt) in separate processes.
+"""LangGraph Python's 2.0.x saver generation end to end, at two points of it:
+`langgraph-checkpoint-postgres` 2.0.25 with langgraph 0.6.11 (``.venv-lg2``,
+integration/requirements-lg2.txt) and 2.0.8 with langgraph 0.2.70 (``.venv-lg208``,
+integration/requirements-lg208.txt), each straight to PostgreSQL (the stock defect)
+and through the proxy (the repair). This generation's checkpoint read carries
+4-element pending writes and reads pending sends with a separate statement; the
+scenarios are the suite's own (racer.py, lg_enforce.py), run by the generation's
+interpreter in separate processes, each generation in a database and behind a proxy
+of its own (``--claims-store`` and ``--rules``).
 
 * race: N ``racer.py worker`` processes resume one parked thread behind the file
   barrier; the gated node writes a row to ``rg_ledger`` over a direct connection.
   Stock: every racer fires (N at 300 ms). Proxy: one fire, the losers refused 55000.
 * fork: ``lg_enforce.fork_scenario``: park at C, resume True, resume at C's
   checkpoint_id with False. Stock: served A's True. Proxy: its own False.
+* validity: ``lg_enforce.build_items_graph`` appends None to ``items: list[str]``
+  (a ``[[channel]]`` rule says: strings). Stock: persisted. Proxy: 23514, nothing of
+  it durable, the thread goes on.
+* every statement the generation sent through the proxy was recognized: the proxy
+  logged no "checkpoint traffic not enforced".
+
+langgraph 0.2.70 returns no ``__interrupt__`` from invoke and its interrupts have no
+id (a resume map is keyed by task id): lg_scenarios' ``invoke_reporting_interrupts``
+and ``resume_key`` bridge that in the harness.
 """
 
 from __future__ import annotations
@@ -24,35 +36,52 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from conftest import REPO, run_audit_cli
+import lg_enforce as E
+from conftest import REPO, connect, run_audit_cli
 from test_consume_once import Racers
 from test_js_saver import Tally, record
+from test_validity import write_rules_dir
 
 HERE = Path(__file__).resolve().parent
-LG2_PYTHON = Path(os.environ.get("RG_LG2_PYTHON", REPO / ".venv-lg2" / "bin" / "python"))
+
+
+class Generation:
+    """One installed 2.0.x saver stack: its venv's interpreter and the tag of its
+    rows in full_matrix.sh's table."""
+
+    def __init__(self, version: str, venv: str, requirements: str, env: str, tag: str):
+        self.version, self.requirements, self.tag = version, requirements, tag
+        self.python = Path(os.environ.get(env, REPO / venv / "bin" / "python"))
+
+
+GENERATIONS = [
+    Generation("2.0.25", ".venv-lg2", "requirements-lg2.txt", "RG_LG2_PYTHON", "py2"),
+    Generation("2.0.8", ".venv-lg208", "requirements-lg208.txt", "RG_LG208_PYTHON", "py208"),
+]
 REFUSED, IN_USE = "55000", "55006"
 PROXY_ID = "py2-A"
 TRUE_FINAL = {"items": ["prep", "gate:True", "after"], "approved": True}
 FALSE_FINAL = {"items": ["prep", "gate:False", "after"], "approved": False}
 
-# (n, gates_ms); RG_PY2_N / RG_PY2_GATES / RG_PY2_REPS / RG_PY2_SAVERS widen it
+# the race's (n, gates_ms) cells; RG_PY2_N / RG_PY2_GATES / RG_PY2_REPS / RG_PY2_SAVERS widen it
+# (full_matrix.sh). Forks and refused writes run with every saver construction.
 RACE_CELLS = [(int(n), tuple(int(g) for g in os.environ.get("RG_PY2_GATES", "0,300").split(",")))
               for n in os.environ.get("RG_PY2_N", "4").split(",")]
 RACE_REPS = int(os.environ.get("RG_PY2_REPS", "1"))
 SAVERS = tuple(os.environ.get("RG_PY2_SAVERS", "conn").split(","))
 
 
-def lg2(*argv: str, timeout: float = 120.0) -> str:
-    cp = subprocess.run([str(LG2_PYTHON), "-W", "ignore", *argv], cwd=HERE, stdin=subprocess.DEVNULL,
+def lg2(gen: Generation, *argv: str, timeout: float = 120.0) -> str:
+    cp = subprocess.run([str(gen.python), "-W", "ignore", *argv], cwd=HERE, stdin=subprocess.DEVNULL,
                         capture_output=True, text=True, timeout=timeout)
     assert cp.returncode == 0, f"{argv[:2]} exited {cp.returncode}:\n{cp.stderr[-3000:]}"
     return cp.stdout.strip().splitlines()[-1]
 
 
 class Py2Racers(Racers):
-    """``racer.py worker`` processes under the 2.0.x interpreter."""
+    """``racer.py worker`` processes under a 2.0.x generation's interpreter."""
 
-    def __init__(self, workdir: Path, ledger_dsn: str, dsns: list[str], saver: str,
+    def __init__(self, gen: Generation, workdir: Path, ledger_dsn: str, dsns: list[str], saver: str,
                  jobs: list[dict], tag: str):
         self.dir = workdir / f"py2-race-{tag}-{uuid.uuid4().hex[:6]}"
         self.dir.mkdir()
@@ -61,7 +90,7 @@ class Py2Racers(Racers):
         self.ids = [f"{tag}{i}" for i in range(len(dsns))]
         self.procs = []
         for rid, dsn in zip(self.ids, dsns):
-            argv = [str(LG2_PYTHON), "-W", "ignore", str(HERE / "racer.py"), "worker",
+            argv = [str(gen.python), "-W", "ignore", str(HERE / "racer.py"), "worker",
                     "--dsn", f"{dsn}&application_name=racer-{rid}", "--ledger-dsn", ledger_dsn,
                     "--id", rid, "--saver", saver, "--dir", str(self.dir),
                     "--jobs", str(self.dir / "jobs.json")]
@@ -71,22 +100,50 @@ class Py2Racers(Racers):
 
 
 # --------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module")
-def py2proxy(proxy_factory, workdir):
-    store = workdir / f"py2-claims-{uuid.uuid4().hex[:6]}.sqlite"
-    return proxy_factory("--claims-store", str(store), "--proxy-id", PROXY_ID, name="proxy-py2")
+ITEMS_RULE = """\
+[[channel]]
+name = "items"
+thread_id = "p2v-.*"
+schema = { type = "array", items = { type = "string" } }
+"""
+
+
+@pytest.fixture(scope="module", params=GENERATIONS, ids=lambda g: f"saver{g.version}")
+def gen(request) -> Generation:
+    g = request.param
+    if not g.python.exists():
+        pytest.fail(f"{g.python} is missing: integration/run_all.sh creates it from "
+                    f"integration/{g.requirements}")
+    version = lg2(g, "-c", "import importlib.metadata as m; print(m.version('langgraph-checkpoint-postgres'))")
+    assert version == g.version, f"{g.python} has langgraph-checkpoint-postgres {version}"
+    return g
 
 
 @pytest.fixture(scope="module")
-def dsns(direct_dsn, py2proxy, dbname) -> dict[str, str]:
-    if not LG2_PYTHON.exists():
-        pytest.fail(f"{LG2_PYTHON} is missing: integration/run_all.sh creates .venv-lg2 from "
-                    "integration/requirements-lg2.txt")
-    version = lg2("-c", "import importlib.metadata as m; print(m.version('langgraph-checkpoint-postgres'))")
-    assert version.startswith("2.0."), f"{LG2_PYTHON} has langgraph-checkpoint-postgres {version}"
-    # the 2.0.x migrations and the ledger table
-    lg2(str(HERE / "racer.py"), "setup", "--dsn", direct_dsn)
-    return {"direct": direct_dsn, "proxy": py2proxy.dsn(dbname)}
+def py2proxy(proxy_factory, workdir, gen):
+    store = workdir / f"{gen.tag}-claims-{uuid.uuid4().hex[:6]}.sqlite"
+    rules = write_rules_dir(workdir / f"{gen.tag}-rules-{uuid.uuid4().hex[:6]}", {"items.toml": ITEMS_RULE})
+    return proxy_factory("--claims-store", str(store), "--proxy-id", PROXY_ID, "--rules", str(rules),
+                         name=f"proxy-{gen.tag}")
+
+
+@pytest.fixture(scope="module")
+def gendb(pg, gen):
+    """A database of the generation's own: its migrations differ from the other's."""
+    name = f"rg_{gen.tag}_saver_{uuid.uuid4().hex[:8]}"
+    with connect(pg.dsn("postgres")) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    yield name
+    with connect(pg.dsn("postgres")) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def dsns(pg, gen, gendb, py2proxy) -> dict[str, str]:
+    direct = pg.dsn(gendb)
+    # the generation's migrations and the ledger table
+    lg2(gen, str(HERE / "racer.py"), "setup", "--dsn", direct)
+    return {"direct": direct, "proxy": py2proxy.dsn(gendb)}
 
 
 def tid(prefix: str) -> str:
@@ -117,8 +174,8 @@ def ops(evs: list[dict], name: str) -> list[dict]:
 @pytest.mark.parametrize("via", ["direct", "proxy"])
 @pytest.mark.parametrize("saver", SAVERS)
 @pytest.mark.parametrize("cell", RACE_CELLS, ids=lambda c: f"n{c[0]}")
-def test_race(dsns, py2proxy, workdir, via, saver, cell):
-    """N 2.0.25 racers resume one parked thread at the same instant, once per gate.
+def test_race(gen, dsns, py2proxy, workdir, via, saver, cell):
+    """N 2.0.x racers resume one parked thread at the same instant, once per gate.
     Stock: every racer succeeds, all N fire at 300 ms. Proxy: one fire, every loser
     refused (55000, or 55006 after the maximum wait) before its node ran."""
     n, gates = cell
@@ -127,10 +184,10 @@ def test_race(dsns, py2proxy, workdir, via, saver, cell):
     for gate in gates:
         for rep in range(RACE_REPS):
             thread = tid(f"p2r-{via}-g{gate}")
-            parked = json.loads(lg2(str(HERE / "racer.py"), "park", "--dsn", dsn, "--thread", thread))
-            assert parked["interrupts"], parked
+            parked = json.loads(lg2(gen, str(HERE / "racer.py"), "park", "--dsn", dsn, "--thread", thread))
+            assert [i["value"] for i in parked["interrupts"]] == [{"question": "approve gate?"}], parked
             jobs.append({"thread": thread, "graph": "one", "form": "bare", "gate_ms": gate})
-    racers = Py2Racers(workdir, direct, [dsn] * n, saver, jobs, f"{via[0]}")
+    racers = Py2Racers(gen, workdir, direct, [dsn] * n, saver, jobs, f"{via[0]}")
     try:
         runs = racers.run_all()
     finally:
@@ -141,7 +198,7 @@ def test_race(dsns, py2proxy, workdir, via, saver, cell):
         rows = ledger(direct, thread)
         tallies[gate].fires.append(len(rows))
         ctx = f"{via} {saver} n={n} gate={gate} thread={thread}\nresults={json.dumps(res, indent=1)}\nledger={rows}"
-        print(f"RESULT py2 race {via} {saver} n={n} gate={gate}: {len(rows)} fire(s), "
+        print(f"RESULT {gen.tag} race {via} {saver} n={n} gate={gate}: {len(rows)} fire(s), "
               f"{sum(not r['ok'] for r in res)} refused")
         if via == "direct":
             assert all(r["ok"] for r in res), ctx
@@ -175,7 +232,7 @@ def test_race(dsns, py2proxy, workdir, via, saver, cell):
                 r["error"]["code"] = r["error"]["sqlstate"]
         tallies[gate].add(winner, losers, late, len(ops(evs, "claim_waited")))
     for gate, tally in tallies.items():
-        record(tally.row(f"py2-{saver}-n{n}", via, gate))
+        record(tally.row(f"{gen.tag}-{saver}-n{n}", via, gate))
 
 
 # --------------------------------------------------------------------------- fork
@@ -185,11 +242,14 @@ FORK = ("import json, sys; import lg_enforce as E; "
 
 @pytest.mark.parametrize("via", ["direct", "proxy"])
 @pytest.mark.parametrize("form", ["bare", "map"])
-@pytest.mark.parametrize("saver", SAVERS)
-def test_fork_is_served_its_own_value(dsns, via, form, saver):
-    """A 2.0.25 resume addressed to the interrupt checkpoint C with False after branch
-    A answered True. Stock: the gate re-fires with True. Proxy: with False."""
-    res = json.loads(lg2("-c", FORK, saver, dsns[via], tid(f"p2f-{form}"), form))
+@pytest.mark.parametrize("saver", E.SAVER_KINDS)
+def test_fork_is_served_its_own_value(gen, dsns, via, form, saver):
+    """A 2.0.x resume addressed to the interrupt checkpoint C with False after branch
+    A answered True (bare: ``Command(resume=False)``; map: keyed by the interrupt's id,
+    or on langgraph 0.2.70 by its task's id). Stock: the gate re-fires with True.
+    Proxy: with False."""
+    res = json.loads(lg2(gen, "-c", FORK, saver, dsns[via], tid(f"p2f-{form}"), form))
+    assert res["parked_interrupts"] == [{"question": "approve?"}], res
     assert res["a_result"] == TRUE_FINAL and res["a_ledger"] == [True], res
     fork = res["forks"][0]
     if via == "direct":
@@ -200,3 +260,65 @@ def test_fork_is_served_its_own_value(dsns, via, form, saver):
     assert fork["effects"] == [False] and fork["result"] == FALSE_FINAL, fork
     assert fork["final_values"] == FALSE_FINAL and fork["final_id"] != res["a_final_id"], fork
     assert res["a_final_by_id"] == TRUE_FINAL, res
+
+
+# --------------------------------------------------------------------------- validity
+APPEND = """
+import json, sys
+import lg_enforce as E
+from racer import describe_error
+kind, dsn, thread = sys.argv[1:4]
+cfg = E.cfg_of(thread)
+out = {}
+with E.Driver(kind, dsn) as d:
+    g = E.build_items_graph(d.saver)
+    out["first"] = d.invoke(g, {"pending": "a"}, cfg)["items"]
+    try:
+        d.invoke(g, {"pending": None}, cfg)
+        out["error"] = None
+    except Exception as e:
+        out["error"] = describe_error(e)
+    out["state"] = d.get_state(g, cfg).values["items"]
+    out["then"] = d.invoke(g, {"pending": "b"}, cfg)["items"]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("via", ["direct", "proxy"])
+@pytest.mark.parametrize("saver", E.SAVER_KINDS)
+def test_invalid_write_is_refused(gen, dsns, via, saver):
+    """A task appends None to ``items`` (a list of strings by rule). Stock: invoke
+    succeeds and the None is durable in the pending write and the blob. Proxy: invoke
+    raises 23514 naming the channel and thread, nothing of that step is durable, and
+    the thread continues with the next valid input."""
+    thread = tid(f"p2v-{saver}")
+    res = json.loads(lg2(gen, "-c", APPEND, saver, dsns[via], thread))
+    rows = E.channel_rows(dsns["direct"], thread, "items")
+    assert res["first"] == ["a"], res
+    if via == "direct":
+        assert res["error"] is None and res["state"] == ["a", None], res
+        assert res["then"] == ["a", None, "b"], res
+        bad = E.invalid_items(rows)
+        assert ("writes", [None]) in bad and any(w == "blobs" for w, _ in bad), rows
+        return
+    err = res["error"]
+    assert err is not None and err["sqlstate"] == "23514", res
+    for part in ('channel "items"', f'thread "{thread}"', "schema path /items/type"):
+        assert part in err["message"], f"{part!r} not in {err['message']!r}"
+    assert res["state"] == ["a"] and res["then"] == ["a", "b"], res
+    assert E.invalid_items(rows) == [], f"invalid value durable through the proxy: {rows}"
+    assert E.dangling_versions(dsns["direct"], thread, "items") == []
+
+
+# --------------------------------------------------------------------------- recognition
+def test_every_statement_was_recognized(gen, dsns, py2proxy):
+    """The proxy logged no unenforced checkpoint traffic for this generation: its
+    saver profile recognized and decoded every statement and row the generation sent
+    (the module's races, forks and writes before this test, plus a fork and a refused
+    write over the async saver here, so the test holds on its own too)."""
+    json.loads(lg2(gen, "-c", FORK, "async", dsns["proxy"], tid("p2f-rec"), "map"))
+    res = json.loads(lg2(gen, "-c", APPEND, "async", dsns["proxy"], tid("p2v-rec")))
+    assert res["error"]["sqlstate"] == "23514", res
+    log = py2proxy.stderr_path.read_text(errors="replace")
+    unenforced = [ln for ln in log.splitlines() if "checkpoint traffic not enforced" in ln]
+    assert unenforced == [], "\n".join(unenforced)

@@ -1,6 +1,6 @@
 """Prints, as a Markdown table, the saver stacks the integration suite runs
-against: the packages installed in .venv (LangGraph Python, saver 3.x) and
-.venv-lg2 (saver 2.0.x), the LangGraph.js packages pinned by
+against: the packages installed in .venv (LangGraph Python, saver 3.x),
+.venv-lg2 (saver 2.0.25) and .venv-lg208 (saver 2.0.8), the LangGraph.js packages pinned by
 integration/js/package-lock.json, and the PostgreSQL server in $PG_BIN.
 integration/run_all.sh writes its output to
 integration/results/supported-versions.md after a passing run.
@@ -96,6 +96,8 @@ def table() -> str:
         python_row("Python `langgraph-checkpoint-postgres` 3.x", ROOT / ".venv",
                    "the pytest suite runs in it"),
         python_row("Python `langgraph-checkpoint-postgres` 2.0.x", ROOT / ".venv-lg2",
+                   "`test_py2_saver.py`"),
+        python_row("Python `langgraph-checkpoint-postgres` 2.0.x", ROOT / ".venv-lg208",
                    "`test_py2_saver.py`"),
     ]
     if js:
