@@ -44,9 +44,9 @@ pub struct HolderView {
 impl From<&ClaimRecord> for ClaimView {
     fn from(r: &ClaimRecord) -> Self {
         ClaimView {
-            thread_id: r.key.thread_id.clone(),
-            checkpoint_ns: r.key.checkpoint_ns.clone(),
-            checkpoint_id: r.key.checkpoint_id.clone(),
+            thread_id: r.key.at.thread_id.clone(),
+            checkpoint_ns: r.key.at.checkpoint_ns.clone(),
+            checkpoint_id: r.key.at.checkpoint_id.clone(),
             interrupt: r.key.short_fingerprint().to_owned(),
             state: r.state.as_str(),
             epoch: r.epoch,

@@ -14,23 +14,20 @@ use serde_json::json;
 
 use super::{now_ms, ClaimRecord, ClaimStore, StoreError};
 use crate::audit::{AuditEvent, AuditSink, Operation, SessionContext};
+use crate::saver::checkpoint_ref::CheckpointRef;
 
 /// What a committed write or a closed session means for claims.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Evidence {
     /// A run-level answer was recorded: the holder is alive.
     Progress {
-        thread_id: String,
-        checkpoint_ns: String,
-        checkpoint_id: String,
+        at: CheckpointRef,
         /// When the write passed the proxy (wall-clock ms).
         written_at_ms: i64,
     },
     /// The gated task wrote its results: the interrupt is consumed.
     Consumed {
-        thread_id: String,
-        checkpoint_ns: String,
-        checkpoint_id: String,
+        at: CheckpointRef,
         what: String,
         /// When the write passed the proxy: claims taken later (on a newer
         /// interrupt of the same checkpoint) are not consumed by it.
@@ -38,9 +35,8 @@ pub enum Evidence {
     },
     /// A checkpoint with this parent was written.
     MovedOn {
-        thread_id: String,
-        checkpoint_ns: String,
-        parent_checkpoint_id: String,
+        /// The new checkpoint's parent.
+        parent: CheckpointRef,
     },
     ThreadDeleted {
         thread_id: String,
@@ -109,14 +105,9 @@ fn run(
     for (ctx, ev) in rx {
         let now = now_ms();
         let result = match &ev {
-            Evidence::Progress {
-                thread_id,
-                checkpoint_ns,
-                checkpoint_id,
-                written_at_ms,
-            } => store
+            Evidence::Progress { at, written_at_ms } => store
                 .note_progress(
-                    (thread_id, checkpoint_ns, checkpoint_id),
+                    (&at.thread_id, &at.checkpoint_ns, &at.checkpoint_id),
                     "run-level __resume__ recorded",
                     *written_at_ms,
                     now,
@@ -124,24 +115,23 @@ fn run(
                 )
                 .map(|_| Vec::new()),
             Evidence::Consumed {
-                thread_id,
-                checkpoint_ns,
-                checkpoint_id,
+                at,
                 what,
                 written_at_ms,
             } => store.consume(
-                thread_id,
-                checkpoint_ns,
-                checkpoint_id,
+                &at.thread_id,
+                &at.checkpoint_ns,
+                &at.checkpoint_id,
                 what,
                 *written_at_ms,
                 now,
             ),
-            Evidence::MovedOn {
-                thread_id,
-                checkpoint_ns,
-                parent_checkpoint_id,
-            } => store.move_on(thread_id, checkpoint_ns, parent_checkpoint_id, now),
+            Evidence::MovedOn { parent } => store.move_on(
+                &parent.thread_id,
+                &parent.checkpoint_ns,
+                &parent.checkpoint_id,
+                now,
+            ),
             Evidence::ThreadDeleted { thread_id } => {
                 store.forget_thread(thread_id).map(|_| Vec::new())
             }
@@ -172,8 +162,8 @@ fn consumed_event(ctx: &SessionContext, ev: &Evidence, record: &ClaimRecord) -> 
         // The map form writes nothing until its node finished: a gate
         // longer than the lapse lets a second resume take over meanwhile.
         tracing::warn!(
-            thread = %record.key.thread_id,
-            checkpoint = %record.key.checkpoint_id,
+            thread = %record.key.at.thread_id,
+            checkpoint = %record.key.at.checkpoint_id,
             "claim consumed after it lapsed: a resume ran longer than claims.lapse_ms \
              (map-form resume with a slow gate?); raise claims.lapse_ms"
         );
@@ -184,10 +174,10 @@ fn consumed_event(ctx: &SessionContext, ev: &Evidence, record: &ClaimRecord) -> 
         other => format!("{other:?}"),
     };
     let mut e = AuditEvent::new(ctx, Operation::ClaimConsumed)
-        .with_thread(record.key.thread_id.clone())
+        .with_thread(record.key.at.thread_id.clone())
         .with_checkpoint(
-            record.key.checkpoint_ns.clone(),
-            record.key.checkpoint_id.clone(),
+            record.key.at.checkpoint_ns.clone(),
+            record.key.at.checkpoint_id.clone(),
         );
     e.detail = json!({
         "interrupt": record.key.short_fingerprint(),

@@ -47,9 +47,9 @@ impl SqliteClaims {
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)",
             )?
             .execute(params![
-                c.key.thread_id,
-                c.key.checkpoint_ns,
-                c.key.checkpoint_id,
+                c.key.at.thread_id,
+                c.key.at.checkpoint_ns,
+                c.key.at.checkpoint_id,
                 c.key.fingerprint,
                 c.holder.proxy_id,
                 c.holder.session_id as i64,

@@ -8,14 +8,14 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::saver::checkpoint_ref::CheckpointRef;
 use sha2::{Digest, Sha256};
 
 /// One interrupt of one parked checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ClaimKey {
-    pub thread_id: String,
-    pub checkpoint_ns: String,
-    pub checkpoint_id: String,
+    /// The parked checkpoint.
+    pub at: CheckpointRef,
     /// [`interrupt_fingerprint`] of the checkpoint's `__interrupt__` writes.
     pub fingerprint: String,
 }

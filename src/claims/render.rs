@@ -43,8 +43,8 @@ pub fn render_claims(records: &[ClaimRecord]) -> String {
             r.evidence.as_ref().map(|e| {
                 format!(
                     "  {} {} {}: {} ({})",
-                    r.key.thread_id,
-                    r.key.checkpoint_id,
+                    r.key.at.thread_id,
+                    r.key.at.checkpoint_id,
                     r.key.short_fingerprint(),
                     e,
                     r.state.as_str()
@@ -63,15 +63,15 @@ pub fn render_claims(records: &[ClaimRecord]) -> String {
 }
 
 fn cells(r: &ClaimRecord) -> [String; 14] {
-    let ns = if r.key.checkpoint_ns.is_empty() {
+    let ns = if r.key.at.checkpoint_ns.is_empty() {
         "''".to_string()
     } else {
-        r.key.checkpoint_ns.clone()
+        r.key.at.checkpoint_ns.clone()
     };
     [
-        r.key.thread_id.clone(),
+        r.key.at.thread_id.clone(),
         ns,
-        r.key.checkpoint_id.clone(),
+        r.key.at.checkpoint_id.clone(),
         r.key.short_fingerprint().to_string(),
         r.state.as_str().to_string(),
         r.epoch.to_string(),

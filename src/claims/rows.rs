@@ -5,6 +5,7 @@
 use rusqlite::{OptionalExtension, Row, ToSql, Transaction};
 
 use super::model::{ClaimKey, ClaimRecord, ClaimState, Holder};
+use crate::saver::checkpoint_ref::CheckpointRef;
 
 pub(super) const COLUMNS: &str = "thread_id, checkpoint_ns, checkpoint_id, fingerprint, state, \
     proxy_id, session_id, client_addr, application_name, claimed_at_ms, lapse_at_ms, \
@@ -18,9 +19,9 @@ pub(super) const CHECKPOINT_MATCH: &str =
 
 pub(super) fn key_params(key: &ClaimKey) -> [&dyn ToSql; 4] {
     [
-        &key.thread_id,
-        &key.checkpoint_ns,
-        &key.checkpoint_id,
+        &key.at.thread_id,
+        &key.at.checkpoint_ns,
+        &key.at.checkpoint_id,
         &key.fingerprint,
     ]
 }
@@ -71,9 +72,11 @@ fn record(r: &Row<'_>) -> rusqlite::Result<ClaimRecord> {
     })?;
     Ok(ClaimRecord {
         key: ClaimKey {
-            thread_id: r.get(0)?,
-            checkpoint_ns: r.get(1)?,
-            checkpoint_id: r.get(2)?,
+            at: CheckpointRef {
+                thread_id: r.get(0)?,
+                checkpoint_ns: r.get(1)?,
+                checkpoint_id: r.get(2)?,
+            },
             fingerprint: r.get(3)?,
         },
         holder: holder_at(r, 5)?,

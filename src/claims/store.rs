@@ -176,9 +176,9 @@ impl SqliteClaims {
                      ?5, ?6, ?7, ?8, ?9, ?10, NULL, NULL, 0, 0, NULL, NULL, ?11)"
                 ))?
                 .execute(params![
-                    key.thread_id,
-                    key.checkpoint_ns,
-                    key.checkpoint_id,
+                    key.at.thread_id,
+                    key.at.checkpoint_ns,
+                    key.at.checkpoint_id,
                     key.fingerprint,
                     holder.proxy_id,
                     holder.session_id as i64,
@@ -206,7 +206,8 @@ impl SqliteClaims {
             let outcome = match prev.state {
                 ClaimState::Consumed => {
                     let writing = self.run_lease_ms > 0
-                        && live_lease(tx, &key.thread_id, &key.checkpoint_ns, now_ms)?.is_some();
+                        && live_lease(tx, &key.at.thread_id, &key.at.checkpoint_ns, now_ms)?
+                            .is_some();
                     if prev.is_abandoned(now_ms, writing) {
                         let now = retake(tx, &prev, holder, now_ms, lapse_at_ms, 1)?;
                         ClaimOutcome::TakenOver {
@@ -519,9 +520,9 @@ fn retake(
          epoch = epoch + 1 WHERE {KEY_MATCH}"
     ))?
     .execute(params![
-        prev.key.thread_id,
-        prev.key.checkpoint_ns,
-        prev.key.checkpoint_id,
+        prev.key.at.thread_id,
+        prev.key.at.checkpoint_ns,
+        prev.key.at.checkpoint_id,
         prev.key.fingerprint,
         holder.proxy_id,
         holder.session_id as i64,

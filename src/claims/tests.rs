@@ -11,6 +11,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::*;
+use crate::saver::checkpoint_ref::CheckpointRef;
 
 const LAPSE: i64 = 30_000;
 const T0: i64 = 1_700_000_000_000;
@@ -54,9 +55,11 @@ impl Drop for TempDb {
 
 fn key(checkpoint_id: &str, interrupt: &[u8]) -> ClaimKey {
     ClaimKey {
-        thread_id: "t-1".into(),
-        checkpoint_ns: String::new(),
-        checkpoint_id: checkpoint_id.into(),
+        at: CheckpointRef {
+            thread_id: "t-1".into(),
+            checkpoint_ns: String::new(),
+            checkpoint_id: checkpoint_id.into(),
+        },
         fingerprint: interrupt_fingerprint(&[("gate-task", Some(interrupt))]),
     }
 }
@@ -279,10 +282,8 @@ conformance! {
             Ok(ClaimOutcome::Consumed(_))
         ));
         // Another namespace with the same ids is another claim too.
-        let sub = ClaimKey {
-            checkpoint_ns: "sub:abc".into(),
-            ..first.clone()
-        };
+        let mut sub = first.clone();
+        sub.at.checkpoint_ns = "sub:abc".into();
         assert!(matches!(
             store.try_claim(&sub, &holder("p2", 2), T0 + 12, LAPSE),
             Ok(ClaimOutcome::Taken(_))
@@ -312,10 +313,8 @@ conformance! {
             .with_retention(3_600_000)
             .with_superseded_grace(60_000);
         let parent = key("c1", b"q");
-        let other = ClaimKey {
-            thread_id: "t-2".into(),
-            ..key("c7", b"q")
-        };
+        let mut other = key("c7", b"q");
+        other.at.thread_id = "t-2".into();
         store
             .try_claim(&parent, &holder("p1", 1), T0, LAPSE)
             .expect("claim");
@@ -366,10 +365,8 @@ conformance! {
         store
             .try_claim(&key("c1", b"b"), &holder("p1", 1), T0, LAPSE)
             .expect("claim");
-        let other = ClaimKey {
-            thread_id: "t-2".into(),
-            ..key("c1", b"a")
-        };
+        let mut other = key("c1", b"a");
+        other.at.thread_id = "t-2".into();
         store
             .try_claim(&other, &holder("p1", 1), T0, LAPSE)
             .expect("claim");
@@ -465,7 +462,7 @@ conformance! {
             .expect("consume");
         let records = store.list(Some("t-1")).expect("list");
         assert_eq!(records.len(), 2);
-        assert_eq!(records[0].key.checkpoint_id, "c1");
+        assert_eq!(records[0].key.at.checkpoint_id, "c1");
         let table = render_claims(&records);
         let lines: Vec<&str> = table.lines().collect();
         assert!(lines[0].starts_with("THREAD"), "{table}");
@@ -550,13 +547,11 @@ conformance! {
         let db = fx.another("lease-end");
         let store = db.open().with_run_lease(10_000);
         for (cp, h) in [("c1", holder("p1", 1)), ("d1", holder("p1", 2))] {
-            let k = ClaimKey {
-                thread_id: format!("t-{cp}"),
-                ..key(cp, b"q")
-            };
+            let mut k = key(cp, b"q");
+            k.at.thread_id = format!("t-{cp}");
             store.try_claim(&k, &h, T0, LAPSE).expect("claim");
             store
-                .consume(&k.thread_id, "", cp, "task writes", i64::MAX, T0 + 1)
+                .consume(&k.at.thread_id, "", cp, "task writes", i64::MAX, T0 + 1)
                 .expect("consume");
         }
         // Session 1 closed: its lease ends within the grace; session 2's stays.

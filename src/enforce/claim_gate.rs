@@ -96,7 +96,7 @@ impl ClaimsLeg {
                 Ok(ClaimOutcome::TakenOver { previous, .. }) => {
                     let why = takeover_reason(previous);
                     if previous.state == ClaimState::Consumed {
-                        tracing::warn!(thread = %shown(&req.key.thread_id), checkpoint = %shown(&req.key.checkpoint_id),
+                        tracing::warn!(thread = %shown(&req.key.at.thread_id), checkpoint = %shown(&req.key.at.checkpoint_id),
                             holder = %previous.holder.proxy_id, session = previous.holder.session_id,
                             "{why}: the thread continues with this reader");
                     }
@@ -134,9 +134,9 @@ impl ClaimsLeg {
     }
 
     fn check_run_lease(&self, req: &ClaimRequest) -> Resolution {
-        let lease = self
-            .store
-            .run_lease(&req.key.thread_id, &req.key.checkpoint_ns, now_ms());
+        let lease =
+            self.store
+                .run_lease(&req.key.at.thread_id, &req.key.at.checkpoint_ns, now_ms());
         if let Err(e) = &lease {
             tracing::warn!(error = %e, "run lease unknown (claim store failed): head served");
         }
@@ -250,8 +250,8 @@ pub fn apply_claim(
     let key = &req.key;
     let event = |op| {
         AuditEvent::new(ctx, op)
-            .with_thread(key.thread_id.clone())
-            .with_checkpoint(key.checkpoint_ns.clone(), key.checkpoint_id.clone())
+            .with_thread(key.at.thread_id.clone())
+            .with_checkpoint(key.at.checkpoint_ns.clone(), key.at.checkpoint_id.clone())
     };
     if res.waited_ms > 0 {
         metrics::counter!("resumeguard_claims_total", "outcome" => "waited").increment(1);
@@ -266,7 +266,7 @@ pub fn apply_claim(
         ClaimDecision::Refuse { reason } => {
             let message = reason.message(key);
             crate::admin::metrics::claim_refused(reason);
-            tracing::info!(thread = %shown(&key.thread_id), "{}", shown(&message));
+            tracing::info!(thread = %shown(&key.at.thread_id), "{}", shown(&message));
             let interrupt = match reason {
                 Refusal::RunInProgress { lease } => lease.short_fingerprint(),
                 _ => key.short_fingerprint(),

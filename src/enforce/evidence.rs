@@ -66,34 +66,15 @@ pub fn continuation(kind: &StatementKind, rec: &WriteRecord) -> Option<Continuat
 impl Continuation {
     /// The claim evidence of this write, once it committed.
     fn evidence(self, written_at_ms: i64) -> Evidence {
-        let Continuation {
-            at:
-                CheckpointRef {
-                    thread_id,
-                    checkpoint_ns,
-                    checkpoint_id,
-                },
-            step,
-        } = self;
+        let Continuation { at, step } = self;
         match step {
-            Step::Progress => Evidence::Progress {
-                thread_id,
-                checkpoint_ns,
-                checkpoint_id,
-                written_at_ms,
-            },
+            Step::Progress => Evidence::Progress { at, written_at_ms },
             Step::TaskWrote(what) => Evidence::Consumed {
-                thread_id,
-                checkpoint_ns,
-                checkpoint_id,
+                at,
                 what,
                 written_at_ms,
             },
-            Step::Child => Evidence::MovedOn {
-                thread_id,
-                checkpoint_ns,
-                parent_checkpoint_id: checkpoint_id,
-            },
+            Step::Child => Evidence::MovedOn { parent: at },
         }
     }
 }

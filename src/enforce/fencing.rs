@@ -51,14 +51,6 @@ pub struct Fenced {
     pub event: AuditEvent,
 }
 
-fn checkpoint_of(key: &ClaimKey) -> CheckpointRef {
-    CheckpointRef::new(
-        key.thread_id.clone(),
-        key.checkpoint_ns.clone(),
-        key.checkpoint_id.clone(),
-    )
-}
-
 fn remember<T>(list: &mut VecDeque<T>, item: T) {
     if list.len() == REMEMBERED {
         list.pop_front();
@@ -69,7 +61,7 @@ fn remember<T>(list: &mut VecDeque<T>, item: T) {
 impl FenceGate {
     /// This session was served a claim on `key` at generation `epoch`.
     pub fn took(&mut self, key: &ClaimKey, epoch: i64) {
-        let at = checkpoint_of(key);
+        let at = key.at.clone();
         let known = self
             .took
             .iter()
@@ -82,7 +74,7 @@ impl FenceGate {
 
     /// This session read `key`'s checkpoint as a parked head.
     pub fn read_parked(&mut self, key: &ClaimKey) {
-        let at = checkpoint_of(key);
+        let at = key.at.clone();
         if !self.parked.contains(&at) {
             remember(&mut self.parked, at);
         }

@@ -204,9 +204,7 @@ impl Watch {
             return None;
         }
         Some(ClaimKey {
-            thread_id: row.at.thread_id.clone(),
-            checkpoint_ns: row.at.checkpoint_ns.clone(),
-            checkpoint_id: row.at.checkpoint_id.clone(),
+            at: row.at.clone(),
             fingerprint: interrupt_fingerprint(&interrupts),
         })
     }
@@ -220,9 +218,7 @@ impl Watch {
             return None;
         }
         Some(ClaimKey {
-            thread_id: row.at.thread_id.clone(),
-            checkpoint_ns: row.at.checkpoint_ns.clone(),
-            checkpoint_id: row.at.checkpoint_id.clone(),
+            at: row.at.clone(),
             fingerprint: String::new(),
         })
     }

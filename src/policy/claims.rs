@@ -204,9 +204,9 @@ impl Refusal {
     pub fn message(&self, key: &ClaimKey) -> String {
         let what = format!(
             "thread \"{}\", checkpoint_ns \"{}\", checkpoint \"{}\", interrupt {}",
-            key.thread_id,
-            key.checkpoint_ns,
-            key.checkpoint_id,
+            key.at.thread_id,
+            key.at.checkpoint_ns,
+            key.at.checkpoint_id,
             key.short_fingerprint()
         );
         match self {
@@ -238,7 +238,7 @@ impl Refusal {
                 who(&lease.holder),
                 format_ms(lease.answered_at_ms),
                 format_ms(lease.last_write_ms),
-                key.checkpoint_id
+                key.at.checkpoint_id
             ),
         }
     }

@@ -198,9 +198,11 @@ async fn sessions_lists_who_is_connected() {
 
 fn held_claim(store: &ClaimStore, thread: &str) {
     let key = ClaimKey {
-        thread_id: thread.into(),
-        checkpoint_ns: String::new(),
-        checkpoint_id: "1f0-c1".into(),
+        at: crate::saver::checkpoint_ref::CheckpointRef {
+            thread_id: thread.into(),
+            checkpoint_ns: String::new(),
+            checkpoint_id: "1f0-c1".into(),
+        },
         fingerprint: "ab".repeat(32),
     };
     let holder = Holder {

@@ -40,9 +40,9 @@ pub(super) fn lease_runs(
                  holder_instance = EXCLUDED.holder_instance"
             ),
             &[
-                &c.key.thread_id,
-                &c.key.checkpoint_ns,
-                &c.key.checkpoint_id,
+                &c.key.at.thread_id,
+                &c.key.at.checkpoint_ns,
+                &c.key.at.checkpoint_id,
                 &c.key.fingerprint,
                 &c.holder.proxy_id,
                 &(c.holder.session_id as i64),

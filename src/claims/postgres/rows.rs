@@ -6,6 +6,7 @@ use postgres::Row;
 
 use super::conn::{Fail, Tx};
 use crate::claims::model::{ClaimKey, ClaimRecord, ClaimState, Holder};
+use crate::saver::checkpoint_ref::CheckpointRef;
 
 pub(super) const COLUMNS: &str = "thread_id, checkpoint_ns, checkpoint_id, fingerprint, state, \
     proxy_id, session_id, client_addr, application_name, claimed_at_ms, lapse_at_ms, \
@@ -31,9 +32,9 @@ pub(super) fn select_key(
     let rows = tx.query(
         &format!("SELECT {COLUMNS} FROM {s}.claims WHERE {KEY_MATCH}{for_update}"),
         &[
-            &key.thread_id,
-            &key.checkpoint_ns,
-            &key.checkpoint_id,
+            &key.at.thread_id,
+            &key.at.checkpoint_ns,
+            &key.at.checkpoint_id,
             &key.fingerprint,
         ],
     )?;
@@ -91,9 +92,11 @@ pub(super) fn record(r: &Row) -> Result<ClaimRecord, Fail> {
         .ok_or_else(|| Fail(format!("unknown claim state {state:?} in the claims table")))?;
     Ok(ClaimRecord {
         key: ClaimKey {
-            thread_id: r.try_get(0)?,
-            checkpoint_ns: r.try_get(1)?,
-            checkpoint_id: r.try_get(2)?,
+            at: CheckpointRef {
+                thread_id: r.try_get(0)?,
+                checkpoint_ns: r.try_get(1)?,
+                checkpoint_id: r.try_get(2)?,
+            },
             fingerprint: r.try_get(3)?,
         },
         holder: holder_at(r, 5)?,
@@ -128,9 +131,9 @@ pub(super) fn insert_fresh(
              ON CONFLICT DO NOTHING"
         ),
         &[
-            &key.thread_id,
-            &key.checkpoint_ns,
-            &key.checkpoint_id,
+            &key.at.thread_id,
+            &key.at.checkpoint_ns,
+            &key.at.checkpoint_id,
             &key.fingerprint,
             &holder.proxy_id,
             &(holder.session_id as i64),

@@ -135,7 +135,7 @@ impl PgClaims {
             return Ok(outcome);
         }
         self.conn.with_tx("taking a claim", |tx| {
-            sweep(tx, &key.thread_id, &key.checkpoint_ns, gone_until)?;
+            sweep(tx, &key.at.thread_id, &key.at.checkpoint_ns, gone_until)?;
             let s = tx.schema;
             let mine = tx.instance;
             // The row may have gone since (purged, thread forgotten).
@@ -170,9 +170,9 @@ impl PgClaims {
                          WHERE {KEY_MATCH}"
                     ),
                     &[
-                        &key.thread_id,
-                        &key.checkpoint_ns,
-                        &key.checkpoint_id,
+                        &key.at.thread_id,
+                        &key.at.checkpoint_ns,
+                        &key.at.checkpoint_id,
                         &key.fingerprint,
                         &holder.proxy_id,
                         &(holder.session_id as i64),
@@ -195,7 +195,8 @@ impl PgClaims {
             let outcome = match prev.state {
                 ClaimState::Consumed => {
                     let writing = self.run_lease_ms > 0
-                        && live_lease(tx, &key.thread_id, &key.checkpoint_ns, now_ms)?.is_some();
+                        && live_lease(tx, &key.at.thread_id, &key.at.checkpoint_ns, now_ms)?
+                            .is_some();
                     if prev.is_abandoned(now_ms, writing) {
                         let now = retake(tx, &prev, holder, now_ms, lapse_at_ms, 1)?;
                         ClaimOutcome::TakenOver {
@@ -248,9 +249,9 @@ impl PgClaims {
             tx.execute(
                 &format!("UPDATE {s}.claims SET refusals = refusals + 1 WHERE {KEY_MATCH}"),
                 &[
-                    &key.thread_id,
-                    &key.checkpoint_ns,
-                    &key.checkpoint_id,
+                    &key.at.thread_id,
+                    &key.at.checkpoint_ns,
+                    &key.at.checkpoint_id,
                     &key.fingerprint,
                 ],
             )?;
@@ -467,9 +468,9 @@ fn retake(
              abandon_at_ms = NULL, epoch = epoch + 1, holder_instance = $12 WHERE {KEY_MATCH}"
         ),
         &[
-            &prev.key.thread_id,
-            &prev.key.checkpoint_ns,
-            &prev.key.checkpoint_id,
+            &prev.key.at.thread_id,
+            &prev.key.at.checkpoint_ns,
+            &prev.key.at.checkpoint_id,
             &prev.key.fingerprint,
             &holder.proxy_id,
             &(holder.session_id as i64),

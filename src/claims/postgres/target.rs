@@ -366,7 +366,19 @@ mod tests {
         let s = PgTarget::from_upstream(None, &UpstreamAddr::Unix("/run/pg/.s.PGSQL.5433".into()))
             .unwrap();
         assert!(s.shown().contains("/run/pg:5433/"), "{}", s.shown());
-        assert!(PgTarget::from_dsn("host=db sslmode=require").is_err());
+        // A DSN's own sslmode: require encrypts (unverified), disable never.
+        assert_eq!(
+            PgTarget::from_dsn("host=db sslmode=require")
+                .unwrap()
+                .sslmode(),
+            "require"
+        );
+        assert_eq!(
+            PgTarget::from_dsn("host=db sslmode=disable")
+                .unwrap()
+                .sslmode(),
+            "disable"
+        );
         assert!(PgTarget::from_dsn("host=db")
             .unwrap()
             .with_schema("Bad;")

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::test_server::PgSchema;
 use super::{PgClaims, PgTarget};
 use crate::claims::{interrupt_fingerprint, ClaimKey, ClaimOutcome, ClaimState, Holder};
+use crate::saver::checkpoint_ref::CheckpointRef;
 
 const LAPSE: i64 = 600_000;
 const T0: i64 = 1_700_000_000_000;
@@ -16,9 +17,11 @@ const GRACE: i64 = 1_000;
 
 fn key(checkpoint_id: &str) -> ClaimKey {
     ClaimKey {
-        thread_id: "t-1".into(),
-        checkpoint_ns: String::new(),
-        checkpoint_id: checkpoint_id.into(),
+        at: CheckpointRef {
+            thread_id: "t-1".into(),
+            checkpoint_ns: String::new(),
+            checkpoint_id: checkpoint_id.into(),
+        },
         fingerprint: interrupt_fingerprint(&[("gate", Some(&b"approve?"[..]))]),
     }
 }

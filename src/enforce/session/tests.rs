@@ -632,7 +632,10 @@ fn a_head_with_tasks_to_run_asks_for_the_run_lease_and_a_finished_one_does_not()
     let req = running.claim.expect("the run lease is asked");
     assert_eq!(req.head, Head::Running);
     assert_eq!(
-        (req.key.thread_id.as_str(), req.key.checkpoint_id.as_str()),
+        (
+            req.key.at.thread_id.as_str(),
+            req.key.at.checkpoint_id.as_str()
+        ),
         ("t1", "ck1")
     );
     assert!(req.key.fingerprint.is_empty());
@@ -726,9 +729,9 @@ fn a_parked_head_asks_for_a_claim_keyed_by_its_interrupt() {
     let req = verdict.claim.expect("a claim is requested");
     assert_eq!(
         (
-            req.key.thread_id.as_str(),
-            req.key.checkpoint_ns.as_str(),
-            req.key.checkpoint_id.as_str()
+            req.key.at.thread_id.as_str(),
+            req.key.at.checkpoint_ns.as_str(),
+            req.key.at.checkpoint_id.as_str()
         ),
         ("t1", "", "ck1")
     );

@@ -19,9 +19,11 @@ fn holder() -> Holder {
 
 fn key() -> ClaimKey {
     ClaimKey {
-        thread_id: "t-1".into(),
-        checkpoint_ns: String::new(),
-        checkpoint_id: "1f0-c5".into(),
+        at: CheckpointRef {
+            thread_id: "t-1".into(),
+            checkpoint_ns: String::new(),
+            checkpoint_id: "1f0-c5".into(),
+        },
         fingerprint: "abcdef0123456789".repeat(4),
     }
 }
@@ -259,9 +261,8 @@ fn a_running_head_under_another_sessions_lease_is_refused() {
     };
     assert_eq!(reason.sqlstate(), SQLSTATE_ANSWERED);
     let head = ClaimKey {
-        checkpoint_id: "1f0-c6".into(),
+        at: key().at.sibling("1f0-c6"),
         fingerprint: String::new(),
-        ..key()
     };
     assert_eq!(
         reason.message(&head),
