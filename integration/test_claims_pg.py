@@ -8,7 +8,8 @@ serve`` processes that share nothing but the database: separate state dirs).
   grants the interrupt, so it fires once per proxy (the defect this backend ends);
 - a proxy SIGKILLed while its racer holds the claim: the other proxy sees its
   liveness lock gone and its racer takes the claim over within the holder-gone
-  grace, where the claim's lapse would have kept it refused for 30 s;
+  grace, where the claim's lapse would have kept it refused for 30 s; the killed
+  holder's write, replayed later through the surviving proxy, is fenced;
 - ``resumeguard claims list|release --upstream`` reads and edits the same claims;
 - the claims schema holds the claims (``resumeguard.claims``).
 """
@@ -28,6 +29,7 @@ import pytest
 import racer as R
 from conftest import HOST, proxy_binary, run_audit_cli
 from test_consume_once import Racers, make_jobs, one_resumer, park, wait_for_node
+from test_fencing import replay_write
 
 GRACE_MS = 1000          # holder_gone_grace_ms
 LONG_LAPSE_MS = 30000    # long enough that only liveness explains a fast takeover
@@ -133,6 +135,24 @@ def test_sigkilled_proxy_holding_a_claim_is_taken_over_within_the_bound(
     evs = run_audit_cli(p2.audit_db, thread)
     takeover = [e for e in evs if e["operation"] == "claim_takeover"]
     assert [e["application_name"] for e in takeover] == [f"racer-{rid}"], evs
+    # The killed holder's client reconnects through the surviving proxy and replays
+    # its gated task's write: fenced (the claim's holder is the takeover's session,
+    # at epoch 2), nothing written, the parked checkpoint keeps one child.
+    with psycopg.connect(env.direct, autocommit=True) as c:
+        parked, task_id = c.execute(
+            "select checkpoint_id, task_id from checkpoint_writes where thread_id = %s "
+            "and channel = '__interrupt__'", (thread,)).fetchone()
+    replay_dsn = p2.dsn(env.dbname, application_name="replayer")
+    assert replay_write(replay_dsn, thread, parked, task_id) == "RGF01"
+    with psycopg.connect(env.direct, autocommit=True) as c:
+        replayed = c.execute("select count(*) from checkpoint_writes where thread_id = %s "
+                             "and channel = 'replayed'", (thread,)).fetchone()[0]
+        children = c.execute("select count(*) from checkpoints where thread_id = %s and "
+                             "parent_checkpoint_id = %s", (thread, parked)).fetchone()[0]
+    assert (replayed, children) == (0, 1)
+    fenced = [e for e in run_audit_cli(p2.audit_db, thread) if e["operation"] == "write_fenced"]
+    assert [(e["application_name"], e["detail"]["epoch"]) for e in fenced] == [("replayer", 2)], \
+        fenced
 
 
 def claims_cli(*args: str) -> subprocess.CompletedProcess:

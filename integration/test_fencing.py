@@ -1,6 +1,7 @@
 """Fencing of superseded claim holders, end to end: two proxies (``fx-A``, ``fx-B``)
-share one SQLite claims file; each scenario runs beside the same scenario straight
-to PostgreSQL, where the stock defect shows.
+that share nothing but the database (claims in PostgreSQL, a state directory
+each); each scenario runs beside the same scenario straight to PostgreSQL, where
+the stock defect shows.
 
 - A map-form gate slower than ``lapse_ms``: the first resumer's claim lapses while
   its node still runs, a second resumer (other proxy) takes it over and completes;
@@ -37,14 +38,18 @@ FENCED = "RGF01"
 
 @pytest.fixture(scope="module")
 def fx(proxy_factory, direct_dsn, workdir) -> Env:
-    store = workdir / f"fx-claims-{uuid.uuid4().hex[:6]}.sqlite"
+    # The default claims backend (the PostgreSQL the proxies front), and a state
+    # directory per proxy: the two share nothing but the database.
     cfg = workdir / "fx.toml"
-    cfg.write_text(f'[enforce]\nconsume_once = true\n\n[claims]\nstore = "{store}"\n'
+    cfg.write_text(f'[enforce]\nconsume_once = true\n\n[claims]\n'
                    f'lapse_ms = {LAPSE_MS}\npolicy = "wait"\nholder_gone_grace_ms = 1000\n')
+    state = workdir / f"fx-state-{uuid.uuid4().hex[:6]}"
+    store = state / "unused"
     admin = free_port()
     a = proxy_factory("--config", str(cfg), "--proxy-id", "fx-A", "--admin-listen",
-                      f"{HOST}:{admin}", name="fx-A")
-    b = proxy_factory("--config", str(cfg), "--proxy-id", "fx-B", name="fx-B")
+                      f"{HOST}:{admin}", "--state-dir", str(state / "a"), name="fx-A")
+    b = proxy_factory("--config", str(cfg), "--proxy-id", "fx-B", "--state-dir",
+                      str(state / "b"), name="fx-B")
     R.CTX["ledger_dsn"] = direct_dsn
     R.CTX["ledger"] = None
     R.main(["setup", "--dsn", direct_dsn])
