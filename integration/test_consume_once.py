@@ -14,7 +14,9 @@ CI runs the reduced matrix below (CI_CELLS). The full matrix (N = 2,4,8,16 x gat
 ``integration/full_matrix.sh``; it runs this module's ``test_race`` with
 RG_CO_FULL=1 and prints a results table (fires / refusals / waits per cell).
 
-Proxies (``co`` fixture): ``co-A`` and ``co-B`` share one claims store (A also has the
+Proxies (``co`` fixture): ``co-A`` and ``co-B`` share one claims store, by default
+the PostgreSQL they front, each with a state directory of its own
+(``RG_CO_BACKEND=sqlite``: one SQLite file) (A also has the
 inspection application_name pattern ``^rg-inspect``, an inspection listener and
 ``inspection_sql_hint = true``);
 ``co-F`` has an unopenable claims store (fail closed).
@@ -41,6 +43,8 @@ from conftest import HOST, free_port, port_accepts, proxy_binary, run_audit_cli
 HERE = Path(__file__).resolve().parent
 LAPSE_MS = 3000
 GRACE_MS = 1000          # holder_gone_grace_ms
+# The claims store co-A and co-B share: "postgres" (the default backend) or "sqlite".
+CO_BACKEND = os.environ.get("RG_CO_BACKEND", "postgres")
 PROGRESS_HOLD_MS = 10000
 INSPECT_APP = "rg-inspect-ui"
 REFUSED = "55000"
@@ -109,11 +113,15 @@ class Env:
 
 
 @pytest.fixture(scope="module")
-def co(proxy_factory, direct_dsn, workdir) -> Env:
+def co(proxy_factory, direct_dsn, pg, workdir) -> Env:
+    # co-A and co-B share one claims store: by default the PostgreSQL they front
+    # (each with a state directory of its own: they share nothing else);
+    # RG_CO_BACKEND=sqlite makes it one SQLite file.
     store = workdir / f"co-claims-{uuid.uuid4().hex[:6]}.sqlite"
     ins = free_port()
     cfg_a = workdir / "co-A.toml"
-    common = (f'store = "{store}"\nlapse_ms = {LAPSE_MS}\npolicy = "wait"\n'
+    where = f'store = "{store}"\n' if CO_BACKEND == "sqlite" else ""
+    common = (f'{where}lapse_ms = {LAPSE_MS}\npolicy = "wait"\n'
               f'holder_gone_grace_ms = {GRACE_MS}\nprogress_hold_ms = {PROGRESS_HOLD_MS}\n')
     cfg_a.write_text(f'[enforce]\nconsume_once = true\n\n[claims]\n{common}proxy_id = "co-A"\n'
                      f'inspection_application_names = ["^rg-inspect"]\n'
@@ -121,9 +129,11 @@ def co(proxy_factory, direct_dsn, workdir) -> Env:
                      f'inspection_sql_hint = true\n')
     cfg_b = workdir / "co-B.toml"
     cfg_b.write_text(f'[claims]\n{common}')
-    a = proxy_factory("--config", str(cfg_a), name="co-A")
+    states = workdir / f"co-state-{uuid.uuid4().hex[:6]}"
+    a = proxy_factory("--config", str(cfg_a), "--state-dir", str(states / "a"), name="co-A")
     # --proxy-id on the command line overrides the file; the store is shared with A
-    b = proxy_factory("--config", str(cfg_b), "--proxy-id", "co-B", name="co-B")
+    b = proxy_factory("--config", str(cfg_b), "--proxy-id", "co-B", "--state-dir",
+                      str(states / "b"), name="co-B")
     f = proxy_factory("--claims-store", "/proc/nonexistent/claims.sqlite", "--proxy-id", "co-F",
                       name="co-F")
     deadline = time.monotonic() + 10
@@ -135,7 +145,10 @@ def co(proxy_factory, direct_dsn, workdir) -> Env:
     out = subprocess.run([sys.executable, str(HERE / "racer.py"), "setup", "--dsn", direct_dsn],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    return Env(direct_dsn, a, b, f, ins, store, workdir)
+    env = Env(direct_dsn, a, b, f, ins, store, workdir)
+    env.claims_at = (["--store", str(store)] if CO_BACKEND == "sqlite"
+                     else ["--upstream", f"postgres://postgres@{HOST}:{pg.port}/postgres"])
+    return env
 
 
 def tid(prefix: str) -> str:
@@ -421,7 +434,7 @@ def test_race(co, cell):
         summary[f"max_winner_ms_g{gate}"] = round(max(winner_ms), 1)
     # the consumed claim is listed by the operator command
     first = jobs[0]["thread"]
-    out = claims_cli("list", "--store", str(co.store), "--thread", first).stdout
+    out = claims_cli("list", *co.claims_at, "--thread", first).stdout
     line = next((ln for ln in out.splitlines() if ln.startswith(first)), "")
     assert " consumed " in line, out
     print("RESULT " + json.dumps(summary))
@@ -752,12 +765,12 @@ def test_claims_list_and_release(co):
     resumer = one_resumer(co, co.dsn("A"), thread, "rel-")
     insp = Inspector(co.dsn("A", "rg-holder"), thread, hold_s=30)
     try:
-        out = claims_cli("list", "--store", str(co.store), "--thread", thread).stdout
+        out = claims_cli("list", *co.claims_at, "--thread", thread).stdout
         rows = [ln for ln in out.splitlines() if ln.startswith(thread)]
         assert len(rows) == 1 and " held " in rows[0] and "co-A/" in rows[0] and "rg-holder" in rows[0], out
-        rel = claims_cli("release", "--thread", thread, "--store", str(co.store)).stdout
+        rel = claims_cli("release", "--thread", thread, *co.claims_at).stdout
         assert "released 1 claim(s)" in rel, rel
-        out = claims_cli("list", "--store", str(co.store), "--thread", thread).stdout
+        out = claims_cli("list", *co.claims_at, "--thread", thread).stdout
         assert " held " not in out, out
         resumer.ready(0)
         t_go, r = resumer.go_and_finish()
@@ -770,11 +783,11 @@ def test_claims_list_and_release(co):
     assert latency < 1.0
     rid = resumer.ids[0]
     assert ledger(co, thread) == [(rid, "gate", json.dumps(f"v-{rid}"))]
-    out = claims_cli("list", "--store", str(co.store), "--thread", thread).stdout
+    out = claims_cli("list", *co.claims_at, "--thread", thread).stdout
     rows = [ln for ln in out.splitlines() if ln.startswith(thread)]
     assert len(rows) == 1 and " consumed " in rows[0] and f"racer-{rid}" in rows[0], out
     # nothing left to release
-    rel = claims_cli("release", "--thread", thread, "--store", str(co.store)).stdout
+    rel = claims_cli("release", "--thread", thread, *co.claims_at).stdout
     assert "released 0 claim(s)" in rel, rel
 
 

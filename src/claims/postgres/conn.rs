@@ -160,15 +160,18 @@ impl PgConn {
         }
     }
 
-    /// Connects now if it can; otherwise logs the error (ERROR) and
-    /// connects on use, with backoff.
+    /// Connects every decision connection now if it can (a proxy holds
+    /// from its start what it holds under traffic); otherwise logs the
+    /// error (ERROR) and connects on use, with backoff.
     pub(super) fn connect(target: PgTarget, role: Role) -> PgConn {
         let conn = PgConn::new(target, role);
-        let mut slot = conn.slot();
-        if let Err(error) = conn.ensure(&mut slot) {
-            conn.mark_down(error);
+        for slot in &conn.slots {
+            let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Err(error) = conn.ensure(&mut slot) {
+                conn.mark_down(error);
+                break;
+            }
         }
-        drop(slot);
         conn
     }
 
