@@ -1,0 +1,106 @@
+//! The upstream as configured: `host:port`, a socket path or directory,
+//! or a `postgres://` URL, whose TLS parameters are read and whose other
+//! parameters are the clients' own.
+
+use super::error::ConfigError;
+use crate::wire::upstream::UpstreamAddr;
+use crate::wire::upstream_tls::UpstreamTlsParams;
+
+/// The upstream from `host:port`, `host`, a `postgres://` URL, or a Unix
+/// socket: `unix:/path/.s.PGSQL.5432`, a socket directory (`/var/run/postgresql`,
+/// port 5432), or a URL with `?host=/dir` (libpq's spelling, port from the URL).
+pub fn upstream_addr(spec: &str) -> Result<UpstreamAddr, ConfigError> {
+    if let Some(path) = spec.strip_prefix("unix:") {
+        return Ok(UpstreamAddr::Unix(path.to_owned()));
+    }
+    if spec.starts_with('/') {
+        return Ok(UpstreamAddr::Unix(socket_in(spec, "5432")));
+    }
+    let rest = match spec.split_once("://") {
+        Some((scheme, rest)) if scheme == "postgres" || scheme == "postgresql" => rest,
+        Some((scheme, _)) => return Err(ConfigError::UpstreamScheme(scheme.to_owned())),
+        None => spec,
+    };
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let port = match hostport.rsplit_once(':') {
+        Some((_, port)) if !port.is_empty() && !hostport.ends_with(']') => Some(port),
+        _ => None,
+    };
+    let socket_dir = rest
+        .split_once('?')
+        .and_then(|(_, q)| q.split('&').find_map(|kv| kv.strip_prefix("host=")))
+        .filter(|h| h.starts_with('/'));
+    if let Some(dir) = socket_dir {
+        return Ok(UpstreamAddr::Unix(socket_in(dir, port.unwrap_or("5432"))));
+    }
+    if hostport.is_empty() {
+        return Err(ConfigError::UpstreamHost(spec.to_owned()));
+    }
+    Ok(UpstreamAddr::Tcp(match port {
+        Some(_) => hostport.to_owned(),
+        None => format!("{hostport}:5432"),
+    }))
+}
+
+/// Reads the TLS parameters of a `postgres://` URL's query into `p`. An
+/// `ssl*` parameter the proxy does not implement is refused rather than
+/// ignored; other parameters (application_name, ...) belong to clients.
+pub(super) fn url_tls_params(spec: &str, p: &mut UpstreamTlsParams) -> Result<(), ConfigError> {
+    let Some((_, query)) = spec.split_once("://").and_then(|(_, r)| r.split_once('?')) else {
+        return Ok(());
+    };
+    for pair in query.split('&').filter(|kv| !kv.is_empty()) {
+        let (key, raw) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = percent_decode(raw)?;
+        match key {
+            "sslmode" => p.sslmode = Some(value),
+            "sslrootcert" => p.sslrootcert = Some(value.into()),
+            "sslcert" => p.sslcert = Some(value.into()),
+            "sslkey" => p.sslkey = Some(value.into()),
+            "sslsni" => {
+                p.sni = Some(match value.as_str() {
+                    "1" => true,
+                    "0" => false,
+                    v => return Err(ConfigError::UpstreamSni(v.to_owned())),
+                })
+            }
+            "sslnegotiation" if value == "postgres" => {}
+            k if k.starts_with("ssl") || k == "requiressl" => {
+                return Err(ConfigError::UpstreamParameter {
+                    key: k.to_owned(),
+                    value,
+                })
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// `%XX` escapes of a URL query value, decoded.
+fn percent_decode(s: &str) -> Result<String, ConfigError> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = s.get(i + 1..i + 3).unwrap_or_default();
+                let b = u8::from_str_radix(hex, 16)
+                    .map_err(|_| ConfigError::UpstreamEscape(s.to_owned()))?;
+                out.push(b);
+                i += 3;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| ConfigError::UpstreamUtf8(s.to_owned()))
+}
+
+fn socket_in(dir: &str, port: &str) -> String {
+    format!("{}/.s.PGSQL.{port}", dir.trim_end_matches('/'))
+}
