@@ -25,13 +25,13 @@ import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
-import psycopg
 import pytest
 
 import netns as N
 import racer as R
 from conftest import PgServer, Proxy, make_dsn, port_accepts, proxy_binary, run_audit_cli
-from test_consume_once import Racers, make_jobs, one_resumer, park, wait_for_node
+from test_claims_pg import ledger, race
+from test_consume_once import one_resumer, park, wait_for_node
 
 HERE = Path(__file__).resolve().parent
 WHY_NOT = N.unavailable()
@@ -122,26 +122,6 @@ def hosts(workdir):
 def pg_bin() -> Path:
     from conftest import PG_BIN
     return Path(PG_BIN)
-
-
-def ledger(env, thread: str) -> list[tuple]:
-    with psycopg.connect(env.direct, autocommit=True) as c:
-        return c.execute("select racer, node, value from rg_ledger where thread_id = %s "
-                         "order by seq", (thread,)).fetchall()
-
-
-def race(env, proxies, n: int, gates=(0, 300)) -> dict[int, list[int]]:
-    dsns = [proxies[i % len(proxies)].dsn(env.dbname) for i in range(n)]
-    jobs = make_jobs(proxies[0].dsn(env.dbname), "bare", gates, 1, "conn", f"ns{n}")
-    racers = Racers(env, dsns, "conn", jobs, "n")
-    try:
-        racers.run_all()
-    finally:
-        racers.kill()
-    fires: dict[int, list[int]] = {}
-    for job in jobs:
-        fires.setdefault(job["gate_ms"], []).append(len(ledger(env, job["thread"])))
-    return fires
 
 
 @pytest.mark.timeout(600)
