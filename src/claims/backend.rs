@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 
 use super::error::StoreError;
 use super::model::{ClaimKey, ClaimRecord, Holder, RunLease};
+use super::outcome::ClaimOutcome;
 use super::postgres::{PgClaims, PgTarget};
-use super::store::{ClaimOutcome, SqliteClaims};
+use super::store::SqliteClaims;
 
 /// Where a proxy's claims live.
 #[derive(Debug, Clone)]

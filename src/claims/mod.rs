@@ -23,6 +23,7 @@ mod file;
 mod leases;
 pub mod location;
 mod model;
+mod outcome;
 pub mod postgres;
 mod render;
 mod rows;
@@ -37,8 +38,9 @@ pub use file::BUSY_TIMEOUT;
 pub use model::{
     format_ms, interrupt_fingerprint, now_ms, ClaimKey, ClaimRecord, ClaimState, Holder, RunLease,
 };
+pub use outcome::ClaimOutcome;
 pub use render::render_claims;
 pub use store::{
-    ClaimOutcome, SqliteClaims, DEFAULT_RETAIN_MS, DEFAULT_RUN_LEASE_MS,
-    DEFAULT_SUPERSEDED_GRACE_MS, NEXT_CHECKPOINT,
+    SqliteClaims, DEFAULT_RETAIN_MS, DEFAULT_RUN_LEASE_MS, DEFAULT_SUPERSEDED_GRACE_MS,
+    NEXT_CHECKPOINT,
 };

@@ -20,6 +20,7 @@ use super::error::StoreError;
 use super::file::{OpenMode, StoreFile};
 use super::leases::{drop_thread_leases, end_holder_leases, live_lease};
 use super::model::{ClaimKey, ClaimRecord, ClaimState, Holder};
+use super::outcome::{decide_existing, ClaimOutcome};
 use super::rows::{key_params, select_key, select_where, CHECKPOINT_MATCH, COLUMNS, KEY_MATCH};
 
 /// Default retention of finished rows (consumed, released, long-lapsed):
@@ -41,34 +42,6 @@ pub const DEFAULT_RUN_LEASE_MS: i64 = 10 * 1000;
 
 /// Evidence recorded when a newer checkpoint consumes held claims.
 pub const NEXT_CHECKPOINT: &str = "next checkpoint";
-
-/// What a reader of a parked head got from `try_claim`.
-// Built once per parked read and moved, never stored in bulk: boxing the
-// takeover's two records would buy nothing and complicate matching.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClaimOutcome {
-    /// No live claim existed (none, or released): this reader holds it now.
-    Taken(ClaimRecord),
-    /// The same session (proxy_id + session_id) already holds it: pass.
-    /// The lapse time is not extended: a session that keeps re-reading
-    /// without answering (a polling `get_state`) must not hold the
-    /// interrupt forever.
-    AlreadyHeld(ClaimRecord),
-    /// Another session holds it and it has not lapsed.
-    Busy(ClaimRecord),
-    /// Another session's claim could be taken and this reader took it:
-    /// a held claim that lapsed with no evidence, or a consumed claim whose
-    /// answering run was abandoned ([`ClaimRecord::is_abandoned`];
-    /// `previous.state` is then `Consumed`). `now` has `takeovers`
-    /// incremented.
-    TakenOver {
-        previous: ClaimRecord,
-        now: ClaimRecord,
-    },
-    /// The interrupt was already answered (by whichever session).
-    Consumed(ClaimRecord),
-}
 
 /// Handle on the shared claim file, one per proxy process.
 ///
@@ -203,36 +176,13 @@ impl SqliteClaims {
                     abandon_at_ms: None,
                 }));
             };
-            let outcome = match prev.state {
-                ClaimState::Consumed => {
-                    let writing = self.run_lease_ms > 0
-                        && live_lease(tx, &key.at.thread_id, &key.at.checkpoint_ns, now_ms)?
-                            .is_some();
-                    if prev.is_abandoned(now_ms, writing) {
-                        let now = retake(tx, &prev, holder, now_ms, lapse_at_ms, 1)?;
-                        ClaimOutcome::TakenOver {
-                            previous: prev,
-                            now,
-                        }
-                    } else {
-                        ClaimOutcome::Consumed(prev)
-                    }
-                }
-                ClaimState::Held if prev.holder.same_session(holder) => {
-                    ClaimOutcome::AlreadyHeld(prev)
-                }
-                ClaimState::Held if now_ms < prev.lapse_at_ms => ClaimOutcome::Busy(prev),
-                ClaimState::Held => {
-                    let now = retake(tx, &prev, holder, now_ms, lapse_at_ms, 1)?;
-                    ClaimOutcome::TakenOver {
-                        previous: prev,
-                        now,
-                    }
-                }
-                ClaimState::Released => {
-                    ClaimOutcome::Taken(retake(tx, &prev, holder, now_ms, lapse_at_ms, 0)?)
-                }
-            };
+            // Whether the answering run still writes: asked only of a consumed row.
+            let writing = prev.state == ClaimState::Consumed
+                && self.run_lease_ms > 0
+                && live_lease(tx, &key.at.thread_id, &key.at.checkpoint_ns, now_ms)?.is_some();
+            let outcome = decide_existing(prev, holder, now_ms, writing, |prev, takeovers| {
+                retake(tx, prev, holder, now_ms, lapse_at_ms, takeovers)
+            })?;
             Ok(outcome)
         })
     }

@@ -18,9 +18,9 @@ use super::rows::{
 use super::target::PgTarget;
 use crate::claims::error::StoreError;
 use crate::claims::model::{ClaimKey, ClaimRecord, ClaimState, Holder, RunLease};
+use crate::claims::outcome::{decide_existing, ClaimOutcome};
 use crate::claims::store::{
-    ClaimOutcome, DEFAULT_RETAIN_MS, DEFAULT_RUN_LEASE_MS, DEFAULT_SUPERSEDED_GRACE_MS,
-    NEXT_CHECKPOINT,
+    DEFAULT_RETAIN_MS, DEFAULT_RUN_LEASE_MS, DEFAULT_SUPERSEDED_GRACE_MS, NEXT_CHECKPOINT,
 };
 
 /// Default holder-gone grace applied to holders whose process is gone.
@@ -192,36 +192,13 @@ impl PgClaims {
                     epoch,
                 )));
             }
-            let outcome = match prev.state {
-                ClaimState::Consumed => {
-                    let writing = self.run_lease_ms > 0
-                        && live_lease(tx, &key.at.thread_id, &key.at.checkpoint_ns, now_ms)?
-                            .is_some();
-                    if prev.is_abandoned(now_ms, writing) {
-                        let now = retake(tx, &prev, holder, now_ms, lapse_at_ms, 1)?;
-                        ClaimOutcome::TakenOver {
-                            previous: prev,
-                            now,
-                        }
-                    } else {
-                        ClaimOutcome::Consumed(prev)
-                    }
-                }
-                ClaimState::Held if prev.holder.same_session(holder) => {
-                    ClaimOutcome::AlreadyHeld(prev)
-                }
-                ClaimState::Held if now_ms < prev.lapse_at_ms => ClaimOutcome::Busy(prev),
-                ClaimState::Held => {
-                    let now = retake(tx, &prev, holder, now_ms, lapse_at_ms, 1)?;
-                    ClaimOutcome::TakenOver {
-                        previous: prev,
-                        now,
-                    }
-                }
-                ClaimState::Released => {
-                    ClaimOutcome::Taken(retake(tx, &prev, holder, now_ms, lapse_at_ms, 0)?)
-                }
-            };
+            // Whether the answering run still writes: asked only of a consumed row.
+            let writing = prev.state == ClaimState::Consumed
+                && self.run_lease_ms > 0
+                && live_lease(tx, &key.at.thread_id, &key.at.checkpoint_ns, now_ms)?.is_some();
+            let outcome = decide_existing(prev, holder, now_ms, writing, |prev, takeovers| {
+                retake(tx, prev, holder, now_ms, lapse_at_ms, takeovers)
+            })?;
             Ok(outcome)
         })
     }
