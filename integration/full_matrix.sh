@@ -11,7 +11,9 @@
 # (LangGraph Python 3.x, the cells above); js = test_js_saver.py (LangGraph.js,
 # N x gates x reps); py2 and py208 = test_py2_saver.py (Python 2.0.25 and 2.0.8,
 # N x gates x reps x RG_CO_SAVERS). RG_CO_FORMS and RG_CO_PROXIES apply to py3 only.
-#   RG_CO_STACKS=py3,js,py2,py208 integration/full_matrix.sh
+# split = test_claims_pg.py: two proxies with separate state dirs, N x conn/pool/async,
+# on PostgreSQL claims beside SQLite stores per proxy (the double fire).
+#   RG_CO_STACKS=py3,js,py2,py208,split integration/full_matrix.sh
 # Extra arguments go to pytest (e.g. -x, or -k 'n16').
 #
 # Every cell runs racers as separate OS processes behind a file barrier, first
@@ -41,7 +43,8 @@ for stack in "${stacks[@]}"; do
         js) selected+=("test_js_saver and test_race") ;;
         py2) selected+=("test_py2_saver and test_race and saver2.0.25") ;;
         py208) selected+=("test_py2_saver and test_race and saver2.0.8") ;;
-        *) echo "full_matrix: unknown stack '$stack' in RG_CO_STACKS (py3, js, py2, py208)" >&2; exit 2 ;;
+        split) selected+=("test_claims_pg and test_racers_over") ;;
+        *) echo "full_matrix: unknown stack '$stack' in RG_CO_STACKS (py3, js, py2, py208, split)" >&2; exit 2 ;;
     esac
 done
 expr="$(printf '(%s) or ' "${selected[@]}")"

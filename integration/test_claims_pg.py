@@ -17,6 +17,7 @@ serve`` processes that share nothing but the database: separate state dirs).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -70,12 +71,12 @@ def ledger(env, thread: str) -> list[tuple]:
                          (thread,)).fetchall()
 
 
-def race(env, proxies, n: int, gates=(0, 300)) -> dict[int, list[int]]:
+def race(env, proxies, n: int, gates=(0, 300), saver: str = "conn") -> dict[int, list[int]]:
     """N racers spread over ``proxies`` resume one parked thread per gate; the number
     of fires (gated-node runs) per gate."""
     dsns = [proxies[i % len(proxies)].dsn(env.dbname) for i in range(n)]
-    jobs = make_jobs(proxies[0].dsn(env.dbname), "bare", gates, 1, "conn", f"x{n}")
-    racers = Racers(env, dsns, "conn", jobs, "r")
+    jobs = make_jobs(proxies[0].dsn(env.dbname), "bare", gates, 1, saver, f"x{n}{saver}")
+    racers = Racers(env, dsns, saver, jobs, "r")
     try:
         racers.run_all()
     finally:
@@ -86,15 +87,22 @@ def race(env, proxies, n: int, gates=(0, 300)) -> dict[int, list[int]]:
     return fires
 
 
+# CI: N = 2, 4 with the connection saver; RG_CO_FULL=1 (integration/full_matrix.sh
+# sets it): N = 2, 4, 8, 16 x the connection, pool and async savers.
+FULL = os.environ.get("RG_CO_FULL") == "1"
+SPLIT_CELLS = [(n, saver) for n in ([2, 4, 8, 16] if FULL else [2, 4])
+               for saver in (["conn", "pool", "async"] if FULL else ["conn"])]
+
+
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("n", [2, 4])
-def test_racers_over_two_proxies_sharing_only_the_database_fire_once(env, n):
-    shared = race(env, [env.pg1, env.pg2], n)
-    print(f"postgres claims, N={n}: fires per gate {shared}")
+@pytest.mark.parametrize("n,saver", SPLIT_CELLS, ids=[f"n{n}-{s}" for n, s in SPLIT_CELLS])
+def test_racers_over_two_proxies_sharing_only_the_database_fire_once(env, n, saver):
+    shared = race(env, [env.pg1, env.pg2], n, saver=saver)
+    print(f"postgres claims, N={n}, {saver}: fires per gate {shared}")
     assert shared == {0: [1], 300: [1]}, shared
     # The stock comparison: a claims store per proxy (SQLite, separate state dirs).
-    split = race(env, [env.lite1, env.lite2], n)
-    print(f"sqlite per proxy, N={n}: fires per gate {split}")
+    split = race(env, [env.lite1, env.lite2], n, saver=saver)
+    print(f"sqlite per proxy, N={n}, {saver}: fires per gate {split}")
     # Each proxy grants the interrupt to one of its racers: with a 300 ms gate both
     # are inside the node together, so it fires once per proxy.
     assert split[300] == [2], split
