@@ -12,8 +12,8 @@ use super::conn::{Fail, PgConn, Role, Tx};
 use super::leases::{end_holder_leases, lease_runs, live_lease};
 use super::liveness::sweep;
 use super::rows::{
-    fresh, insert_fresh, select_for_update, select_key, select_where, CHECKPOINT_MATCH, COLUMNS,
-    KEY_MATCH,
+    fresh, insert_fresh, select_for_update, select_key, select_where, take_or_read,
+    CHECKPOINT_MATCH, COLUMNS, KEY_MATCH,
 };
 use super::target::PgTarget;
 use crate::claims::error::StoreError;
@@ -114,22 +114,17 @@ impl PgClaims {
         let lapse_at_ms = now_ms.saturating_add(lapse_ms.max(0));
         let superseded_cutoff = now_ms.saturating_sub(self.superseded_grace_ms);
         let gone_until = now_ms.saturating_add(self.holder_gone_grace_ms);
-        // One statement each for the common cases: a first reader takes
-        // the claim; the holder's own session reads it again.
+        // One statement for the common cases: a first reader takes the
+        // claim; the holder's own session reads it again.
         let quick = self.conn.with_single("taking a claim", |tx| {
-            if insert_fresh(tx, key, holder, now_ms, lapse_at_ms)? {
-                return Ok(Some(ClaimOutcome::Taken(fresh(
-                    key,
-                    holder,
-                    now_ms,
-                    lapse_at_ms,
-                    1,
-                ))));
-            }
-            Ok(select_key(tx, key, false)?
-                .filter(|p| p.superseded_at_ms.is_none_or(|at| at > superseded_cutoff))
-                .filter(|p| p.state == ClaimState::Held && p.holder.same_session(holder))
-                .map(ClaimOutcome::AlreadyHeld))
+            Ok(match take_or_read(tx, key, holder, now_ms, lapse_at_ms)? {
+                Some((taken, true)) => Some(ClaimOutcome::Taken(taken)),
+                Some((prev, false)) => Some(prev)
+                    .filter(|p| p.superseded_at_ms.is_none_or(|at| at > superseded_cutoff))
+                    .filter(|p| p.state == ClaimState::Held && p.holder.same_session(holder))
+                    .map(ClaimOutcome::AlreadyHeld),
+                None => None,
+            })
         })?;
         if let Some(outcome) = quick {
             return Ok(outcome);
@@ -369,7 +364,7 @@ impl PgClaims {
 
     pub fn get(&self, key: &ClaimKey) -> Result<Option<ClaimRecord>, StoreError> {
         self.conn
-            .with_tx("reading a claim", |tx| select_key(tx, key, false))
+            .with_single("reading a claim", |tx| select_key(tx, key, false))
     }
 
     pub fn current_holder(
@@ -378,18 +373,19 @@ impl PgClaims {
         checkpoint_ns: &str,
         checkpoint_id: &str,
     ) -> Result<Option<ClaimRecord>, StoreError> {
-        self.conn.with_tx("reading a checkpoint's holder", |tx| {
-            let s = tx.schema;
-            let rows = tx.query(
-                &format!(
-                    "SELECT {COLUMNS} FROM {s}.claims WHERE {CHECKPOINT_MATCH} \
+        self.conn
+            .with_single("reading a checkpoint's holder", |tx| {
+                let s = tx.schema;
+                let rows = tx.query(
+                    &format!(
+                        "SELECT {COLUMNS} FROM {s}.claims WHERE {CHECKPOINT_MATCH} \
                      AND state IN ('held', 'consumed') \
                      ORDER BY claimed_at_ms DESC, epoch DESC LIMIT 1"
-                ),
-                &[&thread_id, &checkpoint_ns, &checkpoint_id],
-            )?;
-            rows.first().map(super::rows::record).transpose()
-        })
+                    ),
+                    &[&thread_id, &checkpoint_ns, &checkpoint_id],
+                )?;
+                rows.first().map(super::rows::record).transpose()
+            })
     }
 
     pub fn release(
