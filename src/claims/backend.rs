@@ -214,6 +214,17 @@ impl ClaimStore {
         each!(self, s => s.current_holder(thread_id, checkpoint_ns, checkpoint_id))
     }
 
+    /// Keeps a generation of a claim from lapsing or counting as abandoned
+    /// before `until_ms` (see [`SqliteClaims::keep_until`]).
+    pub fn keep_until(
+        &self,
+        key: &ClaimKey,
+        epoch: i64,
+        until_ms: i64,
+    ) -> Result<bool, StoreError> {
+        each!(self, s => s.keep_until(key, epoch, until_ms))
+    }
+
     pub fn release(
         &self,
         thread_id: &str,

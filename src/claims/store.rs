@@ -433,6 +433,39 @@ impl SqliteClaims {
         })
     }
 
+    /// Keeps generation `epoch` of `key` from lapsing, or from counting as
+    /// abandoned, before `until_ms`: a held claim's lapse time and a
+    /// consumed claim's abandonment time (when it has one) move up to
+    /// `until_ms` if they are earlier. Whether that generation is still
+    /// the key's, held or consumed (false: it was taken over or released
+    /// meanwhile).
+    pub fn keep_until(
+        &self,
+        key: &ClaimKey,
+        epoch: i64,
+        until_ms: i64,
+    ) -> Result<bool, StoreError> {
+        self.with_tx("keeping a claim through a commit", |tx| {
+            tx.prepare_cached(&format!(
+                "UPDATE claims SET \
+                 lapse_at_ms = CASE WHEN state = 'held' THEN max(lapse_at_ms, ?6) \
+                     ELSE lapse_at_ms END, \
+                 abandon_at_ms = CASE WHEN abandon_at_ms IS NULL THEN NULL \
+                     ELSE max(abandon_at_ms, ?6) END \
+                 WHERE {KEY_MATCH} AND epoch = ?5 AND state IN ('held', 'consumed')"
+            ))?
+            .execute(params![
+                key.at.thread_id,
+                key.at.checkpoint_ns,
+                key.at.checkpoint_id,
+                key.fingerprint,
+                epoch,
+                until_ms
+            ])
+            .map(|n| n == 1)
+        })
+    }
+
     /// Runs `f` in one `BEGIN IMMEDIATE` transaction, committed on success.
     fn with_tx<T>(
         &self,

@@ -749,6 +749,44 @@ conformance! {
         assert_eq!(a.get(&k).expect("get").expect("row").epoch, 3);
     }
 
+    fn a_claim_kept_until_a_commit_is_not_taken_over_before_it(fx) {
+        let db = fx.another("keep-until");
+        let store = db.open();
+        let k = key("c1", b"q");
+        store
+            .try_claim(&k, &holder("p1", 1), T0, LAPSE)
+            .expect("claim");
+        let until = T0 + LAPSE + 5_000;
+        assert!(store.keep_until(&k, 1, until).expect("keep"));
+        assert_eq!(store.get(&k).expect("get").expect("row").lapse_at_ms, until);
+        // Past the lapse it was given, but not past the kept time: refused.
+        assert!(matches!(
+            store.try_claim(&k, &holder("p2", 2), T0 + LAPSE + 1, LAPSE),
+            Ok(ClaimOutcome::Busy(_))
+        ));
+        // Never shortened.
+        assert!(store.keep_until(&k, 1, T0 + 1).expect("keep"));
+        assert_eq!(store.get(&k).expect("get").expect("row").lapse_at_ms, until);
+        assert!(matches!(
+            store.try_claim(&k, &holder("p2", 2), until, LAPSE),
+            Ok(ClaimOutcome::TakenOver { .. })
+        ));
+        // The superseded generation cannot be kept any more.
+        assert!(!store.keep_until(&k, 1, until + 10_000).expect("keep"));
+        // A consumed claim whose holder is gone: its abandonment moves.
+        store
+            .consume("t-1", "", "c1", "task writes", i64::MAX, until + 1)
+            .expect("consume");
+        store.holder_gone("p2", 2, until + 2, 50).expect("gone");
+        assert!(store.keep_until(&k, 2, until + 10_000).expect("keep"));
+        let row = store.get(&k).expect("get").expect("row");
+        assert_eq!(row.abandon_at_ms, Some(until + 10_000));
+        assert!(matches!(
+            store.try_claim(&k, &holder("p3", 3), until + 100, LAPSE),
+            Ok(ClaimOutcome::Consumed(_))
+        ));
+    }
+
     fn current_holder_is_the_latest_claim_on_the_checkpoint(fx) {
         let db = fx.another("current");
         let store = db.open();

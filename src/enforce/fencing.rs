@@ -6,6 +6,9 @@
 //! would otherwise fork the record with a second child of the parked
 //! checkpoint. Checked at the write's Bind, before it is forwarded; the
 //! refusal is raised inside the server's transaction, so nothing commits.
+//! A write accepted from the holder whose claim would lapse (or count as
+//! abandoned) within [`crate::policy::claims::COMMIT_COVER_MS`] first has the claim kept that
+//! long, so no takeover lands between the check and the commit.
 //!
 //! Cost: one claim store read per checkpoint continued per transaction
 //! (the verdict is kept until the transaction ends, so a `put_writes`
@@ -19,10 +22,10 @@ use super::claim_gate::ClaimsLeg;
 use super::events::{fenced, FencedWrite};
 use super::evidence::{Continuation, Step};
 use crate::audit::{AuditEvent, SessionContext};
-use crate::claims::{ClaimKey, Holder};
+use crate::claims::{now_ms, ClaimKey, Holder};
 use crate::log_text::shown;
 use crate::policy::claims::{
-    decide_write, fenced_message, WriteVerdict, Writer, SQLSTATE_STORE_UNAVAILABLE,
+    commit_cover, decide_write, fenced_message, WriteVerdict, Writer, SQLSTATE_STORE_UNAVAILABLE,
     SQLSTATE_WRITE_FENCED,
 };
 use crate::saver::checkpoint_ref::CheckpointRef;
@@ -86,6 +89,50 @@ impl FenceGate {
         self.decided.clear();
     }
 
+    /// Asks the store who holds `at` now and decides; a write accepted from
+    /// the holder whose claim would lapse (or count as abandoned) before
+    /// the write can commit has the claim kept through the commit first.
+    fn lookup(
+        &self,
+        leg: &ClaimsLeg,
+        session: &Holder,
+        at: &CheckpointRef,
+        progress: bool,
+    ) -> WriteVerdict {
+        let took: Vec<(String, i64)> = self
+            .took
+            .iter()
+            .filter(|(c, _, _)| c == at)
+            .map(|(_, f, e)| (f.clone(), *e))
+            .collect();
+        let writer = Writer {
+            session,
+            took: &took,
+            known_claimed: progress || self.parked.contains(at),
+        };
+        let current = leg
+            .store
+            .current_holder(&at.thread_id, &at.checkpoint_ns, &at.checkpoint_id);
+        let verdict = decide_write(&writer, &current);
+        let Ok(Some(claim)) = &current else {
+            return verdict;
+        };
+        let Some(until) = commit_cover(&verdict, claim, now_ms()) else {
+            return verdict;
+        };
+        match leg.store.keep_until(&claim.key, claim.epoch, until) {
+            Ok(true) => verdict,
+            // Taken over or released since the read: decide on the claim
+            // as it is now.
+            Ok(false) => decide_write(
+                &writer,
+                &leg.store
+                    .current_holder(&at.thread_id, &at.checkpoint_ns, &at.checkpoint_id),
+            ),
+            Err(e) => WriteVerdict::StoreUnavailable(e.to_string()),
+        }
+    }
+
     /// The verdict on a write continuing `cont`, from `session`; `None`
     /// lets it through.
     pub fn check(
@@ -100,21 +147,7 @@ impl FenceGate {
         let (verdict, was_cached) = match cached {
             Some(v) => (v.clone(), true),
             None => {
-                let current =
-                    leg.store
-                        .current_holder(&at.thread_id, &at.checkpoint_ns, &at.checkpoint_id);
-                let took: Vec<(String, i64)> = self
-                    .took
-                    .iter()
-                    .filter(|(c, _, _)| c == at)
-                    .map(|(_, f, e)| (f.clone(), *e))
-                    .collect();
-                let writer = Writer {
-                    session,
-                    took: &took,
-                    known_claimed: cont.step == Step::Progress || self.parked.contains(at),
-                };
-                let v = decide_write(&writer, &current);
+                let v = self.lookup(leg, session, at, cont.step == Step::Progress);
                 self.decided.push((at.clone(), v.clone()));
                 (v, false)
             }

@@ -390,6 +390,29 @@ pub fn decide_write(
     fenced(FenceReason::OtherClient)
 }
 
+/// How long a write accepted from a claim's holder (or its pool) stays
+/// covered: for this long after the check the claim can neither lapse nor
+/// count as abandoned, so no takeover lands between the write's check and
+/// its commit (a pipelined saver call commits within milliseconds).
+pub const COMMIT_COVER_MS: i64 = 2_000;
+
+/// Until when `current` must be kept ([`crate::claims::ClaimStore::keep_until`])
+/// for a write accepted from its holder at `now_ms` to commit under it;
+/// `None` when the claim already holds that long or the write was not
+/// accepted as the holder's.
+pub fn commit_cover(verdict: &WriteVerdict, current: &ClaimRecord, now_ms: i64) -> Option<i64> {
+    if !matches!(
+        verdict,
+        WriteVerdict::Accept(Accepted::Holder | Accepted::Pool)
+    ) {
+        return None;
+    }
+    let until = now_ms.saturating_add(COMMIT_COVER_MS);
+    let lapses = current.state == ClaimState::Held && current.lapse_at_ms < until;
+    let abandoned = current.abandon_at_ms.is_some_and(|at| at < until);
+    (lapses || abandoned).then_some(until)
+}
+
 /// The host part of a client address (`10.0.0.1:5432` → `10.0.0.1`,
 /// `[::1]:5432` → `[::1]`); an address without a port is its own host.
 fn client_host(addr: &str) -> &str {

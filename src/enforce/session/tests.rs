@@ -547,12 +547,21 @@ fn the_injected_answers_are_swallowed_and_the_error_forwarded() {
 /// A session with the consume-once leg on (the store is never touched by
 /// the session state itself; the relay asks it).
 fn claiming_state(inspection: &[&str], application_name: &str) -> SessionState {
+    let unusable = crate::claims::ClaimStore::connect(std::path::Path::new(
+        "/nonexistent/unused-claims.sqlite",
+    ));
+    claiming_state_on(Arc::new(unusable), inspection, application_name)
+}
+
+fn claiming_state_on(
+    store: Arc<crate::claims::ClaimStore>,
+    inspection: &[&str],
+    application_name: &str,
+) -> SessionState {
     use crate::policy::claims::WaitPolicy;
 
     let leg = ClaimsLeg {
-        store: Arc::new(crate::claims::ClaimStore::connect(std::path::Path::new(
-            "/nonexistent/unused-claims.sqlite",
-        ))),
+        store,
         proxy_id: "proxy-a".into(),
         lapse_ms: 1_000,
         run_lease: true,
@@ -921,4 +930,58 @@ fn a_write_continuing_a_claimed_checkpoint_fails_closed_while_the_store_cannot_a
     assert_eq!(events[0].detail["fence"], "store_unavailable");
     assert_eq!(events[0].detail["continues"], "ck1");
     assert_eq!(events[0].task_id.as_deref(), Some("task-1"));
+}
+
+#[test]
+fn a_holders_write_keeps_its_claim_from_lapsing_until_the_write_can_commit() {
+    use crate::claims::{now_ms, ClaimOutcome, ClaimStore};
+    use crate::policy::claims::{ClaimDecision, COMMIT_COVER_MS};
+
+    let path = std::env::temp_dir().join(format!(
+        "rg-session-cover-{}-{}.sqlite",
+        std::process::id(),
+        now_ms()
+    ));
+    let store = Arc::new(ClaimStore::open(&path).expect("claims store"));
+    let mut st = claiming_state_on(store.clone(), &[], "worker");
+    client(&mut st, &[parse("w", WRITE_SQL), msg(b'S', b"")]);
+    server(&mut st, &[msg(b'1', b""), ready(b'I')]);
+    let req = read_parked_head(&mut st).claim.expect("a claim is asked");
+    // The claim was taken long enough ago that it lapses within the cover.
+    let taken_at = now_ms() - 29_500;
+    let outcome = store
+        .try_claim(&req.key, &req.holder, taken_at, 30_000)
+        .expect("claim");
+    assert!(matches!(outcome, ClaimOutcome::Taken(_)), "{outcome:?}");
+    let served = Resolution {
+        decision: ClaimDecision::Serve { takeover: false },
+        waited_ms: 0,
+        displaced: None,
+        epoch: Some(1),
+        takeover: None,
+    };
+    assert!(st.apply_claim(&req, &served).is_none());
+    server(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
+    // The holder's task write on the parked checkpoint passes...
+    let before = now_ms();
+    assert_eq!(st.on_client(&task_write_bind(b"ck1")).unwrap(), None);
+    // ...and its claim cannot lapse before the write has had time to commit.
+    let row = store.get(&req.key).expect("read").expect("row");
+    assert!(
+        row.lapse_at_ms >= before + COMMIT_COVER_MS,
+        "lapse {} < {}",
+        row.lapse_at_ms,
+        before + COMMIT_COVER_MS
+    );
+    let other = crate::claims::Holder {
+        proxy_id: "proxy-b".into(),
+        session_id: 9,
+        client_addr: "10.0.0.9:5009".into(),
+        application_name: "racer".into(),
+    };
+    let racer = store
+        .try_claim(&req.key, &other, taken_at + 30_000, 30_000)
+        .expect("claim");
+    assert!(matches!(racer, ClaimOutcome::Busy(_)), "{racer:?}");
+    let _ = std::fs::remove_file(&path);
 }

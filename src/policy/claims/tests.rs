@@ -490,3 +490,34 @@ fn a_fenced_message_names_the_holder_epoch_and_why() {
     assert_eq!(client_host("[::1]:5432"), "[::1]");
     assert_eq!(client_host("unix"), "unix");
 }
+
+#[test]
+fn a_holders_write_is_covered_until_it_can_commit_only_when_the_claim_would_go_first() {
+    let holder_ok = WriteVerdict::Accept(Accepted::Holder);
+    let pool_ok = WriteVerdict::Accept(Accepted::Pool);
+    let until = T0 + COMMIT_COVER_MS;
+    // Lapses within the cover: kept until it ends.
+    let near = rec(ClaimState::Held, T0 + 500);
+    assert_eq!(commit_cover(&holder_ok, &near, T0), Some(until));
+    assert_eq!(commit_cover(&pool_ok, &near, T0), Some(until));
+    // Holds longer anyway: nothing to do.
+    let far = rec(ClaimState::Held, T0 + 30_000);
+    assert_eq!(commit_cover(&holder_ok, &far, T0), None);
+    // A consumed claim lapses no more; it is kept only once abandonment nears.
+    let mut consumed = rec(ClaimState::Consumed, T0 - 1);
+    assert_eq!(commit_cover(&holder_ok, &consumed, T0), None);
+    consumed.abandon_at_ms = Some(T0 + 1_000);
+    assert_eq!(commit_cover(&holder_ok, &consumed, T0), Some(until));
+    // Writes not accepted as the holder's are never covered.
+    for verdict in [
+        WriteVerdict::Accept(Accepted::Unclaimed),
+        WriteVerdict::Accept(Accepted::Unknown),
+        WriteVerdict::StoreUnavailable("down".into()),
+        WriteVerdict::Fenced {
+            current: Box::new(near.clone()),
+            reason: FenceReason::OtherProxy,
+        },
+    ] {
+        assert_eq!(commit_cover(&verdict, &near, T0), None, "{verdict:?}");
+    }
+}
