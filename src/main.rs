@@ -9,8 +9,8 @@ use std::time::SystemTime;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
-use resumeguard::audit::{self, EventFilter};
-use resumeguard::claims::location::{store_location, Backend};
+use resumeguard::audit::{self, EventFilter, TrailSource};
+use resumeguard::claims::location::{postgres_target, store_location, Backend};
 use resumeguard::claims::{render_claims, ClaimStore};
 use resumeguard::config::Config;
 use resumeguard::managed_pg::running_socket;
@@ -136,9 +136,12 @@ enum Command {
     },
 }
 
-/// Where the audit database is, found as `serve` finds it: `--audit-db`,
-/// else the configuration's `[audit] sqlite`, else `<state dir>/audit.sqlite`
-/// (`--state-dir` over the configuration's `state_dir`).
+/// Where the audit trail is, found as `serve` finds it: `--audit-db`, else
+/// with the configuration's `[audit] postgres = true` the PostgreSQL table
+/// of every replica (where the claims are: `[claims] dsn`, the upstream, or
+/// the state directory's running managed server), else the configuration's
+/// `[audit] sqlite`, else `<state dir>/audit.sqlite` (`--state-dir` over
+/// the configuration's `state_dir`).
 #[derive(Args)]
 struct AuditDbArgs {
     /// The audit database file (default <state-dir>/audit.sqlite).
@@ -147,7 +150,8 @@ struct AuditDbArgs {
     /// The proxy's state directory: the audit database is <DIR>/audit.sqlite.
     #[arg(long)]
     state_dir: Option<PathBuf>,
-    /// The configuration `serve` ran with (its state_dir and [audit] sqlite).
+    /// The configuration `serve` ran with (its state_dir, [audit] sqlite or
+    /// postgres, upstream and [claims] dsn).
     #[arg(long)]
     config: Option<PathBuf>,
 }
@@ -157,6 +161,25 @@ impl AuditDbArgs {
         let mut cfg = load_config(self.config)?;
         cfg.state_dir = self.state_dir.unwrap_or(cfg.state_dir);
         Ok(self.audit_db.unwrap_or_else(|| cfg.audit_db()))
+    }
+
+    /// The trail to read: [`AuditDbArgs::path`]'s file, or the PostgreSQL
+    /// table when the configuration keeps the trail there (and no
+    /// `--audit-db` names a file).
+    fn source(self) -> anyhow::Result<TrailSource> {
+        let mut cfg = load_config(self.config)?;
+        cfg.state_dir = self.state_dir.unwrap_or(cfg.state_dir);
+        if cfg.audit.postgres && self.audit_db.is_none() {
+            let managed = match (&cfg.upstream, &cfg.claims.dsn) {
+                (None, None) => Some(running_socket(&cfg.managed, &cfg.state_dir)?),
+                _ => None,
+            };
+            let target = postgres_target(&cfg, managed.as_ref())?;
+            return Ok(TrailSource::Postgres(Box::new(target)));
+        }
+        Ok(TrailSource::Sqlite(
+            self.audit_db.unwrap_or_else(|| cfg.audit_db()),
+        ))
     }
 }
 
@@ -384,50 +407,59 @@ fn run() -> anyhow::Result<()> {
             db,
             ..
         } => {
-            let db = db.path()?;
+            let source = db.source()?;
             let filter =
                 EventFilter::parse(since.as_deref(), until.as_deref(), &op, SystemTime::now())?;
             if threads {
-                let list = audit::threads(&db, &filter)
-                    .with_context(|| format!("reading audit trail {}", db.display()))?;
+                let list = source
+                    .threads(&filter)
+                    .with_context(|| format!("reading audit trail {}", source.describe()))?;
                 if json {
+                    eprintln!("audit trail: {}", source.describe());
                     println!("{}", serde_json::to_string_pretty(&list)?);
+                } else if list.is_empty() {
+                    eprintln!("audit trail: {}: no thread matches", source.describe());
                 } else {
+                    println!("audit trail: {}", source.describe());
                     print!("{}", audit::render_threads(&list));
                 }
                 return Ok(());
             }
             let thread = thread.context("audit needs --thread T or --threads")?;
-            audit_thread(&db, &thread, &filter, json)
+            audit_thread(&source, &thread, &filter, json)
         }
     }
 }
 
-/// Prints one thread's events (those the filter keeps); a thread with no
-/// events on record is an error.
+/// Prints one thread's events (those the filter keeps) under a line
+/// naming the trail that answered (on stderr with `--json`, whose output
+/// stays one array); a thread with no events on record is an error.
 fn audit_thread(
-    db: &std::path::Path,
+    source: &TrailSource,
     thread: &str,
     filter: &EventFilter,
     json: bool,
 ) -> anyhow::Result<()> {
-    let mut events = audit::thread_events(db, thread)
-        .with_context(|| format!("reading audit trail {}", db.display()))?;
+    let mut events = source
+        .thread_events(thread)
+        .with_context(|| format!("reading audit trail {}", source.describe()))?;
     if events.is_empty() {
         return Err(NoSuchThread(format!(
             "no audit events for thread {thread:?} in {} \
              (`resumeguard audit --threads` lists the threads on record)",
-            db.display()
+            source.describe()
         ))
         .into());
     }
     audit::approver::attribute(&mut events);
     events.retain(|e| filter.keeps(e));
     if json {
+        eprintln!("audit trail: {}", source.describe());
         println!("{}", audit::render_json(&events));
     } else if events.is_empty() {
         eprintln!("thread {thread}: no event matches --since/--until/--op");
     } else {
+        println!("audit trail: {}", source.describe());
         print!("{}", audit::render_timeline(&events));
     }
     Ok(())
