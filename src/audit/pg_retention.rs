@@ -35,8 +35,12 @@ impl PgRetention {
         self.active.is_some()
     }
 
-    /// One chunk of a prune under way, or the start of one when due.
+    /// One chunk of a prune under way, or the start of one when due (once
+    /// the trail's database is known).
     pub fn tick(&mut self, trail: &mut PgTrail, proxy_id: &str) {
+        if !trail.is_known() {
+            return;
+        }
         let cutoff = match self.active.take() {
             Some(cutoff) => cutoff,
             None => {

@@ -63,6 +63,11 @@ impl PgTrail {
         }
     }
 
+    /// Whether the database is known yet.
+    pub fn is_known(&self) -> bool {
+        self.target.get().is_some()
+    }
+
     /// Append `events` in one statement: all of them or none.
     pub fn append(&mut self, events: &[&AuditEvent]) -> Result<(), AuditError> {
         if events.is_empty() {

@@ -128,8 +128,10 @@ pub(super) fn migrate(client: &mut Client, schema: &str) -> Result<(), postgres:
             "SELECT pg_advisory_xact_lock(hashtext('resumeguard migrations'), hashtext($1))",
             &[&schema],
         )?;
+        // Quiet: every migration after the first finds these made.
         tx.batch_execute(&format!(
-            "CREATE SCHEMA IF NOT EXISTS {schema}; \
+            "SET LOCAL client_min_messages = warning; \
+             CREATE SCHEMA IF NOT EXISTS {schema}; \
              CREATE TABLE IF NOT EXISTS {schema}.schema_version (\
                  version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
         ))?;
