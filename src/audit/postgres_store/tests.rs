@@ -171,55 +171,103 @@ fn sql_looking_event_text_is_stored_verbatim() {
     );
 }
 
+fn numbered(n: u64, time: &str) -> Vec<AuditEvent> {
+    (0..n)
+        .map(|i| {
+            let mut e = event("", time, Operation::ReadLatest, "t");
+            e.session_id = i;
+            e
+        })
+        .collect()
+}
+
 #[test]
-fn events_failing_to_write_are_retained_then_lost_and_the_recovery_writes_a_gap_record() {
-    let db = PgSchema::new("audit_losses");
+fn before_its_database_is_known_the_output_keeps_then_loses_events_and_says_so_after() {
+    let db = PgSchema::new("audit_unknown");
     let slot = TargetSlot::default();
     let mut out = Output::new(
         Target::Postgres(Box::new(PgTrail::new(Arc::clone(&slot)))),
         "proxy-a",
     );
-    let batch = |n: u64| -> Vec<AuditEvent> {
-        (0..n)
-            .map(|i| {
-                let mut e = event("", "2026-11-30T10:00:00.000Z", Operation::ReadLatest, "t");
-                e.session_id = i;
-                e
-            })
-            .collect()
-    };
-    // No database yet: the first batch is kept for a retry, the second
-    // joins it; the third failure gives all of them up.
-    assert!(out.write(&batch(2)));
+    // The first batch is kept for a retry, the second joins it; the third
+    // failure gives all of them up.
+    assert!(out.write(&numbered(2, "2026-11-30T10:00:00.000Z")));
     assert!(!out.is_settled());
-    assert!(out.write(&batch(3)));
+    assert!(out.write(&numbered(3, "2026-11-30T10:00:00.000Z")));
     assert_eq!(out.write_lost(), 0, "retained, not lost yet");
     assert!(out.write(&[]));
     assert_eq!(out.write_lost(), 5);
 
     slot.set(db.target().clone()).unwrap();
-    let mut after = event(
-        "proxy-a",
-        "2026-11-30T10:00:01.000Z",
-        Operation::ClaimTaken,
-        "t",
-    );
-    after.session_id = 99;
-    assert!(
-        !out.write(std::slice::from_ref(&after)),
-        "the database is back"
-    );
+    let after = numbered(1, "2026-11-30T10:00:01.000Z");
+    assert!(!out.write(&after), "the database is known");
     assert!(out.is_settled());
     let events = thread_events(db.target(), "t").unwrap();
-    assert_eq!(events.first(), Some(&after));
-    let gaps: Vec<_> = events
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert_eq!(events[0].session_id, 0);
+    assert_eq!(events[1].operation, Operation::EventsDropped);
+    assert_eq!(events[1].detail["dropped"], 5);
+    assert_eq!(events[1].detail["reason"], "write_failed");
+    assert_eq!(events[1].proxy_id, "proxy-a");
+}
+
+#[test]
+fn a_batch_the_database_fails_is_retained_then_lost_and_the_recovery_writes_a_gap_record() {
+    let db = PgSchema::new("audit_losses");
+    let mut out = Output::new(
+        Target::Postgres(Box::new(PgTrail::new(slot_of(&db)))),
+        "proxy-a",
+    );
+    assert!(!out.write(&numbered(1, "2026-11-30T10:00:00.000Z")));
+    // The server refuses every insert for a while.
+    let s = schema_name(db.target()).to_owned();
+    let mut admin = plain(&db);
+    admin
+        .batch_execute(&format!(
+            "CREATE FUNCTION {s}.refuse() RETURNS trigger LANGUAGE plpgsql AS \
+             $$BEGIN RAISE EXCEPTION 'disk full, say'; END$$; \
+             CREATE TRIGGER refuse BEFORE INSERT ON {s}.audit_events \
+             FOR EACH STATEMENT EXECUTE FUNCTION {s}.refuse()"
+        ))
+        .unwrap();
+    assert!(out.write(&numbered(2, "2026-11-30T10:00:01.000Z")));
+    assert!(out.write(&numbered(2, "2026-11-30T10:00:02.000Z")));
+    assert_eq!(out.write_lost(), 0, "retained, not lost yet");
+    assert!(out.write(&[]));
+    assert_eq!(out.write_lost(), 4, "three failed attempts: given up");
+    admin
+        .batch_execute(&format!("DROP TRIGGER refuse ON {s}.audit_events"))
+        .unwrap();
+    assert!(!out.write(&numbered(1, "2026-11-30T10:00:03.000Z")));
+    assert!(out.is_settled());
+    let events = thread_events(db.target(), "t").unwrap();
+    let shape: Vec<(&str, Operation)> = events
         .iter()
-        .filter(|e| e.operation == Operation::EventsDropped)
+        .map(|e| (e.time.as_str(), e.operation))
         .collect();
-    assert_eq!(gaps.len(), 1, "{events:?}");
-    assert_eq!(gaps[0].detail["dropped"], 5);
-    assert_eq!(gaps[0].detail["reason"], "write_failed");
-    assert_eq!(gaps[0].proxy_id, "proxy-a");
+    assert_eq!(
+        shape[..2],
+        [
+            ("2026-11-30T10:00:00.000Z", Operation::ReadLatest),
+            ("2026-11-30T10:00:03.000Z", Operation::ReadLatest),
+        ]
+    );
+    assert_eq!(shape.len(), 3, "{events:?}");
+    assert_eq!(events[2].operation, Operation::EventsDropped, "written now");
+    let gap = &events[2].detail;
+    assert_eq!(
+        (&gap["dropped"], &gap["reason"]),
+        (&4.into(), &"write_failed".into())
+    );
+    assert_eq!(gap["first_lost"], "2026-11-30T10:00:01.000Z");
+    assert_eq!(gap["last_lost"], "2026-11-30T10:00:02.000Z");
+    assert!(
+        gap["error"]
+            .as_str()
+            .unwrap()
+            .contains("disk full, say (P0001)"),
+        "{gap}"
+    );
 }
 
 #[test]
