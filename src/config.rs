@@ -321,7 +321,7 @@ impl Config {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Some(ClaimsSettings {
             backend: crate::claims::location::Backend::of(self)?,
-            proxy_id: c.proxy_id.clone().unwrap_or_else(default_proxy_id),
+            proxy_id: self.proxy_id(),
             lapse_ms: c.lapse_ms,
             run_lease_ms: c.run_lease_ms,
             policy,
@@ -332,6 +332,15 @@ impl Config {
                 holder_gone_grace_ms: c.holder_gone_grace_ms,
             },
         }))
+    }
+
+    /// This replica's name in claims and audit events: `[claims]
+    /// proxy_id`, else `<hostname>-<pid>`.
+    pub fn proxy_id(&self) -> String {
+        self.claims
+            .proxy_id
+            .clone()
+            .unwrap_or_else(default_proxy_id)
     }
 
     /// Where the admin API listens.

@@ -9,7 +9,7 @@ use std::time::SystemTime;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
-use resumeguard::audit::{self, EventFilter};
+use resumeguard::audit::EventFilter;
 use resumeguard::claims::location::{store_location, Backend};
 use resumeguard::claims::{render_claims, ClaimStore};
 use resumeguard::config::Config;
@@ -17,9 +17,11 @@ use resumeguard::managed_pg::running_socket;
 use resumeguard::policy::ChannelRules;
 use resumeguard::saver::profile::profiles_for;
 
+mod audit_cmd;
 mod reload;
 mod serve;
 mod startup;
+use audit_cmd::{AuditDbArgs, NoSuchThread, EXIT_NO_SUCH_THREAD};
 use serve::serve;
 
 #[derive(Parser)]
@@ -134,30 +136,6 @@ enum Command {
         #[command(flatten)]
         db: AuditDbArgs,
     },
-}
-
-/// Where the audit database is, found as `serve` finds it: `--audit-db`,
-/// else the configuration's `[audit] sqlite`, else `<state dir>/audit.sqlite`
-/// (`--state-dir` over the configuration's `state_dir`).
-#[derive(Args)]
-struct AuditDbArgs {
-    /// The audit database file (default <state-dir>/audit.sqlite).
-    #[arg(long, conflicts_with = "state_dir")]
-    audit_db: Option<PathBuf>,
-    /// The proxy's state directory: the audit database is <DIR>/audit.sqlite.
-    #[arg(long)]
-    state_dir: Option<PathBuf>,
-    /// The configuration `serve` ran with (its state_dir and [audit] sqlite).
-    #[arg(long)]
-    config: Option<PathBuf>,
-}
-
-impl AuditDbArgs {
-    fn path(self) -> anyhow::Result<PathBuf> {
-        let mut cfg = load_config(self.config)?;
-        cfg.state_dir = self.state_dir.unwrap_or(cfg.state_dir);
-        Ok(self.audit_db.unwrap_or_else(|| cfg.audit_db()))
-    }
 }
 
 /// Where the claims store is, found as `serve` finds it: `--store` (a
@@ -355,25 +333,7 @@ fn run() -> anyhow::Result<()> {
         Command::Audit {
             command: Some(AuditCommand::Prune { before, db }),
             ..
-        } => {
-            let db = db.path()?;
-            let before = audit::parse_before(&before, SystemTime::now())?;
-            let mut store = audit::Store::open_existing(&db)?;
-            let rule = audit::PruneRule {
-                before: Some(before),
-                max_rows: None,
-            };
-            let cutoff = audit::format_rfc3339_millis(before);
-            match audit::prune(&mut store, &rule, "cli")? {
-                Some(d) => println!(
-                    "pruned {} row(s) before {cutoff} from {} (audit_pruned recorded)",
-                    d.rows,
-                    db.display()
-                ),
-                None => println!("nothing before {cutoff} in {}", db.display()),
-            }
-            Ok(())
-        }
+        } => audit_cmd::prune(&before, db),
         Command::Audit {
             thread,
             threads,
@@ -384,62 +344,17 @@ fn run() -> anyhow::Result<()> {
             db,
             ..
         } => {
-            let db = db.path()?;
             let filter =
                 EventFilter::parse(since.as_deref(), until.as_deref(), &op, SystemTime::now())?;
+            let source = db.source()?;
             if threads {
-                let list = audit::threads(&db, &filter)
-                    .with_context(|| format!("reading audit trail {}", db.display()))?;
-                if json {
-                    println!("{}", serde_json::to_string_pretty(&list)?);
-                } else {
-                    print!("{}", audit::render_threads(&list));
-                }
-                return Ok(());
+                return audit_cmd::list_threads(&source, &filter, json);
             }
             let thread = thread.context("audit needs --thread T or --threads")?;
-            audit_thread(&db, &thread, &filter, json)
+            audit_cmd::thread(&source, &thread, &filter, json)
         }
     }
 }
-
-/// Prints one thread's events (those the filter keeps); a thread with no
-/// events on record is an error.
-fn audit_thread(
-    db: &std::path::Path,
-    thread: &str,
-    filter: &EventFilter,
-    json: bool,
-) -> anyhow::Result<()> {
-    let mut events = audit::thread_events(db, thread)
-        .with_context(|| format!("reading audit trail {}", db.display()))?;
-    if events.is_empty() {
-        return Err(NoSuchThread(format!(
-            "no audit events for thread {thread:?} in {} \
-             (`resumeguard audit --threads` lists the threads on record)",
-            db.display()
-        ))
-        .into());
-    }
-    audit::approver::attribute(&mut events);
-    events.retain(|e| filter.keeps(e));
-    if json {
-        println!("{}", audit::render_json(&events));
-    } else if events.is_empty() {
-        eprintln!("thread {thread}: no event matches --since/--until/--op");
-    } else {
-        print!("{}", audit::render_timeline(&events));
-    }
-    Ok(())
-}
-
-/// An `audit --thread` of a thread the trail has never seen.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct NoSuchThread(String);
-
-/// Exit status of [`NoSuchThread`], so scripts tell it from other failures.
-const EXIT_NO_SUCH_THREAD: u8 = 3;
 
 /// Loads profiles and channel rules from `dir`, or names the built-in
 /// profiles `serve` uses without one, and prints what each matches.
@@ -514,6 +429,40 @@ mod tests {
         let mut missing = Vec::new();
         walk(&Cli::command(), "resumeguard", &mut missing);
         assert!(missing.is_empty(), "without help text: {missing:?}");
+    }
+
+    #[test]
+    fn audit_reads_the_postgres_table_when_the_configuration_keeps_the_trail_there() {
+        let dir = std::env::temp_dir().join(format!("rg-audit-source-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("a.toml");
+        std::fs::write(
+            &conf,
+            "upstream = 'postgres://rg@db:6000/app'\n[audit]\npostgres = true\n",
+        )
+        .unwrap();
+        let source = |args: &[&str]| {
+            let Command::Audit { db, .. } = parse(args).unwrap().command else {
+                panic!("not audit")
+            };
+            db.source().unwrap().describe()
+        };
+        let c = conf.to_str().unwrap();
+        assert_eq!(
+            source(&["audit", "--threads", "--config", c]),
+            "postgres rg@db:6000/app schema resumeguard (every replica)"
+        );
+        assert_eq!(
+            source(&["audit", "--threads", "--config", c, "--audit-db", "/a.db"]),
+            "sqlite /a.db (this replica)",
+            "a file named on the command line is read"
+        );
+        std::fs::write(&conf, "upstream = 'db:6000'\nstate_dir = '/s'\n").unwrap();
+        assert_eq!(
+            source(&["audit", "--threads", "--config", c]),
+            "sqlite /s/audit.sqlite (this replica)"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -10,15 +10,16 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use resumeguard::admin::{self, AdminState};
-use resumeguard::audit::AuditSink;
+use resumeguard::audit::{AuditSink, TrailSource};
 use resumeguard::claims::evidence;
-use resumeguard::claims::location::{store_location, LocationError};
+use resumeguard::claims::location::{postgres_target, store_location, LocationError};
 use resumeguard::claims::{ClaimStore, StoreLocation};
 use resumeguard::config::{upstream_addr, Config};
 use resumeguard::enforce::claim_gate::ClaimsLeg;
 use resumeguard::enforce::reload::Reloadable;
 use resumeguard::enforce::{Enforcement, Legs};
 use resumeguard::policy::ChannelRules;
+use resumeguard::wire::upstream::UpstreamAddr;
 use resumeguard::wire::{listener, proxy::Proxy};
 
 use crate::reload::{load_rules, Reloader};
@@ -52,7 +53,7 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let audit = AuditSink::start(&cfg.audit)?;
+    let audit = AuditSink::start(&cfg.audit, &cfg.proxy_id())?;
     // Settings are checked before anything starts; the store is opened
     // once the upstream (perhaps the managed server) is known.
     cfg.claims_settings()?;
@@ -80,6 +81,9 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
     };
     let managed_socket = managed.as_ref().map(|m| m.socket());
     let claims_at = store_location(&cfg, managed_socket.as_ref());
+    if cfg.audit.postgres {
+        connect_audit(&cfg, &audit, managed_socket.as_ref());
+    }
     // The claims store's blocking client runs a runtime of its own: the
     // legs are made outside this one.
     let validity = rules.validity;
@@ -108,7 +112,7 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
                 proxy: Arc::clone(&proxy),
                 metrics,
                 audit: audit.clone(),
-                audit_db: cfg.audit.sqlite.clone(),
+                audit_trail: audit_trail(&cfg, managed_socket.as_ref()),
                 claims: claims_store,
                 claims_at,
                 token: cfg.admin.token.clone(),
@@ -170,6 +174,34 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
         m.stop();
     }
     result
+}
+
+/// Gives the audit trail's PostgreSQL output its database: where the
+/// claims store is (whichever claims backend is configured). A database
+/// that cannot be named is an ERROR; auditing goes on in the other
+/// outputs, and the PostgreSQL output counts its events as lost.
+fn connect_audit(cfg: &Config, audit: &AuditSink, managed: Option<&UpstreamAddr>) {
+    match postgres_target(cfg, managed) {
+        Ok(target) => {
+            tracing::info!(at = %target.shown(), "audit trail also kept in PostgreSQL");
+            audit.connect_postgres(target);
+        }
+        Err(e) => tracing::error!(
+            error = %resumeguard::error_chain::chain(&e),
+            "[audit] postgres: no database for the audit trail; its events are lost"
+        ),
+    }
+}
+
+/// Where `GET /threads/{id}` reads: the PostgreSQL table (every replica)
+/// with `[audit] postgres`, else this replica's SQLite file.
+fn audit_trail(cfg: &Config, managed: Option<&UpstreamAddr>) -> Option<TrailSource> {
+    if cfg.audit.postgres {
+        if let Ok(target) = postgres_target(cfg, managed) {
+            return Some(TrailSource::Postgres(Box::new(target)));
+        }
+    }
+    cfg.audit.sqlite.clone().map(TrailSource::Sqlite)
 }
 
 /// A listening socket for tokio, bound now.

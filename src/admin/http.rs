@@ -177,17 +177,22 @@ async fn release(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> Re
 }
 
 async fn thread(State(s): State<Shared>, Path(id): Path<String>) -> Response {
-    let Some(db) = s.audit_db.clone() else {
-        return error(StatusCode::NOT_FOUND, "no SQLite audit trail is configured");
+    let Some(trail) = s.audit_trail.clone() else {
+        return error(StatusCode::NOT_FOUND, "no audit trail is configured");
     };
+    let source = trail.describe();
     let thread_id = id.clone();
     let events = blocking(move || {
-        crate::audit::thread_events(&db, &thread_id).map_err(|e| chain(&e).to_string())
+        trail
+            .thread_events(&thread_id)
+            .map_err(|e| chain(&e).to_string())
     })
     .await;
     match events {
         Ok(events) if events.iter().any(|e| e.thread_id.as_deref() == Some(&id)) => {
-            Json(thread_ledger(&id, events)).into_response()
+            let mut ledger = thread_ledger(&id, events);
+            ledger.source = source;
+            Json(ledger).into_response()
         }
         Ok(_) => error(StatusCode::NOT_FOUND, "no audit events for this thread"),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e),

@@ -31,6 +31,9 @@ pub enum ApprovalState {
 #[derive(Debug, Clone, Serialize)]
 pub struct Mark {
     pub time: String,
+    /// The replica that recorded it.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub proxy_id: String,
     pub operation: Operation,
     pub session_id: u64,
     pub client_addr: String,
@@ -45,6 +48,7 @@ impl Mark {
     fn of(ev: &AuditEvent) -> Mark {
         Mark {
             time: ev.time.clone(),
+            proxy_id: ev.proxy_id.clone(),
             operation: ev.operation,
             session_id: ev.session_id,
             client_addr: ev.client_addr.clone(),
@@ -88,6 +92,13 @@ pub struct Approval {
 #[derive(Debug, Clone, Serialize)]
 pub struct ThreadLedger {
     pub thread_id: String,
+    /// Which trail answered: this replica's SQLite file, or the PostgreSQL
+    /// table of every replica (`audit::TrailSource::describe`).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub source: String,
+    /// The replicas whose events make up the timeline, in order of first
+    /// appearance.
+    pub replicas: Vec<String>,
     /// The latest approval's state; `None` when the thread never parked.
     pub state: Option<ApprovalState>,
     pub approvals: Vec<Approval>,
@@ -110,6 +121,8 @@ pub struct ThreadLedger {
 pub fn thread_ledger(thread_id: &str, events: Vec<AuditEvent>) -> ThreadLedger {
     let mut l = ThreadLedger {
         thread_id: thread_id.to_owned(),
+        source: String::new(),
+        replicas: Vec::new(),
         state: None,
         approvals: Vec::new(),
         writes_rejected: Vec::new(),
@@ -121,6 +134,9 @@ pub fn thread_ledger(thread_id: &str, events: Vec<AuditEvent>) -> ThreadLedger {
     };
     for ev in &events {
         l.apply(ev);
+        if !ev.proxy_id.is_empty() && !l.replicas.contains(&ev.proxy_id) {
+            l.replicas.push(ev.proxy_id.clone());
+        }
     }
     l.state = l.approvals.last().map(|a| a.state);
     l.timeline = events;

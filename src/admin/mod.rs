@@ -14,7 +14,6 @@ pub mod metrics;
 mod views;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -90,8 +89,9 @@ pub struct AdminState {
     /// Renders the recorder the counters go to.
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
     pub audit: AuditSink,
-    /// The audit trail's SQLite file (`/threads/{id}` reads it).
-    pub audit_db: Option<PathBuf>,
+    /// The trail `/threads/{id}` reads: this replica's SQLite file, or the
+    /// PostgreSQL table of every replica.
+    pub audit_trail: Option<crate::audit::TrailSource>,
     /// The consume-once leg's store; `None` with the leg off (then
     /// `claims_at` is opened per request, as `resumeguard claims` does).
     pub claims: Option<Arc<ClaimStore>>,

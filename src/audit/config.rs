@@ -23,8 +23,8 @@ pub const DEFAULT_MAX_ROWS: u64 = 10_000_000;
 /// Default time between the writer's retention checks.
 pub const DEFAULT_PRUNE_INTERVAL_MS: u64 = 600_000;
 
-/// `[audit]` section of the proxy configuration. Both outputs may be set at
-/// once; with neither, auditing is off.
+/// `[audit]` section of the proxy configuration. The outputs may be set
+/// together; with none, auditing is off.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuditConfig {
@@ -32,14 +32,20 @@ pub struct AuditConfig {
     pub sqlite: Option<PathBuf>,
     /// JSON Lines output: a file path (appended to) or `"-"` for stdout.
     pub jsonl: Option<String>,
+    /// Also keep the trail in `<schema>.audit_events` of the shared
+    /// PostgreSQL schema (where the claims store is), so every replica's
+    /// events for a thread are read as one timeline.
+    pub postgres: bool,
     /// Events that may wait for the writer before new ones are dropped.
     pub queue_capacity: usize,
     /// Whether producers may put parameter values (not just digests) into
     /// `detail`. Off by default: the trail should not leak user data.
     pub log_values: bool,
-    /// SQLite rows older than this many days are pruned; 0 keeps them.
+    /// Rows older than this many days are pruned (SQLite and PostgreSQL);
+    /// 0 keeps them.
     pub retention_days: u64,
-    /// Only the newest this many SQLite rows are kept; 0: no limit.
+    /// Only the newest this many SQLite rows are kept; 0: no limit. (The
+    /// PostgreSQL table is shared by the replicas: no per-replica cap.)
     pub max_rows: u64,
     /// How often the writer applies the two limits above.
     pub prune_interval_ms: u64,
@@ -54,6 +60,7 @@ impl Default for AuditConfig {
         AuditConfig {
             sqlite: None,
             jsonl: None,
+            postgres: false,
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
             log_values: false,
             retention_days: DEFAULT_RETENTION_DAYS,
@@ -67,19 +74,25 @@ impl Default for AuditConfig {
 impl AuditConfig {
     /// True when at least one output is configured.
     pub fn is_enabled(&self) -> bool {
-        self.sqlite.is_some() || self.jsonl.is_some()
+        self.sqlite.is_some() || self.jsonl.is_some() || self.postgres
     }
 
-    /// What the writer's periodic prune removes at `now`; `None` when
-    /// both limits are off.
-    pub fn prune_rule(&self, now: SystemTime) -> Option<PruneRule> {
-        let before = (self.retention_days > 0)
+    /// The instant before which rows are pruned at `now` by age; `None`
+    /// when `retention_days` is 0.
+    pub fn retention_cutoff(&self, now: SystemTime) -> Option<SystemTime> {
+        (self.retention_days > 0)
             .then(|| {
                 now.checked_sub(Duration::from_secs(
                     self.retention_days.saturating_mul(86_400),
                 ))
             })
-            .flatten();
+            .flatten()
+    }
+
+    /// What the writer's periodic prune removes at `now`; `None` when
+    /// both limits are off.
+    pub fn prune_rule(&self, now: SystemTime) -> Option<PruneRule> {
+        let before = self.retention_cutoff(now);
         let max_rows = (self.max_rows > 0).then_some(self.max_rows);
         (before.is_some() || max_rows.is_some()).then_some(PruneRule { before, max_rows })
     }
@@ -94,6 +107,7 @@ mod tests {
         let cfg: AuditConfig = serde_json::from_str(r#"{"jsonl":"-"}"#).unwrap();
         assert_eq!(cfg.jsonl.as_deref(), Some("-"));
         assert_eq!(cfg.sqlite, None);
+        assert!(!cfg.postgres, "the PostgreSQL output is off by default");
         assert_eq!(cfg.queue_capacity, DEFAULT_QUEUE_CAPACITY);
         assert!(!cfg.log_values);
         assert!(cfg.is_enabled());
@@ -103,6 +117,8 @@ mod tests {
             (DEFAULT_RETENTION_DAYS, DEFAULT_MAX_ROWS)
         );
         assert_eq!(cfg.approver_keys, ["user_id", "user", "approver", "email"]);
+        let pg: AuditConfig = serde_json::from_str(r#"{"postgres":true}"#).unwrap();
+        assert!(pg.postgres && pg.is_enabled());
         let custom: AuditConfig = serde_json::from_str(r#"{"approver_keys":["sub"]}"#).unwrap();
         assert_eq!(custom.approver_keys, ["sub"]);
     }
@@ -122,6 +138,7 @@ mod tests {
             ..AuditConfig::default()
         };
         assert_eq!(off.prune_rule(now), None);
+        assert_eq!(off.retention_cutoff(now), None);
     }
 
     #[test]

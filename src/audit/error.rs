@@ -56,6 +56,14 @@ pub enum AuditError {
         line: usize,
         source: serde_json::Error,
     },
+    /// The PostgreSQL table (`[audit] postgres`): where, and the server's
+    /// or the client's message.
+    #[error("audit trail in {at}: {reason}")]
+    Postgres { at: String, reason: String },
+    /// The PostgreSQL output before its database is known (the managed
+    /// server not started yet, or no database configured).
+    #[error("the PostgreSQL audit output has no database (yet)")]
+    PostgresUnknown,
     #[error("spawning audit writer thread")]
     SpawnWriter(#[source] io::Error),
 }

@@ -153,6 +153,11 @@ impl SessionContext {
 pub struct AuditEvent {
     /// RFC 3339 UTC with milliseconds, e.g. `2024-05-01T12:00:00.123Z`.
     pub time: String,
+    /// The replica that recorded it (`[claims] proxy_id`, else
+    /// `<hostname>-<pid>`), stamped by the sink's writer; empty in trails
+    /// written before replicas were named.
+    #[serde(default)]
+    pub proxy_id: String,
     pub session_id: u64,
     pub client_addr: String,
     pub user: String,
@@ -180,6 +185,7 @@ impl AuditEvent {
     pub fn new(ctx: &SessionContext, operation: Operation) -> AuditEvent {
         AuditEvent {
             time: AuditEvent::now_string(),
+            proxy_id: String::new(),
             session_id: ctx.session_id,
             client_addr: ctx.client_addr.clone(),
             user: ctx.user.clone(),

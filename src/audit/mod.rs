@@ -2,10 +2,11 @@
 //!
 //! Producers build an [`AuditEvent`] from a per-connection [`SessionContext`]
 //! and hand it to an [`AuditSink`], which never blocks: a bounded queue feeds
-//! one writer thread that appends batches to SQLite and/or JSON Lines,
+//! one writer thread that appends batches to SQLite, JSON Lines and/or the
+//! PostgreSQL table every replica shares,
 //! records every loss as a gap record, and prunes the SQLite trail to its
-//! retention limits. The trail is read back with [`thread_events`] and
-//! rendered with [`render_timeline`].
+//! retention limits. The trail is read back from a [`TrailSource`] (or
+//! [`thread_events`] of a SQLite file) and rendered with [`render_timeline`].
 
 pub mod approver;
 mod before;
@@ -16,10 +17,13 @@ mod event;
 mod jsonl;
 mod losses;
 mod outputs;
+mod pg_retention;
+mod postgres_store;
 mod private_file;
 mod prune;
 mod query;
 mod sink;
+mod source;
 mod sqlite_store;
 #[cfg(test)]
 mod test_util;
@@ -34,5 +38,6 @@ pub use jsonl::{read_jsonl, JsonlWriter};
 pub use prune::{prune, Declared, PruneRule};
 pub use query::{render_threads, threads, EventFilter, ThreadSummary};
 pub use sink::{AuditSink, AuditStats, DEFAULT_FLUSH_TIMEOUT};
+pub use source::TrailSource;
 pub use sqlite_store::{all_events, thread_events, Store};
 pub use timeline::{render_json, render_timeline};

@@ -12,6 +12,7 @@ use super::error::AuditError;
 use super::event::AuditEvent;
 use super::jsonl::JsonlWriter;
 use super::losses::{LossLedger, LossReason};
+use super::postgres_store::PgTrail;
 use super::sqlite_store::Store;
 use crate::error_chain::chain;
 
@@ -26,6 +27,8 @@ pub const MAX_RETAINED: usize = 16_384;
 pub enum Target {
     Sqlite(Store),
     Jsonl(JsonlWriter),
+    /// Boxed: its connection is large beside the others.
+    Postgres(Box<PgTrail>),
 }
 
 impl Target {
@@ -33,15 +36,18 @@ impl Target {
         match self {
             Target::Sqlite(_) => "sqlite",
             Target::Jsonl(_) => "jsonl",
+            Target::Postgres(_) => "postgres",
         }
     }
 
     /// Write `events` in order. On failure, also how many leading events
-    /// did reach the output (SQLite: none, the batch is one transaction).
+    /// did reach the output (SQLite, PostgreSQL: none, the batch is one
+    /// transaction).
     fn write(&mut self, events: &[&AuditEvent]) -> Result<(), (usize, AuditError)> {
         match self {
             Target::Sqlite(store) => store.append(events.iter().copied()).map_err(|e| (0, e)),
             Target::Jsonl(jsonl) => jsonl.append(events.iter().copied()),
+            Target::Postgres(trail) => trail.append(events).map_err(|e| (0, e)),
         }
     }
 }
@@ -58,10 +64,12 @@ pub struct Output {
     failing: bool,
     /// Events this output gave up on since start (queue drops excluded).
     write_lost: u64,
+    /// The replica's name, stamped on the gap records it writes.
+    proxy_id: String,
 }
 
 impl Output {
-    pub fn new(target: Target) -> Output {
+    pub fn new(target: Target, proxy_id: &str) -> Output {
         Output {
             target,
             retained: Vec::new(),
@@ -69,6 +77,7 @@ impl Output {
             ledger: LossLedger::default(),
             failing: false,
             write_lost: 0,
+            proxy_id: proxy_id.to_owned(),
         }
     }
 
@@ -82,6 +91,16 @@ impl Output {
         let settled = self.is_settled();
         match &mut self.target {
             Target::Sqlite(store) if settled => Some(store),
+            _ => None,
+        }
+    }
+
+    /// The PostgreSQL table, for its retention, when settled (as
+    /// [`Output::store_if_settled`]).
+    pub fn postgres_if_settled(&mut self) -> Option<&mut PgTrail> {
+        let settled = self.is_settled();
+        match &mut self.target {
+            Target::Postgres(trail) if settled => Some(trail),
             _ => None,
         }
     }
@@ -110,7 +129,11 @@ impl Output {
     /// Write the retained events, then `batch`, then a gap record if
     /// losses are pending. Returns whether the write failed.
     pub fn write(&mut self, batch: &[AuditEvent]) -> bool {
-        let gap = (!self.ledger.is_empty()).then(|| self.ledger.gap_record());
+        let gap = (!self.ledger.is_empty()).then(|| {
+            let mut gap = self.ledger.gap_record();
+            gap.proxy_id.clone_from(&self.proxy_id);
+            gap
+        });
         let mut list: Vec<&AuditEvent> = self.retained.iter().chain(batch).collect();
         let events = list.len();
         if events == 0 && gap.is_none() {

@@ -6,7 +6,8 @@
 //! tokio task, because SQLite I/O is blocking) drains the queue in batches,
 //! writes each batch to every output (`outputs.rs`: retried, and if still
 //! failing counted as lost, never silently) and applies retention
-//! (`prune.rs`). Every loss ends up as an `events_dropped` gap record in the
+//! (`prune.rs`, `pg_retention.rs`). Every event is stamped with the
+//! replica's proxy id on its way out. Every loss ends up as an `events_dropped` gap record in the
 //! output that lost it, and in [`AuditSink::dropped_total`].
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -22,8 +23,11 @@ use super::event::AuditEvent;
 use super::jsonl::JsonlWriter;
 use super::losses::{millis_to_rfc3339, now_millis};
 use super::outputs::{Output, Target};
+use super::pg_retention::PgRetention;
+use super::postgres_store::{PgTrail, TargetSlot};
 use super::prune;
 use super::sqlite_store::Store;
+use crate::claims::postgres::PgTarget;
 use crate::error_chain::chain;
 
 /// Upper bound on events per transaction, so one huge backlog does not hold
@@ -62,6 +66,8 @@ struct Inner {
     writer: Mutex<Option<JoinHandle<()>>>,
     log_values: bool,
     approver_keys: Vec<String>,
+    /// The PostgreSQL output's database, once known.
+    postgres: Option<TargetSlot>,
 }
 
 /// Boxed so each preallocated channel slot costs a pointer, not a whole
@@ -141,15 +147,21 @@ impl AuditSink {
         AuditSink { inner: None }
     }
 
-    /// Open the configured outputs and start the writer thread. Output
-    /// errors (bad path, unwritable file) surface here, at startup, rather
-    /// than as silent gaps later. With no output configured the sink is
-    /// disabled.
-    pub fn start(cfg: &AuditConfig) -> Result<AuditSink, AuditError> {
-        AuditSink::start_with(cfg, WriterHooks::default())
+    /// Open the configured outputs and start the writer thread, which
+    /// stamps every event with `proxy_id`. Output errors (bad path,
+    /// unwritable file) surface here, at startup, rather than as silent
+    /// gaps later; the PostgreSQL output connects once it is given its
+    /// database ([`AuditSink::connect_postgres`]). With no output
+    /// configured the sink is disabled.
+    pub fn start(cfg: &AuditConfig, proxy_id: &str) -> Result<AuditSink, AuditError> {
+        AuditSink::start_with(cfg, proxy_id, WriterHooks::default())
     }
 
-    fn start_with(cfg: &AuditConfig, hooks: WriterHooks) -> Result<AuditSink, AuditError> {
+    fn start_with(
+        cfg: &AuditConfig,
+        proxy_id: &str,
+        hooks: WriterHooks,
+    ) -> Result<AuditSink, AuditError> {
         if !cfg.is_enabled() {
             return Ok(AuditSink::disabled());
         }
@@ -159,10 +171,16 @@ impl AuditSink {
             if let Some(timeout) = hooks.busy_timeout {
                 store.set_busy_timeout(timeout)?;
             }
-            outputs.push(Output::new(Target::Sqlite(store)));
+            outputs.push(Output::new(Target::Sqlite(store), proxy_id));
         }
         if let Some(target) = &cfg.jsonl {
-            outputs.push(Output::new(Target::Jsonl(JsonlWriter::open(target)?)));
+            let jsonl = JsonlWriter::open(target)?;
+            outputs.push(Output::new(Target::Jsonl(jsonl), proxy_id));
+        }
+        let postgres = cfg.postgres.then(TargetSlot::default);
+        if let Some(slot) = &postgres {
+            let trail = PgTrail::new(Arc::clone(slot));
+            outputs.push(Output::new(Target::Postgres(Box::new(trail)), proxy_id));
         }
         let (tx, rx) = mpsc::sync_channel(cfg.queue_capacity.max(1));
         let shared = Arc::new(Shared::default());
@@ -171,6 +189,8 @@ impl AuditSink {
             shared: Arc::clone(&shared),
             outputs,
             retention: Retention::new(cfg),
+            pg_retention: PgRetention::new(cfg),
+            proxy_id: proxy_id.to_owned(),
             lost_by_outputs: 0,
             gate: hooks.gate,
         };
@@ -185,8 +205,18 @@ impl AuditSink {
                 writer: Mutex::new(Some(handle)),
                 log_values: cfg.log_values,
                 approver_keys: cfg.approver_keys.clone(),
+                postgres,
             })),
         })
+    }
+
+    /// The database of the PostgreSQL output (`[audit] postgres`), known
+    /// once the proxy knows its upstream; until then that output's writes
+    /// fail (retried, then counted as lost). Returns whether the sink has
+    /// such an output still waiting for it.
+    pub fn connect_postgres(&self, target: PgTarget) -> bool {
+        let slot = self.inner.as_ref().and_then(|i| i.postgres.as_ref());
+        slot.is_some_and(|s| s.set(target).is_ok())
     }
 
     /// Whether events go anywhere; lets callers skip building events.
@@ -401,6 +431,8 @@ struct Writer {
     shared: Arc<Shared>,
     outputs: Vec<Output>,
     retention: Retention,
+    pg_retention: PgRetention,
+    proxy_id: String,
     /// The most events any output has given up, as added to `lost`.
     lost_by_outputs: u64,
     gate: Option<Receiver<()>>,
@@ -418,7 +450,7 @@ impl Writer {
             let mut disconnected = false;
             let mut caught_up = false;
             // With a prune under way, do not sleep: its next chunk is due.
-            let first = if self.retention.active {
+            let first = if self.retention.active || self.pg_retention.is_active() {
                 self.rx.try_recv().map_err(|e| match e {
                     TryRecvError::Empty => RecvTimeoutError::Timeout,
                     TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
@@ -451,20 +483,28 @@ impl Writer {
                 self.note_queue_drops(dropped_total - reported);
             }
             reported = dropped_total;
-            self.write(&batch);
+            self.write(&mut batch);
             let stopping = self.shared.stopping.load(Ordering::SeqCst);
             if !stopping {
                 let sqlite = self.outputs.iter_mut().find_map(Output::store_if_settled);
                 if let Some(store) = sqlite {
                     self.retention.tick(store);
                 }
+                let pg = self
+                    .outputs
+                    .iter_mut()
+                    .find_map(Output::postgres_if_settled);
+                if let Some(trail) = pg {
+                    self.pg_retention.tick(trail, &self.proxy_id);
+                }
             }
             {
                 let mut progress = self.shared.progress();
                 progress.written += events;
                 progress.dropped_reported = reported;
-                progress.unsettled =
-                    self.retention.active || self.outputs.iter().any(|o| !o.is_settled());
+                progress.unsettled = self.retention.active
+                    || self.pg_retention.is_active()
+                    || self.outputs.iter().any(|o| !o.is_settled());
             }
             self.shared.progress_cv.notify_all();
 
@@ -492,7 +532,10 @@ impl Writer {
         }
     }
 
-    fn write(&mut self, batch: &[AuditEvent]) {
+    fn write(&mut self, batch: &mut [AuditEvent]) {
+        for ev in batch.iter_mut().filter(|e| e.proxy_id.is_empty()) {
+            ev.proxy_id.clone_from(&self.proxy_id);
+        }
         for output in &mut self.outputs {
             if output.write(batch) {
                 self.shared.write_errors.fetch_add(1, Ordering::SeqCst);
@@ -532,7 +575,7 @@ impl AuditSink {
             gate: Some(gate),
             ..WriterHooks::default()
         };
-        Ok((AuditSink::start_with(cfg, hooks)?, release))
+        Ok((AuditSink::start_with(cfg, "test-proxy", hooks)?, release))
     }
 
     /// Start a sink whose SQLite writes give up waiting for a lock after
@@ -545,7 +588,7 @@ impl AuditSink {
             busy_timeout: Some(timeout),
             ..WriterHooks::default()
         };
-        AuditSink::start_with(cfg, hooks)
+        AuditSink::start_with(cfg, "test-proxy", hooks)
     }
 }
 

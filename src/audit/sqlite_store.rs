@@ -37,7 +37,8 @@ CREATE TABLE IF NOT EXISTS audit_events (
     task_id TEXT,
     channels TEXT NOT NULL,
     blob_sha256 TEXT NOT NULL,
-    detail TEXT NOT NULL
+    detail TEXT NOT NULL,
+    proxy_id TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS audit_events_thread_id ON audit_events(thread_id);
 CREATE INDEX IF NOT EXISTS audit_events_gaps ON audit_events(id) WHERE operation = 'events_dropped';
@@ -57,13 +58,18 @@ BEGIN SELECT RAISE(ABORT, 'audit_events is append-only (old rows leave only by r
 const INSERT: &str = r#"INSERT INTO audit_events (
     time, session_id, client_addr, "user", "database", application_name, operation,
     thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, task_id,
-    channels, blob_sha256, detail
-) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"#;
+    channels, blob_sha256, detail, proxy_id
+) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"#;
 
+/// The columns read back, in [`row_to_event`]'s order; `{proxy_id}` is the
+/// column, or `''` in a file no proxy of this version has opened yet.
 const SELECT: &str = r#"SELECT time, session_id, client_addr, "user", "database",
     application_name, operation, thread_id, checkpoint_ns, checkpoint_id,
-    parent_checkpoint_id, task_id, channels, blob_sha256, detail
+    parent_checkpoint_id, task_id, channels, blob_sha256, detail, {proxy_id}
 FROM audit_events"#;
+
+/// Files made before events named their replica get the column in place.
+const ADD_PROXY_ID: &str = "ALTER TABLE audit_events ADD COLUMN proxy_id TEXT NOT NULL DEFAULT ''";
 
 /// Writable handle on the audit database; owned by the writer thread.
 pub struct Store {
@@ -102,9 +108,20 @@ impl Store {
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         // One transaction: an older database swaps its delete trigger for
         // the prune-aware one with no moment unguarded.
-        conn.execute_batch(&format!("BEGIN IMMEDIATE;\n{SCHEMA}\nCOMMIT;"))
+        conn.execute_batch(&format!("BEGIN IMMEDIATE;\n{SCHEMA}"))
             .map_err(AuditError::Schema)?;
-        Ok(Store { conn })
+        let upgraded = match has_proxy_id(&conn) {
+            Ok(true) => Ok(()),
+            Ok(false) => conn.execute_batch(ADD_PROXY_ID),
+            Err(e) => Err(e),
+        };
+        match upgraded.and_then(|()| conn.execute_batch("COMMIT")) {
+            Ok(()) => Ok(Store { conn }),
+            Err(e) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                Err(AuditError::Schema(e))
+            }
+        }
     }
 
     /// How long writes wait for another connection's lock.
@@ -154,6 +171,7 @@ pub(super) fn insert(conn: &Connection, ev: &AuditEvent) -> Result<(), AuditErro
         serde_json::to_string(&ev.channels)?,
         serde_json::to_string(&ev.blob_sha256)?,
         serde_json::to_string(&ev.detail)?,
+        ev.proxy_id,
     ])?;
     Ok(())
 }
@@ -163,10 +181,11 @@ pub(super) fn insert(conn: &Connection, ev: &AuditEvent) -> Result<(), AuditErro
 /// may be among those lost).
 pub fn thread_events(path: &Path, thread_id: &str) -> Result<Vec<AuditEvent>, AuditError> {
     let conn = open_read_only(path)?;
+    let select = select(&conn)?;
     // Two index searches (by thread; the partial index of gap records),
     // not a scan of the table.
     let mut stmt = conn.prepare(&format!(
-        "{SELECT} WHERE id IN (SELECT id FROM audit_events WHERE thread_id = ?1 \
+        "{select} WHERE id IN (SELECT id FROM audit_events WHERE thread_id = ?1 \
          UNION ALL SELECT id FROM audit_events WHERE operation = 'events_dropped' \
          AND id > (SELECT min(id) FROM audit_events WHERE thread_id = ?1)) ORDER BY id"
     ))?;
@@ -177,9 +196,28 @@ pub fn thread_events(path: &Path, thread_id: &str) -> Result<Vec<AuditEvent>, Au
 /// Every event in the database, in the order written.
 pub fn all_events(path: &Path) -> Result<Vec<AuditEvent>, AuditError> {
     let conn = open_read_only(path)?;
-    let mut stmt = conn.prepare(&format!("{SELECT} ORDER BY id"))?;
+    let mut stmt = conn.prepare(&format!("{} ORDER BY id", select(&conn)?))?;
     let rows = stmt.query_map([], row_to_event)?;
     collect(rows)
+}
+
+/// Whether the table has the `proxy_id` column.
+fn has_proxy_id(conn: &Connection) -> rusqlite::Result<bool> {
+    conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM pragma_table_info('audit_events') WHERE name = 'proxy_id')",
+        [],
+        |r| r.get(0),
+    )
+}
+
+/// [`SELECT`] for this file (read-only readers cannot add the column).
+fn select(conn: &Connection) -> Result<String, AuditError> {
+    let column = if has_proxy_id(conn)? {
+        "proxy_id"
+    } else {
+        "'' AS proxy_id"
+    };
+    Ok(SELECT.replace("{proxy_id}", column))
 }
 
 pub(super) fn open_read_only(path: &Path) -> Result<Connection, AuditError> {
@@ -224,9 +262,11 @@ fn row_to_event(r: &Row<'_>) -> rusqlite::Result<Result<AuditEvent, AuditError>>
     let checkpoint_id: Option<String> = r.get(9)?;
     let parent_checkpoint_id: Option<String> = r.get(10)?;
     let task_id: Option<String> = r.get(11)?;
+    let proxy_id: String = r.get(15)?;
     Ok((|| {
         Ok(AuditEvent {
             time,
+            proxy_id,
             session_id: session_id as u64,
             client_addr,
             user,
@@ -248,7 +288,7 @@ fn row_to_event(r: &Row<'_>) -> rusqlite::Result<Result<AuditEvent, AuditError>>
 }
 
 /// One JSON column of a row, decoded.
-fn column<T: serde::de::DeserializeOwned>(
+pub(super) fn column<T: serde::de::DeserializeOwned>(
     column: &'static str,
     text: &str,
 ) -> Result<T, AuditError> {
@@ -277,7 +317,47 @@ mod tests {
         ev.channels = vec!["messages".into(), "__interrupt__".into()];
         ev.blob_sha256 = vec![BlobDigest::of("messages", b"payload")];
         ev.detail = serde_json::json!({"rows": 1, "sql": "INSERT ..."});
+        ev.proxy_id = "proxy-a".into();
         ev
+    }
+
+    #[test]
+    fn an_older_file_gains_the_proxy_id_column_in_place() {
+        let path = temp_path("sqlite-upgrade", "db");
+        let before = SCHEMA.replace(",\n    proxy_id TEXT NOT NULL DEFAULT ''", "");
+        assert_ne!(before, SCHEMA);
+        let old = Connection::open(&path).unwrap();
+        old.execute_batch(&before).unwrap();
+        let mut first = sample("t1", Operation::ReadLatest);
+        first.proxy_id = String::new();
+        old.execute(
+            "INSERT INTO audit_events (time, session_id, client_addr, \"user\", \"database\", \
+             application_name, operation, thread_id, checkpoint_ns, checkpoint_id, \
+             parent_checkpoint_id, task_id, channels, blob_sha256, detail) \
+             SELECT time, session_id, client_addr, \"user\", \"database\", application_name, \
+             operation, thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, task_id, \
+             channels, blob_sha256, detail FROM (SELECT ?1 AS time, 1 AS session_id, '' AS \
+             client_addr, '' AS \"user\", '' AS \"database\", '' AS application_name, \
+             'read_latest' AS operation, 't1' AS thread_id, NULL AS checkpoint_ns, NULL AS \
+             checkpoint_id, NULL AS parent_checkpoint_id, NULL AS task_id, '[]' AS channels, \
+             '[]' AS blob_sha256, 'null' AS detail)",
+            [&first.time],
+        )
+        .unwrap();
+        drop(old);
+        // Readers of a file no proxy of this version opened see no replica.
+        let read = thread_events(&path, "t1").unwrap();
+        assert_eq!((read.len(), read[0].proxy_id.as_str()), (1, ""));
+        let second = sample("t1", Operation::CheckpointPut);
+        Store::open(&path)
+            .unwrap()
+            .append(std::slice::from_ref(&second))
+            .unwrap();
+        let read = thread_events(&path, "t1").unwrap();
+        assert_eq!(read.len(), 2);
+        assert_eq!(read[0].proxy_id, "");
+        assert_eq!(read[1], second);
+        remove_db(&path);
     }
 
     #[test]

@@ -30,17 +30,33 @@ pub fn render_timeline(events: &[AuditEvent]) -> String {
             out.push('\n');
         }
         let plural = if list.len() == 1 { "" } else { "s" };
+        let replicas = replicas(list);
+        let from = match replicas.as_slice() {
+            [_, _, ..] => format!(", replicas {}", replicas.join(", ")),
+            _ => String::new(),
+        };
         let _ = match thread {
-            Some(t) => writeln!(out, "thread {t} ({} event{plural})", list.len()),
-            None => writeln!(out, "(no thread) ({} event{plural})", list.len()),
+            Some(t) => writeln!(out, "thread {t} ({} event{plural}{from})", list.len()),
+            None => writeln!(out, "(no thread) ({} event{plural}{from})", list.len()),
         };
         for ev in list {
             out.push_str("  ");
-            out.push_str(&render_line(ev));
+            out.push_str(&render_line(ev, replicas.len() > 1));
             out.push('\n');
         }
     }
     out
+}
+
+/// The replicas that recorded `events`, in order of first appearance.
+fn replicas<'a>(events: &[&'a AuditEvent]) -> Vec<&'a str> {
+    let mut seen: Vec<&str> = Vec::new();
+    for ev in events {
+        if !ev.proxy_id.is_empty() && !seen.contains(&ev.proxy_id.as_str()) {
+            seen.push(&ev.proxy_id);
+        }
+    }
+    seen
 }
 
 /// The events as a pretty JSON array, for `--json`.
@@ -50,9 +66,10 @@ pub fn render_json(events: &[AuditEvent]) -> String {
     serde_json::to_string_pretty(events).unwrap_or_else(|_| "[]".to_string())
 }
 
-/// `time  operation  ns/ckpt  task  channels  who  — phrase`, with empty
-/// fields left out.
-fn render_line(ev: &AuditEvent) -> String {
+/// `time  operation  ns/ckpt  task  channels  who  [proxy=replica]  —
+/// phrase`, with empty fields left out; the replica only when the
+/// thread's events come from more than one.
+fn render_line(ev: &AuditEvent, show_replica: bool) -> String {
     let mut parts: Vec<String> = vec![
         ev.time.clone(),
         format!("{:<OP_WIDTH$}", ev.operation.as_str()),
@@ -70,6 +87,9 @@ fn render_line(ev: &AuditEvent) -> String {
         parts.push(format!("ch={}", ev.channels.join(",")));
     }
     parts.push(who(ev));
+    if show_replica {
+        parts.push(format!("proxy={}", or_dash(&ev.proxy_id)));
+    }
     format!("{}  — {}", parts.join("  "), phrase(ev))
 }
 
@@ -362,6 +382,33 @@ mod tests {
             text.contains("answer recorded, by email=a@x user_id=alice"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn names_the_replica_when_a_thread_spans_several() {
+        let mut story = interrupt_story();
+        for ev in &mut story {
+            ev.proxy_id = "proxy-a".into();
+        }
+        let one = render_timeline(&story);
+        assert!(
+            !one.contains("proxy="),
+            "one replica, no replica column:\n{one}"
+        );
+        assert!(one.starts_with("thread t-1 (6 events)\n"), "{one}");
+        story[4].proxy_id = "proxy-b".into();
+        let two = render_timeline(&story);
+        assert!(
+            two.starts_with("thread t-1 (6 events, replicas proxy-a, proxy-b)\n"),
+            "{two}"
+        );
+        let refused = two.lines().find(|l| l.contains("claim refused")).unwrap();
+        assert!(
+            refused.contains("s=3  proxy=proxy-b  — claim refused"),
+            "{refused}"
+        );
+        let claimed = two.lines().find(|l| l.contains("resume claimed")).unwrap();
+        assert!(claimed.contains("proxy=proxy-a"), "{claimed}");
     }
 
     #[test]

@@ -77,7 +77,9 @@ pub fn store_location(
     Ok(StoreLocation::Postgres(Box::new(target)))
 }
 
-fn postgres_target(
+/// The PostgreSQL database of the shared schema, whichever claims backend
+/// is configured (the audit trail of every replica is kept there too).
+pub fn postgres_target(
     cfg: &Config,
     managed: Option<&UpstreamAddr>,
 ) -> Result<PgTarget, LocationError> {

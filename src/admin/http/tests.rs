@@ -67,7 +67,7 @@ impl Setup {
             proxy: proxy(self.upstream),
             metrics: super::super::metrics::recorder().unwrap().handle(),
             audit: AuditSink::disabled(),
-            audit_db: self.audit_db,
+            audit_trail: self.audit_db.map(crate::audit::TrailSource::Sqlite),
             claims: self.claims,
             claims_at: Ok(crate::claims::StoreLocation::Sqlite(PathBuf::from(
                 "/nonexistent/claims.sqlite",
@@ -299,6 +299,11 @@ async fn threads_shows_the_ledger_from_the_audit_db() {
     assert_eq!(v["approvals"][0]["parked"]["application_name"], "runner");
     assert_eq!(v["approvals"][0]["tasks"][0], "task-gate");
     assert_eq!(v["timeline"].as_array().unwrap().len(), 1);
+    let source = v["source"].as_str().unwrap();
+    assert!(
+        source.starts_with("sqlite ") && source.ends_with("(this replica)"),
+        "{source}"
+    );
     assert_eq!(
         get(&state, "/threads/t-none").await.0,
         StatusCode::NOT_FOUND

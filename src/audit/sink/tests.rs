@@ -35,7 +35,7 @@ fn sqlite_cfg(path: &std::path::Path, capacity: usize) -> AuditConfig {
 #[test]
 fn flush_waits_until_everything_is_written_in_order() {
     let path = temp_path("sink-flush", "db");
-    let sink = AuditSink::start(&sqlite_cfg(&path, 65_536)).unwrap();
+    let sink = AuditSink::start(&sqlite_cfg(&path, 65_536), "test-proxy").unwrap();
     for n in 0..2_000 {
         sink.record(numbered(n));
     }
@@ -123,7 +123,7 @@ fn writes_to_sqlite_and_jsonl_together() {
         jsonl: Some(jl.to_string_lossy().into_owned()),
         ..AuditConfig::default()
     };
-    let sink = AuditSink::start(&cfg).unwrap();
+    let sink = AuditSink::start(&cfg, "test-proxy").unwrap();
     let clone = sink.clone();
     sink.record(numbered(1));
     clone.record(numbered(2));
@@ -139,7 +139,7 @@ fn writes_to_sqlite_and_jsonl_together() {
 #[test]
 fn shutdown_stops_writer_and_discards_later_events() {
     let path = temp_path("sink-shutdown", "db");
-    let sink = AuditSink::start(&sqlite_cfg(&path, 16)).unwrap();
+    let sink = AuditSink::start(&sqlite_cfg(&path, 16), "test-proxy").unwrap();
     sink.record(numbered(0));
     assert!(sink.shutdown(Duration::from_secs(10)));
     sink.record(numbered(1));
@@ -154,7 +154,7 @@ fn shutdown_stops_writer_and_discards_later_events() {
 fn disabled_and_unconfigured_sinks_are_no_ops() {
     for sink in [
         AuditSink::disabled(),
-        AuditSink::start(&AuditConfig::default()).unwrap(),
+        AuditSink::start(&AuditConfig::default(), "test-proxy").unwrap(),
     ] {
         assert!(!sink.is_enabled());
         assert!(!sink.log_values());
@@ -170,7 +170,7 @@ fn bad_output_path_fails_at_start() {
         jsonl: Some("/nonexistent-dir-resumeguard/x.jsonl".into()),
         ..AuditConfig::default()
     };
-    assert!(AuditSink::start(&cfg).is_err());
+    assert!(AuditSink::start(&cfg, "test-proxy").is_err());
 }
 
 /// Poll `cond` for up to 10 s: the writer retries on its own clock.
@@ -283,7 +283,7 @@ fn an_output_that_never_recovers_loses_alone_and_stops_within_bounds() {
         jsonl: Some("/dev/full".into()),
         ..AuditConfig::default()
     };
-    let sink = AuditSink::start(&cfg).unwrap();
+    let sink = AuditSink::start(&cfg, "test-proxy").unwrap();
     for n in 0..4 {
         sink.record(numbered(n));
     }
@@ -308,7 +308,7 @@ fn the_writer_prunes_rows_past_retention_and_records_it() {
         .append([&old, &old, &recent])
         .unwrap();
 
-    let sink = AuditSink::start(&sqlite_cfg(&path, 64)).unwrap();
+    let sink = AuditSink::start(&sqlite_cfg(&path, 64), "test-proxy").unwrap();
     sink.record(numbered(0));
     assert!(sink.flush(), "flush waits for the prune too");
     let events = all_events(&path).unwrap();
@@ -332,4 +332,33 @@ fn the_writer_prunes_rows_past_retention_and_records_it() {
     assert!(events.iter().any(|e| e.detail["n"] == 0));
     assert!(sink.shutdown(Duration::from_secs(10)));
     remove_db(&path);
+}
+
+#[test]
+fn every_output_names_the_replica_and_postgres_joins_once_its_database_is_known() {
+    let db = crate::claims::postgres::test_server::PgSchema::new("sink_pg");
+    let path = temp_path("sink-pg", "db");
+    let jsonl = temp_path("sink-pg", "jsonl");
+    let cfg = AuditConfig {
+        sqlite: Some(path.clone()),
+        jsonl: Some(jsonl.display().to_string()),
+        postgres: true,
+        ..AuditConfig::default()
+    };
+    let sink = AuditSink::start(&cfg, "replica-7").unwrap();
+    assert!(sink.connect_postgres(db.target().clone()));
+    assert!(!sink.connect_postgres(db.target().clone()), "given once");
+    sink.record(numbered(1));
+    sink.record(numbered(2).with_thread("t"));
+    assert!(sink.flush());
+    let from_pg = crate::audit::postgres_store::thread_events(db.target(), "t").unwrap();
+    let from_sqlite = thread_events(&path, "t").unwrap();
+    let from_jsonl = read_jsonl(&jsonl).unwrap();
+    assert_eq!(from_pg.len(), 2);
+    assert_eq!(from_pg, from_sqlite);
+    assert_eq!(from_pg, from_jsonl);
+    assert!(from_pg.iter().all(|e| e.proxy_id == "replica-7"));
+    assert!(sink.shutdown(Duration::from_secs(10)));
+    remove_db(&path);
+    let _ = std::fs::remove_file(&jsonl);
 }

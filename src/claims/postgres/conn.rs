@@ -388,7 +388,10 @@ fn run<T>(
 
 /// A connection with `config`, over TLS where `target` has it (its
 /// `sslmode` says whether TLS is required or only preferred).
-fn connect(config: &postgres::Config, target: &PgTarget) -> Result<Client, postgres::Error> {
+pub(super) fn connect(
+    config: &postgres::Config,
+    target: &PgTarget,
+) -> Result<Client, postgres::Error> {
     match &target.tls {
         Some(tls) => config.connect(MakeRustlsConnect::new((**tls).clone())),
         None => config.connect(NoTls),
@@ -469,7 +472,7 @@ fn next_instance(client: &mut Client, schema: &str) -> Result<i64, postgres::Err
 }
 
 /// The server's message, with its SQLSTATE, or the client's.
-fn describe(e: &postgres::Error) -> String {
+pub(super) fn describe(e: &postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
         None => e.to_string(),

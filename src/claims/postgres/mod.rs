@@ -4,11 +4,13 @@
 //!
 //! - `target`: connection parameters (upstream URL or `[claims] dsn`,
 //!   password file), the liveness bound.
-//! - `schema`: versioned migrations.
+//! - `schema`: versioned migrations (claims, leases, the audit trail).
+//! - `client`: connections to the schema for the audit trail.
 //! - `conn`: the decision and liveness connections, fail closed.
 //! - `store`: the operations, one short transaction each; `rows`, `leases`.
 //! - `liveness`: holders whose proxy process is gone.
 
+mod client;
 mod conn;
 mod leases;
 mod liveness;
@@ -21,5 +23,7 @@ pub(crate) mod test_server;
 #[cfg(test)]
 mod tests;
 
+pub use client::{connect_schema, error_text, schema_name, SchemaAccess};
+pub use schema::AUDIT_VERSION;
 pub use store::PgClaims;
 pub use target::{PgTarget, TargetError, DEFAULT_LIVENESS_BOUND, DEFAULT_SCHEMA};

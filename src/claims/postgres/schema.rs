@@ -1,4 +1,5 @@
-//! The claims schema in PostgreSQL, created on first use and upgraded by
+//! The shared schema in PostgreSQL (claims, run leases, and the audit
+//! trail of every replica), created on first use and upgraded by
 //! versioned migrations recorded in `<schema>.schema_version`.
 //!
 //! Each migration runs in one transaction holding a transaction-level
@@ -10,8 +11,9 @@ use postgres::Client;
 
 /// The migrations, in order; version = index + 1.
 fn migrations(s: &str) -> Vec<String> {
-    vec![format!(
-        r#"
+    vec![
+        format!(
+            r#"
 CREATE TABLE {s}.claims (
     thread_id text NOT NULL,
     checkpoint_ns text NOT NULL,
@@ -56,8 +58,40 @@ CREATE TABLE {s}.run_leases (
 CREATE INDEX run_leases_until ON {s}.run_leases (until_ms);
 CREATE SEQUENCE {s}.holder_instances;
 "#
-    )]
+        ),
+        // The audit trail of every replica (`[audit] postgres = true`);
+        // JSON columns keep the text as written.
+        format!(
+            r#"
+CREATE TABLE {s}.audit_events (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    time timestamptz NOT NULL,
+    proxy_id text NOT NULL,
+    session_id bigint NOT NULL,
+    client_addr text NOT NULL,
+    "user" text NOT NULL,
+    "database" text NOT NULL,
+    application_name text NOT NULL,
+    operation text NOT NULL,
+    thread_id text,
+    checkpoint_ns text,
+    checkpoint_id text,
+    parent_checkpoint_id text,
+    task_id text,
+    channels json NOT NULL,
+    blob_sha256 json NOT NULL,
+    detail json NOT NULL
+);
+CREATE INDEX audit_events_thread ON {s}.audit_events (thread_id, time, id);
+CREATE INDEX audit_events_time ON {s}.audit_events (time);
+CREATE INDEX audit_events_gaps ON {s}.audit_events (time) WHERE operation = 'events_dropped';
+"#
+        ),
+    ]
 }
+
+/// The first version with `<schema>.audit_events`.
+pub const AUDIT_VERSION: i32 = 2;
 
 /// The schema version this build needs.
 pub(super) fn current_version() -> i32 {
@@ -94,8 +128,10 @@ pub(super) fn migrate(client: &mut Client, schema: &str) -> Result<(), postgres:
             "SELECT pg_advisory_xact_lock(hashtext('resumeguard migrations'), hashtext($1))",
             &[&schema],
         )?;
+        // Quiet: every migration after the first finds these made.
         tx.batch_execute(&format!(
-            "CREATE SCHEMA IF NOT EXISTS {schema}; \
+            "SET LOCAL client_min_messages = warning; \
+             CREATE SCHEMA IF NOT EXISTS {schema}; \
              CREATE TABLE IF NOT EXISTS {schema}.schema_version (\
                  version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
         ))?;
@@ -111,7 +147,7 @@ pub(super) fn migrate(client: &mut Client, schema: &str) -> Result<(), postgres:
                 &format!("INSERT INTO {schema}.schema_version (version) VALUES ($1)"),
                 &[&v],
             )?;
-            tracing::info!(schema, version = v, "claims schema migrated");
+            tracing::info!(schema, version = v, "resumeguard schema migrated");
         }
         tx.commit()?;
     }

@@ -1,0 +1,172 @@
+"""The audit trail across replicas (``[audit] postgres = true``), end to end: two
+``resumeguard serve`` processes with separate state dirs in front of one PostgreSQL
+15 (consume-once claims shared in its ``resumeguard`` schema), real LangGraph racers
+split over the two.
+
+- with ``postgres = true`` on both, ``resumeguard audit --thread T`` run with proxy
+  A's configuration, and ``GET /threads/{id}`` on A's admin listener, show the claim
+  taken through one proxy AND the refusal recorded by the other (both proxy ids),
+  and say that the PostgreSQL table of every replica answered;
+- with the SQLite claims backend the trail still goes to the PostgreSQL table;
+- beside it the same race over two proxies with ``postgres = false`` (each replica's
+  trail its own SQLite file): A's trail shows only A's events, the other proxy's
+  decision on the same thread is missing (what operators had before).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import racer as R
+from conftest import HOST, free_port, proxy_binary
+from test_admin import RaceEnv, http, wait_admin
+from test_consume_once import Racers, park
+
+HERE = Path(__file__).resolve().parent
+GATE_MS = 300   # long enough that both racers are at the read while the winner's node runs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ledger_table(direct_dsn):
+    out = subprocess.run([sys.executable, str(HERE / "racer.py"), "setup", "--dsn", direct_dsn],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    R.CTX["ledger_dsn"] = direct_dsn
+    R.CTX["ledger"] = None
+
+
+def replica(proxy_factory, pg, workdir, name: str, audit_pg: bool,
+            claims: str = "postgres") -> SimpleNamespace:
+    """A proxy with a state dir of its own, the given claims backend, its own admin
+    port, and ``[audit] postgres`` as given; its configuration names the upstream
+    and the SQLite trail it writes, so the audit command finds what it does."""
+    name = f"{name}-{uuid.uuid4().hex[:4]}"
+    state = workdir / f"state-{name}"
+    admin_port = free_port()
+    cfg = workdir / f"{name}.toml"
+    cfg.write_text(
+        f'upstream = "{HOST}:{pg.port}"\nadmin_listen = "{HOST}:{admin_port}"\n\n'
+        f'[audit]\npostgres = {"true" if audit_pg else "false"}\n'
+        f'sqlite = "{workdir / f"{name}-audit.sqlite"}"\n\n'
+        f'[claims]\nbackend = "{claims}"\nproxy_id = "{name}"\nlapse_ms = 3000\n')
+    proxy = proxy_factory("--config", str(cfg), "--state-dir", str(state), name=name)
+    assert proxy.audit_db == workdir / f"{name}-audit.sqlite"
+    return SimpleNamespace(name=name, proxy=proxy, cfg=cfg, admin=wait_admin(admin_port))
+
+
+def race_over(a, b, dbname: str, direct: str, workdir: Path) -> tuple[str, dict[str, str]]:
+    """Park a thread through A; one racer through A and one through B resume it at
+    once. The thread, and which replica each racer went through, by outcome."""
+    thread = f"replicas-{uuid.uuid4().hex[:8]}"
+    its = park(a.proxy.dsn(dbname), thread)
+    racers = Racers(RaceEnv(direct, workdir), [a.proxy.dsn(dbname), b.proxy.dsn(dbname)], "conn",
+                    [{"thread": thread, "graph": "one", "form": "bare", "gate_ms": GATE_MS,
+                      "interrupt_id": its[0]["id"]}], "rep-")
+    try:
+        results = racers.run_all()[0]
+    finally:
+        racers.kill()
+    assert sorted(r["ok"] for r in results) == [False, True], results
+    by = {("won" if r["ok"] else "refused"): (a, b)[i].name for i, r in enumerate(results)}
+    loser = next(r for r in results if not r["ok"])
+    assert loser["error"]["sqlstate"] == "55000", loser
+    return thread, by
+
+
+def audit(r, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(proxy_binary()), "audit", "--config", str(r.cfg), *args],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+
+
+def timeline(r, thread: str, want: set[str], timeout: float = 15.0) -> list[dict]:
+    """``audit --thread T --json`` with A's configuration, once it holds the
+    operations ``want`` (the trail is written asynchronously) or the time is up."""
+    deadline = time.monotonic() + timeout
+    while True:
+        cp = audit(r, "--thread", thread, "--json")
+        events = json.loads(cp.stdout) if cp.returncode == 0 else []
+        if want <= {e["operation"] for e in events} or time.monotonic() > deadline:
+            return events
+        time.sleep(0.2)
+
+
+def by_op(events: list[dict], op: str) -> list[str]:
+    return [e["proxy_id"] for e in events if e["operation"] == op]
+
+
+@pytest.mark.timeout(300)
+def test_one_timeline_shows_every_replicas_decisions_on_a_thread(proxy_factory, pg, workdir,
+                                                                 dbname, direct_dsn):
+    a = replica(proxy_factory, pg, workdir, "audit-a", audit_pg=True)
+    b = replica(proxy_factory, pg, workdir, "audit-b", audit_pg=True)
+    thread, by = race_over(a, b, dbname, direct_dsn, workdir)
+    print(f"postgres trail: claim won through {by['won']}, refused through {by['refused']}")
+
+    events = timeline(a, thread, {"claim_taken", "claim_refused"})
+    assert by_op(events, "claim_taken") == [by["won"]], events
+    assert by_op(events, "claim_refused") == [by["refused"]], events
+    assert {e["proxy_id"] for e in events} == {a.name, b.name}
+    times = [e["time"] for e in events]
+    assert times == sorted(times), "one timeline, in time order"
+    text = audit(a, "--thread", thread)
+    assert text.returncode == 0, text.stderr
+    head = text.stdout.splitlines()[0]
+    assert head.startswith("audit trail: postgres ") and "(every replica)" in head, head
+    assert f"replicas {a.name}, {b.name}" in text.stdout, text.stdout
+    refused = next(ln for ln in text.stdout.splitlines() if "claim refused" in ln)
+    assert f"proxy={by['refused']}" in refused, refused
+    listed = audit(a, "--threads", "--op", "claim_refused")
+    assert listed.returncode == 0 and thread in listed.stdout, listed.stdout
+
+    status, body = http(a.admin, "GET", f"/threads/{thread}")
+    assert status == 200, body
+    ledger = json.loads(body)
+    assert "(every replica)" in ledger["source"], ledger["source"]
+    assert set(ledger["replicas"]) == {a.name, b.name}, ledger["replicas"]
+    approval = ledger["approvals"][0]
+    assert approval["claimed"]["proxy_id"] == by["won"], approval
+    assert [m["proxy_id"] for m in approval["refused"]] == [by["refused"]], approval
+
+
+@pytest.mark.timeout(300)
+def test_without_it_each_replica_shows_only_its_own_events(proxy_factory, pg, workdir, dbname,
+                                                           direct_dsn):
+    a = replica(proxy_factory, pg, workdir, "local-a", audit_pg=False)
+    b = replica(proxy_factory, pg, workdir, "local-b", audit_pg=False)
+    thread, by = race_over(a, b, dbname, direct_dsn, workdir)
+    print(f"sqlite trails: claim won through {by['won']}, refused through {by['refused']}")
+    mine = "claim_taken" if by["won"] == a.name else "claim_refused"
+    theirs = "claim_refused" if mine == "claim_taken" else "claim_taken"
+    events = timeline(a, thread, {mine})
+    # Give B's decision the same time to show up: it never does in A's trail.
+    time.sleep(1.0)
+    events = timeline(a, thread, {mine, theirs}, timeout=2.0)
+    assert by_op(events, mine) == [a.name], events
+    assert by_op(events, theirs) == [], f"{theirs} by {b.name} is not in {a.name}'s trail"
+    assert {e["proxy_id"] for e in events} == {a.name}
+    text = audit(a, "--thread", thread)
+    assert text.stdout.splitlines()[0].startswith("audit trail: sqlite "), text.stdout
+    status, body = http(a.admin, "GET", f"/threads/{thread}")
+    assert status == 200, body
+    assert json.loads(body)["replicas"] == [a.name]
+
+
+@pytest.mark.timeout(120)
+def test_the_table_is_written_with_the_sqlite_claims_backend_too(proxy_factory, pg, workdir,
+                                                                 dbname):
+    r = replica(proxy_factory, pg, workdir, "lite-claims", audit_pg=True, claims="sqlite")
+    thread = f"lite-{uuid.uuid4().hex[:8]}"
+    park(r.proxy.dsn(dbname), thread)
+    events = timeline(r, thread, {"interrupt_parked"})
+    assert "interrupt_parked" in {e["operation"] for e in events}, events
+    assert {e["proxy_id"] for e in events} == {r.name}
+    head = audit(r, "--thread", thread).stdout.splitlines()[0]
+    assert "(every replica)" in head, head

@@ -1,0 +1,382 @@
+//! The trail in PostgreSQL (`[audit] postgres = true`): every replica
+//! appends to `<schema>.audit_events` of the schema the claims live in,
+//! so one thread's events from all replicas read back as one timeline.
+//!
+//! The writer's connection is made on first use and again after it
+//! breaks, with backoff (the sink starts before the managed server is up;
+//! a database restart must not end auditing); it brings the schema up to
+//! date. A batch is one statement (one transaction): the events travel as
+//! parameter arrays, never as SQL text. Readers require the schema and run
+//! no DDL.
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use postgres::types::ToSql;
+use postgres::{Client, Row, Statement};
+
+use super::error::AuditError;
+use super::event::{AuditEvent, Operation, SessionContext};
+use super::query::{EventFilter, ThreadSummary};
+use super::sqlite_store::column;
+use crate::claims::postgres::{
+    connect_schema, error_text, schema_name, PgTarget, SchemaAccess, AUDIT_VERSION,
+};
+
+/// How long a batch, a prune chunk or a reader's query may take.
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+const READER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// First wait before reconnecting after a failed connect, doubled per
+/// failure up to [`MAX_RETRY`]: a dead database costs the writer at most
+/// one connect timeout (2 s) per [`MAX_RETRY`].
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+const MAX_RETRY: Duration = Duration::from_secs(5);
+
+/// Rows one retention step deletes.
+pub const PRUNE_CHUNK: i64 = 10_000;
+
+/// Where the writer's database is: known once the proxy knows its
+/// upstream (perhaps the managed server, started after the sink).
+pub type TargetSlot = Arc<OnceLock<PgTarget>>;
+
+/// The writer's handle on the table.
+pub struct PgTrail {
+    target: TargetSlot,
+    link: Option<Link>,
+    retry_at: Option<Instant>,
+    backoff: Duration,
+}
+
+struct Link {
+    client: Client,
+    insert: Statement,
+}
+
+impl PgTrail {
+    pub fn new(target: TargetSlot) -> PgTrail {
+        PgTrail {
+            target,
+            link: None,
+            retry_at: None,
+            backoff: FIRST_RETRY,
+        }
+    }
+
+    /// Whether the database is known yet.
+    pub fn is_known(&self) -> bool {
+        self.target.get().is_some()
+    }
+
+    /// Append `events` in one statement: all of them or none.
+    pub fn append(&mut self, events: &[&AuditEvent]) -> Result<(), AuditError> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let columns = Columns::of(events)?;
+        self.with_link(|link| {
+            link.client
+                .execute(&link.insert, &columns.params())
+                .map(|_| ())
+        })
+    }
+
+    /// Delete up to [`PRUNE_CHUNK`] rows older than `cutoff` (RFC 3339)
+    /// and, when any went, record an `audit_pruned` event by `proxy_id` in
+    /// the same transaction. Returns how many rows went. Replicas may all
+    /// prune: what one deleted, the others find gone.
+    pub fn prune_step(&mut self, cutoff: &str, proxy_id: &str) -> Result<u64, AuditError> {
+        let schema = self.schema()?;
+        let delete = format!(
+            "WITH gone AS (DELETE FROM {schema}.audit_events WHERE id IN \
+             (SELECT id FROM {schema}.audit_events WHERE time < $1::text::timestamptz \
+              ORDER BY id LIMIT $2) RETURNING 1) SELECT count(*) FROM gone"
+        );
+        let mut record = AuditEvent::new(&SessionContext::internal(), Operation::AuditPruned);
+        record.proxy_id = proxy_id.to_owned();
+        self.with_link(|link| {
+            let mut tx = link.client.transaction()?;
+            let rows: i64 = tx.query_one(&delete, &[&cutoff, &PRUNE_CHUNK])?.get(0);
+            if rows > 0 {
+                record.detail = serde_json::json!({
+                    "rows": rows,
+                    "cutoff": cutoff,
+                    "by": "retention",
+                    "table": "postgres",
+                });
+                // Plain JSON values: encoding them cannot fail.
+                let columns = Columns::of(&[&record]).unwrap_or_default();
+                tx.execute(&link.insert, &columns.params())?;
+            }
+            tx.commit()?;
+            Ok(rows as u64)
+        })
+    }
+
+    fn schema(&self) -> Result<String, AuditError> {
+        let target = self.target.get().ok_or(AuditError::PostgresUnknown)?;
+        Ok(schema_name(target).to_owned())
+    }
+
+    /// Runs `f` on the connection, connecting first if there is none and
+    /// the backoff allows; after a failure the next call connects again.
+    fn with_link<T>(
+        &mut self,
+        f: impl FnOnce(&mut Link) -> Result<T, postgres::Error>,
+    ) -> Result<T, AuditError> {
+        let target = self.target.get().ok_or(AuditError::PostgresUnknown)?;
+        let at = || target.shown().to_owned();
+        if self.link.as_ref().is_some_and(|l| l.client.is_closed()) {
+            self.link = None;
+        }
+        if self.link.is_none() {
+            if let Some(retry_at) = self.retry_at {
+                if Instant::now() < retry_at {
+                    return Err(AuditError::Postgres {
+                        at: at(),
+                        reason: "not connected; reconnecting after a backoff".into(),
+                    });
+                }
+            }
+            match connect(target) {
+                Ok(link) => {
+                    self.link = Some(link);
+                    self.retry_at = None;
+                    self.backoff = FIRST_RETRY;
+                }
+                Err(reason) => {
+                    self.retry_at = Some(Instant::now() + self.backoff);
+                    self.backoff = (self.backoff * 2).min(MAX_RETRY);
+                    return Err(AuditError::Postgres { at: at(), reason });
+                }
+            }
+        }
+        let Some(link) = self.link.as_mut() else {
+            return Err(AuditError::PostgresUnknown);
+        };
+        // Any failure drops the connection: a server that ended it says so
+        // first (57P01) and closes it after, and one that failed a batch is
+        // worth a new session at the cost of one connect.
+        f(link).map_err(|e| {
+            self.link = None;
+            AuditError::Postgres {
+                at: at(),
+                reason: error_text(&e),
+            }
+        })
+    }
+}
+
+/// The writer's connection, the schema brought up to date, the insert
+/// prepared.
+fn connect(target: &PgTarget) -> Result<Link, String> {
+    let mut client = connect_schema(
+        target,
+        SchemaAccess::Migrate,
+        "resumeguard-audit",
+        STATEMENT_TIMEOUT,
+    )?;
+    let insert = client
+        .prepare(&insert_sql(schema_name(target)))
+        .map_err(|e| error_text(&e))?;
+    Ok(Link { client, insert })
+}
+
+/// One statement appending a batch: the parameters are one array per
+/// column, unnested in event order (so ids follow it).
+fn insert_sql(s: &str) -> String {
+    format!(
+        r#"INSERT INTO {s}.audit_events (time, proxy_id, session_id, client_addr, "user",
+    "database", application_name, operation, thread_id, checkpoint_ns, checkpoint_id,
+    parent_checkpoint_id, task_id, channels, blob_sha256, detail)
+SELECT e.t::timestamptz, e.p, e.s, e.ca, e.u, e.d, e.an, e.op, e.th, e.ns, e.ck, e.pa, e.ta,
+    e.ch::json, e.bl::json, e.de::json
+FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[],
+    $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[],
+    $14::text[], $15::text[], $16::text[])
+    WITH ORDINALITY AS e(t, p, s, ca, u, d, an, op, th, ns, ck, pa, ta, ch, bl, de, n)
+ORDER BY e.n"#
+    )
+}
+
+/// A batch as one array per column.
+#[derive(Default)]
+struct Columns<'a> {
+    time: Vec<&'a str>,
+    proxy_id: Vec<&'a str>,
+    session_id: Vec<i64>,
+    client_addr: Vec<&'a str>,
+    user: Vec<&'a str>,
+    database: Vec<&'a str>,
+    application_name: Vec<&'a str>,
+    operation: Vec<&'static str>,
+    thread_id: Vec<Option<&'a str>>,
+    checkpoint_ns: Vec<Option<&'a str>>,
+    checkpoint_id: Vec<Option<&'a str>>,
+    parent_checkpoint_id: Vec<Option<&'a str>>,
+    task_id: Vec<Option<&'a str>>,
+    channels: Vec<String>,
+    blob_sha256: Vec<String>,
+    detail: Vec<String>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(events: &[&'a AuditEvent]) -> Result<Columns<'a>, AuditError> {
+        let mut c = Columns::default();
+        for ev in events {
+            c.time.push(&ev.time);
+            c.proxy_id.push(&ev.proxy_id);
+            // bigint is i64; ids beyond it wrap visibly, as in SQLite.
+            c.session_id.push(ev.session_id as i64);
+            c.client_addr.push(&ev.client_addr);
+            c.user.push(&ev.user);
+            c.database.push(&ev.database);
+            c.application_name.push(&ev.application_name);
+            c.operation.push(ev.operation.as_str());
+            c.thread_id.push(ev.thread_id.as_deref());
+            c.checkpoint_ns.push(ev.checkpoint_ns.as_deref());
+            c.checkpoint_id.push(ev.checkpoint_id.as_deref());
+            c.parent_checkpoint_id
+                .push(ev.parent_checkpoint_id.as_deref());
+            c.task_id.push(ev.task_id.as_deref());
+            c.channels.push(serde_json::to_string(&ev.channels)?);
+            c.blob_sha256.push(serde_json::to_string(&ev.blob_sha256)?);
+            c.detail.push(serde_json::to_string(&ev.detail)?);
+        }
+        Ok(c)
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 16] {
+        [
+            &self.time,
+            &self.proxy_id,
+            &self.session_id,
+            &self.client_addr,
+            &self.user,
+            &self.database,
+            &self.application_name,
+            &self.operation,
+            &self.thread_id,
+            &self.checkpoint_ns,
+            &self.checkpoint_id,
+            &self.parent_checkpoint_id,
+            &self.task_id,
+            &self.channels,
+            &self.blob_sha256,
+            &self.detail,
+        ]
+    }
+}
+
+/// The columns read back, in [`row_to_event`]'s order; times as the trail
+/// writes them (RFC 3339 UTC, milliseconds).
+fn select(s: &str) -> String {
+    format!(
+        r#"SELECT to_char(time AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+    proxy_id, session_id, client_addr, "user", "database", application_name, operation,
+    thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, task_id,
+    channels::text, blob_sha256::text, detail::text
+FROM {s}.audit_events"#
+    )
+}
+
+/// An operator's connection: the table must exist; nothing is created.
+fn reader(target: &PgTarget) -> Result<Client, AuditError> {
+    connect_schema(
+        target,
+        SchemaAccess::AtLeast(AUDIT_VERSION),
+        "resumeguard-audit-reader",
+        READER_TIMEOUT,
+    )
+    .map_err(|reason| AuditError::Postgres {
+        at: target.shown().to_owned(),
+        reason,
+    })
+}
+
+fn read_error(target: &PgTarget) -> impl Fn(postgres::Error) -> AuditError + '_ {
+    move |e| AuditError::Postgres {
+        at: target.shown().to_owned(),
+        reason: error_text(&e),
+    }
+}
+
+/// Every replica's events for `thread_id`, by time (then as written), and
+/// every gap record written since the thread's first event (the thread's
+/// own events may be among those lost, on any replica).
+pub fn thread_events(target: &PgTarget, thread_id: &str) -> Result<Vec<AuditEvent>, AuditError> {
+    let mut client = reader(target)?;
+    let s = schema_name(target);
+    let sql = format!(
+        "{} WHERE id IN (SELECT id FROM {s}.audit_events WHERE thread_id = $1 \
+         UNION ALL SELECT id FROM {s}.audit_events WHERE operation = 'events_dropped' \
+         AND time >= (SELECT min(time) FROM {s}.audit_events WHERE thread_id = $1)) \
+         ORDER BY time, id",
+        select(s)
+    );
+    let rows = client
+        .query(&sql, &[&thread_id])
+        .map_err(read_error(target))?;
+    rows.iter().map(row_to_event).collect()
+}
+
+/// The threads with events in the filter's window (and of its
+/// operations), over every replica, the most recently active first.
+pub fn threads(target: &PgTarget, filter: &EventFilter) -> Result<Vec<ThreadSummary>, AuditError> {
+    let mut client = reader(target)?;
+    let s = schema_name(target);
+    let ops: Vec<&str> = filter.ops.iter().map(|o| o.as_str()).collect();
+    let utc = r#"to_char(max(time) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')"#;
+    let sql = format!(
+        "SELECT thread_id, count(*), {first}, {utc}, \
+         (array_agg(operation ORDER BY time DESC, id DESC))[1] \
+         FROM {s}.audit_events WHERE thread_id IS NOT NULL \
+         AND ($1::text IS NULL OR time >= $1::text::timestamptz) \
+         AND ($2::text IS NULL OR time <= $2::text::timestamptz) \
+         AND (cardinality($3::text[]) = 0 OR operation = ANY($3::text[])) \
+         GROUP BY thread_id ORDER BY max(time) DESC, thread_id",
+        first = utc.replace("max(", "min(")
+    );
+    let rows = client
+        .query(&sql, &[&filter.since, &filter.until, &ops])
+        .map_err(read_error(target))?;
+    Ok(rows
+        .iter()
+        .map(|r| ThreadSummary {
+            thread_id: r.get(0),
+            events: r.get::<_, i64>(1).max(0) as u64,
+            first: r.get(2),
+            last: r.get(3),
+            last_operation: r.get(4),
+        })
+        .collect())
+}
+
+/// Decode one row; a malformed JSON column or an unknown operation is
+/// reported, not skipped.
+fn row_to_event(r: &Row) -> Result<AuditEvent, AuditError> {
+    let op: String = r.get(7);
+    let session_id: i64 = r.get(2);
+    Ok(AuditEvent {
+        time: r.get(0),
+        proxy_id: r.get(1),
+        session_id: session_id as u64,
+        client_addr: r.get(3),
+        user: r.get(4),
+        database: r.get(5),
+        application_name: r.get(6),
+        operation: Operation::parse(&op).ok_or(AuditError::UnknownOperation(op))?,
+        thread_id: r.get(8),
+        checkpoint_ns: r.get(9),
+        checkpoint_id: r.get(10),
+        parent_checkpoint_id: r.get(11),
+        task_id: r.get(12),
+        channels: column("channels", r.get(13))?,
+        blob_sha256: column("blob_sha256", r.get(14))?,
+        detail: column("detail", r.get(15))?,
+        run_metadata: None,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,384 @@
+//! The PostgreSQL output against a real server (the claims tests' own:
+//! `claims::postgres::test_server`), each test in a schema of its own.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::audit::event::BlobDigest;
+use crate::audit::outputs::{Output, Target};
+use crate::claims::postgres::test_server::PgSchema;
+
+fn ctx(session_id: u64) -> SessionContext {
+    SessionContext {
+        session_id,
+        client_addr: "10.0.0.7:5100".into(),
+        user: "lg".into(),
+        database: "checkpoints".into(),
+        application_name: "agent".into(),
+    }
+}
+
+fn event(proxy: &str, time: &str, op: Operation, thread: &str) -> AuditEvent {
+    let mut ev = AuditEvent::new(&ctx(u64::MAX - 3), op).with_thread(thread);
+    ev.time = time.into();
+    ev.proxy_id = proxy.into();
+    ev
+}
+
+fn slot_of(db: &PgSchema) -> TargetSlot {
+    let slot = TargetSlot::default();
+    slot.set(db.target().clone()).expect("empty slot");
+    slot
+}
+
+/// A connection of the test's own.
+fn plain(db: &PgSchema) -> Client {
+    connect_schema(
+        db.target(),
+        SchemaAccess::AtLeast(0),
+        "resumeguard-test",
+        STATEMENT_TIMEOUT,
+    )
+    .expect("connect")
+}
+
+fn append(trail: &mut PgTrail, events: &[AuditEvent]) {
+    let refs: Vec<&AuditEvent> = events.iter().collect();
+    trail.append(&refs).expect("append");
+}
+
+#[test]
+fn appends_batches_and_reads_a_thread_back_in_time_order_over_replicas() {
+    let db = PgSchema::new("audit_append");
+    let mut a = PgTrail::new(slot_of(&db));
+    let mut b = PgTrail::new(slot_of(&db));
+    let mut parked = event(
+        "proxy-a",
+        "2026-11-30T10:00:00.100Z",
+        Operation::InterruptParked,
+        "t1",
+    )
+    .with_checkpoint("", "1ef4f797-8335-6428-8001-8a1503f9b875");
+    parked.parent_checkpoint_id = Some("1ef4f797-8335-6427-8000-000000000000".into());
+    parked.task_id = Some("task-9".into());
+    parked.channels = vec!["__interrupt__".into()];
+    parked.blob_sha256 = vec![BlobDigest::of("__interrupt__", b"approve?")];
+    parked.detail = serde_json::json!({"rows": 1, "n": 12345678901234567890u64});
+    let other = event(
+        "proxy-a",
+        "2026-11-30T10:00:00.200Z",
+        Operation::ReadLatest,
+        "t2",
+    );
+    let taken = event(
+        "proxy-a",
+        "2026-11-30T10:00:00.400Z",
+        Operation::ClaimTaken,
+        "t1",
+    );
+    // Replica B's refusal falls between A's two batches in time.
+    let refused = event(
+        "proxy-b",
+        "2026-11-30T10:00:00.300Z",
+        Operation::ClaimRefused,
+        "t1",
+    )
+    .with_detail(serde_json::json!({"reason": "held by proxy-a"}));
+    append(&mut a, &[parked.clone(), other.clone()]);
+    append(&mut a, std::slice::from_ref(&taken));
+    append(&mut b, std::slice::from_ref(&refused));
+    let mut gap = event(
+        "proxy-b",
+        "2026-11-30T10:00:00.350Z",
+        Operation::EventsDropped,
+        "x",
+    );
+    gap.thread_id = None;
+    let early_gap = AuditEvent {
+        time: "2026-11-30T09:00:00.000Z".into(),
+        ..gap.clone()
+    };
+    append(&mut b, &[early_gap, gap.clone()]);
+
+    let target = db.target();
+    assert_eq!(
+        thread_events(target, "t1").unwrap(),
+        vec![parked, refused, gap.clone(), taken],
+        "both replicas' events by time, with the gap recorded since the thread began"
+    );
+    assert_eq!(thread_events(target, "t2").unwrap(), vec![other, gap]);
+    assert!(thread_events(target, "nope").unwrap().is_empty());
+
+    let listed = threads(target, &EventFilter::default()).unwrap();
+    let summary: Vec<_> = listed
+        .iter()
+        .map(|t| (t.thread_id.as_str(), t.events, t.last_operation.as_str()))
+        .collect();
+    assert_eq!(
+        summary,
+        [("t1", 3, "claim_taken"), ("t2", 1, "read_latest")]
+    );
+    assert_eq!(listed[0].first, "2026-11-30T10:00:00.100Z");
+    assert_eq!(listed[0].last, "2026-11-30T10:00:00.400Z");
+    let refusals = EventFilter {
+        ops: vec![Operation::ClaimRefused],
+        ..EventFilter::default()
+    };
+    let only = threads(target, &refusals).unwrap();
+    assert_eq!((only.len(), only[0].events), (1, 1));
+    let late = EventFilter {
+        since: Some("2026-11-30T10:00:00.250Z".into()),
+        ..EventFilter::default()
+    };
+    assert_eq!(threads(target, &late).unwrap().len(), 1);
+}
+
+#[test]
+fn sql_looking_event_text_is_stored_verbatim() {
+    let db = PgSchema::new("audit_verbatim");
+    let mut trail = PgTrail::new(slot_of(&db));
+    let thread = "t'); DROP TABLE audit_events; --";
+    let mut ev = event(
+        "p'1",
+        "2026-11-30T10:00:00.000Z",
+        Operation::Unrecognized,
+        thread,
+    );
+    ev.application_name = r#"app", $1, E'\\x00' -- "#.into();
+    ev.client_addr = "$$ ; SELECT pg_sleep(10) $$".into();
+    ev.checkpoint_ns = Some("node:'\"\\".into());
+    ev.channels = vec!["a'b".into(), "c\"d".into()];
+    ev.detail = serde_json::json!({
+        "sql": "INSERT INTO x VALUES ('a''b'); DELETE FROM resumeguard.audit_events; --",
+        "unicode": "é ∑ \u{1F600}",
+    });
+    append(&mut trail, std::slice::from_ref(&ev));
+    assert_eq!(thread_events(db.target(), thread).unwrap(), vec![ev]);
+    let mut c = plain(&db);
+    let detail: String = c
+        .query_one(
+            &format!(
+                "SELECT detail::text FROM {}.audit_events",
+                schema_name(db.target())
+            ),
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(
+        detail.contains(r#""sql":"INSERT INTO x VALUES ('a''b'); DELETE FROM"#),
+        "{detail}"
+    );
+}
+
+fn numbered(n: u64, time: &str) -> Vec<AuditEvent> {
+    (0..n)
+        .map(|i| {
+            let mut e = event("", time, Operation::ReadLatest, "t");
+            e.session_id = i;
+            e
+        })
+        .collect()
+}
+
+#[test]
+fn before_its_database_is_known_the_output_keeps_then_loses_events_and_says_so_after() {
+    let db = PgSchema::new("audit_unknown");
+    let slot = TargetSlot::default();
+    let mut out = Output::new(
+        Target::Postgres(Box::new(PgTrail::new(Arc::clone(&slot)))),
+        "proxy-a",
+    );
+    // The first batch is kept for a retry, the second joins it; the third
+    // failure gives all of them up.
+    assert!(out.write(&numbered(2, "2026-11-30T10:00:00.000Z")));
+    assert!(!out.is_settled());
+    assert!(out.write(&numbered(3, "2026-11-30T10:00:00.000Z")));
+    assert_eq!(out.write_lost(), 0, "retained, not lost yet");
+    assert!(out.write(&[]));
+    assert_eq!(out.write_lost(), 5);
+
+    slot.set(db.target().clone()).unwrap();
+    let after = numbered(1, "2026-11-30T10:00:01.000Z");
+    assert!(!out.write(&after), "the database is known");
+    assert!(out.is_settled());
+    let events = thread_events(db.target(), "t").unwrap();
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert_eq!(events[0].session_id, 0);
+    assert_eq!(events[1].operation, Operation::EventsDropped);
+    assert_eq!(events[1].detail["dropped"], 5);
+    assert_eq!(events[1].detail["reason"], "write_failed");
+    assert_eq!(events[1].proxy_id, "proxy-a");
+}
+
+#[test]
+fn a_batch_the_database_fails_is_retained_then_lost_and_the_recovery_writes_a_gap_record() {
+    let db = PgSchema::new("audit_losses");
+    let mut out = Output::new(
+        Target::Postgres(Box::new(PgTrail::new(slot_of(&db)))),
+        "proxy-a",
+    );
+    assert!(!out.write(&numbered(1, "2026-11-30T10:00:00.000Z")));
+    // The server refuses every insert for a while.
+    let s = schema_name(db.target()).to_owned();
+    let mut admin = plain(&db);
+    admin
+        .batch_execute(&format!(
+            "CREATE FUNCTION {s}.refuse() RETURNS trigger LANGUAGE plpgsql AS \
+             $$BEGIN RAISE EXCEPTION 'disk full, say'; END$$; \
+             CREATE TRIGGER refuse BEFORE INSERT ON {s}.audit_events \
+             FOR EACH STATEMENT EXECUTE FUNCTION {s}.refuse()"
+        ))
+        .unwrap();
+    assert!(out.write(&numbered(2, "2026-11-30T10:00:01.000Z")));
+    assert!(out.write(&numbered(2, "2026-11-30T10:00:02.000Z")));
+    assert_eq!(out.write_lost(), 0, "retained, not lost yet");
+    assert!(out.write(&[]));
+    assert_eq!(out.write_lost(), 4, "three failed attempts: given up");
+    admin
+        .batch_execute(&format!("DROP TRIGGER refuse ON {s}.audit_events"))
+        .unwrap();
+    assert!(!out.write(&numbered(1, "2026-11-30T10:00:03.000Z")));
+    assert!(out.is_settled());
+    let events = thread_events(db.target(), "t").unwrap();
+    let shape: Vec<(&str, Operation)> = events
+        .iter()
+        .map(|e| (e.time.as_str(), e.operation))
+        .collect();
+    assert_eq!(
+        shape[..2],
+        [
+            ("2026-11-30T10:00:00.000Z", Operation::ReadLatest),
+            ("2026-11-30T10:00:03.000Z", Operation::ReadLatest),
+        ]
+    );
+    assert_eq!(shape.len(), 3, "{events:?}");
+    assert_eq!(events[2].operation, Operation::EventsDropped, "written now");
+    let gap = &events[2].detail;
+    assert_eq!(
+        (&gap["dropped"], &gap["reason"]),
+        (&4.into(), &"write_failed".into())
+    );
+    assert_eq!(gap["first_lost"], "2026-11-30T10:00:01.000Z");
+    assert_eq!(gap["last_lost"], "2026-11-30T10:00:02.000Z");
+    assert!(
+        gap["error"]
+            .as_str()
+            .unwrap()
+            .contains("disk full, say (P0001)"),
+        "{gap}"
+    );
+}
+
+#[test]
+fn a_connection_the_server_ends_is_made_again_and_the_retried_batch_written() {
+    let db = PgSchema::new("audit_reconnect");
+    let slot = slot_of(&db);
+    let mut out = Output::new(Target::Postgres(Box::new(PgTrail::new(slot))), "proxy-a");
+    let at = |ms: u32, op| event("proxy-a", &format!("2026-11-30T10:00:00.{ms:03}Z"), op, "t");
+    assert!(!out.write(&[at(1, Operation::ReadLatest)]));
+    let mut admin = plain(&db);
+    let ended: i64 = admin
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE application_name = 'resumeguard-audit' AND pid <> pg_backend_pid() \
+             AND query LIKE $1",
+            &[&format!("%{}.audit_events%", schema_name(db.target()))],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(ended, 1, "the output's connection was found and ended");
+    // The server ends the backend asynchronously; a write on the dead
+    // connection fails and is kept; the next reconnects and writes it.
+    let mut failed = 0;
+    for ms in 2..50 {
+        if out.write(&[at(ms, Operation::ClaimTaken)]) {
+            failed += 1;
+        } else if failed > 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(failed, 1, "one failed write, then the reconnect");
+    assert!(out.is_settled(), "nothing lost");
+    let events = thread_events(db.target(), "t").unwrap();
+    let times: Vec<&str> = events.iter().map(|e| &e.time[20..23]).collect();
+    let mut sorted = times.clone();
+    sorted.sort();
+    assert_eq!(times, sorted);
+    assert!(events
+        .iter()
+        .all(|e| e.operation != Operation::EventsDropped));
+    assert_eq!(out.write_lost(), 0);
+}
+
+#[test]
+fn an_unreachable_database_is_retried_after_a_backoff_not_on_every_write() {
+    let dead = PgTarget::from_dsn("host=127.0.0.1 port=1 user=x dbname=x").unwrap();
+    let slot = TargetSlot::default();
+    slot.set(dead).unwrap();
+    let mut trail = PgTrail::new(slot);
+    let ev = event("p", "2026-11-30T10:00:00.000Z", Operation::ReadLatest, "t");
+    let first = trail.append(&[&ev]).unwrap_err().to_string();
+    assert!(first.contains("127.0.0.1:1"), "{first}");
+    let second = trail.append(&[&ev]).unwrap_err().to_string();
+    assert!(second.contains("backoff"), "{second}");
+}
+
+#[test]
+fn readers_need_the_table_and_create_nothing() {
+    let db = PgSchema::new("audit_reader");
+    let err = thread_events(db.target(), "t").unwrap_err().to_string();
+    assert!(err.contains("version 0"), "{err}");
+    let mut c = plain(&db);
+    let exists: bool = c
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+            &[&schema_name(db.target())],
+        )
+        .unwrap()
+        .get(0);
+    assert!(!exists, "a reader made the schema");
+}
+
+#[test]
+fn retention_deletes_old_rows_in_chunks_and_records_it_once() {
+    let db = PgSchema::new("audit_retention");
+    let mut a = PgTrail::new(slot_of(&db));
+    let mut b = PgTrail::new(slot_of(&db));
+    let old = event(
+        "proxy-a",
+        "2026-01-01T00:00:00.000Z",
+        Operation::ReadLatest,
+        "old",
+    );
+    let new = event(
+        "proxy-a",
+        "2026-11-30T00:00:00.000Z",
+        Operation::ReadLatest,
+        "new",
+    );
+    append(&mut a, &[old.clone(), old, new.clone()]);
+    let cutoff = "2026-06-01T00:00:00.000Z";
+    assert_eq!(a.prune_step(cutoff, "proxy-a").unwrap(), 2);
+    assert_eq!(b.prune_step(cutoff, "proxy-b").unwrap(), 0, "already gone");
+    assert!(thread_events(db.target(), "old").unwrap().is_empty());
+    assert_eq!(thread_events(db.target(), "new").unwrap(), vec![new]);
+    let mut c = plain(&db);
+    let records: Vec<(String, String)> = c
+        .query(
+            &format!(
+                "SELECT proxy_id, detail::text FROM {}.audit_events \
+                 WHERE operation = 'audit_pruned'",
+                schema_name(db.target())
+            ),
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].0, "proxy-a");
+    assert!(records[0].1.contains(r#""rows":2"#), "{records:?}");
+}
