@@ -382,3 +382,30 @@ fn retention_deletes_old_rows_in_chunks_and_records_it_once() {
     assert_eq!(records[0].0, "proxy-a");
     assert!(records[0].1.contains(r#""rows":2"#), "{records:?}");
 }
+
+#[test]
+fn rows_cannot_be_edited_or_truncated_only_appended_and_pruned() {
+    let db = PgSchema::new("audit_append_only");
+    let mut trail = PgTrail::new(slot_of(&db));
+    let ev = event(
+        "proxy-a",
+        "2026-11-30T10:00:00.000Z",
+        Operation::ClaimTaken,
+        "t1",
+    );
+    append(&mut trail, std::slice::from_ref(&ev));
+    let s = schema_name(db.target());
+    let mut c = plain(&db);
+    for sql in [
+        format!("UPDATE {s}.audit_events SET proxy_id = 'someone else'"),
+        format!("TRUNCATE {s}.audit_events"),
+    ] {
+        let err = c.batch_execute(&sql).expect_err(&sql);
+        assert!(error_text(&err).contains("append-only"), "{sql}: {err}");
+    }
+    assert_eq!(thread_events(db.target(), "t1").unwrap(), vec![ev]);
+    let deleted = c
+        .execute(&format!("DELETE FROM {s}.audit_events"), &[])
+        .expect("retention deletes");
+    assert_eq!(deleted, 1);
+}

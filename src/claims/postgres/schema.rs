@@ -85,6 +85,15 @@ CREATE TABLE {s}.audit_events (
 CREATE INDEX audit_events_thread ON {s}.audit_events (thread_id, time, id);
 CREATE INDEX audit_events_time ON {s}.audit_events (time);
 CREATE INDEX audit_events_gaps ON {s}.audit_events (time) WHERE operation = 'events_dropped';
+CREATE FUNCTION {s}.audit_events_append_only() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    RAISE EXCEPTION 'audit_events is append-only (old rows leave only by retention)';
+END
+$f$;
+CREATE TRIGGER audit_events_no_update BEFORE UPDATE ON {s}.audit_events
+    FOR EACH ROW EXECUTE FUNCTION {s}.audit_events_append_only();
+CREATE TRIGGER audit_events_no_truncate BEFORE TRUNCATE ON {s}.audit_events
+    FOR EACH STATEMENT EXECUTE FUNCTION {s}.audit_events_append_only();
 "#
         ),
     ]
