@@ -367,6 +367,15 @@ fn default_proxy_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_example_configurations_load() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+        let upstream = Config::load(&dir.join("upstream.toml")).expect("upstream.toml");
+        assert!(upstream.audit.postgres);
+        assert_eq!(upstream.proxy_id(), "replica-1");
+        Config::load(&dir.join("embedded.toml")).expect("embedded.toml");
+    }
     use crate::error_chain::chain;
     use crate::wire::tls_config::TlsConfigError;
     use crate::wire::upstream_tls::UpstreamTlsError;
