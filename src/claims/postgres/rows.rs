@@ -155,40 +155,6 @@ pub(super) fn take_or_read(
         .transpose()
 }
 
-/// Inserts `key` as a fresh held claim of `holder` unless a row exists;
-/// whether it did (a concurrent inserter's commit is waited for).
-pub(super) fn insert_fresh(
-    tx: &mut Tx<'_>,
-    key: &ClaimKey,
-    holder: &Holder,
-    now_ms: i64,
-    lapse_at_ms: i64,
-) -> Result<bool, Fail> {
-    let s = tx.schema;
-    let mine = tx.instance;
-    let inserted = tx.execute(
-        &format!(
-            "INSERT INTO {s}.claims ({COLUMNS}, holder_instance) VALUES ($1, $2, $3, $4, \
-             'held', $5, $6, $7, $8, $9, $10, NULL, NULL, 0, 0, NULL, NULL, 1, $11) \
-             ON CONFLICT DO NOTHING"
-        ),
-        &[
-            &key.at.thread_id,
-            &key.at.checkpoint_ns,
-            &key.at.checkpoint_id,
-            &key.fingerprint,
-            &holder.proxy_id,
-            &(holder.session_id as i64),
-            &holder.client_addr,
-            &holder.application_name,
-            &now_ms,
-            &lapse_at_ms,
-            &mine,
-        ],
-    )?;
-    Ok(inserted == 1)
-}
-
 /// The record of a claim just taken.
 pub(super) fn fresh(
     key: &ClaimKey,

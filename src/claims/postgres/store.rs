@@ -12,8 +12,8 @@ use super::conn::{Fail, PgConn, Role, Tx};
 use super::leases::{end_holder_leases, lease_runs, live_lease};
 use super::liveness::sweep;
 use super::rows::{
-    fresh, insert_fresh, select_for_update, select_key, select_where, take_or_read,
-    CHECKPOINT_MATCH, COLUMNS, KEY_MATCH,
+    fresh, select_for_update, select_key, select_where, take_or_read, CHECKPOINT_MATCH, COLUMNS,
+    KEY_MATCH,
 };
 use super::target::PgTarget;
 use crate::claims::error::StoreError;
@@ -134,14 +134,8 @@ impl PgClaims {
             let s = tx.schema;
             let mine = tx.instance;
             // The row may have gone since (purged, thread forgotten).
-            if insert_fresh(tx, key, holder, now_ms, lapse_at_ms)? {
-                return Ok(ClaimOutcome::Taken(fresh(
-                    key,
-                    holder,
-                    now_ms,
-                    lapse_at_ms,
-                    1,
-                )));
+            if let Some((taken, true)) = take_or_read(tx, key, holder, now_ms, lapse_at_ms)? {
+                return Ok(ClaimOutcome::Taken(taken));
             }
             let Some(prev) = select_key(tx, key, true)? else {
                 return Err(Fail(
