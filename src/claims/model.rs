@@ -110,6 +110,31 @@ pub struct ClaimRecord {
 }
 
 impl ClaimRecord {
+    /// The record of `key` just taken by `holder` at `now_ms`, generation
+    /// `epoch`: held, nothing counted yet.
+    pub fn taken(
+        key: &ClaimKey,
+        holder: &Holder,
+        now_ms: i64,
+        lapse_at_ms: i64,
+        epoch: i64,
+    ) -> ClaimRecord {
+        ClaimRecord {
+            key: key.clone(),
+            holder: holder.clone(),
+            state: ClaimState::Held,
+            claimed_at_ms: now_ms,
+            lapse_at_ms,
+            consumed_at_ms: None,
+            evidence: None,
+            epoch,
+            refusals: 0,
+            takeovers: 0,
+            superseded_at_ms: None,
+            abandon_at_ms: None,
+        }
+    }
+
     /// A held claim past its lapse time: the next other reader takes it.
     pub fn is_lapsed(&self, now_ms: i64) -> bool {
         self.state == ClaimState::Held && now_ms >= self.lapse_at_ms

@@ -161,20 +161,13 @@ impl SqliteClaims {
                     lapse_at_ms,
                     epoch,
                 ])?;
-                return Ok(ClaimOutcome::Taken(ClaimRecord {
-                    key: key.clone(),
-                    holder: holder.clone(),
-                    state: ClaimState::Held,
-                    claimed_at_ms: now_ms,
+                return Ok(ClaimOutcome::Taken(ClaimRecord::taken(
+                    key,
+                    holder,
+                    now_ms,
                     lapse_at_ms,
-                    consumed_at_ms: None,
-                    evidence: None,
                     epoch,
-                    refusals: 0,
-                    takeovers: 0,
-                    superseded_at_ms: None,
-                    abandon_at_ms: None,
-                }));
+                )));
             };
             // Whether the answering run still writes: asked only of a consumed row.
             let writing = prev.state == ClaimState::Consumed

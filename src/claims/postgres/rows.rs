@@ -154,27 +154,3 @@ pub(super) fn take_or_read(
         .map(|r| Ok((record(r)?, r.try_get::<_, bool>(18)?)))
         .transpose()
 }
-
-/// The record of a claim just taken.
-pub(super) fn fresh(
-    key: &ClaimKey,
-    holder: &Holder,
-    now_ms: i64,
-    lapse_at_ms: i64,
-    epoch: i64,
-) -> ClaimRecord {
-    ClaimRecord {
-        key: key.clone(),
-        holder: holder.clone(),
-        state: ClaimState::Held,
-        claimed_at_ms: now_ms,
-        lapse_at_ms,
-        consumed_at_ms: None,
-        evidence: None,
-        refusals: 0,
-        takeovers: 0,
-        superseded_at_ms: None,
-        abandon_at_ms: None,
-        epoch,
-    }
-}

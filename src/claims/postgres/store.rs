@@ -12,8 +12,7 @@ use super::conn::{Fail, PgConn, Role, Tx};
 use super::leases::{end_holder_leases, lease_runs, live_lease};
 use super::liveness::sweep;
 use super::rows::{
-    fresh, select_for_update, select_key, select_where, take_or_read, CHECKPOINT_MATCH, COLUMNS,
-    KEY_MATCH,
+    select_for_update, select_key, select_where, take_or_read, CHECKPOINT_MATCH, COLUMNS, KEY_MATCH,
 };
 use super::target::PgTarget;
 use crate::claims::error::StoreError;
@@ -173,7 +172,7 @@ impl PgClaims {
                         &mine,
                     ],
                 )?;
-                return Ok(ClaimOutcome::Taken(fresh(
+                return Ok(ClaimOutcome::Taken(ClaimRecord::taken(
                     key,
                     holder,
                     now_ms,
