@@ -135,6 +135,30 @@ impl ClaimRecord {
         }
     }
 
+    /// This claim handed to `holder` at `now_ms` as its next generation,
+    /// with `takeover` added to its takeover count (1 for a takeover, 0
+    /// for a take after a release).
+    pub fn retaken(
+        &self,
+        holder: &Holder,
+        now_ms: i64,
+        lapse_at_ms: i64,
+        takeover: i64,
+    ) -> ClaimRecord {
+        ClaimRecord {
+            holder: holder.clone(),
+            state: ClaimState::Held,
+            claimed_at_ms: now_ms,
+            lapse_at_ms,
+            consumed_at_ms: None,
+            evidence: None,
+            takeovers: self.takeovers + takeover,
+            abandon_at_ms: None,
+            epoch: self.epoch.saturating_add(1),
+            ..self.clone()
+        }
+    }
+
     /// A held claim past its lapse time: the next other reader takes it.
     pub fn is_lapsed(&self, now_ms: i64) -> bool {
         self.state == ClaimState::Held && now_ms >= self.lapse_at_ms

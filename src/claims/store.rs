@@ -508,20 +508,7 @@ fn retake(
         lapse_at_ms,
         takeover,
     ])?;
-    Ok(ClaimRecord {
-        key: prev.key.clone(),
-        holder: holder.clone(),
-        state: ClaimState::Held,
-        claimed_at_ms: now_ms,
-        lapse_at_ms,
-        consumed_at_ms: None,
-        evidence: None,
-        epoch: prev.epoch.saturating_add(1),
-        refusals: prev.refusals,
-        takeovers: prev.takeovers + takeover,
-        superseded_at_ms: prev.superseded_at_ms,
-        abandon_at_ms: None,
-    })
+    Ok(prev.retaken(holder, now_ms, lapse_at_ms, takeover))
 }
 
 fn consume_held(

@@ -486,18 +486,7 @@ fn retake(
             &mine,
         ],
     )?;
-    Ok(ClaimRecord {
-        holder: holder.clone(),
-        state: ClaimState::Held,
-        claimed_at_ms: now_ms,
-        lapse_at_ms,
-        consumed_at_ms: None,
-        evidence: None,
-        takeovers: prev.takeovers + takeover,
-        abandon_at_ms: None,
-        epoch: prev.epoch + 1,
-        ..prev.clone()
-    })
+    Ok(prev.retaken(holder, now_ms, lapse_at_ms, takeover))
 }
 
 /// Held claims on a checkpoint taken by `taken_by_ms` become consumed;
