@@ -213,15 +213,25 @@ def test_a_replayed_write_from_a_session_that_never_held_the_claim_is_fenced(fx)
     assert outcome == {"direct": ([None], 1), "proxies": ([FENCED, FENCED], 0)}
 
 
-def fence_lookups(env: Env) -> dict[str, float]:
-    """fx-A's resumeguard_fence_lookups_total, by outcome."""
+def metric(env: Env, name: str, label: str) -> dict[str, float]:
+    """fx-A's metric `name` (a counter, or a histogram's _count), by `label`."""
     text = urllib.request.urlopen(f"{env.admin}/metrics", timeout=10).read().decode()
     out = {}
     for line in text.splitlines():
-        if line.startswith("resumeguard_fence_lookups_total{"):
-            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
-            out[outcome] = float(line.rsplit(" ", 1)[1])
+        if line.startswith(name + "{"):
+            value = line.split(f'{label}="', 1)[1].split('"', 1)[0]
+            out[value] = float(line.rsplit(" ", 1)[1])
     return out
+
+
+def fence_lookups(env: Env) -> dict[str, float]:
+    """fx-A's resumeguard_fence_lookups_total, by outcome."""
+    return metric(env, "resumeguard_fence_lookups_total", "outcome")
+
+
+def store_calls(env: Env) -> dict[str, float]:
+    """How many claim store calls fx-A timed, by op."""
+    return metric(env, "resumeguard_claims_store_seconds_count", "op")
 
 
 def test_a_pool_resume_is_not_fenced_by_its_own_connections(fx):
@@ -232,6 +242,7 @@ def test_a_pool_resume_is_not_fenced_by_its_own_connections(fx):
     and the proxy's fence lookups accepted pooled writers (outcome "pool")."""
     outcome = {}
     before = fence_lookups(fx)
+    timed_before = store_calls(fx)
     for via in ("direct", "A"):
         dsn = fx.direct if via == "direct" else fx.dsn("A")
         thread = tid(f"pool-{via}")
@@ -252,3 +263,8 @@ def test_a_pool_resume_is_not_fenced_by_its_own_connections(fx):
     print(f"fence lookups during the pooled run: {grew}")
     assert grew.get("pool", 0) >= 1, grew
     assert grew.get("fenced", 0) == 0, grew
+    # Every lookup, and the parked reads' claims, are timed.
+    timed = store_calls(fx)
+    timed_grew = {k: timed.get(k, 0) - timed_before.get(k, 0) for k in timed}
+    assert timed_grew.get("fence_lookup", 0) == sum(grew.values()), (timed_grew, grew)
+    assert timed_grew.get("claim", 0) >= 2, timed_grew

@@ -22,6 +22,9 @@ use crate::wire::proxy::Proxy;
 pub const STATEMENTS: &str = "resumeguard_checkpoint_statements_total";
 /// Time from the client's Execute to the statement's completion.
 pub const STATEMENT_SECONDS: &str = "resumeguard_checkpoint_statement_seconds";
+/// Time a claim store call on the data path took (a parked read's row, a
+/// write's fence check wait for it).
+pub const CLAIMS_STORE_SECONDS: &str = "resumeguard_claims_store_seconds";
 
 /// Upper bounds of the latency buckets, in seconds: a checkpoint read is
 /// ~0.5 ms, a parked read that waits for a claim up to seconds.
@@ -30,13 +33,24 @@ const LATENCY_BUCKETS: [f64; 15] = [
     5.0,
 ];
 
+/// Upper bounds of the claim store's buckets, in seconds: one loopback
+/// round trip is ~0.1 ms; a store's statement timeout is 2 s.
+const STORE_BUCKETS: [f64; 14] = [
+    0.000_05, 0.000_1, 0.000_2, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0,
+];
+
 /// The recorder: counters and gauges as they are, the statement latency
-/// as a histogram with [`LATENCY_BUCKETS`].
+/// and the claim store's as histograms.
 pub fn recorder() -> Result<PrometheusRecorder, AdminError> {
     Ok(PrometheusBuilder::new()
         .set_buckets_for_metric(
             Matcher::Full(STATEMENT_SECONDS.to_owned()),
             &LATENCY_BUCKETS,
+        )
+        .map_err(AdminError::Buckets)?
+        .set_buckets_for_metric(
+            Matcher::Full(CLAIMS_STORE_SECONDS.to_owned()),
+            &STORE_BUCKETS,
         )
         .map_err(AdminError::Buckets)?
         .build_recorder())
@@ -60,6 +74,13 @@ pub fn describe() {
         STATEMENT_SECONDS,
         Unit::Seconds,
         "Checkpoint statements: client's Execute to the statement's completion, by class"
+    );
+    describe_histogram!(
+        CLAIMS_STORE_SECONDS,
+        Unit::Seconds,
+        "Claim store calls on the data path, which a parked read's row or a checkpoint write \
+         waits for, by op: claim (a parked head's claim, one attempt), run_lease (a running head's \
+         lease check), fence_lookup (a write's check of the holder)"
     );
     describe_counter!(
         "resumeguard_forks_served_total",
@@ -122,6 +143,12 @@ pub fn statement_completed(kind: &StatementKind, executed_at: Option<Instant>) {
         "unrecognized" => class!("unrecognized"),
         _ => class!("other"),
     }
+}
+
+/// A claim store call on the data path took since `started`; `op` is
+/// `claim`, `run_lease` or `fence_lookup`.
+pub fn claims_store_call(op: &'static str, started: Instant) {
+    histogram!(CLAIMS_STORE_SECONDS, "op" => op).record(started.elapsed().as_secs_f64());
 }
 
 /// Forks served by one completed read.

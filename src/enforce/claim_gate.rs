@@ -8,7 +8,7 @@
 
 use std::any::Any;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use regex::Regex;
@@ -134,9 +134,11 @@ impl ClaimsLeg {
     }
 
     fn check_run_lease(&self, req: &ClaimRequest) -> Resolution {
+        let started = Instant::now();
         let lease =
             self.store
                 .run_lease(&req.key.at.thread_id, &req.key.at.checkpoint_ns, now_ms());
+        crate::admin::metrics::claims_store_call("run_lease", started);
         if let Err(e) = &lease {
             tracing::warn!(error = %e, "run lease unknown (claim store failed): head served");
         }
@@ -150,8 +152,12 @@ impl ClaimsLeg {
     }
 
     fn try_claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.store
-            .try_claim(&req.key, &req.holder, now_ms(), self.lapse_ms)
+        let started = Instant::now();
+        let outcome = self
+            .store
+            .try_claim(&req.key, &req.holder, now_ms(), self.lapse_ms);
+        crate::admin::metrics::claims_store_call("claim", started);
+        outcome
     }
 
     fn note_refusal(&self, key: &ClaimKey) {
