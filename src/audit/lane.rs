@@ -241,12 +241,19 @@ impl Lane {
                 let enqueued = self.state.enqueued.load(Ordering::SeqCst);
                 let unwritten = enqueued.saturating_sub(progress.written) + progress.retained;
                 self.state.lost.fetch_add(unwritten, Ordering::SeqCst);
-                tracing::error!(
-                    output = self.name,
-                    dropped = unwritten,
-                    "audit output still busy at shutdown: its unwritten events are lost \
-                     and not recorded in the trail"
-                );
+                if unwritten > 0 {
+                    tracing::error!(
+                        output = self.name,
+                        dropped = unwritten,
+                        "audit output still busy at shutdown: its unwritten events are lost \
+                         and not recorded in the trail"
+                    );
+                } else {
+                    tracing::warn!(
+                        output = self.name,
+                        "audit output still busy at shutdown (nothing unwritten); left running"
+                    );
+                }
             }
             progress.writer_done
         };
