@@ -13,7 +13,7 @@ use metrics::{counter, describe_counter, describe_histogram, histogram, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
 
 use super::AdminError;
-use crate::audit::AuditSink;
+use crate::audit::{AuditSink, AuditStats};
 use crate::policy::claims::{Accepted, FenceReason, Refusal, WriteVerdict, TAKEOVER_LAPSED};
 use crate::saver::classify::StatementKind;
 use crate::wire::proxy::Proxy;
@@ -252,13 +252,15 @@ pub fn scrape_time(proxy: &Proxy, audit: &AuditSink) -> String {
     put(
         "resumeguard_audit_queue_depth",
         "gauge",
-        "Audit events queued for the writer thread",
-        stats.enqueued.saturating_sub(stats.written),
+        "Audit events queued for the writer threads, summed over the outputs \
+         (an event waiting for two outputs counts twice)",
+        stats.queue_depth(),
     );
     put(
         "resumeguard_audit_events_dropped_total",
         "counter",
-        "Audit events lost (queue full, or given up after failed writes)",
+        "Audit events lost by the output that lost the most (queue full, \
+         given up after failed writes, or left at shutdown)",
         audit.dropped_total(),
     );
     put(
@@ -267,6 +269,37 @@ pub fn scrape_time(proxy: &Proxy, audit: &AuditSink) -> String {
         "Failed audit write attempts, over all outputs",
         stats.write_errors,
     );
+    let outputs = audit.output_stats();
+    for (name, kind, help, value) in [
+        (
+            "resumeguard_audit_output_queue_depth",
+            "gauge",
+            "Audit events queued for one output's writer thread",
+            AuditStats::queue_depth as fn(&AuditStats) -> u64,
+        ),
+        (
+            "resumeguard_audit_output_events_lost_total",
+            "counter",
+            "Audit events one output lost (its queue full, given up after failed \
+             writes, or left at shutdown)",
+            |s| s.lost,
+        ),
+        (
+            "resumeguard_audit_output_write_errors_total",
+            "counter",
+            "Failed audit write attempts of one output",
+            |s| s.write_errors,
+        ),
+    ] {
+        if outputs.is_empty() {
+            break;
+        }
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (output, s) in &outputs {
+            let _ = writeln!(out, "{name}{{output=\"{output}\"}} {}", value(s));
+        }
+        out.push('\n');
+    }
     out
 }
 

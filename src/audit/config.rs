@@ -36,7 +36,8 @@ pub struct AuditConfig {
     /// PostgreSQL schema (where the claims store is), so every replica's
     /// events for a thread are read as one timeline.
     pub postgres: bool,
-    /// Events that may wait for the writer before new ones are dropped.
+    /// Events that may wait for each output's writer before that output
+    /// drops new ones (a queue per output).
     pub queue_capacity: usize,
     /// Whether producers may put parameter values (not just digests) into
     /// `detail`. Off by default: the trail should not leak user data.

@@ -154,7 +154,7 @@ pub struct AuditEvent {
     /// RFC 3339 UTC with milliseconds, e.g. `2024-05-01T12:00:00.123Z`.
     pub time: String,
     /// The replica that recorded it (`[claims] proxy_id`, else
-    /// `<hostname>-<pid>`), stamped by the sink's writer; empty in trails
+    /// `<hostname>-<pid>`), stamped by the sink as it is recorded; empty in trails
     /// written before replicas were named.
     #[serde(default)]
     pub proxy_id: String,

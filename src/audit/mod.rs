@@ -1,10 +1,10 @@
 //! Audit trail of checkpoint operations.
 //!
 //! Producers build an [`AuditEvent`] from a per-connection [`SessionContext`]
-//! and hand it to an [`AuditSink`], which never blocks: a bounded queue feeds
-//! one writer thread that appends batches to SQLite, JSON Lines and/or the
-//! PostgreSQL table every replica shares,
-//! records every loss as a gap record, and prunes the SQLite trail to its
+//! and hand it to an [`AuditSink`], which never blocks: each output (SQLite,
+//! JSON Lines, the PostgreSQL table every replica shares) has a bounded
+//! queue and a writer thread of its own that appends batches to it,
+//! records every loss there as a gap record, and prunes it to its
 //! retention limits. The trail is read back from a [`TrailSource`] (or
 //! [`thread_events`] of a SQLite file) and rendered with [`render_timeline`].
 
@@ -15,6 +15,7 @@ mod digest;
 mod error;
 mod event;
 mod jsonl;
+mod lane;
 mod losses;
 mod outputs;
 mod pg_retention;
@@ -24,10 +25,12 @@ mod prune;
 mod query;
 mod sink;
 mod source;
+mod sqlite_retention;
 mod sqlite_store;
 #[cfg(test)]
 mod test_util;
 mod timeline;
+mod writer;
 
 pub use before::parse_before;
 pub use config::{AuditConfig, DEFAULT_MAX_ROWS, DEFAULT_QUEUE_CAPACITY};

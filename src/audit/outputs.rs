@@ -8,6 +8,8 @@
 //! why, and when. Failing and recovering are logged at ERROR once each, not
 //! per batch.
 
+use std::sync::Arc;
+
 use super::error::AuditError;
 use super::event::AuditEvent;
 use super::jsonl::JsonlWriter;
@@ -56,7 +58,7 @@ impl Target {
 pub struct Output {
     target: Target,
     /// Events that failed to write, oldest first, awaiting a retry.
-    retained: Vec<AuditEvent>,
+    retained: Vec<Arc<AuditEvent>>,
     /// Failed attempts of the oldest retained events.
     attempts: u32,
     ledger: LossLedger,
@@ -110,6 +112,11 @@ impl Output {
         self.write_lost
     }
 
+    /// Events kept for a retry.
+    pub fn retained(&self) -> usize {
+        self.retained.len()
+    }
+
     /// Nothing waits for a retry and every loss is recorded.
     pub fn is_settled(&self) -> bool {
         self.retained.is_empty() && self.ledger.is_empty()
@@ -128,13 +135,13 @@ impl Output {
 
     /// Write the retained events, then `batch`, then a gap record if
     /// losses are pending. Returns whether the write failed.
-    pub fn write(&mut self, batch: &[AuditEvent]) -> bool {
+    pub fn write(&mut self, batch: &[Arc<AuditEvent>]) -> bool {
         let gap = (!self.ledger.is_empty()).then(|| {
             let mut gap = self.ledger.gap_record();
             gap.proxy_id.clone_from(&self.proxy_id);
             gap
         });
-        let mut list: Vec<&AuditEvent> = self.retained.iter().chain(batch).collect();
+        let mut list: Vec<&AuditEvent> = self.retained.iter().chain(batch).map(|e| &**e).collect();
         let events = list.len();
         if events == 0 && gap.is_none() {
             return false;
@@ -176,7 +183,7 @@ impl Output {
     }
 
     /// Keep what was not written for a retry, or give it up.
-    fn failed(&mut self, batch: &[AuditEvent], written: usize, error: &AuditError) {
+    fn failed(&mut self, batch: &[Arc<AuditEvent>], written: usize, error: &AuditError) {
         let error = chain(error).to_string();
         if !self.failing {
             tracing::error!(

@@ -171,12 +171,12 @@ fn sql_looking_event_text_is_stored_verbatim() {
     );
 }
 
-fn numbered(n: u64, time: &str) -> Vec<AuditEvent> {
+fn numbered(n: u64, time: &str) -> Vec<Arc<AuditEvent>> {
     (0..n)
         .map(|i| {
             let mut e = event("", time, Operation::ReadLatest, "t");
             e.session_id = i;
-            e
+            Arc::new(e)
         })
         .collect()
 }
@@ -276,7 +276,7 @@ fn a_connection_the_server_ends_is_made_again_and_the_retried_batch_written() {
     let slot = slot_of(&db);
     let mut out = Output::new(Target::Postgres(Box::new(PgTrail::new(slot))), "proxy-a");
     let at = |ms: u32, op| event("proxy-a", &format!("2026-11-30T10:00:00.{ms:03}Z"), op, "t");
-    assert!(!out.write(&[at(1, Operation::ReadLatest)]));
+    assert!(!out.write(&[Arc::new(at(1, Operation::ReadLatest))]));
     let mut admin = plain(&db);
     let ended: i64 = admin
         .query_one(
@@ -292,7 +292,7 @@ fn a_connection_the_server_ends_is_made_again_and_the_retried_batch_written() {
     // connection fails and is kept; the next reconnects and writes it.
     let mut failed = 0;
     for ms in 2..50 {
-        if out.write(&[at(ms, Operation::ClaimTaken)]) {
+        if out.write(&[Arc::new(at(ms, Operation::ClaimTaken))]) {
             failed += 1;
         } else if failed > 0 {
             break;

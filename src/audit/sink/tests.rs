@@ -362,3 +362,171 @@ fn every_output_names_the_replica_and_postgres_joins_once_its_database_is_known(
     remove_db(&path);
     let _ = std::fs::remove_file(&jsonl);
 }
+
+/// Whether the SQLite trail holds `n` events, polled for up to `bound`;
+/// returns how long it took (or `bound`).
+fn sqlite_has(path: &std::path::Path, n: usize, bound: Duration) -> Duration {
+    let started = Instant::now();
+    while all_events(path).map_or(0, |e| e.len()) < n && started.elapsed() < bound {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    started.elapsed()
+}
+
+#[test]
+fn a_stalled_postgres_output_delays_and_drops_only_its_own_events() {
+    // A "database" that accepts the connection and never answers: the
+    // PostgreSQL output's writer waits in the startup exchange, which no
+    // connect timeout covers.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let dsn = format!("postgres://rg@127.0.0.1:{port}/rg?sslmode=disable");
+    let target = PgTarget::from_dsn(&dsn).unwrap();
+    let path = temp_path("sink-stalled-pg", "db");
+    let cfg = AuditConfig {
+        postgres: true,
+        ..sqlite_cfg(&path, 16)
+    };
+    let sink = AuditSink::start(&cfg, "test-proxy").unwrap();
+    assert!(sink.connect_postgres(target));
+    sink.record(numbered(0));
+    let (held, _) = listener.accept().unwrap();
+    assert_eq!(sqlite_has(&path, 1, Duration::from_secs(10)).as_secs(), 0);
+
+    // The PostgreSQL output is stuck on event 0; the local trail stays
+    // current.
+    for n in 1..=10 {
+        sink.record(numbered(n));
+    }
+    let waited = sqlite_has(&path, 11, Duration::from_secs(10));
+    eprintln!("local trail had the events after {waited:?} with PostgreSQL stuck");
+    assert!(waited < Duration::from_millis(500), "{waited:?}");
+
+    // Only the stuck output's queue fills: it refuses 4 of the next 10
+    // (event 0 is in its writer's hands, 1..=16 fill its 16 slots).
+    for n in 11..=20 {
+        sink.record(numbered(n));
+        sqlite_has(&path, n as usize + 1, Duration::from_secs(10));
+    }
+    let events = all_events(&path).unwrap();
+    assert_eq!(ns(&events), (0..=20).collect::<Vec<_>>(), "no gap locally");
+    let stats = sink.stats();
+    assert_eq!((stats.enqueued, stats.dropped), (21 + 17, 4), "{stats:?}");
+    assert_eq!(sink.dropped_total(), 4);
+    let depth: Vec<(&str, u64)> = sink
+        .output_stats()
+        .iter()
+        .map(|(name, s)| (*name, s.queue_depth()))
+        .collect();
+    assert_eq!(depth, [("sqlite", 0), ("postgres", 17)]);
+
+    // Shutdown gives up on the stuck writer within its bound and counts
+    // everything the PostgreSQL output never got as its loss.
+    let started = Instant::now();
+    assert!(!sink.shutdown(Duration::from_millis(100)));
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(sink.dropped_total(), 21);
+    let lost: Vec<(&str, u64)> = sink
+        .output_stats()
+        .iter()
+        .map(|(name, s)| (*name, s.lost))
+        .collect();
+    assert_eq!(lost, [("sqlite", 0), ("postgres", 21)]);
+    // When the writer comes loose later, nothing is counted twice.
+    drop(held);
+    drop(listener);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(sink.dropped_total(), 21);
+    assert_eq!(all_events(&path).unwrap().len(), 21);
+    remove_db(&path);
+}
+
+/// A TCP front for the test server's Unix socket that holds its first
+/// connection unanswered until `release` sends (or hangs up), then relays
+/// it and every later one: a database that stalls, then answers.
+fn stalling_front(server: &PgTarget) -> (u16, mpsc::Sender<()>) {
+    use std::os::unix::net::UnixStream;
+    let shown = server.shown();
+    let at = shown.split_once('@').map_or("", |(_, at)| at);
+    let (dir, rest) = at.rsplit_once(':').unwrap_or_default();
+    assert!(dir.starts_with('/'), "a Unix socket test server: {shown}");
+    let port = rest.split('/').next().unwrap_or_default();
+    let socket = std::path::Path::new(dir).join(format!(".s.PGSQL.{port}"));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let front = listener.local_addr().unwrap().port();
+    let (release, gate) = mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let mut gate = Some(gate);
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            if let Some(gate) = gate.take() {
+                let _ = gate.recv();
+            }
+            let Ok(server) = UnixStream::connect(&socket) else {
+                return;
+            };
+            let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let (mut c_out, mut s_in) = (client, server);
+            std::thread::spawn(move || std::io::copy(&mut c_in, &mut s_out));
+            std::thread::spawn(move || std::io::copy(&mut s_in, &mut c_out));
+        }
+    });
+    (front, release)
+}
+
+#[test]
+fn a_postgres_output_that_stalls_then_answers_records_its_own_losses_there_alone() {
+    use crate::claims::postgres::{schema_name, test_server::PgSchema};
+    let db = PgSchema::new("sink_stall");
+    let (front, release) = stalling_front(db.target());
+    let dsn = format!("postgres://postgres@127.0.0.1:{front}/postgres?sslmode=disable");
+    let target = PgTarget::from_dsn(&dsn)
+        .unwrap()
+        .with_schema(schema_name(db.target()))
+        .unwrap();
+    let path = temp_path("sink-stall", "db");
+    let cfg = AuditConfig {
+        postgres: true,
+        ..sqlite_cfg(&path, 16)
+    };
+    let sink = AuditSink::start(&cfg, "replica-s").unwrap();
+    assert!(sink.connect_postgres(target));
+    for n in 0..40 {
+        sink.record(numbered(n));
+        let waited = sqlite_has(&path, n as usize + 1, Duration::from_secs(10));
+        assert!(waited < Duration::from_millis(500), "event {n}: {waited:?}");
+    }
+    let lost = |name: &str| {
+        let stats = sink.output_stats();
+        stats.iter().find(|(n, _)| *n == name).map(|(_, s)| s.lost)
+    };
+    let pg_lost = lost("postgres").unwrap();
+    assert!(
+        pg_lost >= 40 - 16 - 16,
+        "its queue refused the overflow: {pg_lost}"
+    );
+    assert_eq!(lost("sqlite"), Some(0));
+
+    release.send(()).unwrap();
+    assert!(sink.flush(), "the PostgreSQL output catches up");
+    let local = all_events(&path).unwrap();
+    assert_eq!(ns(&local), (0..40).collect::<Vec<_>>(), "no gap locally");
+    let shared = crate::audit::postgres_store::thread_events(db.target(), "t").unwrap();
+    let (gaps, kept): (Vec<AuditEvent>, Vec<AuditEvent>) = shared
+        .into_iter()
+        .partition(|e| e.operation == Operation::EventsDropped);
+    assert_eq!(kept.len() as u64, 40 - pg_lost);
+    let kept = ns(&kept);
+    assert!(kept.windows(2).all(|w| w[0] < w[1]), "{kept:?}");
+    assert_eq!(gaps.len(), 1, "{gaps:?}");
+    assert_eq!(gaps[0].detail["dropped"], pg_lost);
+    assert_eq!(gaps[0].detail["reason"], "queue_full");
+    assert_eq!(gaps[0].proxy_id, "replica-s");
+    assert_eq!(sink.dropped_total(), pg_lost);
+    assert!(sink.shutdown(Duration::from_secs(10)));
+    remove_db(&path);
+}
