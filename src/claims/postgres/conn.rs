@@ -11,6 +11,9 @@
 //! lock when the connection dies: at once when the process is killed (the
 //! kernel closes the socket), within the liveness bound when the network
 //! is cut (server-side TCP keepalives and TCP user timeout set on it).
+//! The proxy's end of every connection has the same (set where the
+//! target's config is built), so a statement sent to a database that went
+//! silent fails within the bound and the decision fails closed.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,7 +25,7 @@ use postgres::{Client, NoTls, Row, Statement, Transaction};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::schema;
-use super::target::PgTarget;
+use super::target::{DeadPeer, PgTarget};
 use crate::claims::error::StoreError;
 
 /// How long a statement or a row lock may wait before the store counts as
@@ -435,22 +438,22 @@ fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, StoreErro
     })
 }
 
-/// The liveness connection, with its server-side keepalives and TCP user
-/// timeout, holding a fresh instance id's session-level advisory lock.
+/// The liveness connection, with the server's end given the same
+/// keepalives and TCP user timeout as the proxy's (so the server drops the
+/// lock of a partitioned proxy within the bound), holding a fresh instance
+/// id's session-level advisory lock.
 fn lock_instance(target: &PgTarget) -> Result<(Client, i64), postgres::Error> {
-    let bound = target.liveness_bound;
     let mut config = target.config.clone();
     config.application_name("resumeguard-claims-liveness");
     let mut lock = connect(&config, target)?;
-    // idle + count * interval ≈ the bound; the user timeout bounds data
-    // the server sent and the peer never acknowledged.
-    let secs = bound.as_secs().max(2);
-    let idle = (secs / 2).max(1);
-    let interval = ((secs - idle) / 3).max(1);
+    let p = DeadPeer::within(target.liveness_bound);
     lock.batch_execute(&format!(
-        "SET tcp_keepalives_idle = {idle}; SET tcp_keepalives_interval = {interval}; \
-         SET tcp_keepalives_count = 3; SET tcp_user_timeout = {}",
-        bound.as_millis()
+        "SET tcp_keepalives_idle = {}; SET tcp_keepalives_interval = {}; \
+         SET tcp_keepalives_count = {}; SET tcp_user_timeout = {}",
+        p.idle.as_secs(),
+        p.interval.as_secs(),
+        p.retries,
+        p.user_timeout.as_millis()
     ))?;
     let mut id = next_instance(&mut lock, &target.schema)?;
     loop {
