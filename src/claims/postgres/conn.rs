@@ -219,16 +219,18 @@ impl PgConn {
         single: bool,
         f: impl FnOnce(&mut Tx<'_>) -> Result<T, Fail>,
     ) -> Result<T, StoreError> {
-        if let Some(d) = &*self.down.lock().unwrap_or_else(PoisonError::into_inner) {
-            if Instant::now() < d.retry_at {
-                return Err(d.error.clone());
-            }
+        if let Some(error) = self.down_until_retry() {
+            return Err(error);
         }
         let mut slot = self.slot();
         let instance = match self.ensure(&mut slot) {
             Ok(i) => i,
             Err(error) => {
-                self.mark_down(error.clone());
+                // Unless another decision marked it down meanwhile (with
+                // a retry time still to come), this failure is news.
+                if self.down_until_retry().is_none() {
+                    self.mark_down(error.clone());
+                }
                 return Err(error);
             }
         };
@@ -282,6 +284,14 @@ impl PgConn {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Why the store is down, while its retry time has not come.
+    fn down_until_retry(&self) -> Option<StoreError> {
+        let down = self.down.lock().unwrap_or_else(PoisonError::into_inner);
+        down.as_ref()
+            .filter(|d| Instant::now() < d.retry_at)
+            .map(|d| d.error.clone())
+    }
+
     /// The store is down: every operation fails until the retry time
     /// (first 100 ms, doubled per failed retry up to 2 s); logged (ERROR)
     /// on the transition.
@@ -310,10 +320,18 @@ impl PgConn {
     /// schema for the proxy, checking it exists for operators) and, for the
     /// proxy, takes a liveness lock if it holds none or its connection
     /// died; returns this process's instance id (0 for operators).
+    ///
+    /// A decision that waited for its slot or the liveness lock while
+    /// another failed to connect does not try again before the retry time:
+    /// against a silent database each try costs the connect timeout, and
+    /// the reads waiting behind it would wait for every one.
     fn ensure(&self, slot: &mut Option<Decision>) -> Result<i64, StoreError> {
         let target = &self.target;
         if slot.as_ref().is_none_or(|d| d.client.is_closed()) {
             *slot = None;
+            if let Some(error) = self.down_until_retry() {
+                return Err(error);
+            }
             *slot = Some(connect_decision(target, self.role)?);
         }
         if self.role == Role::Operator {
@@ -336,6 +354,9 @@ impl PgConn {
             );
             lost = Some(l.instance);
             *liveness = None;
+        }
+        if let Some(error) = self.down_until_retry() {
+            return Err(error);
         }
         let open_err = |e: postgres::Error| StoreError::Open {
             path: target.shown.clone(),
