@@ -226,11 +226,7 @@ impl PgConn {
         let instance = match self.ensure(&mut slot) {
             Ok(i) => i,
             Err(error) => {
-                // Unless another decision marked it down meanwhile (with
-                // a retry time still to come), this failure is news.
-                if self.down_until_retry().is_none() {
-                    self.mark_down(error.clone());
-                }
+                self.mark_down(error.clone());
                 return Err(error);
             }
         };
@@ -294,9 +290,14 @@ impl PgConn {
 
     /// The store is down: every operation fails until the retry time
     /// (first 100 ms, doubled per failed retry up to 2 s); logged (ERROR)
-    /// on the transition.
+    /// on the transition. A failure before the retry time came (another
+    /// decision's, in flight when the store was marked down) is already
+    /// counted.
     fn mark_down(&self, error: StoreError) {
         let mut down = self.down.lock().unwrap_or_else(PoisonError::into_inner);
+        if down.as_ref().is_some_and(|d| Instant::now() < d.retry_at) {
+            return;
+        }
         let backoff = match &*down {
             Some(d) => {
                 tracing::debug!(%error, "claim store still cannot be reached");
@@ -324,7 +325,8 @@ impl PgConn {
     /// A decision that waited for its slot or the liveness lock while
     /// another failed to connect does not try again before the retry time:
     /// against a silent database each try costs the connect timeout, and
-    /// the reads waiting behind it would wait for every one.
+    /// the reads waiting behind it would wait for every one. (So a failure
+    /// to take the lock marks the store down before the lock is let go.)
     fn ensure(&self, slot: &mut Option<Decision>) -> Result<i64, StoreError> {
         let target = &self.target;
         if slot.as_ref().is_none_or(|d| d.client.is_closed()) {
@@ -358,9 +360,13 @@ impl PgConn {
         if let Some(error) = self.down_until_retry() {
             return Err(error);
         }
-        let open_err = |e: postgres::Error| StoreError::Open {
-            path: target.shown.clone(),
-            reason: format!("taking the liveness lock: {}", describe(&e)),
+        let open_err = |e: postgres::Error| {
+            let error = StoreError::Open {
+                path: target.shown.clone(),
+                reason: format!("taking the liveness lock: {}", describe(&e)),
+            };
+            self.mark_down(error.clone());
+            error
         };
         let (client, instance) = lock_instance(target).map_err(open_err)?;
         if let (Some(old), Some(d)) = (lost, slot.as_mut()) {
