@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
+import sys
+import threading
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -58,6 +62,41 @@ class Namespace:
         """`argv` run inside the namespace."""
         return ["ip", "netns", "exec", self.name, *argv]
 
+    @property
+    def peer(self) -> str:
+        """The namespace's end of the link (`veth` is the root namespace's)."""
+        return "rgn" + self.veth[3:]
+
+    def silence(self) -> None:
+        """The namespace stops answering over its link without taking it down:
+        every packet it sends there is dropped at the link (a queue of length
+        zero), so a peer in the root namespace sees no reply, no RST, no ICMP,
+        as when a host is cut off by a firewall or a dead switch."""
+        _ip("netns", "exec", self.name, "tc", "qdisc", "add", "dev", self.peer, "root",
+            "pfifo", "limit", "0")
+
+    def unsilence(self) -> None:
+        _ip("netns", "exec", self.name, "tc", "qdisc", "del", "dev", self.peer, "root",
+            check=False)
+
+    def forward(self, port: int, unix_socket: str, timeout: float = 10.0) -> subprocess.Popen:
+        """A relay inside the namespace from `ip:port` to `unix_socket` (a server
+        of the root namespace, whose Unix socket every namespace shares): that
+        server as if it ran on this namespace's host. Kill the process to stop."""
+        proc = subprocess.Popen(self.argv(sys.executable, os.path.abspath(__file__), "forward",
+                                          self.ip, str(port), unix_socket),
+                                stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with socket.create_connection((self.ip, port), timeout=1):
+                    return proc
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    proc.kill()
+                    raise RuntimeError(f"relay {self.ip}:{port} -> {unix_socket} never listened")
+                time.sleep(0.05)
+
     def close(self) -> None:
         _ip("link", "del", self.veth, check=False)
         _ip("netns", "del", self.name, check=False)
@@ -81,3 +120,35 @@ def make(index: int) -> Namespace:
         ns.close()
         raise RuntimeError(f"making namespace {ns.name}: {e.stderr}") from e
     return ns
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def _relay(host: str, port: int, unix_socket: str) -> None:
+    listener = socket.create_server((host, port))
+    while True:
+        tcp, _ = listener.accept()
+        unix = socket.socket(socket.AF_UNIX)
+        try:
+            unix.connect(unix_socket)
+        except OSError:
+            tcp.close()
+            continue
+        threading.Thread(target=_pump, args=(tcp, unix), daemon=True).start()
+        threading.Thread(target=_pump, args=(unix, tcp), daemon=True).start()
+
+
+if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "forward":
+    _relay(sys.argv[2], int(sys.argv[3]), sys.argv[4])

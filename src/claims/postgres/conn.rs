@@ -11,6 +11,9 @@
 //! lock when the connection dies: at once when the process is killed (the
 //! kernel closes the socket), within the liveness bound when the network
 //! is cut (server-side TCP keepalives and TCP user timeout set on it).
+//! The proxy's end of every connection has the same (set where the
+//! target's config is built), so a statement sent to a database that went
+//! silent fails within the bound and the decision fails closed.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,7 +25,7 @@ use postgres::{Client, NoTls, Row, Statement, Transaction};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::schema;
-use super::target::PgTarget;
+use super::target::{DeadPeer, PgTarget};
 use crate::claims::error::StoreError;
 
 /// How long a statement or a row lock may wait before the store counts as
@@ -216,10 +219,8 @@ impl PgConn {
         single: bool,
         f: impl FnOnce(&mut Tx<'_>) -> Result<T, Fail>,
     ) -> Result<T, StoreError> {
-        if let Some(d) = &*self.down.lock().unwrap_or_else(PoisonError::into_inner) {
-            if Instant::now() < d.retry_at {
-                return Err(d.error.clone());
-            }
+        if let Some(error) = self.down_until_retry() {
+            return Err(error);
         }
         let mut slot = self.slot();
         let instance = match self.ensure(&mut slot) {
@@ -279,11 +280,24 @@ impl PgConn {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Why the store is down, while its retry time has not come.
+    fn down_until_retry(&self) -> Option<StoreError> {
+        let down = self.down.lock().unwrap_or_else(PoisonError::into_inner);
+        down.as_ref()
+            .filter(|d| Instant::now() < d.retry_at)
+            .map(|d| d.error.clone())
+    }
+
     /// The store is down: every operation fails until the retry time
     /// (first 100 ms, doubled per failed retry up to 2 s); logged (ERROR)
-    /// on the transition.
+    /// on the transition. A failure before the retry time came (another
+    /// decision's, in flight when the store was marked down) is already
+    /// counted.
     fn mark_down(&self, error: StoreError) {
         let mut down = self.down.lock().unwrap_or_else(PoisonError::into_inner);
+        if down.as_ref().is_some_and(|d| Instant::now() < d.retry_at) {
+            return;
+        }
         let backoff = match &*down {
             Some(d) => {
                 tracing::debug!(%error, "claim store still cannot be reached");
@@ -307,10 +321,19 @@ impl PgConn {
     /// schema for the proxy, checking it exists for operators) and, for the
     /// proxy, takes a liveness lock if it holds none or its connection
     /// died; returns this process's instance id (0 for operators).
+    ///
+    /// A decision that waited for its slot or the liveness lock while
+    /// another failed to connect does not try again before the retry time:
+    /// against a silent database each try costs the connect timeout, and
+    /// the reads waiting behind it would wait for every one. (So a failure
+    /// to take the lock marks the store down before the lock is let go.)
     fn ensure(&self, slot: &mut Option<Decision>) -> Result<i64, StoreError> {
         let target = &self.target;
         if slot.as_ref().is_none_or(|d| d.client.is_closed()) {
             *slot = None;
+            if let Some(error) = self.down_until_retry() {
+                return Err(error);
+            }
             *slot = Some(connect_decision(target, self.role)?);
         }
         if self.role == Role::Operator {
@@ -334,9 +357,16 @@ impl PgConn {
             lost = Some(l.instance);
             *liveness = None;
         }
-        let open_err = |e: postgres::Error| StoreError::Open {
-            path: target.shown.clone(),
-            reason: format!("taking the liveness lock: {}", describe(&e)),
+        if let Some(error) = self.down_until_retry() {
+            return Err(error);
+        }
+        let open_err = |e: postgres::Error| {
+            let error = StoreError::Open {
+                path: target.shown.clone(),
+                reason: format!("taking the liveness lock: {}", describe(&e)),
+            };
+            self.mark_down(error.clone());
+            error
         };
         let (client, instance) = lock_instance(target).map_err(open_err)?;
         if let (Some(old), Some(d)) = (lost, slot.as_mut()) {
@@ -435,22 +465,22 @@ fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, StoreErro
     })
 }
 
-/// The liveness connection, with its server-side keepalives and TCP user
-/// timeout, holding a fresh instance id's session-level advisory lock.
+/// The liveness connection, with the server's end given the same
+/// keepalives and TCP user timeout as the proxy's (so the server drops the
+/// lock of a partitioned proxy within the bound), holding a fresh instance
+/// id's session-level advisory lock.
 fn lock_instance(target: &PgTarget) -> Result<(Client, i64), postgres::Error> {
-    let bound = target.liveness_bound;
     let mut config = target.config.clone();
     config.application_name("resumeguard-claims-liveness");
     let mut lock = connect(&config, target)?;
-    // idle + count * interval ≈ the bound; the user timeout bounds data
-    // the server sent and the peer never acknowledged.
-    let secs = bound.as_secs().max(2);
-    let idle = (secs / 2).max(1);
-    let interval = ((secs - idle) / 3).max(1);
+    let p = DeadPeer::within(target.liveness_bound);
     lock.batch_execute(&format!(
-        "SET tcp_keepalives_idle = {idle}; SET tcp_keepalives_interval = {interval}; \
-         SET tcp_keepalives_count = 3; SET tcp_user_timeout = {}",
-        bound.as_millis()
+        "SET tcp_keepalives_idle = {}; SET tcp_keepalives_interval = {}; \
+         SET tcp_keepalives_count = {}; SET tcp_user_timeout = {}",
+        p.idle.as_secs(),
+        p.interval.as_secs(),
+        p.retries,
+        p.user_timeout.as_millis()
     ))?;
     let mut id = next_instance(&mut lock, &target.schema)?;
     loop {

@@ -1,7 +1,8 @@
 //! Where the PostgreSQL claims store is: connection parameters taken from
 //! the upstream the proxy fronts (or a separate `[claims] dsn`), the
 //! password from the URL, `PGPASSWORD` or the password file, and the bound
-//! within which a partitioned proxy's liveness lock goes.
+//! within which a network partition between the proxy and that database
+//! ends its connections, on both ends.
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -18,10 +19,53 @@ use crate::wire::upstream_tls::SslMode as UpstreamSslMode;
 /// The schema every replica shares.
 pub const DEFAULT_SCHEMA: &str = "resumeguard";
 
-/// Default bound for a partitioned proxy's liveness lock to go: the
+/// Default bound for a partition to end the store's connections: the
 /// server's keepalive probes and TCP user timeout on the lock connection
-/// end it within this long.
+/// end it (and so the proxy's liveness lock) within this long, and the
+/// proxy's own on every connection fail a statement waiting on a silent
+/// database within this long.
 pub const DEFAULT_LIVENESS_BOUND: Duration = Duration::from_secs(10);
+
+/// TCP keepalive probes and user timeout with which one end of a
+/// connection counts the other gone within a bound: an idle connection is
+/// probed after half the bound, three probes fill the rest; data left
+/// unacknowledged for the whole bound ends it. Probes are whole seconds,
+/// as the server's `tcp_keepalives_*` settings and the kernel take them;
+/// under a bound of 5 s they overshoot it and the user timeout (which
+/// Linux also applies to unanswered probes) holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct DeadPeer {
+    pub(super) idle: Duration,
+    pub(super) interval: Duration,
+    pub(super) retries: u32,
+    pub(super) user_timeout: Duration,
+}
+
+impl DeadPeer {
+    pub(super) fn within(bound: Duration) -> DeadPeer {
+        let secs = bound.as_secs().max(2);
+        let idle = (secs / 2).max(1);
+        let retries = 3;
+        let interval = ((secs - idle) / u64::from(retries)).max(1);
+        DeadPeer {
+            idle: Duration::from_secs(idle),
+            interval: Duration::from_secs(interval),
+            retries,
+            user_timeout: bound,
+        }
+    }
+
+    /// The client's side: every connection made with `config` (TCP;
+    /// a Unix socket has no such settings and needs none).
+    fn apply(self, config: &mut postgres::Config) {
+        config
+            .keepalives(true)
+            .keepalives_idle(self.idle)
+            .keepalives_interval(self.interval)
+            .keepalives_retries(self.retries)
+            .tcp_user_timeout(self.user_timeout);
+    }
+}
 
 /// A claims database that cannot be named.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +97,9 @@ pub struct PgTarget {
     /// `user@host:port/db`, as shown in errors (never the password).
     pub(super) shown: String,
     pub(super) schema: String,
+    /// Within how long a partition ends the connections: the server's
+    /// end of the liveness lock connection (then the lock goes) and the
+    /// proxy's end of every connection (then what waits on it fails).
     pub(super) liveness_bound: Duration,
 }
 
@@ -162,13 +209,14 @@ impl PgTarget {
                 config.password(p);
             }
         }
-        Ok(PgTarget {
+        let target = PgTarget {
             shown: format!("postgres {user}@{host}:{port}/{db}"),
             config,
             tls,
             schema: DEFAULT_SCHEMA.into(),
             liveness_bound: DEFAULT_LIVENESS_BOUND,
-        })
+        };
+        Ok(target.with_liveness_bound(DEFAULT_LIVENESS_BOUND))
     }
 
     /// Connects as the proxy connects to the upstream: plaintext under
@@ -199,10 +247,14 @@ impl PgTarget {
         Ok(self)
     }
 
-    /// Sets the bound within which a partitioned proxy's liveness lock
-    /// goes (at least 2 s).
+    /// Sets the bound (at least 2 s) within which a partition ends the
+    /// connections: a partitioned proxy's liveness lock goes, and a
+    /// statement the proxy sent to a silent database fails (client-side
+    /// keepalives and TCP user timeout on every connection made from this
+    /// target).
     pub fn with_liveness_bound(mut self, bound: Duration) -> PgTarget {
         self.liveness_bound = bound.max(Duration::from_secs(2));
+        DeadPeer::within(self.liveness_bound).apply(&mut self.config);
         self
     }
 
@@ -383,5 +435,45 @@ mod tests {
             .unwrap()
             .with_schema("Bad;")
             .is_err());
+    }
+
+    #[test]
+    fn every_connection_notices_a_silent_database_within_the_bound() {
+        let probes = |c: &postgres::Config| {
+            (
+                c.get_keepalives(),
+                c.get_keepalives_idle(),
+                c.get_keepalives_interval(),
+                c.get_keepalives_retries(),
+                c.get_tcp_user_timeout().copied(),
+            )
+        };
+        let s = Duration::from_secs;
+        // The default bound, whichever way the target is named.
+        let dsn = PgTarget::from_dsn("host=db").unwrap();
+        let upstream = PgTarget::from_upstream(None, &UpstreamAddr::Tcp("db:5432".into())).unwrap();
+        for t in [&dsn, &upstream] {
+            assert_eq!(
+                probes(&t.config),
+                (true, s(5), Some(s(1)), Some(3), Some(s(10)))
+            );
+        }
+        // A configured bound replaces it; a DSN's own keepalive settings
+        // do not loosen it.
+        let t = PgTarget::from_dsn("host=db keepalives=0 keepalives_idle=7200")
+            .unwrap()
+            .with_liveness_bound(s(6));
+        assert_eq!(
+            probes(&t.config),
+            (true, s(3), Some(s(1)), Some(3), Some(s(6)))
+        );
+        // Idle plus three probes fit in a bound of 5 s or more (below, the
+        // probes are whole seconds and the user timeout, which Linux
+        // applies to unanswered probes too, holds the bound).
+        for secs in [5, 6, 10, 30, 61] {
+            let p = DeadPeer::within(s(secs));
+            assert!(p.idle + p.interval * p.retries <= s(secs), "{secs}: {p:?}");
+            assert_eq!(p.user_timeout, s(secs));
+        }
     }
 }
