@@ -145,10 +145,13 @@ pub fn statement_completed(kind: &StatementKind, executed_at: Option<Instant>) {
     }
 }
 
-/// A claim store call on the data path took since `started`; `op` is
-/// `claim`, `run_lease` or `fence_lookup`.
-pub fn claims_store_call(op: &'static str, started: Instant) {
+/// Runs `call`, a claim store call on the data path, and times it; `op`
+/// is `claim`, `run_lease` or `fence_lookup`.
+pub fn claims_store_call<T>(op: &'static str, call: impl FnOnce() -> T) -> T {
+    let started = Instant::now();
+    let out = call();
     histogram!(CLAIMS_STORE_SECONDS, "op" => op).record(started.elapsed().as_secs_f64());
+    out
 }
 
 /// Forks served by one completed read.
@@ -270,35 +273,34 @@ pub fn scrape_time(proxy: &Proxy, audit: &AuditSink) -> String {
         stats.write_errors,
     );
     let outputs = audit.output_stats();
-    for (name, kind, help, value) in [
-        (
-            "resumeguard_audit_output_queue_depth",
-            "gauge",
-            "Audit events queued for one output's writer thread",
-            AuditStats::queue_depth as fn(&AuditStats) -> u64,
-        ),
-        (
-            "resumeguard_audit_output_events_lost_total",
-            "counter",
-            "Audit events one output lost (its queue full, given up after failed \
-             writes, or left at shutdown)",
-            |s| s.lost,
-        ),
-        (
-            "resumeguard_audit_output_write_errors_total",
-            "counter",
-            "Failed audit write attempts of one output",
-            |s| s.write_errors,
-        ),
-    ] {
-        if outputs.is_empty() {
-            break;
+    if !outputs.is_empty() {
+        for (name, kind, help, value) in [
+            (
+                "resumeguard_audit_output_queue_depth",
+                "gauge",
+                "Audit events queued for one output's writer thread",
+                AuditStats::queue_depth as fn(&AuditStats) -> u64,
+            ),
+            (
+                "resumeguard_audit_output_events_lost_total",
+                "counter",
+                "Audit events one output lost (its queue full, given up after failed \
+                 writes, or left at shutdown)",
+                |s| s.lost,
+            ),
+            (
+                "resumeguard_audit_output_write_errors_total",
+                "counter",
+                "Failed audit write attempts of one output",
+                |s| s.write_errors,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (output, s) in &outputs {
+                let _ = writeln!(out, "{name}{{output=\"{output}\"}} {}", value(s));
+            }
+            out.push('\n');
         }
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (output, s) in &outputs {
-            let _ = writeln!(out, "{name}{{output=\"{output}\"}} {}", value(s));
-        }
-        out.push('\n');
     }
     out
 }

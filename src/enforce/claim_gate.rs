@@ -8,13 +8,14 @@
 
 use std::any::Any;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use regex::Regex;
 use serde::Serialize;
 
 use super::events::detail;
+use crate::admin::metrics::claims_store_call;
 use crate::audit::{AuditEvent, Operation, SessionContext};
 use crate::log_text::shown;
 use crate::wire::backend::{error_response, Severity};
@@ -134,11 +135,11 @@ impl ClaimsLeg {
     }
 
     fn check_run_lease(&self, req: &ClaimRequest) -> Resolution {
-        let started = Instant::now();
-        let lease =
+        let at = &req.key.at;
+        let lease = claims_store_call("run_lease", || {
             self.store
-                .run_lease(&req.key.at.thread_id, &req.key.at.checkpoint_ns, now_ms());
-        crate::admin::metrics::claims_store_call("run_lease", started);
+                .run_lease(&at.thread_id, &at.checkpoint_ns, now_ms())
+        });
         if let Err(e) = &lease {
             tracing::warn!(error = %e, "run lease unknown (claim store failed): head served");
         }
@@ -152,12 +153,10 @@ impl ClaimsLeg {
     }
 
     fn try_claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        let started = Instant::now();
-        let outcome = self
-            .store
-            .try_claim(&req.key, &req.holder, now_ms(), self.lapse_ms);
-        crate::admin::metrics::claims_store_call("claim", started);
-        outcome
+        claims_store_call("claim", || {
+            self.store
+                .try_claim(&req.key, &req.holder, now_ms(), self.lapse_ms)
+        })
     }
 
     fn note_refusal(&self, key: &ClaimKey) {

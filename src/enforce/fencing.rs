@@ -110,11 +110,10 @@ impl FenceGate {
             took: &took,
             known_claimed: progress || self.parked.contains(at),
         };
-        let started = std::time::Instant::now();
-        let current = leg
-            .store
-            .current_holder(&at.thread_id, &at.checkpoint_ns, &at.checkpoint_id);
-        crate::admin::metrics::claims_store_call("fence_lookup", started);
+        let current = crate::admin::metrics::claims_store_call("fence_lookup", || {
+            leg.store
+                .current_holder(&at.thread_id, &at.checkpoint_ns, &at.checkpoint_id)
+        });
         let verdict = decide_write(&writer, &current);
         let Ok(Some(claim)) = &current else {
             return verdict;

@@ -373,6 +373,23 @@ fn sqlite_has(path: &std::path::Path, n: usize, bound: Duration) -> Duration {
     started.elapsed()
 }
 
+/// A sink of `proxy_id` writing a fresh SQLite file (queues of 16) and the
+/// PostgreSQL table at `target`.
+fn sqlite_and_postgres(
+    tag: &str,
+    proxy_id: &str,
+    target: PgTarget,
+) -> (std::path::PathBuf, AuditSink) {
+    let path = temp_path(tag, "db");
+    let cfg = AuditConfig {
+        postgres: true,
+        ..sqlite_cfg(&path, 16)
+    };
+    let sink = AuditSink::start(&cfg, proxy_id).unwrap();
+    assert!(sink.connect_postgres(target));
+    (path, sink)
+}
+
 #[test]
 fn a_stalled_postgres_output_delays_and_drops_only_its_own_events() {
     // A "database" that accepts the connection and never answers: the
@@ -382,13 +399,7 @@ fn a_stalled_postgres_output_delays_and_drops_only_its_own_events() {
     let port = listener.local_addr().unwrap().port();
     let dsn = format!("postgres://rg@127.0.0.1:{port}/rg?sslmode=disable");
     let target = PgTarget::from_dsn(&dsn).unwrap();
-    let path = temp_path("sink-stalled-pg", "db");
-    let cfg = AuditConfig {
-        postgres: true,
-        ..sqlite_cfg(&path, 16)
-    };
-    let sink = AuditSink::start(&cfg, "test-proxy").unwrap();
-    assert!(sink.connect_postgres(target));
+    let (path, sink) = sqlite_and_postgres("sink-stalled-pg", "test-proxy", target);
     sink.record(numbered(0));
     let (held, _) = listener.accept().unwrap();
     assert_eq!(sqlite_has(&path, 1, Duration::from_secs(10)).as_secs(), 0);
@@ -488,13 +499,7 @@ fn a_postgres_output_that_stalls_then_answers_records_its_own_losses_there_alone
         .unwrap()
         .with_schema(schema_name(db.target()))
         .unwrap();
-    let path = temp_path("sink-stall", "db");
-    let cfg = AuditConfig {
-        postgres: true,
-        ..sqlite_cfg(&path, 16)
-    };
-    let sink = AuditSink::start(&cfg, "replica-s").unwrap();
-    assert!(sink.connect_postgres(target));
+    let (path, sink) = sqlite_and_postgres("sink-stall", "replica-s", target);
     for n in 0..40 {
         sink.record(numbered(n));
         let waited = sqlite_has(&path, n as usize + 1, Duration::from_secs(10));
