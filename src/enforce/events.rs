@@ -11,7 +11,7 @@ use super::watch::Watch;
 use crate::audit::{AuditEvent, BlobDigest, Operation, SessionContext};
 use crate::claims::ClaimRecord;
 use crate::saver::checkpoint_ref::CheckpointRef;
-use crate::saver::classify::{ReadMode, ReadShape, StatementKind};
+use crate::saver::classify::{ReadMode, ReadShape, RowsDeleted, StatementKind};
 use crate::saver::reserved::{INTERRUPT, NULL_TASK, RESUME};
 use crate::saver::write_record::WriteRecord;
 
@@ -38,6 +38,20 @@ impl Watch {
                 ev.thread_id = self.param_text(*thread_param);
                 vec![ev]
             }
+            // prune's `delete`: every row of the threads in its array
+            // parameter (not decoded; the statement is recorded).
+            StatementKind::DeleteRows {
+                table,
+                rows: RowsDeleted::Threads { .. },
+            } => vec![AuditEvent::new(ctx, Operation::DeleteThread).with_detail(
+                json!({"table": format!("{table:?}").to_lowercase(), "threads": "array parameter"}),
+            )],
+            // Housekeeping of rows no run reads again (see the README's
+            // saver section) and reads without pending writes: no story.
+            StatementKind::DeleteRows { .. }
+            | StatementKind::Unparent
+            | StatementKind::ReadWithoutWrites
+            | StatementKind::ChannelHistoryRead { .. } => Vec::new(),
             StatementKind::Migration => vec![AuditEvent::new(ctx, Operation::Migration)],
             StatementKind::Unrecognized => vec![AuditEvent::new(ctx, Operation::Unrecognized)],
             StatementKind::WritesRead | StatementKind::Other => Vec::new(),

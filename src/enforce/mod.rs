@@ -10,12 +10,15 @@
 //! - `validity`, `claim_gate`, `fencing`: the validity gate, the
 //!   consume-once gate, and the fencing of writes continuing a claimed
 //!   checkpoint from sessions other than its holder.
+//! - `history`: the delta-channel history read never returns the writes
+//!   the legs guard.
 //! - `reload`: the rule set a running proxy replaces (SIGHUP).
 
 pub mod claim_gate;
 mod events;
 mod evidence;
 mod fencing;
+mod history;
 pub mod reload;
 pub mod session;
 pub mod validity;

@@ -13,6 +13,7 @@ use super::claim_gate::{apply_claim, ClaimRequest, ClaimTicket, Head, Resolution
 use super::events::rejected;
 use super::evidence::continuation;
 use super::fencing::FenceGate;
+use super::history::history_refusal;
 use super::validity::{ValidityGate, CHECK_VIOLATION};
 use super::watch::{Watch, WriteDecode};
 use super::Enforcement;
@@ -274,6 +275,9 @@ impl Hooks for SessionEnforcer {
         // blind: the session fails closed.
         let mut bound = BoundParams::decode(frame)
             .map_err(|e| ClientError(format!("malformed Bind for a checkpoint statement: {e}")))?;
+        if let Some(refusal) = history_refusal(&statement.class.kind, &bound) {
+            return Ok(Bound::Refuse(refusal));
+        }
         let record: Option<WriteDecode> = statement.class.kind.insert_shape().map(|shape| {
             WriteRecord::decode(shape, &bound)
                 .map(Arc::new)

@@ -22,8 +22,11 @@ pub struct RowLayout {
     pub thread_id: usize,
     pub checkpoint: usize,
     pub checkpoint_ns: usize,
-    pub checkpoint_id: usize,
-    pub parent_checkpoint_id: usize,
+    /// `None` for the shallow saver's read, which has no such column: the
+    /// id is the checkpoint document's `id`.
+    pub checkpoint_id: Option<usize>,
+    /// `None` for the shallow saver's read (it keeps no parent).
+    pub parent_checkpoint_id: Option<usize>,
     pub metadata: usize,
     pub channel_values: usize,
     pub pending_writes: usize,
@@ -37,8 +40,8 @@ impl RowLayout {
         thread_id: 0,
         checkpoint: 1,
         checkpoint_ns: 2,
-        checkpoint_id: 3,
-        parent_checkpoint_id: 4,
+        checkpoint_id: Some(3),
+        parent_checkpoint_id: Some(4),
         metadata: 5,
         channel_values: 6,
         pending_writes: 7,
@@ -132,23 +135,27 @@ pub fn decode_checkpoint_row(
         _ => Ok(ByteaArray::default()),
     };
 
-    let parent = match col(
-        "parent_checkpoint_id",
-        layout.parent_checkpoint_id,
-        ColumnKind::Text,
-    )? {
-        Value::Null => None,
-        v => Some(into_string(v)),
+    let parent = match layout.parent_checkpoint_id {
+        None => None,
+        Some(index) => match col("parent_checkpoint_id", index, ColumnKind::Text)? {
+            Value::Null => None,
+            v => Some(into_string(v)),
+        },
     };
     let channel_values = array("channel_values", layout.channel_values)?;
     let pending_writes = array("pending_writes", layout.pending_writes)?;
+    let checkpoint = json("checkpoint", layout.checkpoint)?;
+    let checkpoint_id = match layout.checkpoint_id {
+        Some(index) => text("checkpoint_id", index)?,
+        None => document_id(&checkpoint)?,
+    };
     Ok(CheckpointRow {
         at: CheckpointRef {
             thread_id: text("thread_id", layout.thread_id)?,
             checkpoint_ns: text("checkpoint_ns", layout.checkpoint_ns)?,
-            checkpoint_id: text("checkpoint_id", layout.checkpoint_id)?,
+            checkpoint_id,
         },
-        checkpoint: json("checkpoint", layout.checkpoint)?,
+        checkpoint,
         parent_checkpoint_id: parent,
         metadata: json("metadata", layout.metadata)?,
         channel_values: channel_blobs(&channel_values, &layout.value_rows)
@@ -156,6 +163,20 @@ pub fn decode_checkpoint_row(
         pending_writes: writes(&pending_writes, &layout.write_rows)
             .map_err(|e| e.in_field("pending_writes"))?,
     })
+}
+
+/// The `id` of a checkpoint document (JSON text), where the shallow saver
+/// keeps a checkpoint's id.
+pub fn document_id(checkpoint: &str) -> Result<String, DecodeError> {
+    #[derive(serde::Deserialize)]
+    struct Id {
+        id: String,
+    }
+    serde_json::from_str::<Id>(checkpoint)
+        .map(|d| d.id)
+        .map_err(|_| DecodeError::UnexpectedNull {
+            what: "checkpoint document id",
+        })
 }
 
 /// The string inside a `Text` or `Json` value (the only kinds asked for).

@@ -16,8 +16,7 @@ use dashmap::DashMap;
 
 use crate::log_text::shown;
 use sqlparser::ast::{
-    visit_relations, FromTable, OnConflictAction, OnInsert, SetExpr, Statement, TableFactor,
-    TableObject,
+    visit_relations, OnConflictAction, OnInsert, SetExpr, Statement, TableFactor, TableObject,
 };
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
@@ -25,10 +24,15 @@ use sqlparser::parser::Parser;
 use super::decode_error::DecodeError;
 use super::profile::{SaverProfile, TableRole};
 use super::unknown::{Unenforced, UnknownLog, UnknownSaverPolicy, ALL_LEGS, READ_LEGS, WRITE_LEGS};
-use ast::{collect_equalities, name_parts, placeholder};
+use ast::{name_parts, placeholder};
+use aux_read::aux_read_shape;
+pub use housekeeping::RowsDeleted;
+use housekeeping::{delete_shape, update_shape};
 pub use read::{ReadMode, ReadShape};
 
 mod ast;
+mod aux_read;
+mod housekeeping;
 mod read;
 
 /// An INSERT: the column each Bind parameter feeds.
@@ -69,6 +73,23 @@ pub enum StatementKind {
         table: TableRole,
         thread_param: Option<usize>,
     },
+    /// A delete of some of a thread's rows (`prune()`, the shallow saver's
+    /// `put`); which rows is in [`RowsDeleted`].
+    DeleteRows {
+        table: TableRole,
+        rows: RowsDeleted,
+    },
+    /// prune's `UPDATE checkpoints SET parent_checkpoint_id = NULL ...`.
+    Unparent,
+    /// A read that returns no pending writes and no checkpoint to decode
+    /// (thread ids, checkpoint ids, channel versions, inline values): prune's
+    /// look-ups, the delta-channel walk's first stage.
+    ReadWithoutWrites,
+    /// The delta-channel walk's second stage: writes of channels named by
+    /// these parameters (0-based), and blobs by version.
+    ChannelHistoryRead {
+        channel_params: Vec<usize>,
+    },
     Migration,
     /// Touches a checkpoint table in a shape the proxy does not know (why:
     /// [`Classified::unenforced`]): logged once at ERROR, counted, and
@@ -104,6 +125,10 @@ impl StatementKind {
             StatementKind::WritesUpsert(_) => "writes_upsert",
             StatementKind::WritesInsertIgnore(_) => "writes_insert_ignore",
             StatementKind::DeleteThread { .. } => "delete_thread",
+            StatementKind::DeleteRows { rows, .. } => rows.label(),
+            StatementKind::Unparent => "unparent",
+            StatementKind::ReadWithoutWrites => "read_without_writes",
+            StatementKind::ChannelHistoryRead { .. } => "channel_history_read",
             StatementKind::Migration => "migration",
             StatementKind::Unrecognized => "unrecognized",
         }
@@ -360,29 +385,35 @@ fn shape_of(statement: &Statement, profile: &SaverProfile) -> Option<(Shape, boo
     };
     match statement {
         Statement::Query(query) => {
-            let SetExpr::Select(select) = query.body.as_ref() else {
-                return mentions(statement, profile);
+            let single = match query.body.as_ref() {
+                SetExpr::Select(select) if query.with.is_none() => match select.from.as_slice() {
+                    [from] if from.joins.is_empty() => match &from.relation {
+                        TableFactor::Table { name, .. } => Some((select, name)),
+                        _ => None,
+                    },
+                    _ => None,
+                },
+                _ => None,
             };
-            let [from] = select.from.as_slice() else {
-                return mentions(statement, profile);
-            };
-            let TableFactor::Table { name, .. } = &from.relation else {
-                return mentions(statement, profile);
+            let Some((select, name)) = single else {
+                return aux_read_shape(query, profile);
             };
             let parts = name_parts(name);
             let exact = profile.fits_exactly(&parts);
-            let shape = match profile.role_of(&parts)? {
-                TableRole::Checkpoints => match read::read_shape(query, select, profile) {
+            let shape = match profile.role_of(&parts) {
+                None => return aux_read_shape(query, profile),
+                Some(TableRole::Checkpoints) => match read::read_shape(query, select, profile) {
                     Ok(shape) => Ok(StatementKind::Read(shape)),
-                    Err((mode, reason)) => unknown(mode.label().into(), &reason, READ_LEGS),
+                    // Not the checkpoint read: one of the savers' other
+                    // reads of the table, or a read it cannot decode.
+                    Err((mode, reason)) => match aux_read_shape(query, profile) {
+                        Some((Ok(kind), _)) => Ok(kind),
+                        _ => unknown(mode.label().into(), &reason, READ_LEGS),
+                    },
                 },
-                TableRole::Writes => Ok(StatementKind::WritesRead),
-                TableRole::Migrations => Ok(StatementKind::Migration),
-                TableRole::Blobs => unknown(
-                    format!("select from {name}"),
-                    "blobs are read only inside the checkpoint read",
-                    ALL_LEGS,
-                ),
+                Some(TableRole::Writes) => Ok(StatementKind::WritesRead),
+                Some(TableRole::Migrations) => Ok(StatementKind::Migration),
+                Some(TableRole::Blobs) => return aux_read_shape(query, profile),
             };
             Some((shape, exact))
         }
@@ -420,37 +451,13 @@ fn shape_of(statement: &Statement, profile: &SaverProfile) -> Option<(Shape, boo
             };
             Some((shape, profile.fits_exactly(&parts)))
         }
-        Statement::Delete(delete) => {
-            let tables = match &delete.from {
-                FromTable::WithFromKeyword(t) | FromTable::WithoutKeyword(t) => t,
-            };
-            let [from] = tables.as_slice() else {
-                return mentions(statement, profile);
-            };
-            let TableFactor::Table { name, .. } = &from.relation else {
-                return mentions(statement, profile);
-            };
-            let parts = name_parts(name);
-            let table = profile.role_of(&parts)?;
-            let mut eqs = Vec::new();
-            if let Some(selection) = &delete.selection {
-                collect_equalities(selection, &mut eqs);
-            }
-            let shape = match eqs.as_slice() {
-                [(column, param)] if column == "thread_id" && table != TableRole::Migrations => {
-                    Ok(StatementKind::DeleteThread {
-                        table,
-                        thread_param: Some(*param),
-                    })
-                }
-                _ => unknown(
-                    format!("delete from {name}"),
-                    "deletes are by thread_id alone",
-                    ALL_LEGS,
-                ),
-            };
-            Some((shape, profile.fits_exactly(&parts)))
-        }
+        Statement::Delete(delete) => delete_shape(delete, profile),
+        Statement::Update(update) => update_shape(
+            &update.table,
+            &update.assignments,
+            update.selection.as_ref(),
+            profile,
+        ),
         Statement::CreateTable(_) | Statement::CreateIndex(_) | Statement::AlterTable(_) => {
             mentions(statement, profile).map(|(_, exact)| (Ok(StatementKind::Migration), exact))
         }
@@ -514,6 +521,10 @@ fn insert_shape(insert: &sqlparser::ast::Insert) -> Option<InsertShape> {
 }
 
 // The savers' statements, shared by the saver layer's tests.
+#[cfg(test)]
+pub(crate) mod housekeeping_sql;
+#[cfg(test)]
+mod housekeeping_tests;
 #[cfg(test)]
 pub(crate) mod other_savers_sql;
 #[cfg(test)]

@@ -63,6 +63,14 @@ impl WriteRecord {
                 _ => {}
             }
         }
+        // The shallow saver's checkpoint INSERT has no checkpoint_id
+        // column: the id is the document's.
+        if rec.checkpoint_id.is_none() {
+            rec.checkpoint_id = rec
+                .checkpoint
+                .as_deref()
+                .and_then(|doc| super::checkpoint_row::document_id(doc).ok());
+        }
         Ok(rec)
     }
 }

@@ -3,9 +3,11 @@
 //! of its `channel_values` and `pending_writes` arrays is laid out — read
 //! off the SQL and matched against the profile's declared layouts.
 
+use std::ops::ControlFlow;
+
 use sqlparser::ast::{
-    Expr, FunctionArg, FunctionArgExpr, FunctionArguments, LimitClause, OrderByKind, OrderBySort,
-    Query, Select, SelectItem, SetExpr, Value,
+    visit_expressions, BinaryOperator, Expr, FunctionArg, FunctionArgExpr, FunctionArguments,
+    LimitClause, OrderByKind, OrderBySort, Query, Select, SelectItem, SetExpr, Value,
 };
 
 use super::ast::{collect_equalities, column_name, output_name};
@@ -60,16 +62,19 @@ impl ReadShape {
 }
 
 /// The columns a checkpoint read must return to be decoded.
-const DECODED: [&str; 8] = [
+const DECODED: [&str; 6] = [
     "thread_id",
     "checkpoint",
     "checkpoint_ns",
-    "checkpoint_id",
-    "parent_checkpoint_id",
     "metadata",
     "channel_values",
     "pending_writes",
 ];
+
+/// The history saver's identity columns: returned by every checkpoint
+/// read but the shallow saver's (whose table keeps one checkpoint per
+/// namespace, its id inside the document, and no parent).
+const HISTORY_IDS: [&str; 2] = ["checkpoint_id", "parent_checkpoint_id"];
 
 /// The shape of a SELECT from the checkpoints table, or the mode it would
 /// have had and why its rows cannot be decoded.
@@ -95,17 +100,33 @@ pub(super) fn read_shape(
         }),
         OrderByKind::All(_) => false,
     });
-    let id_param = param("checkpoint_id");
-    let mode = if id_param.is_some() {
+    let output: Vec<String> = select.projection.iter().map(output_name).collect();
+    let at = |name: &str| output.iter().position(|c| c == name);
+    // The shallow read: each row is its namespace's only checkpoint, so a
+    // read of one namespace is a read of its head, and there is nothing
+    // superseded to fork from.
+    let shallow = HISTORY_IDS.iter().all(|c| at(c).is_none())
+        && at("pending_writes")
+            .and_then(|i| select.projection.get(i))
+            .is_some_and(joins_writes_by_document_id);
+    let id_param = param("checkpoint_id").filter(|_| !shallow);
+    let mode = if shallow {
+        if param("thread_id").is_some() && param("checkpoint_ns").is_some() {
+            ReadMode::Latest
+        } else {
+            ReadMode::List
+        }
+    } else if id_param.is_some() {
         ReadMode::ById
     } else if limit_one && ordered_desc {
         ReadMode::Latest
     } else {
         ReadMode::List
     };
-    let output: Vec<String> = select.projection.iter().map(output_name).collect();
-    let at = |name: &str| output.iter().position(|c| c == name);
-    if let Some(missing) = DECODED.iter().find(|c| at(c).is_none()) {
+    let mut required = DECODED
+        .iter()
+        .chain(HISTORY_IDS.iter().filter(|_| !shallow));
+    if let Some(missing) = required.find(|c| at(c).is_none()) {
         return Err((mode, format!("the read does not return {missing}")));
     }
     let elements = |column: &str| {
@@ -153,8 +174,8 @@ pub(super) fn read_shape(
             thread_id: col("thread_id"),
             checkpoint: col("checkpoint"),
             checkpoint_ns: col("checkpoint_ns"),
-            checkpoint_id: col("checkpoint_id"),
-            parent_checkpoint_id: col("parent_checkpoint_id"),
+            checkpoint_id: at("checkpoint_id"),
+            parent_checkpoint_id: at("parent_checkpoint_id"),
             metadata: col("metadata"),
             channel_values: col("channel_values"),
             pending_writes: col("pending_writes"),
@@ -256,4 +277,36 @@ fn element_of(expr: &Expr) -> Option<Element> {
         }
         other => Element::from_column(&column_name(other)?),
     }
+}
+
+/// Whether a `pending_writes` subquery picks its checkpoint's writes by the
+/// document's id (`cw.checkpoint_id = (checkpoint->>'id')`), as the
+/// shallow saver's read does: the mark of a table without a
+/// `checkpoint_id` column.
+fn joins_writes_by_document_id(item: &SelectItem) -> bool {
+    let is_document_id = |e: &Expr| {
+        let mut e = e;
+        while let Expr::Nested(inner) = e {
+            e = inner;
+        }
+        matches!(e, Expr::BinaryOp { left, op: BinaryOperator::LongArrow, right }
+            if column_name(left).as_deref() == Some("checkpoint")
+                && matches!(right.as_ref(), Expr::Value(v)
+                    if matches!(&v.value, Value::SingleQuotedString(s) if s == "id")))
+    };
+    let mut found = false;
+    let _ = visit_expressions(item, |e| {
+        if let Expr::BinaryOp {
+            left,
+            op: BinaryOperator::Eq,
+            right,
+        } = e
+        {
+            let id_column = |x: &Expr| column_name(x).as_deref() == Some("checkpoint_id");
+            found |= (id_column(left) && is_document_id(right))
+                || (id_column(right) && is_document_id(left));
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    found
 }

@@ -162,7 +162,13 @@ fn ordinary_traffic_is_other_without_parsing() {
 fn unknown_shapes_on_checkpoint_tables_are_unrecognized() {
     for sql in [
         "UPDATE checkpoints SET metadata = '{}'",
-        "SELECT count(*) FROM checkpoint_blobs",
+        "SELECT * FROM checkpoint_blobs",
+        "DELETE FROM checkpoints",
+        "DELETE FROM checkpoints WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = ANY($3)",
+        "UPDATE checkpoints SET parent_checkpoint_id = NULL WHERE thread_id = $1",
+        "WITH d AS (DELETE FROM checkpoint_writes WHERE thread_id = $1 RETURNING blob) SELECT blob FROM d",
+        "SELECT channel, blob FROM checkpoint_writes WHERE thread_id = $1 UNION SELECT channel, blob FROM checkpoint_blobs",
+        "SELECT c.checkpoint FROM checkpoints c JOIN checkpoint_writes w ON w.thread_id = c.thread_id",
         "select * from checkpoints; select 1",
         "SELEKT garbage FROM checkpoints",
         "TRUNCATE checkpoint_writes",
