@@ -155,7 +155,7 @@ impl Walk<'_> {
     fn select(&mut self, select: &Select, inside_exists: bool) {
         let mut reads_writes = false;
         for from in &select.from {
-            self.from_tables(from, inside_exists, &mut reads_writes);
+            self.joined_tables(from, inside_exists, &mut reads_writes);
         }
         if !inside_exists {
             if select.projection.iter().any(|item| {
@@ -192,7 +192,7 @@ impl Walk<'_> {
         });
     }
 
-    fn from_tables(&mut self, from: &TableWithJoins, inside_exists: bool, writes: &mut bool) {
+    fn joined_tables(&mut self, from: &TableWithJoins, inside_exists: bool, writes: &mut bool) {
         self.factor(&from.relation, inside_exists, writes);
         for join in &from.joins {
             self.factor(&join.relation, inside_exists, writes);
@@ -201,15 +201,15 @@ impl Walk<'_> {
 
     fn factor(&mut self, factor: &TableFactor, inside_exists: bool, writes: &mut bool) {
         match factor {
-            TableFactor::Table { name, .. } => {
-                if self.profile.role_of(&name_parts(name)) == Some(TableRole::Writes) {
-                    *writes = true;
-                }
+            TableFactor::Table { name, .. }
+                if self.profile.role_of(&name_parts(name)) == Some(TableRole::Writes) =>
+            {
+                *writes = true;
             }
             TableFactor::Derived { subquery, .. } => self.query(subquery, inside_exists),
             TableFactor::NestedJoin {
                 table_with_joins, ..
-            } => self.from_tables(table_with_joins, inside_exists, writes),
+            } => self.joined_tables(table_with_joins, inside_exists, writes),
             _ => {}
         }
     }
