@@ -465,19 +465,25 @@ fn shape_of(statement: &Statement, profile: &SaverProfile) -> Option<(Shape, boo
     }
 }
 
-/// Fallback for shapes the proxy does not model: a statement that names a
-/// table of the profile anywhere (subqueries, CTEs, joins) is unrecognized
-/// checkpoint traffic; a mention inside a string literal is not.
-fn mentions(statement: &Statement, profile: &SaverProfile) -> Option<(Shape, bool)> {
+/// Whether a statement (or part of one) names a table of the profile
+/// anywhere, and if so whether any name is written the profile's way.
+fn names_a_table_of<V: sqlparser::ast::Visit>(node: &V, profile: &SaverProfile) -> Option<bool> {
     let mut found: Option<bool> = None;
-    let _ = visit_relations(statement, |name| {
+    let _ = visit_relations(node, |name| {
         let parts = name_parts(name);
         if profile.role_of(&parts).is_some() {
             found = Some(found.unwrap_or(false) || profile.fits_exactly(&parts));
         }
         ControlFlow::<()>::Continue(())
     });
-    let exact = found?;
+    found
+}
+
+/// Fallback for shapes the proxy does not model: a statement that names a
+/// table of the profile anywhere (subqueries, CTEs, joins) is unrecognized
+/// checkpoint traffic; a mention inside a string literal is not.
+fn mentions(statement: &Statement, profile: &SaverProfile) -> Option<(Shape, bool)> {
+    let exact = names_a_table_of(statement, profile)?;
     let verb = statement
         .to_string()
         .split_whitespace()

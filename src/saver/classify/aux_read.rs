@@ -13,8 +13,8 @@ use std::collections::HashSet;
 use std::ops::ControlFlow;
 
 use sqlparser::ast::{
-    visit_expressions, visit_relations, Expr, InTarget, Query, Select, SelectItem, SetExpr,
-    Statement, TableFactor, TableWithJoins,
+    visit_expressions, Expr, InTarget, Query, Select, SelectItem, SetExpr, Statement, TableFactor,
+    TableWithJoins,
 };
 
 use super::ast::{collect_equalities, name_parts, output_name};
@@ -30,15 +30,7 @@ const CHECKPOINT_READ_OUTPUTS: [&str; 3] = ["checkpoint", "channel_values", "pen
 /// The shape of a query on the profile's tables that is not the checkpoint
 /// read, or `None` when it touches none of them.
 pub(super) fn aux_read_shape(query: &Query, profile: &SaverProfile) -> Option<(Shape, bool)> {
-    let mut found: Option<bool> = None;
-    let _ = visit_relations(query, |name| {
-        let parts = name_parts(name);
-        if profile.role_of(&parts).is_some() {
-            found = Some(found.unwrap_or(false) || profile.fits_exactly(&parts));
-        }
-        ControlFlow::<()>::Continue(())
-    });
-    let exact = found?;
+    let exact = super::names_a_table_of(query, profile)?;
     Some((classify(query, profile), exact))
 }
 
