@@ -16,6 +16,7 @@ use crate::saver::classify::Classifier;
 use crate::wire::guard::{
     ClientError, ClientStep, Guard, GuardFactory, ServerStep, SessionInfo, Ticket,
 };
+use crate::wire::hooks::Refusal;
 use crate::wire::response_queue::Desync;
 
 /// The enforcement every session shares, with rules that can be replaced.
@@ -63,6 +64,10 @@ impl GuardFactory for Arc<Reloadable> {
             source: Arc::clone(self),
             generation,
         })
+    }
+
+    fn refuse_startup(&self, params: &[(String, String)]) -> Option<Refusal> {
+        self.current().refuse_startup(params)
     }
 }
 
