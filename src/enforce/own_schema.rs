@@ -183,19 +183,18 @@ impl OwnSchema {
     /// (a parameter of its own or `-c` in `options`) must not name the
     /// schema.
     pub fn check_startup(&self, params: &[(String, String)]) -> Result<(), Breach> {
+        let names_it = |value: &str| {
+            split_identifiers(value, ',').is_none_or(|l| l.iter().any(|n| *n == self.name))
+        };
         for (key, value) in params {
-            let names_it = if key.eq_ignore_ascii_case("search_path") {
-                split_identifiers(value, ',').is_none_or(|l| l.iter().any(|n| *n == self.name))
-            } else if key == "options" {
-                // Options are argv-style (`-c name=value`, backslash
-                // escapes): any mention of both is refused.
-                let lower = value.to_ascii_lowercase();
-                lower.contains("search_path") && lower.contains(&self.name)
-            } else {
-                false
+            let settings = match key.as_str() {
+                "options" => option_settings(value),
+                _ => vec![(key.clone(), value.clone())],
             };
-            if names_it {
-                return Err(Breach::SearchPath);
+            for (name, value) in settings {
+                if name.eq_ignore_ascii_case("search_path") && names_it(&value) {
+                    return Err(Breach::SearchPath);
+                }
             }
         }
         Ok(())
@@ -422,6 +421,40 @@ impl OwnSchema {
             None => text.to_ascii_lowercase().contains(&self.name),
         }
     }
+}
+
+/// The settings of a StartupMessage's `options`, as the server reads them:
+/// words split at unescaped spaces (`\\` escapes the next character), then
+/// `-c name=value`, `-cname=value` or `--name=value` (dashes of the name
+/// read as `_`).
+fn option_settings(options: &str) -> Vec<(String, String)> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut chars = options.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => word.extend(chars.next()),
+            c if c.is_ascii_whitespace() => words.push(std::mem::take(&mut word)),
+            c => word.push(c),
+        }
+    }
+    words.push(word);
+    words.retain(|w| !w.is_empty());
+    let mut settings = Vec::new();
+    let mut words = words.into_iter();
+    while let Some(word) = words.next() {
+        let setting = if word == "-c" {
+            words.next()
+        } else if let Some(rest) = word.strip_prefix("--").or_else(|| word.strip_prefix("-c")) {
+            Some(rest.to_owned())
+        } else {
+            None
+        };
+        if let Some((name, value)) = setting.as_deref().and_then(|s| s.split_once('=')) {
+            settings.push((name.replace('-', "_"), value.to_owned()));
+        }
+    }
+    settings
 }
 
 /// Whether a statement only reads.

@@ -282,7 +282,29 @@ fn search_path_at_login_is_checked() {
         own.check_startup(&p("search_path", "public, RESUMEGUARD")),
         Err(Breach::SearchPath)
     );
+    assert_eq!(
+        own.check_startup(&p("options", "-csearch-path=resumeguard")),
+        Err(Breach::SearchPath)
+    );
+    assert_eq!(
+        own.check_startup(&p(
+            "options",
+            "-c work_mem=4MB -c search_path=a,\\ resumeguard"
+        )),
+        Err(Breach::SearchPath)
+    );
     assert_eq!(own.check_startup(&p("search_path", "public")), Ok(()));
+    assert_eq!(
+        own.check_startup(&p(
+            "options",
+            "-c search_path=public -c application_name=resumeguard"
+        )),
+        Ok(())
+    );
+    assert_eq!(
+        own.check_startup(&p("options", "-c search_path=\"RESUMEGUARD\"")),
+        Ok(())
+    );
     assert_eq!(own.check_startup(&p("options", "-c work_mem=64MB")), Ok(()));
     assert_eq!(
         own.check_startup(&p("application_name", "resumeguard")),
