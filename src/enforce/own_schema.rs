@@ -183,9 +183,8 @@ impl OwnSchema {
     /// (a parameter of its own or `-c` in `options`) must not name the
     /// schema.
     pub fn check_startup(&self, params: &[(String, String)]) -> Result<(), Breach> {
-        let names_it = |value: &str| {
-            split_identifiers(value, ',').is_none_or(|l| l.iter().any(|n| *n == self.name))
-        };
+        let names_it =
+            |value: &str| split_identifiers(value, ',').is_none_or(|l| l.contains(&self.name));
         for (key, value) in params {
             let settings = match key.as_str() {
                 "options" => option_settings(value),
@@ -346,7 +345,7 @@ impl OwnSchema {
         match value {
             Some(Lexeme::Name { name, .. }) => Ok(*name == self.name),
             Some(Lexeme::Text(values)) if values.is_empty() => Err(Breach::ComputedSetting),
-            Some(Lexeme::Text(values)) => Ok(values.iter().any(|v| *v == self.name)),
+            Some(Lexeme::Text(values)) => Ok(values.contains(&self.name)),
             _ => Err(Breach::ComputedSetting),
         }
     }
@@ -445,10 +444,10 @@ fn option_settings(options: &str) -> Vec<(String, String)> {
     while let Some(word) = words.next() {
         let setting = if word == "-c" {
             words.next()
-        } else if let Some(rest) = word.strip_prefix("--").or_else(|| word.strip_prefix("-c")) {
-            Some(rest.to_owned())
         } else {
-            None
+            word.strip_prefix("--")
+                .or_else(|| word.strip_prefix("-c"))
+                .map(str::to_owned)
         };
         if let Some((name, value)) = setting.as_deref().and_then(|s| s.split_once('=')) {
             settings.push((name.replace('-', "_"), value.to_owned()));
