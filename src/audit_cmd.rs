@@ -10,6 +10,7 @@ use clap::Args;
 
 use resumeguard::audit::{self, EventFilter, TrailSource};
 use resumeguard::claims::location::postgres_target;
+use resumeguard::log_text::escaped;
 use resumeguard::managed_pg::running_socket;
 
 use crate::load_config;
@@ -128,7 +129,10 @@ pub fn thread(
         eprintln!("audit trail: {}", source.describe());
         println!("{}", audit::render_json(&events));
     } else if events.is_empty() {
-        eprintln!("thread {thread}: no event matches --since/--until/--op");
+        eprintln!(
+            "thread {}: no event matches --since/--until/--op",
+            escaped(thread)
+        );
     } else {
         println!("audit trail: {}", source.describe());
         print!("{}", audit::render_timeline(&events));

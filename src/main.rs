@@ -11,8 +11,9 @@ use clap::{Args, Parser, Subcommand};
 
 use resumeguard::audit::EventFilter;
 use resumeguard::claims::location::{store_location, Backend};
-use resumeguard::claims::{render_claims, ClaimStore};
+use resumeguard::claims::{render_claims, ClaimRecord, ClaimStore};
 use resumeguard::config::Config;
+use resumeguard::log_text::escaped;
 use resumeguard::managed_pg::running_socket;
 use resumeguard::policy::ChannelRules;
 use resumeguard::saver::profile::profiles_for;
@@ -312,7 +313,8 @@ fn run() -> anyhow::Result<()> {
         Command::Claims {
             command: ClaimsCommand::List { thread, store },
         } => {
-            print!("{}", render_claims(&store.open()?.list(thread.as_deref())?));
+            let claims = store.open()?.list(thread.as_deref())?;
+            print!("{}", render_claims(&printable_claims(claims)));
             Ok(())
         }
         Command::Claims {
@@ -354,6 +356,30 @@ fn run() -> anyhow::Result<()> {
             audit_cmd::thread(&source, &thread, &filter, json)
         }
     }
+}
+
+/// Claims as `claims list` prints them: every text a client gave (thread
+/// and checkpoint ids, application name, evidence) or the store's table
+/// holds escaped, so none starts a line or reaches the terminal as an
+/// escape sequence.
+fn printable_claims(claims: Vec<ClaimRecord>) -> Vec<ClaimRecord> {
+    let text = |s: &mut String| *s = escaped(s).to_string();
+    claims
+        .into_iter()
+        .map(|mut c| {
+            text(&mut c.key.at.thread_id);
+            text(&mut c.key.at.checkpoint_ns);
+            text(&mut c.key.at.checkpoint_id);
+            text(&mut c.key.fingerprint);
+            text(&mut c.holder.proxy_id);
+            text(&mut c.holder.client_addr);
+            text(&mut c.holder.application_name);
+            if let Some(e) = c.evidence.as_mut() {
+                text(e);
+            }
+            c
+        })
+        .collect()
 }
 
 /// Loads profiles and channel rules from `dir`, or names the built-in

@@ -13,9 +13,11 @@ use resumeguard::admin::{self, AdminState};
 use resumeguard::audit::{AuditSink, TrailSource};
 use resumeguard::claims::evidence;
 use resumeguard::claims::location::{postgres_target, store_location, LocationError};
+use resumeguard::claims::postgres::{schema_name, DEFAULT_SCHEMA};
 use resumeguard::claims::{ClaimStore, StoreLocation};
 use resumeguard::config::{upstream_addr, Config};
 use resumeguard::enforce::claim_gate::ClaimsLeg;
+use resumeguard::enforce::own_schema::OwnSchema;
 use resumeguard::enforce::reload::Reloadable;
 use resumeguard::enforce::{Enforcement, Legs};
 use resumeguard::policy::ChannelRules;
@@ -81,6 +83,7 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
     };
     let managed_socket = managed.as_ref().map(|m| m.socket());
     let claims_at = store_location(&cfg, managed_socket.as_ref());
+    warn_if_clients_share_the_store_role(&cfg, claims_at.as_ref().ok());
     if cfg.audit.postgres {
         connect_audit(&cfg, &audit, managed_socket.as_ref());
     }
@@ -89,7 +92,11 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
     let validity = rules.validity;
     let ready = upstream
         .map_err(anyhow::Error::from)
-        .and_then(|u| Ok((u, legs(&cfg, &audit, validity, claims_at.as_ref())?)));
+        .and_then(|u| Ok((u, legs(&cfg, &audit, validity, claims_at.as_ref())?)))
+        .map(|(u, mut legs)| {
+            legs.own_schema = Arc::new(own_schema(&cfg, managed_socket.as_ref()));
+            (u, legs)
+        });
     // With consume-once off, the admin API opens the store per request, if
     // one is configured.
     let claims_at = claims_at.map_err(|e| resumeguard::error_chain::chain(&e).to_string());
@@ -204,6 +211,44 @@ fn audit_trail(cfg: &Config, managed: Option<&UpstreamAddr>) -> Option<TrailSour
     cfg.audit.sqlite.clone().map(TrailSource::Sqlite)
 }
 
+/// The schema the proxy keeps its claims and audit table in, which client
+/// statements may only read (see `enforce::own_schema`).
+fn own_schema(cfg: &Config, managed: Option<&UpstreamAddr>) -> OwnSchema {
+    let name = postgres_target(cfg, managed)
+        .map(|target| schema_name(&target).to_owned())
+        .unwrap_or_else(|_| DEFAULT_SCHEMA.to_owned());
+    OwnSchema::new(&name)
+}
+
+/// Whether the proxy keeps claims (consume-once on the PostgreSQL backend)
+/// or its audit table in the database it fronts under the role derived
+/// from the upstream, no `[claims] dsn`: the role the application logs in
+/// as, in the usual setup, which can change them at the database directly.
+fn store_shares_the_clients_role(cfg: &Config, postgres_claims: bool) -> bool {
+    cfg.claims.dsn.is_none()
+        && ((cfg.enforce.consume_once && postgres_claims) || cfg.audit.postgres)
+}
+
+/// Says once, at start, that claims and audit rows are as safe as the
+/// role they live under when that role is the clients' own.
+fn warn_if_clients_share_the_store_role(cfg: &Config, at: Option<&StoreLocation>) {
+    let postgres_claims = matches!(at, Some(StoreLocation::Postgres(_)));
+    if !store_shares_the_clients_role(cfg, postgres_claims) {
+        return;
+    }
+    let at = match at {
+        Some(at @ StoreLocation::Postgres(_)) => at.shown(),
+        _ => "the upstream".to_owned(),
+    };
+    tracing::warn!(
+        at = %at,
+        "claims and audit rows are kept in the database the proxy fronts under the role \
+         derived from the upstream, which clients may log in as and use to change them \
+         directly, around the proxy (statements through the proxy are refused): give \
+         [claims] dsn a role the application cannot log in as (README, Consume-once)"
+    );
+}
+
 /// A listening socket for tokio, bound now.
 fn bind(addr: &str) -> anyhow::Result<std::net::TcpListener> {
     let l = std::net::TcpListener::bind(addr)?;
@@ -255,12 +300,26 @@ fn legs(
         fork_filter: cfg.enforce.fork_filter,
         validity,
         claims,
+        ..Legs::default()
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_store_without_its_own_dsn_shares_the_clients_role() {
+        let cfg = |text: &str| -> Config { toml::from_str(text).unwrap() };
+        assert!(store_shares_the_clients_role(&cfg(""), true));
+        assert!(!store_shares_the_clients_role(&cfg(""), false));
+        let dsn = "[claims]\ndsn = 'postgres://resumeguard@db/app'";
+        assert!(!store_shares_the_clients_role(&cfg(dsn), true));
+        let off = "[enforce]\nconsume_once = false";
+        assert!(!store_shares_the_clients_role(&cfg(off), true));
+        let audit = "[enforce]\nconsume_once = false\n[audit]\npostgres = true";
+        assert!(store_shares_the_clients_role(&cfg(audit), false));
+    }
 
     #[test]
     fn a_taken_listen_address_fails_before_anything_starts() {

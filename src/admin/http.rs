@@ -22,6 +22,7 @@ use super::views::{ClaimView, SessionView};
 use super::AdminState;
 use crate::claims::{now_ms, ClaimStore, StoreError};
 use crate::error_chain::chain;
+use crate::log_text::shown;
 
 /// Longest connect `/readyz` tries to the upstream.
 const READY_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -169,7 +170,7 @@ async fn release(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> Re
             .await;
     match released {
         Ok(n) => {
-            tracing::info!(%thread, released = n, "claims released through the admin API");
+            tracing::info!(thread = %shown(&thread), released = n, "claims released through the admin API");
             Json(json!({"released": n})).into_response()
         }
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e),

@@ -112,6 +112,11 @@ pub fn describe() {
          unclaimed, holder, pool, fenced, failed"
     );
     describe_counter!(
+        "resumeguard_own_schema_refused_total",
+        "Client statements refused (42501) because they would change, lock or call into the \
+         proxy's own schema, or put it on search_path"
+    );
+    describe_counter!(
         "resumeguard_upstream_errors_total",
         "Upstream failures: connect (no connection, or it failed during startup), lost (the \
          server ended a started session the client had not closed)"

@@ -11,6 +11,7 @@ use super::before::parse_instant;
 use super::error::{AuditError, FilterError};
 use super::event::{format_rfc3339_millis, AuditEvent, Operation};
 use super::sqlite_store::open_read_only;
+use crate::log_text::escaped;
 
 /// Which events to keep: a time window (inclusive, RFC 3339 strings as
 /// the trail stores them) and a set of operations (empty: all).
@@ -124,10 +125,12 @@ pub fn threads(path: &Path, filter: &EventFilter) -> Result<Vec<ThreadSummary>, 
 pub fn render_threads(threads: &[ThreadSummary]) -> String {
     let mut out = String::new();
     for t in threads {
-        out.push_str(&format!(
-            "{}  {:>6}  {}  (last: {}; first {})\n",
+        // Escaped whole: the thread id is a client's (see `timeline`).
+        let line = format!(
+            "{}  {:>6}  {}  (last: {}; first {})",
             t.last, t.events, t.thread_id, t.last_operation, t.first
-        ));
+        );
+        out.push_str(&format!("{}\n", escaped(&line)));
     }
     out
 }
@@ -216,6 +219,16 @@ mod tests {
         let text = render_threads(&all);
         assert!(
             text.starts_with("2026-11-30T11:00:00.000Z       2  a  (last: resume_recorded"),
+            "{text}"
+        );
+        let forged = ThreadSummary {
+            thread_id: "x\n2026-11-30T12:00:00.000Z       9  forged\x1b[0m".into(),
+            ..all[0].clone()
+        };
+        let text = render_threads(&[forged]);
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(
+            text.contains("x\\n2026-11-30T12:00:00.000Z       9  forged\\u{1b}[0m"),
             "{text}"
         );
         let early = EventFilter::parse(None, Some("2026-11-30T10:30:00Z"), &[], now()).unwrap();

@@ -3,11 +3,15 @@
 //! The audience is someone asking "what happened to this run?", so each line
 //! ends with a plain phrase (parked, answered, claimed, ...) and long ids are
 //! shortened to the part that differs between neighbouring checkpoints.
+//! Every line is escaped whole (`log_text::escaped`): its ids, names and
+//! reasons are the clients' (or whoever wrote the trail's table), and none
+//! of them may start a line of its own or reach the terminal as an escape.
 
 use std::fmt::Write;
 
 use super::approver;
 use super::event::{AuditEvent, Operation};
+use crate::log_text::escaped;
 
 /// Width of the operation column: the longest operation name.
 const OP_WIDTH: usize = 16;
@@ -35,14 +39,14 @@ pub fn render_timeline(events: &[AuditEvent]) -> String {
             [_, _, ..] => format!(", replicas {}", replicas.join(", ")),
             _ => String::new(),
         };
-        let _ = match thread {
-            Some(t) => writeln!(out, "thread {t} ({} event{plural}{from})", list.len()),
-            None => writeln!(out, "(no thread) ({} event{plural}{from})", list.len()),
+        let header = match thread {
+            Some(t) => format!("thread {t} ({} event{plural}{from})", list.len()),
+            None => format!("(no thread) ({} event{plural}{from})", list.len()),
         };
+        let _ = writeln!(out, "{}", escaped(&header));
         for ev in list {
-            out.push_str("  ");
-            out.push_str(&render_line(ev, replicas.len() > 1));
-            out.push('\n');
+            let line = render_line(ev, replicas.len() > 1);
+            let _ = writeln!(out, "  {}", escaped(&line));
         }
     }
     out
@@ -409,6 +413,32 @@ mod tests {
         );
         let claimed = two.lines().find(|l| l.contains("resume claimed")).unwrap();
         assert!(claimed.contains("proxy=proxy-a"), "{claimed}");
+    }
+
+    #[test]
+    fn client_text_cannot_forge_lines_or_reach_the_terminal() {
+        let forged = "t\n2026-05-01T12:00:00.000Z  resume_recorded  — answer recorded\x1b]0;x\x07";
+        let mut ctx = ctx(4);
+        ctx.user = "u\n[forged]\u{202e}".into();
+        ctx.application_name = "\x1b[2Japp\r".into();
+        let mut e = AuditEvent::new(&ctx, Operation::ClaimRefused).with_thread(forged);
+        e.time = "2024-05-01T12:00:00.000Z\n".into();
+        e.checkpoint_id = Some("c\u{85}".into());
+        e.detail = serde_json::json!({"reason": "bad\nvalue"});
+        let text = render_timeline(&[e]);
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(
+            text.chars().all(|c| c == '\n' || !c.is_control()) && !text.contains('\u{202e}'),
+            "{text:?}"
+        );
+        assert!(
+            text.starts_with("thread t\\n2026-05-01T12:00:00.000Z"),
+            "{text}"
+        );
+        assert!(text.contains("answer recorded\\u{1b}]0;x\\u{7}"), "{text}");
+        assert!(text.contains("u\\n[forged]\\u{202e}@"), "{text}");
+        assert!(text.contains("app=\\u{1b}[2Japp\\r"), "{text}");
+        assert!(text.contains(": bad\\nvalue"), "{text}");
     }
 
     #[test]

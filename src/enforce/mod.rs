@@ -13,12 +13,14 @@
 //! - `history`: the delta-channel history read never returns the writes
 //!   the legs guard.
 //! - `reload`: the rule set a running proxy replaces (SIGHUP).
+//! - `own_schema`: client statements may only read the proxy's schema.
 
 pub mod claim_gate;
 mod events;
 mod evidence;
 mod fencing;
 mod history;
+pub mod own_schema;
 pub mod reload;
 pub mod session;
 pub mod validity;
@@ -35,9 +37,11 @@ use crate::saver::classify::Classifier;
 use crate::wire::guard::{
     ClientError, ClientStep, Guard, GuardFactory, ServerStep, SessionInfo, Ticket,
 };
+use crate::wire::hooks::Refusal;
 use crate::wire::response_queue::Desync;
 use crate::wire::tracker::Tracker;
 use claim_gate::{ClaimTicket, ClaimsLeg};
+use own_schema::OwnSchema;
 use session::SessionEnforcer;
 
 /// Which enforcement legs run. Off, the proxy is a transparent relay that
@@ -51,6 +55,9 @@ pub struct Legs {
     pub validity: Arc<ChannelRules>,
     /// Consume-once claims on reads of parked heads (`None`: off).
     pub claims: Option<Arc<ClaimsLeg>>,
+    /// The proxy's own schema, which client statements may only read
+    /// (whatever the other legs say).
+    pub own_schema: Arc<OwnSchema>,
 }
 
 impl Default for Legs {
@@ -59,6 +66,7 @@ impl Default for Legs {
             fork_filter: true,
             validity: Arc::new(ChannelRules::default()),
             claims: None,
+            own_schema: Arc::new(OwnSchema::new(crate::claims::postgres::DEFAULT_SCHEMA)),
         }
     }
 }
@@ -111,6 +119,12 @@ impl Enforcement {
 impl GuardFactory for Arc<Enforcement> {
     fn guard(&self, info: SessionInfo) -> Box<dyn Guard> {
         Box::new(self.session_for(info))
+    }
+
+    fn refuse_startup(&self, params: &[(String, String)]) -> Option<Refusal> {
+        let own = &self.legs.own_schema;
+        let breach = own.check_startup(params).err()?;
+        Some(own.refusal(&breach))
     }
 }
 

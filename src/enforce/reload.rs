@@ -16,6 +16,7 @@ use crate::saver::classify::Classifier;
 use crate::wire::guard::{
     ClientError, ClientStep, Guard, GuardFactory, ServerStep, SessionInfo, Ticket,
 };
+use crate::wire::hooks::Refusal;
 use crate::wire::response_queue::Desync;
 
 /// The enforcement every session shares, with rules that can be replaced.
@@ -63,6 +64,10 @@ impl GuardFactory for Arc<Reloadable> {
             source: Arc::clone(self),
             generation,
         })
+    }
+
+    fn refuse_startup(&self, params: &[(String, String)]) -> Option<Refusal> {
+        self.current().refuse_startup(params)
     }
 }
 
@@ -141,9 +146,14 @@ mod tests {
         Arc::new(Classifier::new(vec![SaverProfile::langgraph_python()]))
     }
 
-    /// One rule: `items` is a list of strings.
+    /// One rule: `items` is a list of strings. Each call writes a
+    /// directory of its own: tests running at once must not load a
+    /// directory another one has just removed (an empty rule set).
     fn items_rules() -> Arc<ChannelRules> {
-        let dir = std::env::temp_dir().join(format!("rg-reload-rules-{}", std::process::id()));
+        static CALLS: AtomicU64 = AtomicU64::new(0);
+        let call = CALLS.fetch_add(1, Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("rg-reload-rules-{}-{call}", std::process::id()));
         std::fs::create_dir_all(dir.join("channels")).unwrap();
         std::fs::write(
             dir.join("channels/items.toml"),

@@ -216,6 +216,20 @@ impl Hooks for SessionEnforcer {
     type Portal = Binding;
     type Watch = Watch;
 
+    fn admit(&mut self, sql: &str) -> Result<(), Refusal> {
+        let own = &self.shared.legs.own_schema;
+        own.check(sql).map_err(|breach| {
+            tracing::warn!(
+                schema = own.name(),
+                sql = %shown(sql.trim()),
+                "statement on the proxy's schema refused: {}",
+                shown(&breach.to_string())
+            );
+            metrics::counter!("resumeguard_own_schema_refused_total").increment(1);
+            own.refusal(&breach)
+        })
+    }
+
     fn parse(&mut self, sql: &str) -> (Prepared, Option<String>) {
         let class = self.shared.classifier.classify(sql);
         let replacement = match (&class.fork_sql, self.shared.legs.fork_filter) {

@@ -112,4 +112,10 @@ pub struct SessionInfo {
 /// Makes one guard per session.
 pub trait GuardFactory: Send + Sync {
     fn guard(&self, info: SessionInfo) -> Box<dyn Guard>;
+
+    /// Why a session with these StartupMessage parameters may not start
+    /// (told FATAL, before the upstream is reached), if it may not.
+    fn refuse_startup(&self, _params: &[(String, String)]) -> Option<super::hooks::Refusal> {
+        None
+    }
 }

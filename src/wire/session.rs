@@ -85,6 +85,18 @@ pub fn serve_client(proxy: Arc<Proxy>, client: TcpStream, peer: SocketAddr, insp
             client.close_notify();
         }
         FirstPacket::Startup(startup) => {
+            if let Some(refusal) = proxy.guards.refuse_startup(&startup.params) {
+                tracing::warn!(%peer, error = %refusal.message, detail = %refusal.detail, "refused connection start");
+                let err = error_response(
+                    Severity::Fatal,
+                    refusal.sqlstate,
+                    &format!("{}: {}", refusal.message, refusal.detail),
+                    None,
+                );
+                let _ = (&client).write_all(&err);
+                client.close_notify();
+                return;
+            }
             let start = Start {
                 startup,
                 early,

@@ -152,6 +152,14 @@ impl<H: Hooks> Tracker<H> {
                 sql,
                 param_types,
             } => {
+                // Not UTF-8 (another client encoding): the ASCII of SQL
+                // syntax is read all the same.
+                if let Err(refusal) = self.hooks.admit(&String::from_utf8_lossy(sql)) {
+                    // Refused at the Parse: the server raises the error in
+                    // its place and skips to Sync; the statement never
+                    // exists.
+                    return Ok(ClientStep::Replace(self.inject_refusal(&refusal)));
+                }
                 let (statement, replacement) = self.prepare_text(sql);
                 let step = match replacement {
                     Some(new_sql) => ClientStep::Replace(parse_frame(name, &new_sql, param_types)),
@@ -367,8 +375,12 @@ impl<H: Hooks> Tracker<H> {
     fn query(&mut self, sql: &[u8]) -> ClientStep {
         let text = std::str::from_utf8(sql).unwrap_or_default();
         let mut commands = Vec::new();
-        let mut refusal = None;
-        match scan(text) {
+        let mut refusal = self.hooks.admit(&String::from_utf8_lossy(sql)).err();
+        let scanned = match refusal {
+            Some(_) => Ok(Vec::new()),
+            None => scan(text),
+        };
+        match scanned {
             Ok(found) => {
                 let mut defined: Vec<(String, Option<H::Statement>)> = Vec::new();
                 for command in found {
@@ -423,7 +435,8 @@ impl<H: Hooks> Tracker<H> {
         step
     }
 
-    /// The bytes that make the server raise `refusal` in place of a Bind,
+    /// The bytes that make the server raise `refusal` in place of a Bind
+    /// (or a Parse),
     /// with the answers to the injected Parse and Bind swallowed.
     fn inject_refusal(&mut self, refusal: &Refusal) -> Vec<u8> {
         let define = Change::Define {

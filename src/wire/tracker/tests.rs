@@ -16,6 +16,12 @@ impl Hooks for Marks {
     type Portal = ();
     type Watch = ();
 
+    fn admit(&mut self, sql: &str) -> Result<(), Refusal> {
+        match sql.contains("forbidden") {
+            true => Err(refusal("text")),
+            false => Ok(()),
+        }
+    }
     fn parse(&mut self, sql: &str) -> (bool, Option<String>) {
         (sql.contains("guarded"), None)
     }
@@ -320,4 +326,59 @@ fn a_malformed_message_the_server_answers_ends_the_session() {
     assert!(t.on_client(&msg(b'D', b"Xname\0")).is_err());
     // Messages nobody answers pass as they are.
     assert_eq!(t.on_client(&msg(b'H', b"")).unwrap(), ClientStep::Forward);
+}
+
+#[test]
+fn a_text_the_hooks_refuse_fails_at_its_parse_and_is_never_defined() {
+    use super::super::response_queue::Route;
+    let mut t = tracker();
+    let steps = client(&mut t, &[parse("s1", "delete forbidden"), sync()]);
+    let ClientStep::Replace(bytes) = &steps[0] else {
+        panic!("{:?}", steps[0]);
+    };
+    // The server gets a raising Parse/Bind/Execute in place of the Parse.
+    let raised = crate::wire::reject::readable(bytes);
+    assert!(
+        raised.contains("refused text") && !raised.contains("forbidden"),
+        "{raised}"
+    );
+    assert_eq!(steps[1], ClientStep::Forward);
+    // Its ParseComplete and BindComplete are the proxy's; the client hears
+    // the error where its ParseComplete would be, then ReadyForQuery.
+    let routes: Vec<Route> = [msg(b'1', b""), msg(b'2', b""), error(), ready(b'I')]
+        .iter()
+        .map(|f| t.on_server(f).unwrap().route)
+        .collect();
+    assert_eq!(
+        routes,
+        [
+            Route::Swallow,
+            Route::Swallow,
+            Route::Forward,
+            Route::Forward
+        ]
+    );
+    // s1 never existed: its Bind is refused as never prepared.
+    assert!(matches!(bind_sees(&mut t, "s1"), ClientStep::Replace(_)));
+    assert!(t.hooks.binds.is_empty());
+}
+
+#[test]
+fn a_query_text_the_hooks_refuse_never_reaches_the_server() {
+    let mut t = tracker();
+    let step = t
+        .on_client(&query("delete forbidden; prepare p as select 1"))
+        .unwrap();
+    let ClientStep::Replace(bytes) = step else {
+        panic!("{step:?}");
+    };
+    assert_eq!(bytes[0], b'Q');
+    let sql = String::from_utf8_lossy(&bytes);
+    assert!(
+        !sql.contains("forbidden") && sql.contains("RAISE EXCEPTION"),
+        "{sql}"
+    );
+    server(&mut t, &[error(), ready(b'I')]);
+    // Nothing of the text was applied: p is not defined.
+    assert!(matches!(bind_sees(&mut t, "p"), ClientStep::Replace(_)));
 }
