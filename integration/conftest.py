@@ -186,8 +186,15 @@ class Proxy:
     READY_TIMEOUT = 30.0
 
     def __init__(self, upstream_port: int, workdir: Path, name: str = "proxy",
-                 extra_args: tuple[str, ...] = ()):
+                 extra_args: tuple[str, ...] = (), upstream: str | None = None,
+                 env: dict[str, str] | None = None, wrapper: tuple[str, ...] = ()):
         self.upstream_port = upstream_port
+        # The upstream as given to --upstream (default host:port: the claims
+        # schema then lives in the upstream user's database, "postgres").
+        self.upstream = upstream or f"{HOST}:{upstream_port}"
+        self.env = dict(env or {})
+        # A command the proxy runs under (e.g. faketime).
+        self.wrapper = tuple(wrapper)
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.name = name
@@ -202,8 +209,8 @@ class Proxy:
 
     @property
     def argv(self) -> list[str]:
-        return [str(proxy_binary()), "serve", "--listen", f"{HOST}:{self.port}",
-                "--upstream", f"{HOST}:{self.upstream_port}", "--audit-db", str(self.audit_db),
+        return [*self.wrapper, str(proxy_binary()), "serve", "--listen", f"{HOST}:{self.port}",
+                "--upstream", self.upstream, "--audit-db", str(self.audit_db),
                 "--audit-jsonl", str(self.audit_jsonl), *self.extra_args]
 
     def start(self) -> "Proxy":
@@ -212,6 +219,7 @@ class Proxy:
             pytest.fail(f"proxy binary {binary} does not exist (run `cargo build --release`)")
         self._stderr = open(self.stderr_path, "wb")
         env = dict(os.environ)
+        env.update(self.env)
         env.setdefault("RUST_LOG", "info")
         env.setdefault("RUST_BACKTRACE", "1")
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -339,8 +347,9 @@ def proxy_factory(pg, workdir, request):
     mod = re.sub(r"\W+", "_", request.module.__name__.rsplit(".", 1)[-1])
     started: list[Proxy] = []
 
-    def start(*extra_args: str, name: str | None = None) -> Proxy:
-        p = Proxy(pg.port, workdir, name or f"proxy-{mod}-{len(started) + 1}", extra_args).start()
+    def start(*extra_args: str, name: str | None = None, **kw) -> Proxy:
+        p = Proxy(pg.port, workdir, name or f"proxy-{mod}-{len(started) + 1}", extra_args,
+                  **kw).start()
         started.append(p)
         return p
 

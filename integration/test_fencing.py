@@ -14,6 +14,13 @@ the stock defect shows.
   lands.
 - A psycopg pool: an unmarked get_state on one pooled connection claims, the resume
   reads and writes on others; none of the pool's writes is fenced.
+
+Each scenario runs with fencing in both places (the module's fixture is
+parametrized): ``lookup``, where the claims schema is in another database than the
+sessions' (the proxies' upstream names no database, so it lives in ``postgres``)
+and the proxy asks the store at each write's Bind; and ``in_transaction``, where
+the upstream names the sessions' database, the schema lives beside the checkpoints
+and the server checks each write inside its own transaction.
 """
 
 from __future__ import annotations
@@ -36,10 +43,14 @@ SLOW_GATE_MS = LAPSE_MS + 3000
 FENCED = "RGF01"
 
 
-@pytest.fixture(scope="module")
-def fx(proxy_factory, direct_dsn, workdir) -> Env:
+@pytest.fixture(scope="module", params=["lookup", "in_transaction"])
+def fx(proxy_factory, direct_dsn, workdir, pg, request) -> Env:
     # The default claims backend (the PostgreSQL the proxies front), and a state
     # directory per proxy: the two share nothing but the database.
+    place = request.param
+    dbname = direct_dsn.rsplit("/", 1)[1].split("?")[0]
+    upstream = (f"postgres://postgres@{HOST}:{pg.port}/{dbname}"
+                if place == "in_transaction" else None)
     cfg = workdir / "fx.toml"
     cfg.write_text(f'[enforce]\nconsume_once = true\n\n[claims]\n'
                    f'lapse_ms = {LAPSE_MS}\npolicy = "wait"\nholder_gone_grace_ms = 1000\n')
@@ -47,15 +58,17 @@ def fx(proxy_factory, direct_dsn, workdir) -> Env:
     store = state / "unused"
     admin = free_port()
     a = proxy_factory("--config", str(cfg), "--proxy-id", "fx-A", "--admin-listen",
-                      f"{HOST}:{admin}", "--state-dir", str(state / "a"), name="fx-A")
+                      f"{HOST}:{admin}", "--state-dir", str(state / "a"),
+                      name=f"fx-A-{place}", upstream=upstream)
     b = proxy_factory("--config", str(cfg), "--proxy-id", "fx-B", "--state-dir",
-                      str(state / "b"), name="fx-B")
+                      str(state / "b"), name=f"fx-B-{place}", upstream=upstream)
     R.CTX["ledger_dsn"] = direct_dsn
     R.CTX["ledger"] = None
     R.main(["setup", "--dsn", direct_dsn])
     env = Env(direct_dsn, a, b, a, 0, store, workdir)
     env.proxy_ids = {a.port: "fx-A", b.port: "fx-B"}
     env.admin = f"http://{HOST}:{admin}"
+    env.place = place
     return env
 
 
@@ -229,6 +242,11 @@ def fence_lookups(env: Env) -> dict[str, float]:
     return metric(env, "resumeguard_fence_lookups_total", "outcome")
 
 
+def fence_checks(env: Env) -> dict[str, float]:
+    """fx-A's resumeguard_fence_checks_total (no store lookup), by where."""
+    return metric(env, "resumeguard_fence_checks_total", "where")
+
+
 def store_calls(env: Env) -> dict[str, float]:
     """How many claim store calls fx-A timed, by op."""
     return metric(env, "resumeguard_claims_store_seconds_count", "op")
@@ -242,6 +260,7 @@ def test_a_pool_resume_is_not_fenced_by_its_own_connections(fx):
     and the proxy's fence lookups accepted pooled writers (outcome "pool")."""
     outcome = {}
     before = fence_lookups(fx)
+    checks_before = fence_checks(fx)
     timed_before = store_calls(fx)
     for via in ("direct", "A"):
         dsn = fx.direct if via == "direct" else fx.dsn("A")
@@ -260,11 +279,76 @@ def test_a_pool_resume_is_not_fenced_by_its_own_connections(fx):
     assert not ops(evs, "write_fenced"), ops(evs, "write_fenced")
     after = fence_lookups(fx)
     grew = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-    print(f"fence lookups during the pooled run: {grew}")
-    assert grew.get("pool", 0) >= 1, grew
+    checks = fence_checks(fx)
+    checked = {k: checks.get(k, 0) - checks_before.get(k, 0) for k in checks}
+    print(f"fence lookups during the pooled run: {grew}; without a lookup: {checked}")
+    if fx.place == "lookup":
+        assert grew.get("pool", 0) >= 1, grew
+    else:
+        # Every write continuing the parked checkpoint was checked by the server,
+        # in its own transaction: no lookup at all.
+        assert checked.get("in_transaction", 0) >= 1, checked
+        assert sum(grew.values()) == 0, grew
     assert grew.get("fenced", 0) == 0, grew
     # Every lookup, and the parked reads' claims, are timed.
     timed = store_calls(fx)
     timed_grew = {k: timed.get(k, 0) - timed_before.get(k, 0) for k in timed}
     assert timed_grew.get("fence_lookup", 0) == sum(grew.values()), (timed_grew, grew)
     assert timed_grew.get("claim", 0) >= 2, timed_grew
+
+
+def test_a_takeover_waits_for_the_holders_commit(fx):
+    """The holder (fx-A) reads the parked head (its claim) and writes the gated
+    task's result inside an explicit transaction that it keeps open 2.5 s, longer
+    than the 2 s commit cover a lookup gives and longer than lapse_ms. A resume
+    through fx-B reads the parked head meanwhile. Stock: the resume runs the gated
+    node beside the holder's answer (two answers). With fencing in the write's
+    transaction: the server checked the write inside the holder's transaction and
+    kept the claim there (its row locked until the commit, its lapse moved past
+    it), so the resume's decision waits until the holder's commit, then finds the
+    interrupt answered and is refused (55000); its node never runs, nothing is
+    forked."""
+    if fx.place != "in_transaction":
+        pytest.skip("a lookup covers a holder's open transaction for 2 s only "
+                    "(README, known limits)")
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from psycopg.rows import dict_row
+
+    outcome = {}
+    for via in ("direct", "proxies"):
+        dsn_a, dsn_b = (fx.direct, fx.direct) if via == "direct" else (fx.dsn("A"), fx.dsn("B"))
+        thread = tid(f"commit-{via}")
+        iid = park(dsn_a, thread)[0]["id"]
+        parked = head_id(fx, thread)
+        taker = one_resumer(fx, dsn_b, thread, f"t{via[0]}-", interrupt_id=iid)
+        try:
+            taker.ready(0)
+            with psycopg.connect(dsn_a + "&application_name=holder", autocommit=True,
+                                 prepare_threshold=0, row_factory=dict_row) as conn:
+                saver = PostgresSaver(conn)
+                tup = saver.get_tuple({"configurable": {"thread_id": thread,
+                                                        "checkpoint_ns": ""}})
+                task_id = next(w[0] for w in tup.pending_writes if w[1] == "__interrupt__")
+                with conn.transaction():
+                    saver.put_writes(tup.config, [("approved", "holder")], task_id)
+                    taker.go(0)
+                    time.sleep(2.5)
+                t_commit = time.time()
+            r = taker.results(0, timeout=60)[0]
+            taker.finish()
+        finally:
+            taker.kill()
+        fires = [row[0] for row in ledger(fx, thread)]
+        print(f"{via}: the taker ok={r['ok']} error={r['error']} "
+              f"{r['t_end'] - t_commit:+.2f} s after the holder's commit; fires {fires}")
+        if via == "direct":
+            assert r["ok"], r
+            assert fires == [taker.ids[0]], fires
+        else:
+            assert not r["ok"], r
+            assert r["error"]["sqlstate"] == "55000", r["error"]
+            assert r["t_end"] >= t_commit, "the taker's answer came before the commit"
+            assert fires == [], fires
+            assert children(fx, thread, parked) == [], "nothing continued the parked head"
+        outcome[via] = len(fires)
+    assert outcome == {"direct": 1, "proxies": 0}

@@ -16,10 +16,11 @@ use resumeguard::claims::location::{postgres_target, store_location, LocationErr
 use resumeguard::claims::postgres::{schema_name, DEFAULT_SCHEMA};
 use resumeguard::claims::{ClaimStore, StoreLocation};
 use resumeguard::config::{upstream_addr, Config};
-use resumeguard::enforce::claim_gate::ClaimsLeg;
+use resumeguard::enforce::claim_gate::{ClaimsLeg, InTransactionFence};
 use resumeguard::enforce::own_schema::OwnSchema;
 use resumeguard::enforce::reload::Reloadable;
 use resumeguard::enforce::{Enforcement, Legs};
+use resumeguard::policy::claims::COMMIT_COVER_MS;
 use resumeguard::policy::ChannelRules;
 use resumeguard::wire::upstream::UpstreamAddr;
 use resumeguard::wire::{listener, proxy::Proxy};
@@ -283,7 +284,19 @@ fn legs(
                 c.timing,
                 audit.clone(),
             );
+            let cover_ms = COMMIT_COVER_MS.max(c.timing.progress_hold_ms);
+            let fence_in_transaction = in_transaction_fence(cfg, at, cover_ms);
+            match &fence_in_transaction {
+                Some(f) => tracing::info!(database = %f.database, "fencing: checked by the server \
+                    inside each write's transaction for sessions of this database (no extra \
+                    round trip)"),
+                None => tracing::info!(
+                    "fencing: checked by a claim store lookup per write \
+                    (claims are not in a database the proxy fronts)"
+                ),
+            }
             Some(Arc::new(ClaimsLeg {
+                fence_in_transaction,
                 store,
                 proxy_id: c.proxy_id,
                 lapse_ms: c.lapse_ms,
@@ -301,6 +314,27 @@ fn legs(
         validity,
         claims,
         ..Legs::default()
+    })
+}
+
+/// Where writes are fenced inside their own transaction: the claims
+/// schema's database when it is on the server the proxy fronts (claims in
+/// PostgreSQL, no `[claims] dsn` naming another place).
+fn in_transaction_fence(
+    cfg: &Config,
+    at: &StoreLocation,
+    cover_ms: i64,
+) -> Option<InTransactionFence> {
+    let StoreLocation::Postgres(target) = at else {
+        return None;
+    };
+    if cfg.claims.dsn.is_some() {
+        return None;
+    }
+    Some(InTransactionFence {
+        database: target.database()?.to_owned(),
+        schema: target.schema().to_owned(),
+        cover_ms,
     })
 }
 

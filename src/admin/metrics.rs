@@ -117,6 +117,12 @@ pub fn describe() {
          proxy's own schema, or put it on search_path"
     );
     describe_counter!(
+        "resumeguard_fence_checks_total",
+        "Writes continuing a checkpoint fenced without a claim store lookup, by where: known \
+         (the session created the checkpoint in its run), in_transaction (checked by the \
+         server inside the write's transaction, same round trip)"
+    );
+    describe_counter!(
         "resumeguard_upstream_errors_total",
         "Upstream failures: connect (no connection, or it failed during startup), lost (the \
          server ended a started session the client had not closed)"
@@ -206,6 +212,25 @@ pub fn claim_refused(reason: &Refusal) {
                 .increment(1)
         }
     }
+}
+
+/// A write continuing a checkpoint that needed no question to the claim
+/// store: `known` (the session created the checkpoint in its run, so no
+/// claim can be on it) or `in_transaction` (the server checks it inside
+/// the write's own transaction, in the same round trip).
+pub fn fence_check(place: &'static str) {
+    counter!("resumeguard_fence_checks_total", "where" => place).increment(1);
+}
+
+/// A write the server fenced inside its transaction, by the reason it
+/// gave (superseded_holder, other_proxy, other_client).
+pub fn fenced_in_transaction(reason: &str) {
+    let reason = match reason {
+        "superseded_holder" => "superseded_holder",
+        "other_proxy" => "other_proxy",
+        _ => "other_client",
+    };
+    counter!("resumeguard_writes_fenced_total", "reason" => reason).increment(1);
 }
 
 /// A write continuing a checkpoint got `verdict` from one store lookup

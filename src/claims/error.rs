@@ -27,6 +27,14 @@ pub enum StoreError {
         op: &'static str,
         reason: String,
     },
+    /// A decision waited its lock timeout for a claim row that a write
+    /// still being committed holds (the server's fence in that write's
+    /// transaction): not a failure of the store; the reader asks again.
+    #[error(
+        "claim store busy: {op} on {at} waited for a claim row held by a write that has not \
+         committed yet"
+    )]
+    RowLocked { at: String, op: &'static str },
     /// An operation failed on the PostgreSQL store (connection lost,
     /// lock or statement timeout, permission, ...).
     #[error("claim store unavailable: {op} failed on {at}: {reason}")]

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, ErrorCode, OpenFlags, Transaction, TransactionBehavior};
 
+use super::clock::now_ms;
 use super::error::StoreError;
-use super::model::now_ms;
 
 /// How long an operation waits for another process's transaction before
 /// the store counts as unavailable (and the read is refused).

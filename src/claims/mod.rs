@@ -4,6 +4,7 @@
 //! read or a dead holder never strands the thread.
 //!
 //! - `model`: keys, holders, records, the interrupt fingerprint.
+//! - `clock`: the claims database's clock, the time base of every claim.
 //! - `file`: the shared SQLite file: opening (retried), identity, the
 //!   check that it is still the file this process opened.
 //! - `backend`: the [`ClaimStore`] facade over the two backends.
@@ -17,6 +18,7 @@
 //! [`crate::policy::claims`].
 
 mod backend;
+pub mod clock;
 mod error;
 pub mod evidence;
 mod file;
@@ -33,10 +35,11 @@ mod store;
 mod tests;
 
 pub use backend::{ClaimStore, StoreLocation};
+pub use clock::now_ms;
 pub use error::StoreError;
 pub use file::BUSY_TIMEOUT;
 pub use model::{
-    format_ms, interrupt_fingerprint, now_ms, ClaimKey, ClaimRecord, ClaimState, Holder, RunLease,
+    format_ms, interrupt_fingerprint, ClaimKey, ClaimRecord, ClaimState, Holder, RunLease,
 };
 pub use outcome::ClaimOutcome;
 pub use render::render_claims;

@@ -6,7 +6,7 @@
 //! new `__interrupt__` write, and that second answer must not be refused
 //! because the first one was consumed (Remit's two-interrupt failure).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use crate::saver::checkpoint_ref::CheckpointRef;
 use sha2::{Digest, Sha256};
@@ -78,8 +78,9 @@ impl ClaimState {
     }
 }
 
-/// One row of the claim store. Times are wall-clock milliseconds since the
-/// Unix epoch, so replicas on one host compare them directly.
+/// One row of the claim store. Times are milliseconds since the Unix
+/// epoch on the claims database's clock ([`super::clock`]), so replicas
+/// whose own clocks disagree compare them directly.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimRecord {
     pub key: ClaimKey,
@@ -245,15 +246,6 @@ pub fn interrupt_fingerprint(writes: &[(&str, Option<&[u8]>)]) -> String {
         }
     }
     hex::encode(h.finalize())
-}
-
-/// Wall-clock milliseconds since the Unix epoch: the time base of every
-/// claim, comparable across proxy processes on one host.
-pub fn now_ms() -> i64 {
-    match SystemTime::now().duration_since(UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
-        Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
-    }
 }
 
 /// RFC 3339 UTC with milliseconds for a claim time.

@@ -8,7 +8,7 @@
 
 use std::any::Any;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use regex::Regex;
@@ -47,6 +47,24 @@ pub struct ClaimsLeg {
     /// claim.
     pub inspection_sql_hint: bool,
     pub evidence: Option<EvidenceSender>,
+    /// Where the server itself fences writes inside their transaction:
+    /// the claims schema is in that database of the server the proxy
+    /// fronts (see `enforce::fencing`). `None`: fenced by a store lookup.
+    pub fence_in_transaction: Option<InTransactionFence>,
+}
+
+/// The database of the fronted server that holds the claims schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InTransactionFence {
+    pub database: String,
+    /// The schema's name, as the proxy's own SQL names it.
+    pub schema: String,
+    /// How long an accepted write keeps its claim from lapsing or counting
+    /// as abandoned, from the check: the commit cover, or the progress
+    /// hold if longer. Made inside the write's transaction, it holds from
+    /// its commit until the write's evidence is applied, and vanishes with
+    /// a rollback.
+    pub cover_ms: i64,
 }
 
 /// A read of a thread's head waiting for the gate.
@@ -89,7 +107,8 @@ impl ClaimsLeg {
         if req.head == Head::Running {
             return self.check_run_lease(req);
         }
-        let started = now_ms();
+        // A local wait: the monotonic clock, not the claims clock.
+        let started = Instant::now();
         let mut waited_ms = 0;
         loop {
             let outcome = self.try_claim(req);
@@ -113,7 +132,7 @@ impl ClaimsLeg {
             match decide(&outcome, &self.policy, waited_ms) {
                 ClaimDecision::RetryAfter { ms } => {
                     std::thread::sleep(Duration::from_millis(ms.max(1) as u64));
-                    waited_ms = now_ms() - started;
+                    waited_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
                 }
                 decision => {
                     if let ClaimDecision::Refuse {

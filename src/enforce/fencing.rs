@@ -4,21 +4,36 @@
 //! [`crate::policy::claims::decide_write`]). A superseded holder still
 //! running after a takeover, or a session replaying a run's statements,
 //! would otherwise fork the record with a second child of the parked
-//! checkpoint. Checked at the write's Bind, before it is forwarded; the
-//! refusal is raised inside the server's transaction, so nothing commits.
-//! A write accepted from the holder whose claim would lapse (or count as
-//! abandoned) within [`crate::policy::claims::COMMIT_COVER_MS`] first has the claim kept that
-//! long, so no takeover lands between the check and the commit.
+//! checkpoint. A write accepted from the holder whose claim would lapse
+//! (or count as abandoned) within [`crate::policy::claims::COMMIT_COVER_MS`]
+//! has the claim kept that long, so no takeover lands before it commits.
 //!
-//! Cost: one claim store read per checkpoint continued per transaction
-//! (the verdict is kept until the transaction ends, so a `put_writes`
-//! batch and its checkpoint ask once). What a session needs to know of its
-//! own claims (the generations it took, the parked checkpoints it read)
-//! is kept here, in memory, bounded.
+//! Where it is decided, cheapest first:
+//! - *Known*: the session itself created the checkpoint in its run (its
+//!   put committed) and never saw it parked: no claim can be on it, so
+//!   no question is asked (every step of a run continues the checkpoint
+//!   its previous step created).
+//! - *In the write's transaction*: when the claims schema lives in the
+//!   session's own database, the server runs `fence_write` (see
+//!   `claims::postgres::schema`) just ahead of the write, in the same
+//!   round trip ([`crate::wire::injected`]): it decides on the claim row
+//!   and keeps it locked until the write's transaction ends, so a
+//!   takeover waits for that commit. Its RGF01 is the client's error.
+//! - *A lookup* in the claim store at the Bind, before the write is
+//!   forwarded (claims in another database, or in SQLite): one round
+//!   trip to the store per checkpoint continued per transaction, plus one
+//!   to keep the claim when it would lapse before the commit.
+//!
+//! Any verdict is kept until the transaction ends, so a `put_writes`
+//! batch and its checkpoint ask once. What a session needs to know of its
+//! own claims (the generations it took, the parked checkpoints it read,
+//! the checkpoints it created) is kept here, in memory, bounded.
 
 use std::collections::VecDeque;
 
-use super::claim_gate::ClaimsLeg;
+use std::sync::Arc;
+
+use super::claim_gate::{ClaimsLeg, InTransactionFence};
 use super::events::{fenced, FencedWrite};
 use super::evidence::{Continuation, Step};
 use crate::audit::{AuditEvent, SessionContext};
@@ -30,6 +45,7 @@ use crate::policy::claims::{
 };
 use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::write_record::WriteRecord;
+use crate::wire::injected::Injection;
 use crate::wire::tracker::Refusal;
 
 /// How many claims (and parked checkpoints) a session remembers: a
@@ -44,8 +60,32 @@ pub struct FenceGate {
     took: VecDeque<(CheckpointRef, String, i64)>,
     /// Parked checkpoints this session read (claimed or refused).
     parked: VecDeque<CheckpointRef>,
+    /// Checkpoints this session created in its run (their put
+    /// committed) and never saw parked.
+    created: VecDeque<CheckpointRef>,
     /// Verdicts of the current transaction, by checkpoint continued.
     decided: Vec<(CheckpointRef, WriteVerdict)>,
+    /// Checkpoints the server checks in the current transaction.
+    checking: Vec<CheckpointRef>,
+}
+
+/// What happens to a write continuing a checkpoint.
+pub enum FenceStep {
+    Pass,
+    Refuse(Fenced),
+    /// The server checks it first, in the write's transaction.
+    InTransaction(Injection, FenceCheck),
+}
+
+/// A write the server checks in its transaction: what its audit record
+/// needs should the check raise.
+#[derive(Debug, Clone)]
+pub struct FenceCheck {
+    pub continues: CheckpointRef,
+    pub statement: &'static str,
+    pub record: Arc<WriteRecord>,
+    /// The server's error, once it raised one: message, detail, reason.
+    pub raised: Option<(String, String, String)>,
 }
 
 /// A fenced write: the refusal the server raises and its audit record.
@@ -78,15 +118,31 @@ impl FenceGate {
     /// This session read `key`'s checkpoint as a parked head.
     pub fn read_parked(&mut self, key: &ClaimKey) {
         let at = key.at.clone();
+        self.created.retain(|c| *c != at);
         if !self.parked.contains(&at) {
             remember(&mut self.parked, at);
         }
     }
 
+    /// This session's put of checkpoint `at` committed: its run's next
+    /// writes continue a checkpoint nobody could have claimed.
+    pub fn created(&mut self, at: CheckpointRef) {
+        if !self.parked.contains(&at) && !self.created.contains(&at) {
+            remember(&mut self.created, at);
+        }
+    }
+
+    /// This session wrote an interrupt on `at`: it parks there, and a
+    /// reader may claim it from now on.
+    pub fn parks(&mut self, at: &CheckpointRef) {
+        self.created.retain(|c| c != at);
+    }
+
     /// The transaction ended (committed or rolled back): later writes ask
-    /// the store again.
+    /// again.
     pub fn end_transaction(&mut self) {
         self.decided.clear();
+        self.checking.clear();
     }
 
     /// Asks the store who holds `at` now and decides; a write accepted from
@@ -134,9 +190,79 @@ impl FenceGate {
         }
     }
 
-    /// The verdict on a write continuing `cont`, from `session`; `None`
-    /// lets it through.
+    /// What happens to a write continuing `cont`, from `session`.
     pub fn check(
+        &mut self,
+        leg: &ClaimsLeg,
+        ctx: &SessionContext,
+        session: &Holder,
+        (cont, kind_label, rec): (&Continuation, &'static str, &Arc<WriteRecord>),
+    ) -> FenceStep {
+        let at = &cont.at;
+        if self.created.contains(at) {
+            crate::admin::metrics::fence_check("known");
+            return FenceStep::Pass;
+        }
+        if self.checking.contains(at) {
+            return FenceStep::Pass;
+        }
+        if let Some(fence) = leg
+            .fence_in_transaction
+            .as_ref()
+            .filter(|f| f.database == ctx.database)
+        {
+            self.checking.push(at.clone());
+            crate::admin::metrics::fence_check("in_transaction");
+            let check = FenceCheck {
+                continues: at.clone(),
+                statement: kind_label,
+                record: Arc::clone(rec),
+                raised: None,
+            };
+            return FenceStep::InTransaction(self.injection(fence, session, at), check);
+        }
+        match self.lookup_step(leg, ctx, session, (cont, kind_label, rec)) {
+            Some(fenced) => FenceStep::Refuse(fenced),
+            None => FenceStep::Pass,
+        }
+    }
+
+    /// The server's check of a write continuing `at` from `session`: the
+    /// function's arguments, every one a parameter.
+    fn injection(
+        &self,
+        fence: &InTransactionFence,
+        session: &Holder,
+        at: &CheckpointRef,
+    ) -> Injection {
+        let took: Vec<String> = self
+            .took
+            .iter()
+            .filter(|(c, _, _)| c == at)
+            .map(|(_, f, e)| format!("{f}:{e}"))
+            .collect();
+        Injection {
+            sql: format!(
+                "SELECT {}.fence_write($1, $2, $3, $4, $5::int8, $6, $7, $8, $9::int8)",
+                fence.schema
+            ),
+            params: vec![
+                Some(at.thread_id.clone()),
+                Some(at.checkpoint_ns.clone()),
+                Some(at.checkpoint_id.clone()),
+                Some(session.proxy_id.clone()),
+                Some(session.session_id.to_string()),
+                Some(session.client_addr.clone()),
+                Some(session.application_name.clone()),
+                Some(took.join(",")),
+                Some(fence.cover_ms.to_string()),
+            ],
+        }
+    }
+
+    /// The verdict of a claim store lookup on a write continuing `cont`;
+    /// `None` lets it through.
+    fn lookup_step(
         &mut self,
         leg: &ClaimsLeg,
         ctx: &SessionContext,

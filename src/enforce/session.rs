@@ -12,7 +12,7 @@ use bytes::Bytes;
 use super::claim_gate::{apply_claim, ClaimRequest, ClaimTicket, Head, Resolution};
 use super::events::rejected;
 use super::evidence::continuation;
-use super::fencing::FenceGate;
+use super::fencing::{FenceCheck, FenceGate, FenceStep};
 use super::history::history_refusal;
 use super::validity::{ValidityGate, CHECK_VIOLATION};
 use super::watch::{Watch, WriteDecode};
@@ -23,8 +23,11 @@ use crate::claims::{now_ms, Holder};
 use crate::log_text::shown;
 use crate::policy::claims::{has_inspection_hint, is_inspection};
 use crate::saver::bind::BoundParams;
+use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::classify::{Classified, StatementKind};
+use crate::saver::reserved::INTERRUPT;
 use crate::saver::write_record::WriteRecord;
+use crate::wire::backend::error_fields;
 use crate::wire::guard::{ClientError, HeldTicket, ServerStep};
 use crate::wire::row_rewrite::drop_last_column_description;
 use crate::wire::tracker::{Bound, Hooks, Refusal, TxnStatus, FEATURE_NOT_SUPPORTED};
@@ -61,6 +64,8 @@ pub struct SessionEnforcer {
     uncommitted_evidence: Vec<Evidence>,
     /// Claim evidence of committed writes, for the claims worker.
     pub ready_evidence: Vec<Evidence>,
+    /// Checkpoints this session put that have not committed yet.
+    uncommitted_created: Vec<CheckpointRef>,
     /// Events ready for the audit sink.
     pub ready_events: Vec<AuditEvent>,
     segment_failed: bool,
@@ -80,6 +85,7 @@ impl SessionEnforcer {
             uncommitted: Vec::new(),
             uncommitted_evidence: Vec::new(),
             ready_evidence: Vec::new(),
+            uncommitted_created: Vec::new(),
             ready_events: Vec::new(),
             segment_failed: false,
             validity: ValidityGate::new(show_values),
@@ -193,21 +199,62 @@ impl SessionEnforcer {
 
     /// With consume-once on: a write continuing a claimed checkpoint from
     /// a session other than its holder is refused (see `fencing`).
-    fn fence(&mut self, kind: &StatementKind, record: Option<&WriteDecode>) -> Option<Refusal> {
-        let leg = Arc::clone(self.shared.legs.claims.as_ref()?);
-        let Some(Ok(rec)) = record else {
-            return None;
+    fn fence(&mut self, kind: &StatementKind, record: Option<&WriteDecode>) -> FenceStep {
+        let Some(leg) = self.shared.legs.claims.as_ref().map(Arc::clone) else {
+            return FenceStep::Pass;
         };
-        let cont = continuation(kind, rec)?;
+        let Some(Ok(rec)) = record else {
+            return FenceStep::Pass;
+        };
+        if let (StatementKind::WritesUpsert(_) | StatementKind::WritesInsertIgnore(_), Some(at)) =
+            (kind, parked_on(rec))
+        {
+            // From now on a reader may claim this checkpoint.
+            self.fencing.parks(&at);
+        }
+        let Some(cont) = continuation(kind, rec) else {
+            return FenceStep::Pass;
+        };
         let session = self.holder(&leg.proxy_id);
-        let fenced = self.fencing.check(
-            &leg,
+        self.fencing
+            .check(&leg, &self.ctx, &session, (&cont, kind.label(), rec))
+    }
+
+    /// The audit record of a write the server fenced in its transaction.
+    fn fenced_in_transaction(&mut self, check: &FenceCheck) {
+        let (message, detail, reason) = check.raised.clone().unwrap_or_default();
+        tracing::warn!(thread = %shown(&check.continues.thread_id),
+            checkpoint = %shown(&check.continues.checkpoint_id), "{}", shown(&message));
+        crate::admin::metrics::fenced_in_transaction(&reason);
+        let fence = match reason.as_str() {
+            "superseded_holder" | "other_proxy" | "other_client" => reason.as_str(),
+            _ => "in_transaction",
+        };
+        // The audit names the holder the server found: asked of the store
+        // only now, on this rare path.
+        let at = &check.continues;
+        let current = self.shared.legs.claims.as_ref().and_then(|leg| {
+            leg.store
+                .current_holder(&at.thread_id, &at.checkpoint_ns, &at.checkpoint_id)
+                .ok()
+                .flatten()
+        });
+        if current.is_none() {
+            tracing::debug!(%detail, "fenced write's holder not found again for the audit");
+        }
+        let event = super::events::fenced(
             &self.ctx,
-            &session,
-            (&cont, kind.label(), rec.as_ref()),
-        )?;
-        self.ready_events.push(fenced.event);
-        Some(fenced.refusal)
+            &super::events::FencedWrite {
+                record: &check.record,
+                continues: at,
+                statement: check.statement,
+                sqlstate: crate::policy::claims::SQLSTATE_WRITE_FENCED,
+                message: &message,
+                fence,
+                current: current.as_ref(),
+            },
+        );
+        self.ready_events.push(event);
     }
 }
 
@@ -276,7 +323,11 @@ impl Hooks for SessionEnforcer {
         self.unwatchable(&class, "a cursor")
     }
 
-    fn bind(&mut self, statement: &Prepared, frame: &[u8]) -> Result<Bound<Binding>, ClientError> {
+    fn bind(
+        &mut self,
+        statement: &Prepared,
+        frame: &[u8],
+    ) -> Result<Bound<Binding, Watch>, ClientError> {
         if !statement.class.kind.is_checkpoint_traffic() {
             return Ok(Bound::Forward(None));
         }
@@ -304,9 +355,14 @@ impl Hooks for SessionEnforcer {
                 return Ok(Bound::Refuse(self.refuse_write(rejection)));
             }
         }
-        if let Some(refusal) = self.fence(&statement.class.kind, record.as_ref()) {
-            return Ok(Bound::Refuse(refusal));
-        }
+        let guard = match self.fence(&statement.class.kind, record.as_ref()) {
+            FenceStep::Pass => None,
+            FenceStep::Refuse(fenced) => {
+                self.ready_events.push(fenced.event);
+                return Ok(Bound::Refuse(fenced.refusal));
+            }
+            FenceStep::InTransaction(injection, check) => Some((injection, check)),
+        };
         let mut replacement = None;
         if statement.rewritten && bound.result_formats.len() > 1 {
             // Per-column formats must cover the head column too.
@@ -320,9 +376,19 @@ impl Hooks for SessionEnforcer {
             rewritten: statement.rewritten,
             inspect_hint: statement.inspect_hint,
         };
-        Ok(match replacement {
-            Some(bytes) => Bound::Replace(bytes, Some(binding)),
-            None => Bound::Forward(Some(binding)),
+        Ok(match (guard, replacement) {
+            (Some((injection, check)), _) => {
+                // Writes are never rewritten: only reads by id are.
+                let mut watch = Watch::new(self.shared.classifier.other(), None, false);
+                watch.fence = Some(check);
+                Bound::Guarded {
+                    injection,
+                    watch,
+                    portal: Some(binding),
+                }
+            }
+            (None, Some(bytes)) => Bound::Replace(bytes, Some(binding)),
+            (None, None) => Bound::Forward(Some(binding)),
         })
     }
 
@@ -371,6 +437,9 @@ impl Hooks for SessionEnforcer {
     }
 
     fn row(&mut self, watch: &mut Watch, frame: &[u8], step: &mut ServerStep) {
+        if watch.fence.is_some() {
+            return;
+        }
         step.replace = watch.on_data_row(frame);
         if let Some(request) = self.claim_request(watch) {
             if let Some(leg) = &self.shared.legs.claims {
@@ -391,6 +460,12 @@ impl Hooks for SessionEnforcer {
     }
 
     fn completed(&mut self, watch: Watch, ok: bool) {
+        if let Some(check) = &watch.fence {
+            if !ok {
+                self.fenced_in_transaction(check);
+            }
+            return;
+        }
         crate::admin::metrics::statement_completed(&watch.class.kind, watch.executed_at);
         if !ok {
             return;
@@ -403,8 +478,28 @@ impl Hooks for SessionEnforcer {
             self.uncommitted.extend(events);
             if self.shared.legs.claims.is_some() {
                 self.uncommitted_evidence.extend(watch.evidence());
+                if let Some(at) = watch.created_checkpoint() {
+                    self.uncommitted_created.push(at);
+                }
             }
         }
+    }
+
+    fn answer_error(&mut self, watch: &mut Watch, frame: &[u8]) {
+        let Some(check) = watch.fence.as_mut() else {
+            return;
+        };
+        let (mut message, mut detail, mut hint) = (String::new(), String::new(), String::new());
+        for (code, value) in error_fields(frame) {
+            let text = String::from_utf8_lossy(value).into_owned();
+            match code {
+                b'M' => message = text,
+                b'D' => detail = text,
+                b'H' => hint = text,
+                _ => {}
+            }
+        }
+        check.raised = Some((message, detail, hint));
     }
 
     fn error(&mut self) {
@@ -417,10 +512,14 @@ impl Hooks for SessionEnforcer {
             TxnStatus::Idle if !self.segment_failed => {
                 self.ready_events.append(&mut self.uncommitted);
                 self.ready_evidence.append(&mut self.uncommitted_evidence);
+                for at in self.uncommitted_created.drain(..) {
+                    self.fencing.created(at);
+                }
             }
             TxnStatus::Idle | TxnStatus::Failed => {
                 self.uncommitted.clear();
                 self.uncommitted_evidence.clear();
+                self.uncommitted_created.clear();
             }
             TxnStatus::InBlock => {}
         }
@@ -433,6 +532,7 @@ impl Hooks for SessionEnforcer {
     fn rollback(&mut self) {
         self.uncommitted.clear();
         self.uncommitted_evidence.clear();
+        self.uncommitted_created.clear();
         self.fencing.end_transaction();
     }
 
@@ -441,6 +541,16 @@ impl Hooks for SessionEnforcer {
             self.ctx.application_name = String::from_utf8_lossy(value).into_owned();
         }
     }
+}
+
+/// The checkpoint a pending write parks on (an `__interrupt__` write).
+fn parked_on(rec: &WriteRecord) -> Option<CheckpointRef> {
+    (rec.channel.as_deref() == Some(INTERRUPT)).then_some(())?;
+    Some(CheckpointRef {
+        thread_id: rec.thread_id.clone()?,
+        checkpoint_ns: rec.checkpoint_ns.clone()?,
+        checkpoint_id: rec.checkpoint_id.clone()?,
+    })
 }
 
 /// Under `[enforce] unknown_saver = "refuse"`: the refusal of a

@@ -43,6 +43,8 @@ pub struct Watch {
     pub rows: Vec<CheckpointRow>,
     pub row_errors: usize,
     pub(super) forks: Vec<ForkServed>,
+    /// The answer is the proxy's own fence check ahead of this write.
+    pub fence: Option<super::fencing::FenceCheck>,
 }
 
 /// A write's row as decoded from its Bind, shared by the validity gate,
@@ -70,7 +72,23 @@ impl Watch {
             rows: Vec::new(),
             row_errors: 0,
             forks: Vec::new(),
+            fence: None,
         }
+    }
+
+    /// The checkpoint a completed put created.
+    pub fn created_checkpoint(&self) -> Option<CheckpointRef> {
+        if !matches!(self.class.kind, StatementKind::CheckpointUpsert(_)) {
+            return None;
+        }
+        let Some(Ok(rec)) = &self.record else {
+            return None;
+        };
+        Some(CheckpointRef {
+            thread_id: rec.thread_id.clone()?,
+            checkpoint_ns: rec.checkpoint_ns.clone()?,
+            checkpoint_id: rec.checkpoint_id.clone()?,
+        })
     }
 
     /// Decodes one DataRow of a checkpoint read and, for a fork rewrite,

@@ -87,8 +87,8 @@ pub enum ClaimDecision {
     RetryAfter { ms: i64 },
 }
 
-/// [`decide_at`] with the wall clock as `now`. Store times are wall-clock
-/// ms, so this is right in the proxy; tests with made-up times call
+/// [`decide_at`] with the claims clock ([`crate::claims::clock`], the
+/// store's time base) as `now`; tests with made-up times call
 /// [`decide_at`].
 pub fn decide(
     outcome: &Result<ClaimOutcome, StoreError>,
@@ -108,6 +108,23 @@ pub fn decide_at(
     now_ms: i64,
 ) -> ClaimDecision {
     let record = match outcome {
+        // A write holding the claim's row is committing: ask again while
+        // the wait allows (a takeover waits for that commit).
+        Err(e @ StoreError::RowLocked { .. }) => match *policy {
+            WaitPolicy::Wait {
+                max_wait_ms,
+                poll_ms,
+            } if waited_ms < max_wait_ms => {
+                return ClaimDecision::RetryAfter {
+                    ms: poll_ms.max(1).min(max_wait_ms - waited_ms),
+                }
+            }
+            _ => {
+                return ClaimDecision::Refuse {
+                    reason: Refusal::StoreUnavailable(e.to_string()),
+                }
+            }
+        },
         Err(e) => {
             return ClaimDecision::Refuse {
                 reason: Refusal::StoreUnavailable(e.to_string()),

@@ -5,6 +5,7 @@
 use bytes::Bytes;
 
 use super::guard::{ClientError, ServerStep};
+use super::injected::Injection;
 
 /// ReadyForQuery's transaction status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -42,11 +43,19 @@ pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
 
 /// What the client gets for a Bind.
 #[derive(Debug)]
-pub enum Bound<P> {
+pub enum Bound<P, W> {
     /// Forward the Bind; the portal carries this annotation.
     Forward(Option<P>),
     /// The server gets these bytes instead of the Bind.
     Replace(Vec<u8>, Option<P>),
+    /// The server first runs the proxy's own statement (see
+    /// [`super::injected`]), watched by `watch`, then gets the Bind. An
+    /// error of that statement is the client's answer.
+    Guarded {
+        injection: Injection,
+        watch: W,
+        portal: Option<P>,
+    },
     /// The statement is refused.
     Refuse(Refusal),
 }
@@ -78,7 +87,7 @@ pub trait Hooks {
         &mut self,
         statement: &Self::Statement,
         frame: &[u8],
-    ) -> Result<Bound<Self::Portal>, ClientError>;
+    ) -> Result<Bound<Self::Portal, Self::Watch>, ClientError>;
     fn execute(&mut self, portal: Option<&Self::Portal>) -> Option<Self::Watch>;
     fn describe_statement(&mut self, statement: &Self::Statement) -> Option<Self::Watch>;
     fn describe_portal(&mut self, portal: Option<&Self::Portal>) -> Option<Self::Watch>;
@@ -92,6 +101,8 @@ pub trait Hooks {
     fn row_description(&mut self, watch: &Self::Watch, frame: &[u8]) -> Option<Bytes>;
     /// A watched statement finished (`ok`: without an error).
     fn completed(&mut self, watch: Self::Watch, ok: bool);
+    /// The ErrorResponse of a watched statement, before it completes it.
+    fn answer_error(&mut self, watch: &mut Self::Watch, frame: &[u8]);
     /// The server reported an error.
     fn error(&mut self);
     fn ready(&mut self, status: TxnStatus);

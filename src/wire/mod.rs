@@ -10,6 +10,7 @@ pub mod frame;
 pub mod frontend;
 pub mod guard;
 pub mod hooks;
+pub mod injected;
 pub mod listener;
 pub mod proxy;
 pub mod read_buffer;

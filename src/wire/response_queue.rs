@@ -18,7 +18,12 @@ pub enum Route {
     #[default]
     Forward,
     /// A response to a request the proxy injected: the client never asked.
+    /// An ErrorResponse is still the client's (the server then skips the
+    /// client's own messages up to Sync).
     Swallow,
+    /// The rest of an answer the proxy gave the client itself: nothing
+    /// more of it reaches the client.
+    Answered,
 }
 
 /// What a queued request expects from the server.

@@ -18,6 +18,7 @@ use super::backend::Backend;
 use super::frame::{cstr, HEADER_LEN};
 use super::frontend::{parse_frame, Frontend, Target};
 use super::guard::{ClientError, ClientStep, ServerStep};
+use super::injected::{Answer, Injection, ANSWERS};
 use super::reject::{raising_query, raising_statement};
 use super::response_queue::{Desync, Expect, Progress, ResponseQueue, Route};
 use super::sasl_plus;
@@ -133,7 +134,7 @@ impl<H: Hooks> Tracker<H> {
     /// Routes the rest of the front statement's answer away from the
     /// client (the proxy answered it).
     pub fn swallow_front(&mut self) {
-        self.queue.set_front_route(Route::Swallow);
+        self.queue.set_front_route(Route::Answered);
     }
 
     fn push(&mut self, expect: Expect, route: Route, change: Option<Change<H>>) {
@@ -328,6 +329,14 @@ impl<H: Hooks> Tracker<H> {
         let (annotation, step) = match self.hooks.bind(&statement.annotation, frame)? {
             Bound::Forward(a) => (a, ClientStep::Forward),
             Bound::Replace(bytes, a) => (a, ClientStep::Replace(bytes)),
+            Bound::Guarded {
+                injection,
+                watch,
+                portal,
+            } => (
+                portal,
+                ClientStep::Replace(self.inject(&injection, watch, frame)?),
+            ),
             Bound::Refuse(refusal) => {
                 return Ok(ClientStep::Replace(self.inject_refusal(&refusal)));
             }
@@ -456,6 +465,37 @@ impl<H: Hooks> Tracker<H> {
         raising_statement(refusal.sqlstate, &refusal.message, &refusal.detail)
     }
 
+    /// The proxy's own statement ahead of the client's Bind `frame`: its
+    /// answers are queued swallowed (the Execute's watched, so an error
+    /// reaches the client) and the bytes to send are returned.
+    fn inject(
+        &mut self,
+        injection: &Injection,
+        watch: H::Watch,
+        frame: &[u8],
+    ) -> Result<Vec<u8>, ClientError> {
+        let mut bytes = injection.encode().map_err(|e| ClientError(e.to_string()))?;
+        let mut watch = Some(watch);
+        for answer in ANSWERS {
+            let (expect, change) = match answer {
+                Answer::Close => (Expect::CloseComplete, None),
+                Answer::Parse => (Expect::ParseComplete, None),
+                Answer::Bind => (Expect::BindComplete, None),
+                Answer::Execute => (
+                    Expect::Execute,
+                    watch.take().map(|w| Change::Answer {
+                        watch: Some(Box::new(w)),
+                        commands: Vec::new(),
+                        resets_unnamed: false,
+                    }),
+                ),
+            };
+            self.push(expect, Route::Swallow, change);
+        }
+        bytes.extend_from_slice(frame);
+        Ok(bytes)
+    }
+
     /// Tracks one server message on its way to the client.
     pub fn on_server(&mut self, frame: &[u8]) -> Result<ServerStep, Desync> {
         let tag = frame.first().copied().unwrap_or(0);
@@ -476,6 +516,7 @@ impl<H: Hooks> Tracker<H> {
                 (Backend::RowDescription, Some(w)) => {
                     step.replace = self.hooks.row_description(w, frame)
                 }
+                (Backend::ErrorResponse { .. }, Some(w)) => self.hooks.answer_error(w, frame),
                 (Backend::CommandComplete { tag: completion }, _) => {
                     // The next unconfirmed command this tag confirms (an
                     // EXECUTE'd statement's own tag can come in between).
@@ -504,6 +545,12 @@ impl<H: Hooks> Tracker<H> {
                     self.confirm(pending.change, tag);
                 }
             }
+        }
+        // A request the proxy injected failed: the server skips the
+        // client's messages up to Sync, so this error is the client's
+        // answer.
+        if tag == b'E' && step.route == Route::Swallow {
+            step.route = Route::Forward;
         }
         match message {
             Backend::ErrorResponse { fatal } => {

@@ -16,8 +16,8 @@
 //! silent fails within the bound and the decision fails closed.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
 use postgres::types::ToSql;
@@ -26,6 +26,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::schema;
 use super::target::{DeadPeer, PgTarget};
+use crate::claims::clock;
 use crate::claims::error::StoreError;
 
 /// How long a statement or a row lock may wait before the store counts as
@@ -54,6 +55,13 @@ pub(super) struct PgConn {
     slots: Vec<Mutex<Option<Decision>>>,
     next: AtomicUsize,
     liveness: Mutex<Option<Liveness>>,
+    /// The instance id of the lock last confirmed held, and when (ms
+    /// since `born`, monotonic; 0: never), so a decision needs neither
+    /// the liveness mutex nor a round trip while the heartbeat keeps
+    /// confirming it.
+    confirmed_instance: AtomicI64,
+    confirmed_at: AtomicU64,
+    born: Instant,
     /// Why the store is down, while it is.
     down: Mutex<Option<Down>>,
 }
@@ -75,19 +83,32 @@ struct Decision {
 struct Liveness {
     client: Client,
     instance: i64,
-    /// When the lock connection was last seen alive. The blocking client
-    /// reads a connection only when it is used, so it is asked at most
-    /// every [`LIVENESS_CHECK`].
-    checked_at: Instant,
 }
 
-/// How often the proxy checks that its own liveness lock is still held.
+/// How long a confirmation that this process's liveness lock is held
+/// stands: a decision after that asks the lock connection itself (a
+/// round trip on its path), which only happens when the heartbeat could
+/// not confirm it.
 const LIVENESS_CHECK: Duration = Duration::from_secs(1);
+
+/// How often the heartbeat confirms the lock and reads the database's
+/// clock, off the request path.
+const HEARTBEAT: Duration = Duration::from_millis(400);
+
+/// The database's clock, in ms since the Unix epoch.
+const CLOCK_SQL: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8";
 
 /// Why an operation failed: the server's message with its SQLSTATE, or a
 /// row that does not map to a claim.
 #[derive(Debug)]
 pub(super) struct Fail(pub(super) String);
+
+/// Why a decision failed: it waited out its lock timeout on a row, or
+/// anything else.
+enum Failed {
+    RowLocked,
+    Other(Fail),
+}
 
 impl From<postgres::Error> for Fail {
     fn from(e: postgres::Error) -> Fail {
@@ -111,6 +132,8 @@ pub(super) struct Tx<'a> {
     cache: &'a mut HashMap<String, Statement>,
     pub(super) instance: i64,
     pub(super) schema: &'a str,
+    /// A statement of this decision waited out its lock timeout.
+    row_locked: bool,
 }
 
 impl Tx<'_> {
@@ -132,10 +155,18 @@ impl Tx<'_> {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, postgres::Error> {
         let s = self.statement(sql)?;
-        match &mut self.link {
+        let out = match &mut self.link {
             Link::Tx(tx) => tx.query(&s, params),
             Link::Single(c) => c.query(&s, params),
+        };
+        self.note(out)
+    }
+
+    fn note<T>(&mut self, out: Result<T, postgres::Error>) -> Result<T, postgres::Error> {
+        if out.as_ref().err().is_some_and(is_row_locked) {
+            self.row_locked = true;
         }
+        out
     }
 
     pub(super) fn execute(
@@ -144,10 +175,11 @@ impl Tx<'_> {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, postgres::Error> {
         let s = self.statement(sql)?;
-        match &mut self.link {
+        let out = match &mut self.link {
             Link::Tx(tx) => tx.execute(&s, params),
             Link::Single(c) => c.execute(&s, params),
-        }
+        };
+        self.note(out)
     }
 }
 
@@ -159,15 +191,79 @@ impl PgConn {
             slots: (0..POOL).map(|_| Mutex::new(None)).collect(),
             next: AtomicUsize::new(0),
             liveness: Mutex::new(None),
+            confirmed_instance: AtomicI64::new(0),
+            confirmed_at: AtomicU64::new(0),
+            born: Instant::now(),
             down: Mutex::new(None),
+        }
+    }
+
+    /// Records that the lock of `instance` is held, now.
+    fn confirm(&self, instance: i64) {
+        let at = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.confirmed_instance.store(instance, Ordering::Relaxed);
+        self.confirmed_at.store(at.max(1), Ordering::Release);
+    }
+
+    /// The instance whose lock was confirmed held within [`LIVENESS_CHECK`].
+    fn confirmed(&self) -> Option<i64> {
+        let at = self.confirmed_at.load(Ordering::Acquire);
+        if at == 0 {
+            return None;
+        }
+        let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let fresh = now.saturating_sub(at) < LIVENESS_CHECK.as_millis() as u64;
+        fresh.then(|| self.confirmed_instance.load(Ordering::Relaxed))
+    }
+
+    fn unconfirm(&self) {
+        self.confirmed_at.store(0, Ordering::Release);
+    }
+
+    /// One heartbeat: the lock connection answers (the lock is held) and
+    /// tells the database's time ([`clock`]). A failure only withdraws
+    /// the confirmation: the next decision finds out and takes a new lock.
+    fn beat(&self) {
+        let mut liveness = self.liveness.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(l) = liveness.as_mut() else {
+            return;
+        };
+        match read_clock(&mut l.client) {
+            Ok(()) => self.confirm(l.instance),
+            Err(e) => {
+                self.unconfirm();
+                tracing::debug!(error = %describe(&e), "claims heartbeat failed");
+            }
+        }
+    }
+
+    /// Starts the heartbeat thread of a proxy's store; it ends with the
+    /// store.
+    fn start_heartbeat(conn: &Arc<PgConn>) {
+        if conn.role != Role::Proxy {
+            return;
+        }
+        let weak: Weak<PgConn> = Arc::downgrade(conn);
+        let spawned = std::thread::Builder::new()
+            .name("claims-heartbeat".into())
+            .spawn(move || loop {
+                std::thread::sleep(HEARTBEAT);
+                match weak.upgrade() {
+                    Some(conn) => conn.beat(),
+                    None => return,
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "claims heartbeat thread could not start: every \
+                decision checks the liveness lock itself");
         }
     }
 
     /// Connects every decision connection now if it can (a proxy holds
     /// from its start what it holds under traffic); otherwise logs the
     /// error (ERROR) and connects on use, with backoff.
-    pub(super) fn connect(target: PgTarget, role: Role) -> PgConn {
-        let conn = PgConn::new(target, role);
+    pub(super) fn connect(target: PgTarget, role: Role) -> Arc<PgConn> {
+        let conn = Arc::new(PgConn::new(target, role));
         for slot in &conn.slots {
             let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
             if let Err(error) = conn.ensure(&mut slot) {
@@ -175,15 +271,17 @@ impl PgConn {
                 break;
             }
         }
+        PgConn::start_heartbeat(&conn);
         conn
     }
 
     /// Connects now; an error is returned as is.
-    pub(super) fn open_now(target: PgTarget, role: Role) -> Result<PgConn, StoreError> {
-        let conn = PgConn::new(target, role);
+    pub(super) fn open_now(target: PgTarget, role: Role) -> Result<Arc<PgConn>, StoreError> {
+        let conn = Arc::new(PgConn::new(target, role));
         let mut slot = conn.slot();
         conn.ensure(&mut slot)?;
         drop(slot);
+        PgConn::start_heartbeat(&conn);
         Ok(conn)
     }
 
@@ -249,7 +347,11 @@ impl PgConn {
         };
         match run(decision, instance, &self.target.schema, single, f) {
             Ok(v) => Ok(v),
-            Err(Fail(reason)) => {
+            Err(Failed::RowLocked) => Err(StoreError::RowLocked {
+                at: self.target.shown.clone(),
+                op,
+            }),
+            Err(Failed::Other(Fail(reason))) => {
                 let error = StoreError::Postgres {
                     at: self.target.shown.clone(),
                     op,
@@ -339,16 +441,18 @@ impl PgConn {
         if self.role == Role::Operator {
             return Ok(0);
         }
+        if let Some(instance) = self.confirmed() {
+            return Ok(instance);
+        }
         let mut liveness = self.liveness.lock().unwrap_or_else(PoisonError::into_inner);
         let mut lost = None;
         if let Some(l) = &mut *liveness {
-            let alive = !l.client.is_closed()
-                && (l.checked_at.elapsed() < LIVENESS_CHECK
-                    || l.client.is_valid(LIVENESS_CHECK).is_ok());
+            let alive = !l.client.is_closed() && l.client.is_valid(LIVENESS_CHECK).is_ok();
             if alive {
-                l.checked_at = Instant::now();
+                self.confirm(l.instance);
                 return Ok(l.instance);
             }
+            self.unconfirm();
             tracing::error!(
                 instance = l.instance,
                 "claims liveness lock lost: other proxies count this one's holders as gone \
@@ -382,11 +486,8 @@ impl PgConn {
                 ))
                 .map_err(open_err)?;
         }
-        *liveness = Some(Liveness {
-            client,
-            instance,
-            checked_at: Instant::now(),
-        });
+        *liveness = Some(Liveness { client, instance });
+        self.confirm(instance);
         Ok(instance)
     }
 }
@@ -397,23 +498,43 @@ fn run<T>(
     schema: &str,
     single: bool,
     f: impl FnOnce(&mut Tx<'_>) -> Result<T, Fail>,
-) -> Result<T, Fail> {
+) -> Result<T, Failed> {
     let link = if single {
         Link::Single(&mut decision.client)
     } else {
-        Link::Tx(decision.client.transaction()?)
+        Link::Tx(decision.client.transaction().map_err(failed)?)
     };
     let mut t = Tx {
         link,
         cache: &mut decision.cache,
         instance,
         schema,
+        row_locked: false,
     };
-    let out = f(&mut t)?;
+    let out = f(&mut t);
+    let row_locked = t.row_locked;
+    let out = match out {
+        Ok(v) => v,
+        Err(_) if row_locked => return Err(Failed::RowLocked),
+        Err(e) => return Err(Failed::Other(e)),
+    };
     if let Link::Tx(tx) = t.link {
-        tx.commit()?;
+        tx.commit().map_err(failed)?;
     }
     Ok(out)
+}
+
+fn failed(e: postgres::Error) -> Failed {
+    if is_row_locked(&e) {
+        Failed::RowLocked
+    } else {
+        Failed::Other(Fail::from(e))
+    }
+}
+
+/// The statement waited out `lock_timeout` (55P03).
+fn is_row_locked(e: &postgres::Error) -> bool {
+    e.code() == Some(&postgres::error::SqlState::LOCK_NOT_AVAILABLE)
 }
 
 /// A connection with `config`, over TLS where `target` has it (its
@@ -488,11 +609,20 @@ fn lock_instance(target: &PgTarget) -> Result<(Client, i64), postgres::Error> {
             .query_one("SELECT pg_try_advisory_lock($1)", &[&id])?
             .get(0);
         if locked {
+            read_clock(&mut lock)?;
             return Ok((lock, id));
         }
         // A dead predecessor's backend still holds it: take a new id.
         id = next_instance(&mut lock, &target.schema)?;
     }
+}
+
+/// Reads the database's clock into [`clock`] (one round trip).
+fn read_clock(client: &mut Client) -> Result<(), postgres::Error> {
+    let sent = clock::local_ms();
+    let server: i64 = client.query_one(CLOCK_SQL, &[])?.get(0);
+    clock::observe(sent, server, clock::local_ms());
+    Ok(())
 }
 
 fn next_instance(client: &mut Client, schema: &str) -> Result<i64, postgres::Error> {

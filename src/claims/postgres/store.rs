@@ -8,6 +8,8 @@
 //! so the claims leg's wait loop holds no lock. Each decision first marks
 //! the thread's claims of proxy processes that are gone (`liveness`).
 
+use std::sync::Arc;
+
 use super::conn::{Fail, PgConn, Role, Tx};
 use super::leases::{end_holder_leases, lease_runs, live_lease};
 use super::liveness::sweep;
@@ -27,7 +29,7 @@ const DEFAULT_HOLDER_GONE_GRACE_MS: i64 = 1_000;
 
 /// Handle on the PostgreSQL claims, one per proxy process.
 pub struct PgClaims {
-    conn: PgConn,
+    conn: Arc<PgConn>,
     retain_ms: i64,
     superseded_grace_ms: i64,
     run_lease_ms: i64,
@@ -61,7 +63,7 @@ impl PgClaims {
         PgConn::open_now(target, Role::Operator).map(PgClaims::on)
     }
 
-    fn on(conn: PgConn) -> PgClaims {
+    fn on(conn: Arc<PgConn>) -> PgClaims {
         PgClaims {
             conn,
             retain_ms: DEFAULT_RETAIN_MS,

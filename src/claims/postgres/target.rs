@@ -234,6 +234,16 @@ impl PgTarget {
         self
     }
 
+    /// The database the claims schema is in.
+    pub fn database(&self) -> Option<&str> {
+        self.config.get_dbname()
+    }
+
+    /// The claims schema's name.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
     /// Keeps the claims in another schema (tests: one per test).
     pub fn with_schema(mut self, schema: &str) -> Result<PgTarget, TargetError> {
         let ok = !schema.is_empty()

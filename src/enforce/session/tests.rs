@@ -572,6 +572,7 @@ fn claiming_state_on(
             .collect(),
         inspection_sql_hint: false,
         evidence: None,
+        fence_in_transaction: None,
     };
     let classifier = Arc::new(Classifier::new(vec![SaverProfile::langgraph_python()]));
     let legs = Legs {
@@ -674,7 +675,7 @@ fn assert_refused_and_rest_swallowed(st: &mut SessionState, error: Option<Bytes>
     let fields: Vec<_> = crate::wire::backend::error_fields(&error).collect();
     assert!(fields.contains(&(b'C', &b"55000"[..])));
     let routes = server_routes(st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
-    assert_eq!(routes, [Route::Swallow, Route::Forward]);
+    assert_eq!(routes, [Route::Answered, Route::Forward]);
 }
 
 #[test]

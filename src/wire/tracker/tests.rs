@@ -9,12 +9,18 @@ use bytes::Bytes;
 #[derive(Default)]
 struct Marks {
     binds: Vec<bool>,
+    /// Binds of marked statements run the proxy's own statement first.
+    guard: bool,
+    /// What the guard's watch saw: errors, then completions (ok or not).
+    guard_errors: usize,
+    guard_completed: Vec<bool>,
 }
 
 impl Hooks for Marks {
     type Statement = bool;
     type Portal = ();
-    type Watch = ();
+    /// Whether the answer watched is the guard's.
+    type Watch = bool;
 
     fn admit(&mut self, sql: &str) -> Result<(), Refusal> {
         match sql.contains("forbidden") {
@@ -45,30 +51,49 @@ impl Hooks for Marks {
     fn sql_declare(&mut self, inner: &str) -> Result<(), Refusal> {
         self.sql_prepare(inner).map(|_| ())
     }
-    fn bind(&mut self, statement: &bool, _frame: &[u8]) -> Result<Bound<()>, ClientError> {
+    fn bind(&mut self, statement: &bool, _frame: &[u8]) -> Result<Bound<(), bool>, ClientError> {
         self.binds.push(*statement);
+        if self.guard && *statement {
+            return Ok(Bound::Guarded {
+                injection: Injection {
+                    sql: "SELECT check($1)".into(),
+                    params: vec![Some("t".into())],
+                },
+                watch: true,
+                portal: Some(()),
+            });
+        }
         Ok(Bound::Forward(statement.then_some(())))
     }
-    fn execute(&mut self, _portal: Option<&()>) -> Option<()> {
+    fn execute(&mut self, _portal: Option<&()>) -> Option<bool> {
         None
     }
-    fn describe_statement(&mut self, _statement: &bool) -> Option<()> {
+    fn describe_statement(&mut self, _statement: &bool) -> Option<bool> {
         None
     }
-    fn describe_portal(&mut self, _portal: Option<&()>) -> Option<()> {
+    fn describe_portal(&mut self, _portal: Option<&()>) -> Option<bool> {
         None
     }
-    fn query(&mut self, _sql: &str) -> Result<Option<()>, Refusal> {
+    fn query(&mut self, _sql: &str) -> Result<Option<bool>, Refusal> {
         Ok(None)
     }
     fn sync(&mut self) -> Option<Refusal> {
         None
     }
-    fn row(&mut self, _watch: &mut (), _frame: &[u8], _step: &mut ServerStep) {}
-    fn row_description(&mut self, _watch: &(), _frame: &[u8]) -> Option<Bytes> {
+    fn row(&mut self, _watch: &mut bool, _frame: &[u8], _step: &mut ServerStep) {}
+    fn row_description(&mut self, _watch: &bool, _frame: &[u8]) -> Option<Bytes> {
         None
     }
-    fn completed(&mut self, _watch: (), _ok: bool) {}
+    fn completed(&mut self, watch: bool, ok: bool) {
+        if watch {
+            self.guard_completed.push(ok);
+        }
+    }
+    fn answer_error(&mut self, watch: &mut bool, _frame: &[u8]) {
+        if *watch {
+            self.guard_errors += 1;
+        }
+    }
     fn error(&mut self) {}
     fn ready(&mut self, _status: TxnStatus) {}
     fn rollback(&mut self) {}
@@ -381,4 +406,92 @@ fn a_query_text_the_hooks_refuse_never_reaches_the_server() {
     server(&mut t, &[error(), ready(b'I')]);
     // Nothing of the text was applied: p is not defined.
     assert!(matches!(bind_sees(&mut t, "p"), ClientStep::Replace(_)));
+}
+
+fn routes(t: &mut Tracker<Marks>, frames: &[Vec<u8>]) -> Vec<Route> {
+    frames
+        .iter()
+        .map(|f| t.on_server(f).unwrap().route)
+        .collect()
+}
+
+fn data_row() -> Vec<u8> {
+    msg(b'D', &[0, 1, 0, 0, 0, 0])
+}
+
+#[test]
+fn a_guarded_bind_sends_the_proxys_statement_first_and_hides_its_answers() {
+    let mut t = tracker();
+    t.hooks.guard = true;
+    defined_guarded(&mut t);
+    let step = bind_sees(&mut t, "s1");
+    let ClientStep::Replace(bytes) = step else {
+        panic!("{step:?}");
+    };
+    // The proxy's six messages, then the client's Bind as sent.
+    let mut tags = Vec::new();
+    let mut at = 0;
+    while let Some(h) = crate::wire::frame::peek_frame(&bytes[at..], 1 << 20).unwrap() {
+        tags.push(h.tag);
+        at += h.total_len;
+    }
+    assert_eq!(tags, b"CPBECCB");
+    assert!(bytes.ends_with(&bind("s1")));
+    client(&mut t, &[sync()]);
+    let got = routes(
+        &mut t,
+        &[
+            msg(b'3', b""),
+            msg(b'1', b""),
+            msg(b'2', b""),
+            data_row(),
+            complete("SELECT 1"),
+            msg(b'3', b""),
+            msg(b'3', b""),
+            msg(b'2', b""),
+            ready(b'I'),
+        ],
+    );
+    use Route::{Forward as F, Swallow as S};
+    assert_eq!(got, [S, S, S, S, S, S, S, F, F]);
+    assert_eq!(t.hooks.guard_completed, [true]);
+    assert_eq!(t.hooks.guard_errors, 0);
+}
+
+#[test]
+fn the_error_of_the_proxys_statement_is_the_clients_answer() {
+    let mut t = tracker();
+    t.hooks.guard = true;
+    defined_guarded(&mut t);
+    bind_sees(&mut t, "s1");
+    client(&mut t, &[sync()]);
+    // The check raises: the server skips the rest up to Sync.
+    let got = routes(
+        &mut t,
+        &[
+            msg(b'3', b""),
+            msg(b'1', b""),
+            msg(b'2', b""),
+            error(),
+            ready(b'I'),
+        ],
+    );
+    use Route::{Forward as F, Swallow as S};
+    assert_eq!(got, [S, S, S, F, F]);
+    assert_eq!(t.hooks.guard_errors, 1);
+    assert_eq!(t.hooks.guard_completed, [false]);
+    assert!(t.is_idle());
+}
+
+#[test]
+fn an_error_at_the_proxys_parse_still_reaches_the_client() {
+    let mut t = tracker();
+    t.hooks.guard = true;
+    defined_guarded(&mut t);
+    bind_sees(&mut t, "s1");
+    client(&mut t, &[sync()]);
+    let got = routes(&mut t, &[msg(b'3', b""), error(), ready(b'I')]);
+    use Route::{Forward as F, Swallow as S};
+    assert_eq!(got, [S, F, F]);
+    assert!(t.is_idle());
 }

@@ -1,0 +1,113 @@
+"""Claims on the database's clock: two proxies whose own clocks differ by 30 s (one
+runs under ``faketime``, Debian's libfaketime) share the claims in the PostgreSQL
+they front (real PostgreSQL 15, real LangGraph).
+
+- The skewed proxy's own clock really is ahead: its audit timestamps are 30 s ahead
+  of this host's.
+- 10 races of N = 4 racers split over both proxies (gate 0 and 300 ms) fire the gated
+  node once each.
+- A claim held through the proxy whose clock is behind is not taken over through the
+  one ahead before ``lapse_ms`` of the database's time: the resume there waits for
+  the lapse. (With claim times taken from each proxy's own clock, the proxy 30 s
+  ahead saw the claim as lapsed at once, took it over, and two holders fired.)
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import racer as R
+from conftest import HOST, run_audit_cli
+from test_claims_pg import ledger, race
+from test_consume_once import one_resumer, park
+
+SKEW_S = 30
+LAPSE_MS = 4000
+
+FAKETIME = shutil.which("faketime")
+pytestmark = pytest.mark.skipif(
+    FAKETIME is None, reason="faketime missing (Debian: apt-get install faketime)")
+
+
+def start(proxy_factory, workdir, pg, dbname: str, name: str, skewed: bool):
+    state = workdir / f"skew-state-{name}-{uuid.uuid4().hex[:6]}"
+    cfg = workdir / f"skew-{name}.toml"
+    cfg.write_text(f'[claims]\nproxy_id = "{name}"\nlapse_ms = {LAPSE_MS}\n'
+                   f'holder_gone_grace_ms = 1000\nprogress_hold_ms = 10000\n')
+    kw = {}
+    if skewed:
+        kw = {"wrapper": (FAKETIME, "-f", f"+{SKEW_S}s"),
+              "env": {"FAKETIME_DONT_FAKE_MONOTONIC": "1"}}
+    return proxy_factory("--config", str(cfg), "--state-dir", str(state), name=name,
+                         upstream=f"postgres://postgres@{HOST}:{pg.port}/{dbname}", **kw)
+
+
+@pytest.fixture(scope="module")
+def skew(proxy_factory, direct_dsn, pg, workdir):
+    R.CTX["ledger_dsn"] = direct_dsn
+    R.CTX["ledger"] = None
+    here = Path(__file__).resolve().parent
+    out = subprocess.run([sys.executable, str(here / "racer.py"), "setup", "--dsn", direct_dsn],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    dbname = direct_dsn.rsplit("/", 1)[1].split("?")[0]
+    ahead = start(proxy_factory, workdir, pg, dbname, "skew-ahead", skewed=True)
+    behind = start(proxy_factory, workdir, pg, dbname, "skew-behind", skewed=False)
+    return SimpleNamespace(direct=direct_dsn, dbname=dbname, ahead=ahead, behind=behind,
+                           workdir=workdir)
+
+
+def test_the_skewed_proxys_own_clock_is_ahead(skew):
+    thread = f"skew-audit-{uuid.uuid4().hex[:8]}"
+    t0 = time.time()
+    park(skew.ahead.dsn(skew.dbname), thread)
+    evs = run_audit_cli(skew.ahead.audit_db, thread)
+    assert evs, "no audit events"
+    first = datetime.fromisoformat(evs[0]["time"].replace("Z", "+00:00"))
+    moved = first.timestamp() - t0
+    print(f"the skewed proxy's first audit event is {moved:.1f} s ahead of this host")
+    assert SKEW_S - 5 < moved < SKEW_S + 10, moved
+
+
+@pytest.mark.timeout(600)
+def test_ten_races_split_over_skewed_proxies_fire_once_each(skew):
+    fires = race(skew, [skew.ahead, skew.behind], 4, gates=(0, 300, 0, 300, 0, 300, 0, 300,
+                                                             0, 300))
+    print(f"fires per gate over two proxies {SKEW_S} s apart: {fires}")
+    assert fires == {0: [1] * 5, 300: [1] * 5}, fires
+
+
+@pytest.mark.timeout(120)
+def test_a_claim_held_behind_is_not_taken_over_ahead_before_its_lapse(skew):
+    thread = f"skew-lapse-{uuid.uuid4().hex[:8]}"
+    iid = park(skew.behind.dsn(skew.dbname), thread)[0]["id"]
+    # An unmarked get_state through the proxy whose clock is behind claims the
+    # parked head; its connection stays open (the holder is alive).
+    R.CTX["racer"] = "looker"
+    resumer = one_resumer(skew, skew.ahead.dsn(skew.dbname), thread, "sk-", interrupt_id=iid)
+    try:
+        resumer.ready(0)
+        with R.Runner("conn", skew.behind.dsn(skew.dbname)) as looker:
+            st = looker.get_state("one", thread)
+            assert st.interrupts, st
+            claimed_at = time.time()
+            t_go, r = resumer.go_and_finish()
+    finally:
+        resumer.kill()
+    waited = r["t_end"] - claimed_at
+    print(f"the resume through the proxy {SKEW_S} s ahead, released {t_go - claimed_at:.2f} s "
+          f"after the claim, was served {waited:.2f} s after it (lapse {LAPSE_MS} ms of the "
+          f"database's time)")
+    assert t_go - claimed_at < 1.0, "the resume must race the live claim"
+    assert r["ok"], r
+    assert waited >= LAPSE_MS / 1000 - 0.5, waited
+    assert [row[0] for row in ledger(skew, thread)] == [resumer.ids[0]]
