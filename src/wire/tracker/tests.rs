@@ -321,3 +321,5 @@ fn a_malformed_message_the_server_answers_ends_the_session() {
     // Messages nobody answers pass as they are.
     assert_eq!(t.on_client(&msg(b'H', b"")).unwrap(), ClientStep::Forward);
 }
+
+mod lookups;
