@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 import socket
 import statistics
-import struct
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pgraw as R
@@ -42,14 +42,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def tags_of(data: bytes) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    i = 0
-    while i + 5 <= len(data):
-        tag = chr(data[i])
-        (length,) = struct.unpack_from("!i", data, i + 1)
-        counts[tag] = counts.get(tag, 0) + 1
-        i += 1 + length
-    return counts
+    return dict(Counter(tag.decode() for tag, _ in R.split_messages(data)))
 
 
 def pipeline(port: int, dbname: str, payload: bytes, readies: int,
