@@ -7,7 +7,9 @@
 //! after an ErrorResponse in the extended protocol the server skips every
 //! message up to the next Sync, so those entries are dropped; a simple
 //! Query and a FunctionCall end at ReadyForQuery; Flush, CopyData and
-//! CopyDone expect nothing.
+//! CopyDone expect nothing. Every operation touches only the entries it
+//! adds or removes, so a deep pipeline costs the same per message as a
+//! shallow one.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -100,6 +102,10 @@ impl fmt::Display for Desync {
 
 impl std::error::Error for Desync {}
 
+/// Entries kept allocated once the queue drains; a deep pipeline's larger
+/// buffer is let go.
+const KEEP_ENTRIES: usize = 1024;
+
 #[derive(Debug)]
 pub struct ResponseQueue<T> {
     entries: VecDeque<Entry<T>>,
@@ -130,11 +136,12 @@ impl<T> ResponseQueue<T> {
         self.entries.len()
     }
 
-    /// Queues the response to a request forwarded to the server.
-    pub fn push(&mut self, expect: Expect, route: Route, payload: Option<T>) {
+    /// Queues the response to a request forwarded to the server. False
+    /// when the server will not answer it (it is skipping to a Sync).
+    pub fn push(&mut self, expect: Expect, route: Route, payload: Option<T>) -> bool {
         if self.skipping_to_sync {
             if expect != Expect::Sync {
-                return;
+                return false;
             }
             self.skipping_to_sync = false;
         }
@@ -143,6 +150,7 @@ impl<T> ResponseQueue<T> {
             route,
             payload,
         });
+        true
     }
 
     /// Queues the response for the client message with type `tag`, if it
@@ -170,6 +178,17 @@ impl<T> ResponseQueue<T> {
         self.entries.iter().filter_map(|e| e.payload.as_ref())
     }
 
+    /// What the next server message answers.
+    #[cfg(test)]
+    pub fn front_expect(&self) -> Option<&Expect> {
+        self.entries.front().map(|e| &e.expect)
+    }
+
+    /// The payload of the entry queued last.
+    pub fn back_payload(&self) -> Option<&T> {
+        self.entries.back().and_then(|e| e.payload.as_ref())
+    }
+
     /// The payload of the entry the next server message belongs to.
     pub fn front_payload_mut(&mut self) -> Option<&mut T> {
         self.entries.front_mut().and_then(|e| e.payload.as_mut())
@@ -190,6 +209,17 @@ impl<T> ResponseQueue<T> {
 
     /// Matches one server message (by type byte) against the queue.
     pub fn on_server(&mut self, tag: u8) -> Result<Progress<T>, Desync> {
+        self.on_server_with(tag, |_| {})
+    }
+
+    /// Matches one server message against the queue, showing `leaving`
+    /// every entry that leaves it, oldest first: the one the message
+    /// completes (also returned), and those the server will never answer.
+    pub fn on_server_with(
+        &mut self,
+        tag: u8,
+        mut leaving: impl FnMut(&Entry<T>),
+    ) -> Result<Progress<T>, Desync> {
         if matches!(tag, b'N' | b'A' | b'S') {
             return Ok(Progress::Async);
         }
@@ -204,14 +234,15 @@ impl<T> ResponseQueue<T> {
         let route = front.route;
         let expect = front.expect.clone();
         match (tag, &expect) {
-            (b'Z', e) if e.ends_at_ready() => self.complete(route),
+            (b'Z', e) if e.ends_at_ready() => self.complete(route, leaving),
             (b'Z', _) => {
                 // Entries that never got their answer: drop them up to the
                 // first one ReadyForQuery closes.
                 while let Some(e) = self.entries.front() {
                     if e.expect.ends_at_ready() {
-                        return self.complete(route);
+                        return self.complete(route, leaving);
                     }
+                    leaving(e);
                     self.entries.pop_front();
                 }
                 Err(self.desync(tag))
@@ -221,17 +252,17 @@ impl<T> ResponseQueue<T> {
                 Ok(Progress::Within { route })
             }
             (b'E', _) => {
-                let done = self.complete_entry();
-                let mut kept = VecDeque::with_capacity(self.entries.len());
-                let mut found_sync = false;
-                while let Some(e) = self.entries.pop_front() {
-                    if found_sync || e.expect == Expect::Sync {
-                        found_sync = true;
-                        kept.push_back(e);
+                let done = self.complete_entry(&mut leaving);
+                // The server skips every message up to the next Sync.
+                while let Some(e) = self.entries.front() {
+                    if e.expect == Expect::Sync {
+                        break;
                     }
+                    leaving(e);
+                    self.entries.pop_front();
                 }
-                self.entries = kept;
-                self.skipping_to_sync = !found_sync;
+                self.skipping_to_sync = self.entries.is_empty();
+                self.release_if_drained();
                 Ok(Progress::Completed {
                     route: Route::Forward,
                     done,
@@ -241,7 +272,7 @@ impl<T> ResponseQueue<T> {
             | (b'2', Expect::BindComplete)
             | (b'3', Expect::CloseComplete)
             | (b'T' | b'n', Expect::DescribeStatement | Expect::DescribePortal)
-            | (b'C' | b'I' | b's', Expect::Execute) => self.complete(route),
+            | (b'C' | b'I' | b's', Expect::Execute) => self.complete(route, leaving),
             (b't', Expect::DescribeStatement)
             | (b'D' | b'G' | b'H' | b'W' | b'd' | b'c', Expect::Execute)
             | (b'V', Expect::FunctionCall)
@@ -250,12 +281,20 @@ impl<T> ResponseQueue<T> {
         }
     }
 
-    fn complete(&mut self, route: Route) -> Result<Progress<T>, Desync> {
-        let done = self.complete_entry();
+    fn complete(
+        &mut self,
+        route: Route,
+        mut leaving: impl FnMut(&Entry<T>),
+    ) -> Result<Progress<T>, Desync> {
+        let done = self.complete_entry(&mut leaving);
+        self.release_if_drained();
         Ok(Progress::Completed { route, done })
     }
 
-    fn complete_entry(&mut self) -> Entry<T> {
+    fn complete_entry(&mut self, leaving: &mut impl FnMut(&Entry<T>)) -> Entry<T> {
+        if let Some(e) = self.entries.front() {
+            leaving(e);
+        }
         match self.entries.pop_front() {
             Some(e) => e,
             // Callers check for a front entry before completing it.
@@ -264,6 +303,13 @@ impl<T> ResponseQueue<T> {
                 route: Route::Forward,
                 payload: None,
             },
+        }
+    }
+
+    /// Lets a deep pipeline's buffer go once it is answered.
+    fn release_if_drained(&mut self) {
+        if self.entries.is_empty() && self.entries.capacity() > KEEP_ENTRIES {
+            self.entries.shrink_to(KEEP_ENTRIES);
         }
     }
 

@@ -24,7 +24,10 @@ use super::response_queue::{Desync, Expect, Progress, ResponseQueue, Route};
 use super::sasl_plus;
 use super::sql_commands::{scan, SqlCommand};
 
+mod name_changes;
 mod names;
+mod sql_changes;
+mod unanswered;
 
 pub use super::hooks::{
     Bound, Hooks, Refusal, TxnStatus, FEATURE_NOT_SUPPORTED, INVALID_STATEMENT_NAME,
@@ -32,6 +35,8 @@ pub use super::hooks::{
 use names::{
     apply_command, commands_of, Change, Executes, Lookup, Names, Pending, Portal, Statement,
 };
+use sql_changes::SqlChanges;
+use unanswered::Unanswered;
 
 /// How much of a Bind's body may hold its portal and statement names.
 const BIND_NAMES_WITHIN: usize = 64 * 1024;
@@ -39,6 +44,8 @@ const BIND_NAMES_WITHIN: usize = 64 * 1024;
 pub struct Tracker<H: Hooks> {
     pub hooks: H,
     queue: ResponseQueue<Pending<H>>,
+    /// What the changes in `queue` will do, by name.
+    unanswered: Unanswered<H>,
     statements: Names<Statement<H::Statement>>,
     portals: Names<Portal<H::Portal, H::Statement>>,
     segment: u64,
@@ -52,6 +59,7 @@ impl<H: Hooks> Tracker<H> {
         Tracker {
             hooks,
             queue: ResponseQueue::new(),
+            unanswered: Unanswered::default(),
             statements: Names::default(),
             portals: Names::default(),
             segment: 0,
@@ -79,7 +87,21 @@ impl<H: Hooks> Tracker<H> {
 
     /// No answer is owed for a message sent before the latest Sync.
     pub fn settled(&self) -> bool {
-        self.queue.payloads().all(|p| p.segment >= self.segment)
+        self.unanswered.settled(self.segment)
+    }
+
+    /// A statement name as the server will see it when it reaches the
+    /// message being tracked now.
+    fn statement(&self, name: &[u8]) -> Lookup<Statement<H::Statement>> {
+        self.unanswered
+            .statement(name, self.statements.get(name), self.segment)
+    }
+
+    /// A portal name as the server will see it when it reaches the
+    /// message being tracked now.
+    fn portal(&self, name: &[u8]) -> Lookup<Portal<H::Portal, H::Statement>> {
+        self.unanswered
+            .portal(name, self.portals.get(name), self.segment)
     }
 
     /// Whether a client message may stream past the tracker, decided from
@@ -142,7 +164,11 @@ impl<H: Hooks> Tracker<H> {
             segment: self.segment,
             change,
         });
-        self.queue.push(expect, route, payload);
+        if self.queue.push(expect, route, payload) {
+            if let Some(pending) = self.queue.back_payload() {
+                self.unanswered.add(pending);
+            }
+        }
     }
 
     /// Tracks one client message on its way to the server.
@@ -183,7 +209,7 @@ impl<H: Hooks> Tracker<H> {
                     .hooks
                     .execute(binding.as_ref().and_then(|b| b.annotation.as_ref()));
                 let commands = binding
-                    .map(|b| commands_of(&b.commands).to_vec())
+                    .map(|b| SqlChanges::new(commands_of(&b.commands).iter().cloned(), false))
                     .unwrap_or_default();
                 let change = Change::Answer {
                     watch: watch.map(Box::new),
@@ -215,7 +241,7 @@ impl<H: Hooks> Tracker<H> {
                 };
                 let change = Change::Answer {
                     watch: watch.map(Box::new),
-                    commands: Vec::new(),
+                    commands: SqlChanges::default(),
                     resets_unnamed: false,
                 };
                 self.push(expect, Route::Forward, Some(change));
@@ -436,7 +462,7 @@ impl<H: Hooks> Tracker<H> {
         };
         let change = Change::Answer {
             watch: watch.map(Box::new),
-            commands,
+            commands: SqlChanges::new(commands, true),
             resets_unnamed: true,
         };
         self.push(Expect::Query, Route::Forward, Some(change));
@@ -518,21 +544,21 @@ impl<H: Hooks> Tracker<H> {
                 }
                 (Backend::ErrorResponse { .. }, Some(w)) => self.hooks.answer_error(w, frame),
                 (Backend::CommandComplete { tag: completion }, _) => {
-                    // The next unconfirmed command this tag confirms (an
-                    // EXECUTE'd statement's own tag can come in between).
-                    if let Some(at) = commands
-                        .iter()
-                        .position(|(c, _)| c.changes_namespace())
-                        .filter(|at| commands[*at].0.confirmed_by(completion))
-                    {
-                        let (command, defines) = commands.remove(at);
-                        apply_command(&mut self.statements, command, defines);
+                    if let Some(confirmed) = commands.confirm_next(completion) {
+                        self.unanswered.sql_confirmed(&confirmed, commands);
+                        apply_command(&mut self.statements, confirmed.command, confirmed.defines);
                     }
                 }
                 _ => {}
             }
         }
-        match self.queue.on_server(tag)? {
+        let unanswered = &mut self.unanswered;
+        let progress = self.queue.on_server_with(tag, |left| {
+            if let Some(pending) = &left.payload {
+                unanswered.forget_oldest(pending);
+            }
+        })?;
+        match progress {
             Progress::Async => {
                 if let Backend::ParameterStatus { name, value } = message {
                     self.hooks.parameter_status(name, value);

@@ -10,7 +10,7 @@ use foldhash::fast::RandomState;
 use super::super::frontend::Target;
 use super::super::hooks::{Hooks, Refusal};
 use super::super::sql_commands::SqlCommand;
-use super::Tracker;
+use super::sql_changes::SqlChanges;
 
 /// SQL-level commands of a text, each `PREPARE` with the annotation of
 /// the statement it defines.
@@ -83,7 +83,7 @@ pub(super) enum Change<H: Hooks> {
     /// whose CommandComplete changes statements.
     Answer {
         watch: Option<Box<H::Watch>>,
-        commands: Commands<H::Statement>,
+        commands: SqlChanges<H::Statement>,
         /// A simple Query drops the unnamed statement and portal.
         resets_unnamed: bool,
     },
@@ -96,6 +96,7 @@ pub(super) struct Pending<H: Hooks> {
 }
 
 /// A statement name's state as the server will see it.
+#[derive(Debug, PartialEq)]
 pub(super) enum Lookup<S> {
     Known(Option<S>),
     /// Depends on answers still owed for an earlier Sync.
@@ -155,109 +156,43 @@ impl<T> Names<T> {
     pub(super) fn clear_named(&mut self) {
         self.named.clear();
     }
-}
 
-impl<H: Hooks> Tracker<H> {
-    /// A statement name as the server will see it when it reaches the
-    /// message being tracked now.
-    pub(super) fn statement(&self, name: &[u8]) -> Lookup<Statement<H::Statement>> {
-        let mut lookup = Settle::new(self.statements.get(name).cloned(), self.segment);
-        for p in self.queue.payloads() {
-            let effect = match &p.change {
-                Change::Define { name: n, statement } if n == name => Some(statement.clone()),
-                Change::Close {
-                    target: Target::Statement,
-                    name: n,
-                } if n == name => None,
-                Change::Answer {
-                    resets_unnamed: true,
-                    ..
-                } if name.is_empty() => None,
-                Change::Answer { commands, .. } => {
-                    let found = commands.iter().rev().find_map(|(c, s)| match c {
-                        SqlCommand::Prepare { name: n, .. } if n.as_bytes() == name => {
-                            Some(s.clone().map(Statement::new))
-                        }
-                        SqlCommand::Deallocate { name: n } if n.as_bytes() == name => Some(None),
-                        SqlCommand::DeallocateAll => Some(None),
-                        _ => None,
-                    });
-                    match found {
-                        Some(effect) => effect,
-                        None => continue,
-                    }
-                }
-                _ => continue,
-            };
-            lookup.change(p.segment, effect, |a, b| a == b);
-        }
-        lookup.finish()
+    /// Every one of them.
+    #[cfg(test)]
+    pub(super) fn values(&self) -> impl Iterator<Item = &T> {
+        self.unnamed.iter().chain(self.named.values())
     }
 
-    pub(super) fn portal(&self, name: &[u8]) -> Lookup<Portal<H::Portal, H::Statement>> {
-        // Two unwatched portals are alike whatever they run.
-        let plain = |p: &Option<Portal<_, _>>| p.as_ref().is_none_or(Portal::is_plain);
-        let mut lookup = Settle::new(self.portals.get(name).cloned(), self.segment);
-        for p in self.queue.payloads() {
-            let effect = match &p.change {
-                Change::Bind { portal, binding } if portal == name => Some(binding.clone()),
-                Change::Close {
-                    target: Target::Portal,
-                    name: n,
-                } if n == name => None,
-                Change::Answer {
-                    resets_unnamed: true,
-                    ..
-                } if name.is_empty() => None,
-                _ => continue,
-            };
-            lookup.change(p.segment, effect, |a, b| plain(a) && plain(b));
-        }
-        lookup.finish()
-    }
-}
-
-/// The state a name will have, from its confirmed state and the
-/// unconfirmed changes to it, fed oldest first.
-struct Settle<T> {
-    confirmed: Option<T>,
-    segment: u64,
-    last: Option<(u64, Option<T>)>,
-    /// Some earlier change would leave the name unlike its confirmed state.
-    differs: bool,
-}
-
-impl<T> Settle<T> {
-    fn new(confirmed: Option<T>, segment: u64) -> Self {
-        Settle {
-            confirmed,
-            segment,
-            last: None,
-            differs: false,
+    /// Changes the one called `name`, made first if there is none.
+    pub(super) fn update(&mut self, name: &[u8], change: impl FnOnce(&mut T))
+    where
+        T: Default,
+    {
+        if name.is_empty() {
+            change(self.unnamed.get_or_insert_with(T::default));
+        } else if let Some(value) = self.named.get_mut(name) {
+            change(value);
+        } else {
+            change(self.named.entry(name.to_vec()).or_default());
         }
     }
 
-    fn change(
+    /// Changes the one called `name`, if there is one: `change` says what
+    /// it found and whether to keep it (the unnamed one is always kept, so
+    /// what it holds stays allocated for the next round).
+    pub(super) fn update_existing<R>(
         &mut self,
-        segment: u64,
-        effect: Option<T>,
-        same: impl Fn(&Option<T>, &Option<T>) -> bool,
-    ) {
-        self.differs |= !same(&effect, &self.confirmed);
-        self.last = Some((segment, effect));
-    }
-
-    fn finish(self) -> Lookup<T> {
-        match self.last {
-            None => Lookup::Known(self.confirmed),
-            // A change sent since the latest Sync: if it fails, the server
-            // skips everything up to the next Sync, this message included.
-            Some((s, effect)) if s == self.segment => Lookup::Known(effect),
-            // Whichever of the earlier changes the server accepts, the name
-            // ends up the same.
-            Some(_) if !self.differs => Lookup::Known(self.confirmed),
-            Some(_) => Lookup::Ambiguous,
+        name: &[u8],
+        change: impl FnOnce(&mut T) -> (R, bool),
+    ) -> Option<R> {
+        if name.is_empty() {
+            return self.unnamed.as_mut().map(|v| change(v).0);
         }
+        let (found, keep) = change(self.named.get_mut(name)?);
+        if !keep {
+            self.named.remove(name);
+        }
+        Some(found)
     }
 }
 

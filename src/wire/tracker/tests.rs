@@ -495,3 +495,5 @@ fn an_error_at_the_proxys_parse_still_reaches_the_client() {
     assert_eq!(got, [S, F, F]);
     assert!(t.is_idle());
 }
+
+mod lookups;
