@@ -68,6 +68,12 @@ fn proxy(upstream: SocketAddr) -> Arc<Proxy> {
     Arc::new(Proxy::new(config, Arc::new(PassThrough)))
 }
 
+/// An address nothing listens on.
+fn nowhere() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap()
+}
+
 /// A client connected to a proxy session served on its own thread.
 fn connect_through(proxy: Arc<Proxy>) -> (TcpStream, JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -182,17 +188,13 @@ fn a_startup_then_end_of_file_gets_the_whole_login() {
 
 #[test]
 fn a_terminate_before_the_startup_is_closed_without_a_word() {
-    // Nothing listens here: the connection never gets that far.
-    let nowhere = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    // The connection never gets as far as the server.
     for first in [
         &message(b'X', b"")[..],
         b"GET / HTTP/1.1\r\n",
         &[0, 0, 0, 12, 4, 210, 22, 46, 0, 0, 0, 7],
     ] {
-        let (mut client, session) = connect_through(proxy(nowhere));
+        let (mut client, session) = connect_through(proxy(nowhere()));
         client.write_all(first).unwrap();
         assert_eq!(read_to_end(&mut client), b"", "{first:?}");
         session.join().unwrap();
@@ -216,11 +218,7 @@ fn a_protocol_two_startup_gets_the_servers_own_answer() {
 
 #[test]
 fn a_protocol_two_startup_with_no_server_is_answered_in_its_shape() {
-    let nowhere = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let (mut client, session) = connect_through(proxy(nowhere));
+    let (mut client, session) = connect_through(proxy(nowhere()));
     client.write_all(&startup(2 << 16)).unwrap();
     let got = read_to_end(&mut client);
     session.join().unwrap();
