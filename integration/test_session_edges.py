@@ -1,20 +1,31 @@
 """Connection edges a client meets before and after its work, on raw sockets,
 each beside the same bytes straight to PostgreSQL: a client's own Terminate
-is answered by a quiet close, bytes sent with the StartupMessage are served,
-startup and authentication have one deadline however slowly bytes arrive,
-and messages before authentication are small."""
+is answered by a quiet close, and so is one sent before any StartupMessage
+(node-postgres's connect() then end()); a client that half-closes after its
+messages still gets every answer; a protocol 2.0 startup gets PostgreSQL's
+own answer; bytes sent with the StartupMessage are served, startup and
+authentication have one deadline however slowly bytes arrive, and messages
+before authentication are small."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import socket
 import struct
+import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 import pgraw as R
 from conftest import HOST, SCRAM_USER, SUPERUSER, connect
+
+JS_DIR = Path(__file__).resolve().parent / "js"
+NODE = os.environ.get("RG_NODE") or shutil.which("node")
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +59,101 @@ def test_terminate_is_answered_by_a_quiet_close(target, pg, proxy, dbname):
         after = read_all(s.sock)
         s.sock.close()
         assert after == b"", f"{target}: bytes after Terminate: {after[:200]!r}"
+
+
+def half_closed(port: int, data: bytes) -> bytes:
+    """Sends `data`, half-closes (SHUT_WR), and reads until the peer closes."""
+    sock = R.connect(HOST, port)
+    sock.sendall(data)
+    sock.shutdown(socket.SHUT_WR)
+    out = read_all(sock, timeout=10)
+    sock.close()
+    return out
+
+
+def shape(data: bytes) -> list[tuple[bytes, bytes]]:
+    """The messages, all of them whole, each backend's own key masked."""
+    msgs = R.split_messages(data)
+    whole = sum(5 + len(p) for _, p in msgs)
+    assert whole == len(data), f"not whole messages: {data[whole:][:200]!r}"
+    return [(tag, b"<key>" if tag == b"K" else payload) for tag, payload in msgs]
+
+
+@pytest.mark.parametrize("first", [R.terminate(), R.terminate() + R.startup_message(SUPERUSER, "postgres")],
+                         ids=["terminate", "terminate-then-startup"])
+@pytest.mark.parametrize("target", ["direct", "proxy"])
+def test_a_terminate_before_the_startup_is_closed_without_a_word(target, first, pg, proxy):
+    """PostgreSQL reads the Terminate's first four bytes as a length word out of
+    range, logs it and closes without a word."""
+    port = pg.port if target == "direct" else proxy.port
+    for _ in range(10):
+        sock = R.connect(HOST, port)
+        sock.sendall(first)
+        after = read_all(sock)
+        sock.close()
+        assert after == b"", f"{target}: {after[:200]!r}"
+
+
+def test_node_postgres_connect_then_end_closes_cleanly(pg, proxy, dbname):
+    """node-postgres's own quick-disconnect test, 20 times each way: its
+    Terminate goes out before the StartupMessage, and an `error` event (which
+    kills a process without a listener) must not come."""
+    if NODE is None:
+        pytest.fail("node is not installed: node-postgres is NOT tested")
+    if not (JS_DIR / "node_modules" / "pg").is_dir():
+        pytest.fail(f"{JS_DIR}/node_modules has no pg: run `npm ci` there")
+    results = {}
+    for target, port in (("direct", pg.port), ("proxy", proxy.port)):
+        cfg = {"host": HOST, "port": port, "user": SUPERUSER, "database": dbname}
+        cp = subprocess.run([NODE, "quick_disconnect.mjs", json.dumps(cfg), "20"], cwd=JS_DIR,
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+        assert cp.returncode == 0, f"{target}: node exited {cp.returncode}\n{cp.stdout}\n{cp.stderr}"
+        results[target] = json.loads(cp.stdout.strip().splitlines()[-1])
+    assert results["direct"]["clean"] == 20, results["direct"]
+    assert results["proxy"]["clean"] == 20, results["proxy"]
+    assert "closed connection start without a word" in proxy.stderr_path.read_text()
+
+
+HALF_CLOSED = {
+    "login": lambda db: R.startup_message(SUPERUSER, db),
+    "scram-login": lambda db: R.startup_message(SCRAM_USER, db),
+    "query": lambda db: R.startup_message(SUPERUSER, db)
+    + R.query("select 1 as a, 'x' as b; select generate_series(1, 3)"),
+    "query-error": lambda db: R.startup_message(SUPERUSER, db) + R.query("select 1/0"),
+    "extended": lambda db: R.startup_message(SUPERUSER, db)
+    + R.parse("", "select $1::int * 2") + R.bind("", "", [b"21"]) + R.describe_portal()
+    + R.execute() + R.sync() + R.parse("", "selct") + R.sync(),
+    "query-without-sync": lambda db: R.startup_message(SUPERUSER, db)
+    + R.query("select 7") + R.parse("", "select 8") + R.bind("", "") + R.execute(),
+}
+
+
+@pytest.mark.parametrize("case", list(HALF_CLOSED))
+def test_a_half_closed_client_gets_every_answer(case, pg, proxy, dbname):
+    """Messages, then shutdown(SHUT_WR): PostgreSQL answers everything it was
+    sent, then sees the end and closes. The proxy passes the half-close on and
+    relays until the server closes: the same messages (the backend key aside)."""
+    data = HALF_CLOSED[case](dbname)
+    direct = shape(half_closed(pg.port, data))
+    proxied = shape(half_closed(proxy.port, data))
+    assert direct, "PostgreSQL answered nothing"
+    assert proxied == direct
+
+
+@pytest.mark.parametrize("major, minor", [(2, 0), (1, 0), (4, 0)])
+def test_an_unsupported_protocol_gets_postgresqls_own_answer(major, minor, pg, proxy, dbname):
+    """PostgreSQL answers a 2.0 startup in protocol 2.0 (`E`, text, NUL) and a 4.0
+    one with an ErrorResponse; through the proxy the bytes are the same."""
+    packet = R.startup_message(SUPERUSER, dbname, version=R.version_code(major, minor))
+    answers = {}
+    for target, port in (("direct", pg.port), ("proxy", proxy.port)):
+        sock = R.connect(HOST, port)
+        sock.sendall(packet)
+        answers[target] = read_all(sock)
+        sock.close()
+    expected_start = b"EFATAL:  unsupported frontend protocol" if major < 3 else b"E\x00"
+    assert answers["direct"].startswith(expected_start), answers
+    assert answers["proxy"] == answers["direct"]
 
 
 @pytest.mark.parametrize("target", ["direct", "proxy"])

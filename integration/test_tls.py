@@ -20,6 +20,7 @@ import os
 import pwd
 import shutil
 import socket
+import ssl
 import struct
 import subprocess
 import threading
@@ -30,8 +31,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from conftest import (HOST, IS_ROOT, PSQL, REPO, PgServer, Proxy, connect, make_dsn,
-                      pg_env)
+import pgraw as R
+from conftest import (HOST, IS_ROOT, PSQL, REPO, SUPERUSER, PgServer, Proxy, connect,
+                      make_dsn, pg_env)
 from lg_scenarios import park, resume, setup_db
 
 TLS_USER = "tls_scram"
@@ -411,3 +413,81 @@ def test_large_values_both_ways_over_tls(tls_proxy, certs):
         assert c.execute("SELECT length(%s::text)", (big,)).fetchone()[0] == len(big)
         rows = c.execute("SELECT repeat(md5(g::text), 1000) FROM generate_series(1, 750) g").fetchall()
         assert len(rows) == 750 and all(len(r[0]) == 32_000 for r in rows)
+
+
+def tls_half_closed(port: int, data: bytes, close_notify: bool) -> bytes:
+    """SSLRequest, a TLS handshake, `data`, then the client's end: a
+    close_notify with the TCP connection left open, or a bare TCP half-close
+    with no close_notify. The plaintext read until the peer closes."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    sock = socket.create_connection((HOST, port), timeout=10)
+    sock.sendall(R.ssl_request())
+    assert R.recv_exact(sock, 1) == b"S"
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ctx.wrap_bio(incoming, outgoing, server_hostname="localhost")
+
+    def send_pending():
+        pending = outgoing.read()
+        if pending:
+            sock.sendall(pending)
+
+    def receive() -> bool:
+        chunk = sock.recv(65536)
+        if not chunk:
+            incoming.write_eof()
+        else:
+            incoming.write(chunk)
+        return bool(chunk)
+
+    while True:
+        try:
+            tls.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            send_pending()
+            assert receive(), "closed during the TLS handshake"
+    send_pending()
+    tls.write(data)
+    send_pending()
+    if close_notify:
+        try:
+            tls.unwrap()
+        except ssl.SSLWantReadError:
+            pass
+        send_pending()
+    else:
+        sock.shutdown(socket.SHUT_WR)
+    plain = b""
+    while True:
+        try:
+            chunk = tls.read(65536)
+        except ssl.SSLWantReadError:
+            if not receive():
+                break
+        except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+            break
+        else:
+            if not chunk:  # the peer's close_notify
+                break
+            plain += chunk
+    sock.close()
+    return plain
+
+
+@pytest.mark.parametrize("close_notify", [True, False], ids=["close_notify", "bare-fin"])
+def test_a_half_closed_tls_client_gets_every_answer(tls_proxy, tls_pg, close_notify):
+    """The half-close of test_session_edges over TLS on both sides: the client
+    ends its TLS stream after a query; the proxy passes the end on (close_notify
+    and a half-close towards the TLS server) and relays every answer, as
+    PostgreSQL answers a TLS client of its own."""
+    data = (R.startup_message(SUPERUSER, "postgres")
+            + R.query("select 1 as a; select generate_series(1, 3)"))
+    answers = {}
+    for target, port in (("direct", tls_pg.port), ("proxy", tls_proxy.port)):
+        msgs = R.split_messages(tls_half_closed(port, data, close_notify))
+        answers[target] = [(t, b"<key>" if t == b"K" else p) for t, p in msgs]
+    tags = [t for t, _ in answers["direct"]]
+    assert tags[-1] == b"Z" and tags.count(b"D") == 4, tags
+    assert answers["proxy"] == answers["direct"]

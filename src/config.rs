@@ -448,6 +448,7 @@ mod tests {
         let default = toml::from_str::<Config>("").unwrap();
         assert_eq!(default.admin_listen(), AdminListen::Default);
         assert_eq!(default.admin.token, None);
+        assert_eq!(default.admin.max_connections, 64);
         let off = toml::from_str::<Config>("admin_listen = \"off\"").unwrap();
         assert_eq!(off.admin_listen(), AdminListen::Off);
         let set =
@@ -458,6 +459,12 @@ mod tests {
             AdminListen::Explicit("0.0.0.0:9187".into())
         );
         assert_eq!(set.admin.token.as_deref(), Some("s3"));
+        assert_eq!(
+            set.admin.max_connections, 64,
+            "the token alone keeps the cap"
+        );
+        let capped = toml::from_str::<Config>("[admin]\nmax_connections = 8").unwrap();
+        assert_eq!(capped.admin.max_connections, 8);
         assert!(toml::from_str::<Config>("[admin]\ntokn = \"x\"").is_err());
     }
 

@@ -11,6 +11,7 @@ pub mod claims;
 pub mod config;
 pub mod enforce;
 pub mod error_chain;
+pub mod fd_limit;
 pub mod log_text;
 pub mod managed_pg;
 pub mod policy;

@@ -9,7 +9,7 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use resumeguard::admin::{self, AdminState};
+use resumeguard::admin::{self, AdminLimits, AdminState};
 use resumeguard::audit::{AuditSink, TrailSource};
 use resumeguard::claims::evidence;
 use resumeguard::claims::location::{postgres_target, store_location, LocationError};
@@ -20,6 +20,7 @@ use resumeguard::enforce::claim_gate::{ClaimsLeg, InTransactionFence};
 use resumeguard::enforce::own_schema::OwnSchema;
 use resumeguard::enforce::reload::Reloadable;
 use resumeguard::enforce::{Enforcement, Legs};
+use resumeguard::fd_limit;
 use resumeguard::policy::claims::COMMIT_COVER_MS;
 use resumeguard::policy::ChannelRules;
 use resumeguard::wire::upstream::UpstreamAddr;
@@ -27,6 +28,33 @@ use resumeguard::wire::{listener, proxy::Proxy};
 
 use crate::reload::{load_rules, Reloader};
 use crate::startup::{start_managed, Received, Signals, Startup};
+
+/// Raises the soft limit on open files to the hard one, and says when it
+/// still admits fewer sessions than `max_client_conn` (two descriptors
+/// each). The soft limit now, if it can be read.
+fn open_file_limit(max_client_conn: usize) -> Option<u64> {
+    match fd_limit::raise_nofile() {
+        Ok((before, after)) => {
+            if after > before {
+                tracing::info!(before, after, "open file limit raised to the hard limit");
+            }
+            let sessions = after.saturating_sub(FDS_BESIDE_SESSIONS) / 2;
+            if sessions < max_client_conn as u64 {
+                tracing::warn!(open_file_limit = after, sessions, max_client_conn,
+                    "the open file limit admits fewer sessions than max_client_conn: raise the hard limit (ulimit -Hn, LimitNOFILE=)");
+            }
+            Some(after)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read or raise the open file limit");
+            fd_limit::nofile().ok().map(|(soft, _)| soft)
+        }
+    }
+}
+
+/// Descriptors the process holds besides its sessions' (listeners, the
+/// runtime, stores, logs, the admin API's share), roughly.
+const FDS_BESIDE_SESSIONS: u64 = 128;
 
 pub fn serve(cfg: Config) -> anyhow::Result<()> {
     // The event loop only accepts connections and watches for signals;
@@ -125,8 +153,11 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
                 claims_at,
                 token: cfg.admin.token.clone(),
             };
-            if let Some(addr) = admin::start(&cfg.admin_listen(), admin_state).await? {
-                tracing::info!(listen = %addr, "admin API and /metrics");
+            let nofile = open_file_limit(proxy.config.max_client_conn);
+            let admin_limits = AdminLimits::new(cfg.admin.max_connections, nofile);
+            let max_connections = admin_limits.max_connections;
+            if let Some(addr) = admin::start(&cfg.admin_listen(), admin_limits, admin_state).await? {
+                tracing::info!(listen = %addr, max_connections, "admin API and /metrics");
             }
             tracing::info!(listen = %local, %upstream, audit = %cfg.audit_db().display(), "resumeguard serving");
             let user = if managed.is_some() { "postgres@" } else { "" };

@@ -32,6 +32,9 @@ const READY_DEADLINE: Duration = Duration::from_secs(3);
 
 type Shared = Arc<AdminState>;
 
+mod connections;
+pub use connections::{serve, AdminLimits, DEFAULT_MAX_CONNECTIONS};
+
 /// Every admin endpoint.
 pub fn router(state: Shared) -> Router {
     Router::new()

@@ -4,7 +4,8 @@
 //! runtime that accepts client connections, never on a relay thread.
 //!
 //! - `metrics`: the recorder, help texts, decision counters, scrape-time values.
-//! - `http`: the routes, readiness, the bearer token of mutating endpoints.
+//! - `http`: the routes, readiness, the bearer token of mutating endpoints,
+//!   and the listener's connection limits and deadlines.
 //! - `ledger`: a thread's approvals as a state machine, from its audit trail.
 //! - `views`: claims and sessions as JSON.
 
@@ -24,7 +25,7 @@ use crate::audit::AuditSink;
 use crate::claims::ClaimStore;
 use crate::wire::proxy::Proxy;
 
-pub use http::router;
+pub use http::{router, AdminLimits, DEFAULT_MAX_CONNECTIONS};
 pub use ledger::{thread_ledger, ApprovalState, ThreadLedger};
 
 /// Why the admin listener could not start.
@@ -52,12 +53,24 @@ pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:6433";
 const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 /// `[admin]` in the configuration file.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdminConfig {
     /// Bearer token of the mutating endpoints (`POST /claims/release`);
     /// absent: they answer 403.
     pub token: Option<String>,
+    /// Admin connections served at once (never more than a quarter of the
+    /// process's file-descriptor limit); the next wait to be accepted.
+    pub max_connections: usize,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            token: None,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+        }
+    }
 }
 
 /// The admin listener's address as configured.
@@ -101,11 +114,13 @@ pub struct AdminState {
 }
 
 /// Binds the admin listener, installs the process's metrics recorder and
-/// serves the endpoints on the current runtime until it stops. Returns
-/// the address served, or `None` when the admin listener is off (or the
-/// default port was taken); the counters are then no-ops.
+/// serves the endpoints on the current runtime until it stops, within
+/// `limits`. Returns the address served, or `None` when the admin
+/// listener is off (or the default port was taken); the counters are then
+/// no-ops.
 pub async fn start(
     listen: &AdminListen,
+    limits: AdminLimits,
     state: impl FnOnce(metrics_exporter_prometheus::PrometheusHandle) -> AdminState,
 ) -> Result<Option<SocketAddr>, AdminError> {
     let listener = match listen {
@@ -141,10 +156,6 @@ pub async fn start(
         }
     });
     let app = router(Arc::new(state(handle)));
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "admin listener failed");
-        }
-    });
+    tokio::spawn(http::serve(listener, app, limits));
     Ok(Some(local))
 }

@@ -17,8 +17,12 @@ use super::read_buffer::{Passing, STREAM_ABOVE};
 use super::registry::{SessionHandle, StopReason};
 use super::session::End;
 
-/// Client → server: frame, track, forward. Runs on its own thread; any
-/// way out stops the session ([`StopReason::Quiet`] unless shutdown).
+/// Client → server: frame, track, forward. Runs on its own thread. The
+/// client's end-of-file (a half-close, or a TLS close_notify) is passed
+/// on to the server, whose answers to everything sent before it are still
+/// relayed until the server closes, as a client of PostgreSQL's own would
+/// get them; any other way out stops the session ([`StopReason::Quiet`]
+/// unless shutdown).
 pub(super) fn client_to_server(
     proxy: &Proxy,
     handle: &SessionHandle,
@@ -26,11 +30,15 @@ pub(super) fn client_to_server(
     deadline: Instant,
 ) -> End {
     let end = relay_client(proxy, handle, early, deadline);
-    let reason = match end {
-        End::Shutdown => StopReason::Shutdown,
-        _ => StopReason::Quiet,
-    };
-    handle.stop(reason);
+    match end {
+        End::ClientClosed => handle.client_finished(),
+        End::Shutdown => {
+            handle.stop(StopReason::Shutdown);
+        }
+        _ => {
+            handle.stop(StopReason::Quiet);
+        }
+    }
     end
 }
 

@@ -45,18 +45,31 @@ pub struct Opened {
     pub early: BytesMut,
 }
 
+/// Why a connection ends before it opened.
+pub enum NotOpened {
+    /// The client left (or failed its TLS handshake, which is logged)
+    /// before sending anything: nothing to answer, nothing to log.
+    Left,
+    /// Bytes that are no first packet PostgreSQL would read: a length word
+    /// out of range (a Terminate sent before the StartupMessage), a
+    /// CancelRequest of the wrong size, a packet cut short by the client's
+    /// close. PostgreSQL logs these and closes without a word; so does the
+    /// proxy (the stream is given to end its TLS session cleanly).
+    Unreadable(ClientStream, String),
+    /// Refused, with the stream to tell the client why on.
+    Refused(ClientStream, Refusal),
+}
+
 /// Reads the connection's first packet. SSLRequest is answered 'S' and
 /// the handshake run when `tls` is given, 'N' otherwise; GSSENCRequest is
 /// answered 'N'. With `tls`, a connection may also open with a TLS
 /// ClientHello directly. With `tls.require`, a StartupMessage sent in
-/// plaintext is refused. `Ok(None)`: the client left (or failed its TLS
-/// handshake, which is logged) with nothing to answer; a refusal comes
-/// with the stream to tell it on.
+/// plaintext is refused.
 pub fn read_first_packet(
     sock: TcpStream,
     tls: Option<&ClientTls>,
     deadline: Instant,
-) -> Result<Option<Opened>, (ClientStream, Refusal)> {
+) -> Result<Opened, NotOpened> {
     let mut client = ClientStream::Plain(sock);
     let mut rb = ReadBuffer::default();
     let first = loop {
@@ -66,7 +79,7 @@ pub fn read_first_packet(
             {
                 let early = rb.bytes.split();
                 let Some(upgraded) = upgrade(sock, tls, &early, true) else {
-                    return Ok(None);
+                    return Err(NotOpened::Left);
                 };
                 client = upgraded;
                 continue;
@@ -74,44 +87,51 @@ pub fn read_first_packet(
             match startup::peek_len(&rb.bytes) {
                 Ok(Some(len)) => break len,
                 Ok(None) => {}
-                Err(e) => return Err((client, protocol(e.to_string()))),
+                Err(e) => return Err(NotOpened::Unreadable(client, e.to_string())),
             }
             match fill_before(&mut rb, &client, deadline) {
-                Ok(0) => return Ok(None),
+                Ok(0) if rb.bytes.is_empty() => return Err(NotOpened::Left),
+                Ok(0) => {
+                    let why = "incomplete startup packet".to_owned();
+                    return Err(NotOpened::Unreadable(client, why));
+                }
                 Ok(_) => {}
                 Err(e) if is_timeout(&e) => {
                     let msg = "timed out waiting for the startup packet";
-                    return Err((client, protocol(msg)));
+                    return Err(NotOpened::Refused(client, protocol(msg)));
                 }
-                Err(_) => return Ok(None),
+                Err(_) => return Err(NotOpened::Left),
             }
         };
         let packet = rb.bytes.split_to(len);
         let parsed = match startup::parse(&packet) {
             Ok(p) => p,
-            Err(e) => return Err((client, protocol(e.to_string()))),
+            Err(e) if e.is_told() => {
+                return Err(NotOpened::Refused(client, protocol(e.to_string())))
+            }
+            Err(e) => return Err(NotOpened::Unreadable(client, e.to_string())),
         };
         match (parsed, &client) {
             (FirstPacket::SslRequest | FirstPacket::GssEncRequest, ClientStream::Tls(_)) => {
                 let msg = "encryption requested on an encrypted connection";
-                return Err((client, protocol(msg)));
+                return Err(NotOpened::Refused(client, protocol(msg)));
             }
             (request @ (FirstPacket::SslRequest | FirstPacket::GssEncRequest), _) => {
                 if !rb.bytes.is_empty() {
                     // Bytes after an encryption request, before our answer:
                     // a client must wait for it (PgBouncer refuses this too).
                     let msg = "received unencrypted data after an encryption request";
-                    return Err((client, protocol(msg)));
+                    return Err(NotOpened::Refused(client, protocol(msg)));
                 }
                 let tls = tls.filter(|_| request == FirstPacket::SslRequest);
                 let answer: &[u8] = if tls.is_some() { b"S" } else { b"N" };
                 if let Err(e) = (&client).write_all(answer) {
                     tracing::debug!(error = %e, "client left during encryption negotiation");
-                    return Ok(None);
+                    return Err(NotOpened::Left);
                 }
                 if let (Some(tls), ClientStream::Plain(sock)) = (tls, &client) {
                     let Some(upgraded) = upgrade(sock, tls, &[], false) else {
-                        return Ok(None);
+                        return Err(NotOpened::Left);
                     };
                     client = upgraded;
                 }
@@ -123,16 +143,16 @@ pub fn read_first_packet(
                               connect with sslmode=require or stronger"
                         .into(),
                 };
-                return Err((client, refusal));
+                return Err(NotOpened::Refused(client, refusal));
             }
             (other, _) => break other,
         }
     };
-    Ok(Some(Opened {
+    Ok(Opened {
         client,
         first,
         early: rb.bytes,
-    }))
+    })
 }
 
 /// The TLS handshake on a plain client connection (on its own handle of

@@ -26,5 +26,6 @@ pub mod startup;
 pub mod tls_config;
 pub mod tls_stream;
 pub mod tracker;
+mod unsupported_protocol;
 pub mod upstream;
 pub mod upstream_tls;

@@ -36,6 +36,9 @@ pub struct SessionHandle {
     pub awaiting: AtomicBool,
     /// The client sent Terminate.
     pub client_terminated: AtomicBool,
+    /// The client sent its last byte (end-of-file): the server closing
+    /// once it has answered is expected.
+    pub client_done: AtomicBool,
     /// Who the session is, once known (see [`Registry::snapshot`]).
     pub summary: OnceLock<SessionSummary>,
     stop: AtomicU8,
@@ -86,6 +89,7 @@ impl SessionHandle {
             answered: Condvar::new(),
             awaiting: AtomicBool::new(false),
             client_terminated: AtomicBool::new(false),
+            client_done: AtomicBool::new(false),
             summary: OnceLock::new(),
             stop: AtomicU8::new(RUNNING),
         }
@@ -105,6 +109,21 @@ impl SessionHandle {
             .is_ok();
         self.server.shutdown(Shutdown::Both);
         first
+    }
+
+    /// The client reached end-of-file: the server is told the same way
+    /// (its side of the connection half-closed), and the thread reading
+    /// it relays its answers until it closes.
+    pub fn client_finished(&self) {
+        // Before the server can see the end, so its close is never news.
+        self.client_done.store(true, Ordering::Release);
+        self.server.half_close();
+    }
+
+    /// Whether the server closing now answers the client's own goodbye
+    /// (Terminate, or its end-of-file).
+    pub fn client_left(&self) -> bool {
+        self.client_terminated.load(Ordering::Acquire) || self.client_done.load(Ordering::Acquire)
     }
 
     /// The reason recorded by [`SessionHandle::stop`], if any.

@@ -41,8 +41,9 @@ pub(super) fn server_to_client(
             (Err(e), None) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             (_, Some(StopReason::Shutdown)) => return close_for_shutdown(client),
             (_, Some(StopReason::Quiet)) => return End::Quiet,
-            (Ok(_), None) if handle.client_terminated.load(Ordering::Acquire) => {
-                // The client said goodbye; the server's close answers it.
+            (Ok(_), None) if handle.client_left() => {
+                // The client said goodbye (or sent its last byte); the
+                // server's close answers it.
                 return End::ClientClosed;
             }
             (Ok(_), None) => {

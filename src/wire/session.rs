@@ -19,12 +19,13 @@ use bytes::BytesMut;
 use super::backend::{error_response, sqlstate, Severity};
 use super::client_relay::client_to_server;
 use super::client_stream::ClientStream;
-use super::first_packet::{read_first_packet, Opened};
+use super::first_packet::{read_first_packet, NotOpened, Opened};
 use super::guard::SessionInfo;
 use super::proxy::Proxy;
 use super::registry::{SessionHandle, SessionSummary, StopReason};
 use super::server_relay::server_to_client;
 use super::startup::{FirstPacket, StartupMessage};
+use super::unsupported_protocol::answer_unsupported;
 use crate::log_text::shown;
 
 /// Stack of each relay thread: the deepest paths are sqlparser's recursive
@@ -56,9 +57,17 @@ pub fn serve_client(proxy: Arc<Proxy>, client: TcpStream, peer: SocketAddr, insp
         first,
         early,
     } = match read_first_packet(client, tls, deadline) {
-        Ok(Some(opened)) => opened,
-        Ok(None) => return,
-        Err((client, refusal)) => {
+        Ok(opened) => opened,
+        Err(NotOpened::Left) => return,
+        Err(NotOpened::Unreadable(client, why)) => {
+            // PostgreSQL's COMMERROR: a line in the log, not a word to the
+            // client (node-postgres ending before its StartupMessage went
+            // out sees a quiet close, not an error).
+            tracing::info!(%peer, error = %why, "closed connection start without a word");
+            client.close_notify();
+            return;
+        }
+        Err(NotOpened::Refused(client, refusal)) => {
             tracing::info!(%peer, error = %refusal.message, "refused connection start");
             let err = error_response(Severity::Fatal, refusal.sqlstate, &refusal.message, None);
             let _ = (&client).write_all(&err);
@@ -69,6 +78,10 @@ pub fn serve_client(proxy: Arc<Proxy>, client: TcpStream, peer: SocketAddr, insp
     match first {
         FirstPacket::Cancel { pid, key } => {
             proxy.forward_cancel(pid, key);
+            client.close_notify();
+        }
+        FirstPacket::Unsupported(startup) => {
+            answer_unsupported(&proxy, &client, &startup, deadline);
             client.close_notify();
         }
         FirstPacket::Startup(_) if proxy.sessions.live() > proxy.config.max_client_conn => {
@@ -241,3 +254,6 @@ fn relay_session(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

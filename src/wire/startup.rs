@@ -25,6 +25,17 @@ pub enum FirstPacket {
     /// A protocol 3.x startup with its parameters, and the raw packet so it
     /// can be forwarded byte for byte.
     Startup(StartupMessage),
+    /// A startup in a protocol version PostgreSQL does not speak (2.0 and
+    /// older, 4.0 and newer), answered in that version's own shape.
+    Unsupported(UnsupportedStartup),
+}
+
+/// A StartupMessage of an unsupported protocol version, kept verbatim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnsupportedStartup {
+    pub major: u16,
+    pub minor: u16,
+    pub raw: Vec<u8>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,19 +67,33 @@ impl StartupMessage {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StartupError {
+    /// The length word is out of range (a client's Terminate sent before
+    /// any StartupMessage reads as 1476395008). PostgreSQL only logs this
+    /// and closes without a word.
     BadLength(i32),
-    UnsupportedProtocol { major: u16, minor: u16 },
+    /// A CancelRequest too short to hold a process id and key; logged and
+    /// closed without a word, as PostgreSQL does.
+    BadCancelLength(usize),
+    /// A StartupMessage whose parameters do not read; PostgreSQL tells the
+    /// client (FATAL 08P01).
     Malformed(&'static str),
+}
+
+impl StartupError {
+    /// Whether PostgreSQL answers this with an error the client is sent
+    /// (otherwise only its own log hears of it).
+    pub fn is_told(&self) -> bool {
+        matches!(self, StartupError::Malformed(_))
+    }
 }
 
 impl fmt::Display for StartupError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StartupError::BadLength(n) => write!(f, "invalid length of startup packet: {n}"),
-            StartupError::UnsupportedProtocol { major, minor } => write!(
-                f,
-                "unsupported frontend protocol {major}.{minor}: server supports 3.0 to 3.2"
-            ),
+            StartupError::BadCancelLength(n) => {
+                write!(f, "invalid length of cancel request: {n}")
+            }
             StartupError::Malformed(what) => write!(f, "invalid startup packet layout: {what}"),
         }
     }
@@ -98,7 +123,7 @@ pub fn parse(packet: &[u8]) -> Result<FirstPacket, StartupError> {
         GSSENC_REQUEST => Ok(FirstPacket::GssEncRequest),
         CANCEL_REQUEST => {
             if body.len() < 8 {
-                return Err(StartupError::Malformed("cancel request too short"));
+                return Err(StartupError::BadCancelLength(packet.len()));
             }
             let pid = i32::from_be_bytes([body[0], body[1], body[2], body[3]]);
             Ok(FirstPacket::Cancel {
@@ -110,7 +135,11 @@ pub fn parse(packet: &[u8]) -> Result<FirstPacket, StartupError> {
             let major = (code >> 16) as u16;
             let minor = (code & 0xffff) as u16;
             if major != 3 {
-                return Err(StartupError::UnsupportedProtocol { major, minor });
+                return Ok(FirstPacket::Unsupported(UnsupportedStartup {
+                    major,
+                    minor,
+                    raw: packet.to_vec(),
+                }));
             }
             Ok(FirstPacket::Startup(StartupMessage {
                 major,
@@ -196,15 +225,32 @@ mod tests {
     }
 
     #[test]
-    fn refuses_wrong_versions_and_garbage() {
-        let p = packet((9 << 16) | 9, b"user\0x\0\0");
-        assert!(matches!(
-            parse(&p),
-            Err(StartupError::UnsupportedProtocol { major: 9, minor: 9 })
-        ));
+    fn other_protocol_versions_are_kept_to_be_answered_in_their_shape() {
+        for (major, minor) in [(2, 0), (1, 0), (9, 9)] {
+            let p = packet((major << 16) | minor, b"user\0x\0\0");
+            let parsed = parse(&p).unwrap();
+            let expected = UnsupportedStartup {
+                major: major as u16,
+                minor: minor as u16,
+                raw: p,
+            };
+            assert_eq!(parsed, FirstPacket::Unsupported(expected));
+        }
+    }
+
+    #[test]
+    fn garbage_is_refused_and_only_a_bad_layout_is_told() {
+        // A Terminate sent before any StartupMessage.
+        let terminate = peek_len(b"X\0\0\0\x04").unwrap_err();
+        assert_eq!(terminate, StartupError::BadLength(1_476_395_008));
+        assert!(!terminate.is_told());
         assert!(peek_len(b"GET / HTTP/1.1\r\n").is_err());
         assert!(peek_len(&[0, 0, 0, 2]).is_err());
         assert_eq!(peek_len(&[0, 0]).unwrap(), None);
-        assert!(parse(&packet(196_608, b"user\0x")).is_err());
+        let short_cancel = parse(&packet(CANCEL_REQUEST, &[0, 0, 0, 7])).unwrap_err();
+        assert_eq!(short_cancel, StartupError::BadCancelLength(12));
+        assert!(!short_cancel.is_told());
+        let layout = parse(&packet(196_608, b"user\0x")).unwrap_err();
+        assert!(layout.is_told(), "{layout}");
     }
 }

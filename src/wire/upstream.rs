@@ -94,6 +94,24 @@ impl Upstream {
         }
     }
 
+    /// Tells the server the client sent its last byte, as PostgreSQL would
+    /// see a client of its own finish: close_notify on TLS, then the
+    /// socket's write side shut. The server still answers what it was sent
+    /// and reads the end-of-file next; reads go on until it closes.
+    pub fn half_close(&self) {
+        self.close_notify();
+        self.shutdown(Shutdown::Write);
+    }
+
+    /// Bounds each read (`None`: reads block).
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Upstream::Tcp(s) => s.set_read_timeout(t),
+            Upstream::Unix(s) => s.set_read_timeout(t),
+            Upstream::Tls(tls) => tls.set_read_timeout(t),
+        }
+    }
+
     /// Shuts one or both directions down; a thread blocked reading the
     /// socket wakes up with end-of-file.
     pub fn shutdown(&self, how: Shutdown) {
