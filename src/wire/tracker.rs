@@ -511,7 +511,7 @@ impl<H: Hooks> Tracker<H> {
                     Expect::Execute,
                     watch.take().map(|w| Change::Answer {
                         watch: Some(Box::new(w)),
-                        commands: Vec::new(),
+                        commands: SqlChanges::default(),
                         resets_unnamed: false,
                     }),
                 ),
