@@ -187,14 +187,12 @@ class Proxy:
 
     def __init__(self, upstream_port: int, workdir: Path, name: str = "proxy",
                  extra_args: tuple[str, ...] = (), upstream: str | None = None,
-                 env: dict[str, str] | None = None, wrapper: tuple[str, ...] = ()):
+                 env: dict[str, str] | None = None):
         self.upstream_port = upstream_port
         # The upstream as given to --upstream (default host:port: the claims
         # schema then lives in the upstream user's database, "postgres").
         self.upstream = upstream or f"{HOST}:{upstream_port}"
         self.env = dict(env or {})
-        # A command the proxy runs under (e.g. faketime).
-        self.wrapper = tuple(wrapper)
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.name = name
@@ -209,7 +207,7 @@ class Proxy:
 
     @property
     def argv(self) -> list[str]:
-        return [*self.wrapper, str(proxy_binary()), "serve", "--listen", f"{HOST}:{self.port}",
+        return [str(proxy_binary()), "serve", "--listen", f"{HOST}:{self.port}",
                 "--upstream", self.upstream, "--audit-db", str(self.audit_db),
                 "--audit-jsonl", str(self.audit_jsonl), *self.extra_args]
 

@@ -33,6 +33,11 @@ use crate::claims::error::StoreError;
 /// unavailable (as the SQLite store's busy timeout).
 const STATEMENT_TIMEOUT_MS: u64 = 2_000;
 
+/// How long a decision waits for a row lock before it says so
+/// (`RowLocked`, asked again while the reader may wait): below the
+/// statement timeout, so a lock wait is told apart from a stuck server.
+const LOCK_TIMEOUT_MS: u64 = 1_000;
+
 const FIRST_RETRY: Duration = Duration::from_millis(100);
 const MAX_RETRY: Duration = Duration::from_secs(2);
 
@@ -560,7 +565,7 @@ fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, StoreErro
     client
         .batch_execute(&format!(
             "SET statement_timeout = {STATEMENT_TIMEOUT_MS}; \
-             SET lock_timeout = {STATEMENT_TIMEOUT_MS}; \
+             SET lock_timeout = {LOCK_TIMEOUT_MS}; \
              SET idle_in_transaction_session_timeout = {}",
             STATEMENT_TIMEOUT_MS * 5
         ))
