@@ -19,9 +19,15 @@
 //! direction; past that the relay stops reading that side, and TCP's own
 //! flow control holds the sender back.
 //!
+//! With `--stats-listen ADDR` it also counts round trips per
+//! `application_name` (see `turns.rs`), so a benchmark can read how many
+//! an operation waited for, on the wire.
+//!
 //! tokio's timers tick in whole milliseconds, so a chunk sleeps on the
 //! runtime until shortly before its deadline and the rest on a blocking
 //! thread (`nanosleep`, tens of microseconds late at most).
+
+mod turns;
 
 use std::io;
 use std::net::SocketAddr;
@@ -34,6 +40,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+
+use turns::{Connection, Registry};
 
 /// Bytes read at most per chunk.
 const READ_CHUNK: usize = 64 * 1024;
@@ -57,6 +65,10 @@ struct Args {
     /// Bytes waiting for delivery at most, per connection and direction.
     #[arg(long, default_value_t = 8 * 1024 * 1024)]
     max_in_flight_bytes: usize,
+    /// Answer every connection here with the round-trip and byte counts
+    /// per application_name.
+    #[arg(long)]
+    stats_listen: Option<SocketAddr>,
 }
 
 /// How each relayed connection is delayed.
@@ -103,7 +115,12 @@ fn main() {
             args.upstream,
             wire.one_way
         );
-        serve(listener, args.upstream, wire).await
+        let registry = Arc::new(Registry::default());
+        if let Some(at) = args.stats_listen {
+            let stats = TcpListener::bind(at).await?;
+            tokio::spawn(serve_stats(stats, Arc::clone(&registry)));
+        }
+        serve(listener, args.upstream, wire, registry).await
     });
     if let Err(e) = served {
         eprintln!("latency_relay: {e}");
@@ -112,11 +129,17 @@ fn main() {
 }
 
 /// Relays every connection `listener` accepts to `upstream`.
-async fn serve(listener: TcpListener, upstream: SocketAddr, wire: Wire) -> io::Result<()> {
+async fn serve(
+    listener: TcpListener,
+    upstream: SocketAddr,
+    wire: Wire,
+    registry: Arc<Registry>,
+) -> io::Result<()> {
     loop {
         let (client, _) = listener.accept().await?;
+        let tracked = registry.open();
         tokio::spawn(async move {
-            if let Err(e) = relay(client, upstream, wire).await {
+            if let Err(e) = relay(client, upstream, wire, &tracked.conn).await {
                 if e.kind() != io::ErrorKind::ConnectionReset
                     && e.kind() != io::ErrorKind::BrokenPipe
                 {
@@ -127,8 +150,31 @@ async fn serve(listener: TcpListener, upstream: SocketAddr, wire: Wire) -> io::R
     }
 }
 
+/// Answers every connection with the counts so far, then closes it.
+async fn serve_stats(listener: TcpListener, registry: Arc<Registry>) {
+    while let Ok((mut s, _)) = listener.accept().await {
+        let text = registry.render();
+        tokio::spawn(async move {
+            let _ = s.write_all(text.as_bytes()).await;
+            let _ = s.shutdown().await;
+        });
+    }
+}
+
+/// Which way a direction carries bytes, for the counters.
+#[derive(Debug, Clone, Copy)]
+enum Way {
+    Up,
+    Down,
+}
+
 /// One connection, both directions, until both have ended (or one fails).
-async fn relay(client: TcpStream, upstream: SocketAddr, wire: Wire) -> io::Result<()> {
+async fn relay(
+    client: TcpStream,
+    upstream: SocketAddr,
+    wire: Wire,
+    counts: &Connection,
+) -> io::Result<()> {
     let accepted = Instant::now();
     let server = TcpStream::connect(upstream).await?;
     client.set_nodelay(true)?;
@@ -139,8 +185,20 @@ async fn relay(client: TcpStream, upstream: SocketAddr, wire: Wire) -> io::Resul
     // trip: the client's first bytes leave no earlier than that.
     let handshake_done = accepted + 2 * wire.one_way;
     tokio::try_join!(
-        direction(client_read, server_write, wire, handshake_done),
-        direction(server_read, client_write, wire, accepted),
+        direction(
+            client_read,
+            server_write,
+            wire,
+            handshake_done,
+            (counts, Way::Up)
+        ),
+        direction(
+            server_read,
+            client_write,
+            wire,
+            accepted,
+            (counts, Way::Down)
+        ),
     )?;
     Ok(())
 }
@@ -152,11 +210,12 @@ async fn direction(
     to: OwnedWriteHalf,
     wire: Wire,
     not_before: Instant,
+    counted: (&Connection, Way),
 ) -> io::Result<()> {
     let (tx, rx) = mpsc::unbounded_channel();
     let room = Arc::new(Semaphore::new(wire.max_in_flight));
     tokio::try_join!(
-        read_side(from, tx, room, wire.one_way, not_before),
+        read_side(from, tx, room, (wire.one_way, not_before), counted),
         write_side(to, rx)
     )?;
     Ok(())
@@ -169,8 +228,8 @@ async fn read_side(
     mut from: OwnedReadHalf,
     tx: mpsc::UnboundedSender<InFlight>,
     room: Arc<Semaphore>,
-    one_way: Duration,
-    not_before: Instant,
+    (one_way, not_before): (Duration, Instant),
+    (counts, way): (&Connection, Way),
 ) -> io::Result<()> {
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     loop {
@@ -187,6 +246,10 @@ async fn read_side(
             return Ok(());
         }
         let bytes = buf.split().freeze();
+        match way {
+            Way::Up => counts.from_client(&bytes),
+            Way::Down => counts.from_server(&bytes),
+        }
         // n <= READ_CHUNK <= max_in_flight <= u32::MAX (clamped in main).
         let permits = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
         let Ok(permit) = room.clone().acquire_many_owned(permits).await else {
@@ -268,7 +331,7 @@ mod tests {
             one_way: ONE_WAY,
             max_in_flight,
         };
-        tokio::spawn(serve(relay_listener, echo_addr, wire));
+        tokio::spawn(serve(relay_listener, echo_addr, wire, Arc::default()));
         relay_addr
     }
 
