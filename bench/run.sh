@@ -50,7 +50,7 @@ fi
 
 if [ "${RG_SKIP_BUILD:-0}" != 1 ]; then
     say "cargo build --release"
-    cargo build --release --quiet --bin resumeguard --example copy_relay
+    cargo build --release --quiet --bin resumeguard --example copy_relay --example latency_relay
 fi
 
 # ---------------------------------------------------------------- run, always clean up
