@@ -247,8 +247,8 @@ async fn read_side(
         }
         let bytes = buf.split().freeze();
         match way {
-            Way::Up => counts.from_client(&bytes),
-            Way::Down => counts.from_server(&bytes),
+            Way::Up => counts.client_sent(&bytes),
+            Way::Down => counts.server_sent(&bytes),
         }
         // n <= READ_CHUNK <= max_in_flight <= u32::MAX (clamped in main).
         let permits = u32::try_from(bytes.len()).unwrap_or(u32::MAX);

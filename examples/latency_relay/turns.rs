@@ -142,7 +142,7 @@ pub struct Connection {
 impl Connection {
     /// Client bytes arrived: a turn if the server spoke last (or these are
     /// the first); the first bytes are searched for the application name.
-    pub fn from_client(&self, bytes: &[u8]) {
+    pub fn client_sent(&self, bytes: &[u8]) {
         self.bytes_up
             .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         let first = !self.started.swap(true, Ordering::Relaxed);
@@ -165,7 +165,7 @@ impl Connection {
     }
 
     /// Server bytes arrived.
-    pub fn from_server(&self, bytes: &[u8]) {
+    pub fn server_sent(&self, bytes: &[u8]) {
         self.bytes_down
             .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         self.server_spoke_last.store(true, Ordering::Relaxed);
@@ -265,12 +265,12 @@ mod tests {
         let registry = Arc::new(Registry::default());
         let tracked = registry.open();
         let c = &tracked.conn;
-        c.from_client(&startup(&[("application_name", "app")]));
-        c.from_server(b"R");
-        c.from_client(b"Q1");
-        c.from_client(b"Q1 rest");
-        c.from_server(b"Z");
-        c.from_client(b"Q2");
+        c.client_sent(&startup(&[("application_name", "app")]));
+        c.server_sent(b"R");
+        c.client_sent(b"Q1");
+        c.client_sent(b"Q1 rest");
+        c.server_sent(b"Z");
+        c.client_sent(b"Q2");
         let open = registry.totals()["app"];
         assert_eq!((open.connections, open.turns, open.bytes_down), (1, 3, 2));
         drop(tracked);
