@@ -766,7 +766,7 @@ def render_distance(dist: dict) -> list[str]:
          "quiet again, i.e. work off the data path]. "
          "Decisions: the proxy's `resumeguard_claims_store_seconds_count` by op and "
          "`resumeguard_fence_lookups_total` by outcome, diffed around the operation (median).", ""]
-    hdr = ["one-way ms", "operation", "n"] + [f"{t} p50 ms" for t in ["direct", base] + ons]
+    hdr = ["one-way ms (load avg)", "operation", "n"] + [f"{t} p50 ms (p25–p75)" for t in ["direct", base] + ons]
     for o in ons:
         hdr += [f"{o} ÷ {base}", f"{o} added round trips"]
     hdr += [f"round trips on the wire: {t}" for t in ["direct", base] + ons]
@@ -777,8 +777,9 @@ def render_distance(dist: dict) -> list[str]:
         for op, label in DIST_OPS:
             if op not in sync.get(base, {}):
                 continue
-            row = [f"{ms:g}", label, str(sync[base][op]["n"])]
-            row += [f"{sync[t][op]['p50_ms']:.2f}" if op in sync.get(t, {}) else "" for t in ["direct", base] + ons]
+            row = [f"{ms:g} ({lat['load_avg_at_start'][0]:.1f})", label, str(sync[base][op]["n"])]
+            row += [f"{sync[t][op]['p50_ms']:.2f} ({sync[t][op]['p25_ms']:.1f}–{sync[t][op]['p75_ms']:.1f})"
+                    if op in sync.get(t, {}) else "" for t in ["direct", base] + ons]
             b = sync[base][op]["p50_ms"]
             for o in ons:
                 v = sync[o][op]["p50_ms"]
@@ -803,10 +804,13 @@ def render_distance(dist: dict) -> list[str]:
               "each `invoke` (the Python client's GIL and this host's 2 cores included). "
               "Decisions: the proxy's claim store calls in the bursts "
               "(`resumeguard_claims_store_seconds`, all ops), per second of burst wall time; "
-              "their p50/p99 are the histogram's bucket bounds (≤).", "",
+              "their p50/p99 are the histogram's bucket bounds (≤). Every burst starts once the "
+              "relay is quiet; *drain* is how long after the burst the proxy's own traffic went "
+              "on (its evidence worker), per round.", "",
               "| target | burst | calls | wall ms (per round) | invokes/s | client p50 ms | client p99 ms "
-              "| decisions | decisions/s | decision mean ms | decision p50 ≤ ms | decision p99 ≤ ms |",
-              "|" + "---|" * 12]
+              "| decisions | decisions/s | decision mean ms | decision p50 ≤ ms | decision p99 ≤ ms "
+              "| drain ms (per round) |",
+              "|" + "---|" * 13]
         for t, ops in conc["targets"].items():
             for op in ("park", "resume"):
                 r = ops[op]
@@ -816,7 +820,8 @@ def render_distance(dist: dict) -> list[str]:
                          f"{r['ops_per_s']:.1f} | {r['client_p50_ms']:.1f} | {r['client_p99_ms']:.1f} | "
                          f"{r['decisions']:.0f} | {f(r['decisions_per_s'], 1) if r['decisions'] else ''} | "
                          f"{f(r['decision_mean_ms'])} | {f(r['decision_p50_le_ms'], 1)} | "
-                         f"{f(r['decision_p99_le_ms'], 1)} |")
+                         f"{f(r['decision_p99_le_ms'], 1)} | "
+                         f"{' / '.join(f'{d * 1e3:.0f}' for d in r.get('drain_s', []))} |")
         L.append("")
     return L
 

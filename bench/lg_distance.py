@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import socket
 import statistics
@@ -188,6 +189,11 @@ def iteration(graph, inspector, counters: Counters, marked: bool) -> dict:
     return {"seconds": res, "counts": {"park": c_park, gs_op: c_gs, resume_op: c_res}}
 
 
+def quartiles(xs: list[float]) -> dict:
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) >= 2 else xs * 3
+    return {"p25_ms": q[0] * 1e3, "p75_ms": q[2] * 1e3}
+
+
 def median_counts(samples: list[dict]) -> dict:
     """Per kind of count, the median over an operation's samples."""
     out = {}
@@ -220,7 +226,8 @@ def sync_variant(targets: dict, counters: dict, iterations: int, warmup: int) ->
     finally:
         for cm in cms:
             cm.__exit__(None, None, None)
-    return {t: {op: {**summary(seconds[t][op]), "samples_ms": [v * 1e3 for v in seconds[t][op]],
+    return {t: {op: {**summary(seconds[t][op]), **quartiles(seconds[t][op]),
+                     "samples_ms": [v * 1e3 for v in seconds[t][op]],
                      "counts": median_counts(counts[t][op]), "count_samples": counts[t][op]}
                 for op in OPS if seconds[t][op]}
             for t in targets}
@@ -257,7 +264,7 @@ def burst(n: int, fn) -> tuple[float, list[float]]:
     return wall, took
 
 
-def concurrency_variant(targets: dict, admins: dict, n: int, rounds: int) -> dict:
+def concurrency_variant(targets: dict, counters: dict, n: int, rounds: int) -> dict:
     out = {t: {"park": [], "resume": []} for t in targets}
     pools, graphs = {}, {}
     try:
@@ -279,14 +286,21 @@ def concurrency_variant(targets: dict, admins: dict, n: int, rounds: int) -> dic
                 cfgs = [{"configurable": {"thread_id": f"conc-{uuid.uuid4().hex}"}} for _ in range(n)]
                 for op, call in (("park", lambda i: g.invoke({"items": []}, cfgs[i])),
                                  ("resume", lambda i: g.invoke(Command(resume=True), cfgs[i]))):
-                    before = scrape_metrics(admins[t]) if t in admins else {}
+                    # Each burst starts on a quiet store (the last one's
+                    # evidence applied), and says how long that took.
+                    before = counters[t].settle(counters[t].snap(), limit_s=120)
                     wall, took = burst(n, call)
-                    after = scrape_metrics(admins[t]) if t in admins else {}
-                    h = hist_delta(before, after)
-                    fences = sum(v - before.get(k, 0.0) for k, v in after.items()
+                    done = counters[t].snap()
+                    t_done = time.perf_counter()
+                    quiet = counters[t].settle(done, limit_s=120)
+                    drain = time.perf_counter() - t_done - counters[t].quiet_s
+                    h = hist_delta(before["metrics"], done["metrics"])
+                    fences = sum(v - before["metrics"].get(k, 0.0) for k, v in done["metrics"].items()
                                  if k.startswith("resumeguard_fence_lookups_total"))
                     out[t][op].append({"wall_s": wall, "took_s": took, "store": h,
-                                       "fence_lookups": fences})
+                                       "fence_lookups": fences, "drain_s": max(0.0, drain),
+                                       "turns": Counters.diff(before, done)["turns"],
+                                       "turns_after": Counters.diff(done, quiet)["turns"]})
                 # Every resume finished its graph.
                 for c in cfgs:
                     st = g.get_state(c)
@@ -311,6 +325,8 @@ def concurrency_variant(targets: dict, admins: dict, n: int, rounds: int) -> dic
             p50, p99 = hist_quantile(merged, 0.5), hist_quantile(merged, 0.99)
             res[t][op] = {
                 "rounds": len(rs), "calls": len(took), "wall_s": [r["wall_s"] for r in rs],
+                "drain_s": [r["drain_s"] for r in rs],
+                "turns": [r["turns"] for r in rs], "turns_after": [r["turns_after"] for r in rs],
                 "ops_per_s": len(took) / wall,
                 "client_p50_ms": statistics.median(took) * 1e3, "client_p99_ms": q[98] * 1e3,
                 "decisions": decisions, "decisions_per_s": decisions / wall,
@@ -357,6 +373,7 @@ def main() -> int:
     with PostgresSaver.from_conn_string(a.setup_dsn) as s:
         s.setup()
     out = {"one_way_ms": a.one_way_ms, "iterations": a.iterations,
+           "load_avg_at_start": os.getloadavg(),
            "select1": select1_rtt(targets["direct"]) if "direct" in targets else None}
     t0 = time.monotonic()
     out["sync"] = sync_variant(targets, counters, a.iterations, a.warmup)
@@ -367,7 +384,7 @@ def main() -> int:
     if a.concurrency:
         t0 = time.monotonic()
         out["concurrency"] = {"threads": a.concurrency, "rounds": a.concurrency_rounds,
-                              "targets": concurrency_variant(targets, admins, a.concurrency,
+                              "targets": concurrency_variant(targets, counters, a.concurrency,
                                                              a.concurrency_rounds)}
         out["concurrency_seconds"] = round(time.monotonic() - t0, 1)
         for t, ops in out["concurrency"]["targets"].items():
