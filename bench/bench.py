@@ -1158,10 +1158,11 @@ def main() -> int:
         log(f"postgres 15 on {HOST}:{pg.port} (max_connections {pg.max_connections})")
         pg.start()
         pg.psql(f"create database {DB}")
-        # The parts that measure the proxies side by side on one upstream.
-        shared = parts & {"pgbench", "langgraph", "profile"}
+        # The configurations the parts that measure them side by side on one
+        # upstream use (profile: the first configuration).
+        shared = parts & {"pgbench", "langgraph"}
         rgs = {n: Resumeguard(procs, work, a.binary, n, args, pg.port).start()
-               for n, args in proxies.items()} if shared else {}
+               for n, args in proxies.items() if shared & CONFIG_PARTS[n]}
         for n, r in rgs.items():
             log(f"resumeguard '{n}' on {HOST}:{r.port} (pid {r.proc.pid}) args {r.args}")
         pgb = pgb_tls = None

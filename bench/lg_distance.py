@@ -42,10 +42,8 @@ import uuid
 import psycopg
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.types import Command
-from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool
 
-from lg_bench import build, rotate, summary
+from lg_bench import build, rotate, saver_pool, summary
 
 INSPECTOR = "inspector"
 OPS = ("park", "get_state", "resume_held", "get_state_marked", "resume")
@@ -269,11 +267,7 @@ def concurrency_variant(targets: dict, counters: dict, n: int, rounds: int) -> d
     pools, graphs = {}, {}
     try:
         for t, dsn in targets.items():
-            pool = ConnectionPool(dsn, min_size=n, max_size=n, open=True, timeout=60,
-                                  kwargs={"autocommit": True, "prepare_threshold": 0,
-                                          "row_factory": dict_row})
-            pool.wait(timeout=120)
-            pools[t] = pool
+            pools[t] = pool = saver_pool(dsn, n, n, 120)
             graphs[t] = build(PostgresSaver(pool))
         for t in targets:  # warm-up: every connection used once
             cfgs = [{"configurable": {"thread_id": f"cw-{uuid.uuid4().hex}"}} for _ in range(n)]
