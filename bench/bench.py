@@ -742,6 +742,16 @@ def fmt_decisions(metrics: dict) -> str:
     return ", ".join(parts) or "none"
 
 
+def own_per_call(burst: dict) -> str:
+    """The proxy's own round trips over a burst's calls, during + after."""
+    def own(rounds):
+        return sum(v for turns in rounds for k, v in turns.items() if k not in APP_NAMES)
+    during, after = own(burst.get("turns", [])), own(burst.get("turns_after", []))
+    if not (during or after):
+        return ""
+    return f"{during / burst['calls']:.1f} + {after / burst['calls']:.1f}"
+
+
 DIST_OPS = (("park", "park (invoke to the interrupt)"),
             ("get_state", "get_state, unmarked"),
             ("resume_held", "resume after an unmarked get_state (claim held)"),
@@ -809,8 +819,8 @@ def render_distance(dist: dict) -> list[str]:
               "on (its evidence worker), per round.", "",
               "| target | burst | calls | wall ms (per round) | invokes/s | client p50 ms | client p99 ms "
               "| decisions | decisions/s | decision mean ms | decision p50 ≤ ms | decision p99 ≤ ms "
-              "| drain ms (per round) |",
-              "|" + "---|" * 13]
+              "| drain ms (per round) | proxy's own round trips per call: during + after |",
+              "|" + "---|" * 14]
         for t, ops in conc["targets"].items():
             for op in ("park", "resume"):
                 r = ops[op]
@@ -821,7 +831,8 @@ def render_distance(dist: dict) -> list[str]:
                          f"{r['decisions']:.0f} | {f(r['decisions_per_s'], 1) if r['decisions'] else ''} | "
                          f"{f(r['decision_mean_ms'])} | {f(r['decision_p50_le_ms'], 1)} | "
                          f"{f(r['decision_p99_le_ms'], 1)} | "
-                         f"{' / '.join(f'{d * 1e3:.0f}' for d in r.get('drain_s', []))} |")
+                         f"{' / '.join(f'{d * 1e3:.0f}' for d in r.get('drain_s', []))} | "
+                         f"{own_per_call(r)} |")
         L.append("")
     return L
 
