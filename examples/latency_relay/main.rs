@@ -355,61 +355,71 @@ mod tests {
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn pipelined_messages_share_one_round_trip() {
-        let addr = echo_behind_relay(1 << 20).await;
-        // Blocking sockets on their own threads: 100 messages leave 0.4 ms
-        // apart (each its own chunk for the relay, spread over two one-way
-        // delays), and each echo's arrival is timed.
-        let (sent, echoed, took) = tokio::task::spawn_blocking(move || {
-            use std::io::{Read, Write};
-            let mut s = std::net::TcpStream::connect(addr).unwrap();
-            s.set_nodelay(true).unwrap();
-            // One ping-pong first, so the handshake's round trip is behind us.
-            let mut one = [0u8; 1];
-            s.write_all(b"x").unwrap();
-            s.read_exact(&mut one).unwrap();
-            let mut w = s.try_clone().unwrap();
-            let started = Instant::now();
-            let writer = std::thread::spawn(move || {
-                (0u32..100)
-                    .map(|i| {
-                        let at = Instant::now();
-                        w.write_all(&i.to_be_bytes()).unwrap();
-                        std::thread::sleep(Duration::from_micros(400));
-                        at
-                    })
-                    .collect::<Vec<_>>()
-            });
-            let mut echoed = Vec::new();
-            for i in 0u32..100 {
-                let mut msg = [0u8; 4];
-                s.read_exact(&mut msg).unwrap();
-                assert_eq!(msg, i.to_be_bytes(), "order kept");
-                echoed.push(Instant::now());
-            }
-            let took = started.elapsed();
-            (writer.join().unwrap(), echoed, took)
-        })
-        .await
-        .unwrap();
+    /// 100 messages sent 0.4 ms apart over a fresh connection through the
+    /// relay at `addr` (blocking sockets on their own threads, so each is
+    /// its own chunk for the relay, spread over two one-way delays): each
+    /// echo's round trip, sorted, and the time until the last echo.
+    fn pipelined_echoes(addr: SocketAddr) -> (Vec<Duration>, Duration) {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_nodelay(true).unwrap();
+        // One ping-pong first, so the handshake's round trip is behind us.
+        let mut one = [0u8; 1];
+        s.write_all(b"x").unwrap();
+        s.read_exact(&mut one).unwrap();
+        let mut w = s.try_clone().unwrap();
+        let started = Instant::now();
+        let writer = std::thread::spawn(move || {
+            (0u32..100)
+                .map(|i| {
+                    let at = Instant::now();
+                    w.write_all(&i.to_be_bytes()).unwrap();
+                    std::thread::sleep(Duration::from_micros(400));
+                    at
+                })
+                .collect::<Vec<_>>()
+        });
+        let mut echoed = Vec::new();
+        for i in 0u32..100 {
+            let mut msg = [0u8; 4];
+            s.read_exact(&mut msg).unwrap();
+            assert_eq!(msg, i.to_be_bytes(), "order kept");
+            echoed.push(Instant::now());
+        }
+        let took = started.elapsed();
+        let sent = writer.join().unwrap();
         let mut round_trips: Vec<Duration> =
             sent.iter().zip(&echoed).map(|(s, e)| *e - *s).collect();
         round_trips.sort();
+        (round_trips, took)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pipelined_messages_share_one_round_trip() {
+        let addr = echo_behind_relay(1 << 20).await;
         let rtt = 2 * ONE_WAY;
-        assert!(round_trips[0] >= rtt, "fastest echo {:?}", round_trips[0]);
-        // Serialized, 100 messages would take 100 round trips (4 s).
-        assert!(
-            took < 10 * rtt,
-            "100 pipelined messages took {took:?}, more than 10 round trips"
-        );
-        // A relay that waited out one chunk's delay before reading the next
-        // would batch: half the echoes would take 1.5 round trips or more.
-        let median = round_trips[50];
-        assert!(
-            median < rtt * 5 / 4,
-            "median echo {median:?}, each message should take one round trip"
-        );
+        let mut medians = Vec::new();
+        // The upper bound is on time, which a busy host can stretch: up to
+        // three tries. A relay that batches fails every one.
+        for _ in 0..3 {
+            let (round_trips, took) = tokio::task::spawn_blocking(move || pipelined_echoes(addr))
+                .await
+                .unwrap();
+            assert!(round_trips[0] >= rtt, "fastest echo {:?}", round_trips[0]);
+            // Serialized, 100 messages would take 100 round trips (4 s).
+            assert!(
+                took < 10 * rtt,
+                "100 pipelined messages took {took:?}, more than 10 round trips"
+            );
+            // A relay that waited out one chunk's delay before reading the
+            // next would batch: half the echoes would take 1.5 round trips
+            // or more.
+            medians.push(round_trips[50]);
+            if round_trips[50] < rtt * 5 / 4 {
+                return;
+            }
+        }
+        panic!("median echo {medians:?} in each try, each message should take one round trip");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
