@@ -205,7 +205,7 @@ log_min_messages = warning
 
 class Resumeguard:
     def __init__(self, procs: Procs, work: Path, binary: Path, name: str, args: list[str],
-                 upstream_port: int, admin_port: int | None = None):
+                 upstream_port: int, admin_port: int | None = None, upstream_url: str | None = None):
         self.procs, self.name, self.args = procs, name, args
         # "mem-NAME" / "prof-NAME" / "dist-NAME" instances run the configuration NAME.
         prefix = name.split("-", 1)[0]
@@ -218,7 +218,8 @@ class Resumeguard:
         if any("@TLS_" in a for a in args):
             cert, key = tls_files(work)
             args = [a.replace("@TLS_CERT@", str(cert)).replace("@TLS_KEY@", str(key)) for a in args]
-        upstream = [] if "--upstream" in args else ["--upstream", f"{HOST}:{upstream_port}"]
+        upstream = [] if "--upstream" in args else \
+            ["--upstream", upstream_url or f"{HOST}:{upstream_port}"]
         # Its own admin API (and /metrics) when the harness reads its counters.
         admin = [] if admin_port is None or "--admin-listen" in args else \
             ["--admin-listen", f"{HOST}:{admin_port}"]
@@ -678,8 +679,13 @@ def distance_suite(a, procs: Procs, work: Path, pg: Postgres, proxies: dict[str,
             for n, args in configs.items():
                 relays[n] = LatencyRelay(procs, relay_bin, ms, pg.port, f"{ms:g}ms-{n}").start()
                 started.append(relays[n])
+                # The upstream names the application's database, so the
+                # claims schema is there too (as a deployment's upstream URL
+                # would have it), not in `postgres`.
                 rgs[n] = Resumeguard(procs, work, a.binary, f"dist-{n}", args, relays[n].port,
-                                     admin_port=free_port()).start()
+                                     admin_port=free_port(),
+                                     upstream_url=f"postgres://{USER}@{HOST}:{relays[n].port}/{DIST_DB}"
+                                     ).start()
                 started.append(rgs[n])
             ports = {"direct": relays["direct"].port, **{n: r.port for n, r in rgs.items()}}
             out_path = work / f"distance-{ms:g}.json"
