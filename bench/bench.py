@@ -11,6 +11,11 @@ configuration, and PgBouncer (session mode), all on loopback, then measures:
   langgraph the interrupt protocol (park, get_state, resume) via
             bench/lg_bench.py, direct vs each resumeguard config
   memory    RSS growth of a fresh proxy process with N idle client sessions
+  distance  the interrupt protocol with PostgreSQL behind a latency relay
+            (examples/latency_relay) at several one-way latencies, via
+            bench/lg_distance.py: each proxy's own claims traffic crosses
+            the relay too; per operation p50s, round trips on the wire
+            and the proxy's decisions, and N concurrent resumes
 
 Writes <out>/<name>.json and <out>/<name>.md. Every wait is bounded; every
 process it starts is stopped on exit (and its pid written to
@@ -43,6 +48,7 @@ HOST = "127.0.0.1"
 USER = "postgres"
 DB = "bench"
 LG_DB = "lgbench"
+DIST_DB = "lgdistance"
 IS_ROOT = os.geteuid() == 0
 
 
@@ -199,10 +205,11 @@ log_min_messages = warning
 
 class Resumeguard:
     def __init__(self, procs: Procs, work: Path, binary: Path, name: str, args: list[str],
-                 upstream_port: int):
+                 upstream_port: int, admin_port: int | None = None, upstream_url: str | None = None):
         self.procs, self.name, self.args = procs, name, args
-        # "mem-NAME" / "prof-NAME" instances run the configuration NAME.
-        self.config_name = name.split("-", 1)[1] if name.split("-", 1)[0] in ("mem", "prof") else name
+        # "mem-NAME" / "prof-NAME" / "dist-NAME" instances run the configuration NAME.
+        prefix = name.split("-", 1)[0]
+        self.config_name = name.split("-", 1)[1] if prefix in ("mem", "prof", "dist") else name
         self.port = free_port()
         # A configuration may name its own upstream; "@SOCKET@" stands for
         # the benchmark server's Unix socket.
@@ -211,9 +218,14 @@ class Resumeguard:
         if any("@TLS_" in a for a in args):
             cert, key = tls_files(work)
             args = [a.replace("@TLS_CERT@", str(cert)).replace("@TLS_KEY@", str(key)) for a in args]
-        upstream = [] if "--upstream" in args else ["--upstream", f"{HOST}:{upstream_port}"]
+        upstream = [] if "--upstream" in args else \
+            ["--upstream", upstream_url or f"{HOST}:{upstream_port}"]
+        # Its own admin API (and /metrics) when the harness reads its counters.
+        admin = [] if admin_port is None or "--admin-listen" in args else \
+            ["--admin-listen", f"{HOST}:{admin_port}"]
+        self.admin_url = f"http://{HOST}:{admin_port}" if admin else None
         self.argv = [str(binary), "serve", "--listen", f"{HOST}:{self.port}", *upstream,
-                     "--audit-db", str(work / f"{name}-{self.port}-audit.sqlite"), *args]
+                     "--audit-db", str(work / f"{name}-{self.port}-audit.sqlite"), *admin, *args]
         # A configuration may run another binary with the same command line
         # (`bin=PATH`: the copy-relay baseline).
         if self.config_name in CONFIG_BIN:
@@ -598,6 +610,239 @@ def langgraph_suite(a, work: Path, pg: Postgres, targets: dict[str, int]) -> dic
     return res
 
 
+# --------------------------------------------------------------------------- distance
+class LatencyRelay:
+    """examples/latency_relay in front of PostgreSQL: a fixed one-way delay
+    each way, and its round-trip counts per application_name on a stats port."""
+
+    def __init__(self, procs: Procs, binary: Path, one_way_ms: float, upstream_port: int, tag: str):
+        self.procs, self.tag = procs, tag
+        self.port, self.stats_port = free_port(), free_port()
+        self.argv = [str(binary), "--listen", f"{HOST}:{self.port}", "--upstream",
+                     f"{HOST}:{upstream_port}", "--one-way-ms", f"{one_way_ms:g}",
+                     "--stats-listen", f"{HOST}:{self.stats_port}"]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30) -> "LatencyRelay":
+        self.proc = self.procs.start(f"relay-{self.tag}-{self.port}", self.argv)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"latency_relay exited {self.proc.returncode}; argv {self.argv}")
+            if port_accepts(self.port) and port_accepts(self.stats_port):
+                return self
+            time.sleep(0.05)
+        raise RuntimeError("latency_relay not ready")
+
+    def stop(self):
+        return self.procs.stop(self.proc) if self.proc else None
+
+
+def relay_binary(a) -> Path | None:
+    """The latency relay, built (release profile) if it is missing."""
+    if not a.relay_binary.exists():
+        log(f"{a.relay_binary} missing: cargo build --release --example latency_relay")
+        cp = subprocess.run(["cargo", "build", "--release", "--quiet", "--example", "latency_relay"],
+                            cwd=REPO, stdin=subprocess.DEVNULL, timeout=1800)
+        if cp.returncode != 0 or not a.relay_binary.exists():
+            return None
+    return a.relay_binary
+
+
+def distance_suite(a, procs: Procs, work: Path, pg: Postgres, proxies: dict[str, list[str]]) -> dict:
+    """Per one-way latency: a relay per target (direct, and each proxy
+    configuration in parts=distance, whose upstream and claims store are
+    then the relay), then bench/lg_distance.py against them."""
+    py = find_python(a)
+    if not py:
+        log("distance: no Python with langgraph + psycopg_pool found; skipped")
+        return {"skipped": "no Python environment with langgraph (run integration/run_all.sh "
+                           "to create .venv, or pass --lg-python)"}
+    relay_bin = relay_binary(a)
+    if relay_bin is None:
+        raise RuntimeError("distance: no latency relay binary (cargo build --release --example latency_relay)")
+    configs = {n: args for n, args in proxies.items() if in_part(n, "distance")}
+    for n, args in list(configs.items()):
+        if "--upstream" in args:
+            log(f"distance: configuration {n} names its own upstream; not measured at a distance")
+            del configs[n]
+    pg.psql(f"create database {DIST_DB}")
+    out = {"python": py, "configs": list(configs), "latencies": [],
+           "baseline": next((n for n, args in configs.items() if "--no-enforce" in args), "direct"),
+           "concurrency_ms": a.distance_concurrency_ms}
+    for ms in a.distance_latencies:
+        started = []
+        try:
+            relays = {"direct": LatencyRelay(procs, relay_bin, ms, pg.port, f"{ms:g}ms-direct").start()}
+            started.append(relays["direct"])
+            rgs = {}
+            for n, args in configs.items():
+                relays[n] = LatencyRelay(procs, relay_bin, ms, pg.port, f"{ms:g}ms-{n}").start()
+                started.append(relays[n])
+                # The upstream names the application's database, so the
+                # claims schema is there too (as a deployment's upstream URL
+                # would have it), not in `postgres`.
+                rgs[n] = Resumeguard(procs, work, a.binary, f"dist-{n}", args, relays[n].port,
+                                     admin_port=free_port(),
+                                     upstream_url=f"postgres://{USER}@{HOST}:{relays[n].port}/{DIST_DB}"
+                                     ).start()
+                started.append(rgs[n])
+            ports = {"direct": relays["direct"].port, **{n: r.port for n, r in rgs.items()}}
+            out_path = work / f"distance-{ms:g}.json"
+            argv = [py, str(BENCH / "lg_distance.py"), "--one-way-ms", f"{ms:g}",
+                    "--iterations", str(a.distance_iterations), "--warmup", str(a.lg_warmup),
+                    "--setup-dsn", f"postgresql://{USER}@{HOST}:{pg.port}/{DIST_DB}",
+                    "--out", str(out_path)]
+            for n, port in ports.items():
+                argv += ["--target", f"{n}=postgresql://{USER}@{HOST}:{port}/{DIST_DB}?connect_timeout=10",
+                         "--relay", f"{n}={HOST}:{relays[n].stats_port}"]
+                if n in rgs and rgs[n].admin_url:
+                    argv += ["--admin", f"{n}={rgs[n].admin_url}"]
+            if ms == a.distance_concurrency_ms and a.distance_concurrency:
+                argv += ["--concurrency", str(a.distance_concurrency),
+                         "--concurrency-rounds", str(a.distance_rounds)]
+            log(f"distance {ms:g} ms one-way: {', '.join(ports)} "
+                f"({a.distance_iterations} iterations each)")
+            cp = subprocess.run(argv, stdin=subprocess.DEVNULL, timeout=a.lg_timeout, env=pg_env(),
+                                text=True, cwd=BENCH)
+            if cp.returncode != 0:
+                raise RuntimeError(f"lg_distance.py exited {cp.returncode}")
+            out["latencies"].append(json.loads(out_path.read_text()))
+        finally:
+            for proc in reversed(started):
+                proc.stop()
+        pg.wait_backends_below(20)
+    return out
+
+
+# Connections the application opened (the saver's, the marked inspector's),
+# as the relay names them; the rest are the proxy's own.
+APP_NAMES = ("", "inspector")
+
+
+def fmt_turns(counts: dict) -> str:
+    """Round trips on the wire while the operation ran: the application's
+    + the proxy's own by name; then [the proxy's own after it returned]."""
+    turns, later = counts["turns"], counts.get("after", {})
+    app = sum(v for k, v in turns.items() if k in APP_NAMES)
+    own = [f"{k} {v:g}" for k, v in sorted(turns.items()) if k not in APP_NAMES and v]
+    after = [f"{k} {v:g}" for k, v in sorted(later.items()) if v]
+    return (f"{app:g}" + (f" + {', '.join(own)}" if own else "")
+            + (f" [after: {', '.join(after)}]" if after else ""))
+
+
+def fmt_decisions(metrics: dict) -> str:
+    """The proxy's decision counters as `op n` (store calls by op; fence
+    lookups by outcome)."""
+    parts = []
+    for k, v in sorted(metrics.items()):
+        label = re.search(r'(?:op|outcome)="([^"]+)"', k)
+        if not label or not v:
+            continue
+        if k.startswith("resumeguard_claims_store_seconds_count"):
+            parts.append(f"{label.group(1)} {v:g}")
+        elif k.startswith("resumeguard_fence_lookups_total"):
+            parts.append(f"fence:{label.group(1)} {v:g}")
+        elif k.startswith("resumeguard_claims_total"):
+            parts.append(f"claims:{label.group(1)} {v:g}")
+    return ", ".join(parts) or "none"
+
+
+def own_per_call(burst: dict) -> str:
+    """The proxy's own round trips over a burst's calls, during + after."""
+    def own(rounds):
+        return sum(v for turns in rounds for k, v in turns.items() if k not in APP_NAMES)
+    during, after = own(burst.get("turns", [])), own(burst.get("turns_after", []))
+    if not (during or after):
+        return ""
+    return f"{during / burst['calls']:.1f} + {after / burst['calls']:.1f}"
+
+
+DIST_OPS = (("park", "park (invoke to the interrupt)"),
+            ("get_state", "get_state, unmarked"),
+            ("resume_held", "resume after an unmarked get_state (claim held)"),
+            ("get_state_marked", "get_state, marked inspection"),
+            ("resume", "resume after a marked get_state (resume takes the claim)"))
+
+
+def render_distance(dist: dict) -> list[str]:
+    if "skipped" in dist:
+        return ["## At network distance", "", f"skipped: {dist['skipped']}", ""]
+    base = dist["baseline"]
+    ons = [c for c in dist["configs"] if c != base]
+    L = ["## At network distance", "",
+         "Every target reaches PostgreSQL through its own `examples/latency_relay` (fixed one-way "
+         "delay each way, pipelining kept); a proxy's claims store is the database it fronts, so "
+         "its decisions cross the relay too. The application sits next to the proxy (loopback). "
+         f"Sync saver, one connection; p50 ms over the iterations (interleaved). Ratio = p50 ÷ "
+         f"`{base}` p50; added round trips = (p50 − `{base}` p50) ÷ (2 × one-way). Round trips on "
+         "the wire: the relay's count of client turns (bytes after the server last spoke), median "
+         "per operation: the application's connections + the proxy's own, by application_name, "
+         "while the operation ran; [after: the proxy's own from its return until the relay was "
+         "quiet again, i.e. work off the data path]. "
+         "Decisions: the proxy's `resumeguard_claims_store_seconds_count` by op and "
+         "`resumeguard_fence_lookups_total` by outcome, diffed around the operation (median).", ""]
+    hdr = ["one-way ms (load avg)", "operation", "n"] + [f"{t} p50 ms (p25–p75)" for t in ["direct", base] + ons]
+    for o in ons:
+        hdr += [f"{o} ÷ {base}", f"{o} added round trips"]
+    hdr += [f"round trips on the wire: {t}" for t in ["direct", base] + ons]
+    hdr += [f"decisions: {o}" for o in ons]
+    L += ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
+    for lat in dist["latencies"]:
+        ms, sync = lat["one_way_ms"], lat["sync"]
+        for op, label in DIST_OPS:
+            if op not in sync.get(base, {}):
+                continue
+            row = [f"{ms:g} ({lat['load_avg_at_start'][0]:.1f})", label, str(sync[base][op]["n"])]
+            row += [f"{sync[t][op]['p50_ms']:.2f} ({sync[t][op]['p25_ms']:.1f}–{sync[t][op]['p75_ms']:.1f})"
+                    if op in sync.get(t, {}) else "" for t in ["direct", base] + ons]
+            b = sync[base][op]["p50_ms"]
+            for o in ons:
+                v = sync[o][op]["p50_ms"]
+                row += [f"{v / b:.2f}×", f"{(v - b) / (2 * ms):+.1f}" if ms else "–"]
+            row += [fmt_turns(sync[t][op]["counts"]) if op in sync.get(t, {}) else ""
+                    for t in ["direct", base] + ons]
+            row += [fmt_decisions(sync[o][op]["counts"]["metrics"]) for o in ons]
+            L.append("| " + " | ".join(row) + " |")
+    L.append("")
+    L += ["Measured round trip of the relay (`SELECT 1` from psycopg through the direct target's "
+          "relay, p50 ms): " + ", ".join(
+              f"{lat['one_way_ms']:g} ms one-way → {lat['select1']['p50_ms']:.2f}"
+              for lat in dist["latencies"] if lat.get("select1")) + ".", ""]
+    for lat in dist["latencies"]:
+        conc = lat.get("concurrency")
+        if not conc:
+            continue
+        L += [f"### {conc['threads']} concurrent parks / resumes at {lat['one_way_ms']:g} ms one-way", "",
+              f"One `ConnectionPool` of {conc['threads']} connections per target; per round, "
+              f"{conc['threads']} threads park {conc['threads']} fresh threads at once, then resume "
+              f"them at once; {conc['rounds']} rounds, targets interleaved. Client: the time of "
+              "each `invoke` (the Python client's GIL and this host's 2 cores included). "
+              "Decisions: the proxy's claim store calls in the bursts "
+              "(`resumeguard_claims_store_seconds`, all ops), per second of burst wall time; "
+              "their p50/p99 are the histogram's bucket bounds (≤). Every burst starts once the "
+              "relay is quiet; *drain* is how long after the burst the proxy's own traffic went "
+              "on (its evidence worker), per round.", "",
+              "| target | burst | calls | wall ms (per round) | invokes/s | client p50 ms | client p99 ms "
+              "| decisions | decisions/s | decision mean ms | decision p50 ≤ ms | decision p99 ≤ ms "
+              "| drain ms (per round) | proxy's own round trips per call: during + after |",
+              "|" + "---|" * 14]
+        for t, ops in conc["targets"].items():
+            for op in ("park", "resume"):
+                r = ops[op]
+                f = lambda v, d=2: "" if v is None else f"{v:.{d}f}"  # noqa: E731
+                L.append(f"| {t} | {op} | {r['calls']} | "
+                         f"{' / '.join(f'{w * 1e3:.0f}' for w in r['wall_s'])} | "
+                         f"{r['ops_per_s']:.1f} | {r['client_p50_ms']:.1f} | {r['client_p99_ms']:.1f} | "
+                         f"{r['decisions']:.0f} | {f(r['decisions_per_s'], 1) if r['decisions'] else ''} | "
+                         f"{f(r['decision_mean_ms'])} | {f(r['decision_p50_le_ms'], 1)} | "
+                         f"{f(r['decision_p99_le_ms'], 1)} | "
+                         f"{' / '.join(f'{d * 1e3:.0f}' for d in r.get('drain_s', []))} | "
+                         f"{own_per_call(r)} |")
+        L.append("")
+    return L
+
+
 # --------------------------------------------------------------------------- report
 def machine_info(a) -> dict:
     def first_line(argv):
@@ -735,6 +980,8 @@ def render_md(res: dict) -> str:
         L.append("")
     elif lg:
         L += ["## LangGraph interrupt protocol", "", f"skipped: {lg['skipped']}", ""]
+    if res.get("distance"):
+        L += render_distance(res["distance"])
     mem = res.get("memory")
     if mem:
         L += ["## Memory: idle client sessions", "",
@@ -829,7 +1076,7 @@ def parse_proxy_configs(a) -> dict[str, list[str]]:
     return out
 
 
-ALL_PARTS = ("pgbench", "langgraph", "memory")
+ALL_PARTS = ("pgbench", "langgraph", "memory", "distance")
 CONFIG_PARTS: dict[str, set] = {}
 CONFIG_ENV: dict[str, dict] = {}
 # Configurations that run a baseline binary instead of resumeguard.
@@ -852,7 +1099,7 @@ def main() -> int:
     ap.add_argument("--pg-bin", type=Path, default=Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin")))
     ap.add_argument("--proxy-configs", default=str(BENCH / "proxy-configs.conf"))
     ap.add_argument("--proxy", action="append", help="'NAME [ARGS...]' (repeatable; replaces the file)")
-    ap.add_argument("--parts", default="pgbench,langgraph,memory")
+    ap.add_argument("--parts", default="pgbench,langgraph,memory,distance")
     ap.add_argument("--out", type=Path, default=BENCH / "results")
     ap.add_argument("--name", help="result file stem (default latest / smoke-latest)")
     ap.add_argument("--scale", type=int)
@@ -870,6 +1117,13 @@ def main() -> int:
     ap.add_argument("--lg-warmup", type=int)
     ap.add_argument("--lg-timeout", type=int)
     ap.add_argument("--mem-conns", type=int)
+    ap.add_argument("--relay-binary", type=Path, default=REPO / "target/release/examples/latency_relay")
+    ap.add_argument("--distance-latencies", help="one-way ms, comma-separated (default 0,1,5; smoke 0,1)")
+    ap.add_argument("--distance-iterations", type=int, help="per target and latency (default 30; smoke 4)")
+    ap.add_argument("--distance-concurrency", type=int, help="concurrent resumes (default 64; smoke 8; 0 = none)")
+    ap.add_argument("--distance-concurrency-ms", type=float, default=1.0,
+                    help="the one-way latency the concurrency run uses")
+    ap.add_argument("--distance-rounds", type=int, help="concurrency rounds (default 3; smoke 1)")
     ap.add_argument("--profiler", choices=("auto", "perf", "callgrind"), default="auto",
                     help="for --parts profile (not in the default parts)")
     ap.add_argument("--profile-modes", default="prepared,simple,extended")
@@ -887,8 +1141,14 @@ def main() -> int:
     a.lg_warmup = d(a.lg_warmup, 5, 2)
     a.lg_timeout = d(a.lg_timeout, 1500, 240)
     a.mem_conns = d(a.mem_conns, 1000, 50)
-    a.name = a.name or ("smoke-latest" if smoke else "latest")
+    a.distance_latencies = [float(x) for x in d(a.distance_latencies, "0,1,5", "0,1").split(",")]
+    a.distance_iterations = d(a.distance_iterations, 30, 4)
+    a.distance_concurrency = d(a.distance_concurrency, 64, 8)
+    a.distance_rounds = d(a.distance_rounds, 3, 1)
     parts = set(a.parts.split(","))
+    # The distance part alone has result files of its own.
+    stem = "distance" if parts == {"distance"} else "latest"
+    a.name = a.name or (f"smoke-{stem}" if smoke else stem)
     proxies = parse_proxy_configs(a)
     work = a.work
     work.mkdir(parents=True, exist_ok=True)
@@ -915,7 +1175,11 @@ def main() -> int:
         log(f"postgres 15 on {HOST}:{pg.port} (max_connections {pg.max_connections})")
         pg.start()
         pg.psql(f"create database {DB}")
-        rgs = {n: Resumeguard(procs, work, a.binary, n, args, pg.port).start() for n, args in proxies.items()}
+        # The configurations the parts that measure them side by side on one
+        # upstream use (profile: the first configuration).
+        shared = parts & {"pgbench", "langgraph"}
+        rgs = {n: Resumeguard(procs, work, a.binary, n, args, pg.port).start()
+               for n, args in proxies.items() if shared & CONFIG_PARTS[n]}
         for n, r in rgs.items():
             log(f"resumeguard '{n}' on {HOST}:{r.port} (pid {r.proc.pid}) args {r.args}")
         pgb = pgb_tls = None
@@ -961,6 +1225,8 @@ def main() -> int:
         if "profile" in parts:
             first = next(iter(proxies))
             res["profile"] = profile_suite(a, procs, work, pg, first, proxies[first])
+        if "distance" in parts:
+            res["distance"] = distance_suite(a, procs, work, pg, proxies)
         if "memory" in parts:
             res["memory"] = memory_suite(a, procs, work, pg, proxies)
         res["elapsed_s"] = time.monotonic() - started

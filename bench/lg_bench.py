@@ -122,6 +122,16 @@ def sync_variant(targets: dict[str, str], iterations: int, warmup: int) -> dict:
     return {t: {op: summary(v) for op, v in ops.items()} for t, ops in samples.items()}
 
 
+def saver_pool(dsn: str, min_size: int, max_size: int, timeout: float, **kwargs) -> ConnectionPool:
+    """An open pool as the saver wants its connections: autocommit, no
+    server-side prepares, dict rows (plus `kwargs`, e.g. application_name)."""
+    pool = ConnectionPool(dsn, min_size=min_size, max_size=max_size, open=True, timeout=timeout,
+                          kwargs={"autocommit": True, "prepare_threshold": 0,
+                                  "row_factory": dict_row, **kwargs})
+    pool.wait(timeout=timeout)
+    return pool
+
+
 def pool_variant(targets: dict[str, str], iterations: int, threads: int, rounds: int,
                  warmup: int) -> dict:
     samples = {t: {op: [] for op in OPS} for t in targets}
@@ -129,21 +139,14 @@ def pool_variant(targets: dict[str, str], iterations: int, threads: int, rounds:
     per_thread = max(1, -(-iterations // (rounds * threads)))
     try:
         for t, dsn in targets.items():
-            pool = ConnectionPool(dsn, min_size=threads, max_size=threads, open=True, timeout=30,
-                                  kwargs={"autocommit": True, "prepare_threshold": 0,
-                                          "row_factory": dict_row})
-            pool.wait(timeout=30)
+            pool = saver_pool(dsn, threads, threads, 30)
             pools[t] = pool
             graphs[t] = build(PostgresSaver(pool))
             # get_state through its own pool, marked as inspection by its
             # application_name: in a pool the resume runs on another
             # connection than the get_state, and an unmarked inspection's
             # claim would make it wait for the lapse (README, consume-once).
-            ipool = ConnectionPool(dsn, min_size=1, max_size=threads, open=True, timeout=30,
-                                   kwargs={"autocommit": True, "prepare_threshold": 0,
-                                           "row_factory": dict_row,
-                                           "application_name": "inspector"})
-            ipool.wait(timeout=30)
+            ipool = saver_pool(dsn, 1, threads, 30, application_name="inspector")
             pools[f"{t}-inspect"] = ipool
             inspectors[t] = build(PostgresSaver(ipool))
         errors: list[BaseException] = []

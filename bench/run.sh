@@ -3,6 +3,8 @@
 #
 #   bench/run.sh            full run (~15-20 min on 2 cores): results in bench/results/latest.{json,md}
 #   bench/run.sh --smoke    CI smoke (< 3 min): bench/results/smoke-latest.{json,md}
+#   bench/run.sh --parts distance   PostgreSQL behind a latency relay (0, 1, 5 ms
+#                           one-way): bench/results/distance.{json,md}
 #
 # Any other arguments go to bench/bench.py (see `python3 bench/bench.py --help`), e.g.
 #   bench/run.sh --rounds 3 --duration 5 --parts pgbench
@@ -50,7 +52,7 @@ fi
 
 if [ "${RG_SKIP_BUILD:-0}" != 1 ]; then
     say "cargo build --release"
-    cargo build --release --quiet --bin resumeguard --example copy_relay
+    cargo build --release --quiet --bin resumeguard --example copy_relay --example latency_relay
 fi
 
 # ---------------------------------------------------------------- run, always clean up
