@@ -14,7 +14,7 @@ use resumeguard::audit::{AuditSink, TrailSource};
 use resumeguard::claims::evidence;
 use resumeguard::claims::location::{postgres_target, store_location, LocationError};
 use resumeguard::claims::{ClaimStore, StoreLocation};
-use resumeguard::config::{upstream_addr, Config};
+use resumeguard::config::{upstream_addr, Config, ConfigError, Loader};
 use resumeguard::enforce::claim_gate::ClaimsLeg;
 use resumeguard::enforce::reload::Reloadable;
 use resumeguard::enforce::{Enforcement, Legs};
@@ -22,10 +22,17 @@ use resumeguard::policy::ChannelRules;
 use resumeguard::wire::upstream::UpstreamAddr;
 use resumeguard::wire::{listener, proxy::Proxy};
 
+use crate::config_cmd::{load_for_serve, warn_unknown};
 use crate::reload::{load_rules, Reloader};
 use crate::startup::{start_managed, Received, Signals, Startup};
 
-pub fn serve(cfg: Config) -> anyhow::Result<()> {
+pub fn serve(loader: Loader) -> anyhow::Result<()> {
+    let layered = load_for_serve(&loader)?;
+    warn_unknown(&layered);
+    let cfg = layered.config;
+    if cfg.upstream.is_none() && !cfg.managed.enabled {
+        return Err(ConfigError::NoUpstream.into());
+    }
     // The event loop only accepts connections and watches for signals;
     // each session relays on threads of its own (wire/session.rs).
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
 use crate::audit::AuditSink;
@@ -52,12 +52,15 @@ pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:6433";
 const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 /// `[admin]` in the configuration file.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdminConfig {
     /// Bearer token of the mutating endpoints (`POST /claims/release`);
     /// absent: they answer 403.
     pub token: Option<String>,
+    /// A file holding the token (its trailing newline dropped), read at
+    /// start; instead of `token`.
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 /// The admin listener's address as configured.
