@@ -68,19 +68,21 @@ def test_serve_configured_by_the_environment_alone(pg, dbname, workdir):
         thread = f"env-{uuid.uuid4().hex[:8]}"
         assert lg_scenarios.park("conn", dsn, thread)["state"]["next"] == ["gate"]
         assert lg_scenarios.resume("conn", dsn, thread, True)["result"]["approved"] is True
-        # The token is the file's: POST /claims/release takes it, not another.
-        def release(token: str) -> int:
-            req = urllib.request.Request(f"http://{HOST}:{admin}/claims/release", method="POST",
-                                         data=b'{"thread": "env-none"}',
-                                         headers={"Authorization": f"Bearer {token}",
-                                                  "Content-Type": "application/json"})
+        # The token is the file's: POST /reload takes it, not another.
+        def reload(token: str) -> int:
+            req = urllib.request.Request(f"http://{HOST}:{admin}/reload", method="POST",
+                                         headers={"Authorization": f"Bearer {token}"})
             try:
                 with urllib.request.urlopen(req, timeout=10) as r:
                     return r.status
             except urllib.error.HTTPError as e:
                 return e.code
-        assert release("wrong") == 401
-        assert release("from-a-file") == 200
+        assert reload("wrong") == 401
+        assert reload("from-a-file") == 200
+        with urllib.request.urlopen(f"http://{HOST}:{admin}/config", timeout=5) as r:
+            shown = r.read().decode()
+        assert "lapse_ms = 2500  # env RESUMEGUARD_CLAIMS_LAPSE_MS" in shown, shown
+        assert "from-a-file" not in shown, shown
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=30)

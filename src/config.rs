@@ -23,6 +23,7 @@ use crate::wire::upstream_tls::{UpstreamTls, UpstreamTlsParams};
 
 mod error;
 pub mod layers;
+pub mod live;
 pub mod show;
 mod upstream_url;
 pub use error::ConfigError;
