@@ -6,8 +6,8 @@ application_name) -> resume on fresh threads (integration/lg_scenarios.py,
 ``conn`` saver: a connection per step), and plain workers each keep one
 psycopg connection running pgbench-like transactions (a prepared select by
 key, an update, a history insert) on their own table. Every second the
-proxy's VmRSS, thread count, open fds and the audit table's row count are
-sampled.
+proxy's VmRSS, thread count (all, and those serving a client session), open
+fds and the audit table's row count are sampled.
 
     .venv/bin/python integration/soak.py --proxy-dsn URL --inspect-dsn URL \\
         --pid PID --audit-db FILE [--seconds 60] [--sessions 50] [--lg-sessions 10]
@@ -38,6 +38,10 @@ import psycopg  # noqa: E402
 import lg_scenarios  # noqa: E402
 
 PLAIN_ROWS = 1000
+# The threads the proxy starts per client session (wire/listener.rs, wire/session.rs);
+# every other thread is the proxy's own (event loop, audit writers, claims worker,
+# blocking pool) and may start lazily, at the first use of what it serves.
+SESSION_THREADS = ("rg-session", "rg-client")
 
 
 @dataclass
@@ -47,6 +51,7 @@ class Sample:
     threads: int
     fds: int
     audit_rows: int
+    session_threads: int = 0
 
 
 @dataclass
@@ -76,7 +81,35 @@ def proc_sample(pid: int, audit_db: Path) -> Sample:
     except sqlite3.Error:
         pass
     return Sample(time.monotonic(), int(status["VmRSS"]), int(status["Threads"]),
-                  len(os.listdir(f"/proc/{pid}/fd")), rows)
+                  len(os.listdir(f"/proc/{pid}/fd")), rows, session_threads(pid))
+
+
+def thread_names(pid: int) -> dict[str, int]:
+    """The proxy's threads, counted by name."""
+    names: dict[str, int] = {}
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = Path(f"/proc/{pid}/task/{task}/comm").read_text().strip()
+        except OSError:
+            continue  # the thread exited meanwhile
+        names[name] = names.get(name, 0) + 1
+    return names
+
+
+def session_threads(pid: int) -> int:
+    """The proxy's threads serving client sessions."""
+    names = thread_names(pid)
+    return sum(names.get(n, 0) for n in SESSION_THREADS)
+
+
+def warm_up(proxy_dsn: str, inspect_dsn: str) -> None:
+    """One LangGraph park, get_state and resume through the proxy: what the
+    proxy starts at first use (its claims store connection, the evidence
+    worker's) exists afterwards."""
+    thread = f"soak-warmup-{uuid.uuid4().hex[:8]}"
+    lg_scenarios.park("conn", proxy_dsn, thread)
+    lg_scenarios.state("conn", inspect_dsn, thread)
+    lg_scenarios.resume("conn", proxy_dsn, thread, True)
 
 
 def prepare(direct_dsn: str) -> None:

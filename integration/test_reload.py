@@ -1,6 +1,6 @@
-"""SIGHUP reloads the files the configuration names, without dropping a
-session: the rules directory (saver profiles, channel rules) and the
-certificate and key the proxy shows its clients.
+"""SIGHUP reloads the configuration file and the files it names, without
+dropping a session: the rules directory (saver profiles, channel rules), the
+certificate and key the proxy shows its clients, the JSONL audit file.
 
 * A channel rule added while a LangGraph saver keeps its connection open: the
   write it accepted before the SIGHUP is refused after it (23514), on that
@@ -16,6 +16,13 @@ certificate and key the proxy shows its clients.
   another CA's: new sessions are refused (the server's certificate no longer
   verifies) while a session opened before goes on; a root file that does not
   load keeps the roots in effect; the right CA back, new sessions pass again.
+* The configuration file edited: a new ``[claims] lapse_ms`` holds the next
+  claim that long, a new admin token replaces the old one (``POST /reload``
+  takes only the new), a changed key that needs a restart (``max_client_conn``)
+  is named at WARN and in ``GET /config`` and stays; a file that no longer
+  loads changes nothing and is counted as failed.
+* The JSONL file moved away (logrotate without copytruncate): after SIGHUP the
+  next events are in a new file at the configured path, none in the moved one.
 * No SIGHUP stops the proxy (every proxy here must still exit 0 on SIGTERM).
 """
 
@@ -37,8 +44,9 @@ import pytest
 from langgraph.checkpoint.postgres import PostgresSaver
 
 import lg_enforce as E
+import lg_scenarios
 from conftest import HOST, connect, free_port, make_dsn
-from test_admin import scrape, value, wait_admin
+from test_admin import get_json, http, scrape, value, wait_admin
 from test_tls import (TlsProxy, certs, make_ca, make_leaf, tls_pg,  # noqa: F401
                       upstream_url)
 from test_validity import write_rules_dir
@@ -141,9 +149,9 @@ def test_sighup_puts_a_new_rule_in_effect_on_open_and_new_connections(
         assert isinstance(invalid_append(g, fresh), psycopg.errors.CheckViolation)
 
 
-def wait_for_reload_records(audit_db, at_least: int, timeout: float = 10.0) -> list[dict]:
-    """The `config_reloaded` audit records' details, once `at_least` are written
-    (the audit writer is asynchronous)."""
+def wait_for_reload_records(audit_db, at_least: int, part: str, timeout: float = 10.0) -> list[dict]:
+    """The `config_reloaded` audit records' details of `part`, once `at_least`
+    are written (the audit writer is asynchronous)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -155,8 +163,9 @@ def wait_for_reload_records(audit_db, at_least: int, timeout: float = 10.0) -> l
                 con.close()
         except sqlite3.Error:
             rows = []
-        if len(rows) >= at_least or time.monotonic() > deadline:
-            return [json.loads(r[0]) for r in rows]
+        details = [d for d in (json.loads(r[0]) for r in rows) if d["part"] == part]
+        if len(details) >= at_least or time.monotonic() > deadline:
+            return details
         time.sleep(0.1)
 
 
@@ -172,7 +181,7 @@ def test_a_broken_rule_file_keeps_the_rules_in_effect(rproxy, rules_dir, admin_p
     errors = error_lines(rproxy, "rules")
     assert errors and "zz-broken.toml" in errors[-1], errors
     # each reload is in the audit trail, with its outcome and why it failed
-    reloads_audited = wait_for_reload_records(rproxy.audit_db, 2)
+    reloads_audited = wait_for_reload_records(rproxy.audit_db, 2, "rules")
     assert [(d["part"], d["result"]) for d in reloads_audited[-2:]] == [
         ("rules", "ok"), ("rules", "failed")], reloads_audited
     assert "zz-broken.toml" in reloads_audited[-1]["reason"], reloads_audited[-1]
@@ -336,3 +345,102 @@ def test_sighup_replaces_the_upstream_roots(uproxy, upstream_root, certs):
     with upstream_session(proxy) as c:
         assert c.execute("SELECT 3").fetchone()[0] == 3
     open_session.close()
+
+
+# --------------------------------------------------------------------------- configuration file
+def claim_lapse_s(base: str, thread: str) -> float:
+    """How long the thread's claim holds from its taking (lapses_at - claimed_at)."""
+    from datetime import datetime
+    deadline = time.monotonic() + 10
+    while True:
+        status, claims = get_json(base, f"/claims?thread={thread}")
+        assert status == 200, claims
+        if claims:
+            c = claims[0]
+            return (datetime.fromisoformat(c["lapses_at"])
+                    - datetime.fromisoformat(c["claimed_at"])).total_seconds()
+        assert time.monotonic() < deadline, f"no claim of {thread}"
+        time.sleep(0.1)
+
+
+def config_file(path: Path, lapse_ms: int, max_client_conn: int, token: str) -> None:
+    path.write_text(f"max_client_conn = {max_client_conn}\n\n[claims]\nlapse_ms = {lapse_ms}\n\n"
+                    f"[admin]\ntoken = '{token}'\n")
+
+
+def test_sighup_rereads_the_configuration_file(proxy_factory, workdir, dbname, direct_dsn):
+    """A changed lapse_ms reaches the consume-once gate (the next claim holds
+    that long), a new admin token replaces the old one, and a changed key that
+    needs a restart (max_client_conn) is named in the log and in GET /config
+    and stays as it was."""
+    lg_scenarios.setup_db("conn", direct_dsn)
+    conf = workdir / f"reload-config-{uuid.uuid4().hex[:6]}.toml"
+    config_file(conf, 60_000, 100, "first-token")
+    port = free_port()
+    proxy = proxy_factory("--config", str(conf), "--admin-listen", f"{HOST}:{port}",
+                          name="proxy-reload-config")
+    base = wait_admin(port)
+    dsn = proxy.dsn(dbname)
+    before = f"rl-cfg-{uuid.uuid4().hex[:8]}"
+    lg_scenarios.park("conn", dsn, before)           # its get_state read takes the claim
+    assert claim_lapse_s(base, before) == pytest.approx(60, abs=0.5)
+    status, shown = http(base, "GET", "/config")
+    assert "lapse_ms = 60000  # file" in shown, shown
+
+    config_file(conf, 1_500, 7, "second-token")
+    sighup_and_wait(proxy, "config", "ok")
+    log = proxy.stderr_path.read_text(errors="replace")
+    assert "applied admin.token, claims.lapse_ms; needs a restart for max_client_conn" in log, log
+    warned = [line for line in log.splitlines() if "WARN" in line and "need a restart" in line]
+    assert warned and "max_client_conn" in warned[-1], log
+
+    after = f"rl-cfg-{uuid.uuid4().hex[:8]}"
+    lg_scenarios.park("conn", dsn, after)
+    assert claim_lapse_s(base, after) == pytest.approx(1.5, abs=0.5)
+    status, shown = http(base, "GET", "/config")
+    assert f"lapse_ms = 1500  # file {conf}" in shown.splitlines(), shown
+    assert "max_client_conn = 100  # " in shown, shown
+    assert "in effect after a restart: max_client_conn" in shown, shown
+    assert "second-token" not in shown, shown
+    assert http(base, "POST", "/reload", token="first-token")[0] == 401
+    status, body = http(base, "POST", "/reload", token="second-token")
+    assert status == 200, body
+    assert json.loads(body)["awaiting_restart"] == ["max_client_conn"], body
+
+    # A file that no longer loads changes nothing and is counted as failed.
+    conf.write_text("[claims]\nlapse_ms = 'soon'\n")
+    sighup_and_wait(proxy, "config", "failed")
+    assert conf.name in error_lines(proxy, "config")[-1]
+    assert f"lapse_ms = 1500  # file {conf}" in http(base, "GET", "/config")[1].splitlines()
+    assert reloads(port, "config", "failed") == 1
+
+
+def test_sighup_reopens_the_jsonl_file_after_logrotate_moved_it(proxy_factory, dbname,
+                                                                direct_dsn):
+    """logrotate without copytruncate: the file is moved, SIGHUP, and the
+    next events go to a new file at the configured path."""
+    lg_scenarios.setup_db("conn", direct_dsn)
+    proxy = proxy_factory(name="proxy-reload-jsonl")
+    dsn = proxy.dsn(dbname)
+    first = f"rl-jsonl-{uuid.uuid4().hex[:8]}"
+    lg_scenarios.park("conn", dsn, first)
+    jsonl = proxy.audit_jsonl
+    wait_for_thread(jsonl, first)
+    rotated = jsonl.with_name(jsonl.name + ".1")
+    jsonl.rename(rotated)
+    sighup_and_wait(proxy, "audit_jsonl", "ok")
+    second = f"rl-jsonl-{uuid.uuid4().hex[:8]}"
+    lg_scenarios.park("conn", dsn, second)
+    wait_for_thread(jsonl, second)
+    assert first not in jsonl.read_text()
+    assert second not in rotated.read_text(), "the moved file gets nothing after the reopen"
+    assert jsonl.stat().st_mode & 0o777 == 0o600
+    ops = [json.loads(line)["operation"] for line in jsonl.read_text().splitlines()]
+    assert "config_reloaded" in ops, ops
+
+
+def wait_for_thread(path: Path, thread: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and thread in path.read_text()):
+        assert time.monotonic() < deadline, f"no events of {thread} in {path}"
+        time.sleep(0.1)

@@ -1,10 +1,11 @@
 //! The TOML configuration (see `configs/` for examples). Every key is
-//! optional; command-line flags override the file.
+//! optional; environment variables override the file and command-line
+//! flags override both (`layers`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use regex::Regex;
 
@@ -21,12 +22,16 @@ use crate::wire::upstream::UpstreamAddr;
 use crate::wire::upstream_tls::{UpstreamTls, UpstreamTlsParams};
 
 mod error;
+pub mod layers;
+pub mod live;
+pub mod show;
 mod upstream_url;
 pub use error::ConfigError;
+pub use layers::{Flags, Layered, Loader, Source};
 pub use upstream_url::upstream_addr;
 use upstream_url::url_tls_params;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// Address clients connect to.
@@ -65,7 +70,7 @@ pub struct Config {
 }
 
 /// TLS towards clients (terminated by the proxy).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TlsConfig {
     /// PEM certificate chain the proxy presents; with `key`, SSLRequest
@@ -94,7 +99,7 @@ pub struct ClaimsSettings {
 }
 
 /// Consume-once claims (see README, "Consume-once").
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClaimsConfig {
     /// `postgres` (the default: the database the proxy fronts, shared
@@ -163,7 +168,7 @@ impl Default for ClaimsConfig {
 }
 
 /// Which enforcement legs run (all on by default).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EnforceConfig {
     /// Fork determinism: hide recorded answers from forks.
@@ -189,9 +194,13 @@ impl Default for EnforceConfig {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ManagedConfig {
+    /// Whether `serve` with no upstream starts a local PostgreSQL (a
+    /// development convenience); off: an upstream is required (the
+    /// container image sets `RESUMEGUARD_MANAGED_ENABLED=false`).
+    pub enabled: bool,
     /// Where the PostgreSQL server binaries live; absent: the newest
     /// `/usr/lib/postgresql/*/bin`.
     pub bin_dir: Option<PathBuf>,
@@ -199,6 +208,17 @@ pub struct ManagedConfig {
     pub data_dir: Option<PathBuf>,
     /// Loopback port for the managed server; 0 picks a free one.
     pub port: u16,
+}
+
+impl Default for ManagedConfig {
+    fn default() -> Self {
+        ManagedConfig {
+            enabled: true,
+            bin_dir: None,
+            data_dir: None,
+            port: 0,
+        }
+    }
 }
 
 impl Default for Config {
@@ -257,7 +277,7 @@ impl Config {
     }
 
     /// TLS towards clients: both files or neither.
-    fn client_tls(&self) -> Result<Option<ClientTls>, ConfigError> {
+    pub fn client_tls(&self) -> Result<Option<ClientTls>, ConfigError> {
         match (&self.tls.cert, &self.tls.key) {
             (Some(cert), Some(key)) => Ok(Some(
                 ClientTls::load(cert, key, self.tls.require).map_err(ConfigError::ClientTls)?,

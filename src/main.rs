@@ -1,5 +1,6 @@
-//! The `resumeguard` command: `serve` runs the proxy, `audit` reads the
-//! audit trail, `claims` and `rules` are the operator's views.
+//! The `resumeguard` command: `serve` runs the proxy, `config` checks or
+//! shows its configuration, `audit` reads the audit trail, `claims` and
+//! `rules` are the operator's views.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -12,17 +13,19 @@ use clap::{Args, Parser, Subcommand};
 use resumeguard::audit::EventFilter;
 use resumeguard::claims::location::{store_location, Backend};
 use resumeguard::claims::{render_claims, ClaimRecord, ClaimStore};
-use resumeguard::config::Config;
+use resumeguard::config::{Config, Flags, Loader};
 use resumeguard::log_text::escaped;
 use resumeguard::managed_pg::running_socket;
 use resumeguard::policy::ChannelRules;
 use resumeguard::saver::profile::profiles_for;
 
 mod audit_cmd;
+mod config_cmd;
 mod reload;
 mod serve;
 mod startup;
 use audit_cmd::{AuditDbArgs, NoSuchThread, EXIT_NO_SUCH_THREAD};
+use config_cmd::{ConfigCommand, ServeArgs};
 use serve::serve;
 
 #[derive(Parser)]
@@ -47,55 +50,13 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum Command {
     /// Run the proxy (with no upstream configured: in front of a managed
-    /// local PostgreSQL).
-    Serve {
-        /// TOML configuration file (examples in configs/); flags override it.
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// Address to listen on (default 127.0.0.1:6432).
-        #[arg(long)]
-        listen: Option<String>,
-        /// Upstream PostgreSQL: host:port or postgres:// URL.
-        #[arg(long)]
-        upstream: Option<String>,
-        /// Directory of saver profiles and channel rules (default: the
-        /// built-in profiles, no channel rules).
-        #[arg(long)]
-        rules: Option<PathBuf>,
-        /// SQLite file of the audit trail (default <state-dir>/audit.sqlite).
-        #[arg(long)]
-        audit_db: Option<PathBuf>,
-        /// Also write audit events as JSON lines to this file ("-" = stdout).
-        #[arg(long)]
-        audit_jsonl: Option<String>,
-        /// Directory for the proxy's state (audit db, claims store, managed
-        /// PostgreSQL); default .resumeguard.
-        #[arg(long)]
-        state_dir: Option<PathBuf>,
-        /// SQLite file of consume-once claims, shared by replicas on this
-        /// host (implies [claims] backend = "sqlite"; default: the claims
-        /// live in the fronted PostgreSQL).
-        #[arg(long)]
-        claims_store: Option<PathBuf>,
-        /// This proxy's name in claims (default: hostname-pid).
-        #[arg(long)]
-        proxy_id: Option<String>,
-        /// Turn every enforcement leg off: relay, recognize and audit only.
-        #[arg(long)]
-        no_enforce: bool,
-        /// Address of the admin API and /metrics, or "off" (default
-        /// 127.0.0.1:6433 when free).
-        #[arg(long)]
-        admin_listen: Option<String>,
-        /// PEM certificate chain presented to clients (TLS, with --tls-key).
-        #[arg(long)]
-        tls_cert: Option<PathBuf>,
-        /// PEM private key of --tls-cert.
-        #[arg(long)]
-        tls_key: Option<PathBuf>,
-        /// Refuse clients that do not use TLS.
-        #[arg(long)]
-        require_tls: bool,
+    /// local PostgreSQL). Configuration: flags > RESUMEGUARD_* environment >
+    /// the --config file > defaults.
+    Serve(ServeArgs),
+    /// Check the configuration, or print the one in effect.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
     },
     /// Consume-once claims: list them, or release them (operator).
     Claims {
@@ -273,43 +234,8 @@ fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     match cli.command {
-        Command::Serve {
-            config,
-            listen,
-            upstream,
-            rules,
-            audit_db,
-            audit_jsonl,
-            state_dir,
-            claims_store,
-            proxy_id,
-            no_enforce,
-            admin_listen,
-            tls_cert,
-            tls_key,
-            require_tls,
-        } => {
-            let mut cfg = load_config(config)?;
-            cfg.listen = listen.unwrap_or(cfg.listen);
-            cfg.upstream = upstream.or(cfg.upstream);
-            cfg.rules_dir = rules.or(cfg.rules_dir);
-            cfg.state_dir = state_dir.unwrap_or(cfg.state_dir);
-            cfg.audit.sqlite = Some(audit_db.unwrap_or_else(|| cfg.audit_db()));
-            cfg.audit.jsonl = audit_jsonl.or(cfg.audit.jsonl);
-            cfg.claims.store = claims_store.or(cfg.claims.store);
-            cfg.claims.proxy_id = proxy_id.or(cfg.claims.proxy_id);
-            cfg.admin_listen = admin_listen.or(cfg.admin_listen);
-            cfg.tls.cert = tls_cert.or(cfg.tls.cert);
-            cfg.tls.key = tls_key.or(cfg.tls.key);
-            cfg.tls.require |= require_tls;
-            if no_enforce {
-                cfg.enforce.fork_filter = false;
-                cfg.enforce.validity = false;
-                cfg.enforce.consume_once = false;
-                cfg.enforce.unknown_saver = Default::default();
-            }
-            serve(cfg)
-        }
+        Command::Serve(args) => serve(args.loader()),
+        Command::Config { command } => config_cmd::run(command),
         Command::Claims {
             command: ClaimsCommand::List { thread, store },
         } => {
@@ -415,11 +341,11 @@ fn rules_check(dir: Option<PathBuf>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The configuration the operator commands read: the file (`--config`,
+/// else `RESUMEGUARD_CONFIG`) under the `RESUMEGUARD_*` variables, as
+/// `serve` reads it.
 fn load_config(path: Option<PathBuf>) -> anyhow::Result<Config> {
-    match path {
-        Some(p) => Ok(Config::load(&p)?),
-        None => Ok(Config::default()),
-    }
+    Ok(Loader::new(path, Flags::default()).load()?.config)
 }
 
 #[cfg(test)]

@@ -9,13 +9,14 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use resumeguard::admin::{self, AdminLimits, AdminState};
+use resumeguard::admin::{self, AdminControl, AdminLimits, AdminState, AdminToken};
 use resumeguard::audit::{AuditSink, TrailSource};
 use resumeguard::claims::evidence;
 use resumeguard::claims::location::{postgres_target, store_location, LocationError};
 use resumeguard::claims::postgres::{schema_name, DEFAULT_SCHEMA};
 use resumeguard::claims::{ClaimStore, StoreLocation};
-use resumeguard::config::{upstream_addr, Config};
+use resumeguard::config::live::{ClaimsTimings, LiveClaimsTimings};
+use resumeguard::config::{upstream_addr, Config, ConfigError, Loader};
 use resumeguard::enforce::claim_gate::{ClaimsLeg, InTransactionFence};
 use resumeguard::enforce::own_schema::OwnSchema;
 use resumeguard::enforce::reload::Reloadable;
@@ -26,7 +27,8 @@ use resumeguard::policy::ChannelRules;
 use resumeguard::wire::upstream::UpstreamAddr;
 use resumeguard::wire::{listener, proxy::Proxy};
 
-use crate::reload::{load_rules, Reloader};
+use crate::config_cmd::{load_for_serve, warn_unknown};
+use crate::reload::{load_rules, Reloader, Running};
 use crate::startup::{start_managed, Received, Signals, Startup};
 
 /// Raises the soft limit on open files to the hard one, and says when it
@@ -56,7 +58,13 @@ fn open_file_limit(max_client_conn: usize) -> Option<u64> {
 /// runtime, stores, logs, the admin API's share), roughly.
 const FDS_BESIDE_SESSIONS: u64 = 128;
 
-pub fn serve(cfg: Config) -> anyhow::Result<()> {
+pub fn serve(loader: Loader) -> anyhow::Result<()> {
+    let layered = load_for_serve(&loader)?;
+    warn_unknown(&layered);
+    let cfg = layered.config.clone();
+    if cfg.upstream.is_none() && !cfg.managed.enabled {
+        return Err(ConfigError::NoUpstream.into());
+    }
     // The event loop only accepts connections and watches for signals;
     // each session relays on threads of its own (wire/session.rs).
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -67,6 +75,9 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
     // between starting the managed server and stopping it.
     let mut signals = runtime.block_on(async { Signals::install() })?;
     let rules = load_rules(&cfg)?;
+    // The claims timings a reload stores (config::live); the store and the
+    // evidence worker read the values below, given at start.
+    let claims_timings = LiveClaimsTimings::new(ClaimsTimings::of(&cfg));
     if let Some(parent) = cfg.audit_db().parent() {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
@@ -144,6 +155,18 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
                 cfg.relay(upstream.clone())?,
                 Arc::new(Arc::clone(&enforcement)),
             ));
+            let token = AdminToken::new(cfg.admin.token.clone());
+            let reloader = Arc::new(Reloader::new(
+                loader,
+                layered,
+                Running {
+                    rules: enforcement,
+                    proxy: Arc::clone(&proxy),
+                    audit: audit.clone(),
+                    token: token.clone(),
+                    claims_timings,
+                },
+            ));
             let admin_state = |metrics| AdminState {
                 proxy: Arc::clone(&proxy),
                 metrics,
@@ -151,7 +174,8 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
                 audit_trail: audit_trail(&cfg, managed_socket.as_ref()),
                 claims: claims_store,
                 claims_at,
-                token: cfg.admin.token.clone(),
+                token,
+                control: Some(Arc::clone(&reloader) as Arc<dyn AdminControl>),
             };
             let nofile = open_file_limit(proxy.config.max_client_conn);
             let admin_limits = AdminLimits::new(cfg.admin.max_connections, nofile);
@@ -159,6 +183,7 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
             if let Some(addr) = admin::start(&cfg.admin_listen(), admin_limits, admin_state).await? {
                 tracing::info!(listen = %addr, max_connections, "admin API and /metrics");
             }
+            reloader.describe_metrics();
             tracing::info!(listen = %local, %upstream, audit = %cfg.audit_db().display(), "resumeguard serving");
             let user = if managed.is_some() { "postgres@" } else { "" };
             println!("DATABASE_URL=postgres://{user}{local}/postgres");
@@ -174,16 +199,11 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
             let stopped = |mut rx: watch::Receiver<bool>| async move {
                 let _ = rx.wait_for(|s| *s).await;
             };
-            let reloader = Arc::new(Reloader::new(
-                cfg.clone(),
-                enforcement,
-                Arc::clone(&proxy),
-                audit.clone(),
-            ));
             tokio::spawn(async move {
                 while signals.next().await == Received::Hangup {
                     let reloader = Arc::clone(&reloader);
-                    if let Err(e) = tokio::task::spawn_blocking(move || reloader.reload()).await {
+                    let reload = move || reloader.reload("SIGHUP");
+                    if let Err(e) = tokio::task::spawn_blocking(reload).await {
                         tracing::error!(error = %e, "SIGHUP: the reload did not finish");
                     }
                 }

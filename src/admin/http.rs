@@ -45,6 +45,8 @@ pub fn router(state: Shared) -> Router {
         .route("/claims", get(claims))
         .route("/claims/release", post(release))
         .route("/threads/{id}", get(thread))
+        .route("/config", get(config))
+        .route("/reload", post(reload))
         .with_state(state)
 }
 
@@ -203,11 +205,39 @@ async fn thread(State(s): State<Shared>, Path(id): Path<String>) -> Response {
     }
 }
 
+/// `GET /config`: the configuration in effect as TOML, each value with its
+/// source, secrets redacted.
+async fn config(State(s): State<Shared>) -> Response {
+    let Some(control) = s.control.clone() else {
+        return error(StatusCode::NOT_FOUND, "no configuration to show");
+    };
+    match blocking(move || Ok(control.config())).await {
+        Ok(text) => ([(CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e),
+    }
+}
+
+/// `POST /reload`: what SIGHUP does (the configuration file, the rules,
+/// the certificates, the JSONL file), answered with each part's outcome.
+async fn reload(State(s): State<Shared>, headers: HeaderMap) -> Response {
+    if let Some(refused) = refusal(&s, &headers) {
+        return refused;
+    }
+    let Some(control) = s.control.clone() else {
+        return error(StatusCode::NOT_FOUND, "nothing to reload");
+    };
+    tracing::info!("reload requested through the admin API");
+    match blocking(move || Ok(control.reload())).await {
+        Ok(outcome) => Json(outcome).into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e),
+    }
+}
+
 /// Mutating endpoints need `Authorization: Bearer <[admin] token>`; with
 /// no token configured they are off (403). The answer to a request that
 /// may not go on, if this is one.
 fn refusal(s: &AdminState, headers: &HeaderMap) -> Option<Response> {
-    let Some(token) = &s.token else {
+    let Some(token) = s.token.current() else {
         return Some(error(
             StatusCode::FORBIDDEN,
             "mutating endpoints are disabled: no [admin] token is configured",

@@ -1,6 +1,7 @@
 //! The admin listener: Prometheus `/metrics`, `/healthz` and `/readyz`,
 //! and a run ledger of the proxy's decisions (`/threads/{id}`, `/claims`,
-//! `/sessions`, `POST /claims/release`), served over HTTP on the tokio
+//! `/sessions`, `POST /claims/release`), the configuration in effect
+//! (`/config`, `POST /reload`), served over HTTP on the tokio
 //! runtime that accepts client connections, never on a relay thread.
 //!
 //! - `metrics`: the recorder, help texts, decision counters, scrape-time values.
@@ -18,7 +19,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
 use crate::audit::AuditSink;
@@ -53,12 +54,15 @@ pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:6433";
 const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 /// `[admin]` in the configuration file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdminConfig {
-    /// Bearer token of the mutating endpoints (`POST /claims/release`);
-    /// absent: they answer 403.
+    /// Bearer token of the mutating endpoints (`POST /claims/release`,
+    /// `POST /reload`); absent: they answer 403.
     pub token: Option<String>,
+    /// A file holding the token (its trailing newline dropped), read at
+    /// start and at every reload; instead of `token`.
+    pub token_file: Option<std::path::PathBuf>,
     /// Admin connections served at once (never more than a quarter of the
     /// process's file-descriptor limit); the next wait to be accepted.
     pub max_connections: usize,
@@ -68,6 +72,7 @@ impl Default for AdminConfig {
     fn default() -> Self {
         AdminConfig {
             token: None,
+            token_file: None,
             max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
@@ -110,7 +115,41 @@ pub struct AdminState {
     pub claims: Option<Arc<ClaimStore>>,
     /// Where the claims are, or why no store is configured.
     pub claims_at: Result<crate::claims::StoreLocation, String>,
-    pub token: Option<String>,
+    /// The bearer token of the mutating endpoints (a reload may change it).
+    pub token: AdminToken,
+    /// The configuration in effect and its reload (`GET /config`, `POST
+    /// /reload`); `None`: those endpoints answer 404.
+    pub control: Option<Arc<dyn AdminControl>>,
+}
+
+/// The bearer token of the mutating endpoints, replaceable while the
+/// proxy runs (a reload that read a new `[admin] token` or `token_file`).
+#[derive(Debug, Clone, Default)]
+pub struct AdminToken(Arc<arc_swap::ArcSwapOption<String>>);
+
+impl AdminToken {
+    pub fn new(token: Option<String>) -> AdminToken {
+        AdminToken(Arc::new(arc_swap::ArcSwapOption::new(token.map(Arc::new))))
+    }
+
+    /// The token in effect; `None`: the mutating endpoints are off.
+    pub fn current(&self) -> Option<Arc<String>> {
+        self.0.load_full()
+    }
+
+    pub fn replace(&self, token: Option<String>) {
+        self.0.store(token.map(Arc::new));
+    }
+}
+
+/// What the admin API asks of the running proxy's configuration. Both
+/// block (files are read): they run on the blocking pool.
+pub trait AdminControl: Send + Sync {
+    /// The configuration in effect, as `resumeguard config show` prints it.
+    fn config(&self) -> String;
+    /// Reads the configuration and the files it names again, as SIGHUP
+    /// does; what each part did.
+    fn reload(&self) -> serde_json::Value;
 }
 
 /// Binds the admin listener, installs the process's metrics recorder and

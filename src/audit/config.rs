@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::prune::PruneRule;
 
@@ -25,7 +25,7 @@ pub const DEFAULT_PRUNE_INTERVAL_MS: u64 = 600_000;
 
 /// `[audit]` section of the proxy configuration. The outputs may be set
 /// together; with none, auditing is off.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuditConfig {
     /// SQLite database file for the queryable trail.

@@ -1,42 +1,91 @@
 //! JSON Lines output: one event object per line, for log shippers and `jq`.
+//! The file can be replaced while the proxy runs (a reload: the same path
+//! after logrotate moved it, or a new one): the new file is opened by the
+//! reload and taken by the writer before its next batch.
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Write};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use super::error::AuditError;
 use super::event::AuditEvent;
 use super::private_file::open_append_private;
 
+/// Where a JSONL writer goes.
+type Out = Box<dyn Write + Send>;
+
+/// A file opened to replace a writer's output, waiting for the writer.
+#[derive(Clone, Default)]
+pub struct JsonlSwap(Arc<Mutex<Option<Out>>>);
+
+impl JsonlSwap {
+    /// Opens `target` now (as [`JsonlWriter::open`]) for the writer to take
+    /// before its next batch; the output in use stays if it does not open.
+    pub fn reopen(&self, target: &str) -> Result<(), AuditError> {
+        let out = open_target(target)?;
+        if let Ok(mut slot) = self.0.lock() {
+            *slot = Some(out);
+        }
+        Ok(())
+    }
+
+    fn take(&self) -> Option<Out> {
+        self.0.lock().ok()?.take()
+    }
+}
+
 /// Append-only JSON Lines writer to a file or stdout.
 pub struct JsonlWriter {
-    out: Box<dyn Write + Send>,
+    out: Out,
     /// Encoded lines of the batch being written (reused).
     buf: Vec<u8>,
     /// A failed write may have left a partial line at the end of the file;
     /// the next write starts on a new line so later records stay intact.
     torn: bool,
+    /// A replacement output, once a reload opened one.
+    swap: JsonlSwap,
+}
+
+/// `"-"` is stdout; anything else a file path opened for append (created
+/// mode 0600 if missing), so restarts never truncate the trail.
+fn open_target(target: &str) -> Result<Out, AuditError> {
+    if target == "-" {
+        return Ok(Box::new(io::stdout()));
+    }
+    let file = open_append_private(Path::new(target)).map_err(|source| AuditError::OpenJsonl {
+        target: target.to_owned(),
+        source,
+    })?;
+    Ok(Box::new(file))
 }
 
 impl JsonlWriter {
     /// `"-"` writes to stdout; anything else is a file path opened for append
     /// (created mode 0600 if missing), so restarts never truncate the trail.
     pub fn open(target: &str) -> Result<JsonlWriter, AuditError> {
-        let out: Box<dyn Write + Send> = if target == "-" {
-            Box::new(io::stdout())
-        } else {
-            let file =
-                open_append_private(Path::new(target)).map_err(|source| AuditError::OpenJsonl {
-                    target: target.to_owned(),
-                    source,
-                })?;
-            Box::new(file)
-        };
         Ok(JsonlWriter {
-            out,
+            out: open_target(target)?,
             buf: Vec::new(),
             torn: false,
+            swap: JsonlSwap::default(),
         })
+    }
+
+    /// The handle through which a reload replaces this writer's output.
+    pub fn swap(&self) -> JsonlSwap {
+        self.swap.clone()
+    }
+
+    /// Moves to a replacement output if one was opened.
+    fn take_replacement(&mut self) {
+        if let Some(new) = self.swap.take() {
+            // Everything written so far went out unbuffered: nothing of
+            // the old file is left behind.
+            let _ = self.out.flush();
+            self.out = new;
+            self.torn = false;
+        }
     }
 
     /// Write `events`, one line each, unbuffered, so a batch is visible to
@@ -47,6 +96,7 @@ impl JsonlWriter {
         &mut self,
         events: impl IntoIterator<Item = &'a AuditEvent>,
     ) -> Result<(), (usize, AuditError)> {
+        self.take_replacement();
         self.buf.clear();
         if self.torn {
             self.buf.push(b'\n');
@@ -200,6 +250,7 @@ mod tests {
             out: Box::new(disk),
             buf: Vec::new(),
             torn: false,
+            swap: JsonlSwap::default(),
         };
         let evs: Vec<AuditEvent> = (0..3)
             .map(|n| {
@@ -247,6 +298,29 @@ mod tests {
             shown.starts_with(&format!("{}:3: bad audit event: ", path.display())),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn a_reopened_file_gets_the_next_batch() {
+        let path = temp_path("jsonl-reopen", "jsonl");
+        let moved = path.with_extension("jsonl.1");
+        let ev = |n: u32| {
+            AuditEvent::new(&SessionContext::default(), Operation::ReadLatest)
+                .with_detail(serde_json::json!({ "n": n }))
+        };
+        let mut writer = JsonlWriter::open(path.to_str().unwrap()).unwrap();
+        writer.append(&[ev(1)]).unwrap();
+        std::fs::rename(&path, &moved).unwrap();
+        writer.append(&[ev(2)]).unwrap();
+        assert!(!path.exists(), "without a reopen the moved file is written");
+        let swap = writer.swap();
+        assert!(swap.reopen("/proc/nonexistent/x.jsonl").is_err());
+        swap.reopen(path.to_str().unwrap()).unwrap();
+        writer.append(&[ev(3)]).unwrap();
+        assert_eq!(read_jsonl(&moved).unwrap(), vec![ev(1), ev(2)]);
+        assert_eq!(read_jsonl(&path).unwrap(), vec![ev(3)]);
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(&moved);
     }
 
     #[test]

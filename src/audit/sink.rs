@@ -22,7 +22,7 @@ use super::approver;
 use super::config::AuditConfig;
 use super::error::AuditError;
 use super::event::AuditEvent;
-use super::jsonl::JsonlWriter;
+use super::jsonl::{JsonlSwap, JsonlWriter};
 use super::lane::{Lane, LaneState};
 use super::outputs::{Output, Target};
 use super::pg_retention::PgRetention;
@@ -63,6 +63,8 @@ struct Inner {
     approver_keys: Vec<String>,
     /// The PostgreSQL output's database, once known.
     postgres: Option<TargetSlot>,
+    /// Replaces the JSONL output's file (a reload).
+    jsonl: Option<JsonlSwap>,
 }
 
 /// Counters for metrics and tests: of one output ([`AuditSink::output_stats`])
@@ -136,8 +138,10 @@ impl AuditSink {
             let upkeep = Upkeep::Sqlite(SqliteRetention::new(cfg));
             outputs.push((Target::Sqlite(store), upkeep));
         }
+        let mut jsonl_swap = None;
         if let Some(target) = &cfg.jsonl {
             let jsonl = JsonlWriter::open(target)?;
+            jsonl_swap = Some(jsonl.swap());
             outputs.push((Target::Jsonl(jsonl), Upkeep::None));
         }
         let postgres = cfg.postgres.then(TargetSlot::default);
@@ -174,6 +178,7 @@ impl AuditSink {
                 log_values: cfg.log_values,
                 approver_keys: cfg.approver_keys.clone(),
                 postgres,
+                jsonl: jsonl_swap,
             })),
         })
     }
@@ -185,6 +190,17 @@ impl AuditSink {
     pub fn connect_postgres(&self, target: PgTarget) -> bool {
         let slot = self.inner.as_ref().and_then(|i| i.postgres.as_ref());
         slot.is_some_and(|s| s.set(target).is_ok())
+    }
+
+    /// Opens `target` (a path, or `-` for stdout) for the JSONL output, which
+    /// writes its next batch there: after logrotate moved the file (no
+    /// copytruncate), the same path again. Returns whether there is a JSONL
+    /// output; one that does not open leaves the output as it was.
+    pub fn reopen_jsonl(&self, target: &str) -> Result<bool, AuditError> {
+        match self.inner.as_ref().and_then(|i| i.jsonl.as_ref()) {
+            Some(swap) => swap.reopen(target).map(|()| true),
+            None => Ok(false),
+        }
     }
 
     /// Whether events go anywhere; lets callers skip building events.

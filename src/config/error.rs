@@ -21,6 +21,44 @@ pub enum ConfigError {
         path: PathBuf,
         source: toml::de::Error,
     },
+    /// A `RESUMEGUARD_*` variable whose value does not fit its key.
+    #[error(
+        "environment variable {var}{}: {reason}",
+        .value.as_ref().map(|v| format!("={v:?}")).unwrap_or_default()
+    )]
+    Env {
+        var: String,
+        /// The value as given (`None`: read from a file, maybe a secret).
+        value: Option<String>,
+        reason: String,
+    },
+    #[error("environment variable {var}: reading {}", .path.display())]
+    EnvFile {
+        var: String,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("environment variables {var} and {var}_FILE are both set")]
+    EnvTwice { var: String },
+    #[error("environment variable {0} is not UTF-8")]
+    EnvNotUtf8(String),
+    /// The layers did not make a configuration (a flag's value).
+    #[error("combining the configuration's layers")]
+    Layers(#[source] serde_json::Error),
+    #[error("admin.token_file: reading {}", .path.display())]
+    TokenFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("admin.token_file {} is empty", .0.display())]
+    EmptyTokenFile(PathBuf),
+    #[error("admin.token and admin.token_file are both set in one place")]
+    TokenTwice,
+    #[error(
+        "no upstream is configured (upstream, RESUMEGUARD_UPSTREAM, --upstream) and the \
+         managed PostgreSQL is off (managed.enabled = false)"
+    )]
+    NoUpstream,
     #[error("upstream TLS")]
     UpstreamTls(#[source] UpstreamTlsError),
     #[error(transparent)]

@@ -56,6 +56,20 @@ impl Reloadable {
     }
 }
 
+impl Reloadable {
+    /// Puts new legs in place of the current ones (a reloaded
+    /// configuration's switches and claims settings), made from them; the
+    /// classifier and the audit sink stay.
+    pub fn replace_legs(&self, legs: impl Fn(&Legs) -> Legs) {
+        self.current.rcu(|now| Enforcement {
+            classifier: Arc::clone(&now.classifier),
+            legs: legs(&now.legs),
+            audit: now.audit.clone(),
+        });
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+}
+
 impl GuardFactory for Arc<Reloadable> {
     fn guard(&self, info: SessionInfo) -> Box<dyn Guard> {
         let generation = self.generation.load(Ordering::Acquire);
@@ -262,6 +276,26 @@ mod tests {
         client(&mut open, &[query("COMMIT")]);
         server(&mut open, &[msg(b'C', b"COMMIT\0"), msg(b'Z', b"I")]);
         assert!(!write(&mut open, b'I'), "after it: the new one");
+    }
+
+    #[test]
+    fn replaced_legs_reach_an_open_session_and_keep_the_rules() {
+        let source = reloadable();
+        source.replace(classifier(), items_rules());
+        let mut open = session(&source);
+        let before = source.current();
+        source.replace_legs(|legs| Legs {
+            fork_filter: false,
+            ..legs.clone()
+        });
+        let after = source.current();
+        assert!(before.legs.fork_filter && !after.legs.fork_filter);
+        assert!(Arc::ptr_eq(&before.classifier, &after.classifier));
+        assert_eq!(after.legs.validity.len(), 1);
+        assert!(
+            !write(&mut open, b'I'),
+            "the rules still hold after the swap"
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use super::decode_error::DecodeError;
 
 /// What happens to checkpoint traffic the proxy cannot enforce.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum UnknownSaverPolicy {
     /// Forward it (logged at ERROR once per shape, counted).

@@ -80,7 +80,7 @@ impl SslMode {
 
 /// The upstream TLS parameters as given: the `[upstream_tls]` table of
 /// the configuration, overridden by the upstream URL's query.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct UpstreamTlsParams {
     /// disable, prefer (default), require, verify-ca, verify-full.

@@ -12,6 +12,7 @@ use serde_json::Value;
 use tower::ServiceExt;
 
 use super::*;
+use crate::admin::{AdminControl, AdminToken};
 use crate::audit::{AuditEvent, AuditSink, Operation, SessionContext};
 use crate::claims::{ClaimKey, Holder};
 use crate::enforce::{Enforcement, Legs};
@@ -72,7 +73,8 @@ impl Setup {
             claims_at: Ok(crate::claims::StoreLocation::Sqlite(PathBuf::from(
                 "/nonexistent/claims.sqlite",
             ))),
-            token: self.token,
+            token: super::super::AdminToken::new(self.token),
+            control: None,
         })
     }
 }
@@ -314,4 +316,68 @@ async fn threads_shows_the_ledger_from_the_audit_db() {
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
     }
+}
+
+/// A proxy's configuration that counts its reloads and changes the token
+/// at the first, as a reload that read a new token file does.
+struct Control {
+    reloads: AtomicU64,
+    token: AdminToken,
+}
+
+impl AdminControl for Control {
+    fn config(&self) -> String {
+        format!(
+            "listen = \"x\"  # default\n# reloads {}\n",
+            self.reloads.load(Ordering::SeqCst)
+        )
+    }
+
+    fn reload(&self) -> Value {
+        let n = self.reloads.fetch_add(1, Ordering::SeqCst) + 1;
+        self.token.replace(Some("rotated".into()));
+        serde_json::json!({"reloads": n})
+    }
+}
+
+#[tokio::test]
+async fn reload_needs_the_token_in_effect_and_config_shows_the_result() {
+    let mut setup = Setup::new(closed_port());
+    setup.token = Some("s3cret".into());
+    let state = setup.state();
+    let token = state.token.clone();
+    let control = Arc::new(Control {
+        reloads: AtomicU64::new(0),
+        token: token.clone(),
+    });
+    let state = Arc::new(AdminState {
+        control: Some(control),
+        token,
+        ..Arc::into_inner(state).unwrap()
+    });
+    let post = |t: &str| {
+        Request::post("/reload")
+            .header(AUTHORIZATION, format!("Bearer {t}"))
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(
+        call(&state, post("wrong")).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    let (status, body) = get(&state, "/config").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("# reloads 0"), "{body}");
+    let (status, _, body) = call(&state, post("s3cret")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(json_of(&body)["reloads"], 1);
+    assert!(get(&state, "/config").await.1.contains("# reloads 1"));
+    // The reload replaced the token: the old one no longer passes.
+    assert_eq!(
+        call(&state, post("s3cret")).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(call(&state, post("rotated")).await.0, StatusCode::OK);
+    let no_control = Setup::new(closed_port()).state();
+    assert_eq!(get(&no_control, "/config").await.0, StatusCode::NOT_FOUND);
 }
