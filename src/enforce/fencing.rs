@@ -72,9 +72,9 @@ pub struct FenceGate {
 /// What happens to a write continuing a checkpoint.
 pub enum FenceStep {
     Pass,
-    Refuse(Fenced),
+    Refuse(Box<Fenced>),
     /// The server checks it first, in the write's transaction.
-    InTransaction(Injection, FenceCheck),
+    InTransaction(Box<(Injection, FenceCheck)>),
 }
 
 /// A write the server checks in its transaction: what its audit record
@@ -219,10 +219,10 @@ impl FenceGate {
                 record: Arc::clone(rec),
                 raised: None,
             };
-            return FenceStep::InTransaction(self.injection(fence, session, at), check);
+            return FenceStep::InTransaction(Box::new((self.injection(fence, session, at), check)));
         }
         match self.lookup_step(leg, ctx, session, (cont, kind_label, rec)) {
-            Some(fenced) => FenceStep::Refuse(fenced),
+            Some(fenced) => FenceStep::Refuse(Box::new(fenced)),
             None => FenceStep::Pass,
         }
     }

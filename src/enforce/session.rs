@@ -12,7 +12,7 @@ use bytes::Bytes;
 use super::claim_gate::{apply_claim, ClaimRequest, ClaimTicket, Head, Resolution};
 use super::events::rejected;
 use super::evidence::continuation;
-use super::fencing::{FenceCheck, FenceGate, FenceStep};
+use super::fencing::{FenceCheck, FenceGate, FenceStep, Fenced};
 use super::history::history_refusal;
 use super::validity::{ValidityGate, CHECK_VIOLATION};
 use super::watch::{Watch, WriteDecode};
@@ -358,10 +358,11 @@ impl Hooks for SessionEnforcer {
         let guard = match self.fence(&statement.class.kind, record.as_ref()) {
             FenceStep::Pass => None,
             FenceStep::Refuse(fenced) => {
-                self.ready_events.push(fenced.event);
-                return Ok(Bound::Refuse(fenced.refusal));
+                let Fenced { refusal, event } = *fenced;
+                self.ready_events.push(event);
+                return Ok(Bound::Refuse(refusal));
             }
-            FenceStep::InTransaction(injection, check) => Some((injection, check)),
+            FenceStep::InTransaction(guarded) => Some(*guarded),
         };
         let mut replacement = None;
         if statement.rewritten && bound.result_formats.len() > 1 {
