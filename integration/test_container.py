@@ -88,11 +88,13 @@ def base_rootfs() -> None:
     """A minimal Debian bookworm rootfs with ca-certificates, made once."""
     if ROOTFS.exists():
         return
+    CACHE.mkdir(parents=True, exist_ok=True)
     mmdebstrap = shutil.which("mmdebstrap")
     assert mmdebstrap, "mmdebstrap is not installed (.ci/run installs it) and no cached rootfs"
     part = ROOTFS.with_suffix(".part.tar")
     cp = subprocess.run([mmdebstrap, "--variant=essential", "--include=ca-certificates",
-                         "--dpkgopt=path-exclude=/usr/share/{doc,man,locale,info}/*",
+                         *(f"--dpkgopt=path-exclude=/usr/share/{d}/*"
+                           for d in ("doc", "man", "locale", "info")),
                          "bookworm", str(part), MIRROR],
                         capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     assert cp.returncode == 0, f"mmdebstrap failed:\n{cp.stderr[-3000:]}"
