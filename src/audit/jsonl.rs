@@ -308,17 +308,19 @@ mod tests {
             AuditEvent::new(&SessionContext::default(), Operation::ReadLatest)
                 .with_detail(serde_json::json!({ "n": n }))
         };
+        // Each event made once: its time is part of what is compared.
+        let (e1, e2, e3) = (ev(1), ev(2), ev(3));
         let mut writer = JsonlWriter::open(path.to_str().unwrap()).unwrap();
-        writer.append(&[ev(1)]).unwrap();
+        writer.append(std::slice::from_ref(&e1)).unwrap();
         std::fs::rename(&path, &moved).unwrap();
-        writer.append(&[ev(2)]).unwrap();
+        writer.append(std::slice::from_ref(&e2)).unwrap();
         assert!(!path.exists(), "without a reopen the moved file is written");
         let swap = writer.swap();
         assert!(swap.reopen("/proc/nonexistent/x.jsonl").is_err());
         swap.reopen(path.to_str().unwrap()).unwrap();
-        writer.append(&[ev(3)]).unwrap();
-        assert_eq!(read_jsonl(&moved).unwrap(), vec![ev(1), ev(2)]);
-        assert_eq!(read_jsonl(&path).unwrap(), vec![ev(3)]);
+        writer.append(std::slice::from_ref(&e3)).unwrap();
+        assert_eq!(read_jsonl(&moved).unwrap(), vec![e1, e2]);
+        assert_eq!(read_jsonl(&path).unwrap(), vec![e3]);
         let _ = std::fs::remove_file(&path);
         let _ = std::fs::remove_file(&moved);
     }

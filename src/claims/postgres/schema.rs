@@ -211,6 +211,9 @@ pub(super) fn migrate(client: &mut Client, schema: &str) -> Result<(), postgres:
     for (i, sql) in migrations(schema).iter().enumerate() {
         let v = i as i32 + 1;
         let mut tx = client.transaction()?;
+        // A migration waits for another proxy's (the advisory lock) and
+        // runs DDL: not bound by the decisions' short timeouts.
+        tx.batch_execute("SET LOCAL lock_timeout = '60s'; SET LOCAL statement_timeout = '60s'")?;
         tx.execute(
             "SELECT pg_advisory_xact_lock(hashtext('resumeguard migrations'), hashtext($1))",
             &[&schema],
