@@ -14,11 +14,9 @@ they front (real PostgreSQL 15, real LangGraph).
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -58,10 +56,7 @@ def start(proxy_factory, workdir, pg, dbname: str, name: str, skewed: bool):
 def skew(proxy_factory, direct_dsn, pg, workdir):
     R.CTX["ledger_dsn"] = direct_dsn
     R.CTX["ledger"] = None
-    here = Path(__file__).resolve().parent
-    out = subprocess.run([sys.executable, str(here / "racer.py"), "setup", "--dsn", direct_dsn],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
+    R.main(["setup", "--dsn", direct_dsn])
     dbname = direct_dsn.rsplit("/", 1)[1].split("?")[0]
     ahead = start(proxy_factory, workdir, pg, dbname, "skew-ahead", skewed=True)
     behind = start(proxy_factory, workdir, pg, dbname, "skew-behind", skewed=False)
