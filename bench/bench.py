@@ -775,7 +775,8 @@ def render_distance(dist: dict) -> list[str]:
          "delay each way, pipelining kept); a proxy's claims store is the database it fronts, so "
          "its decisions cross the relay too. The application sits next to the proxy (loopback). "
          f"Sync saver, one connection; p50 ms over the iterations (interleaved). Ratio = p50 ÷ "
-         f"`{base}` p50; added round trips = (p50 − `{base}` p50) ÷ (2 × one-way). Round trips on "
+         f"`{base}` p50; added round trips = (p50 − `{base}` p50) ÷ (2 × one-way), and ÷ the "
+         "relay's measured round trip (`SELECT 1`, below). Round trips on "
          "the wire: the relay's count of client turns (bytes after the server last spoke), median "
          "per operation: the application's connections + the proxy's own, by application_name, "
          "while the operation ran; [after: the proxy's own from its return until the relay was "
@@ -784,7 +785,7 @@ def render_distance(dist: dict) -> list[str]:
          "`resumeguard_fence_lookups_total` by outcome, diffed around the operation (median).", ""]
     hdr = ["one-way ms (load avg)", "operation", "n"] + [f"{t} p50 ms (p25–p75)" for t in ["direct", base] + ons]
     for o in ons:
-        hdr += [f"{o} ÷ {base}", f"{o} added round trips"]
+        hdr += [f"{o} ÷ {base}", f"{o} added round trips (nominal; measured)"]
     hdr += [f"round trips on the wire: {t}" for t in ["direct", base] + ons]
     hdr += [f"decisions: {o}" for o in ons]
     L += ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
@@ -799,7 +800,9 @@ def render_distance(dist: dict) -> list[str]:
             b = sync[base][op]["p50_ms"]
             for o in ons:
                 v = sync[o][op]["p50_ms"]
-                row += [f"{v / b:.2f}×", f"{(v - b) / (2 * ms):+.1f}" if ms else "–"]
+                rtt = (lat.get("select1") or {}).get("p50_ms")
+                measured = f"; {(v - b) / rtt:+.1f}" if rtt else ""
+                row += [f"{v / b:.2f}×", f"{(v - b) / (2 * ms):+.1f}{measured}" if ms else "–"]
             row += [fmt_turns(sync[t][op]["counts"]) if op in sync.get(t, {}) else ""
                     for t in ["direct", base] + ons]
             row += [fmt_decisions(sync[o][op]["counts"]["metrics"]) for o in ons]
