@@ -666,6 +666,9 @@ def distance_suite(a, procs: Procs, work: Path, pg: Postgres, proxies: dict[str,
         if "--upstream" in args:
             log(f"distance: configuration {n} names its own upstream; not measured at a distance")
             del configs[n]
+    if a.distance_concurrency and a.distance_concurrency_ms not in a.distance_latencies:
+        log(f"distance: warning: --distance-concurrency-ms {a.distance_concurrency_ms:g} is not "
+            f"among the latencies {a.distance_latencies}; no concurrency run")
     pg.psql(f"create database {DIST_DB}")
     out = {"python": py, "configs": list(configs), "latencies": [],
            "baseline": next((n for n, args in configs.items() if "--no-enforce" in args), "direct"),
