@@ -739,13 +739,15 @@ def fmt_decisions(metrics: dict) -> str:
     lookups by outcome)."""
     parts = []
     for k, v in sorted(metrics.items()):
-        label = re.search(r'(?:op|outcome)="([^"]+)"', k)
+        label = re.search(r'(?:op|outcome|where)="([^"]+)"', k)
         if not label or not v:
             continue
         if k.startswith("resumeguard_claims_store_seconds_count"):
             parts.append(f"{label.group(1)} {v:g}")
         elif k.startswith("resumeguard_fence_lookups_total"):
             parts.append(f"fence:{label.group(1)} {v:g}")
+        elif k.startswith("resumeguard_fence_checks_total"):
+            parts.append(f"fence without lookup:{label.group(1)} {v:g}")
         elif k.startswith("resumeguard_claims_total"):
             parts.append(f"claims:{label.group(1)} {v:g}")
     return ", ".join(parts) or "none"
@@ -784,8 +786,9 @@ def render_distance(dist: dict) -> list[str]:
          "per operation: the application's connections + the proxy's own, by application_name, "
          "while the operation ran; [after: the proxy's own from its return until the relay was "
          "quiet again, i.e. work off the data path]. "
-         "Decisions: the proxy's `resumeguard_claims_store_seconds_count` by op and "
-         "`resumeguard_fence_lookups_total` by outcome, diffed around the operation (median).", ""]
+         "Decisions: the proxy's `resumeguard_claims_store_seconds_count` by op, "
+         "`resumeguard_fence_lookups_total` by outcome and (where the build has it) "
+         "`resumeguard_fence_checks_total` by where, diffed around the operation (median).", ""]
     hdr = ["one-way ms (load avg)", "operation", "n"] + [f"{t} p50 ms (p25–p75)" for t in ["direct", base] + ons]
     for o in ons:
         hdr += [f"{o} ÷ {base}", f"{o} added round trips (nominal; measured)"]
