@@ -666,6 +666,9 @@ def distance_suite(a, procs: Procs, work: Path, pg: Postgres, proxies: dict[str,
         if "--upstream" in args:
             log(f"distance: configuration {n} names its own upstream; not measured at a distance")
             del configs[n]
+    if a.distance_concurrency and a.distance_concurrency_ms not in a.distance_latencies:
+        log(f"distance: warning: --distance-concurrency-ms {a.distance_concurrency_ms:g} is not "
+            f"among the latencies {a.distance_latencies}; no concurrency run")
     pg.psql(f"create database {DIST_DB}")
     out = {"python": py, "configs": list(configs), "latencies": [],
            "baseline": next((n for n, args in configs.items() if "--no-enforce" in args), "direct"),
@@ -736,13 +739,15 @@ def fmt_decisions(metrics: dict) -> str:
     lookups by outcome)."""
     parts = []
     for k, v in sorted(metrics.items()):
-        label = re.search(r'(?:op|outcome)="([^"]+)"', k)
+        label = re.search(r'(?:op|outcome|where)="([^"]+)"', k)
         if not label or not v:
             continue
         if k.startswith("resumeguard_claims_store_seconds_count"):
             parts.append(f"{label.group(1)} {v:g}")
         elif k.startswith("resumeguard_fence_lookups_total"):
             parts.append(f"fence:{label.group(1)} {v:g}")
+        elif k.startswith("resumeguard_fence_checks_total"):
+            parts.append(f"fence without lookup:{label.group(1)} {v:g}")
         elif k.startswith("resumeguard_claims_total"):
             parts.append(f"claims:{label.group(1)} {v:g}")
     return ", ".join(parts) or "none"
@@ -775,16 +780,18 @@ def render_distance(dist: dict) -> list[str]:
          "delay each way, pipelining kept); a proxy's claims store is the database it fronts, so "
          "its decisions cross the relay too. The application sits next to the proxy (loopback). "
          f"Sync saver, one connection; p50 ms over the iterations (interleaved). Ratio = p50 ÷ "
-         f"`{base}` p50; added round trips = (p50 − `{base}` p50) ÷ (2 × one-way). Round trips on "
+         f"`{base}` p50; added round trips = (p50 − `{base}` p50) ÷ (2 × one-way), and ÷ the "
+         "relay's measured round trip (`SELECT 1`, below). Round trips on "
          "the wire: the relay's count of client turns (bytes after the server last spoke), median "
          "per operation: the application's connections + the proxy's own, by application_name, "
          "while the operation ran; [after: the proxy's own from its return until the relay was "
          "quiet again, i.e. work off the data path]. "
-         "Decisions: the proxy's `resumeguard_claims_store_seconds_count` by op and "
-         "`resumeguard_fence_lookups_total` by outcome, diffed around the operation (median).", ""]
+         "Decisions: the proxy's `resumeguard_claims_store_seconds_count` by op, "
+         "`resumeguard_fence_lookups_total` by outcome and (where the build has it) "
+         "`resumeguard_fence_checks_total` by where, diffed around the operation (median).", ""]
     hdr = ["one-way ms (load avg)", "operation", "n"] + [f"{t} p50 ms (p25–p75)" for t in ["direct", base] + ons]
     for o in ons:
-        hdr += [f"{o} ÷ {base}", f"{o} added round trips"]
+        hdr += [f"{o} ÷ {base}", f"{o} added round trips (nominal; measured)"]
     hdr += [f"round trips on the wire: {t}" for t in ["direct", base] + ons]
     hdr += [f"decisions: {o}" for o in ons]
     L += ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
@@ -799,7 +806,9 @@ def render_distance(dist: dict) -> list[str]:
             b = sync[base][op]["p50_ms"]
             for o in ons:
                 v = sync[o][op]["p50_ms"]
-                row += [f"{v / b:.2f}×", f"{(v - b) / (2 * ms):+.1f}" if ms else "–"]
+                rtt = (lat.get("select1") or {}).get("p50_ms")
+                measured = f"; {(v - b) / rtt:+.1f}" if rtt else ""
+                row += [f"{v / b:.2f}×", f"{(v - b) / (2 * ms):+.1f}{measured}" if ms else "–"]
             row += [fmt_turns(sync[t][op]["counts"]) if op in sync.get(t, {}) else ""
                     for t in ["direct", base] + ons]
             row += [fmt_decisions(sync[o][op]["counts"]["metrics"]) for o in ons]

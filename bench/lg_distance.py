@@ -14,7 +14,8 @@ fresh thread each:
 Around each operation it reads the target's counters: the relay's round
 trips per application_name (--relay NAME=HOST:PORT) and, for a proxy, its
 admin /metrics (--admin NAME=URL): claim store calls by op, fence lookups
-by outcome, claims by outcome.
+by outcome, fences decided without a lookup (where the build counts them),
+claims by outcome.
 
 Concurrency (--concurrency N): per target and round, N threads park N
 fresh threads at once through one ConnectionPool (N connections), then
@@ -52,7 +53,8 @@ RELAY_RE = re.compile(r'^name=("(?:[^"\\]|\\.)*") connections=(\d+) turns=(\d+) 
                       r'bytes_up=(\d+) bytes_down=(\d+)$')
 # The proxy's counters of its own decisions, diffed around each operation.
 COUNTED = ("resumeguard_claims_store_seconds_count", "resumeguard_fence_lookups_total",
-           "resumeguard_claims_total", "resumeguard_writes_fenced_total")
+           "resumeguard_fence_checks_total", "resumeguard_claims_total",
+           "resumeguard_writes_fenced_total")
 STORE_HIST = "resumeguard_claims_store_seconds"
 
 
