@@ -106,6 +106,20 @@ pub(crate) fn message(tag: u8, body: &[u8]) -> Vec<u8> {
     v
 }
 
+/// The complete messages `bytes` holds, one after the other, for tests
+/// (panics on anything else).
+#[cfg(test)]
+pub(crate) fn messages(bytes: &[u8]) -> Vec<&[u8]> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(h) = peek_frame(&bytes[at..], 1 << 20).unwrap() {
+        out.push(&bytes[at..at + h.total_len]);
+        at += h.total_len;
+    }
+    assert_eq!(at, bytes.len(), "trailing bytes after the last message");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

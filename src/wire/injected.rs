@@ -89,7 +89,7 @@ impl Injection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::frame::peek_frame;
+    use crate::wire::frame::messages;
     use crate::wire::frontend::Frontend;
 
     #[test]
@@ -100,24 +100,15 @@ mod tests {
             params: vec![Some(hostile.into()), None],
         };
         let bytes = inj.encode().unwrap();
-        let mut at = 0;
-        let mut tags = Vec::new();
-        while let Some(h) = peek_frame(&bytes[at..], 1 << 20).unwrap() {
-            let frame = &bytes[at..at + h.total_len];
-            if h.tag == b'P' {
-                match Frontend::read(frame) {
-                    Frontend::Parse { name, sql, .. } => {
-                        assert_eq!(name, NAME.as_bytes());
-                        assert_eq!(sql, b"SELECT f($1, $2)");
-                    }
-                    other => panic!("{other:?}"),
-                }
+        let frames = messages(&bytes);
+        for frame in &frames {
+            if let Frontend::Parse { name, sql, .. } = Frontend::read(frame) {
+                assert_eq!(name, NAME.as_bytes());
+                assert_eq!(sql, b"SELECT f($1, $2)");
             }
-            tags.push(h.tag);
-            at += h.total_len;
         }
+        let tags: Vec<u8> = frames.iter().map(|m| m[0]).collect();
         assert_eq!(tags, b"CPBECC");
-        assert_eq!(at, bytes.len());
         assert_eq!(tags.len(), ANSWERS.len());
         // The value is in the Bind, as bytes, not in any SQL text.
         let text = String::from_utf8_lossy(&bytes);

@@ -419,25 +419,30 @@ fn data_row() -> Vec<u8> {
     msg(b'D', &[0, 1, 0, 0, 0, 0])
 }
 
-#[test]
-fn a_guarded_bind_sends_the_proxys_statement_first_and_hides_its_answers() {
+/// A tracker whose hooks guard marked Binds, after a guarded Bind of s1
+/// (and a Sync): what the Bind became.
+fn guarded_bind_sent() -> (Tracker<Marks>, ClientStep) {
     let mut t = tracker();
     t.hooks.guard = true;
     defined_guarded(&mut t);
     let step = bind_sees(&mut t, "s1");
+    client(&mut t, &[sync()]);
+    (t, step)
+}
+
+#[test]
+fn a_guarded_bind_sends_the_proxys_statement_first_and_hides_its_answers() {
+    let (mut t, step) = guarded_bind_sent();
     let ClientStep::Replace(bytes) = step else {
         panic!("{step:?}");
     };
     // The proxy's six messages, then the client's Bind as sent.
-    let mut tags = Vec::new();
-    let mut at = 0;
-    while let Some(h) = crate::wire::frame::peek_frame(&bytes[at..], 1 << 20).unwrap() {
-        tags.push(h.tag);
-        at += h.total_len;
-    }
+    let tags: Vec<u8> = crate::wire::frame::messages(&bytes)
+        .iter()
+        .map(|m| m[0])
+        .collect();
     assert_eq!(tags, b"CPBECCB");
     assert!(bytes.ends_with(&bind("s1")));
-    client(&mut t, &[sync()]);
     let got = routes(
         &mut t,
         &[
@@ -460,11 +465,7 @@ fn a_guarded_bind_sends_the_proxys_statement_first_and_hides_its_answers() {
 
 #[test]
 fn the_error_of_the_proxys_statement_is_the_clients_answer() {
-    let mut t = tracker();
-    t.hooks.guard = true;
-    defined_guarded(&mut t);
-    bind_sees(&mut t, "s1");
-    client(&mut t, &[sync()]);
+    let (mut t, _) = guarded_bind_sent();
     // The check raises: the server skips the rest up to Sync.
     let got = routes(
         &mut t,
@@ -485,11 +486,7 @@ fn the_error_of_the_proxys_statement_is_the_clients_answer() {
 
 #[test]
 fn an_error_at_the_proxys_parse_still_reaches_the_client() {
-    let mut t = tracker();
-    t.hooks.guard = true;
-    defined_guarded(&mut t);
-    bind_sees(&mut t, "s1");
-    client(&mut t, &[sync()]);
+    let (mut t, _) = guarded_bind_sent();
     let got = routes(&mut t, &[msg(b'3', b""), error(), ready(b'I')]);
     use Route::{Forward as F, Swallow as S};
     assert_eq!(got, [S, F, F]);
