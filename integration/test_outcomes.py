@@ -201,12 +201,12 @@ def test_refused_racer(env):
     """Two resumes of one parked interrupt: stock, both run the gated node; through
     the proxy the second waits for the first's claim, then is refused 55000 naming
     the first answer's client before its node runs."""
-    s_first, s_second, s_ledger = race(env.direct, tid("race-stock"), 1.0)
+    s_first, s_second, s_ledger = race(env.direct, tid("race-stock"), 2.0)
     assert s_first["ok"] and s_second["ok"], (s_first, s_second)
     assert sorted(s_ledger) == ["first", "second"]
 
     thread = tid("race")
-    first, second, fired = race(dsn_of(env.guard, env), thread, 1.0)
+    first, second, fired = race(dsn_of(env.guard, env), thread, 2.0)
     assert first["ok"] and first["values"]["approved"] == "first", first
     assert second["sqlstate"] == "55000", second
     assert second["message"].startswith("resumeguard: interrupt already answered"), second
