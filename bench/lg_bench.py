@@ -145,7 +145,7 @@ def pool_variant(targets: dict[str, str], iterations: int, threads: int, rounds:
             # get_state through its own pool, marked as inspection by its
             # application_name: in a pool the resume runs on another
             # connection than the get_state, and an unmarked inspection's
-            # claim would make it wait for the lapse (README, consume-once).
+            # claim would make it wait for the lapse (docs/langgraph.md).
             ipool = saver_pool(dsn, 1, threads, 30, application_name="inspector")
             pools[f"{t}-inspect"] = ipool
             inspectors[t] = build(PostgresSaver(ipool))

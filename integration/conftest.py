@@ -311,6 +311,22 @@ def run_audit_cli(audit_db: Path, thread_id: str, timeout: float = 30.0) -> list
     return data
 
 
+def audit_until(proxy: "Proxy", thread_id: str, want, timeout: float = 10.0) -> list[dict]:
+    """The thread's audit events of `proxy`, polled until ``want(events)`` holds or
+    `timeout` passes (the audit writer is asynchronous)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        evs = run_audit_cli(proxy.audit_db, thread_id)
+        if want(evs) or time.monotonic() > deadline:
+            return evs
+        time.sleep(0.2)
+
+
+def ops(evs: list[dict], name: str) -> list[dict]:
+    """The events of one operation."""
+    return [e for e in evs if e["operation"] == name]
+
+
 # --------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="session")
 def pg():

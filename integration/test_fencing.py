@@ -310,7 +310,7 @@ def test_a_takeover_waits_for_the_holders_commit(fx):
     forked."""
     if fx.place != "in_transaction":
         pytest.skip("a lookup covers a holder's open transaction for 2 s only "
-                    "(README, known limits)")
+                    "(docs/architecture.md, known limits)")
     from langgraph.checkpoint.postgres import PostgresSaver
     from psycopg.rows import dict_row
 

@@ -27,14 +27,13 @@ import json
 import os
 import shutil
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from conftest import REPO, run_audit_cli
+from conftest import REPO, audit_until, ops
 from test_consume_once import Racers
 
 HERE = Path(__file__).resolve().parent
@@ -143,19 +142,6 @@ def tid(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def audit_ops(proxy, thread: str, want, timeout: float = 10.0) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while True:
-        evs = run_audit_cli(proxy.audit_db, thread)
-        if want(evs) or time.monotonic() > deadline:
-            return evs
-        time.sleep(0.2)
-
-
-def ops(evs: list[dict], name: str) -> list[dict]:
-    return [e for e in evs if e["operation"] == name]
-
-
 # --------------------------------------------------------------------------- race
 MATRIX_TABLE = os.environ.get("RG_CO_TABLE")
 
@@ -259,8 +245,8 @@ def test_race(dsns, jsproxy, workdir, via, cell):
             assert r["effects"] == [] and r["values"] == winner["values"], ctx
         assert gate == 0 or not late, ctx
         assert final["next"] == [] and final["values"]["approved"] == f"v-{wid}", ctx
-        evs = audit_ops(jsproxy, thread, lambda e: len(ops(e, "claim_refused")) >= len(losers)
-                        and ops(e, "claim_consumed"))
+        evs = audit_until(jsproxy, thread, lambda e: len(ops(e, "claim_refused")) >= len(losers)
+                          and ops(e, "claim_consumed"))
         taken = ops(evs, "claim_taken")
         assert [e["application_name"] for e in taken] == [f"racer-{wid}"], ctx
         assert len(ops(evs, "claim_consumed")) == 1, ctx

@@ -1,7 +1,7 @@
 """A session's memory stays bounded whatever the size of the messages the guard does
 not read: a 300 MB result row to a client that does not read, or reads slowly, and a
 200 MB Bind of an unwatched statement or CopyData stream through the proxy instead of being
-buffered whole (README "Memory"). Proxy RSS is read from /proc/<pid>/status; every
+buffered whole (docs/architecture.md, "Memory"). Proxy RSS is read from /proc/<pid>/status; every
 value's md5 is checked against PostgreSQL's own (straight to it, or of what it stored)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from conftest import HOST, SUPERUSER, connect
 MB = 1024 * 1024
 ROW_BYTES = 300 * MB
 BIND_BYTES = 200 * MB
-# The bound the README states for a session's streamed traffic is about 1 MiB; this
+# The bound docs/architecture.md states for a session's streamed traffic is about 1 MiB; this
 # leaves room for the allocator's and the kernel's own slack.
 RSS_GROWTH_LIMIT = 32 * MB
 

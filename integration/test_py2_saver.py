@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -37,7 +36,7 @@ import psycopg
 import pytest
 
 import lg_enforce as E
-from conftest import REPO, connect, run_audit_cli
+from conftest import REPO, audit_until, connect, ops
 from test_consume_once import Racers
 from test_js_saver import Tally, record
 from test_validity import write_rules_dir
@@ -156,19 +155,6 @@ def ledger(dsn: str, thread: str) -> list[tuple]:
                          (thread,)).fetchall()
 
 
-def audit_ops(proxy, thread: str, want, timeout: float = 10.0) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while True:
-        evs = run_audit_cli(proxy.audit_db, thread)
-        if want(evs) or time.monotonic() > deadline:
-            return evs
-        time.sleep(0.2)
-
-
-def ops(evs: list[dict], name: str) -> list[dict]:
-    return [e for e in evs if e["operation"] == name]
-
-
 # --------------------------------------------------------------------------- race
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("via", ["direct", "proxy"])
@@ -223,8 +209,8 @@ def test_race(gen, dsns, py2proxy, workdir, via, saver, cell):
         late = [r for r in res if r["id"] != wid and r["ok"]]
         for r in late:   # served without firing: read the head the winner had finished
             assert gate == 0 and r["values"] == winner["values"], ctx
-        evs = audit_ops(py2proxy, thread, lambda e: len(ops(e, "claim_refused")) >= len(losers)
-                        and ops(e, "claim_consumed"))
+        evs = audit_until(py2proxy, thread, lambda e: len(ops(e, "claim_refused")) >= len(losers)
+                          and ops(e, "claim_consumed"))
         assert [e["application_name"] for e in ops(evs, "claim_taken")] == [f"racer-{wid}"], ctx
         assert len(ops(evs, "claim_refused")) == len(losers), ctx
         for r in res:   # the tally reads node-postgres' name of the SQLSTATE

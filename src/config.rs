@@ -98,7 +98,7 @@ pub struct ClaimsSettings {
     pub timing: EvidenceTiming,
 }
 
-/// Consume-once claims (see README, "Consume-once").
+/// Consume-once claims (docs/architecture.md, "Consume-once").
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClaimsConfig {

@@ -297,7 +297,7 @@ fn warn_if_clients_share_the_store_role(cfg: &Config, at: Option<&StoreLocation>
         "claims and audit rows are kept in the database the proxy fronts under the role \
          derived from the upstream, which clients may log in as and use to change them \
          directly, around the proxy (statements through the proxy are refused): give \
-         [claims] dsn a role the application cannot log in as (README, Consume-once)"
+         [claims] dsn a role the application cannot log in as (docs/architecture.md, \"The schema is the proxy's\")"
     );
 }
 

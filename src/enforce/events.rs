@@ -46,8 +46,8 @@ impl Watch {
             } => vec![AuditEvent::new(ctx, Operation::DeleteThread).with_detail(
                 json!({"table": format!("{table:?}").to_lowercase(), "threads": "array parameter"}),
             )],
-            // Housekeeping of rows no run reads again (see the README's
-            // saver section) and reads without pending writes: no story.
+            // Housekeeping of rows no run reads again (see docs/savers.md)
+            // and reads without pending writes: no story.
             StatementKind::DeleteRows { .. }
             | StatementKind::Unparent
             | StatementKind::ReadWithoutWrites

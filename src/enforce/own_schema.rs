@@ -9,9 +9,9 @@
 //! of `DO` blocks and function definitions as statements of their own.
 //! What the server builds from text at run time (PL/pgSQL `EXECUTE` of a
 //! concatenation, a setting read from a table) is beyond a text check:
-//! there a role the application cannot log in as is the boundary (README,
-//! "Consume-once"). Texts that cannot mention the schema cost one literal
-//! search.
+//! there a role the application cannot log in as is the boundary
+//! (docs/architecture.md, "The schema is the proxy's"). Texts that cannot
+//! mention the schema cost one literal search.
 
 use aho_corasick::AhoCorasick;
 

@@ -5,7 +5,7 @@
 //! Blocking threads rather than an event loop: the relay is bound by
 //! system calls and wake-ups, and a thread blocked in `recv` is woken by
 //! the kernel straight onto whichever core is free, where one event loop
-//! serializes every session on one core (measured: README, performance).
+//! serializes every session on one core (measured: docs/performance.md).
 //! The state lock is never held across a read or a write.
 
 use std::io::Write;

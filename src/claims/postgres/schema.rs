@@ -6,7 +6,7 @@
 //! Each migration runs in one transaction holding a transaction-level
 //! advisory lock, so proxies starting together apply it once. A store that
 //! is already current runs no DDL, so a role with only USAGE and DML on the
-//! schema can use it (README, "Consume-once").
+//! schema can use it (docs/architecture.md, "Least privileges").
 
 use postgres::Client;
 

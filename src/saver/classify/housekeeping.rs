@@ -1,7 +1,7 @@
 //! The savers' housekeeping statements: deletes of some of a thread's rows
 //! (`prune()`, the shallow saver's `put`) and prune's unparenting UPDATE,
 //! recognized by their tables and the exact predicates they filter by.
-//! What each means for the legs is in the README's saver section.
+//! What each means for the legs is in docs/savers.md.
 
 use sqlparser::ast::{Assignment, AssignmentTarget, Delete, Expr, FromTable, TableFactor, Value};
 
