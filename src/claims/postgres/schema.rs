@@ -174,6 +174,14 @@ GRANT EXECUTE ON FUNCTION {s}.fence_write(text, text, text, text, bigint, text, 
     TO PUBLIC;
 "#
         ),
+        // Each audit record carries the hash of its replica's record before
+        // it (`audit::chain`); rows written before stay unhashed.
+        format!(
+            r#"
+ALTER TABLE {s}.audit_events ADD COLUMN prev_hash text, ADD COLUMN hash text;
+CREATE INDEX audit_events_chain ON {s}.audit_events (proxy_id, id);
+"#
+        ),
     ]
 }
 
