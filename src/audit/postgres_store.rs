@@ -510,6 +510,7 @@ fn row_to_event_at(r: &Row, at: usize) -> Result<AuditEvent, AuditError> {
         blob_sha256: column("blob_sha256", r.get(at + 14))?,
         detail: column("detail", r.get(at + 15))?,
         run_metadata: None,
+        answer: None,
     })
 }
 

@@ -368,6 +368,7 @@ fn row_to_event_at(r: &Row<'_>, at: usize) -> rusqlite::Result<Result<AuditEvent
             blob_sha256: column("blob_sha256", &blobs)?,
             detail: column("detail", &detail)?,
             run_metadata: None,
+            answer: None,
         })
     })())
 }
