@@ -4,10 +4,11 @@
 //!
 //! - `target`: connection parameters (upstream URL or `[claims] dsn`,
 //!   password file), the liveness bound.
-//! - `schema`: versioned migrations (claims, leases, the audit trail).
+//! - `schema`: versioned migrations (claims, leases, the audit trail, the
+//!   decision functions the store and the fence call).
 //! - `client`: connections to the schema for the audit trail.
 //! - `conn`: the decision and liveness connections, fail closed.
-//! - `store`: the operations, one short transaction each; `rows`, `leases`.
+//! - `store`: the operations, a decision one statement each; `rows`, `leases`.
 //! - `liveness`: holders whose proxy process is gone.
 
 mod client;
