@@ -356,6 +356,7 @@ fn legs(
                 inspection_patterns: c.inspection_patterns,
                 inspection_sql_hint: c.inspection_sql_hint,
                 evidence: Some(evidence),
+                held: Arc::default(),
             }))
         }
         None => None,

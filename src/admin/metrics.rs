@@ -93,7 +93,8 @@ pub fn describe() {
     describe_counter!(
         "resumeguard_claims_total",
         "Consume-once claim outcomes: taken, takeover, lapsed (a takeover of a lapsed claim), \
-         waited, refused, consumed"
+         waited, refused, consumed, held_known (a holder's re-read of its own claim, answered \
+         without asking the store)"
     );
     describe_counter!(
         "resumeguard_claims_refused_total",

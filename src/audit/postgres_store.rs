@@ -21,7 +21,8 @@ use super::event::{AuditEvent, Operation, SessionContext};
 use super::query::{EventFilter, ThreadSummary};
 use super::sqlite_store::column;
 use crate::claims::postgres::{
-    connect_schema, error_text, schema_name, PgTarget, SchemaAccess, AUDIT_VERSION,
+    connect_schema, error_text, schema_name, PgTarget, SchemaAccess, AUDIT_CHAIN_VERSION,
+    AUDIT_VERSION,
 };
 
 /// How long a batch, a prune chunk or a reader's query may take.
@@ -373,9 +374,14 @@ FROM {s}.audit_events"#
 
 /// An operator's connection: the table must exist; nothing is created.
 fn reader(target: &PgTarget) -> Result<Client, AuditError> {
+    reader_at(target, AUDIT_VERSION)
+}
+
+/// [`reader`] of a schema at `version` or later.
+fn reader_at(target: &PgTarget, version: i32) -> Result<Client, AuditError> {
     connect_schema(
         target,
-        SchemaAccess::AtLeast(AUDIT_VERSION),
+        SchemaAccess::AtLeast(version),
         "resumeguard-audit-reader",
         READER_TIMEOUT,
     )
@@ -413,7 +419,7 @@ pub fn thread_events(target: &PgTarget, thread_id: &str) -> Result<Vec<AuditEven
 
 /// Walk every replica's chain in the table, in id order (streamed).
 pub fn verify(target: &PgTarget) -> Result<Verdict, AuditError> {
-    let mut client = reader(target)?;
+    let mut client = reader_at(target, AUDIT_CHAIN_VERSION)?;
     let s = schema_name(target);
     let pruned = client
         .query(

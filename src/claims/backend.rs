@@ -131,6 +131,18 @@ impl ClaimStore {
         }
     }
 
+    /// Whether a claim this process's session holds may be answered from
+    /// memory (`enforce::held_claims`): PostgreSQL while this process's
+    /// liveness lock is confirmed and the store reachable. Never SQLite:
+    /// there a read costs no round trip, and each checks the file is
+    /// still the one opened.
+    pub fn answers_held_claims(&self) -> bool {
+        match self {
+            ClaimStore::Sqlite(_) => false,
+            ClaimStore::Postgres(s) => s.live(),
+        }
+    }
+
     pub fn try_claim(
         &self,
         key: &ClaimKey,

@@ -15,6 +15,7 @@ use regex::Regex;
 use serde::Serialize;
 
 use super::events::detail;
+use super::held_claims::HeldClaims;
 use crate::admin::metrics::claims_store_call;
 use crate::audit::{AuditEvent, Operation, SessionContext};
 use crate::log_text::shown;
@@ -47,6 +48,9 @@ pub struct ClaimsLeg {
     /// claim.
     pub inspection_sql_hint: bool,
     pub evidence: Option<EvidenceSender>,
+    /// The claims this proxy's sessions hold, as last answered (shared by
+    /// the legs a reload makes).
+    pub held: Arc<HeldClaims>,
     /// Where the server itself fences writes inside their transaction:
     /// the claims schema is in that database of the server the proxy
     /// fronts (see `enforce::fencing`). `None`: fenced by a store lookup.
@@ -107,6 +111,9 @@ impl ClaimsLeg {
         if req.head == Head::Running {
             return self.check_run_lease(req);
         }
+        if let Some(held) = self.known_held(req) {
+            return held;
+        }
         // A local wait: the monotonic clock, not the claims clock.
         let started = Instant::now();
         let mut waited_ms = 0;
@@ -125,9 +132,18 @@ impl ClaimsLeg {
                 _ => (None, None),
             };
             let epoch = match &outcome {
-                Ok(ClaimOutcome::Taken(r) | ClaimOutcome::AlreadyHeld(r)) => Some(r.epoch),
-                Ok(ClaimOutcome::TakenOver { now, .. }) => Some(now.epoch),
-                _ => None,
+                Ok(
+                    ClaimOutcome::Taken(r)
+                    | ClaimOutcome::AlreadyHeld(r)
+                    | ClaimOutcome::TakenOver { now: r, .. },
+                ) => {
+                    self.held.remember(r);
+                    Some(r.epoch)
+                }
+                _ => {
+                    self.held.forget_key(&req.key);
+                    None
+                }
             };
             match decide(&outcome, &self.policy, waited_ms) {
                 ClaimDecision::RetryAfter { ms } => {
@@ -151,6 +167,24 @@ impl ClaimsLeg {
                 }
             }
         }
+    }
+
+    /// The reader's own claim, answered from memory (`held_claims`)
+    /// while the store says this process's holders still stand.
+    fn known_held(&self, req: &ClaimRequest) -> Option<Resolution> {
+        if !self.store.answers_held_claims() {
+            return None;
+        }
+        let record = self.held.answer(&req.key, &req.holder, now_ms())?;
+        metrics::counter!("resumeguard_claims_total", "outcome" => "held_known").increment(1);
+        let epoch = Some(record.epoch);
+        Some(Resolution {
+            decision: decide(&Ok(ClaimOutcome::AlreadyHeld(record)), &self.policy, 0),
+            waited_ms: 0,
+            displaced: None,
+            takeover: None,
+            epoch,
+        })
     }
 
     fn check_run_lease(&self, req: &ClaimRequest) -> Resolution {

@@ -215,6 +215,8 @@ impl SessionEnforcer {
         let Some(cont) = continuation(kind, rec) else {
             return FenceStep::Pass;
         };
+        // Claims on it may change with this write: asked of the store again.
+        leg.held.forget(&cont.at);
         let session = self.holder(&leg.proxy_id);
         self.fencing
             .check(&leg, &self.ctx, &session, (&cont, kind.label(), rec))
