@@ -11,7 +11,6 @@ use regex::Regex;
 
 use crate::admin::{AdminConfig, AdminListen};
 use crate::audit::AuditConfig;
-use crate::claims::evidence::EvidenceTiming;
 use crate::claims::DEFAULT_RUN_LEASE_MS;
 use crate::policy::claims::WaitPolicy;
 use crate::policy::ChannelRules;
@@ -91,11 +90,11 @@ pub struct ClaimsSettings {
     pub backend: crate::claims::location::Backend,
     pub proxy_id: String,
     pub lapse_ms: i64,
-    pub run_lease_ms: i64,
     pub policy: WaitPolicy,
     pub inspection_patterns: Vec<Regex>,
     pub inspection_sql_hint: bool,
-    pub timing: EvidenceTiming,
+    /// The timings a reload may change (`config::live`), as configured.
+    pub timings: live::ClaimsTimings,
 }
 
 /// Consume-once claims (see README, "Consume-once").
@@ -343,14 +342,10 @@ impl Config {
             backend: crate::claims::location::Backend::of(self)?,
             proxy_id: self.proxy_id(),
             lapse_ms: c.lapse_ms,
-            run_lease_ms: c.run_lease_ms,
             policy,
             inspection_patterns,
             inspection_sql_hint: c.inspection_sql_hint,
-            timing: EvidenceTiming {
-                progress_hold_ms: c.progress_hold_ms,
-                holder_gone_grace_ms: c.holder_gone_grace_ms,
-            },
+            timings: live::ClaimsTimings::of_claims(c),
         }))
     }
 

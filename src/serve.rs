@@ -22,7 +22,6 @@ use resumeguard::enforce::own_schema::OwnSchema;
 use resumeguard::enforce::reload::Reloadable;
 use resumeguard::enforce::{Enforcement, Legs};
 use resumeguard::fd_limit;
-use resumeguard::policy::claims::COMMIT_COVER_MS;
 use resumeguard::policy::ChannelRules;
 use resumeguard::wire::upstream::UpstreamAddr;
 use resumeguard::wire::{listener, proxy::Proxy};
@@ -75,8 +74,8 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
     // between starting the managed server and stopping it.
     let mut signals = runtime.block_on(async { Signals::install() })?;
     let rules = load_rules(&cfg)?;
-    // The claims timings a reload stores (config::live); the store and the
-    // evidence worker read the values below, given at start.
+    // The claims timings a reload stores (config::live), which the store,
+    // the evidence worker and the gate read at each decision.
     let claims_timings = LiveClaimsTimings::new(ClaimsTimings::of(&cfg));
     if let Some(parent) = cfg.audit_db().parent() {
         std::fs::create_dir_all(parent)
@@ -132,7 +131,10 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
     let validity = rules.validity;
     let ready = upstream
         .map_err(anyhow::Error::from)
-        .and_then(|u| Ok((u, legs(&cfg, &audit, validity, claims_at.as_ref())?)))
+        .and_then(|u| {
+            let at = claims_at.as_ref();
+            Ok((u, legs(&cfg, &audit, validity, at, &claims_timings)?))
+        })
         .map(|(u, mut legs)| {
             legs.own_schema = Arc::new(own_schema(&cfg, managed_socket.as_ref()));
             (u, legs)
@@ -317,6 +319,7 @@ fn legs(
     audit: &AuditSink,
     validity: Arc<ChannelRules>,
     at: Result<&StoreLocation, &LocationError>,
+    timings: &Arc<LiveClaimsTimings>,
 ) -> anyhow::Result<Legs> {
     let claims = match cfg.claims_settings()? {
         Some(c) => {
@@ -324,19 +327,14 @@ fn legs(
                 anyhow::anyhow!("claims store: {}", resumeguard::error_chain::chain(e))
             })?;
             tracing::info!(backend = ?c.backend, at = %at.shown(), "claims store");
-            let store = Arc::new(
-                ClaimStore::connect_to(at)
-                    .with_run_lease(c.run_lease_ms)
-                    .with_holder_gone_grace(c.timing.holder_gone_grace_ms),
-            );
+            let store = Arc::new(ClaimStore::connect_to(at).with_timings(Arc::clone(timings)));
             let evidence = evidence::start(
                 Arc::clone(&store),
                 c.proxy_id.clone(),
-                c.timing,
+                Arc::clone(timings),
                 audit.clone(),
             );
-            let cover_ms = COMMIT_COVER_MS.max(c.timing.progress_hold_ms);
-            let fence_in_transaction = in_transaction_fence(cfg, at, cover_ms);
+            let fence_in_transaction = in_transaction_fence(cfg, at);
             match &fence_in_transaction {
                 Some(f) => tracing::info!(database = %f.database, "fencing: checked by the server \
                     inside each write's transaction for sessions of this database (no extra \
@@ -351,7 +349,7 @@ fn legs(
                 store,
                 proxy_id: c.proxy_id,
                 lapse_ms: c.lapse_ms,
-                run_lease: c.run_lease_ms > 0,
+                timings: Arc::clone(timings),
                 policy: c.policy,
                 inspection_patterns: c.inspection_patterns,
                 inspection_sql_hint: c.inspection_sql_hint,
@@ -371,11 +369,7 @@ fn legs(
 /// Where writes are fenced inside their own transaction: the claims
 /// schema's database when it is on the server the proxy fronts (claims in
 /// PostgreSQL, no `[claims] dsn` naming another place).
-fn in_transaction_fence(
-    cfg: &Config,
-    at: &StoreLocation,
-    cover_ms: i64,
-) -> Option<InTransactionFence> {
+fn in_transaction_fence(cfg: &Config, at: &StoreLocation) -> Option<InTransactionFence> {
     let StoreLocation::Postgres(target) = at else {
         return None;
     };
@@ -385,7 +379,6 @@ fn in_transaction_fence(
     Some(InTransactionFence {
         database: target.database()?.to_owned(),
         schema: target.schema().to_owned(),
-        cover_ms,
     })
 }
 

@@ -20,27 +20,24 @@ use super::target::PgTarget;
 use crate::claims::error::StoreError;
 use crate::claims::model::{ClaimKey, ClaimRecord, ClaimState, Holder, RunLease};
 use crate::claims::outcome::{decide_existing, ClaimOutcome};
-use crate::claims::store::{
-    DEFAULT_RETAIN_MS, DEFAULT_RUN_LEASE_MS, DEFAULT_SUPERSEDED_GRACE_MS, NEXT_CHECKPOINT,
-};
-
-/// Default holder-gone grace applied to holders whose process is gone.
-const DEFAULT_HOLDER_GONE_GRACE_MS: i64 = 1_000;
+use crate::claims::store::{DEFAULT_RETAIN_MS, DEFAULT_SUPERSEDED_GRACE_MS, NEXT_CHECKPOINT};
+use crate::config::live::{ClaimsTimings, LiveClaimsTimings};
 
 /// Handle on the PostgreSQL claims, one per proxy process.
 pub struct PgClaims {
     conn: Arc<PgConn>,
     retain_ms: i64,
     superseded_grace_ms: i64,
-    run_lease_ms: i64,
-    holder_gone_grace_ms: i64,
+    /// The run lease and the grace of holders whose process is gone, read
+    /// here at each decision (a reload may change them).
+    timings: Arc<LiveClaimsTimings>,
 }
 
 impl std::fmt::Debug for PgClaims {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgClaims")
             .field("at", &self.conn.target.shown())
-            .field("run_lease_ms", &self.run_lease_ms)
+            .field("timings", &self.timings.current())
             .finish()
     }
 }
@@ -68,8 +65,7 @@ impl PgClaims {
             conn,
             retain_ms: DEFAULT_RETAIN_MS,
             superseded_grace_ms: DEFAULT_SUPERSEDED_GRACE_MS,
-            run_lease_ms: DEFAULT_RUN_LEASE_MS,
-            holder_gone_grace_ms: DEFAULT_HOLDER_GONE_GRACE_MS,
+            timings: LiveClaimsTimings::new(ClaimsTimings::default()),
         }
     }
 
@@ -84,15 +80,34 @@ impl PgClaims {
         self
     }
 
-    pub fn with_run_lease(mut self, lease_ms: i64) -> PgClaims {
-        self.run_lease_ms = lease_ms.max(0);
+    /// Reads the run lease and the grace of holders whose process is gone
+    /// from `timings` at each decision: the proxy's handle, which a reload
+    /// updates.
+    pub fn with_timings(mut self, timings: Arc<LiveClaimsTimings>) -> PgClaims {
+        self.timings = timings;
         self
     }
 
-    /// Sets the grace given to holders whose proxy process is gone.
-    pub fn with_holder_gone_grace(mut self, grace_ms: i64) -> PgClaims {
-        self.holder_gone_grace_ms = grace_ms.max(0);
-        self
+    /// Sets the run lease in a handle of its own.
+    #[cfg(test)]
+    pub fn with_run_lease(self, lease_ms: i64) -> PgClaims {
+        let timings = self.timings.changed(|t| t.run_lease_ms = lease_ms.max(0));
+        self.with_timings(timings)
+    }
+
+    /// Sets the grace given to holders whose proxy process is gone, in a
+    /// handle of its own.
+    #[cfg(test)]
+    pub fn with_holder_gone_grace(self, grace_ms: i64) -> PgClaims {
+        let timings = self
+            .timings
+            .changed(|t| t.holder_gone_grace_ms = grace_ms.max(0));
+        self.with_timings(timings)
+    }
+
+    /// The run lease in effect now (0: none).
+    fn run_lease_ms(&self) -> i64 {
+        self.timings.current().run_lease_ms
     }
 
     /// The database, as shown in errors.
@@ -114,7 +129,7 @@ impl PgClaims {
     ) -> Result<ClaimOutcome, StoreError> {
         let lapse_at_ms = now_ms.saturating_add(lapse_ms.max(0));
         let superseded_cutoff = now_ms.saturating_sub(self.superseded_grace_ms);
-        let gone_until = now_ms.saturating_add(self.holder_gone_grace_ms);
+        let gone_until = now_ms.saturating_add(self.timings.current().holder_gone_grace_ms);
         // One statement for the common cases: a first reader takes the
         // claim; the holder's own session reads it again.
         let quick = self.conn.with_single("taking a claim", |tx| {
@@ -184,7 +199,7 @@ impl PgClaims {
             }
             // Whether the answering run still writes: asked only of a consumed row.
             let writing = prev.state == ClaimState::Consumed
-                && self.run_lease_ms > 0
+                && self.run_lease_ms() > 0
                 && live_lease(tx, &key.at.thread_id, &key.at.checkpoint_ns, now_ms)?.is_some();
             let outcome = decide_existing(prev, holder, now_ms, writing, |prev, takeovers| {
                 retake(tx, prev, holder, now_ms, lapse_at_ms, takeovers)
@@ -205,7 +220,7 @@ impl PgClaims {
         self.conn.with_tx("consuming claims", |tx| {
             let at = (thread_id, checkpoint_ns, checkpoint_id);
             let consumed = consume_held(tx, at, evidence, written_at_ms, now_ms)?;
-            lease_runs(tx, self.run_lease_ms, thread_id, &consumed, now_ms)?;
+            lease_runs(tx, self.run_lease_ms(), thread_id, &consumed, now_ms)?;
             Ok(consumed)
         })
     }
@@ -307,7 +322,7 @@ impl PgClaims {
             let at = (thread_id, checkpoint_ns, parent_checkpoint_id);
             // The thread moved on: every claim on the parent is done.
             let consumed = consume_held(tx, at, NEXT_CHECKPOINT, i64::MAX, now_ms)?;
-            lease_runs(tx, self.run_lease_ms, thread_id, &consumed, now_ms)?;
+            lease_runs(tx, self.run_lease_ms(), thread_id, &consumed, now_ms)?;
             let s = tx.schema;
             tx.execute(
                 &format!(
@@ -447,7 +462,7 @@ impl PgClaims {
         checkpoint_ns: &str,
         now_ms: i64,
     ) -> Result<Option<RunLease>, StoreError> {
-        let gone_until = now_ms.saturating_add(self.holder_gone_grace_ms);
+        let gone_until = now_ms.saturating_add(self.timings.current().holder_gone_grace_ms);
         self.conn.with_tx("reading a run lease", |tx| {
             sweep(tx, thread_id, checkpoint_ns, gone_until)?;
             live_lease(tx, thread_id, checkpoint_ns, now_ms)
