@@ -58,8 +58,9 @@ pub struct Config {
     pub managed: ManagedConfig,
     pub enforce: EnforceConfig,
     pub claims: ClaimsConfig,
-    /// The admin API and `/metrics` (`--admin-listen`): an address, or
-    /// `off`; absent: 127.0.0.1:6433 when that port is free.
+    /// The admin API and `/metrics` (`--admin-listen`): an address, `auto`
+    /// (a free port on 127.0.0.1) or `off`; absent: 127.0.0.1:6433. An
+    /// address in use stops the proxy at start.
     pub admin_listen: Option<String>,
     pub admin: AdminConfig,
     pub tls: TlsConfig,
@@ -461,7 +462,12 @@ mod tests {
     #[test]
     fn admin_listen_and_token() {
         let default = toml::from_str::<Config>("").unwrap();
-        assert_eq!(default.admin_listen(), AdminListen::Default);
+        assert_eq!(
+            default.admin_listen(),
+            AdminListen::Addr("127.0.0.1:6433".into())
+        );
+        let auto = toml::from_str::<Config>("admin_listen = \"auto\"").unwrap();
+        assert_eq!(auto.admin_listen(), AdminListen::Auto);
         assert_eq!(default.admin.token, None);
         assert_eq!(default.admin.max_connections, 64);
         let off = toml::from_str::<Config>("admin_listen = \"off\"").unwrap();
@@ -469,10 +475,7 @@ mod tests {
         let set =
             toml::from_str::<Config>("admin_listen = \"0.0.0.0:9187\"\n[admin]\ntoken = \"s3\"")
                 .unwrap();
-        assert_eq!(
-            set.admin_listen(),
-            AdminListen::Explicit("0.0.0.0:9187".into())
-        );
+        assert_eq!(set.admin_listen(), AdminListen::Addr("0.0.0.0:9187".into()));
         assert_eq!(set.admin.token.as_deref(), Some("s3"));
         assert_eq!(
             set.admin.max_connections, 64,

@@ -9,7 +9,7 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use resumeguard::admin::{self, AdminControl, AdminLimits, AdminState, AdminToken};
+use resumeguard::admin::{self, AdminControl, AdminLimits, AdminListen, AdminState, AdminToken};
 use resumeguard::audit::{AuditSink, TrailSource};
 use resumeguard::claims::evidence;
 use resumeguard::claims::location::{postgres_target, store_location, LocationError};
@@ -182,13 +182,18 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
             let nofile = open_file_limit(proxy.config.max_client_conn);
             let admin_limits = AdminLimits::new(cfg.admin.max_connections, nofile);
             let max_connections = admin_limits.max_connections;
-            if let Some(addr) = admin::start(&cfg.admin_listen(), admin_limits, admin_state).await? {
+            let admin_listen = cfg.admin_listen();
+            let admin_at = admin::start(&admin_listen, admin_limits, admin_state).await?;
+            if let Some(addr) = admin_at {
                 tracing::info!(listen = %addr, max_connections, "admin API and /metrics");
             }
             reloader.describe_metrics();
             tracing::info!(listen = %local, %upstream, audit = %cfg.audit_db().display(), "resumeguard serving");
             let user = if managed.is_some() { "postgres@" } else { "" };
-            println!("DATABASE_URL=postgres://{user}{local}/postgres");
+            announce(&cfg, &format!("DATABASE_URL=postgres://{user}{local}/postgres"));
+            if let (AdminListen::Auto, Some(addr)) = (admin_listen, admin_at) {
+                announce(&cfg, &format!("ADMIN_URL=http://{addr}"));
+            }
             let inspection = match inspection {
                 Some(l) => {
                     let l = TcpListener::from_std(l)?;
@@ -235,6 +240,17 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
         m.stop();
     }
     result
+}
+
+/// Prints a line for whoever started the proxy (`DATABASE_URL=`): on
+/// stdout, unless the audit JSONL goes there (`[audit] jsonl = "-"`), which
+/// keeps stdout to JSON lines; then on stderr.
+fn announce(cfg: &Config, line: &str) {
+    if cfg.audit.jsonl.as_deref() == Some("-") {
+        eprintln!("{line}");
+    } else {
+        println!("{line}");
+    }
 }
 
 /// Gives the audit trail's PostgreSQL output its database: where the
