@@ -136,8 +136,7 @@ fn run(
         };
         match result {
             Ok(consumed) => {
-                metrics::counter!("resumeguard_claims_total", "outcome" => "consumed")
-                    .increment(consumed.len() as u64);
+                crate::admin::metrics::claims_consumed(consumed.len());
                 for record in consumed {
                     audit.record(consumed_event(&ctx, &ev, &record));
                 }

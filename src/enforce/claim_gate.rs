@@ -290,7 +290,7 @@ pub fn apply_claim(
             .with_checkpoint(key.at.checkpoint_ns.clone(), key.at.checkpoint_id.clone())
     };
     if res.waited_ms > 0 {
-        metrics::counter!("resumeguard_claims_total", "outcome" => "waited").increment(1);
+        crate::admin::metrics::claim_waited();
         events.push(
             event(Operation::ClaimWaited).with_detail(detail(&WaitedDetail {
                 interrupt: key.short_fingerprint(),
