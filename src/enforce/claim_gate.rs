@@ -24,8 +24,10 @@ use crate::wire::guard::Ticket;
 
 use crate::claims::evidence::EvidenceSender;
 use crate::claims::{now_ms, ClaimKey, ClaimOutcome, ClaimState, ClaimStore, Holder, StoreError};
+use crate::config::live::LiveClaimsTimings;
 use crate::policy::claims::{
     decide, decide_running_head, takeover_reason, ClaimDecision, Refusal, WaitPolicy,
+    COMMIT_COVER_MS,
 };
 
 /// The consume-once leg as configured for one proxy process.
@@ -37,8 +39,9 @@ pub struct ClaimsLeg {
     pub proxy_id: String,
     /// How long a claim with no evidence holds.
     pub lapse_ms: i64,
-    /// Whether running heads are checked against run leases.
-    pub run_lease: bool,
+    /// The run lease and progress hold in effect, read at each decision
+    /// (shared with the store and the evidence worker; a reload updates it).
+    pub timings: Arc<LiveClaimsTimings>,
     pub policy: WaitPolicy,
     /// application_name patterns that mark a session's reads as inspection.
     pub inspection_patterns: Vec<Regex>,
@@ -63,12 +66,6 @@ pub struct InTransactionFence {
     pub database: String,
     /// The schema's name, as the proxy's own SQL names it.
     pub schema: String,
-    /// How long an accepted write keeps its claim from lapsing or counting
-    /// as abandoned, from the check: the commit cover, or the progress
-    /// hold if longer. Made inside the write's transaction, it holds from
-    /// its commit until the write's evidence is applied, and vanishes with
-    /// a rollback.
-    pub cover_ms: i64,
 }
 
 /// A read of a thread's head waiting for the gate.
@@ -105,6 +102,21 @@ pub struct Resolution {
 }
 
 impl ClaimsLeg {
+    /// Whether running heads are checked against run leases (a run lease
+    /// is configured now).
+    pub fn run_lease(&self) -> bool {
+        self.timings.current().run_lease_ms > 0
+    }
+
+    /// How long a write accepted inside its transaction keeps its claim
+    /// from lapsing or counting as abandoned, from the check: the commit
+    /// cover, or the progress hold in effect if longer. Made inside the
+    /// write's transaction, it holds from its commit until the write's
+    /// evidence is applied, and vanishes with a rollback.
+    pub fn fence_cover_ms(&self) -> i64 {
+        COMMIT_COVER_MS.max(self.timings.current().progress_hold_ms)
+    }
+
     /// Takes the claim, polling while another live claim holds it. Blocks
     /// the calling session thread (and only it) while it waits.
     pub fn resolve(&self, req: &ClaimRequest) -> Resolution {
@@ -312,7 +324,7 @@ pub fn apply_claim(
             .with_checkpoint(key.at.checkpoint_ns.clone(), key.at.checkpoint_id.clone())
     };
     if res.waited_ms > 0 {
-        metrics::counter!("resumeguard_claims_total", "outcome" => "waited").increment(1);
+        crate::admin::metrics::claim_waited();
         events.push(
             event(Operation::ClaimWaited).with_detail(detail(&WaitedDetail {
                 interrupt: key.short_fingerprint(),

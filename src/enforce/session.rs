@@ -174,7 +174,7 @@ impl SessionEnforcer {
         let leg = self.shared.legs.claims.as_ref()?;
         let (key, head) = match watch.parked_claim_key() {
             Some(key) => (key, Head::Parked),
-            None if leg.run_lease => (watch.running_head_key()?, Head::Running),
+            None if leg.run_lease() => (watch.running_head_key()?, Head::Running),
             None => return None,
         };
         Some(ClaimRequest {

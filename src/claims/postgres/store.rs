@@ -22,27 +22,24 @@ use super::target::PgTarget;
 use crate::claims::error::StoreError;
 use crate::claims::model::{ClaimKey, ClaimRecord, Holder, RunLease};
 use crate::claims::outcome::ClaimOutcome;
-use crate::claims::store::{
-    DEFAULT_RETAIN_MS, DEFAULT_RUN_LEASE_MS, DEFAULT_SUPERSEDED_GRACE_MS, NEXT_CHECKPOINT,
-};
-
-/// Default holder-gone grace applied to holders whose process is gone.
-const DEFAULT_HOLDER_GONE_GRACE_MS: i64 = 1_000;
+use crate::claims::store::{DEFAULT_RETAIN_MS, DEFAULT_SUPERSEDED_GRACE_MS, NEXT_CHECKPOINT};
+use crate::config::live::{ClaimsTimings, LiveClaimsTimings};
 
 /// Handle on the PostgreSQL claims, one per proxy process.
 pub struct PgClaims {
     conn: Arc<PgConn>,
     retain_ms: i64,
     superseded_grace_ms: i64,
-    run_lease_ms: i64,
-    holder_gone_grace_ms: i64,
+    /// The run lease and the grace of holders whose process is gone, read
+    /// here at each decision (a reload may change them).
+    timings: Arc<LiveClaimsTimings>,
 }
 
 impl std::fmt::Debug for PgClaims {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgClaims")
             .field("at", &self.conn.target.shown())
-            .field("run_lease_ms", &self.run_lease_ms)
+            .field("timings", &self.timings.current())
             .finish()
     }
 }
@@ -70,8 +67,7 @@ impl PgClaims {
             conn,
             retain_ms: DEFAULT_RETAIN_MS,
             superseded_grace_ms: DEFAULT_SUPERSEDED_GRACE_MS,
-            run_lease_ms: DEFAULT_RUN_LEASE_MS,
-            holder_gone_grace_ms: DEFAULT_HOLDER_GONE_GRACE_MS,
+            timings: LiveClaimsTimings::new(ClaimsTimings::default()),
         }
     }
 
@@ -86,15 +82,34 @@ impl PgClaims {
         self
     }
 
-    pub fn with_run_lease(mut self, lease_ms: i64) -> PgClaims {
-        self.run_lease_ms = lease_ms.max(0);
+    /// Reads the run lease and the grace of holders whose process is gone
+    /// from `timings` at each decision: the proxy's handle, which a reload
+    /// updates.
+    pub fn with_timings(mut self, timings: Arc<LiveClaimsTimings>) -> PgClaims {
+        self.timings = timings;
         self
     }
 
-    /// Sets the grace given to holders whose proxy process is gone.
-    pub fn with_holder_gone_grace(mut self, grace_ms: i64) -> PgClaims {
-        self.holder_gone_grace_ms = grace_ms.max(0);
-        self
+    /// Sets the run lease in a handle of its own.
+    #[cfg(test)]
+    pub fn with_run_lease(self, lease_ms: i64) -> PgClaims {
+        let timings = self.timings.changed(|t| t.run_lease_ms = lease_ms.max(0));
+        self.with_timings(timings)
+    }
+
+    /// Sets the grace given to holders whose proxy process is gone, in a
+    /// handle of its own.
+    #[cfg(test)]
+    pub fn with_holder_gone_grace(self, grace_ms: i64) -> PgClaims {
+        let timings = self
+            .timings
+            .changed(|t| t.holder_gone_grace_ms = grace_ms.max(0));
+        self.with_timings(timings)
+    }
+
+    /// The run lease in effect now (0: none).
+    fn run_lease_ms(&self) -> i64 {
+        self.timings.current().run_lease_ms
     }
 
     /// The database, as shown in errors.
@@ -124,7 +139,7 @@ impl PgClaims {
     ) -> Result<ClaimOutcome, StoreError> {
         let lapse_at_ms = now_ms.saturating_add(lapse_ms.max(0));
         let superseded_cutoff = now_ms.saturating_sub(self.superseded_grace_ms);
-        let gone_until = now_ms.saturating_add(self.holder_gone_grace_ms);
+        let gone_until = now_ms.saturating_add(self.timings.current().holder_gone_grace_ms);
         self.conn.with_single("taking a claim", |tx| {
             let s = tx.schema;
             let mine = tx.instance;
@@ -147,7 +162,7 @@ impl PgClaims {
                     &lapse_at_ms,
                     &superseded_cutoff,
                     &gone_until,
-                    &self.run_lease_ms,
+                    &self.run_lease_ms(),
                 ],
             )?;
             outcome_of(&rows)
@@ -174,7 +189,7 @@ impl PgClaims {
                     &evidence,
                     &written_at_ms,
                     &now_ms,
-                    &self.run_lease_ms,
+                    &self.run_lease_ms(),
                 ],
             )?)
         })
@@ -262,7 +277,7 @@ impl PgClaims {
                     &parent_checkpoint_id,
                     &NEXT_CHECKPOINT,
                     &now_ms,
-                    &self.run_lease_ms,
+                    &self.run_lease_ms(),
                     &superseded_cutoff,
                     &retain_cutoff,
                 ],
@@ -392,7 +407,7 @@ impl PgClaims {
         checkpoint_ns: &str,
         now_ms: i64,
     ) -> Result<Option<RunLease>, StoreError> {
-        let gone_until = now_ms.saturating_add(self.holder_gone_grace_ms);
+        let gone_until = now_ms.saturating_add(self.timings.current().holder_gone_grace_ms);
         self.conn.with_single("reading a run lease", |tx| {
             live_lease(tx, thread_id, checkpoint_ns, now_ms, gone_until)
         })

@@ -558,13 +558,14 @@ fn claiming_state_on(
     inspection: &[&str],
     application_name: &str,
 ) -> SessionState {
+    use crate::config::live::{ClaimsTimings, LiveClaimsTimings};
     use crate::policy::claims::WaitPolicy;
 
     let leg = ClaimsLeg {
         store,
         proxy_id: "proxy-a".into(),
         lapse_ms: 1_000,
-        run_lease: true,
+        timings: LiveClaimsTimings::new(ClaimsTimings::default()),
         policy: WaitPolicy::Refuse,
         inspection_patterns: inspection
             .iter()
