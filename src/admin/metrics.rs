@@ -71,7 +71,11 @@ const STATEMENT_CLASSES: &[&str] = &[
 
 /// Label sets known up front, started at zero by [`describe`].
 const KNOWN: &[(&str, &str, &[&str])] = &[
-    (CLAIMS, "outcome", &["taken", "takeover", "refused", "held_known"]),
+    (
+        CLAIMS,
+        "outcome",
+        &["taken", "takeover", "refused", "held_known"],
+    ),
     (TAKEOVERS, "reason", &["lapsed", "abandoned"]),
     (
         REFUSED,

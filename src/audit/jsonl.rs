@@ -70,18 +70,25 @@ struct Line<'a> {
 const TAIL_BYTES: u64 = 1 << 20;
 
 /// The `hash` of the last whole line of the file at `target` (none for
-/// stdout, a new file, or a last line without one).
+/// stdout, a new file, anything but a regular file, or a last line
+/// without one).
 fn tail_hash(target: &str) -> Option<String> {
     use std::io::{Read, Seek, SeekFrom};
     if target == "-" {
         return None;
     }
-    let mut file = File::open(target).ok()?;
-    let len = file.metadata().ok()?.len();
-    file.seek(SeekFrom::Start(len.saturating_sub(TAIL_BYTES)))
+    let file = File::open(target).ok()?;
+    let meta = file.metadata().ok()?;
+    // A device or a pipe (/dev/full, a FIFO) has no last line to read and
+    // may never end.
+    if !meta.is_file() {
+        return None;
+    }
+    let mut file = file;
+    file.seek(SeekFrom::Start(meta.len().saturating_sub(TAIL_BYTES)))
         .ok()?;
     let mut end = Vec::new();
-    file.read_to_end(&mut end).ok()?;
+    file.take(TAIL_BYTES).read_to_end(&mut end).ok()?;
     let last = end
         .split(|&b| b == b'\n')
         .rev()
