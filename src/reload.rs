@@ -315,6 +315,7 @@ impl Reloader {
                     inspection_patterns: s.inspection_patterns.clone(),
                     inspection_sql_hint: s.inspection_sql_hint,
                     evidence: leg.evidence.clone(),
+                    draining: leg.draining.clone(),
                     fence_in_transaction: leg.fence_in_transaction.clone(),
                 })),
                 (leg, _) => leg.clone(),
@@ -467,6 +468,7 @@ mod tests {
                 inspection_patterns: s.inspection_patterns,
                 inspection_sql_hint: s.inspection_sql_hint,
                 evidence: None,
+                draining: Default::default(),
                 fence_in_transaction: None,
             })
         });

@@ -9,7 +9,7 @@
 use std::fmt::Write as _;
 use std::time::Instant;
 
-use metrics::{counter, describe_counter, describe_histogram, histogram, Unit};
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, histogram, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
 
 use super::AdminError;
@@ -98,7 +98,8 @@ pub fn describe() {
     describe_counter!(
         "resumeguard_claims_refused_total",
         "Reads of a thread's head refused, by reason: answered (55000), in_flight (55006), \
-         run_in_progress (55000, run lease), store_unavailable (58000)"
+         run_in_progress (55000, run lease), store_unavailable (58000), shutting_down (55006, \
+         the proxy is draining)"
     );
     describe_counter!(
         "resumeguard_writes_fenced_total",
@@ -121,6 +122,20 @@ pub fn describe() {
         "Writes continuing a checkpoint fenced without a claim store lookup, by where: known \
          (the session created the checkpoint in its run), in_transaction (checked by the \
          server inside the write's transaction, same round trip)"
+    );
+    describe_counter!(
+        "resumeguard_evidence_retries_total",
+        "Claim evidence (holder gone, consumed, progress, moved on) retried because the claim \
+         store could not take it (row locked, store down)"
+    );
+    describe_gauge!(
+        "resumeguard_evidence_pending",
+        "Claim evidence waiting for a retry"
+    );
+    describe_counter!(
+        "resumeguard_evidence_lost_total",
+        "Claim evidence never applied (each also audited as evidence_lost), by reason: \
+         retry_queue_full, queue_full, worker_gone, shutdown"
     );
     describe_counter!(
         "resumeguard_upstream_errors_total",
@@ -210,6 +225,9 @@ pub fn claim_refused(reason: &Refusal) {
         Refusal::StoreUnavailable(_) => {
             counter!("resumeguard_claims_refused_total", "reason" => "store_unavailable")
                 .increment(1)
+        }
+        Refusal::ShuttingDown => {
+            counter!("resumeguard_claims_refused_total", "reason" => "shutting_down").increment(1)
         }
     }
 }

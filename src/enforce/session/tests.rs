@@ -572,6 +572,7 @@ fn claiming_state_on(
             .collect(),
         inspection_sql_hint: false,
         evidence: None,
+        draining: Default::default(),
         fence_in_transaction: None,
     };
     let classifier = Arc::new(Classifier::new(vec![SaverProfile::langgraph_python()]));
