@@ -316,6 +316,7 @@ impl Reloader {
                     inspection_sql_hint: s.inspection_sql_hint,
                     evidence: leg.evidence.clone(),
                     held: Arc::clone(&leg.held),
+                    draining: leg.draining.clone(),
                     fence_in_transaction: leg.fence_in_transaction.clone(),
                 })),
                 (leg, _) => leg.clone(),
@@ -471,6 +472,7 @@ mod tests {
                 inspection_sql_hint: s.inspection_sql_hint,
                 evidence: None,
                 held: Arc::default(),
+                draining: Default::default(),
                 fence_in_transaction: None,
             })
         });

@@ -23,6 +23,7 @@ use resumeguard::enforce::reload::Reloadable;
 use resumeguard::enforce::{Enforcement, Legs};
 use resumeguard::fd_limit;
 use resumeguard::policy::ChannelRules;
+use resumeguard::wire::draining::Draining;
 use resumeguard::wire::upstream::UpstreamAddr;
 use resumeguard::wire::{listener, proxy::Proxy};
 
@@ -52,6 +53,9 @@ fn open_file_limit(max_client_conn: usize) -> Option<u64> {
         }
     }
 }
+
+/// How long shutdown waits for claim evidence to reach the store.
+const EVIDENCE_FINISH: Duration = Duration::from_secs(5);
 
 /// Descriptors the process holds besides its sessions' (listeners, the
 /// runtime, stores, logs, the admin API's share), roughly.
@@ -129,11 +133,14 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
     // The claims store's blocking client runs a runtime of its own: the
     // legs are made outside this one.
     let validity = rules.validity;
+    // Shared by the sessions and the consume-once gate: set at shutdown.
+    let draining = Draining::default();
     let ready = upstream
         .map_err(anyhow::Error::from)
         .and_then(|u| {
             let at = claims_at.as_ref();
-            Ok((u, legs(&cfg, &audit, validity, at, &claims_timings)?))
+            let legs = legs(&cfg, &audit, validity, at, &claims_timings, &draining)?;
+            Ok((u, legs))
         })
         .map(|(u, mut legs)| {
             legs.own_schema = Arc::new(own_schema(&cfg, managed_socket.as_ref()));
@@ -145,6 +152,7 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
     let result = match ready {
         Ok((upstream, legs)) => runtime.block_on(async {
             let claims_store = legs.claims.as_ref().map(|leg| Arc::clone(&leg.store));
+            let evidence = legs.claims.as_ref().and_then(|leg| leg.evidence.clone());
             let listener = TcpListener::from_std(listener)?;
             let local = listener.local_addr()?;
             let (stop_tx, stop_rx) = watch::channel(false);
@@ -153,10 +161,13 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
                 legs,
                 audit: audit.clone(),
             });
-            let proxy = Arc::new(Proxy::new(
-                cfg.relay(upstream.clone())?,
-                Arc::new(Arc::clone(&enforcement)),
-            ));
+            let proxy = Arc::new(
+                Proxy::new(
+                    cfg.relay(upstream.clone())?,
+                    Arc::new(Arc::clone(&enforcement)),
+                )
+                .with_draining(draining),
+            );
             let token = AdminToken::new(cfg.admin.token.clone());
             let reloader = Arc::new(Reloader::new(
                 loader,
@@ -231,6 +242,14 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
             };
             tokio::join!(main_loop, inspection_loop);
             listener::drain(&proxy, grace).await;
+            if let Some(evidence) = evidence {
+                // What the closed sessions' writes and goodbyes told the
+                // claims reaches the store before the process ends.
+                let finish = move || evidence.finish(EVIDENCE_FINISH);
+                if let Err(e) = tokio::task::spawn_blocking(finish).await {
+                    tracing::error!(error = %e, "claim evidence not finished at exit");
+                }
+            }
             anyhow::Ok(())
         }),
         Err(e) => Err(e),
@@ -336,6 +355,7 @@ fn legs(
     validity: Arc<ChannelRules>,
     at: Result<&StoreLocation, &LocationError>,
     timings: &Arc<LiveClaimsTimings>,
+    draining: &Draining,
 ) -> anyhow::Result<Legs> {
     let claims = match cfg.claims_settings()? {
         Some(c) => {
@@ -371,6 +391,7 @@ fn legs(
                 inspection_sql_hint: c.inspection_sql_hint,
                 evidence: Some(evidence),
                 held: Arc::default(),
+                draining: draining.clone(),
             }))
         }
         None => None,

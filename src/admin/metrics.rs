@@ -13,7 +13,7 @@
 use std::fmt::Write as _;
 use std::time::Instant;
 
-use metrics::{counter, describe_counter, describe_histogram, histogram, Unit};
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, histogram, Unit};
 
 mod process;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
@@ -85,7 +85,13 @@ const KNOWN: &[(&str, &str, &[&str])] = &[
             "in_flight",
             "run_in_progress",
             "store_unavailable",
+            "shutting_down",
         ],
+    ),
+    (
+        "resumeguard_evidence_lost_total",
+        "reason",
+        &["retry_queue_full", "queue_full", "worker_gone", "shutdown"],
     ),
     (
         FENCED,
@@ -116,6 +122,7 @@ const UNLABELLED: &[&str] = &[
     "resumeguard_own_schema_refused_total",
     "resumeguard_claim_waits_total",
     "resumeguard_claims_consumed_total",
+    "resumeguard_evidence_retries_total",
 ];
 
 /// Upper bounds of the latency buckets, in seconds: a checkpoint read is
@@ -205,7 +212,8 @@ pub fn describe() {
     describe_counter!(
         REFUSED,
         "Reads of a thread's head refused, by reason: answered (55000), in_flight (55006), \
-         run_in_progress (55000, run lease), store_unavailable (58000)"
+         run_in_progress (55000, run lease), store_unavailable (58000), shutting_down (55006, \
+         the proxy is draining)"
     );
     describe_counter!(
         FENCED,
@@ -228,6 +236,20 @@ pub fn describe() {
         "Writes continuing a checkpoint fenced without a claim store lookup, by where: known \
          (the session created the checkpoint in its run), in_transaction (checked by the \
          server inside the write's transaction, same round trip)"
+    );
+    describe_counter!(
+        "resumeguard_evidence_retries_total",
+        "Claim evidence (holder gone, consumed, progress, moved on) retried because the claim \
+         store could not take it (row locked, store down)"
+    );
+    describe_gauge!(
+        "resumeguard_evidence_pending",
+        "Claim evidence waiting for a retry"
+    );
+    describe_counter!(
+        "resumeguard_evidence_lost_total",
+        "Claim evidence never applied (each also audited as evidence_lost), by reason: \
+         retry_queue_full, queue_full, worker_gone, shutdown"
     );
     describe_counter!(
         UPSTREAM_ERRORS,
@@ -311,6 +333,7 @@ pub fn claim_refused(reason: &Refusal) {
         Refusal::InFlight { .. } => "in_flight",
         Refusal::RunInProgress { .. } => "run_in_progress",
         Refusal::StoreUnavailable(_) => "store_unavailable",
+        Refusal::ShuttingDown => "shutting_down",
     };
     counter!(REFUSED, "reason" => reason).increment(1);
 }

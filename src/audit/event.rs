@@ -36,11 +36,12 @@ pub enum Operation {
     EventsDropped,
     AuditPruned,
     ConfigReloaded,
+    EvidenceLost,
 }
 
 impl Operation {
     /// Every variant, so names can be parsed back without a second table.
-    pub const ALL: [Operation; 23] = [
+    pub const ALL: [Operation; 24] = [
         Operation::ReadLatest,
         Operation::ReadById,
         Operation::ReadList,
@@ -64,6 +65,7 @@ impl Operation {
         Operation::EventsDropped,
         Operation::AuditPruned,
         Operation::ConfigReloaded,
+        Operation::EvidenceLost,
     ];
 
     /// The snake_case name, identical to the serde representation.
@@ -92,6 +94,7 @@ impl Operation {
             Operation::EventsDropped => "events_dropped",
             Operation::AuditPruned => "audit_pruned",
             Operation::ConfigReloaded => "config_reloaded",
+            Operation::EvidenceLost => "evidence_lost",
         }
     }
 

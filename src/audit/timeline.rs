@@ -183,6 +183,10 @@ fn phrase(ev: &AuditEvent) -> String {
             Some(cutoff) => format!("audit trail pruned: rows before {cutoff} removed"),
             None => "audit trail pruned: oldest rows removed".to_string(),
         },
+        Operation::EvidenceLost => match ev.detail.get("evidence").and_then(|c| c.as_str()) {
+            Some(kind) => format!("claim evidence lost ({kind}): the claim lapses instead"),
+            None => "claim evidence lost: the claim lapses instead".to_string(),
+        },
         Operation::ConfigReloaded => match ev.detail.get("part").and_then(|c| c.as_str()) {
             Some(part) => format!("configuration reloaded (SIGHUP): {part}"),
             None => "configuration reloaded (SIGHUP)".to_string(),

@@ -5,13 +5,17 @@
 //! the gated task's own writes consume the claim, a new checkpoint moves
 //! the thread on, a deleted thread forgets its claims, a closed holder
 //! session lets its claims lapse sooner. One worker thread per proxy
-//! applies them in order, so the relay never waits on SQLite for them.
+//! applies them in order, so the relay never waits on the store for them;
+//! what the store cannot take now is retried until it is applied
+//! (`claims::evidence_retry`), and what is lost is counted and audited.
 
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use super::evidence_retry::RetryQueue;
 use super::{now_ms, ClaimRecord, ClaimStore, StoreError};
 use crate::audit::{AuditEvent, AuditSink, Operation, SessionContext};
 use crate::config::live::LiveClaimsTimings;
@@ -50,25 +54,60 @@ pub enum Evidence {
 /// The sending side, cheap to clone; never blocks the relay.
 #[derive(Clone)]
 pub struct EvidenceSender {
-    tx: SyncSender<(SessionContext, Evidence)>,
+    tx: SyncSender<Msg>,
+    audit: AuditSink,
+}
+
+/// What the worker is sent.
+enum Msg {
+    Apply(SessionContext, Evidence),
+    /// Shutdown: apply (retrying) what is queued until the deadline, report
+    /// the rest lost, then answer.
+    Finish {
+        deadline: Instant,
+        done: SyncSender<()>,
+    },
 }
 
 impl EvidenceSender {
     pub fn send(&self, ctx: &SessionContext, ev: Evidence) {
-        match self.tx.try_send((ctx.clone(), ev)) {
+        match self.tx.try_send(Msg::Apply(ctx.clone(), ev)) {
             Ok(()) => {}
-            Err(TrySendError::Full((_, ev))) => {
-                // Dropping evidence only delays consumption: the claim then
-                // lapses as it would without evidence. Say so.
-                tracing::warn!(
+            Err(TrySendError::Full(Msg::Apply(_, ev))) => {
+                // The claim then lapses as it would without evidence.
+                tracing::error!(
                     ?ev,
-                    "claim evidence queue full: evidence dropped, claim will lapse"
+                    "claim evidence queue full: evidence lost, its claim will lapse"
                 );
+                lost(&self.audit, &ev, "queue_full");
             }
-            Err(TrySendError::Disconnected(_)) => {}
+            Err(TrySendError::Disconnected(Msg::Apply(_, ev))) => {
+                tracing::error!(
+                    ?ev,
+                    "claim evidence worker gone: evidence lost, its claim will lapse"
+                );
+                lost(&self.audit, &ev, "worker_gone");
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// At shutdown, after the last session closed: waits (at most
+    /// `within`) until the evidence sent so far is applied; what cannot be
+    /// is reported lost (ERROR, `evidence_lost`).
+    pub fn finish(&self, within: Duration) {
+        let (done, finished) = sync_channel(1);
+        let deadline = Instant::now() + within;
+        if self.tx.send(Msg::Finish { deadline, done }).is_ok() {
+            // The worker answers by the deadline, after its last store call.
+            let _ = finished.recv_timeout(within + Duration::from_secs(5));
         }
     }
 }
+
+/// Evidence waiting for a retry, at most: beyond it the oldest is lost
+/// (reported).
+const MAX_PENDING: usize = 10_000;
 
 /// Starts the worker for `store`; it ends when every sender is dropped.
 /// Each piece of evidence is applied with the progress hold and holder-gone
@@ -80,26 +119,155 @@ pub fn start(
     audit: AuditSink,
 ) -> EvidenceSender {
     let (tx, rx) = sync_channel(65_536);
+    let sender = EvidenceSender {
+        tx,
+        audit: audit.clone(),
+    };
+    let worker = Worker {
+        store,
+        proxy_id,
+        timings,
+        audit,
+        pending: RetryQueue::new(MAX_PENDING),
+        failing: false,
+        lost_since_failing: 0,
+    };
     let spawned = std::thread::Builder::new()
         .name("resumeguard-claims".into())
-        .spawn(move || run(&store, &proxy_id, &timings, &audit, rx));
+        .spawn(move || worker.run(rx));
     if let Err(e) = spawned {
         tracing::error!(error = %e, "cannot start the claim evidence worker: claims will only lapse");
     }
-    EvidenceSender { tx }
+    sender
 }
 
-fn run(
-    store: &ClaimStore,
-    proxy_id: &str,
-    timings: &LiveClaimsTimings,
-    audit: &AuditSink,
-    rx: Receiver<(SessionContext, Evidence)>,
-) {
-    for (ctx, ev) in rx {
+/// Applies evidence in arrival order; what the store cannot take now is
+/// retried (see [`RetryQueue`]) until it is applied.
+struct Worker {
+    store: Arc<ClaimStore>,
+    proxy_id: String,
+    timings: Arc<LiveClaimsTimings>,
+    audit: AuditSink,
+    pending: RetryQueue<(SessionContext, Evidence)>,
+    /// Evidence has failed since the queue was last empty (logged once).
+    failing: bool,
+    lost_since_failing: u64,
+}
+
+impl Worker {
+    fn run(mut self, rx: Receiver<Msg>) {
+        loop {
+            let next = match self.pending.due_in(Instant::now()) {
+                None => match rx.recv() {
+                    Ok(item) => Some(item),
+                    Err(_) => break,
+                },
+                Some(wait) => match rx.recv_timeout(wait) {
+                    Ok(item) => Some(item),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => break,
+                },
+            };
+            match next {
+                Some(Msg::Apply(ctx, ev)) => self.take(ctx, ev),
+                Some(Msg::Finish { deadline, done }) => {
+                    self.finish(deadline);
+                    let _ = done.send(());
+                }
+                None => {}
+            }
+            if self.pending.due_in(Instant::now()) == Some(Duration::ZERO) {
+                self.retry();
+            }
+        }
+        self.finish(Instant::now());
+    }
+
+    /// Retries what waits until it is applied or `deadline` passes; what
+    /// is left then is lost, said loudly.
+    fn finish(&mut self, deadline: Instant) {
+        while !self.pending.is_empty() {
+            let now = Instant::now();
+            let wait = self.pending.due_in(now).unwrap_or_default();
+            if now + wait > deadline {
+                break;
+            }
+            std::thread::sleep(wait);
+            self.retry();
+        }
+        let left: Vec<_> = self.pending.drain().collect();
+        for (_, ev) in &left {
+            tracing::error!(
+                ?ev,
+                "claim evidence not applied before exit: lost, its claim will lapse"
+            );
+            lost(&self.audit, ev, "shutdown");
+        }
+        metrics::gauge!("resumeguard_evidence_pending").set(0.0);
+    }
+
+    /// New evidence: applied now, unless earlier evidence of its session
+    /// waits (order is kept) or the store cannot take it.
+    fn take(&mut self, ctx: SessionContext, ev: Evidence) {
+        let lane = ctx.session_id;
+        if self.pending.holds_lane(lane) {
+            self.queue(lane, ctx, ev);
+            return;
+        }
+        if let Err(e) = self.apply(&ctx, &ev) {
+            if !self.failing {
+                self.failing = true;
+                tracing::warn!(error = %e, ?ev, "claim evidence not applied: retrying until the claim store takes it");
+            }
+            self.queue(lane, ctx, ev);
+        }
+    }
+
+    fn queue(&mut self, lane: u64, ctx: SessionContext, ev: Evidence) {
+        if let Some((_, dropped)) = self.pending.push(lane, (ctx, ev), Instant::now()) {
+            if self.lost_since_failing == 0 {
+                tracing::error!(pending = self.pending.len(), ?dropped,
+                    "claim evidence retry queue full: the oldest evidence is lost, its claim will lapse");
+            }
+            self.lost_since_failing += 1;
+            lost(&self.audit, &dropped, "retry_queue_full");
+        }
+        metrics::gauge!("resumeguard_evidence_pending").set(self.pending.len() as f64);
+    }
+
+    fn retry(&mut self) {
+        let mut last_error = None;
+        let mut pending = std::mem::replace(&mut self.pending, RetryQueue::new(1));
+        let round = pending.retry(Instant::now(), |(ctx, ev)| {
+            metrics::counter!("resumeguard_evidence_retries_total").increment(1);
+            match self.apply(ctx, ev) {
+                Ok(()) => true,
+                Err(e) => {
+                    last_error = Some(e);
+                    false
+                }
+            }
+        });
+        let retries = pending.retries();
+        self.pending = pending;
+        metrics::gauge!("resumeguard_evidence_pending").set(self.pending.len() as f64);
+        if self.pending.is_empty() && self.failing {
+            tracing::info!(
+                applied = round.applied,
+                lost = self.lost_since_failing,
+                "claim evidence applied again: the claim store takes it, nothing pending"
+            );
+            self.failing = false;
+            self.lost_since_failing = 0;
+        } else if let Some(e) = last_error {
+            tracing::debug!(error = %e, pending = self.pending.len(), retries, "claim evidence still not applied");
+        }
+    }
+
+    fn apply(&self, ctx: &SessionContext, ev: &Evidence) -> Result<(), StoreError> {
+        let (store, timing) = (&self.store, self.timings.current());
         let now = now_ms();
-        let timing = timings.current();
-        let result = match &ev {
+        let consumed = match ev {
             Evidence::Progress { at, written_at_ms } => store
                 .note_progress(
                     (&at.thread_id, &at.checkpoint_ns, &at.checkpoint_id),
@@ -131,21 +299,53 @@ fn run(
                 store.forget_thread(thread_id).map(|_| Vec::new())
             }
             Evidence::HolderGone { session_id } => store
-                .holder_gone(proxy_id, *session_id, now, timing.holder_gone_grace_ms)
+                .holder_gone(
+                    &self.proxy_id,
+                    *session_id,
+                    now,
+                    timing.holder_gone_grace_ms,
+                )
                 .map(|_| Vec::new()),
-        };
-        match result {
-            Ok(consumed) => {
-                crate::admin::metrics::claims_consumed(consumed.len());
-                for record in consumed {
-                    audit.record(consumed_event(&ctx, &ev, &record));
-                }
-            }
-            // An unopened or replaced store was reported once, at ERROR.
-            Err(e @ (StoreError::Open { .. } | StoreError::Replaced { .. })) => {
-                tracing::debug!(error = %e, ?ev, "claim evidence not applied")
-            }
-            Err(e) => tracing::warn!(error = %e, ?ev, "claim evidence not applied"),
+        }?;
+        crate::admin::metrics::claims_consumed(consumed.len());
+        for record in consumed {
+            self.audit.record(consumed_event(ctx, ev, &record));
+        }
+        Ok(())
+    }
+}
+
+/// Evidence that will never be applied: counted and audited
+/// (`evidence_lost`), so the trail shows which thread's claim lapses
+/// instead of being consumed or released.
+fn lost(audit: &AuditSink, ev: &Evidence, reason: &'static str) {
+    metrics::counter!("resumeguard_evidence_lost_total", "reason" => reason).increment(1);
+    let mut e = AuditEvent::new(&SessionContext::internal(), Operation::EvidenceLost);
+    if let Some(thread) = ev.thread_id() {
+        e = e.with_thread(thread.to_owned());
+    }
+    audit.record(e.with_detail(json!({ "evidence": ev.kind(), "reason": reason })));
+}
+
+impl Evidence {
+    /// The thread the evidence is about, when it names one.
+    pub fn thread_id(&self) -> Option<&str> {
+        match self {
+            Evidence::Progress { at, .. } | Evidence::Consumed { at, .. } => Some(&at.thread_id),
+            Evidence::MovedOn { parent } => Some(&parent.thread_id),
+            Evidence::ThreadDeleted { thread_id } => Some(thread_id),
+            Evidence::HolderGone { .. } => None,
+        }
+    }
+
+    /// Its kind, as the audit trail names it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Evidence::Progress { .. } => "progress",
+            Evidence::Consumed { .. } => "consumed",
+            Evidence::MovedOn { .. } => "moved_on",
+            Evidence::ThreadDeleted { .. } => "thread_deleted",
+            Evidence::HolderGone { .. } => "holder_gone",
         }
     }
 }

@@ -21,6 +21,7 @@ mod backend;
 pub mod clock;
 mod error;
 pub mod evidence;
+mod evidence_retry;
 mod file;
 mod leases;
 pub mod location;

@@ -20,6 +20,7 @@ use crate::admin::metrics::claims_store_call;
 use crate::audit::{AuditEvent, Operation, SessionContext};
 use crate::log_text::shown;
 use crate::wire::backend::{error_response, Severity};
+use crate::wire::draining::Draining;
 use crate::wire::guard::Ticket;
 
 use crate::claims::evidence::EvidenceSender;
@@ -54,6 +55,9 @@ pub struct ClaimsLeg {
     /// The claims this proxy's sessions hold, as last answered (shared by
     /// the legs a reload makes).
     pub held: Arc<HeldClaims>,
+    /// Set when the proxy begins shutting down: from then on no claim,
+    /// takeover or run is granted, and waiting readers are refused.
+    pub draining: Draining,
     /// Where the server itself fences writes inside their transaction:
     /// the claims schema is in that database of the server the proxy
     /// fronts (see `enforce::fencing`). `None`: fenced by a store lookup.
@@ -130,6 +134,17 @@ impl ClaimsLeg {
         let started = Instant::now();
         let mut waited_ms = 0;
         loop {
+            if self.draining.is_set() {
+                return Resolution {
+                    decision: ClaimDecision::Refuse {
+                        reason: Refusal::ShuttingDown,
+                    },
+                    waited_ms,
+                    displaced: None,
+                    takeover: None,
+                    epoch: None,
+                };
+            }
             let outcome = self.try_claim(req);
             let (displaced, takeover) = match &outcome {
                 Ok(ClaimOutcome::TakenOver { previous, .. }) => {
@@ -209,7 +224,7 @@ impl ClaimsLeg {
             tracing::warn!(error = %e, "run lease unknown (claim store failed): head served");
         }
         Resolution {
-            decision: decide_running_head(&lease, &req.holder),
+            decision: decide_running_head(&lease, &req.holder, self.draining.is_set()),
             waited_ms: 0,
             displaced: None,
             takeover: None,

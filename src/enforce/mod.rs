@@ -167,6 +167,10 @@ impl Guard for SessionGuard {
         Tracker::is_idle(self)
     }
 
+    fn holds_work(&self) -> bool {
+        self.hooks.run_open()
+    }
+
     fn settled(&self) -> bool {
         Tracker::settled(self)
     }

@@ -130,6 +130,10 @@ impl Guard for ReloadingGuard {
         Guard::is_idle(&self.guard)
     }
 
+    fn holds_work(&self) -> bool {
+        Guard::holds_work(&self.guard)
+    }
+
     fn settled(&self) -> bool {
         Guard::settled(&self.guard)
     }

@@ -21,7 +21,7 @@ use crate::audit::{AuditEvent, SessionContext};
 use crate::claims::evidence::{Evidence, EvidenceSender};
 use crate::claims::{now_ms, Holder};
 use crate::log_text::shown;
-use crate::policy::claims::{has_inspection_hint, is_inspection};
+use crate::policy::claims::{has_inspection_hint, is_inspection, ClaimDecision};
 use crate::saver::bind::BoundParams;
 use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::classify::{Classified, StatementKind};
@@ -73,6 +73,9 @@ pub struct SessionEnforcer {
     /// The claims this session took and the verdicts of its current
     /// transaction, for fencing writes continuing claimed checkpoints.
     pub fencing: FenceGate,
+    /// A claim was granted and its run has not committed a checkpoint
+    /// since: shutdown lets the run reach it before closing the session.
+    run_open: bool,
 }
 
 impl SessionEnforcer {
@@ -90,7 +93,14 @@ impl SessionEnforcer {
             segment_failed: false,
             validity: ValidityGate::new(show_values),
             fencing: FenceGate::default(),
+            run_open: false,
         }
+    }
+
+    /// Whether a run this session was granted has yet to commit its next
+    /// checkpoint (see [`crate::wire::guard::Guard::holds_work`]).
+    pub fn run_open(&self) -> bool {
+        self.run_open
     }
 
     pub fn shared(&self) -> &Enforcement {
@@ -192,6 +202,9 @@ impl SessionEnforcer {
             match res.epoch {
                 Some(epoch) => self.fencing.took(&req.key, epoch),
                 None => self.fencing.read_parked(&req.key),
+            }
+            if matches!(res.decision, ClaimDecision::Serve { .. }) {
+                self.run_open = true;
             }
         }
         apply_claim(&self.ctx, req, res, &mut self.ready_events)
@@ -515,6 +528,8 @@ impl Hooks for SessionEnforcer {
             TxnStatus::Idle if !self.segment_failed => {
                 self.ready_events.append(&mut self.uncommitted);
                 self.ready_evidence.append(&mut self.uncommitted_evidence);
+                // The granted run reached a durable checkpoint.
+                self.run_open &= self.uncommitted_created.is_empty();
                 for at in self.uncommitted_created.drain(..) {
                     self.fencing.created(at);
                 }

@@ -16,6 +16,9 @@
 //!   answering it right now; a resume may succeed after that claim lapses.
 //! - `58000` system_error, [`Refusal::StoreUnavailable`]: the claim store
 //!   (outside PostgreSQL) failed; nothing about the thread is known.
+//! - `55006` also for [`Refusal::ShuttingDown`]: this proxy is shutting
+//!   down and grants nothing new; the same resume succeeds through
+//!   another proxy or after the restart.
 //!
 //! - `RGF01` (class `RG`, resumeguard's own), [`WriteVerdict::Fenced`]: a
 //!   write continuing a claimed checkpoint came from a session other than
@@ -73,6 +76,9 @@ pub enum Refusal {
     /// and another session's run that answered the interrupt holds the
     /// thread's run lease: serving the head would run those tasks twice.
     RunInProgress { lease: RunLease },
+    /// The proxy is shutting down: no claim, takeover or run is granted
+    /// to a reader (its session closes next).
+    ShuttingDown,
 }
 
 /// What the wire layer does with the read.
@@ -191,16 +197,23 @@ pub const TAKEOVER_ABANDONED: &str = "takeover of an abandoned run: the interrup
 /// tasks still to run: refused while another session's answering run holds
 /// the lease (a late resume would otherwise continue that run and repeat
 /// its next tasks); served otherwise — including when the store cannot
-/// answer, because only reads of parked heads fail closed.
+/// answer, because only reads of parked heads fail closed. While the proxy
+/// is `draining`, only the lease's own holder is served: anyone else would
+/// start a run on a session about to close.
 pub fn decide_running_head(
     lease: &Result<Option<RunLease>, StoreError>,
     reader: &Holder,
+    draining: bool,
 ) -> ClaimDecision {
     match lease {
         Ok(Some(lease)) if !lease.holder.same_session(reader) => ClaimDecision::Refuse {
             reason: Refusal::RunInProgress {
                 lease: lease.clone(),
             },
+        },
+        Ok(Some(_)) => ClaimDecision::Serve { takeover: false },
+        _ if draining => ClaimDecision::Refuse {
+            reason: Refusal::ShuttingDown,
         },
         _ => ClaimDecision::Serve { takeover: false },
     }
@@ -211,7 +224,7 @@ impl Refusal {
     pub fn sqlstate(&self) -> &'static str {
         match self {
             Refusal::Answered { .. } | Refusal::RunInProgress { .. } => SQLSTATE_ANSWERED,
-            Refusal::InFlight { .. } => SQLSTATE_IN_FLIGHT,
+            Refusal::InFlight { .. } | Refusal::ShuttingDown => SQLSTATE_IN_FLIGHT,
             Refusal::StoreUnavailable(_) => SQLSTATE_STORE_UNAVAILABLE,
         }
     }
@@ -257,6 +270,10 @@ impl Refusal {
                 format_ms(lease.last_write_ms),
                 key.at.checkpoint_id
             ),
+            Refusal::ShuttingDown => format!(
+                "resumeguard is shutting down: {what} was not claimed, this read of the \
+                 thread's head was refused before any node ran"
+            ),
         }
     }
 
@@ -284,6 +301,10 @@ impl Refusal {
                  listener or, with claims.inspection_sql_hint, a /* resumeguard:inspect */ \
                  comment); claims.run_lease_ms \
                  sets how long after the run's last write this applies."
+            }
+            Refusal::ShuttingDown => {
+                "Retry the same resume through another proxy or once this one has \
+                 restarted; nothing ran."
             }
         }
     }

@@ -14,7 +14,7 @@ use super::frame::peek_header;
 use super::guard::{ClientStep, Guard};
 use super::proxy::Proxy;
 use super::read_buffer::{Passing, STREAM_ABOVE};
-use super::registry::{SessionHandle, StopReason};
+use super::registry::{closable, SessionHandle, StopReason};
 use super::session::End;
 
 /// Client → server: frame, track, forward. Runs on its own thread. The
@@ -89,7 +89,7 @@ fn relay_client(proxy: &Proxy, handle: &SessionHandle, early: BytesMut, deadline
         let tracked = match handle.state.lock() {
             // Shutting down and nothing in flight: close instead of
             // starting new work (checked under the lock the drain uses).
-            Ok(st) if proxy.sessions.draining() && st.is_idle() => return End::Shutdown,
+            Ok(st) if proxy.sessions.draining() && closable(st.as_ref()) => return End::Shutdown,
             Ok(mut st) => {
                 // Authentication may have ended while this read waited: the
                 // first message after it has the full limit.

@@ -87,6 +87,11 @@ pub trait Guard: Send {
     /// Nothing outstanding and no transaction open: the session can close
     /// without losing work.
     fn is_idle(&self) -> bool;
+    /// Work the guard granted outlasts the exchanges in flight (a run the
+    /// session was let start, not yet at its next durable write): a
+    /// draining proxy keeps the session open while it is idle, until the
+    /// work is done or the grace period ends.
+    fn holds_work(&self) -> bool;
     /// No answer is owed for a Sync the client sent before its latest one.
     fn settled(&self) -> bool;
     /// The startup exchange (authentication included) is over.

@@ -5,6 +5,7 @@ pub mod backend;
 mod client_relay;
 pub mod client_stream;
 pub mod connection;
+pub mod draining;
 pub mod first_packet;
 pub mod frame;
 pub mod frontend;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 
 use crate::wire::client_stream::ClientTls;
+use crate::wire::draining::Draining;
 use crate::wire::guard::GuardFactory;
 use crate::wire::registry::Registry;
 use crate::wire::upstream::{Upstream, UpstreamAddr};
@@ -70,6 +71,13 @@ impl Proxy {
             next_session_id: AtomicU64::new(1),
             sessions: Registry::default(),
         }
+    }
+
+    /// The same proxy, with a shutdown flag shared with what grants its
+    /// sessions work.
+    pub fn with_draining(mut self, draining: Draining) -> Self {
+        self.sessions = Registry::with_draining(draining);
+        self
     }
 
     /// Connects to the upstream server and negotiates TLS as configured

@@ -9,6 +9,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::SystemTime;
 
 use super::client_stream::ClientStream;
+use super::draining::Draining;
 use super::guard::{Guard, SessionInfo};
 use super::upstream::Upstream;
 
@@ -142,10 +143,16 @@ impl SessionHandle {
     }
 }
 
+/// Whether a draining proxy may close the session now: nothing is in
+/// flight, and its guard holds no work that ends at a later exchange.
+pub fn closable(guard: &dyn Guard) -> bool {
+    guard.is_idle() && !guard.holds_work()
+}
+
 /// Every session thread counted, and the relaying ones reachable.
 #[derive(Default)]
 pub struct Registry {
-    draining: AtomicBool,
+    draining: Draining,
     /// Session threads alive, from spawn to exit (startup included).
     live: AtomicUsize,
     sessions: Mutex<HashMap<u64, Arc<SessionHandle>>>,
@@ -175,6 +182,15 @@ impl Drop for Registered<'_> {
 }
 
 impl Registry {
+    /// A registry whose shutdown sets `draining` (shared with what grants
+    /// sessions work).
+    pub fn with_draining(draining: Draining) -> Self {
+        Registry {
+            draining,
+            ..Registry::default()
+        }
+    }
+
     /// Called by the listener before it spawns a session thread; the
     /// thread takes the guard with [`Registry::adopt`].
     pub fn spawning(&self) {
@@ -200,28 +216,30 @@ impl Registry {
 
     /// Whether shutdown has begun: sessions close at their next idle point.
     pub fn draining(&self) -> bool {
-        self.draining.load(Ordering::Acquire)
+        self.draining.is_set()
     }
 
     /// Begins shutdown: idle sessions are closed now (their threads are
-    /// blocked in reads); busy ones close when their work is done.
+    /// blocked in reads); busy ones close when their work is done (see
+    /// [`closable`]).
     pub fn begin_drain(&self) {
-        self.draining.store(true, Ordering::Release);
+        self.draining.set();
         for handle in self.handles() {
             // Under the state lock, so the client thread cannot forward a
             // new request between the check and the stop.
             if let Ok(st) = handle.state.lock() {
-                if st.is_idle() {
+                if closable(st.as_ref()) {
                     handle.stop(StopReason::Shutdown);
                 }
             }
         }
     }
 
-    /// Closes every remaining session without waiting for idleness.
+    /// Closes every remaining session without waiting for idleness; each
+    /// is told why (FATAL 57P01) before its socket closes.
     pub fn close_all(&self) {
         for handle in self.handles() {
-            handle.stop(StopReason::Quiet);
+            handle.stop(StopReason::Shutdown);
             handle.release_client_reader();
         }
     }

@@ -15,7 +15,7 @@ use super::frame::peek_header;
 use super::guard::{Guard, HeldTicket};
 use super::proxy::Proxy;
 use super::read_buffer::{Passing, STREAM_ABOVE};
-use super::registry::{SessionHandle, StopReason};
+use super::registry::{closable, SessionHandle, StopReason};
 use super::response_queue::Route;
 use super::session::End;
 
@@ -237,8 +237,10 @@ fn stream_server(
     })
 }
 
+/// Whether a draining proxy closes the session now (a poisoned state
+/// closes it).
 fn idle(state: &Mutex<Box<dyn Guard>>) -> bool {
-    state.lock().map(|s| s.is_idle()).unwrap_or(true)
+    state.lock().map(|s| closable(s.as_ref())).unwrap_or(true)
 }
 
 fn close_for_shutdown(mut client: &ClientStream) -> End {

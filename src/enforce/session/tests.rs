@@ -574,6 +574,7 @@ fn claiming_state_on(
         inspection_sql_hint: false,
         evidence: None,
         held: Arc::default(),
+        draining: Default::default(),
         fence_in_transaction: None,
     };
     let classifier = Arc::new(Classifier::new(vec![SaverProfile::langgraph_python()]));
@@ -987,4 +988,33 @@ fn a_holders_write_keeps_its_claim_from_lapsing_until_the_write_can_commit() {
         .expect("claim");
     assert!(matches!(racer, ClaimOutcome::Busy(_)), "{racer:?}");
     let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn a_granted_claim_holds_work_and_a_refused_one_does_not() {
+    use crate::policy::claims::{ClaimDecision, Refusal};
+    let resolution = |decision| Resolution {
+        decision,
+        waited_ms: 0,
+        displaced: None,
+        epoch: Some(1),
+        takeover: None,
+    };
+    let mut st = claiming_state(&[], "worker");
+    let req = read_parked_head(&mut st).claim.unwrap();
+    let refused = resolution(ClaimDecision::Refuse {
+        reason: Refusal::ShuttingDown,
+    });
+    assert!(st.apply_claim(&req, &refused).is_some());
+    assert!(!st.run_open(), "a refused reader has no run to finish");
+    server(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
+
+    let req = read_parked_head(&mut st).claim.unwrap();
+    let served = resolution(ClaimDecision::Serve { takeover: false });
+    assert!(st.apply_claim(&req, &served).is_none());
+    server(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
+    assert!(
+        st.run_open(),
+        "the holder's run has not written its next checkpoint"
+    );
 }

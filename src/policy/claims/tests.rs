@@ -255,7 +255,7 @@ fn a_running_head_under_another_sessions_lease_is_refused() {
         session_id: 43,
         ..holder()
     };
-    let decision = decide_running_head(&Ok(Some(lease())), &other);
+    let decision = decide_running_head(&Ok(Some(lease())), &other, false);
     let ClaimDecision::Refuse { reason } = &decision else {
         panic!("{decision:?}");
     };
@@ -279,14 +279,45 @@ fn a_running_head_under_another_sessions_lease_is_refused() {
 #[test]
 fn a_running_head_is_served_to_its_run_without_a_lease_or_store() {
     let served = ClaimDecision::Serve { takeover: false };
-    assert_eq!(decide_running_head(&Ok(Some(lease())), &holder()), served);
-    assert_eq!(decide_running_head(&Ok(None), &holder()), served);
+    assert_eq!(
+        decide_running_head(&Ok(Some(lease())), &holder(), false),
+        served
+    );
+    assert_eq!(decide_running_head(&Ok(None), &holder(), false), served);
     // Only reads of parked heads fail closed.
     let down = Err(StoreError::Open {
         path: "/nowhere/claims.db".into(),
         reason: "unable to open database file".into(),
     });
-    assert_eq!(decide_running_head(&down, &holder()), served);
+    assert_eq!(decide_running_head(&down, &holder(), false), served);
+}
+
+#[test]
+fn a_draining_proxy_serves_a_running_head_only_to_its_leaseholder() {
+    let other = Holder {
+        session_id: 43,
+        ..holder()
+    };
+    let shutting = ClaimDecision::Refuse {
+        reason: Refusal::ShuttingDown,
+    };
+    assert_eq!(decide_running_head(&Ok(None), &other, true), shutting);
+    let down = Err(StoreError::Open {
+        path: "/nowhere/claims.db".into(),
+        reason: "unable to open database file".into(),
+    });
+    assert_eq!(decide_running_head(&down, &other, true), shutting);
+    assert_eq!(
+        decide_running_head(&Ok(Some(lease())), &holder(), true),
+        ClaimDecision::Serve { takeover: false }
+    );
+    assert_eq!(
+        Refusal::ShuttingDown.sqlstate(),
+        crate::policy::claims::SQLSTATE_IN_FLIGHT
+    );
+    assert!(Refusal::ShuttingDown
+        .message(&key())
+        .starts_with("resumeguard is shutting down: thread \"t-1\""));
 }
 
 #[test]

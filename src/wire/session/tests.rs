@@ -42,6 +42,9 @@ impl Guard for PassThrough {
     fn is_idle(&self) -> bool {
         true
     }
+    fn holds_work(&self) -> bool {
+        false
+    }
     fn settled(&self) -> bool {
         true
     }
