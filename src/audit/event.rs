@@ -33,6 +33,9 @@ pub enum Operation {
     ClaimWaited,
     ClaimTakeover,
     WriteFenced,
+    /// A resume that reached the finished head of an answered interrupt,
+    /// refused.
+    LateDuplicate,
     EventsDropped,
     AuditPruned,
     ConfigReloaded,
@@ -40,7 +43,7 @@ pub enum Operation {
 
 impl Operation {
     /// Every variant, so names can be parsed back without a second table.
-    pub const ALL: [Operation; 23] = [
+    pub const ALL: [Operation; 24] = [
         Operation::ReadLatest,
         Operation::ReadById,
         Operation::ReadList,
@@ -61,6 +64,7 @@ impl Operation {
         Operation::ClaimWaited,
         Operation::ClaimTakeover,
         Operation::WriteFenced,
+        Operation::LateDuplicate,
         Operation::EventsDropped,
         Operation::AuditPruned,
         Operation::ConfigReloaded,
@@ -89,6 +93,7 @@ impl Operation {
             Operation::ClaimWaited => "claim_waited",
             Operation::ClaimTakeover => "claim_takeover",
             Operation::WriteFenced => "write_fenced",
+            Operation::LateDuplicate => "late_duplicate",
             Operation::EventsDropped => "events_dropped",
             Operation::AuditPruned => "audit_pruned",
             Operation::ConfigReloaded => "config_reloaded",

@@ -20,6 +20,7 @@ mod events;
 mod evidence;
 mod fencing;
 mod history;
+mod late_duplicate;
 pub mod own_schema;
 pub mod reload;
 pub mod session;

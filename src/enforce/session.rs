@@ -14,6 +14,7 @@ use super::events::rejected;
 use super::evidence::continuation;
 use super::fencing::{FenceCheck, FenceGate, FenceStep, Fenced};
 use super::history::history_refusal;
+use super::late_duplicate::{LateDuplicate, LateGate};
 use super::validity::{ValidityGate, CHECK_VIOLATION};
 use super::watch::{Watch, WriteDecode};
 use super::Enforcement;
@@ -21,7 +22,9 @@ use crate::audit::{AuditEvent, SessionContext};
 use crate::claims::evidence::{Evidence, EvidenceSender};
 use crate::claims::{now_ms, Holder};
 use crate::log_text::shown;
-use crate::policy::claims::{has_inspection_hint, is_inspection};
+use crate::policy::claims::{
+    has_inspection_hint, is_inspection, ClaimDecision, Refusal as ClaimRefusal,
+};
 use crate::saver::bind::BoundParams;
 use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::classify::{Classified, StatementKind};
@@ -73,6 +76,8 @@ pub struct SessionEnforcer {
     /// The claims this session took and the verdicts of its current
     /// transaction, for fencing writes continuing claimed checkpoints.
     pub fencing: FenceGate,
+    /// The finished heads this session read, for late duplicate resumes.
+    late: LateGate,
 }
 
 impl SessionEnforcer {
@@ -90,6 +95,7 @@ impl SessionEnforcer {
             segment_failed: false,
             validity: ValidityGate::new(show_values),
             fencing: FenceGate::default(),
+            late: LateGate::default(),
         }
     }
 
@@ -194,7 +200,22 @@ impl SessionEnforcer {
                 None => self.fencing.read_parked(&req.key),
             }
         }
-        apply_claim(&self.ctx, req, res, &mut self.ready_events)
+        let remedy = match (&res.decision, self.shared.legs.claims.as_deref()) {
+            (
+                ClaimDecision::Refuse {
+                    reason: ClaimRefusal::RunInProgress { .. },
+                },
+                Some(leg),
+            ) => Some(leg.inspection_remedy()),
+            _ => None,
+        };
+        apply_claim(
+            &self.ctx,
+            req,
+            res,
+            remedy.as_deref(),
+            &mut self.ready_events,
+        )
     }
 
     /// With consume-once on: a write continuing a claimed checkpoint from
@@ -218,6 +239,23 @@ impl SessionEnforcer {
         let session = self.holder(&leg.proxy_id);
         self.fencing
             .check(&leg, &self.ctx, &session, (&cont, kind.label(), rec))
+    }
+
+    /// With consume-once on: a bare resume's `__resume__` write onto a
+    /// finished head this session read, of an answered interrupt, is
+    /// refused (see `late_duplicate`).
+    fn late_duplicate(
+        &self,
+        kind: &StatementKind,
+        record: Option<&WriteDecode>,
+    ) -> Option<LateDuplicate> {
+        let leg = self.shared.legs.claims.as_ref()?;
+        let Some(Ok(rec)) = record else {
+            return None;
+        };
+        let audit = &self.shared.audit;
+        self.late
+            .check(leg, &self.ctx, |m| audit.approver_in(m), (kind, rec))
     }
 
     /// The audit record of a write the server fenced in its transaction.
@@ -355,6 +393,11 @@ impl Hooks for SessionEnforcer {
                 return Ok(Bound::Refuse(self.refuse_write(rejection)));
             }
         }
+        if let Some(late) = self.late_duplicate(&statement.class.kind, record.as_ref()) {
+            let LateDuplicate { refusal, event } = late;
+            self.ready_events.push(event);
+            return Ok(Bound::Refuse(refusal));
+        }
         let guard = match self.fence(&statement.class.kind, record.as_ref()) {
             FenceStep::Pass => None,
             FenceStep::Refuse(fenced) => {
@@ -473,6 +516,11 @@ impl Hooks for SessionEnforcer {
         }
         crate::admin::metrics::forks_served(watch.forks.len());
         let events = watch.events(&self.ctx);
+        if self.shared.legs.claims.is_some() {
+            if let Some(row) = watch.finished_head() {
+                self.late.read_finished(&row.at, &row.metadata);
+            }
+        }
         if matches!(watch.class.kind, StatementKind::Read(_)) {
             self.ready_events.extend(events);
         } else {

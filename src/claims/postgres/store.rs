@@ -441,6 +441,17 @@ impl PgClaims {
         })
     }
 
+    /// The run lease row, live or ended; no sweep: a read only.
+    pub fn last_answer(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: &str,
+    ) -> Result<Option<RunLease>, StoreError> {
+        self.conn.with_single("reading an answer", |tx| {
+            live_lease(tx, thread_id, checkpoint_ns, i64::MIN)
+        })
+    }
+
     pub fn run_lease(
         &self,
         thread_id: &str,
