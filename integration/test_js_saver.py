@@ -271,12 +271,12 @@ def test_race(dsns, jsproxy, workdir, via, cell):
 
 # --------------------------------------------------------------------------- late duplicate
 @pytest.mark.parametrize("via", ["direct", "proxy"])
-def test_late_duplicate_bare(dsns, jsproxy, via):
-    """A second bare resume after the first one finished the thread. The JS saver also
-    writes the run-level __resume__ on the checkpoint it read (the finished head) on
-    the connection of its pool it read with. Stock serves it the finished state in
-    silence; through the proxy it is refused 55000 as a late duplicate naming the first
-    answer, and audited late_duplicate. Neither runs the gate again."""
+def test_late_duplicate_bare_is_served_inert(dsns, jsproxy, via):
+    """A second bare resume after the first one finished the thread. LangGraph JS
+    records no `updated_channels` in its checkpoints, so the proxy cannot tell its
+    finished head from one with tasks left to run (docs/late-duplicates.md): the
+    late resume is not refused as a late duplicate, and is served the finished state
+    as stock is; the gate does not run again either way."""
     thread = tid("jl")
     lg("park", "--dsn", dsns[via], "--thread", thread)
     first = lg("resume", "--dsn", f"{dsns[via]}&application_name=js-first", "--thread", thread,
@@ -285,18 +285,12 @@ def test_late_duplicate_bare(dsns, jsproxy, via):
     late = lg("resume", "--dsn", f"{dsns[via]}&application_name=js-late", "--thread", thread,
               "--id", "late")
     assert late["effects"] == [], late
+    assert late["ok"] and late["values"]["approved"] == "v-first", late
     final = lg("state", "--dsn", dsns["direct"], "--thread", thread)
     assert final["next"] == [] and final["values"]["approved"] == "v-first", final
-    if via == "direct":
-        assert late["ok"] and late["values"]["approved"] == "v-first", late
-        return
-    assert not late["ok"] and late["error"]["code"] == REFUSED, late
-    msg = late["error"]["message"]
-    for part in ("resumeguard: late duplicate resume: interrupt ", f'thread "{thread}"',
-                 'application_name "js-first"', f"proxy {PROXY_ID}", "nothing was run"):
-        assert part in msg, f"{part!r} not in {msg!r}"
-    evs = audit_until(jsproxy, thread, lambda e: ops(e, "late_duplicate"))
-    assert [e["application_name"] for e in ops(evs, "late_duplicate")] == ["js-late"], evs
+    if via == "proxy":
+        evs = audit_until(jsproxy, thread, lambda e: ops(e, "claim_consumed"))
+        assert not ops(evs, "late_duplicate"), evs
 
 
 # --------------------------------------------------------------------------- fork
