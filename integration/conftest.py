@@ -209,7 +209,19 @@ class Proxy:
     def argv(self) -> list[str]:
         return [str(proxy_binary()), "serve", "--listen", f"{HOST}:{self.port}",
                 "--upstream", self.upstream, "--audit-db", str(self.audit_db),
-                "--audit-jsonl", str(self.audit_jsonl), *self.extra_args]
+                "--audit-jsonl", str(self.audit_jsonl), *self._admin_auto(), *self.extra_args]
+
+    def _admin_auto(self) -> list[str]:
+        """``--admin-listen auto`` unless the test names the admin address: the default
+        port 6433, taken by another proxy, would be a startup error."""
+        args = list(self.extra_args)
+        if "--admin-listen" in args or "RESUMEGUARD_ADMIN_LISTEN" in self.env:
+            return []
+        if "--config" in args:
+            conf = Path(args[args.index("--config") + 1])
+            if conf.exists() and re.search(r"^\s*admin_listen\s*=", conf.read_text(), re.M):
+                return []
+        return ["--admin-listen", "auto"]
 
     def start(self) -> "Proxy":
         binary = proxy_binary()
@@ -241,15 +253,23 @@ class Proxy:
         for raw in self.proc.stdout:
             self.stdout_lines.append(raw.decode(errors="replace").rstrip("\n"))
 
-    def database_url(self, timeout: float = 10.0) -> str | None:
+    def printed(self, key: str, timeout: float = 10.0) -> str | None:
+        """The value of the ``KEY=value`` line the proxy printed on stdout."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for line in list(self.stdout_lines):
-                m = re.search(r"DATABASE_URL=(\S+)", line)
+                m = re.search(rf"{key}=(\S+)", line)
                 if m:
                     return m.group(1)
             time.sleep(0.05)
         return None
+
+    def database_url(self, timeout: float = 10.0) -> str | None:
+        return self.printed("DATABASE_URL", timeout)
+
+    def admin_url(self, timeout: float = 30.0) -> str | None:
+        """The ``ADMIN_URL=`` of ``--admin-listen auto``."""
+        return self.printed("ADMIN_URL", timeout)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

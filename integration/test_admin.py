@@ -13,8 +13,10 @@ test_validity) and the racer processes of test_consume_once.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,7 +30,8 @@ import pytest
 
 import lg_enforce as E
 import racer as R
-from conftest import HOST, PG_BIN, PgServer, Proxy, free_port, pg_env, port_accepts
+from conftest import (HOST, PG_BIN, PgServer, Proxy, free_port, pg_env, port_accepts,
+                      proxy_binary)
 from test_consume_once import Racers, park, racer_cli
 from test_validity import ITEMS_RULE, write_rules_dir
 
@@ -177,15 +180,18 @@ def test_metrics_move_with_a_fork_a_rejection_a_race_and_a_takeover(admin, direc
     assert moved("resumeguard_claims_total", outcome="taken") >= 2   # fork's branch A, race winner
     assert moved("resumeguard_claims_total", outcome="refused") >= 1
     assert moved("resumeguard_claims_refused_total", reason="answered") >= 1
-    assert moved("resumeguard_claims_total", outcome="waited") >= 1
+    assert moved("resumeguard_claim_waits_total") >= 1
     assert moved("resumeguard_claims_total", outcome="takeover") >= 1
-    assert moved("resumeguard_claims_total", outcome="lapsed") >= 1
+    assert moved("resumeguard_claim_takeovers_total", reason="lapsed") >= 1
+    # Each takeover is counted once, by one reason.
+    assert moved("resumeguard_claims_total", outcome="takeover") == sum(
+        moved("resumeguard_claim_takeovers_total", reason=r) for r in ("lapsed", "abandoned"))
     # consumed by the claims worker, off the data path: give it a moment
     deadline = time.monotonic() + 5
-    while moved("resumeguard_claims_total", outcome="consumed") < 3 and time.monotonic() < deadline:
+    while moved("resumeguard_claims_consumed_total") < 3 and time.monotonic() < deadline:
         time.sleep(0.1)
         after = scrape(admin.base)
-    assert moved("resumeguard_claims_total", outcome="consumed") >= 3
+    assert moved("resumeguard_claims_consumed_total") >= 3
     for cls in ("read_latest", "read_by_id", "checkpoint_upsert", "blob_upsert",
                 "writes_insert_ignore", "writes_upsert"):
         assert moved("resumeguard_checkpoint_statements_total", **{"class": cls}) >= 1, cls
@@ -283,7 +289,7 @@ def test_connections_are_counted_and_refusals_past_max_client_conn(proxy_factory
         with pytest.raises(psycopg.OperationalError, match="max_client_conn"):
             psycopg.connect(p.dsn(dbname), autocommit=True).close()
         deadline = time.monotonic() + 5   # the refused connection's thread ends on its own
-        while value(during := scrape(base), "resumeguard_client_connections") != 1:
+        while value(during := scrape(base), "resumeguard_client_connections_open") != 1:
             assert time.monotonic() < deadline, during
             time.sleep(0.05)
     total = "resumeguard_client_connections_total"
@@ -340,3 +346,151 @@ def test_readyz_fails_while_the_upstream_is_down(workdir, tmp_path):
                for ln in logins), logins
     closes = [ln for ln in lines if ln["fields"].get("message") == "session closed"]
     assert closes and all("age_ms" in ln["fields"] for ln in closes), closes
+
+
+# ----------------------------------------------------------------- the admin address
+def serve_argv(pg, workdir: Path, name: str, *extra: str) -> list[str]:
+    return [str(proxy_binary()), "serve", "--listen", f"{HOST}:{free_port()}",
+            "--upstream", f"{HOST}:{pg.port}", "--audit-db", str(workdir / f"{name}.sqlite"),
+            *extra]
+
+
+def exits_naming(argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    """Runs ``serve`` expecting it to stop at start (within 20 s)."""
+    cp = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                        timeout=20, env={**os.environ, "RUST_LOG": "info", **(env or {})})
+    assert cp.returncode != 0, f"serve started:\n{cp.stdout}\n{cp.stderr}"
+    return cp
+
+
+def test_a_busy_admin_address_stops_the_proxy_naming_it(pg, workdir):
+    """Given explicitly (flag, environment) or left at the default 127.0.0.1:6433,
+    an admin address in use is a startup error naming it; the proxy does not
+    serve without its admin API."""
+    taken = socket.socket()
+    taken.bind((HOST, 0))
+    taken.listen()
+    addr = f"{HOST}:{taken.getsockname()[1]}"
+    try:
+        cp = exits_naming(serve_argv(pg, workdir, "busy-flag", "--admin-listen", addr))
+        assert f"admin listener on {addr}" in cp.stderr and "auto" in cp.stderr, cp.stderr
+        assert "in use" in cp.stderr.lower(), cp.stderr
+        assert "DATABASE_URL" not in cp.stdout, cp.stdout
+        cp = exits_naming(serve_argv(pg, workdir, "busy-env"),
+                          env={"RESUMEGUARD_ADMIN_LISTEN": addr})
+        assert f"admin listener on {addr}" in cp.stderr, cp.stderr
+    finally:
+        taken.close()
+    # The default: held here unless something on the host holds it already.
+    default = socket.socket()
+    try:
+        default.bind((HOST, 6433))
+        default.listen()
+    except OSError:
+        pass
+    try:
+        cp = exits_naming(serve_argv(pg, workdir, "busy-default"))
+        assert "admin listener on 127.0.0.1:6433" in cp.stderr, cp.stderr
+    finally:
+        default.close()
+
+
+def test_admin_listen_auto_picks_a_free_port_and_prints_it(pg, workdir):
+    """Two proxies with ``--admin-listen auto`` on one host: each prints its own
+    ``ADMIN_URL=`` and logs it, and each URL answers for its own proxy."""
+    proxies = [Proxy(pg.port, workdir, f"admin-auto-{i}", ("--admin-listen", "auto")).start()
+               for i in range(2)]
+    try:
+        urls = [p.admin_url() for p in proxies]
+        assert all(urls) and urls[0] != urls[1], urls
+        for p, url in zip(proxies, urls):
+            port = int(url.rsplit(":", 1)[1])
+            log = p.stderr_path.read_text()
+            assert f"listen={HOST}:{port}" in log and "admin API and /metrics" in log, log
+            status, body = get_json(url, "/sessions")
+            assert status == 200, body
+            # The proxy's own connection shows in its own URL's gauge.
+            with psycopg.connect(p.dsn("postgres"), autocommit=True):
+                assert value(scrape(url), "resumeguard_client_connections_open") == 1
+    finally:
+        for p in proxies:
+            assert p.stop() == 0, p.describe()
+
+
+def test_admin_listen_off_starts_no_listener(pg, workdir):
+    p = Proxy(pg.port, workdir, "admin-off", ("--admin-listen", "off")).start()
+    try:
+        log = p.stderr_path.read_text()
+        assert "admin API and /metrics" not in log, log
+        assert p.admin_url(timeout=1) is None
+    finally:
+        assert p.stop() == 0, p.describe()
+
+
+# ----------------------------------------------------------------- metric names
+DOCS_METRICS = HERE.parent / "docs" / "metrics.md"
+_TYPE = re.compile(r"^# TYPE (\S+) (\S+)$", re.M)
+
+
+def test_a_fresh_proxys_metrics_follow_the_prometheus_conventions(pg, workdir):
+    """A scrape before any traffic: counters end in _total, gauges do not, no
+    family is two types, build_info and the process metrics are there, the label
+    sets known up front are there at 0, and every family is in docs/metrics.md."""
+    p = Proxy(pg.port, workdir, "admin-fresh", ("--admin-listen", "auto")).start()
+    try:
+        url = p.admin_url()
+        status, text = http(url, "GET", "/metrics")
+        assert status == 200, text
+        sample = scrape(url)
+    finally:
+        assert p.stop() == 0, p.describe()
+    types = _TYPE.findall(text)
+    names = [n for n, _ in types]
+    assert len(names) == len(set(names)), "a family declared twice"
+    kinds = dict(types)
+    for name, kind in types:
+        if kind == "counter":
+            assert name.endswith("_total"), name
+            family = name.removesuffix("_total")
+            assert family not in kinds, f"{family} ({kinds.get(family)}) and {name} (counter)"
+        else:
+            assert not name.endswith("_total"), f"{name} is a {kind}"
+    for name, kind in [("process_cpu_seconds_total", "counter"),
+                       ("process_resident_memory_bytes", "gauge"),
+                       ("process_open_fds", "gauge"),
+                       ("process_start_time_seconds", "gauge"),
+                       ("resumeguard_build_info", "gauge")]:
+        assert kinds.get(name) == kind, (name, kinds.get(name))
+    version = re.search(r'^version = "([^"]+)"', (HERE.parent / "Cargo.toml").read_text(),
+                        re.M).group(1)
+    assert value(sample, "resumeguard_build_info", version=version) == 1, text
+    assert value(sample, "process_resident_memory_bytes") > 1_000_000
+    assert value(sample, "process_open_fds") >= 3
+    assert abs(value(sample, "process_start_time_seconds") - time.time()) < 120
+    assert value(sample, "process_cpu_seconds_total") > 0
+    zero = {
+        "resumeguard_claims_total": ("outcome", ["taken", "takeover", "refused"]),
+        "resumeguard_claim_takeovers_total": ("reason", ["lapsed", "abandoned"]),
+        "resumeguard_claims_refused_total": (
+            "reason", ["answered", "in_flight", "run_in_progress", "store_unavailable"]),
+        "resumeguard_writes_fenced_total": (
+            "reason", ["superseded_holder", "other_proxy", "other_client", "store_unavailable"]),
+        "resumeguard_fence_lookups_total": (
+            "outcome", ["unclaimed", "holder", "pool", "fenced", "failed"]),
+        "resumeguard_fence_checks_total": ("where", ["known", "in_transaction"]),
+        "resumeguard_upstream_errors_total": ("kind", ["connect", "lost"]),
+        "resumeguard_client_connections_refused_total": ("reason", ["max_client_conn"]),
+        "resumeguard_reloads_total": ("part", ["rules"]),
+    }
+    for name, (label, values) in zero.items():
+        for v in values:
+            series = [(k, n) for k, n in sample.items()
+                      if k[0] == name and (label, v) in k[1]]
+            assert series and all(n == 0 for _, n in series), (name, label, v, series)
+    for name in ("resumeguard_claim_waits_total", "resumeguard_claims_consumed_total",
+                 "resumeguard_forks_served_total", "resumeguard_writes_rejected_total",
+                 "resumeguard_own_schema_refused_total"):
+        assert (name, ()) in sample and sample[(name, ())] == 0, name
+    docs = DOCS_METRICS.read_text()
+    missing = [n for n in names if f"`{n}`" not in docs]
+    assert not missing, f"not in docs/metrics.md: {missing}"

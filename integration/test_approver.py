@@ -8,9 +8,12 @@ are not ``[audit] approver_keys`` never reach the trail."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from langgraph.checkpoint.postgres import PostgresSaver
@@ -127,3 +130,75 @@ def test_the_answer_and_its_claim_name_the_approver(proxy, lg_db):
     assert SECRET not in json.dumps(events)
     assert SECRET not in proxy.audit_jsonl.read_text()
     assert SECRET.encode() not in proxy.audit_db.read_bytes()
+
+
+# --------------------------------------------------------------------------- the answer names its approver
+JS_DIR = Path(__file__).resolve().parent / "js"
+NODE = os.environ.get("RG_NODE") or shutil.which("node")
+
+
+@pytest.fixture(scope="module")
+def pointer_proxy(proxy_factory, workdir):
+    conf = workdir / f"approver-pointers-{uuid.uuid4().hex[:6]}.toml"
+    conf.write_text('[audit]\napprover_pointers = ["/approver", "/by"]\n')
+    return proxy_factory("--config", str(conf), name="proxy-approver-pointers")
+
+
+def answers_of(proxy, thread: str) -> list[dict]:
+    deadline = time.monotonic() + 10
+    while True:
+        events = proxy.audit(thread)
+        answers = [e for e in events if e["operation"] == "resume_recorded"]
+        if answers or time.monotonic() > deadline:
+            return answers
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("form", ["bare", "map"])
+def test_a_python_answer_names_its_approver_by_a_pointer_into_the_resume_value(
+        pointer_proxy, lg_db, form):
+    thread = f"pointer-py-{form}-{uuid.uuid4().hex[:8]}"
+    dsn = pointer_proxy.dsn(lg_db)
+    value = {"approved": True, "by": "alice"}
+    config = {"configurable": {"thread_id": thread}}
+    with PostgresSaver.from_conn_string(dsn) as saver:
+        graph = L.build_graph(saver)
+        graph.invoke(dict(L.INITIAL_INPUT), config)
+        iid = graph.get_state(config).interrupts[0].id
+        resume = value if form == "bare" else {iid: value}
+        graph.invoke(Command(resume=resume), config)
+    answers = answers_of(pointer_proxy, thread)
+    assert answers, thread
+    assert {json.dumps(a["detail"].get("approver")) for a in answers} \
+        == {json.dumps({"resume/by": "alice"})}, answers
+    text = audit_cli(pointer_proxy, "--thread", thread)
+    assert ", by resume/by=alice" in text.stdout, text.stdout
+
+
+@pytest.mark.skipif(NODE is None, reason="!!! node is not installed: the LangGraph.js "
+                    "approver is NOT tested !!!")
+@pytest.mark.parametrize("form", ["bare", "map"])
+def test_a_js_answer_names_its_approver_by_a_pointer_into_the_resume_value(
+        pointer_proxy, pg, lg_db, form):
+    """LangGraph.js copies no configuration into checkpoint metadata: the answer's
+    own value is the only place its approver can be named."""
+    def lg(*args: str) -> dict:
+        cp = subprocess.run([NODE, str(JS_DIR / "lg.mjs"), *args], cwd=JS_DIR,
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+        assert cp.returncode == 0, cp.stderr[-3000:]
+        return json.loads(cp.stdout.strip().splitlines()[-1])
+
+    lg("setup", "--dsn", pg.dsn(lg_db))
+    thread = f"pointer-js-{form}-{uuid.uuid4().hex[:8]}"
+    dsn = pointer_proxy.dsn(lg_db)
+    parked = lg("park", "--dsn", dsn, "--thread", thread)
+    args = ["resume", "--dsn", dsn, "--thread", thread, "--form", form,
+            "--value", json.dumps({"approved": True, "approver": "dana"})]
+    if form == "map":
+        args += ["--interrupt-id", parked["interrupts"][0]["id"]]
+    done = lg(*args)
+    assert done["ok"], done
+    answers = answers_of(pointer_proxy, thread)
+    assert answers, thread
+    assert {json.dumps(a["detail"].get("approver")) for a in answers} \
+        == {json.dumps({"resume/approver": "dana"})}, answers

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import pytest
 
 import racer as R
-from conftest import HOST, free_port, proxy_binary
+from conftest import HOST, connect, free_port, proxy_binary
 from test_admin import RaceEnv, http, wait_admin
 from test_consume_once import Racers, park
 
@@ -134,6 +134,60 @@ def test_one_timeline_shows_every_replicas_decisions_on_a_thread(proxy_factory, 
     approval = ledger["approvals"][0]
     assert approval["claimed"]["proxy_id"] == by["won"], approval
     assert [m["proxy_id"] for m in approval["refused"]] == [by["refused"]], approval
+
+
+def verify(r, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(proxy_binary()), "audit", "verify", "--config", str(r.cfg), *args],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+
+
+def chains_of(cp: subprocess.CompletedProcess, names: set[str]) -> tuple[dict, list]:
+    """``audit verify --json``: the chains of the replicas ``names``, and their breaks
+    (the table is shared with every other test's replicas)."""
+    assert cp.stdout, f"audit verify exited {cp.returncode}: {cp.stderr}"
+    verdict = json.loads(cp.stdout)
+    chains = {c["proxy_id"]: c for c in verdict["chains"] if c["proxy_id"] in names}
+    breaks = [b for b in verdict["breaks"] if b["proxy_id"] in names]
+    return chains, breaks
+
+
+@pytest.mark.timeout(300)
+def test_verify_proves_each_replicas_chain_in_the_table_and_names_an_edited_record(
+        proxy_factory, pg, workdir, dbname, direct_dsn):
+    a = replica(proxy_factory, pg, workdir, "chain-a", audit_pg=True)
+    b = replica(proxy_factory, pg, workdir, "chain-b", audit_pg=True)
+    thread, by = race_over(a, b, dbname, direct_dsn, workdir)
+    timeline(a, thread, {"claim_taken", "claim_refused", "claim_consumed"})
+    names = {a.name, b.name}
+    cp = verify(a, "--json")
+    chains, breaks = chains_of(cp, names)
+    assert breaks == [] and set(chains) == names, cp.stdout
+    assert all(c["records"] > 0 for c in chains.values()), chains
+
+    # As the table's owner can: triggers off, one of A's records rewritten.
+    with connect(direct_dsn.rsplit("/", 1)[0] + "/postgres") as c:
+        row = c.execute("SELECT id, detail::text FROM resumeguard.audit_events "
+                        "WHERE proxy_id = %s AND thread_id = %s ORDER BY id LIMIT 1",
+                        (by["won"], thread)).fetchone()
+        assert row, "the winner's records are in the table"
+        rid, original = row
+
+        def rewrite(detail: str) -> None:
+            c.execute("ALTER TABLE resumeguard.audit_events DISABLE TRIGGER USER")
+            c.execute("UPDATE resumeguard.audit_events SET detail = %s::json WHERE id = %s",
+                      (detail, rid))
+            c.execute("ALTER TABLE resumeguard.audit_events ENABLE TRIGGER USER")
+
+        rewrite('{"rewritten": true}')
+        try:
+            cp = verify(a)
+            assert cp.returncode == 1, (cp.stdout, cp.stderr)
+            assert f"BROKEN: record {rid} (replica {by['won']}) was changed" in cp.stdout, cp.stdout
+            assert "does not verify" in cp.stderr, cp.stderr
+        finally:
+            rewrite(original)
+    chains, breaks = chains_of(verify(a, "--json"), names)
+    assert breaks == [], "restored, the chain holds again"
 
 
 @pytest.mark.timeout(300)

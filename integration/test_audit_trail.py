@@ -193,6 +193,69 @@ def test_retention_keeps_the_trail_bounded_and_records_each_prune(pg, workdir, l
     # Rows leave oldest first: what is left is the newest, without holes.
     ids = [r["id"] for r in left]
     assert ids == list(range(ids[0], ids[0] + len(ids))), ids
+    # The kept chain starts where the prune records said it does.
+    cp = verify(p.audit_db)
+    assert cp.returncode == 0, (cp.stdout, cp.stderr)
+    assert "after a prune" in cp.stdout and "verified: every chain holds" in cp.stdout, cp.stdout
+
+
+def verify(db: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(proxy_binary()), "audit", "verify", "--audit-db", str(db)],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+
+
+def tampered(src: Path, dst: Path, sql: str, *args) -> Path:
+    """A copy of the trail ``src`` changed by ``sql`` as someone with the file could
+    (the append-only triggers dropped first)."""
+    con = sqlite3.connect(src, timeout=10)
+    try:
+        con.execute(f"VACUUM INTO '{dst}'")
+    finally:
+        con.close()
+    con = sqlite3.connect(dst, timeout=10)
+    try:
+        con.execute("DROP TRIGGER audit_events_no_update")
+        con.execute("DROP TRIGGER audit_events_prune_only")
+        con.execute(sql, args)
+        con.commit()
+    finally:
+        con.close()
+    return dst
+
+
+def test_verify_names_the_record_removed_or_changed_after_it_was_written(pg, workdir, lg_db,
+                                                                        tmp_path):
+    p = Proxy(pg.port, workdir, f"audit-verify-{uuid.uuid4().hex[:6]}").start()
+    try:
+        thread = scenario(p, lg_db, "verify")
+        wait_for("the thread's resume", lambda: rows(p.audit_db, "thread_id = ? AND operation = ?",
+                                                     (thread, "resume_recorded")), proxy=p)
+        cp = verify(p.audit_db)
+        assert cp.returncode == 0, (cp.stdout, cp.stderr)
+        assert "verified: every chain holds" in cp.stdout, cp.stdout
+    finally:
+        stop_cleanly(p)
+    mine = rows(p.audit_db, "thread_id = ?", (thread,))
+    assert len(mine) >= 5, mine
+    # Every record carries the hash of the one before it in its chain.
+    assert all(r["hash"] and r["prev_hash"] for r in mine), mine[0]
+    resume = next(r for r in mine if r["operation"] == "resume_recorded")
+    edited = tampered(p.audit_db, tmp_path / "edited.sqlite",
+                      "UPDATE audit_events SET user = 'mallory' WHERE id = ?", resume["id"])
+    cp = verify(edited)
+    assert cp.returncode == 1, (cp.stdout, cp.stderr)
+    assert f"BROKEN: record {resume['id']} " in cp.stdout and "was changed" in cp.stdout, cp.stdout
+
+    gone = mine[2]
+    chain = [r for r in rows(p.audit_db) if r["proxy_id"] == gone["proxy_id"]]
+    after = max((r for r in chain if r["id"] < gone["id"]), key=lambda r: r["id"])
+    removed = tampered(p.audit_db, tmp_path / "removed.sqlite",
+                       "DELETE FROM audit_events WHERE id = ?", gone["id"])
+    cp = verify(removed)
+    assert cp.returncode == 1, (cp.stdout, cp.stderr)
+    nxt = next(r for r in rows(removed) if r["id"] > gone["id"] and r["proxy_id"] == gone["proxy_id"])
+    assert f"BROKEN: record {nxt['id']} " in cp.stdout, cp.stdout
+    assert f"does not follow record {after['id']}" in cp.stdout, cp.stdout
 
 
 def test_prune_command_while_the_proxy_runs(pg, workdir, lg_db):

@@ -18,7 +18,7 @@ import pytest
 
 import pgraw
 from conftest import (AUDIT_NO_SUCH_THREAD, HOST, SUPERUSER, Proxy, connect, free_port,
-                      proxy_binary, run_audit_cli)
+                      port_accepts, proxy_binary, run_audit_cli)
 
 
 def test_serve_prints_database_url(proxy):
@@ -38,6 +38,40 @@ def test_database_url_is_usable(proxy):
     with psycopg.connect(url, autocommit=True, connect_timeout=10,
                          **({} if urlparse(url).username else {"user": SUPERUSER})) as c:
         assert c.execute("select 1").fetchone()[0] == 1
+
+
+def test_database_url_goes_to_stderr_when_stdout_carries_the_audit_jsonl(pg, workdir):
+    """``--audit-jsonl -``: stdout holds JSON lines only (a SIGHUP's
+    ``config_reloaded`` event among them), the DATABASE_URL line is on stderr."""
+    port = free_port()
+    argv = [str(proxy_binary()), "serve", "--listen", f"{HOST}:{port}",
+            "--upstream", f"{HOST}:{pg.port}", "--audit-db", str(workdir / "jsonl-stdout.sqlite"),
+            "--audit-jsonl", "-", "--admin-listen", "off"]
+    log = workdir / "jsonl-stdout.stderr.log"
+    with open(log, "wb") as stderr:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=stderr, text=True, env={**os.environ, "RUST_LOG": "info"})
+    try:
+        deadline = time.monotonic() + 30
+        while "DATABASE_URL=" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGHUP)
+        while "SIGHUP: reloaded" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+    err = log.read_text()
+    assert proc.returncode == 0, err
+    assert f"DATABASE_URL=postgres://{HOST}:{port}/postgres" in err.splitlines(), err
+    assert "DATABASE_URL" not in out, out
+    events = [json.loads(line) for line in out.splitlines()]   # every stdout line is JSON
+    assert "config_reloaded" in [e["operation"] for e in events], out
 
 
 def test_serve_exits_cleanly_on_sigint(pg, workdir):
@@ -226,7 +260,7 @@ class Managed:
         self.port = port or free_port()
         self.log = state_dir.with_suffix(".log")
         argv = [str(proxy_binary()), "serve", "--listen", f"{HOST}:{self.port}",
-                "--state-dir", str(state_dir)]
+                "--state-dir", str(state_dir), "--admin-listen", "auto"]
         env = {**os.environ, "RUST_LOG": "resumeguard=info"}
         self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=open(self.log, "w"),
                                   stdin=subprocess.DEVNULL, text=True, env=env)

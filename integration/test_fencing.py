@@ -352,3 +352,46 @@ def test_a_takeover_waits_for_the_holders_commit(fx):
             assert children(fx, thread, parked) == [], "nothing continued the parked head"
         outcome[via] = len(fires)
     assert outcome == {"direct": 1, "proxies": 0}
+
+
+def claims_outcomes(env: Env) -> dict[str, float]:
+    """fx-A's resumeguard_claims_total, by outcome."""
+    return metric(env, "resumeguard_claims_total", "outcome")
+
+
+def test_a_holders_re_read_of_its_claim_asks_the_store_nothing(fx):
+    """Sync saver, one connection through fx-A: an unmarked get_state claims the
+    parked head (one claim store call), the resume on the same connection reads the
+    head again: answered from what the proxy remembers of its session's claim
+    (claims outcome held_known), no second claim store call; the gate fires once and
+    the run ends as it does straight to PostgreSQL. A second get_state after the
+    resume finds the thread moved on: nothing is claimed from memory."""
+    outcome = {}
+    for via in ("direct", "A"):
+        dsn = fx.direct if via == "direct" else fx.dsn("A")
+        thread = tid(f"reread-{via}")
+        R.CTX["racer"] = f"reread{via}"
+        R.CTX["thread"] = thread
+        with R.Runner("conn", dsn) as r:
+            r.invoke("one", dict(R.INITIAL), thread)
+            calls, known = store_calls(fx), claims_outcomes(fx)
+            st = r.get_state("one", thread)
+            assert st.interrupts, st
+            after_state = store_calls(fx)
+            res = r.invoke("one", R.Command(resume="yes"), thread)
+            after_resume, known_after = store_calls(fx), claims_outcomes(fx)
+            r.get_state("one", thread)
+            after_second = claims_outcomes(fx)
+        outcome[via] = R.plain(res)
+        gates = [row for row in ledger(fx, thread) if row[1] == "gate"]
+        assert len(gates) == 1, gates
+        if via == "A":
+            assert after_state.get("claim", 0) - calls.get("claim", 0) == 1, (calls, after_state)
+            assert after_resume.get("claim", 0) == after_state.get("claim", 0), \
+                (after_state, after_resume)
+            assert known_after.get("held_known", 0) - known.get("held_known", 0) == 1, \
+                (known, known_after)
+            assert after_second.get("held_known", 0) == known_after.get("held_known", 0), \
+                (known_after, after_second)
+    assert outcome["A"] == outcome["direct"] == {"items": ["prep", "gate:yes", "after"],
+                                                 "approved": "yes"}, outcome

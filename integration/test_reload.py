@@ -21,6 +21,11 @@ certificate and key the proxy shows its clients, the JSONL audit file.
   takes only the new), a changed key that needs a restart (``max_client_conn``)
   is named at WARN and in ``GET /config`` and stays; a file that no longer
   loads changes nothing and is counted as failed.
+* The claims timings the store and its evidence worker read: a new
+  ``holder_gone_grace_ms`` decides the next closed holder's claim. Before the
+  SIGHUP, the claim of an inspector that read the parked head and exited still
+  holds a resume 2 s later off (55006); after it, the same sequence on another
+  thread ends with the resume taking that claim over and firing.
 * The JSONL file moved away (logrotate without copytruncate): after SIGHUP the
   next events are in a new file at the configured path, none in the moved one.
 * No SIGHUP stops the proxy (every proxy here must still exit 0 on SIGTERM).
@@ -35,6 +40,8 @@ import socket
 import sqlite3
 import ssl
 import struct
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -413,6 +420,66 @@ def test_sighup_rereads_the_configuration_file(proxy_factory, workdir, dbname, d
     assert conf.name in error_lines(proxy, "config")[-1]
     assert f"lapse_ms = 1500  # file {conf}" in http(base, "GET", "/config")[1].splitlines()
     assert reloads(port, "config", "failed") == 1
+
+
+def racer(*args: str) -> dict:
+    """One ``racer.py`` command in a process of its own (it exits when done)."""
+    cp = subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "racer.py"), *args],
+                        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, f"racer.py {args[0]} exited {cp.returncode}:\n{cp.stderr[-3000:]}"
+    return json.loads(cp.stdout.splitlines()[0])
+
+
+def grace_config(path: Path, grace_ms: int) -> None:
+    """A lapse far longer than the test: only the holder-gone grace frees a claim."""
+    path.write_text(f'[claims]\nlapse_ms = 60000\npolicy = "refuse"\n'
+                    f'holder_gone_grace_ms = {grace_ms}\n')
+
+
+def inspected_then_resumed(proxy, dbname: str, direct: str, thread: str) -> dict:
+    """Parks ``thread``, reads it from a process that exits (its session closes:
+    the holder is gone), waits 2 s, resumes; the resume's result."""
+    dsn = proxy.dsn(dbname)
+    racer("park", "--dsn", dsn, "--thread", thread)
+    state = racer("state", "--dsn", proxy.dsn(dbname, application_name="rl-inspector"),
+                  "--thread", thread)
+    assert state["ok"] and state["next"] == ["gate"], state
+    time.sleep(2.0)
+    return racer("resume", "--dsn", dsn, "--ledger-dsn", direct, "--thread", thread,
+                 "--id", "rl-resumer")
+
+
+def test_sighup_puts_a_new_holder_gone_grace_in_effect(proxy_factory, workdir, dbname,
+                                                        direct_dsn):
+    """The claims timings the store and the evidence worker read are the ones in
+    effect at each decision: holder_gone_grace_ms from 60 s to 0.3 s by SIGHUP."""
+    racer("setup", "--dsn", direct_dsn)
+    conf = workdir / f"reload-grace-{uuid.uuid4().hex[:6]}.toml"
+    grace_config(conf, 60_000)
+    port = free_port()
+    proxy = proxy_factory("--config", str(conf), "--admin-listen", f"{HOST}:{port}",
+                          name="proxy-reload-grace")
+    base = wait_admin(port)
+    held = f"rl-grace-{uuid.uuid4().hex[:8]}"
+    r = inspected_then_resumed(proxy, dbname, direct_dsn, held)
+    assert not r["ok"] and r["error"]["sqlstate"] == "55006", r   # the gone holder's claim holds
+
+    grace_config(conf, 300)
+    sighup_and_wait(proxy, "config", "ok")
+    freed = f"rl-grace-{uuid.uuid4().hex[:8]}"
+    r = inspected_then_resumed(proxy, dbname, direct_dsn, freed)
+    assert r["ok"], r
+    with psycopg.connect(direct_dsn, autocommit=True) as c:
+        fired = c.execute("select racer from rg_ledger where thread_id = %s",
+                          (freed,)).fetchall()
+    assert fired == [("rl-resumer",)], fired
+    assert "applied claims.holder_gone_grace_ms" in proxy.stderr_path.read_text(), \
+        proxy.describe()
+    status, claims = get_json(base, f"/claims?thread={freed}")
+    assert status == 200 and [c["state"] for c in claims] == ["consumed"], claims
+    # The claim closed under the old grace keeps its lapse.
+    status, claims = get_json(base, f"/claims?thread={held}")
+    assert status == 200 and [c["state"] for c in claims] == ["held"], claims
 
 
 def test_sighup_reopens_the_jsonl_file_after_logrotate_moved_it(proxy_factory, dbname,

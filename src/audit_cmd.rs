@@ -84,6 +84,62 @@ pub fn prune(before: &str, db: AuditDbArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `audit verify`: each chain's records, start and head, then each break;
+/// a trail that does not verify is an error (exit 1).
+pub fn verify(jsonl: Option<PathBuf>, db: AuditDbArgs, json: bool) -> anyhow::Result<()> {
+    let (verdict, described) = match jsonl {
+        Some(path) => {
+            let described = format!("jsonl {} (a record is a line)", path.display());
+            let verdict = audit::verify_jsonl(&path);
+            (verdict, described)
+        }
+        None => {
+            let source = db.source()?;
+            (source.verify(), source.describe())
+        }
+    };
+    let verdict = verdict.with_context(|| format!("verifying audit trail {described}"))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&verdict)?);
+    } else {
+        println!("audit trail: {described}");
+        for c in &verdict.chains {
+            let start = match (c.first_id, c.after_prune) {
+                (None, _) => "no hashed record".to_owned(),
+                (Some(id), true) => {
+                    format!("from record {id}, after a prune (or an earlier, rotated file)")
+                }
+                (Some(id), false) => format!("from record {id}"),
+            };
+            let unhashed = match c.unhashed_before {
+                0 => String::new(),
+                n => format!(", {n} older record(s) written before hashing"),
+            };
+            println!(
+                "chain {}: {} record(s) {start}{unhashed}; head {}",
+                escaped(&c.proxy_id),
+                c.records,
+                c.head
+            );
+        }
+        for b in &verdict.breaks {
+            println!("BROKEN: {b}");
+        }
+    }
+    if verdict.holds() {
+        if !json {
+            println!("verified: every chain holds");
+        }
+        Ok(())
+    } else {
+        anyhow::bail!(
+            "audit trail {described} does not verify: {} chain(s) broken, first at record {}",
+            verdict.breaks.len(),
+            verdict.breaks.first().map_or(0, |b| b.id())
+        )
+    }
+}
+
 /// `audit --threads`: the threads the filter keeps, under a line naming the
 /// trail that answered (on stderr with `--json`, whose output stays JSON,
 /// and when no thread matches).

@@ -11,7 +11,6 @@ use regex::Regex;
 
 use crate::admin::{AdminConfig, AdminListen};
 use crate::audit::AuditConfig;
-use crate::claims::evidence::EvidenceTiming;
 use crate::claims::DEFAULT_RUN_LEASE_MS;
 use crate::policy::claims::WaitPolicy;
 use crate::policy::ChannelRules;
@@ -59,8 +58,9 @@ pub struct Config {
     pub managed: ManagedConfig,
     pub enforce: EnforceConfig,
     pub claims: ClaimsConfig,
-    /// The admin API and `/metrics` (`--admin-listen`): an address, or
-    /// `off`; absent: 127.0.0.1:6433 when that port is free.
+    /// The admin API and `/metrics` (`--admin-listen`): an address, `auto`
+    /// (a free port on 127.0.0.1) or `off`; absent: 127.0.0.1:6433. An
+    /// address in use stops the proxy at start.
     pub admin_listen: Option<String>,
     pub admin: AdminConfig,
     pub tls: TlsConfig,
@@ -91,11 +91,11 @@ pub struct ClaimsSettings {
     pub backend: crate::claims::location::Backend,
     pub proxy_id: String,
     pub lapse_ms: i64,
-    pub run_lease_ms: i64,
     pub policy: WaitPolicy,
     pub inspection_patterns: Vec<Regex>,
     pub inspection_sql_hint: bool,
-    pub timing: EvidenceTiming,
+    /// The timings a reload may change (`config::live`), as configured.
+    pub timings: live::ClaimsTimings,
 }
 
 /// Consume-once claims (docs/architecture.md, "Consume-once").
@@ -343,14 +343,10 @@ impl Config {
             backend: crate::claims::location::Backend::of(self)?,
             proxy_id: self.proxy_id(),
             lapse_ms: c.lapse_ms,
-            run_lease_ms: c.run_lease_ms,
             policy,
             inspection_patterns,
             inspection_sql_hint: c.inspection_sql_hint,
-            timing: EvidenceTiming {
-                progress_hold_ms: c.progress_hold_ms,
-                holder_gone_grace_ms: c.holder_gone_grace_ms,
-            },
+            timings: live::ClaimsTimings::of_claims(c),
         }))
     }
 
@@ -466,7 +462,12 @@ mod tests {
     #[test]
     fn admin_listen_and_token() {
         let default = toml::from_str::<Config>("").unwrap();
-        assert_eq!(default.admin_listen(), AdminListen::Default);
+        assert_eq!(
+            default.admin_listen(),
+            AdminListen::Addr("127.0.0.1:6433".into())
+        );
+        let auto = toml::from_str::<Config>("admin_listen = \"auto\"").unwrap();
+        assert_eq!(auto.admin_listen(), AdminListen::Auto);
         assert_eq!(default.admin.token, None);
         assert_eq!(default.admin.max_connections, 64);
         let off = toml::from_str::<Config>("admin_listen = \"off\"").unwrap();
@@ -474,10 +475,7 @@ mod tests {
         let set =
             toml::from_str::<Config>("admin_listen = \"0.0.0.0:9187\"\n[admin]\ntoken = \"s3\"")
                 .unwrap();
-        assert_eq!(
-            set.admin_listen(),
-            AdminListen::Explicit("0.0.0.0:9187".into())
-        );
+        assert_eq!(set.admin_listen(), AdminListen::Addr("0.0.0.0:9187".into()));
         assert_eq!(set.admin.token.as_deref(), Some("s3"));
         assert_eq!(
             set.admin.max_connections, 64,

@@ -51,8 +51,9 @@ pub struct ServeArgs {
     /// Turn every enforcement leg off: relay, recognize and audit only.
     #[arg(long)]
     no_enforce: bool,
-    /// Address of the admin API and /metrics, or "off" (default
-    /// 127.0.0.1:6433 when free).
+    /// Address of the admin API and /metrics, "auto" (a free port on
+    /// 127.0.0.1, printed as ADMIN_URL=) or "off" (default 127.0.0.1:6433;
+    /// an address in use is an error).
     #[arg(long)]
     admin_listen: Option<String>,
     /// PEM certificate chain presented to clients (TLS, with --tls-key).

@@ -149,6 +149,19 @@ enum AuditCommand {
         #[command(flatten)]
         db: AuditDbArgs,
     },
+    /// Walk every chain of the trail (each record carries the hash of its
+    /// replica's record before it) and report the first record removed or
+    /// changed after it was written; exits 1 when one is found.
+    Verify {
+        /// Machine-readable JSON (chains, heads and breaks).
+        #[arg(long)]
+        json: bool,
+        /// A JSON Lines output file to verify instead (a record is a line).
+        #[arg(long, value_name = "FILE")]
+        jsonl: Option<PathBuf>,
+        #[command(flatten)]
+        db: AuditDbArgs,
+    },
 }
 
 #[derive(Subcommand)]
@@ -262,6 +275,10 @@ fn run() -> anyhow::Result<()> {
             command: Some(AuditCommand::Prune { before, db }),
             ..
         } => audit_cmd::prune(&before, db),
+        Command::Audit {
+            command: Some(AuditCommand::Verify { json, jsonl, db }),
+            ..
+        } => audit_cmd::verify(jsonl, db, json),
         Command::Audit {
             thread,
             threads,

@@ -1,7 +1,8 @@
 //! SIGHUP (and the admin API's `POST /reload`): the configuration file is
 //! read again and what can change without a restart is put in effect —
 //! the rules, the consume-once gate's `lapse_ms` and wait policy, the
-//! fork filter switch, the admin token, the JSONL file — while a changed
+//! claims timings (run lease, progress hold, holder-gone grace), the fork
+//! filter switch, the admin token, the JSONL file — while a changed
 //! key that needs a restart (listen addresses, the upstream, the stores) is
 //! named in the log and stays as it was. Then the files the configuration
 //! names are read again: saver profiles and channel rules, the certificate
@@ -18,9 +19,7 @@ use serde_json::json;
 
 use resumeguard::admin::{AdminControl, AdminToken};
 use resumeguard::audit::{AuditEvent, AuditSink, Operation, SessionContext};
-use resumeguard::config::live::{
-    ClaimsTimings, LiveClaimsTimings, CLAIMS_READ_LIVE_TIMINGS, CLAIMS_TIMING_KEYS,
-};
+use resumeguard::config::live::{ClaimsTimings, LiveClaimsTimings, CLAIMS_TIMING_KEYS};
 use resumeguard::config::{show, Config, Layered, Loader};
 use resumeguard::enforce::claim_gate::ClaimsLeg;
 use resumeguard::enforce::reload::Reloadable;
@@ -58,11 +57,11 @@ const LEG_KEYS: &[&str] = &[
 fn applies_live(key: &str, old: &Config, new: &Config) -> bool {
     match key {
         k if RULE_KEYS.contains(&k) || LEG_KEYS.contains(&k) => true,
+        k if CLAIMS_TIMING_KEYS.contains(&k) => true,
         "admin.token" | "admin.token_file" => true,
         // Another file for the JSONL output; adding or removing the output
         // needs a restart.
         "audit.jsonl" => old.audit.jsonl.is_some() && new.audit.jsonl.is_some(),
-        k if CLAIMS_TIMING_KEYS.contains(&k) => CLAIMS_READ_LIVE_TIMINGS,
         _ => false,
     }
 }
@@ -260,10 +259,11 @@ impl Reloader {
         let (live, restart): (Vec<String>, Vec<String>) = changed
             .into_iter()
             .partition(|k| applies_live(k, &old.config, &new.config));
-        // Stored as read: the claims code takes them from the handle.
-        self.claims_timings.replace(ClaimsTimings::of(&new.config));
         let layered = new.keeping(&old, &restart)?;
         let cfg = &layered.config;
+        // The store, the evidence worker and the gate read them at their
+        // next decision.
+        self.claims_timings.replace(ClaimsTimings::of(cfg));
         if live.iter().any(|k| LEG_KEYS.contains(&k.as_str())) {
             self.replace_legs(cfg)?;
         }
@@ -310,11 +310,12 @@ impl Reloader {
                     store: Arc::clone(&leg.store),
                     proxy_id: leg.proxy_id.clone(),
                     lapse_ms: s.lapse_ms,
-                    run_lease: leg.run_lease,
+                    timings: Arc::clone(&leg.timings),
                     policy: s.policy,
                     inspection_patterns: s.inspection_patterns.clone(),
                     inspection_sql_hint: s.inspection_sql_hint,
                     evidence: leg.evidence.clone(),
+                    held: Arc::clone(&leg.held),
                     fence_in_transaction: leg.fence_in_transaction.clone(),
                 })),
                 (leg, _) => leg.clone(),
@@ -429,6 +430,7 @@ mod tests {
     use resumeguard::claims::ClaimStore;
     use resumeguard::config::Flags;
     use resumeguard::enforce::{Enforcement, Legs};
+    use resumeguard::policy::claims::COMMIT_COVER_MS;
     use resumeguard::wire::proxy::RelayConfig;
 
     use super::*;
@@ -456,17 +458,19 @@ mod tests {
         let layered = load_for_serve(&loader).unwrap();
         let cfg = &layered.config;
         let rules = load_rules(cfg).unwrap();
+        let timings = LiveClaimsTimings::new(ClaimsTimings::of(cfg));
         let claims = claims.map(|store| {
             let s = cfg.claims_settings().unwrap().unwrap();
             Arc::new(ClaimsLeg {
                 store,
                 proxy_id: s.proxy_id,
                 lapse_ms: s.lapse_ms,
-                run_lease: true,
+                timings: Arc::clone(&timings),
                 policy: s.policy,
                 inspection_patterns: s.inspection_patterns,
                 inspection_sql_hint: s.inspection_sql_hint,
                 evidence: None,
+                held: Arc::default(),
                 fence_in_transaction: None,
             })
         });
@@ -486,7 +490,7 @@ mod tests {
             proxy,
             audit: AuditSink::disabled(),
             token: AdminToken::new(cfg.admin.token.clone()),
-            claims_timings: LiveClaimsTimings::new(ClaimsTimings::of(cfg)),
+            claims_timings: timings,
         };
         Reloader::new(loader, layered, running)
     }
@@ -531,6 +535,38 @@ mod tests {
         let why = r.reload("SIGHUP").remove(0).result.unwrap_err();
         assert!(why.contains("custom.toml"), "{why}");
         assert_eq!(channels(&r), 1);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_reload_puts_new_claims_timings_in_effect_for_the_gate_and_the_store() {
+        let dir = rules_dir("timings");
+        let file = dir.join("rg.toml");
+        let text = |lease: i64, hold: i64| {
+            format!("[claims]\nrun_lease_ms = {lease}\nprogress_hold_ms = {hold}\n")
+        };
+        std::fs::write(&file, text(0, 1_000)).unwrap();
+        let store = Arc::new(ClaimStore::open(&dir.join("claims.sqlite")).unwrap());
+        let r = started(
+            Loader::new(Some(file.clone()), Flags::default()),
+            Some(store),
+        );
+        let leg = r.rules.current().legs.claims.clone().unwrap();
+        assert!(!leg.run_lease(), "no run lease configured");
+        assert_eq!(leg.fence_cover_ms(), COMMIT_COVER_MS.max(1_000));
+
+        std::fs::write(&file, text(5_000, 30_000)).unwrap();
+        let outcomes = r.reload("SIGHUP");
+        let done = outcomes[0].result.as_ref().unwrap();
+        assert!(
+            done.contains("applied claims.progress_hold_ms, claims.run_lease_ms")
+                && !done.contains("restart"),
+            "{done}"
+        );
+        // The gate the sessions hold sees them without being replaced.
+        assert!(leg.run_lease());
+        assert_eq!(leg.fence_cover_ms(), 30_000);
+        assert_eq!(r.claims_timings.current().run_lease_ms, 5_000);
         std::fs::remove_dir_all(&dir).ok();
     }
 

@@ -9,7 +9,7 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use resumeguard::admin::{self, AdminControl, AdminLimits, AdminState, AdminToken};
+use resumeguard::admin::{self, AdminControl, AdminLimits, AdminListen, AdminState, AdminToken};
 use resumeguard::audit::{AuditSink, TrailSource};
 use resumeguard::claims::evidence;
 use resumeguard::claims::location::{postgres_target, store_location, LocationError};
@@ -22,7 +22,6 @@ use resumeguard::enforce::own_schema::OwnSchema;
 use resumeguard::enforce::reload::Reloadable;
 use resumeguard::enforce::{Enforcement, Legs};
 use resumeguard::fd_limit;
-use resumeguard::policy::claims::COMMIT_COVER_MS;
 use resumeguard::policy::ChannelRules;
 use resumeguard::wire::upstream::UpstreamAddr;
 use resumeguard::wire::{listener, proxy::Proxy};
@@ -75,8 +74,8 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
     // between starting the managed server and stopping it.
     let mut signals = runtime.block_on(async { Signals::install() })?;
     let rules = load_rules(&cfg)?;
-    // The claims timings a reload stores (config::live); the store and the
-    // evidence worker read the values below, given at start.
+    // The claims timings a reload stores (config::live), which the store,
+    // the evidence worker and the gate read at each decision.
     let claims_timings = LiveClaimsTimings::new(ClaimsTimings::of(&cfg));
     if let Some(parent) = cfg.audit_db().parent() {
         std::fs::create_dir_all(parent)
@@ -132,7 +131,10 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
     let validity = rules.validity;
     let ready = upstream
         .map_err(anyhow::Error::from)
-        .and_then(|u| Ok((u, legs(&cfg, &audit, validity, claims_at.as_ref())?)))
+        .and_then(|u| {
+            let at = claims_at.as_ref();
+            Ok((u, legs(&cfg, &audit, validity, at, &claims_timings)?))
+        })
         .map(|(u, mut legs)| {
             legs.own_schema = Arc::new(own_schema(&cfg, managed_socket.as_ref()));
             (u, legs)
@@ -180,13 +182,18 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
             let nofile = open_file_limit(proxy.config.max_client_conn);
             let admin_limits = AdminLimits::new(cfg.admin.max_connections, nofile);
             let max_connections = admin_limits.max_connections;
-            if let Some(addr) = admin::start(&cfg.admin_listen(), admin_limits, admin_state).await? {
+            let admin_listen = cfg.admin_listen();
+            let admin_at = admin::start(&admin_listen, admin_limits, admin_state).await?;
+            if let Some(addr) = admin_at {
                 tracing::info!(listen = %addr, max_connections, "admin API and /metrics");
             }
             reloader.describe_metrics();
             tracing::info!(listen = %local, %upstream, audit = %cfg.audit_db().display(), "resumeguard serving");
             let user = if managed.is_some() { "postgres@" } else { "" };
-            println!("DATABASE_URL=postgres://{user}{local}/postgres");
+            announce(&cfg, &format!("DATABASE_URL=postgres://{user}{local}/postgres"));
+            if let (AdminListen::Auto, Some(addr)) = (admin_listen, admin_at) {
+                announce(&cfg, &format!("ADMIN_URL=http://{addr}"));
+            }
             let inspection = match inspection {
                 Some(l) => {
                     let l = TcpListener::from_std(l)?;
@@ -233,6 +240,17 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
         m.stop();
     }
     result
+}
+
+/// Prints a line for whoever started the proxy (`DATABASE_URL=`): on
+/// stdout, unless the audit JSONL goes there (`[audit] jsonl = "-"`), which
+/// keeps stdout to JSON lines; then on stderr.
+fn announce(cfg: &Config, line: &str) {
+    if cfg.audit.jsonl.as_deref() == Some("-") {
+        eprintln!("{line}");
+    } else {
+        println!("{line}");
+    }
 }
 
 /// Gives the audit trail's PostgreSQL output its database: where the
@@ -317,6 +335,7 @@ fn legs(
     audit: &AuditSink,
     validity: Arc<ChannelRules>,
     at: Result<&StoreLocation, &LocationError>,
+    timings: &Arc<LiveClaimsTimings>,
 ) -> anyhow::Result<Legs> {
     let claims = match cfg.claims_settings()? {
         Some(c) => {
@@ -324,19 +343,14 @@ fn legs(
                 anyhow::anyhow!("claims store: {}", resumeguard::error_chain::chain(e))
             })?;
             tracing::info!(backend = ?c.backend, at = %at.shown(), "claims store");
-            let store = Arc::new(
-                ClaimStore::connect_to(at)
-                    .with_run_lease(c.run_lease_ms)
-                    .with_holder_gone_grace(c.timing.holder_gone_grace_ms),
-            );
+            let store = Arc::new(ClaimStore::connect_to(at).with_timings(Arc::clone(timings)));
             let evidence = evidence::start(
                 Arc::clone(&store),
                 c.proxy_id.clone(),
-                c.timing,
+                Arc::clone(timings),
                 audit.clone(),
             );
-            let cover_ms = COMMIT_COVER_MS.max(c.timing.progress_hold_ms);
-            let fence_in_transaction = in_transaction_fence(cfg, at, cover_ms);
+            let fence_in_transaction = in_transaction_fence(cfg, at);
             match &fence_in_transaction {
                 Some(f) => tracing::info!(database = %f.database, "fencing: checked by the server \
                     inside each write's transaction for sessions of this database (no extra \
@@ -351,11 +365,12 @@ fn legs(
                 store,
                 proxy_id: c.proxy_id,
                 lapse_ms: c.lapse_ms,
-                run_lease: c.run_lease_ms > 0,
+                timings: Arc::clone(timings),
                 policy: c.policy,
                 inspection_patterns: c.inspection_patterns,
                 inspection_sql_hint: c.inspection_sql_hint,
                 evidence: Some(evidence),
+                held: Arc::default(),
             }))
         }
         None => None,
@@ -371,11 +386,7 @@ fn legs(
 /// Where writes are fenced inside their own transaction: the claims
 /// schema's database when it is on the server the proxy fronts (claims in
 /// PostgreSQL, no `[claims] dsn` naming another place).
-fn in_transaction_fence(
-    cfg: &Config,
-    at: &StoreLocation,
-    cover_ms: i64,
-) -> Option<InTransactionFence> {
+fn in_transaction_fence(cfg: &Config, at: &StoreLocation) -> Option<InTransactionFence> {
     let StoreLocation::Postgres(target) = at else {
         return None;
     };
@@ -385,7 +396,6 @@ fn in_transaction_fence(
     Some(InTransactionFence {
         database: target.database()?.to_owned(),
         schema: target.schema().to_owned(),
-        cover_ms,
     })
 }
 

@@ -1,7 +1,11 @@
 //! The proxy's Prometheus metrics: the recorder behind `/metrics`, the
-//! help text of every metric, the counters whose labels depend on a
-//! decision (called where the decision is made), and the values read at
-//! scrape time (connections, audit queue, unknown-saver traffic).
+//! help text of every metric and its label sets known up front (started at
+//! zero, so a scrape before the first event shows them), the counters whose
+//! labels depend on a decision (called where the decision is made), and the
+//! values read at scrape time (connections, audit queue, unknown-saver
+//! traffic, build and process). Names follow the Prometheus conventions:
+//! counters end in `_total`, gauges do not, no family is both; each event
+//! is counted in one series of a family. `docs/metrics.md` lists them all.
 //!
 //! Without a recorder installed (`--admin-listen off`, the CLI commands,
 //! tests) every counter call is a no-op.
@@ -10,6 +14,8 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use metrics::{counter, describe_counter, describe_histogram, histogram, Unit};
+
+mod process;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
 
 use super::AdminError;
@@ -25,6 +31,92 @@ pub const STATEMENT_SECONDS: &str = "resumeguard_checkpoint_statement_seconds";
 /// Time a claim store call on the data path took (a parked read's row, a
 /// write's fence check wait for it).
 pub const CLAIMS_STORE_SECONDS: &str = "resumeguard_claims_store_seconds";
+/// 1, labelled with the running binary's version.
+const BUILD_INFO: &str = "resumeguard_build_info";
+/// Reads of a thread's head decided by the consume-once gate, by outcome.
+const CLAIMS: &str = "resumeguard_claims_total";
+/// Served reads that took over another holder's claim, by why.
+const TAKEOVERS: &str = "resumeguard_claim_takeovers_total";
+const REFUSED: &str = "resumeguard_claims_refused_total";
+const FENCED: &str = "resumeguard_writes_fenced_total";
+const FENCE_LOOKUPS: &str = "resumeguard_fence_lookups_total";
+const FENCE_CHECKS: &str = "resumeguard_fence_checks_total";
+const UPSTREAM_ERRORS: &str = "resumeguard_upstream_errors_total";
+const CONNECTIONS_REFUSED: &str = "resumeguard_client_connections_refused_total";
+
+/// The saver classification's labels of [`STATEMENTS`] (and
+/// [`STATEMENT_SECONDS`]); any other is counted as `other`.
+const STATEMENT_CLASSES: &[&str] = &[
+    "read_latest",
+    "read_by_id",
+    "read_list",
+    "writes_read",
+    "blob_upsert",
+    "checkpoint_upsert",
+    "writes_upsert",
+    "writes_insert_ignore",
+    "delete_thread",
+    "delete_threads",
+    "delete_namespaces",
+    "delete_listed_checkpoints",
+    "delete_all_but_kept",
+    "delete_blob_versions",
+    "unparent",
+    "read_without_writes",
+    "channel_history_read",
+    "migration",
+    "unrecognized",
+    "other",
+];
+
+/// Label sets known up front, started at zero by [`describe`].
+const KNOWN: &[(&str, &str, &[&str])] = &[
+    (
+        CLAIMS,
+        "outcome",
+        &["taken", "takeover", "refused", "held_known"],
+    ),
+    (TAKEOVERS, "reason", &["lapsed", "abandoned"]),
+    (
+        REFUSED,
+        "reason",
+        &[
+            "answered",
+            "in_flight",
+            "run_in_progress",
+            "store_unavailable",
+        ],
+    ),
+    (
+        FENCED,
+        "reason",
+        &[
+            "superseded_holder",
+            "other_proxy",
+            "other_client",
+            "store_unavailable",
+        ],
+    ),
+    (
+        FENCE_LOOKUPS,
+        "outcome",
+        &["unclaimed", "holder", "pool", "fenced", "failed"],
+    ),
+    (FENCE_CHECKS, "where", &["known", "in_transaction"]),
+    (UPSTREAM_ERRORS, "kind", &["connect", "lost"]),
+    (CONNECTIONS_REFUSED, "reason", &["max_client_conn"]),
+    (STATEMENTS, "class", STATEMENT_CLASSES),
+];
+
+/// Counters without labels, started at zero by [`describe`].
+const UNLABELLED: &[&str] = &[
+    "resumeguard_client_connections_total",
+    "resumeguard_forks_served_total",
+    "resumeguard_writes_rejected_total",
+    "resumeguard_own_schema_refused_total",
+    "resumeguard_claim_waits_total",
+    "resumeguard_claims_consumed_total",
+];
 
 /// Upper bounds of the latency buckets, in seconds: a checkpoint read is
 /// ~0.5 ms, a parked read that waits for a claim up to seconds.
@@ -63,7 +155,7 @@ pub fn describe() {
         "Client connections accepted (cancel requests included)"
     );
     describe_counter!(
-        "resumeguard_client_connections_refused_total",
+        CONNECTIONS_REFUSED,
         "Client connections refused at startup, by reason (max_client_conn)"
     );
     describe_counter!(
@@ -96,23 +188,38 @@ pub fn describe() {
          interrupt, by outcome: refused (55000), store_unavailable (58000, fail closed)"
     );
     describe_counter!(
-        "resumeguard_claims_total",
-        "Consume-once claim outcomes: taken, takeover, lapsed (a takeover of a lapsed claim), \
-         waited, refused, consumed"
+        CLAIMS,
+        "Reads of a thread's head decided by the consume-once gate, each counted once by \
+         outcome: taken (a claim taken afresh), takeover (another holder's claim taken over), \
+         refused, held_known (a holder's re-read of its own claim, answered without asking \
+         the store)"
     );
     describe_counter!(
-        "resumeguard_claims_refused_total",
+        TAKEOVERS,
+        "Claims taken over, by reason: lapsed (its holder recorded no evidence of a run in \
+         time), abandoned (the answering session closed before its run's next checkpoint)"
+    );
+    describe_counter!(
+        "resumeguard_claim_waits_total",
+        "Reads of a parked head that waited for another holder's claim before their decision"
+    );
+    describe_counter!(
+        "resumeguard_claims_consumed_total",
+        "Claims consumed by evidence of their run (the gated task's writes, a next checkpoint)"
+    );
+    describe_counter!(
+        REFUSED,
         "Reads of a thread's head refused, by reason: answered (55000), in_flight (55006), \
          run_in_progress (55000, run lease), store_unavailable (58000)"
     );
     describe_counter!(
-        "resumeguard_writes_fenced_total",
+        FENCED,
         "Writes continuing a claimed checkpoint refused because they came from a session other \
          than its holder (RGF01), by reason: superseded_holder, other_proxy, other_client; and \
          store_unavailable (58000, fail closed)"
     );
     describe_counter!(
-        "resumeguard_fence_lookups_total",
+        FENCE_LOOKUPS,
         "Claim store lookups made to fence writes continuing a checkpoint, by outcome: \
          unclaimed, holder, pool, fenced, failed"
     );
@@ -122,16 +229,24 @@ pub fn describe() {
          proxy's own schema, or put it on search_path"
     );
     describe_counter!(
-        "resumeguard_fence_checks_total",
+        FENCE_CHECKS,
         "Writes continuing a checkpoint fenced without a claim store lookup, by where: known \
          (the session created the checkpoint in its run), in_transaction (checked by the \
          server inside the write's transaction, same round trip)"
     );
     describe_counter!(
-        "resumeguard_upstream_errors_total",
+        UPSTREAM_ERRORS,
         "Upstream failures: connect (no connection, or it failed during startup), lost (the \
          server ended a started session the client had not closed)"
     );
+    for name in UNLABELLED {
+        counter!(*name).increment(0);
+    }
+    for (name, label, values) in KNOWN {
+        for value in *values {
+            counter!(*name, *label => *value).increment(0);
+        }
+    }
 }
 
 /// A checkpoint statement completed: counted by class and, when it was
@@ -139,34 +254,14 @@ pub fn describe() {
 pub fn statement_completed(kind: &StatementKind, executed_at: Option<Instant>) {
     let Some(at) = executed_at else { return };
     let seconds = at.elapsed().as_secs_f64();
-    macro_rules! class {
-        ($label:literal) => {{
-            counter!(STATEMENTS, "class" => $label).increment(1);
-            histogram!(STATEMENT_SECONDS, "class" => $label).record(seconds);
-        }};
-    }
-    match kind.label() {
-        "read_latest" => class!("read_latest"),
-        "read_by_id" => class!("read_by_id"),
-        "read_list" => class!("read_list"),
-        "writes_read" => class!("writes_read"),
-        "blob_upsert" => class!("blob_upsert"),
-        "checkpoint_upsert" => class!("checkpoint_upsert"),
-        "writes_upsert" => class!("writes_upsert"),
-        "writes_insert_ignore" => class!("writes_insert_ignore"),
-        "delete_thread" => class!("delete_thread"),
-        "delete_threads" => class!("delete_threads"),
-        "delete_namespaces" => class!("delete_namespaces"),
-        "delete_listed_checkpoints" => class!("delete_listed_checkpoints"),
-        "delete_all_but_kept" => class!("delete_all_but_kept"),
-        "delete_blob_versions" => class!("delete_blob_versions"),
-        "unparent" => class!("unparent"),
-        "read_without_writes" => class!("read_without_writes"),
-        "channel_history_read" => class!("channel_history_read"),
-        "migration" => class!("migration"),
-        "unrecognized" => class!("unrecognized"),
-        _ => class!("other"),
-    }
+    let label = kind.label();
+    let class = STATEMENT_CLASSES
+        .iter()
+        .copied()
+        .find(|c| *c == label)
+        .unwrap_or("other");
+    counter!(STATEMENTS, "class" => class).increment(1);
+    histogram!(STATEMENT_SECONDS, "class" => class).record(seconds);
 }
 
 /// Runs `call`, a claim store call on the data path, and times it; `op`
@@ -186,37 +281,43 @@ pub fn forks_served(n: usize) {
 }
 
 /// A read of a parked head was served its claim: taken afresh, or taken
-/// over (`why`: the takeover's reason; a lapsed claim also counts as
-/// lapsed).
+/// over (`why`: the takeover's reason, [`TAKEOVER_LAPSED`] or the
+/// abandoned run's).
 pub fn claim_served(takeover: bool, why: Option<&str>) {
     if !takeover {
-        counter!("resumeguard_claims_total", "outcome" => "taken").increment(1);
+        counter!(CLAIMS, "outcome" => "taken").increment(1);
         return;
     }
-    counter!("resumeguard_claims_total", "outcome" => "takeover").increment(1);
-    if why == Some(TAKEOVER_LAPSED) {
-        counter!("resumeguard_claims_total", "outcome" => "lapsed").increment(1);
-    }
+    counter!(CLAIMS, "outcome" => "takeover").increment(1);
+    let reason = if why == Some(TAKEOVER_LAPSED) {
+        "lapsed"
+    } else {
+        "abandoned"
+    };
+    counter!(TAKEOVERS, "reason" => reason).increment(1);
+}
+
+/// A read of a parked head waited for another holder's claim (it is
+/// counted again by its decision).
+pub fn claim_waited() {
+    counter!("resumeguard_claim_waits_total").increment(1);
+}
+
+/// Claims consumed by evidence of their run.
+pub fn claims_consumed(n: usize) {
+    counter!("resumeguard_claims_consumed_total").increment(n as u64);
 }
 
 /// A read of a thread's head was refused.
 pub fn claim_refused(reason: &Refusal) {
-    counter!("resumeguard_claims_total", "outcome" => "refused").increment(1);
-    match reason {
-        Refusal::Answered { .. } => {
-            counter!("resumeguard_claims_refused_total", "reason" => "answered").increment(1)
-        }
-        Refusal::InFlight { .. } => {
-            counter!("resumeguard_claims_refused_total", "reason" => "in_flight").increment(1)
-        }
-        Refusal::RunInProgress { .. } => {
-            counter!("resumeguard_claims_refused_total", "reason" => "run_in_progress").increment(1)
-        }
-        Refusal::StoreUnavailable(_) => {
-            counter!("resumeguard_claims_refused_total", "reason" => "store_unavailable")
-                .increment(1)
-        }
-    }
+    counter!(CLAIMS, "outcome" => "refused").increment(1);
+    let reason = match reason {
+        Refusal::Answered { .. } => "answered",
+        Refusal::InFlight { .. } => "in_flight",
+        Refusal::RunInProgress { .. } => "run_in_progress",
+        Refusal::StoreUnavailable(_) => "store_unavailable",
+    };
+    counter!(REFUSED, "reason" => reason).increment(1);
 }
 
 /// A bare resume's write onto a finished head of a thread was refused:
@@ -230,7 +331,7 @@ pub fn late_duplicate(outcome: &'static str) {
 /// claim can be on it) or `in_transaction` (the server checks it inside
 /// the write's own transaction, in the same round trip).
 pub fn fence_check(place: &'static str) {
-    counter!("resumeguard_fence_checks_total", "where" => place).increment(1);
+    counter!(FENCE_CHECKS, "where" => place).increment(1);
 }
 
 /// A write the server fenced inside its transaction, by the reason it
@@ -241,7 +342,7 @@ pub fn fenced_in_transaction(reason: &str) {
         "other_proxy" => "other_proxy",
         _ => "other_client",
     };
-    counter!("resumeguard_writes_fenced_total", "reason" => reason).increment(1);
+    counter!(FENCED, "reason" => reason).increment(1);
 }
 
 /// A write continuing a checkpoint got `verdict` from one store lookup
@@ -255,42 +356,42 @@ pub fn write_fence(verdict: &WriteVerdict, cached: bool) {
         WriteVerdict::Fenced { .. } => "fenced",
     };
     if !cached {
-        counter!("resumeguard_fence_lookups_total", "outcome" => outcome).increment(1);
+        counter!(FENCE_LOOKUPS, "outcome" => outcome).increment(1);
     }
-    match verdict {
+    let reason = match verdict {
         WriteVerdict::Fenced { reason, .. } => match reason {
-            FenceReason::Superseded { .. } => {
-                counter!("resumeguard_writes_fenced_total", "reason" => "superseded_holder")
-                    .increment(1)
-            }
-            FenceReason::OtherProxy => {
-                counter!("resumeguard_writes_fenced_total", "reason" => "other_proxy").increment(1)
-            }
-            FenceReason::OtherClient => {
-                counter!("resumeguard_writes_fenced_total", "reason" => "other_client").increment(1)
-            }
+            FenceReason::Superseded { .. } => "superseded_holder",
+            FenceReason::OtherProxy => "other_proxy",
+            FenceReason::OtherClient => "other_client",
         },
-        WriteVerdict::StoreUnavailable(_) => {
-            counter!("resumeguard_writes_fenced_total", "reason" => "store_unavailable")
-                .increment(1)
-        }
-        WriteVerdict::Accept(_) => {}
-    }
+        WriteVerdict::StoreUnavailable(_) => "store_unavailable",
+        WriteVerdict::Accept(_) => return,
+    };
+    counter!(FENCED, "reason" => reason).increment(1);
+}
+
+/// Appends one unlabelled metric, its help and type, in the exposition
+/// format.
+fn sample(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+    let _ = write!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n\n"
+    );
 }
 
 /// Values the process keeps anyway, read when `/metrics` is scraped, in
 /// the exposition format (appended to the recorder's output).
 pub fn scrape_time(proxy: &Proxy, audit: &AuditSink) -> String {
     let stats = audit.stats();
-    let mut out = String::new();
-    let mut put = |name: &str, kind: &str, help: &str, value: u64| {
-        let _ = write!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n\n"
-        );
-    };
+    let mut out = format!(
+        "# HELP {BUILD_INFO} Always 1; the running binary's version is its label\n\
+         # TYPE {BUILD_INFO} gauge\n{BUILD_INFO}{{version=\"{}\"}} 1\n\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    let mut put =
+        |name: &str, kind: &str, help: &str, value: u64| sample(&mut out, name, kind, help, value);
     put(
-        "resumeguard_client_connections",
+        "resumeguard_client_connections_open",
         "gauge",
         "Client connections open now (startup included): what max_client_conn limits",
         proxy.sessions.live() as u64,
@@ -321,6 +422,7 @@ pub fn scrape_time(proxy: &Proxy, audit: &AuditSink) -> String {
         "Failed audit write attempts, over all outputs",
         stats.write_errors,
     );
+    process::render(&mut out);
     let outputs = audit.output_stats();
     if !outputs.is_empty() {
         for (name, kind, help, value) in [

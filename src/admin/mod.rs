@@ -32,7 +32,10 @@ pub use ledger::{thread_ledger, ApprovalState, ThreadLedger};
 /// Why the admin listener could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
-    #[error("admin listener on {addr}")]
+    #[error(
+        "admin listener on {addr} (give admin_listen another address, \"auto\" for a free \
+         port, or \"off\": --admin-listen, RESUMEGUARD_ADMIN_LISTEN)"
+    )]
     Listen {
         addr: String,
         source: std::io::Error,
@@ -78,25 +81,30 @@ impl Default for AdminConfig {
     }
 }
 
+/// Where `auto` listens: a free port of the loopback interface.
+const AUTO_ADMIN_LISTEN: &str = "127.0.0.1:0";
+
 /// The admin listener's address as configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AdminListen {
     /// `off`.
     Off,
-    /// Nothing configured: [`DEFAULT_ADMIN_LISTEN`]. When that port is
-    /// taken (another proxy on the host) the proxy serves without it.
-    Default,
-    /// An address given with `--admin-listen` or `admin_listen`: failing
-    /// to listen there stops the proxy.
-    Explicit(String),
+    /// `auto`: a port the system picks on 127.0.0.1 (logged, and printed
+    /// as `ADMIN_URL=`).
+    Auto,
+    /// An address ([`DEFAULT_ADMIN_LISTEN`] when nothing is configured):
+    /// one that is taken (another proxy on the host) stops the proxy at
+    /// start, naming it.
+    Addr(String),
 }
 
 impl AdminListen {
     pub fn parse(setting: Option<&str>) -> AdminListen {
         match setting {
-            None => AdminListen::Default,
+            None => AdminListen::Addr(DEFAULT_ADMIN_LISTEN.to_owned()),
             Some("off") => AdminListen::Off,
-            Some(addr) => AdminListen::Explicit(addr.to_owned()),
+            Some("auto") => AdminListen::Auto,
+            Some(addr) => AdminListen::Addr(addr.to_owned()),
         }
     }
 }
@@ -155,32 +163,24 @@ pub trait AdminControl: Send + Sync {
 /// Binds the admin listener, installs the process's metrics recorder and
 /// serves the endpoints on the current runtime until it stops, within
 /// `limits`. Returns the address served, or `None` when the admin
-/// listener is off (or the default port was taken); the counters are then
-/// no-ops.
+/// listener is off; the counters are then no-ops. An address that cannot
+/// be listened on (taken) is an error.
 pub async fn start(
     listen: &AdminListen,
     limits: AdminLimits,
     state: impl FnOnce(metrics_exporter_prometheus::PrometheusHandle) -> AdminState,
 ) -> Result<Option<SocketAddr>, AdminError> {
-    let listener = match listen {
+    let addr = match listen {
         AdminListen::Off => return Ok(None),
-        AdminListen::Explicit(addr) => {
-            TcpListener::bind(addr)
-                .await
-                .map_err(|source| AdminError::Listen {
-                    addr: addr.clone(),
-                    source,
-                })?
-        }
-        AdminListen::Default => match TcpListener::bind(DEFAULT_ADMIN_LISTEN).await {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!(addr = DEFAULT_ADMIN_LISTEN, error = %e,
-                    "admin listener not started (set admin_listen to another address, or \"off\")");
-                return Ok(None);
-            }
-        },
+        AdminListen::Auto => AUTO_ADMIN_LISTEN,
+        AdminListen::Addr(addr) => addr.as_str(),
     };
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| AdminError::Listen {
+            addr: addr.to_owned(),
+            source,
+        })?;
     let local = listener.local_addr().map_err(AdminError::LocalAddr)?;
     let recorder = self::metrics::recorder()?;
     let handle = recorder.handle();

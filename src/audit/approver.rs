@@ -13,6 +13,12 @@
 //! thread and namespace whose parent is the answered checkpoint, written
 //! after the answer. A run that never saved its next checkpoint has no
 //! approver on record.
+//!
+//! An application can also name the approver in the answer itself, for any
+//! saver (LangGraph.js copies no configuration into checkpoint metadata):
+//! `[audit] approver_pointers` are JSON pointers into the resume value, read
+//! off the `__resume__` write ([`stamp_answer`]) and recorded as
+//! `detail.approver` under the key `resume<pointer>`.
 
 use serde_json::{json, Map, Value};
 
@@ -60,6 +66,35 @@ fn found(metadata: &Value, keys: &[String]) -> Map<String, Value> {
 pub fn named_in(metadata_json: &str, keys: &[String]) -> Option<String> {
     let metadata: Value = serde_json::from_str(metadata_json).ok()?;
     describe(&json!({ "approver": found(&metadata, keys) }))
+}
+
+/// Records in `detail.approver` the first of `pointers` that names a
+/// value in the event's resume value: the answer itself (the bare form's
+/// run-level write) or, in a task's list of the answers it consumed, the
+/// first answer that has it. The value is taken off the event either way.
+pub fn stamp_answer(ev: &mut AuditEvent, pointers: &[String]) {
+    let Some(value) = ev.answer.take() else {
+        return;
+    };
+    let answers: Vec<&Value> = match &value {
+        Value::Array(consumed) if ev.detail.get("run_level") == Some(&json!(false)) => {
+            consumed.iter().collect()
+        }
+        one => vec![one],
+    };
+    let found = pointers.iter().find_map(|p| {
+        answers
+            .iter()
+            .find_map(|a| a.pointer(p).filter(|v| !v.is_null()))
+            .map(|v| (format!("resume{p}"), v.clone()))
+    });
+    let Some((key, v)) = found else {
+        return;
+    };
+    if !ev.detail.is_object() {
+        ev.detail = json!({});
+    }
+    ev.detail["approver"] = json!({ key: v });
 }
 
 /// Gives each `resume_recorded` and `claim_consumed` event without an
@@ -188,6 +223,42 @@ mod tests {
         e.run_metadata = Some(metadata);
         stamp(&mut e, &default_keys());
         e
+    }
+
+    fn answer(run_level: bool, value: Value) -> AuditEvent {
+        let mut e = ev(Operation::ResumeRecorded, "c1", None);
+        e.detail = json!({ "run_level": run_level });
+        e.answer = Some(value);
+        e
+    }
+
+    #[test]
+    fn a_pointer_into_the_answer_names_its_approver() {
+        let pointers = ["/who".to_string(), "/by".to_string()];
+        // The bare form's run-level write carries the answer itself.
+        let mut bare = answer(true, json!({"approved": true, "by": "alice"}));
+        stamp_answer(&mut bare, &pointers);
+        assert_eq!(bare.detail["approver"], json!({"resume/by": "alice"}));
+        assert!(bare.answer.is_none());
+        // A task's write carries the list of the answers it consumed.
+        let mut task = answer(false, json!([{"by": null}, {"who": {"sub": 7}}]));
+        stamp_answer(&mut task, &pointers);
+        assert_eq!(task.detail["approver"], json!({"resume/who": {"sub": 7}}));
+        // An answer that is itself a list, in a run-level write.
+        let mut list = answer(true, json!([{"by": "bob"}]));
+        stamp_answer(&mut list, &["/0/by".to_string()]);
+        assert_eq!(list.detail["approver"], json!({"resume/0/by": "bob"}));
+        // Nothing named, or no pointers configured: no approver, and the
+        // value is dropped either way.
+        for (value, pointers) in [
+            (json!(true), pointers.to_vec()),
+            (json!({"by": "carol"}), Vec::new()),
+        ] {
+            let mut e = answer(true, value);
+            stamp_answer(&mut e, &pointers);
+            assert!(e.detail.get("approver").is_none(), "{:?}", e.detail);
+            assert!(e.answer.is_none());
+        }
     }
 
     #[test]

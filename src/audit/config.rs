@@ -54,6 +54,11 @@ pub struct AuditConfig {
     /// copies `config["configurable"]` and `config["metadata"]` entries into
     /// it); their values, and only theirs, are recorded as the approver.
     pub approver_keys: Vec<String>,
+    /// JSON pointers (RFC 6901) into an answer's resume value (e.g. `/by`
+    /// for `Command(resume={"approved": true, "by": "alice"})`): the first
+    /// that names a value is recorded as the answer's approver, for every
+    /// saver alike. Empty: off (the metadata keys only).
+    pub approver_pointers: Vec<String>,
 }
 
 impl Default for AuditConfig {
@@ -68,6 +73,7 @@ impl Default for AuditConfig {
             max_rows: DEFAULT_MAX_ROWS,
             prune_interval_ms: DEFAULT_PRUNE_INTERVAL_MS,
             approver_keys: super::approver::default_keys(),
+            approver_pointers: Vec::new(),
         }
     }
 }

@@ -182,6 +182,11 @@ pub struct AuditEvent {
     /// `[audit] approver_keys` (as `detail.approver`); never stored.
     #[serde(skip)]
     pub run_metadata: Option<serde_json::Value>,
+    /// An answer's resume value, decoded, on its way to the sink, which
+    /// keeps only what `[audit] approver_pointers` name (as
+    /// `detail.approver`); never stored.
+    #[serde(skip)]
+    pub answer: Option<serde_json::Value>,
 }
 
 impl AuditEvent {
@@ -206,6 +211,7 @@ impl AuditEvent {
             blob_sha256: Vec::new(),
             detail: serde_json::Value::Null,
             run_metadata: None,
+            answer: None,
         }
     }
 

@@ -1,13 +1,18 @@
 //! JSON Lines output: one event object per line, for log shippers and `jq`.
 //! The file can be replaced while the proxy runs (a reload: the same path
 //! after logrotate moved it, or a new one): the new file is opened by the
-//! reload and taken by the writer before its next batch.
+//! reload and taken by the writer before its next batch. Each line carries
+//! `prev_hash` and `hash` ([`super::chain`]); the chain continues across
+//! a replaced file and, for a file appended to again, from its last line.
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Write};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use serde::Serialize;
+
+use super::chain::{link, ChainedRow, Heads, Verdict, Verifier, GENESIS};
 use super::error::AuditError;
 use super::event::AuditEvent;
 use super::private_file::open_append_private;
@@ -45,6 +50,44 @@ pub struct JsonlWriter {
     torn: bool,
     /// A replacement output, once a reload opened one.
     swap: JsonlSwap,
+    /// Each replica's chain head, as written whole.
+    heads: Heads,
+    /// The hash on the last line of the file as it was opened, where each
+    /// chain of this writer continues.
+    tail: Option<String>,
+}
+
+/// One line: the event, chained.
+#[derive(Serialize)]
+struct Line<'a> {
+    #[serde(flatten)]
+    event: &'a AuditEvent,
+    prev_hash: &'a str,
+    hash: &'a str,
+}
+
+/// How much of a file's end is read for its last line's hash.
+const TAIL_BYTES: u64 = 1 << 20;
+
+/// The `hash` of the last whole line of the file at `target` (none for
+/// stdout, a new file, or a last line without one).
+fn tail_hash(target: &str) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    if target == "-" {
+        return None;
+    }
+    let mut file = File::open(target).ok()?;
+    let len = file.metadata().ok()?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(TAIL_BYTES)))
+        .ok()?;
+    let mut end = Vec::new();
+    file.read_to_end(&mut end).ok()?;
+    let last = end
+        .split(|&b| b == b'\n')
+        .rev()
+        .find(|l| !l.iter().all(u8::is_ascii_whitespace))?;
+    let v: serde_json::Value = serde_json::from_slice(last).ok()?;
+    v.get("hash")?.as_str().map(str::to_owned)
 }
 
 /// `"-"` is stdout; anything else a file path opened for append (created
@@ -69,6 +112,8 @@ impl JsonlWriter {
             buf: Vec::new(),
             torn: false,
             swap: JsonlSwap::default(),
+            heads: Heads::default(),
+            tail: tail_hash(target),
         })
     }
 
@@ -103,28 +148,55 @@ impl JsonlWriter {
         }
         let prefix = self.buf.len();
         let mut line_ends = Vec::new();
+        let mut chained = Vec::new();
+        let mut heads = Heads::default();
         for ev in events {
-            if let Err(e) = serde_json::to_writer(&mut self.buf, ev) {
+            let tail = &self.tail;
+            let known = &self.heads;
+            let prev = match heads.get::<std::convert::Infallible>(&ev.proxy_id, || {
+                Ok(known.head(&ev.proxy_id).or_else(|| tail.clone()))
+            }) {
+                Ok(prev) => prev,
+                Err(never) => match never {},
+            };
+            let hash = match link(&prev, ev) {
+                Ok(hash) => hash,
+                Err(e) => return Err((0, AuditError::EncodeEvent(e))),
+            };
+            let line = Line {
+                event: ev,
+                prev_hash: &prev,
+                hash: &hash,
+            };
+            if let Err(e) = serde_json::to_writer(&mut self.buf, &line) {
                 return Err((0, AuditError::EncodeEvent(e)));
             }
+            heads.advance(&ev.proxy_id, hash.clone());
+            chained.push((ev.proxy_id.clone(), hash));
             self.buf.push(b'\n');
             line_ends.push(self.buf.len());
         }
         let mut pos = 0;
         while pos < self.buf.len() {
-            match self.out.write(&self.buf[pos..]) {
-                Ok(0) => {
-                    return Err(self.torn_at(
-                        pos,
-                        prefix,
-                        &line_ends,
-                        io::ErrorKind::WriteZero.into(),
-                    ))
+            let failed = match self.out.write(&self.buf[pos..]) {
+                Ok(0) => io::ErrorKind::WriteZero.into(),
+                Ok(n) => {
+                    pos += n;
+                    continue;
                 }
-                Ok(n) => pos += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.torn_at(pos, prefix, &line_ends, e)),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => e,
+            };
+            let (whole, e) = self.torn_at(pos, prefix, &line_ends, failed);
+            // The chains advance by the lines written whole: the rest is
+            // retried from there and hashes the same.
+            for (proxy, hash) in chained.into_iter().take(whole) {
+                self.heads.advance(&proxy, hash);
             }
+            return Err((whole, e));
+        }
+        for (proxy, hash) in chained {
+            self.heads.advance(&proxy, hash);
         }
         self.torn = false;
         self.out
@@ -171,6 +243,61 @@ pub fn read_jsonl(path: &Path) -> Result<Vec<AuditEvent>, AuditError> {
         events.push(ev);
     }
     Ok(events)
+}
+
+/// Walk every chain of a JSON Lines trail; a record's id is its line
+/// number. A first line that continues a chain (a rotated file's
+/// successor) starts its chain unproven, as after a prune; a line that
+/// does not parse (torn by a failed write) is skipped: the chain shows
+/// whether a record is missing around it.
+pub fn verify_jsonl(path: &Path) -> Result<Verdict, AuditError> {
+    let file = File::open(path).map_err(|source| AuditError::OpenJsonlToRead {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut rows = Vec::new();
+    let mut continues = Vec::new();
+    for (n, line) in BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|source| AuditError::ReadJsonl {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let Ok(value) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        let text = |k: &str| value.get(k).and_then(|v| v.as_str()).map(str::to_owned);
+        let (prev_hash, hash) = (text("prev_hash"), text("hash"));
+        let Ok(event) = serde_json::from_value::<AuditEvent>(value) else {
+            continue;
+        };
+        rows.push(ChainedRow {
+            id: n as i64 + 1,
+            event,
+            prev_hash,
+            hash,
+        });
+    }
+    // Each chain's first line is where this file takes it up.
+    let mut seen = std::collections::HashSet::new();
+    for row in &rows {
+        if seen.insert(row.event.proxy_id.clone()) {
+            if let Some(prev) = row.prev_hash.as_ref().filter(|p| *p != GENESIS) {
+                let mut start = AuditEvent::new(
+                    &super::event::SessionContext::internal(),
+                    super::event::Operation::AuditPruned,
+                );
+                start.detail = serde_json::json!({
+                    super::chain::CHAIN_STARTS: { row.event.proxy_id.clone(): prev }
+                });
+                continues.push(start);
+            }
+        }
+    }
+    let mut verifier = Verifier::new(&continues);
+    for row in rows {
+        verifier.record(row)?;
+    }
+    Ok(verifier.finish())
 }
 
 #[cfg(test)]
@@ -251,6 +378,8 @@ mod tests {
             buf: Vec::new(),
             torn: false,
             swap: JsonlSwap::default(),
+            heads: Heads::default(),
+            tail: None,
         };
         let evs: Vec<AuditEvent> = (0..3)
             .map(|n| {
@@ -258,7 +387,13 @@ mod tests {
                     .with_detail(serde_json::json!({ "n": n }))
             })
             .collect();
-        let line = serde_json::to_string(&evs[0]).unwrap().len() + 1;
+        let hash = GENESIS;
+        let chained = Line {
+            event: &evs[0],
+            prev_hash: hash,
+            hash,
+        };
+        let line = serde_json::to_string(&chained).unwrap().len() + 1;
         // One whole line and half of the next fit.
         budget.store(line + line / 2, Ordering::SeqCst);
         let (written, error) = writer.append(&evs).unwrap_err();
@@ -277,6 +412,14 @@ mod tests {
         assert_eq!(parsed[1], None, "the torn line");
         assert_eq!(parsed[2].as_ref(), Some(&evs[1]));
         assert_eq!(parsed[3].as_ref(), Some(&evs[2]));
+        // The retried line follows the last whole one in the chain.
+        let field = |l: &str, k: &str| -> String {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()[k]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(field(lines[2], "prev_hash"), field(lines[0], "hash"));
     }
 
     #[test]
@@ -333,5 +476,65 @@ mod tests {
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn lines_are_chained_across_opens_and_reopens_and_verify_names_an_edit() {
+        use crate::audit::chain::Break;
+        let path = temp_path("jsonl-chain", "jsonl");
+        let target = path.to_str().unwrap();
+        let ev = |n: u64| {
+            let mut e = AuditEvent::new(&SessionContext::default(), Operation::ReadLatest)
+                .with_detail(serde_json::json!({ "n": n }));
+            e.proxy_id = "proxy-a".into();
+            e
+        };
+        JsonlWriter::open(target)
+            .unwrap()
+            .append([&ev(1), &ev(2)])
+            .unwrap();
+        // A restart appends to the same file: the chain goes on.
+        let mut w = JsonlWriter::open(target).unwrap();
+        w.append([&ev(3)]).unwrap();
+        let verdict = verify_jsonl(&path).unwrap();
+        assert!(verdict.holds(), "{:?}", verdict.breaks);
+        assert_eq!(verdict.chains[0].records, 3);
+        assert!(!verdict.chains[0].after_prune);
+
+        // Rotated: the new file takes the chain up where the old one ended.
+        let rotated = temp_path("jsonl-chain-rotated", "jsonl");
+        w.swap().reopen(rotated.to_str().unwrap()).unwrap();
+        w.append([&ev(4)]).unwrap();
+        let old = verify_jsonl(&path).unwrap();
+        let new = verify_jsonl(&rotated).unwrap();
+        assert!(new.holds() && new.chains[0].after_prune, "{new:?}");
+        let first: serde_json::Value =
+            serde_json::from_str(std::fs::read_to_string(&rotated).unwrap().trim()).unwrap();
+        assert_eq!(
+            first["prev_hash"].as_str(),
+            Some(old.chains[0].head.as_str())
+        );
+
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, text.replacen(r#""n":2"#, r#""n":7"#, 1)).unwrap();
+        assert_eq!(
+            verify_jsonl(&path).unwrap().breaks,
+            vec![Break::Changed {
+                id: 2,
+                proxy_id: "proxy-a".into()
+            }]
+        );
+        let lines: Vec<&str> = text.lines().collect();
+        std::fs::write(&path, format!("{}\n{}\n", lines[0], lines[2])).unwrap();
+        assert_eq!(
+            verify_jsonl(&path).unwrap().breaks,
+            vec![Break::Missing {
+                id: 2,
+                after: 1,
+                proxy_id: "proxy-a".into()
+            }]
+        );
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(&rotated);
     }
 }

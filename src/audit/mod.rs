@@ -10,6 +10,7 @@
 
 pub mod approver;
 mod before;
+mod chain;
 mod config;
 mod digest;
 mod error;
@@ -33,11 +34,12 @@ mod timeline;
 mod writer;
 
 pub use before::parse_before;
+pub use chain::{Break, ChainSummary, Verdict};
 pub use config::{AuditConfig, DEFAULT_MAX_ROWS, DEFAULT_QUEUE_CAPACITY};
 pub use digest::digest;
 pub use error::{AuditError, FilterError};
 pub use event::{format_rfc3339_millis, AuditEvent, BlobDigest, Operation, SessionContext};
-pub use jsonl::{read_jsonl, JsonlWriter};
+pub use jsonl::{read_jsonl, verify_jsonl, JsonlWriter};
 pub use prune::{prune, Declared, PruneRule};
 pub use query::{render_threads, threads, EventFilter, ThreadSummary};
 pub use sink::{AuditSink, AuditStats, DEFAULT_FLUSH_TIMEOUT};

@@ -13,14 +13,16 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use postgres::types::ToSql;
-use postgres::{Client, Row, Statement};
+use postgres::{Client, GenericClient, Row, Statement};
 
+use super::chain::{link, ChainedRow, Heads, Verdict, Verifier, CHAIN_STARTS};
 use super::error::AuditError;
 use super::event::{AuditEvent, Operation, SessionContext};
 use super::query::{EventFilter, ThreadSummary};
 use super::sqlite_store::column;
 use crate::claims::postgres::{
-    connect_schema, error_text, schema_name, PgTarget, SchemaAccess, AUDIT_VERSION,
+    connect_schema, error_text, schema_name, PgTarget, SchemaAccess, AUDIT_CHAIN_VERSION,
+    AUDIT_VERSION,
 };
 
 /// How long a batch, a prune chunk or a reader's query may take.
@@ -51,6 +53,9 @@ pub struct PgTrail {
 struct Link {
     client: Client,
     insert: Statement,
+    /// Each chain's head as this writer last committed it; read from the
+    /// table when the connection is made (and so after any failure).
+    heads: Heads,
 }
 
 impl PgTrail {
@@ -73,42 +78,67 @@ impl PgTrail {
         if events.is_empty() {
             return Ok(());
         }
-        let columns = Columns::of(events)?;
+        let schema = self.schema()?;
         self.with_link(|link| {
-            link.client
-                .execute(&link.insert, &columns.params())
-                .map(|_| ())
+            let mut heads = std::mem::take(&mut link.heads);
+            let columns = Columns::of(events, &mut heads, &mut |proxy| {
+                head_of(&mut link.client, &schema, proxy)
+            })?;
+            link.client.execute(&link.insert, &columns.params())?;
+            link.heads = heads;
+            Ok(())
         })
     }
 
-    /// Delete up to [`PRUNE_CHUNK`] rows older than `cutoff` (RFC 3339)
-    /// and, when any went, record an `audit_pruned` event by `proxy_id` in
-    /// the same transaction. Returns how many rows went. Replicas may all
-    /// prune: what one deleted, the others find gone.
+    /// Delete up to [`PRUNE_CHUNK`] rows of the prefix before the first
+    /// row at or after `cutoff` (RFC 3339) and, when any went, record an
+    /// `audit_pruned` event by `proxy_id` in the same transaction, with
+    /// each shortened chain's new start. Returns how many rows went.
+    /// Replicas may all prune: what one deleted, the others find gone.
     pub fn prune_step(&mut self, cutoff: &str, proxy_id: &str) -> Result<u64, AuditError> {
         let schema = self.schema()?;
+        // A prefix by id, so each replica's chain loses only its oldest
+        // records even where replicas' clocks (the times) disagree.
         let delete = format!(
-            "WITH gone AS (DELETE FROM {schema}.audit_events WHERE id IN \
-             (SELECT id FROM {schema}.audit_events WHERE time < $1::text::timestamptz \
-              ORDER BY id LIMIT $2) RETURNING 1) SELECT count(*) FROM gone"
+            "WITH boundary AS (SELECT coalesce((SELECT id FROM {schema}.audit_events \
+                 WHERE time >= $1::text::timestamptz ORDER BY time, id LIMIT 1), \
+                 (SELECT max(id) + 1 FROM {schema}.audit_events)) AS id), \
+             gone AS (DELETE FROM {schema}.audit_events WHERE id IN \
+                 (SELECT id FROM {schema}.audit_events WHERE id < (SELECT id FROM boundary) \
+                  ORDER BY id LIMIT $2) RETURNING id, proxy_id, hash) \
+             SELECT (SELECT count(*) FROM gone), \
+                 (SELECT coalesce(json_object_agg(proxy_id, hash), '{{}}')::text FROM \
+                     (SELECT DISTINCT ON (proxy_id) proxy_id, hash FROM gone \
+                      WHERE hash IS NOT NULL ORDER BY proxy_id, id DESC) last)"
         );
         let mut record = AuditEvent::new(&SessionContext::internal(), Operation::AuditPruned);
         record.proxy_id = proxy_id.to_owned();
         self.with_link(|link| {
+            let mut heads = std::mem::take(&mut link.heads);
             let mut tx = link.client.transaction()?;
-            let rows: i64 = tx.query_one(&delete, &[&cutoff, &PRUNE_CHUNK])?.get(0);
+            let gone = tx.query_one(&delete, &[&cutoff, &PRUNE_CHUNK])?;
+            let rows: i64 = gone.get(0);
             if rows > 0 {
+                let starts: String = gone.get(1);
+                let starts: serde_json::Value =
+                    serde_json::from_str(&starts).map_err(|e| AuditError::Column {
+                        column: CHAIN_STARTS,
+                        source: e,
+                    })?;
                 record.detail = serde_json::json!({
                     "rows": rows,
                     "cutoff": cutoff,
                     "by": "retention",
                     "table": "postgres",
+                    CHAIN_STARTS: starts,
                 });
-                // Plain JSON values: encoding them cannot fail.
-                let columns = Columns::of(&[&record]).unwrap_or_default();
+                let columns = Columns::of(&[&record], &mut heads, &mut |proxy| {
+                    head_of(&mut tx, &schema, proxy)
+                })?;
                 tx.execute(&link.insert, &columns.params())?;
             }
             tx.commit()?;
+            link.heads = heads;
             Ok(rows as u64)
         })
     }
@@ -122,7 +152,7 @@ impl PgTrail {
     /// the backoff allows; after a failure the next call connects again.
     fn with_link<T>(
         &mut self,
-        f: impl FnOnce(&mut Link) -> Result<T, postgres::Error>,
+        f: impl FnOnce(&mut Link) -> Result<T, LinkError>,
     ) -> Result<T, AuditError> {
         let target = self.target.get().ok_or(AuditError::PostgresUnknown)?;
         let at = || target.shown().to_owned();
@@ -157,14 +187,54 @@ impl PgTrail {
         // Any failure drops the connection: a server that ended it says so
         // first (57P01) and closes it after, and one that failed a batch is
         // worth a new session at the cost of one connect.
+        // An event that cannot be encoded drops it too: the chain heads
+        // taken for the batch are not put back.
         f(link).map_err(|e| {
             self.link = None;
-            AuditError::Postgres {
-                at: at(),
-                reason: error_text(&e),
+            match e {
+                LinkError::Postgres(e) => AuditError::Postgres {
+                    at: at(),
+                    reason: error_text(&e),
+                },
+                LinkError::Audit(e) => e,
             }
         })
     }
+}
+
+/// Why a step on the writer's connection failed.
+enum LinkError {
+    Postgres(postgres::Error),
+    Audit(AuditError),
+}
+
+impl From<postgres::Error> for LinkError {
+    fn from(e: postgres::Error) -> LinkError {
+        LinkError::Postgres(e)
+    }
+}
+
+impl From<AuditError> for LinkError {
+    fn from(e: AuditError) -> LinkError {
+        LinkError::Audit(e)
+    }
+}
+
+/// The newest hash of `proxy`'s chain in the table.
+fn head_of(
+    client: &mut impl GenericClient,
+    schema: &str,
+    proxy: &str,
+) -> Result<Option<String>, postgres::Error> {
+    Ok(client
+        .query_opt(
+            &format!(
+                "SELECT hash FROM {schema}.audit_events WHERE proxy_id = $1 \
+                 AND hash IS NOT NULL ORDER BY id DESC LIMIT 1"
+            ),
+            &[&proxy],
+        )?
+        .map(|r| r.get(0)))
 }
 
 /// The writer's connection, the schema brought up to date, the insert
@@ -179,7 +249,11 @@ fn connect(target: &PgTarget) -> Result<Link, String> {
     let insert = client
         .prepare(&insert_sql(schema_name(target)))
         .map_err(|e| error_text(&e))?;
-    Ok(Link { client, insert })
+    Ok(Link {
+        client,
+        insert,
+        heads: Heads::default(),
+    })
 }
 
 /// One statement appending a batch: the parameters are one array per
@@ -188,13 +262,13 @@ fn insert_sql(s: &str) -> String {
     format!(
         r#"INSERT INTO {s}.audit_events (time, proxy_id, session_id, client_addr, "user",
     "database", application_name, operation, thread_id, checkpoint_ns, checkpoint_id,
-    parent_checkpoint_id, task_id, channels, blob_sha256, detail)
+    parent_checkpoint_id, task_id, channels, blob_sha256, detail, prev_hash, hash)
 SELECT e.t::timestamptz, e.p, e.s, e.ca, e.u, e.d, e.an, e.op, e.th, e.ns, e.ck, e.pa, e.ta,
-    e.ch::json, e.bl::json, e.de::json
+    e.ch::json, e.bl::json, e.de::json, e.ph, e.h
 FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[],
     $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[],
-    $14::text[], $15::text[], $16::text[])
-    WITH ORDINALITY AS e(t, p, s, ca, u, d, an, op, th, ns, ck, pa, ta, ch, bl, de, n)
+    $14::text[], $15::text[], $16::text[], $17::text[], $18::text[])
+    WITH ORDINALITY AS e(t, p, s, ca, u, d, an, op, th, ns, ck, pa, ta, ch, bl, de, ph, h, n)
 ORDER BY e.n"#
     )
 }
@@ -218,12 +292,25 @@ struct Columns<'a> {
     channels: Vec<String>,
     blob_sha256: Vec<String>,
     detail: Vec<String>,
+    prev_hash: Vec<String>,
+    hash: Vec<String>,
 }
 
 impl<'a> Columns<'a> {
-    fn of(events: &[&'a AuditEvent]) -> Result<Columns<'a>, AuditError> {
+    /// The batch, each event chained after its replica's head in `heads`
+    /// (read by `load` where not known), which it advances.
+    fn of(
+        events: &[&'a AuditEvent],
+        heads: &mut Heads,
+        load: &mut dyn FnMut(&str) -> Result<Option<String>, postgres::Error>,
+    ) -> Result<Columns<'a>, LinkError> {
         let mut c = Columns::default();
         for ev in events {
+            let prev = heads.get(&ev.proxy_id, || load(&ev.proxy_id))?;
+            let hash = link(&prev, ev).map_err(AuditError::Encode)?;
+            heads.advance(&ev.proxy_id, hash.clone());
+            c.prev_hash.push(prev);
+            c.hash.push(hash);
             c.time.push(&ev.time);
             c.proxy_id.push(&ev.proxy_id);
             // bigint is i64; ids beyond it wrap visibly, as in SQLite.
@@ -239,14 +326,17 @@ impl<'a> Columns<'a> {
             c.parent_checkpoint_id
                 .push(ev.parent_checkpoint_id.as_deref());
             c.task_id.push(ev.task_id.as_deref());
-            c.channels.push(serde_json::to_string(&ev.channels)?);
-            c.blob_sha256.push(serde_json::to_string(&ev.blob_sha256)?);
-            c.detail.push(serde_json::to_string(&ev.detail)?);
+            let encoded = |r: Result<String, serde_json::Error>| r.map_err(AuditError::Encode);
+            c.channels
+                .push(encoded(serde_json::to_string(&ev.channels))?);
+            c.blob_sha256
+                .push(encoded(serde_json::to_string(&ev.blob_sha256))?);
+            c.detail.push(encoded(serde_json::to_string(&ev.detail))?);
         }
         Ok(c)
     }
 
-    fn params(&self) -> [&(dyn ToSql + Sync); 16] {
+    fn params(&self) -> [&(dyn ToSql + Sync); 18] {
         [
             &self.time,
             &self.proxy_id,
@@ -264,6 +354,8 @@ impl<'a> Columns<'a> {
             &self.channels,
             &self.blob_sha256,
             &self.detail,
+            &self.prev_hash,
+            &self.hash,
         ]
     }
 }
@@ -282,9 +374,14 @@ FROM {s}.audit_events"#
 
 /// An operator's connection: the table must exist; nothing is created.
 fn reader(target: &PgTarget) -> Result<Client, AuditError> {
+    reader_at(target, AUDIT_VERSION)
+}
+
+/// [`reader`] of a schema at `version` or later.
+fn reader_at(target: &PgTarget, version: i32) -> Result<Client, AuditError> {
     connect_schema(
         target,
-        SchemaAccess::AtLeast(AUDIT_VERSION),
+        SchemaAccess::AtLeast(version),
         "resumeguard-audit-reader",
         READER_TIMEOUT,
     )
@@ -318,6 +415,45 @@ pub fn thread_events(target: &PgTarget, thread_id: &str) -> Result<Vec<AuditEven
         .query(&sql, &[&thread_id])
         .map_err(read_error(target))?;
     rows.iter().map(row_to_event).collect()
+}
+
+/// Walk every replica's chain in the table, in id order (streamed).
+pub fn verify(target: &PgTarget) -> Result<Verdict, AuditError> {
+    let mut client = reader_at(target, AUDIT_CHAIN_VERSION)?;
+    let s = schema_name(target);
+    let pruned = client
+        .query(
+            &format!("{} WHERE operation = 'audit_pruned' ORDER BY id", select(s)),
+            &[],
+        )
+        .map_err(read_error(target))?;
+    let pruned = pruned
+        .iter()
+        .map(|r| row_to_event_at(r, 0))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut verifier = Verifier::new(&pruned);
+    let chained = select(s).replacen("SELECT ", "SELECT id, prev_hash, hash, ", 1);
+    let mut tx = client.transaction().map_err(read_error(target))?;
+    let portal = tx
+        .bind(&format!("{chained} ORDER BY id"), &[])
+        .map_err(read_error(target))?;
+    loop {
+        let rows = tx
+            .query_portal(&portal, 10_000)
+            .map_err(read_error(target))?;
+        if rows.is_empty() {
+            break;
+        }
+        for r in &rows {
+            verifier.record(ChainedRow {
+                id: r.get(0),
+                prev_hash: r.get(1),
+                hash: r.get(2),
+                event: row_to_event_at(r, 3)?,
+            })?;
+        }
+    }
+    Ok(verifier.finish())
 }
 
 /// The threads with events in the filter's window (and of its
@@ -355,26 +491,32 @@ pub fn threads(target: &PgTarget, filter: &EventFilter) -> Result<Vec<ThreadSumm
 /// Decode one row; a malformed JSON column or an unknown operation is
 /// reported, not skipped.
 fn row_to_event(r: &Row) -> Result<AuditEvent, AuditError> {
-    let op: String = r.get(7);
-    let session_id: i64 = r.get(2);
+    row_to_event_at(r, 0)
+}
+
+/// [`row_to_event`] of a row whose [`select`] columns start at `at`.
+fn row_to_event_at(r: &Row, at: usize) -> Result<AuditEvent, AuditError> {
+    let op: String = r.get(at + 7);
+    let session_id: i64 = r.get(at + 2);
     Ok(AuditEvent {
-        time: r.get(0),
-        proxy_id: r.get(1),
+        time: r.get(at),
+        proxy_id: r.get(at + 1),
         session_id: session_id as u64,
-        client_addr: r.get(3),
-        user: r.get(4),
-        database: r.get(5),
-        application_name: r.get(6),
+        client_addr: r.get(at + 3),
+        user: r.get(at + 4),
+        database: r.get(at + 5),
+        application_name: r.get(at + 6),
         operation: Operation::parse(&op).ok_or(AuditError::UnknownOperation(op))?,
-        thread_id: r.get(8),
-        checkpoint_ns: r.get(9),
-        checkpoint_id: r.get(10),
-        parent_checkpoint_id: r.get(11),
-        task_id: r.get(12),
-        channels: column("channels", r.get(13))?,
-        blob_sha256: column("blob_sha256", r.get(14))?,
-        detail: column("detail", r.get(15))?,
+        thread_id: r.get(at + 8),
+        checkpoint_ns: r.get(at + 9),
+        checkpoint_id: r.get(at + 10),
+        parent_checkpoint_id: r.get(at + 11),
+        task_id: r.get(at + 12),
+        channels: column("channels", r.get(at + 13))?,
+        blob_sha256: column("blob_sha256", r.get(at + 14))?,
+        detail: column("detail", r.get(at + 15))?,
         run_metadata: None,
+        answer: None,
     })
 }
 

@@ -13,6 +13,7 @@ use std::time::SystemTime;
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
+use super::chain::{Heads, CHAIN_STARTS};
 use super::error::AuditError;
 use super::event::{format_rfc3339_millis, AuditEvent, Operation, SessionContext};
 use super::sqlite_store::{insert, Store};
@@ -71,9 +72,10 @@ pub fn begin(
             "cutoff": cutoff,
             "max_rows": rule.max_rows,
             "by": by,
+            CHAIN_STARTS: chain_starts(&tx, guard, boundary)?,
         }),
     );
-    insert(&tx, &record)?;
+    insert(&tx, &record, &mut Heads::default())?;
     tx.execute(
         "UPDATE audit_prune_guard SET below_id = ?1 WHERE id = 1",
         [boundary],
@@ -135,6 +137,28 @@ pub fn prune(
     let declared = begin(store, rule, by)?;
     while step(store)? {}
     Ok(declared)
+}
+
+/// Per replica, the hash of the newest row from `guard` up to `boundary`:
+/// where each chain the prune shortens starts once it is done.
+fn chain_starts(
+    conn: &Connection,
+    guard: i64,
+    boundary: i64,
+) -> Result<serde_json::Map<String, serde_json::Value>, AuditError> {
+    let mut stmt = conn.prepare(
+        "SELECT proxy_id, hash FROM audit_events WHERE id IN (SELECT max(id) FROM audit_events \
+         WHERE id >= ?1 AND id < ?2 AND hash IS NOT NULL GROUP BY proxy_id)",
+    )?;
+    let rows = stmt.query_map(params![guard, boundary], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+    })?;
+    let mut starts = serde_json::Map::new();
+    for row in rows {
+        let (proxy, hash) = row?;
+        starts.insert(proxy, hash.into());
+    }
+    Ok(starts)
 }
 
 fn guard(conn: &Connection) -> Result<i64, AuditError> {
@@ -248,6 +272,14 @@ mod tests {
         let record = &events[2];
         assert_eq!(record.operation, Operation::AuditPruned);
         assert_eq!(record.application_name, "resumeguard");
+        // Where the shortened chain starts: the last removed row's hash,
+        // which the first kept row follows.
+        let kept_prev: String = Connection::open(&path)
+            .unwrap()
+            .query_row("SELECT prev_hash FROM audit_events WHERE id = 3", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
         assert_eq!(
             record.detail,
             serde_json::json!({
@@ -256,6 +288,7 @@ mod tests {
                 "cutoff": "2021-01-01T00:00:00.000Z",
                 "max_rows": null,
                 "by": "cli",
+                CHAIN_STARTS: { "": kept_prev },
             })
         );
         // The guard is down again: nothing more can be deleted.

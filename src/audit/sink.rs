@@ -61,6 +61,7 @@ struct Inner {
     proxy_id: String,
     log_values: bool,
     approver_keys: Vec<String>,
+    approver_pointers: Vec<String>,
     /// The PostgreSQL output's database, once known.
     postgres: Option<TargetSlot>,
     /// Replaces the JSONL output's file (a reload).
@@ -177,6 +178,7 @@ impl AuditSink {
                 proxy_id: proxy_id.to_owned(),
                 log_values: cfg.log_values,
                 approver_keys: cfg.approver_keys.clone(),
+                approver_pointers: cfg.approver_pointers.clone(),
                 postgres,
                 jsonl: jsonl_swap,
             })),
@@ -232,6 +234,7 @@ impl AuditSink {
             return;
         }
         approver::stamp(&mut ev, &inner.approver_keys);
+        approver::stamp_answer(&mut ev, &inner.approver_pointers);
         if ev.proxy_id.is_empty() {
             ev.proxy_id.clone_from(&inner.proxy_id);
         }

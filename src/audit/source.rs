@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use super::chain::Verdict;
 use super::error::AuditError;
 use super::event::AuditEvent;
 use super::postgres_store;
@@ -34,6 +35,14 @@ impl TrailSource {
         match self {
             TrailSource::Sqlite(path) => query::threads(path, filter),
             TrailSource::Postgres(target) => postgres_store::threads(target, filter),
+        }
+    }
+
+    /// Every chain of the trail walked ([`super::chain`]).
+    pub fn verify(&self) -> Result<Verdict, AuditError> {
+        match self {
+            TrailSource::Sqlite(path) => sqlite_store::verify(path),
+            TrailSource::Postgres(target) => postgres_store::verify(target),
         }
     }
 

@@ -10,8 +10,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use rusqlite::{params, Connection, OpenFlags, Row};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior};
 
+use super::chain::{link, ChainedRow, Heads, Verdict, Verifier};
 use super::error::AuditError;
 use super::event::{AuditEvent, Operation};
 use super::private_file::precreate_private;
@@ -38,7 +39,9 @@ CREATE TABLE IF NOT EXISTS audit_events (
     channels TEXT NOT NULL,
     blob_sha256 TEXT NOT NULL,
     detail TEXT NOT NULL,
-    proxy_id TEXT NOT NULL DEFAULT ''
+    proxy_id TEXT NOT NULL DEFAULT '',
+    prev_hash TEXT,
+    hash TEXT
 );
 CREATE INDEX IF NOT EXISTS audit_events_thread_id ON audit_events(thread_id);
 CREATE INDEX IF NOT EXISTS audit_events_gaps ON audit_events(id) WHERE operation = 'events_dropped';
@@ -58,8 +61,8 @@ BEGIN SELECT RAISE(ABORT, 'audit_events is append-only (old rows leave only by r
 const INSERT: &str = r#"INSERT INTO audit_events (
     time, session_id, client_addr, "user", "database", application_name, operation,
     thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, task_id,
-    channels, blob_sha256, detail, proxy_id
-) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"#;
+    channels, blob_sha256, detail, proxy_id, prev_hash, hash
+) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)"#;
 
 /// The columns read back, in [`row_to_event`]'s order; `{proxy_id}` is the
 /// column, or `''` in a file no proxy of this version has opened yet.
@@ -70,6 +73,15 @@ FROM audit_events"#;
 
 /// Files made before events named their replica get the column in place.
 const ADD_PROXY_ID: &str = "ALTER TABLE audit_events ADD COLUMN proxy_id TEXT NOT NULL DEFAULT ''";
+
+/// Files made before records were chained get the columns in place; their
+/// older rows stay unhashed (counted by `audit verify`, not broken).
+const ADD_CHAIN: &str = "ALTER TABLE audit_events ADD COLUMN prev_hash TEXT; \
+    ALTER TABLE audit_events ADD COLUMN hash TEXT";
+
+/// Each chain's head is found from its replica's newest row.
+const CHAIN_INDEX: &str =
+    "CREATE INDEX IF NOT EXISTS audit_events_chain ON audit_events(proxy_id, id)";
 
 /// Writable handle on the audit database; owned by the writer thread.
 pub struct Store {
@@ -110,11 +122,17 @@ impl Store {
         // the prune-aware one with no moment unguarded.
         conn.execute_batch(&format!("BEGIN IMMEDIATE;\n{SCHEMA}"))
             .map_err(AuditError::Schema)?;
-        let upgraded = match has_proxy_id(&conn) {
+        let upgraded = match has_column(&conn, "proxy_id") {
             Ok(true) => Ok(()),
             Ok(false) => conn.execute_batch(ADD_PROXY_ID),
             Err(e) => Err(e),
-        };
+        }
+        .and_then(|()| match has_column(&conn, "hash") {
+            Ok(true) => Ok(()),
+            Ok(false) => conn.execute_batch(ADD_CHAIN),
+            Err(e) => Err(e),
+        })
+        .and_then(|()| conn.execute_batch(CHAIN_INDEX));
         match upgraded.and_then(|()| conn.execute_batch("COMMIT")) {
             Ok(()) => Ok(Store { conn }),
             Err(e) => {
@@ -129,14 +147,19 @@ impl Store {
         Ok(self.conn.busy_timeout(timeout)?)
     }
 
-    /// Append `events` in one transaction: one fsync per batch, not per event.
+    /// Append `events` in one transaction: one fsync per batch, not per
+    /// event. The write lock is taken first, so each chain's head read in
+    /// it is still the head when the batch commits.
     pub fn append<'a>(
         &mut self,
         events: impl IntoIterator<Item = &'a AuditEvent>,
     ) -> Result<(), AuditError> {
-        let tx = self.conn.transaction()?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut heads = Heads::default();
         for ev in events {
-            insert(&tx, ev)?;
+            insert(&tx, ev, &mut heads)?;
         }
         tx.commit().map_err(|source| AuditError::Commit {
             what: "audit batch",
@@ -150,8 +173,22 @@ impl Store {
     }
 }
 
-/// Insert one event (inside the caller's transaction).
-pub(super) fn insert(conn: &Connection, ev: &AuditEvent) -> Result<(), AuditError> {
+/// Insert one event (inside the caller's write transaction), chained to
+/// its replica's newest row.
+pub(super) fn insert(
+    conn: &Connection,
+    ev: &AuditEvent,
+    heads: &mut Heads,
+) -> Result<(), AuditError> {
+    let prev = heads.get(&ev.proxy_id, || {
+        conn.prepare_cached(
+            "SELECT hash FROM audit_events WHERE proxy_id = ?1 AND hash IS NOT NULL \
+             ORDER BY id DESC LIMIT 1",
+        )?
+        .query_row([&ev.proxy_id], |r| r.get::<_, String>(0))
+        .optional()
+    })?;
+    let hash = link(&prev, ev)?;
     let mut stmt = conn.prepare_cached(INSERT)?;
     stmt.execute(params![
         ev.time,
@@ -172,7 +209,10 @@ pub(super) fn insert(conn: &Connection, ev: &AuditEvent) -> Result<(), AuditErro
         serde_json::to_string(&ev.blob_sha256)?,
         serde_json::to_string(&ev.detail)?,
         ev.proxy_id,
+        prev,
+        hash,
     ])?;
+    heads.advance(&ev.proxy_id, hash);
     Ok(())
 }
 
@@ -201,18 +241,58 @@ pub fn all_events(path: &Path) -> Result<Vec<AuditEvent>, AuditError> {
     collect(rows)
 }
 
-/// Whether the table has the `proxy_id` column.
-fn has_proxy_id(conn: &Connection) -> rusqlite::Result<bool> {
+/// Walk every chain of the file: rows still below an unfinished prune's
+/// guard are on their way out and not walked.
+pub fn verify(path: &Path) -> Result<Verdict, AuditError> {
+    let conn = open_read_only(path)?;
+    let select = select(&conn)?;
+    let guard: i64 = conn
+        .query_row(
+            "SELECT below_id FROM audit_prune_guard WHERE id = 1",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?
+        .unwrap_or(0);
+    let mut pruned = conn.prepare(&format!(
+        "{select} WHERE operation = 'audit_pruned' ORDER BY id"
+    ))?;
+    let pruned = collect(pruned.query_map([], row_to_event)?)?;
+    let mut verifier = Verifier::new(&pruned);
+    let chain = if has_column(&conn, "hash")? {
+        "id, prev_hash, hash"
+    } else {
+        "id, NULL, NULL"
+    };
+    let mut stmt = conn.prepare(&format!(
+        "{} WHERE id >= ?1 ORDER BY id",
+        select.replacen("SELECT ", &format!("SELECT {chain}, "), 1)
+    ))?;
+    let mut rows = stmt.query([guard])?;
+    while let Some(r) = rows.next()? {
+        let event = row_to_event_at(r, 3)??;
+        verifier.record(ChainedRow {
+            id: r.get(0)?,
+            event,
+            prev_hash: r.get(1)?,
+            hash: r.get(2)?,
+        })?;
+    }
+    Ok(verifier.finish())
+}
+
+/// Whether the table has the column `name`.
+fn has_column(conn: &Connection, name: &str) -> rusqlite::Result<bool> {
     conn.query_row(
-        "SELECT EXISTS (SELECT 1 FROM pragma_table_info('audit_events') WHERE name = 'proxy_id')",
-        [],
+        "SELECT EXISTS (SELECT 1 FROM pragma_table_info('audit_events') WHERE name = ?1)",
+        [name],
         |r| r.get(0),
     )
 }
 
 /// [`SELECT`] for this file (read-only readers cannot add the column).
 fn select(conn: &Connection) -> Result<String, AuditError> {
-    let column = if has_proxy_id(conn)? {
+    let column = if has_column(conn, "proxy_id")? {
         "proxy_id"
     } else {
         "'' AS proxy_id"
@@ -247,22 +327,27 @@ fn collect(
 /// unknown operation surface as the inner error so one bad row is reported
 /// rather than silently skipped.
 fn row_to_event(r: &Row<'_>) -> rusqlite::Result<Result<AuditEvent, AuditError>> {
-    let op_name: String = r.get(6)?;
-    let channels: String = r.get(12)?;
-    let blobs: String = r.get(13)?;
-    let detail: String = r.get(14)?;
-    let time: String = r.get(0)?;
-    let session_id: i64 = r.get(1)?;
-    let client_addr: String = r.get(2)?;
-    let user: String = r.get(3)?;
-    let database: String = r.get(4)?;
-    let application_name: String = r.get(5)?;
-    let thread_id: Option<String> = r.get(7)?;
-    let checkpoint_ns: Option<String> = r.get(8)?;
-    let checkpoint_id: Option<String> = r.get(9)?;
-    let parent_checkpoint_id: Option<String> = r.get(10)?;
-    let task_id: Option<String> = r.get(11)?;
-    let proxy_id: String = r.get(15)?;
+    row_to_event_at(r, 0)
+}
+
+/// [`row_to_event`] of a row whose [`SELECT`] columns start at `at`.
+fn row_to_event_at(r: &Row<'_>, at: usize) -> rusqlite::Result<Result<AuditEvent, AuditError>> {
+    let op_name: String = r.get(at + 6)?;
+    let channels: String = r.get(at + 12)?;
+    let blobs: String = r.get(at + 13)?;
+    let detail: String = r.get(at + 14)?;
+    let time: String = r.get(at)?;
+    let session_id: i64 = r.get(at + 1)?;
+    let client_addr: String = r.get(at + 2)?;
+    let user: String = r.get(at + 3)?;
+    let database: String = r.get(at + 4)?;
+    let application_name: String = r.get(at + 5)?;
+    let thread_id: Option<String> = r.get(at + 7)?;
+    let checkpoint_ns: Option<String> = r.get(at + 8)?;
+    let checkpoint_id: Option<String> = r.get(at + 9)?;
+    let parent_checkpoint_id: Option<String> = r.get(at + 10)?;
+    let task_id: Option<String> = r.get(at + 11)?;
+    let proxy_id: String = r.get(at + 15)?;
     Ok((|| {
         Ok(AuditEvent {
             time,
@@ -283,6 +368,7 @@ fn row_to_event(r: &Row<'_>) -> rusqlite::Result<Result<AuditEvent, AuditError>>
             blob_sha256: column("blob_sha256", &blobs)?,
             detail: column("detail", &detail)?,
             run_metadata: None,
+            answer: None,
         })
     })())
 }
@@ -324,7 +410,10 @@ mod tests {
     #[test]
     fn an_older_file_gains_the_proxy_id_column_in_place() {
         let path = temp_path("sqlite-upgrade", "db");
-        let before = SCHEMA.replace(",\n    proxy_id TEXT NOT NULL DEFAULT ''", "");
+        let before = SCHEMA.replace(
+            ",\n    proxy_id TEXT NOT NULL DEFAULT '',\n    prev_hash TEXT,\n    hash TEXT",
+            "",
+        );
         assert_ne!(before, SCHEMA);
         let old = Connection::open(&path).unwrap();
         old.execute_batch(&before).unwrap();
@@ -357,6 +446,15 @@ mod tests {
         assert_eq!(read.len(), 2);
         assert_eq!(read[0].proxy_id, "");
         assert_eq!(read[1], second);
+        // The row from before hashing is counted, the new one chained.
+        let verdict = verify(&path).unwrap();
+        assert!(verdict.holds(), "{:?}", verdict.breaks);
+        let unhashed: Vec<(u64, u64)> = verdict
+            .chains
+            .iter()
+            .map(|c| (c.unhashed_before, c.records))
+            .collect();
+        assert_eq!(unhashed, vec![(1, 0), (0, 1)]);
         remove_db(&path);
     }
 
@@ -450,6 +548,111 @@ mod tests {
         let del = conn.execute("DELETE FROM audit_events", []);
         assert!(del.unwrap_err().to_string().contains("append-only"));
         assert_eq!(all_events(&path).unwrap().len(), 1);
+        remove_db(&path);
+    }
+
+    /// Rows of the file changed behind the writer's back, as an attacker
+    /// with the file would: the triggers dropped first.
+    fn tamper(path: &Path, sql: &str) {
+        let conn = Connection::open(path).unwrap();
+        conn.execute_batch(&format!(
+            "DROP TRIGGER audit_events_no_update; DROP TRIGGER audit_events_prune_only; {sql}"
+        ))
+        .unwrap();
+    }
+
+    #[test]
+    fn verify_names_the_first_record_changed_or_removed() {
+        use crate::audit::chain::Break;
+        let trail = |name: &str| {
+            let path = temp_path(name, "db");
+            let mut store = Store::open(&path).unwrap();
+            let mut b = sample("t2", Operation::ReadLatest);
+            b.proxy_id = "proxy-b".into();
+            let events: Vec<AuditEvent> = (0..5)
+                .map(|i| sample(&format!("t{i}"), Operation::CheckpointPut))
+                .collect();
+            store.append(&events[..2]).unwrap();
+            store
+                .append([&b, &events[2], &events[3], &events[4]])
+                .unwrap();
+            path
+        };
+        let path = trail("sqlite-verify");
+        let verdict = verify(&path).unwrap();
+        assert!(verdict.holds(), "{:?}", verdict.breaks);
+        assert_eq!(verdict.records(), vec![("proxy-a", 5), ("proxy-b", 1)]);
+        tamper(
+            &path,
+            "UPDATE audit_events SET \"user\" = 'mallory' WHERE id = 4",
+        );
+        assert_eq!(
+            verify(&path).unwrap().breaks,
+            vec![Break::Changed {
+                id: 4,
+                proxy_id: "proxy-a".into()
+            }]
+        );
+        remove_db(&path);
+
+        let path = trail("sqlite-verify-delete");
+        tamper(&path, "DELETE FROM audit_events WHERE id = 2");
+        assert_eq!(
+            verify(&path).unwrap().breaks,
+            vec![Break::Missing {
+                id: 4,
+                after: 1,
+                proxy_id: "proxy-a".into()
+            }]
+        );
+        remove_db(&path);
+
+        let path = trail("sqlite-verify-oldest");
+        tamper(&path, "DELETE FROM audit_events WHERE id = 1");
+        assert_eq!(
+            verify(&path).unwrap().breaks,
+            vec![Break::Unanchored {
+                id: 2,
+                proxy_id: "proxy-a".into()
+            }]
+        );
+        remove_db(&path);
+    }
+
+    #[test]
+    fn a_pruned_trail_verifies_from_where_the_prune_says_it_starts() {
+        use crate::audit::prune::{prune, PruneRule};
+        let path = temp_path("sqlite-verify-prune", "db");
+        let mut store = Store::open(&path).unwrap();
+        let events: Vec<AuditEvent> = (0..6)
+            .map(|i| sample(&format!("t{i}"), Operation::CheckpointPut))
+            .collect();
+        store.append(&events).unwrap();
+        let rule = PruneRule {
+            before: None,
+            max_rows: Some(3),
+        };
+        prune(&mut store, &rule, "test").unwrap().unwrap();
+        store.append(&events[..1]).unwrap();
+        let verdict = verify(&path).unwrap();
+        assert!(verdict.holds(), "{:?}", verdict.breaks);
+        let a = verdict.chains.iter().find(|c| c.proxy_id == "proxy-a");
+        assert!(a.is_some_and(|a| a.after_prune), "{:?}", verdict.chains);
+        // Without the prune's record of where the chain starts, the same
+        // removal is a break.
+        tamper(
+            &path,
+            "DELETE FROM audit_events WHERE operation = 'audit_pruned'",
+        );
+        let breaks = verify(&path).unwrap().breaks;
+        assert!(
+            matches!(
+                breaks.as_slice(),
+                [crate::audit::chain::Break::Unanchored { .. }, ..]
+            ),
+            "{breaks:?}"
+        );
+        drop(store);
         remove_db(&path);
     }
 

@@ -4,12 +4,14 @@
 //! facade, the same operations and semantics on both.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::error::StoreError;
 use super::model::{ClaimKey, ClaimRecord, Holder, RunLease};
 use super::outcome::ClaimOutcome;
 use super::postgres::{PgClaims, PgTarget};
 use super::store::SqliteClaims;
+use crate::config::live::LiveClaimsTimings;
 
 /// Where a proxy's claims live.
 #[derive(Debug, Clone)]
@@ -99,19 +101,21 @@ impl ClaimStore {
         }
     }
 
+    /// Reads the run lease and the grace given to holders whose proxy
+    /// process is gone (PostgreSQL: its liveness lock went; SQLite knows no
+    /// other processes' liveness) from `timings` at each decision.
+    pub fn with_timings(self, timings: Arc<LiveClaimsTimings>) -> ClaimStore {
+        match self {
+            ClaimStore::Sqlite(s) => ClaimStore::Sqlite(s.with_timings(timings)),
+            ClaimStore::Postgres(s) => ClaimStore::Postgres(s.with_timings(timings)),
+        }
+    }
+
+    #[cfg(test)]
     pub fn with_run_lease(self, lease_ms: i64) -> ClaimStore {
         match self {
             ClaimStore::Sqlite(s) => ClaimStore::Sqlite(s.with_run_lease(lease_ms)),
             ClaimStore::Postgres(s) => ClaimStore::Postgres(s.with_run_lease(lease_ms)),
-        }
-    }
-
-    /// The grace given to holders whose proxy process is gone (PostgreSQL:
-    /// its liveness lock went). SQLite knows no other processes' liveness.
-    pub fn with_holder_gone_grace(self, grace_ms: i64) -> ClaimStore {
-        match self {
-            ClaimStore::Sqlite(s) => ClaimStore::Sqlite(s),
-            ClaimStore::Postgres(s) => ClaimStore::Postgres(s.with_holder_gone_grace(grace_ms)),
         }
     }
 
@@ -128,6 +132,18 @@ impl ClaimStore {
         match self {
             ClaimStore::Sqlite(_) => "sqlite",
             ClaimStore::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Whether a claim this process's session holds may be answered from
+    /// memory (`enforce::held_claims`): PostgreSQL while this process's
+    /// liveness lock is confirmed and the store reachable. Never SQLite:
+    /// there a read costs no round trip, and each checks the file is
+    /// still the one opened.
+    pub fn answers_held_claims(&self) -> bool {
+        match self {
+            ClaimStore::Sqlite(_) => false,
+            ClaimStore::Postgres(s) => s.live(),
         }
     }
 

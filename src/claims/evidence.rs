@@ -14,6 +14,7 @@ use serde_json::json;
 
 use super::{now_ms, ClaimRecord, ClaimStore, StoreError};
 use crate::audit::{AuditEvent, AuditSink, Operation, SessionContext};
+use crate::config::live::LiveClaimsTimings;
 use crate::saver::checkpoint_ref::CheckpointRef;
 
 /// What a committed write or a closed session means for claims.
@@ -46,15 +47,6 @@ pub enum Evidence {
     },
 }
 
-/// Timing the worker applies evidence with.
-#[derive(Debug, Clone, Copy)]
-pub struct EvidenceTiming {
-    /// How long a claim stays held after progress.
-    pub progress_hold_ms: i64,
-    /// How soon a closed holder's claim lapses.
-    pub holder_gone_grace_ms: i64,
-}
-
 /// The sending side, cheap to clone; never blocks the relay.
 #[derive(Clone)]
 pub struct EvidenceSender {
@@ -79,16 +71,18 @@ impl EvidenceSender {
 }
 
 /// Starts the worker for `store`; it ends when every sender is dropped.
+/// Each piece of evidence is applied with the progress hold and holder-gone
+/// grace `timings` holds when it is applied (a reload may change them).
 pub fn start(
     store: Arc<ClaimStore>,
     proxy_id: String,
-    timing: EvidenceTiming,
+    timings: Arc<LiveClaimsTimings>,
     audit: AuditSink,
 ) -> EvidenceSender {
     let (tx, rx) = sync_channel(65_536);
     let spawned = std::thread::Builder::new()
         .name("resumeguard-claims".into())
-        .spawn(move || run(&store, &proxy_id, timing, &audit, rx));
+        .spawn(move || run(&store, &proxy_id, &timings, &audit, rx));
     if let Err(e) = spawned {
         tracing::error!(error = %e, "cannot start the claim evidence worker: claims will only lapse");
     }
@@ -98,12 +92,13 @@ pub fn start(
 fn run(
     store: &ClaimStore,
     proxy_id: &str,
-    timing: EvidenceTiming,
+    timings: &LiveClaimsTimings,
     audit: &AuditSink,
     rx: Receiver<(SessionContext, Evidence)>,
 ) {
     for (ctx, ev) in rx {
         let now = now_ms();
+        let timing = timings.current();
         let result = match &ev {
             Evidence::Progress { at, written_at_ms } => store
                 .note_progress(
@@ -141,8 +136,7 @@ fn run(
         };
         match result {
             Ok(consumed) => {
-                metrics::counter!("resumeguard_claims_total", "outcome" => "consumed")
-                    .increment(consumed.len() as u64);
+                crate::admin::metrics::claims_consumed(consumed.len());
                 for record in consumed {
                     audit.record(consumed_event(&ctx, &ev, &record));
                 }

@@ -46,10 +46,11 @@ impl SqliteClaims {
         consumed: &[ClaimRecord],
         now_ms: i64,
     ) -> rusqlite::Result<()> {
-        if self.run_lease_ms == 0 {
+        let run_lease_ms = self.run_lease_ms();
+        if run_lease_ms == 0 {
             return Ok(());
         }
-        let until = now_ms.saturating_add(self.run_lease_ms);
+        let until = now_ms.saturating_add(run_lease_ms);
         for c in consumed {
             tx.prepare_cached(
                 "INSERT OR REPLACE INTO run_leases (thread_id, checkpoint_ns, \

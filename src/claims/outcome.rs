@@ -1,5 +1,9 @@
-//! What a reader's claim comes to when its key already has a current row:
-//! the one rule both store backends apply inside their transaction.
+//! What a reader's claim comes to when its key already has a current row.
+//! The SQLite store applies [`decide_existing`] inside its transaction;
+//! the PostgreSQL store decides on the server, in one statement, with the
+//! same rule written in its `claim` function (`claims::postgres::schema`).
+//! The conformance suite (`claims::tests`, every case run against both
+//! backends) holds the two to the same outcomes.
 
 use super::model::{ClaimRecord, ClaimState, Holder};
 

@@ -13,6 +13,7 @@
 //! store never reads a clock and tests never sleep.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use rusqlite::{params, Transaction, TransactionBehavior};
 
@@ -22,6 +23,7 @@ use super::leases::{drop_thread_leases, end_holder_leases, live_lease};
 use super::model::{ClaimKey, ClaimRecord, ClaimState, Holder};
 use super::outcome::{decide_existing, ClaimOutcome};
 use super::rows::{key_params, select_key, select_where, CHECKPOINT_MATCH, COLUMNS, KEY_MATCH};
+use crate::config::live::{ClaimsTimings, LiveClaimsTimings};
 
 /// Default retention of finished rows (consumed, released, long-lapsed):
 /// long enough that a thread parked for hours still refuses a stray
@@ -53,7 +55,8 @@ pub struct SqliteClaims {
     file: StoreFile,
     retain_ms: i64,
     superseded_grace_ms: i64,
-    pub(super) run_lease_ms: i64,
+    /// The run lease is read here at each write (a reload may change it).
+    timings: Arc<LiveClaimsTimings>,
 }
 
 impl std::fmt::Debug for SqliteClaims {
@@ -62,7 +65,7 @@ impl std::fmt::Debug for SqliteClaims {
             .field("path", &self.path())
             .field("retain_ms", &self.retain_ms)
             .field("superseded_grace_ms", &self.superseded_grace_ms)
-            .field("run_lease_ms", &self.run_lease_ms)
+            .field("timings", &self.timings.current())
             .finish()
     }
 }
@@ -95,7 +98,7 @@ impl SqliteClaims {
             file,
             retain_ms: DEFAULT_RETAIN_MS,
             superseded_grace_ms: DEFAULT_SUPERSEDED_GRACE_MS,
-            run_lease_ms: DEFAULT_RUN_LEASE_MS,
+            timings: LiveClaimsTimings::new(ClaimsTimings::default()),
         }
     }
 
@@ -113,11 +116,24 @@ impl SqliteClaims {
         self
     }
 
-    /// Sets the run lease (0: no leases; answered threads are not guarded
-    /// after their parked head is gone).
-    pub fn with_run_lease(mut self, lease_ms: i64) -> SqliteClaims {
-        self.run_lease_ms = lease_ms.max(0);
+    /// Reads the run lease from `timings` at each write: the proxy's
+    /// handle, which a reload updates.
+    pub fn with_timings(mut self, timings: Arc<LiveClaimsTimings>) -> SqliteClaims {
+        self.timings = timings;
         self
+    }
+
+    /// Sets the run lease (0: no leases; answered threads are not guarded
+    /// after their parked head is gone) in a handle of its own.
+    #[cfg(test)]
+    pub fn with_run_lease(self, lease_ms: i64) -> SqliteClaims {
+        let timings = self.timings.changed(|t| t.run_lease_ms = lease_ms.max(0));
+        self.with_timings(timings)
+    }
+
+    /// The run lease in effect now (0: none).
+    pub(super) fn run_lease_ms(&self) -> i64 {
+        self.timings.current().run_lease_ms
     }
 
     /// The file this store lives in, as shown in errors.
@@ -171,7 +187,7 @@ impl SqliteClaims {
             };
             // Whether the answering run still writes: asked only of a consumed row.
             let writing = prev.state == ClaimState::Consumed
-                && self.run_lease_ms > 0
+                && self.run_lease_ms() > 0
                 && live_lease(tx, &key.at.thread_id, &key.at.checkpoint_ns, now_ms)?.is_some();
             let outcome = decide_existing(prev, holder, now_ms, writing, |prev, takeovers| {
                 retake(tx, prev, holder, now_ms, lapse_at_ms, takeovers)

@@ -1,19 +1,13 @@
 //! Claims timings a reload may change, in one shared handle: `serve` makes
-//! it from the configuration and each reload stores the new values; the
-//! claims store and its evidence worker are to read it per decision.
-//! Until they do ([`CLAIMS_READ_LIVE_TIMINGS`]), a change of these keys
-//! is reported as needing a restart.
+//! it from the configuration, each reload stores the new values, and the
+//! claims store, its evidence worker and the consume-once gate read it at
+//! each decision.
 
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use super::Config;
-
-/// Whether the claims code reads [`LiveClaimsTimings`] (so a reload puts
-/// a change of [`ClaimsTimings`] in effect). `false`: the store and the
-/// evidence worker keep the values they were started with.
-pub const CLAIMS_READ_LIVE_TIMINGS: bool = false;
+use super::{ClaimsConfig, Config};
 
 /// The keys of [`ClaimsTimings`].
 pub const CLAIMS_TIMING_KEYS: &[&str] = &[
@@ -22,25 +16,39 @@ pub const CLAIMS_TIMING_KEYS: &[&str] = &[
     "claims.holder_gone_grace_ms",
 ];
 
-/// The claims timings held by the store and the evidence worker (not by
-/// the gate, whose `lapse_ms` and wait policy a reload replaces itself).
+/// The claims timings read through the shared handle (not the gate's
+/// `lapse_ms` and wait policy, which a reload replaces with the gate).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClaimsTimings {
     /// `[claims] run_lease_ms` (0: no run lease).
     pub run_lease_ms: i64,
-    /// `[claims] progress_hold_ms`.
+    /// `[claims] progress_hold_ms`: how long a claim stays held after its
+    /// run-level answer is recorded.
     pub progress_hold_ms: i64,
-    /// `[claims] holder_gone_grace_ms`.
+    /// `[claims] holder_gone_grace_ms`: how soon the claim of a holder
+    /// whose connection closed lapses.
     pub holder_gone_grace_ms: i64,
 }
 
 impl ClaimsTimings {
     pub fn of(cfg: &Config) -> ClaimsTimings {
+        ClaimsTimings::of_claims(&cfg.claims)
+    }
+
+    /// The timings of `[claims]`; a negative value counts as 0.
+    pub fn of_claims(c: &ClaimsConfig) -> ClaimsTimings {
         ClaimsTimings {
-            run_lease_ms: cfg.claims.run_lease_ms,
-            progress_hold_ms: cfg.claims.progress_hold_ms,
-            holder_gone_grace_ms: cfg.claims.holder_gone_grace_ms,
+            run_lease_ms: c.run_lease_ms.max(0),
+            progress_hold_ms: c.progress_hold_ms.max(0),
+            holder_gone_grace_ms: c.holder_gone_grace_ms.max(0),
         }
+    }
+}
+
+impl Default for ClaimsTimings {
+    /// The defaults of `[claims]`.
+    fn default() -> ClaimsTimings {
+        ClaimsTimings::of_claims(&ClaimsConfig::default())
     }
 }
 
@@ -59,5 +67,14 @@ impl LiveClaimsTimings {
 
     pub fn replace(&self, timings: ClaimsTimings) {
         self.0.store(Arc::new(timings));
+    }
+
+    /// A handle of its own holding these timings with `change` made (a
+    /// store in a test with one value set).
+    #[cfg(test)]
+    pub fn changed(&self, change: impl FnOnce(&mut ClaimsTimings)) -> Arc<LiveClaimsTimings> {
+        let mut timings = self.current();
+        change(&mut timings);
+        LiveClaimsTimings::new(timings)
     }
 }

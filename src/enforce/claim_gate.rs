@@ -15,6 +15,7 @@ use regex::Regex;
 use serde::Serialize;
 
 use super::events::detail;
+use super::held_claims::HeldClaims;
 use crate::admin::metrics::claims_store_call;
 use crate::audit::{AuditEvent, Operation, SessionContext};
 use crate::log_text::shown;
@@ -23,9 +24,10 @@ use crate::wire::guard::Ticket;
 
 use crate::claims::evidence::EvidenceSender;
 use crate::claims::{now_ms, ClaimKey, ClaimOutcome, ClaimState, ClaimStore, Holder, StoreError};
+use crate::config::live::LiveClaimsTimings;
 use crate::policy::claims::{
     decide, decide_running_head, inspection_remedy, takeover_reason, ClaimDecision, Refusal,
-    WaitPolicy,
+    WaitPolicy, COMMIT_COVER_MS,
 };
 
 /// The consume-once leg as configured for one proxy process.
@@ -37,8 +39,9 @@ pub struct ClaimsLeg {
     pub proxy_id: String,
     /// How long a claim with no evidence holds.
     pub lapse_ms: i64,
-    /// Whether running heads are checked against run leases.
-    pub run_lease: bool,
+    /// The run lease and progress hold in effect, read at each decision
+    /// (shared with the store and the evidence worker; a reload updates it).
+    pub timings: Arc<LiveClaimsTimings>,
     pub policy: WaitPolicy,
     /// application_name patterns that mark a session's reads as inspection.
     pub inspection_patterns: Vec<Regex>,
@@ -48,6 +51,9 @@ pub struct ClaimsLeg {
     /// claim.
     pub inspection_sql_hint: bool,
     pub evidence: Option<EvidenceSender>,
+    /// The claims this proxy's sessions hold, as last answered (shared by
+    /// the legs a reload makes).
+    pub held: Arc<HeldClaims>,
     /// Where the server itself fences writes inside their transaction:
     /// the claims schema is in that database of the server the proxy
     /// fronts (see `enforce::fencing`). `None`: fenced by a store lookup.
@@ -60,12 +66,6 @@ pub struct InTransactionFence {
     pub database: String,
     /// The schema's name, as the proxy's own SQL names it.
     pub schema: String,
-    /// How long an accepted write keeps its claim from lapsing or counting
-    /// as abandoned, from the check: the commit cover, or the progress
-    /// hold if longer. Made inside the write's transaction, it holds from
-    /// its commit until the write's evidence is applied, and vanishes with
-    /// a rollback.
-    pub cover_ms: i64,
 }
 
 /// A read of a thread's head waiting for the gate.
@@ -102,11 +102,29 @@ pub struct Resolution {
 }
 
 impl ClaimsLeg {
+    /// Whether running heads are checked against run leases (a run lease
+    /// is configured now).
+    pub fn run_lease(&self) -> bool {
+        self.timings.current().run_lease_ms > 0
+    }
+
+    /// How long a write accepted inside its transaction keeps its claim
+    /// from lapsing or counting as abandoned, from the check: the commit
+    /// cover, or the progress hold in effect if longer. Made inside the
+    /// write's transaction, it holds from its commit until the write's
+    /// evidence is applied, and vanishes with a rollback.
+    pub fn fence_cover_ms(&self) -> i64 {
+        COMMIT_COVER_MS.max(self.timings.current().progress_hold_ms)
+    }
+
     /// Takes the claim, polling while another live claim holds it. Blocks
     /// the calling session thread (and only it) while it waits.
     pub fn resolve(&self, req: &ClaimRequest) -> Resolution {
         if req.head == Head::Running {
             return self.check_run_lease(req);
+        }
+        if let Some(held) = self.known_held(req) {
+            return held;
         }
         // A local wait: the monotonic clock, not the claims clock.
         let started = Instant::now();
@@ -126,9 +144,18 @@ impl ClaimsLeg {
                 _ => (None, None),
             };
             let epoch = match &outcome {
-                Ok(ClaimOutcome::Taken(r) | ClaimOutcome::AlreadyHeld(r)) => Some(r.epoch),
-                Ok(ClaimOutcome::TakenOver { now, .. }) => Some(now.epoch),
-                _ => None,
+                Ok(
+                    ClaimOutcome::Taken(r)
+                    | ClaimOutcome::AlreadyHeld(r)
+                    | ClaimOutcome::TakenOver { now: r, .. },
+                ) => {
+                    self.held.remember(r);
+                    Some(r.epoch)
+                }
+                _ => {
+                    self.held.forget_key(&req.key);
+                    None
+                }
             };
             match decide(&outcome, &self.policy, waited_ms) {
                 ClaimDecision::RetryAfter { ms } => {
@@ -152,6 +179,24 @@ impl ClaimsLeg {
                 }
             }
         }
+    }
+
+    /// The reader's own claim, answered from memory (`held_claims`)
+    /// while the store says this process's holders still stand.
+    fn known_held(&self, req: &ClaimRequest) -> Option<Resolution> {
+        if !self.store.answers_held_claims() {
+            return None;
+        }
+        let record = self.held.answer(&req.key, &req.holder, now_ms())?;
+        metrics::counter!("resumeguard_claims_total", "outcome" => "held_known").increment(1);
+        let epoch = Some(record.epoch);
+        Some(Resolution {
+            decision: decide(&Ok(ClaimOutcome::AlreadyHeld(record)), &self.policy, 0),
+            waited_ms: 0,
+            displaced: None,
+            takeover: None,
+            epoch,
+        })
     }
 
     fn check_run_lease(&self, req: &ClaimRequest) -> Resolution {
@@ -288,7 +333,7 @@ pub fn apply_claim(
             .with_checkpoint(key.at.checkpoint_ns.clone(), key.at.checkpoint_id.clone())
     };
     if res.waited_ms > 0 {
-        metrics::counter!("resumeguard_claims_total", "outcome" => "waited").increment(1);
+        crate::admin::metrics::claim_waited();
         events.push(
             event(Operation::ClaimWaited).with_detail(detail(&WaitedDetail {
                 interrupt: key.short_fingerprint(),

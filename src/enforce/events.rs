@@ -12,6 +12,7 @@ use crate::audit::{AuditEvent, BlobDigest, Operation, SessionContext};
 use crate::claims::ClaimRecord;
 use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::classify::{ReadMode, ReadShape, RowsDeleted, StatementKind};
+use crate::saver::msgpack::blob_to_json;
 use crate::saver::reserved::{INTERRUPT, NULL_TASK, RESUME};
 use crate::saver::write_record::WriteRecord;
 
@@ -148,6 +149,13 @@ impl Watch {
                 "run_level": rec.task_id.as_deref() == Some(NULL_TASK),
                 "task_path": rec.task_path,
             });
+            if op == Operation::ResumeRecorded {
+                // Undecodable (pickle): the answer names no approver.
+                story.answer = rec
+                    .type_tag
+                    .as_deref()
+                    .and_then(|t| blob_to_json(t, rec.blob.as_deref()).ok().flatten());
+            }
             events.push(story);
         }
         events

@@ -219,7 +219,8 @@ impl FenceGate {
                 record: Arc::clone(rec),
                 raised: None,
             };
-            return FenceStep::InTransaction(Box::new((self.injection(fence, session, at), check)));
+            let injection = self.injection(fence, leg.fence_cover_ms(), session, at);
+            return FenceStep::InTransaction(Box::new((injection, check)));
         }
         match self.lookup_step(leg, ctx, session, (cont, kind_label, rec)) {
             Some(fenced) => FenceStep::Refuse(Box::new(fenced)),
@@ -227,11 +228,13 @@ impl FenceGate {
         }
     }
 
-    /// The server's check of a write continuing `at` from `session`: the
-    /// function's arguments, every one a parameter.
+    /// The server's check of a write continuing `at` from `session`, its
+    /// claim covered `cover_ms` past the check: the function's arguments,
+    /// every one a parameter.
     fn injection(
         &self,
         fence: &InTransactionFence,
+        cover_ms: i64,
         session: &Holder,
         at: &CheckpointRef,
     ) -> Injection {
@@ -255,7 +258,7 @@ impl FenceGate {
                 Some(session.client_addr.clone()),
                 Some(session.application_name.clone()),
                 Some(took.join(",")),
-                Some(fence.cover_ms.to_string()),
+                Some(cover_ms.to_string()),
             ],
         }
     }

@@ -9,7 +9,8 @@
 //!   audits, what it tells the claims store.
 //! - `validity`, `claim_gate`, `fencing`: the validity gate, the
 //!   consume-once gate, and the fencing of writes continuing a claimed
-//!   checkpoint from sessions other than its holder.
+//!   checkpoint from sessions other than its holder; `held_claims`: the
+//!   claims this proxy's sessions hold, for a holder's own re-read.
 //! - `history`: the delta-channel history read never returns the writes
 //!   the legs guard.
 //! - `reload`: the rule set a running proxy replaces (SIGHUP).
@@ -19,6 +20,7 @@ pub mod claim_gate;
 mod events;
 mod evidence;
 mod fencing;
+pub mod held_claims;
 mod history;
 mod late_duplicate;
 pub mod own_schema;

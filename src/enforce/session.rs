@@ -180,7 +180,7 @@ impl SessionEnforcer {
         let leg = self.shared.legs.claims.as_ref()?;
         let (key, head) = match watch.parked_claim_key() {
             Some(key) => (key, Head::Parked),
-            None if leg.run_lease => (watch.running_head_key()?, Head::Running),
+            None if leg.run_lease() => (watch.running_head_key()?, Head::Running),
             None => return None,
         };
         Some(ClaimRequest {
@@ -236,6 +236,8 @@ impl SessionEnforcer {
         let Some(cont) = continuation(kind, rec) else {
             return FenceStep::Pass;
         };
+        // Claims on it may change with this write: asked of the store again.
+        leg.held.forget(&cont.at);
         let session = self.holder(&leg.proxy_id);
         self.fencing
             .check(&leg, &self.ctx, &session, (&cont, kind.label(), rec))

@@ -151,10 +151,17 @@ async fn metrics_renders_counters_and_scrape_time_values() {
     let (status, body) = get(&state, "/metrics").await;
     assert_eq!(status, StatusCode::OK);
     for line in [
-        "resumeguard_client_connections 0",
+        "resumeguard_client_connections_open 0",
         "resumeguard_audit_queue_depth 0",
         "resumeguard_audit_events_dropped_total 0",
         "# TYPE resumeguard_unknown_saver_statements_total counter",
+        concat!(
+            "resumeguard_build_info{version=\"",
+            env!("CARGO_PKG_VERSION"),
+            "\"} 1"
+        ),
+        "# TYPE process_cpu_seconds_total counter",
+        "# TYPE process_open_fds gauge",
     ] {
         assert!(body.lines().any(|l| l == line), "{line} missing:\n{body}");
     }

@@ -97,13 +97,74 @@ fn claim_outcomes_and_refusal_reasons() {
     for line in [
         "resumeguard_claims_total{outcome=\"taken\"} 1",
         "resumeguard_claims_total{outcome=\"takeover\"} 2",
-        "resumeguard_claims_total{outcome=\"lapsed\"} 1",
         "resumeguard_claims_total{outcome=\"refused\"} 3",
+        "resumeguard_claim_takeovers_total{reason=\"lapsed\"} 1",
+        "resumeguard_claim_takeovers_total{reason=\"abandoned\"} 1",
         "resumeguard_claims_refused_total{reason=\"answered\"} 1",
+        "resumeguard_claims_refused_total{reason=\"in_flight\"} 0",
         "resumeguard_claims_refused_total{reason=\"run_in_progress\"} 1",
         "resumeguard_claims_refused_total{reason=\"store_unavailable\"} 1",
         "resumeguard_forks_served_total 2",
     ] {
         assert!(has(&body, line), "{line} missing:\n{body}");
     }
+}
+
+#[test]
+fn known_label_sets_start_at_zero_and_no_family_is_two_types() {
+    let body = rendered(|| {});
+    for line in [
+        "resumeguard_claims_total{outcome=\"taken\"} 0",
+        "resumeguard_claim_waits_total 0",
+        "resumeguard_writes_fenced_total{reason=\"store_unavailable\"} 0",
+        "resumeguard_fence_checks_total{where=\"in_transaction\"} 0",
+        "resumeguard_upstream_errors_total{kind=\"lost\"} 0",
+        "resumeguard_checkpoint_statements_total{class=\"read_latest\"} 0",
+    ] {
+        assert!(has(&body, line), "{line} missing:\n{body}");
+    }
+    let types: Vec<(&str, &str)> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .collect();
+    for (name, kind) in &types {
+        match *kind {
+            "counter" => assert!(name.ends_with("_total"), "{name}"),
+            _ => assert!(!name.ends_with("_total"), "{name} is a {kind}"),
+        }
+    }
+}
+
+/// Every metric name the source spells is documented in docs/metrics.md
+/// (the one string of that shape that names no metric is skipped).
+#[test]
+fn every_metric_in_the_source_is_in_docs_metrics_md() {
+    const NOT_METRICS: &[&str] = &["resumeguard_injected"];
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let docs = std::fs::read_to_string(root.join("docs/metrics.md")).unwrap();
+    let pattern = regex::Regex::new(r#""((?:resumeguard|process)_[a-z_]+)""#).unwrap();
+    let mut names = std::collections::BTreeSet::new();
+    let mut dirs = vec![root.join("src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                for c in pattern.captures_iter(&text) {
+                    names.insert(c[1].to_owned());
+                }
+            }
+        }
+    }
+    assert!(names.contains("resumeguard_claims_total"), "{names:?}");
+    assert!(names.contains("process_open_fds"), "{names:?}");
+    let missing: Vec<&String> = names
+        .iter()
+        .filter(|n| !NOT_METRICS.contains(&n.as_str()))
+        .filter(|n| !docs.contains(&format!("`{n}`")))
+        .collect();
+    assert!(missing.is_empty(), "not in docs/metrics.md: {missing:?}");
 }

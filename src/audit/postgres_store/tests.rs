@@ -409,3 +409,118 @@ fn rows_cannot_be_edited_or_truncated_only_appended_and_pruned() {
         .expect("retention deletes");
     assert_eq!(deleted, 1);
 }
+
+#[test]
+fn verify_walks_every_replicas_chain_and_names_the_record_changed_or_removed() {
+    use crate::audit::chain::Break;
+    let db = PgSchema::new("audit_verify");
+    let mut a = PgTrail::new(slot_of(&db));
+    let mut b = PgTrail::new(slot_of(&db));
+    let at = |proxy: &str, n: u32| {
+        let mut ev = event(
+            proxy,
+            &format!("2026-11-30T10:00:0{n}.000Z"),
+            Operation::CheckpointPut,
+            &format!("t{n}"),
+        );
+        // Text the json column must keep as written for the hash to hold.
+        ev.detail = serde_json::json!({"n": n, "ratio": 0.1, "big": 12345678901234567890u64});
+        ev
+    };
+    append(&mut a, &[at("proxy-a", 1), at("proxy-a", 2)]);
+    append(&mut b, &[at("proxy-b", 3)]);
+    append(&mut a, &[at("proxy-a", 4)]);
+    // A writer that reconnects continues its chain from the table.
+    let mut a2 = PgTrail::new(slot_of(&db));
+    append(&mut a2, &[at("proxy-a", 5)]);
+    let verdict = verify(db.target()).unwrap();
+    assert!(verdict.holds(), "{:?}", verdict.breaks);
+    assert_eq!(verdict.records(), vec![("proxy-a", 4), ("proxy-b", 1)]);
+
+    let s = schema_name(db.target());
+    let mut c = plain(&db);
+    let id_of = |c: &mut Client, thread: &str| -> i64 {
+        c.query_one(
+            &format!("SELECT id FROM {s}.audit_events WHERE thread_id = $1"),
+            &[&thread],
+        )
+        .unwrap()
+        .get(0)
+    };
+    let (id2, id4) = (id_of(&mut c, "t2"), id_of(&mut c, "t4"));
+    // As an owner of the table can: triggers off, one row rewritten.
+    c.batch_execute(&format!(
+        "ALTER TABLE {s}.audit_events DISABLE TRIGGER USER; \
+         UPDATE {s}.audit_events SET detail = '{{\"n\": 2}}' WHERE thread_id = 't2'; \
+         ALTER TABLE {s}.audit_events ENABLE TRIGGER USER"
+    ))
+    .unwrap();
+    assert_eq!(
+        verify(db.target()).unwrap().breaks,
+        vec![Break::Changed {
+            id: id2,
+            proxy_id: "proxy-a".into()
+        }]
+    );
+    c.batch_execute(&format!(
+        "DELETE FROM {s}.audit_events WHERE thread_id = 't2'"
+    ))
+    .unwrap();
+    let id1 = id_of(&mut c, "t1");
+    assert_eq!(
+        verify(db.target()).unwrap().breaks,
+        vec![Break::Missing {
+            id: id4,
+            after: id1,
+            proxy_id: "proxy-a".into()
+        }]
+    );
+}
+
+#[test]
+fn retention_says_where_each_chain_now_starts() {
+    let db = PgSchema::new("audit_verify_retention");
+    let mut a = PgTrail::new(slot_of(&db));
+    let mut b = PgTrail::new(slot_of(&db));
+    let old = |proxy: &str| {
+        event(
+            proxy,
+            "2026-01-01T00:00:00.000Z",
+            Operation::ReadLatest,
+            "old",
+        )
+    };
+    let new = |proxy: &str| {
+        event(
+            proxy,
+            "2026-11-30T00:00:00.000Z",
+            Operation::ReadLatest,
+            "new",
+        )
+    };
+    append(&mut a, &[old("proxy-a"), old("proxy-a")]);
+    append(&mut b, &[old("proxy-b")]);
+    append(&mut a, &[new("proxy-a")]);
+    assert_eq!(
+        a.prune_step("2026-06-01T00:00:00.000Z", "proxy-a").unwrap(),
+        3
+    );
+    // Every row of B's chain went: its next record follows the last one.
+    append(&mut b, &[new("proxy-b")]);
+    let verdict = verify(db.target()).unwrap();
+    assert!(verdict.holds(), "{:?}", verdict.breaks);
+    assert!(
+        verdict.chains.iter().all(|c| c.after_prune),
+        "{:?}",
+        verdict.chains
+    );
+    // The same removal without the prune's record is a break.
+    let s = schema_name(db.target());
+    plain(&db)
+        .batch_execute(&format!(
+            "DELETE FROM {s}.audit_events WHERE operation = 'audit_pruned'"
+        ))
+        .unwrap();
+    let breaks = verify(db.target()).unwrap().breaks;
+    assert_eq!(breaks.len(), 2, "{breaks:?}");
+}

@@ -221,6 +221,18 @@ impl PgConn {
         fresh.then(|| self.confirmed_instance.load(Ordering::Relaxed))
     }
 
+    /// Whether this process holds its liveness lock (confirmed within
+    /// [`LIVENESS_CHECK`]) and the store is not down: what it remembers of
+    /// its own claims still stands for other proxies.
+    pub(super) fn live(&self) -> bool {
+        self.confirmed().is_some()
+            && self
+                .down
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_none()
+    }
+
     fn unconfirm(&self) {
         self.confirmed_at.store(0, Ordering::Release);
     }

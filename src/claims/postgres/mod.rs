@@ -4,10 +4,11 @@
 //!
 //! - `target`: connection parameters (upstream URL or `[claims] dsn`,
 //!   password file), the liveness bound.
-//! - `schema`: versioned migrations (claims, leases, the audit trail).
+//! - `schema`: versioned migrations (claims, leases, the audit trail, the
+//!   decision functions the store and the fence call).
 //! - `client`: connections to the schema for the audit trail.
 //! - `conn`: the decision and liveness connections, fail closed.
-//! - `store`: the operations, one short transaction each; `rows`, `leases`.
+//! - `store`: the operations, a decision one statement each; `rows`, `leases`.
 //! - `liveness`: holders whose proxy process is gone.
 
 mod client;
@@ -24,6 +25,6 @@ pub(crate) mod test_server;
 mod tests;
 
 pub use client::{connect_schema, error_text, schema_name, SchemaAccess};
-pub use schema::AUDIT_VERSION;
+pub use schema::{AUDIT_CHAIN_VERSION, AUDIT_VERSION};
 pub use store::PgClaims;
 pub use target::{PgTarget, TargetError, DEFAULT_LIVENESS_BOUND, DEFAULT_SCHEMA};

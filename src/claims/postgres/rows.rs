@@ -1,6 +1,5 @@
-//! Rows of the PostgreSQL `claims` table: the column list, the filters
-//! the mapping between a row and a [`ClaimRecord`], and the insert of a
-//! fresh claim.
+//! Rows of the PostgreSQL `claims` table: the column list, the filters,
+//! the mapping between a row and a [`ClaimRecord`].
 
 use postgres::Row;
 
@@ -47,15 +46,6 @@ pub(super) fn select_where(
     args: &[&(dyn postgres::types::ToSql + Sync)],
 ) -> Result<Vec<ClaimRecord>, Fail> {
     select(tx, filter, args, "")
-}
-
-/// [`select_where`], the rows locked until the transaction ends.
-pub(super) fn select_for_update(
-    tx: &mut Tx<'_>,
-    filter: &str,
-    args: &[&(dyn postgres::types::ToSql + Sync)],
-) -> Result<Vec<ClaimRecord>, Fail> {
-    select(tx, filter, args, " FOR UPDATE")
 }
 
 fn select(
@@ -111,46 +101,4 @@ pub(super) fn record(r: &Row) -> Result<ClaimRecord, Fail> {
         abandon_at_ms: r.try_get(16)?,
         epoch: r.try_get(17)?,
     })
-}
-
-/// In one statement: inserts `key` as a fresh held claim of `holder`
-/// unless a row exists, and otherwise reads the row that exists. The
-/// record and whether it was inserted; `None` when the existing row
-/// committed after the statement's snapshot (the caller decides again
-/// under a row lock).
-pub(super) fn take_or_read(
-    tx: &mut Tx<'_>,
-    key: &ClaimKey,
-    holder: &Holder,
-    now_ms: i64,
-    lapse_at_ms: i64,
-) -> Result<Option<(ClaimRecord, bool)>, Fail> {
-    let s = tx.schema;
-    let mine = tx.instance;
-    let rows = tx.query(
-        &format!(
-            "WITH taken AS (INSERT INTO {s}.claims ({COLUMNS}, holder_instance) VALUES ($1, $2, \
-             $3, $4, 'held', $5, $6, $7, $8, $9, $10, NULL, NULL, 0, 0, NULL, NULL, 1, $11) \
-             ON CONFLICT DO NOTHING RETURNING {COLUMNS}) \
-             SELECT {COLUMNS}, true FROM taken UNION ALL \
-             SELECT {COLUMNS}, false FROM {s}.claims WHERE {KEY_MATCH} \
-             AND NOT EXISTS (SELECT 1 FROM taken)"
-        ),
-        &[
-            &key.at.thread_id,
-            &key.at.checkpoint_ns,
-            &key.at.checkpoint_id,
-            &key.fingerprint,
-            &holder.proxy_id,
-            &(holder.session_id as i64),
-            &holder.client_addr,
-            &holder.application_name,
-            &now_ms,
-            &lapse_at_ms,
-            &mine,
-        ],
-    )?;
-    rows.first()
-        .map(|r| Ok((record(r)?, r.try_get::<_, bool>(18)?)))
-        .transpose()
 }

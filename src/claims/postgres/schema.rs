@@ -10,6 +10,9 @@
 
 use postgres::Client;
 
+use super::liveness::INSTANCE_DEAD;
+use super::rows::ORDER;
+
 /// The migrations, in order; version = index + 1.
 fn migrations(s: &str) -> Vec<String> {
     vec![
@@ -174,11 +177,242 @@ GRANT EXECUTE ON FUNCTION {s}.fence_write(text, text, text, text, bigint, text, 
     TO PUBLIC;
 "#
         ),
+        // Each audit record carries the hash of its replica's record before
+        // it (`audit::chain`); rows written before stay unhashed.
+        format!(
+            r#"
+ALTER TABLE {s}.audit_events ADD COLUMN prev_hash text, ADD COLUMN hash text;
+CREATE INDEX audit_events_chain ON {s}.audit_events (proxy_id, id);
+"#
+        ),
+        // Every decision in one statement, each its own transaction on the
+        // server (see `claims::postgres::store`): the claim, and the
+        // evidence of a run. A row is locked only while the statement
+        // runs, never across a round trip, so a resume's next decision or
+        // fenced write does not wait for another decision's COMMIT.
+        format!(
+            r#"
+-- Holders on other proxy processes that are gone (their instance's
+-- liveness lock, a session-level advisory lock, is not held): their
+-- claims and leases on one namespace of a thread are treated as if their
+-- connection had closed (see `holder_gone`), from p_gone_until.
+CREATE FUNCTION {s}.sweep(p_thread text, p_ns text, p_instance bigint, p_gone_until bigint)
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
+BEGIN
+    UPDATE {s}.claims x SET abandon_at_ms = p_gone_until, lapse_at_ms = CASE
+        WHEN x.state = 'held' THEN LEAST(x.lapse_at_ms, p_gone_until) ELSE x.lapse_at_ms END
+     WHERE x.thread_id = p_thread AND x.checkpoint_ns = p_ns
+       AND x.state IN ('held', 'consumed') AND x.abandon_at_ms IS NULL
+       AND x.holder_instance <> p_instance AND {INSTANCE_DEAD};
+    UPDATE {s}.run_leases x SET until_ms = p_gone_until
+     WHERE x.thread_id = p_thread AND x.checkpoint_ns = p_ns AND x.until_ms > p_gone_until
+       AND x.holder_instance <> p_instance AND {INSTANCE_DEAD};
+END
+$f$;
+
+CREATE FUNCTION {s}.claim(
+    p_thread text, p_ns text, p_checkpoint text, p_fingerprint text,
+    p_proxy text, p_session bigint, p_addr text, p_app text, p_instance bigint,
+    p_now bigint, p_lapse_at bigint, p_superseded_cutoff bigint, p_gone_until bigint,
+    p_lease_ms bigint
+) RETURNS TABLE (outcome text, c {s}.claims) LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $f$
+DECLARE
+    r {s}.claims%ROWTYPE;
+    writing boolean;
+BEGIN
+    -- A first reader takes it; the second pass follows the sweep (the row
+    -- may also have gone since: purged, thread forgotten).
+    FOR pass IN 1..2 LOOP
+        INSERT INTO {s}.claims VALUES (p_thread, p_ns, p_checkpoint, p_fingerprint, 'held',
+            p_proxy, p_session, p_addr, p_app, p_now, p_lapse_at, NULL, NULL, 0, 0, NULL, NULL,
+            1, p_instance)
+        ON CONFLICT DO NOTHING RETURNING * INTO r;
+        IF FOUND THEN
+            RETURN QUERY SELECT 'taken', r;
+            RETURN;
+        END IF;
+        EXIT WHEN pass = 2;
+        -- The holder's own session reading again: no lock, no sweep.
+        SELECT * INTO r FROM {s}.claims WHERE thread_id = p_thread AND checkpoint_ns = p_ns
+            AND checkpoint_id = p_checkpoint AND fingerprint = p_fingerprint;
+        IF FOUND AND r.state = 'held' AND r.proxy_id = p_proxy AND r.session_id = p_session
+            AND (r.superseded_at_ms IS NULL OR r.superseded_at_ms > p_superseded_cutoff) THEN
+            RETURN QUERY SELECT 'already_held', r;
+            RETURN;
+        END IF;
+        PERFORM {s}.sweep(p_thread, p_ns, p_instance, p_gone_until);
+    END LOOP;
+    SELECT * INTO r FROM {s}.claims WHERE thread_id = p_thread AND checkpoint_ns = p_ns
+        AND checkpoint_id = p_checkpoint AND fingerprint = p_fingerprint FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'the claim row was deleted while it was being taken; the reader retries';
+    END IF;
+    -- A row on a checkpoint superseded longer than the grace ago is as
+    -- good as purged (the thread was rewound to it); its epoch counts on.
+    IF r.superseded_at_ms <= p_superseded_cutoff THEN
+        UPDATE {s}.claims SET state = 'held', proxy_id = p_proxy, session_id = p_session,
+            client_addr = p_addr, application_name = p_app, claimed_at_ms = p_now,
+            lapse_at_ms = p_lapse_at, consumed_at_ms = NULL, evidence = NULL, refusals = 0,
+            takeovers = 0, superseded_at_ms = NULL, abandon_at_ms = NULL, epoch = r.epoch + 1,
+            holder_instance = p_instance
+         WHERE thread_id = p_thread AND checkpoint_ns = p_ns AND checkpoint_id = p_checkpoint
+           AND fingerprint = p_fingerprint
+        RETURNING * INTO r;
+        RETURN QUERY SELECT 'taken', r;
+        RETURN;
+    END IF;
+    -- The rule of `claims::outcome::decide_existing`.
+    writing := r.state = 'consumed' AND p_lease_ms > 0 AND EXISTS (SELECT 1 FROM {s}.run_leases
+        WHERE thread_id = p_thread AND checkpoint_ns = p_ns AND until_ms > p_now);
+    IF r.state = 'consumed' AND NOT (r.superseded_at_ms IS NULL
+        AND r.abandon_at_ms IS NOT NULL AND p_now >= r.abandon_at_ms AND NOT writing) THEN
+        RETURN QUERY SELECT 'consumed', r;
+        RETURN;
+    END IF;
+    IF r.state = 'held' AND r.proxy_id = p_proxy AND r.session_id = p_session THEN
+        RETURN QUERY SELECT 'already_held', r;
+        RETURN;
+    END IF;
+    IF r.state = 'held' AND p_now < r.lapse_at_ms THEN
+        RETURN QUERY SELECT 'busy', r;
+        RETURN;
+    END IF;
+    -- Taken over (a lapsed held claim, an abandoned consumed one) or,
+    -- released, taken afresh: the next generation.
+    RETURN QUERY SELECT CASE WHEN r.state = 'released' THEN 'taken_from' ELSE 'taken_over_from'
+        END, r;
+    UPDATE {s}.claims SET state = 'held', proxy_id = p_proxy, session_id = p_session,
+        client_addr = p_addr, application_name = p_app, claimed_at_ms = p_now,
+        lapse_at_ms = p_lapse_at, consumed_at_ms = NULL, evidence = NULL,
+        takeovers = takeovers + CASE WHEN r.state = 'released' THEN 0 ELSE 1 END,
+        abandon_at_ms = NULL, epoch = epoch + 1, holder_instance = p_instance
+     WHERE thread_id = p_thread AND checkpoint_ns = p_ns AND checkpoint_id = p_checkpoint
+       AND fingerprint = p_fingerprint
+    RETURNING * INTO r;
+    RETURN QUERY SELECT 'now', r;
+END
+$f$;
+
+-- Held claims on a checkpoint taken by p_taken_by become consumed
+-- (returned as they were) and start their holder's run lease; the
+-- thread's live leases last p_lease_ms past this write.
+CREATE FUNCTION {s}.consume(
+    p_thread text, p_ns text, p_checkpoint text, p_evidence text, p_taken_by bigint,
+    p_now bigint, p_lease_ms bigint
+) RETURNS SETOF {s}.claims LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $f$
+DECLARE
+    r {s}.claims%ROWTYPE;
+BEGIN
+    FOR r IN SELECT * FROM {s}.claims WHERE thread_id = p_thread AND checkpoint_ns = p_ns
+        AND checkpoint_id = p_checkpoint AND state = 'held' AND claimed_at_ms <= p_taken_by
+        {ORDER} FOR UPDATE
+    LOOP
+        UPDATE {s}.claims SET state = 'consumed', consumed_at_ms = p_now, evidence = p_evidence
+         WHERE thread_id = r.thread_id AND checkpoint_ns = r.checkpoint_ns
+           AND checkpoint_id = r.checkpoint_id AND fingerprint = r.fingerprint;
+        IF p_lease_ms > 0 THEN
+            INSERT INTO {s}.run_leases VALUES (r.thread_id, r.checkpoint_ns, r.checkpoint_id,
+                r.fingerprint, r.proxy_id, r.session_id, r.client_addr, r.application_name,
+                p_now, p_now, p_now + p_lease_ms, r.holder_instance)
+            ON CONFLICT (thread_id, checkpoint_ns) DO UPDATE SET
+                answered_checkpoint_id = EXCLUDED.answered_checkpoint_id,
+                fingerprint = EXCLUDED.fingerprint, proxy_id = EXCLUDED.proxy_id,
+                session_id = EXCLUDED.session_id, client_addr = EXCLUDED.client_addr,
+                application_name = EXCLUDED.application_name,
+                answered_at_ms = EXCLUDED.answered_at_ms, last_write_ms = EXCLUDED.last_write_ms,
+                until_ms = EXCLUDED.until_ms, holder_instance = EXCLUDED.holder_instance;
+        END IF;
+        RETURN NEXT r;
+    END LOOP;
+    IF p_lease_ms > 0 THEN
+        UPDATE {s}.run_leases SET last_write_ms = p_now,
+            until_ms = GREATEST(until_ms, p_now + p_lease_ms)
+         WHERE thread_id = p_thread AND until_ms > p_now;
+    END IF;
+END
+$f$;
+
+-- The thread put a checkpoint whose parent is p_parent: its held claims
+-- are consumed (returned), its rows superseded; rows superseded before
+-- p_superseded_cutoff and finished rows older than p_retain_cutoff go.
+CREATE FUNCTION {s}.move_on(
+    p_thread text, p_ns text, p_parent text, p_evidence text, p_now bigint, p_lease_ms bigint,
+    p_superseded_cutoff bigint, p_retain_cutoff bigint
+) RETURNS SETOF {s}.claims LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $f$
+BEGIN
+    RETURN QUERY SELECT * FROM {s}.consume(p_thread, p_ns, p_parent, p_evidence,
+        9223372036854775807, p_now, p_lease_ms);
+    UPDATE {s}.claims SET superseded_at_ms = p_now
+     WHERE thread_id = p_thread AND checkpoint_ns = p_ns AND checkpoint_id = p_parent
+       AND superseded_at_ms IS NULL;
+    DELETE FROM {s}.claims WHERE superseded_at_ms < p_superseded_cutoff;
+    DELETE FROM {s}.run_leases WHERE until_ms < p_retain_cutoff;
+    DELETE FROM {s}.claims WHERE consumed_at_ms < p_retain_cutoff AND state = 'consumed';
+    DELETE FROM {s}.claims WHERE lapse_at_ms < p_retain_cutoff AND state IN ('held', 'released');
+END
+$f$;
+
+-- Progress short of an answer: held claims taken by p_written_at record
+-- it and lapse no earlier than p_until; the held claims are returned.
+CREATE FUNCTION {s}.note_progress(
+    p_thread text, p_ns text, p_checkpoint text, p_evidence text, p_until bigint,
+    p_written_at bigint
+) RETURNS SETOF {s}.claims LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $f$
+BEGIN
+    UPDATE {s}.claims SET evidence = p_evidence, lapse_at_ms = GREATEST(lapse_at_ms, p_until)
+     WHERE thread_id = p_thread AND checkpoint_ns = p_ns AND checkpoint_id = p_checkpoint
+       AND state = 'held' AND claimed_at_ms <= p_written_at;
+    RETURN QUERY SELECT * FROM {s}.claims WHERE thread_id = p_thread AND checkpoint_ns = p_ns
+        AND checkpoint_id = p_checkpoint AND state = 'held' {ORDER};
+END
+$f$;
+
+-- The holder's connection closed: its held claims lapse, and its leases
+-- end, no later than p_until; its claims count as abandoned from then.
+-- The held claims whose lapse this shortens are returned as they were.
+CREATE FUNCTION {s}.holder_gone(p_proxy text, p_session bigint, p_until bigint)
+RETURNS SETOF {s}.claims LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $f$
+BEGIN
+    RETURN QUERY SELECT * FROM {s}.claims WHERE proxy_id = p_proxy AND session_id = p_session
+        AND state = 'held' AND lapse_at_ms > p_until {ORDER} FOR UPDATE;
+    UPDATE {s}.claims SET lapse_at_ms = p_until WHERE proxy_id = p_proxy
+       AND session_id = p_session AND state = 'held' AND lapse_at_ms > p_until;
+    UPDATE {s}.claims SET abandon_at_ms = p_until WHERE proxy_id = p_proxy
+       AND session_id = p_session AND state IN ('held', 'consumed') AND abandon_at_ms IS NULL;
+    UPDATE {s}.run_leases SET until_ms = p_until WHERE proxy_id = p_proxy
+       AND session_id = p_session AND until_ms > p_until;
+END
+$f$;
+
+-- The live run lease on a namespace of a thread, after marking the
+-- thread's claims and leases whose holder's proxy process is gone.
+CREATE FUNCTION {s}.run_lease(
+    p_thread text, p_ns text, p_instance bigint, p_now bigint, p_gone_until bigint
+) RETURNS SETOF {s}.run_leases LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $f$
+BEGIN
+    PERFORM {s}.sweep(p_thread, p_ns, p_instance, p_gone_until);
+    RETURN QUERY SELECT * FROM {s}.run_leases
+     WHERE thread_id = p_thread AND checkpoint_ns = p_ns AND until_ms > p_now;
+END
+$f$;
+"#,
+            INSTANCE_DEAD = INSTANCE_DEAD,
+            ORDER = ORDER,
+        ),
     ]
 }
 
 /// The first version with `<schema>.audit_events`.
 pub const AUDIT_VERSION: i32 = 2;
+
+/// The first version whose audit records carry their chain's hashes.
+pub const AUDIT_CHAIN_VERSION: i32 = 4;
 
 /// The schema version this build needs.
 pub(super) fn current_version() -> i32 {

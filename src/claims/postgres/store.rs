@@ -1,46 +1,45 @@
 //! The claim operations on PostgreSQL, with the SQLite store's semantics
-//! (`claims::store` documents each): one short transaction per operation.
+//! (`claims::store` documents each). A decision on the data path or of
+//! the evidence worker is one prepared statement calling a function of
+//! the schema (`schema`), in autocommit: one round trip, no BEGIN or
+//! COMMIT, and a row is locked only while the server runs it, never
+//! across a round trip. Operator commands keep short transactions.
 //!
 //! Racers serialize on the claim's row: a first reader inserts it
 //! (`INSERT … ON CONFLICT DO NOTHING`, which waits for a concurrent
 //! inserter's commit), every later one locks it (`SELECT … FOR UPDATE`)
 //! and decides on the committed row. Nothing is held between operations,
-//! so the claims leg's wait loop holds no lock. Each decision first marks
-//! the thread's claims of proxy processes that are gone (`liveness`).
+//! so the claims leg's wait loop holds no lock. A decision that could
+//! hand a claim over first marks the thread's claims of proxy processes
+//! that are gone (`liveness`).
 
 use std::sync::Arc;
 
 use super::conn::{Fail, PgConn, Role, Tx};
-use super::leases::{end_holder_leases, lease_runs, live_lease};
-use super::liveness::sweep;
-use super::rows::{
-    select_for_update, select_key, select_where, take_or_read, CHECKPOINT_MATCH, COLUMNS, KEY_MATCH,
-};
+use super::leases::{last_lease, live_lease};
+use super::rows::{select_key, select_where, CHECKPOINT_MATCH, COLUMNS, KEY_MATCH};
 use super::target::PgTarget;
 use crate::claims::error::StoreError;
-use crate::claims::model::{ClaimKey, ClaimRecord, ClaimState, Holder, RunLease};
-use crate::claims::outcome::{decide_existing, ClaimOutcome};
-use crate::claims::store::{
-    DEFAULT_RETAIN_MS, DEFAULT_RUN_LEASE_MS, DEFAULT_SUPERSEDED_GRACE_MS, NEXT_CHECKPOINT,
-};
-
-/// Default holder-gone grace applied to holders whose process is gone.
-const DEFAULT_HOLDER_GONE_GRACE_MS: i64 = 1_000;
+use crate::claims::model::{ClaimKey, ClaimRecord, Holder, RunLease};
+use crate::claims::outcome::ClaimOutcome;
+use crate::claims::store::{DEFAULT_RETAIN_MS, DEFAULT_SUPERSEDED_GRACE_MS, NEXT_CHECKPOINT};
+use crate::config::live::{ClaimsTimings, LiveClaimsTimings};
 
 /// Handle on the PostgreSQL claims, one per proxy process.
 pub struct PgClaims {
     conn: Arc<PgConn>,
     retain_ms: i64,
     superseded_grace_ms: i64,
-    run_lease_ms: i64,
-    holder_gone_grace_ms: i64,
+    /// The run lease and the grace of holders whose process is gone, read
+    /// here at each decision (a reload may change them).
+    timings: Arc<LiveClaimsTimings>,
 }
 
 impl std::fmt::Debug for PgClaims {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgClaims")
             .field("at", &self.conn.target.shown())
-            .field("run_lease_ms", &self.run_lease_ms)
+            .field("timings", &self.timings.current())
             .finish()
     }
 }
@@ -68,8 +67,7 @@ impl PgClaims {
             conn,
             retain_ms: DEFAULT_RETAIN_MS,
             superseded_grace_ms: DEFAULT_SUPERSEDED_GRACE_MS,
-            run_lease_ms: DEFAULT_RUN_LEASE_MS,
-            holder_gone_grace_ms: DEFAULT_HOLDER_GONE_GRACE_MS,
+            timings: LiveClaimsTimings::new(ClaimsTimings::default()),
         }
     }
 
@@ -84,15 +82,34 @@ impl PgClaims {
         self
     }
 
-    pub fn with_run_lease(mut self, lease_ms: i64) -> PgClaims {
-        self.run_lease_ms = lease_ms.max(0);
+    /// Reads the run lease and the grace of holders whose process is gone
+    /// from `timings` at each decision: the proxy's handle, which a reload
+    /// updates.
+    pub fn with_timings(mut self, timings: Arc<LiveClaimsTimings>) -> PgClaims {
+        self.timings = timings;
         self
     }
 
-    /// Sets the grace given to holders whose proxy process is gone.
-    pub fn with_holder_gone_grace(mut self, grace_ms: i64) -> PgClaims {
-        self.holder_gone_grace_ms = grace_ms.max(0);
-        self
+    /// Sets the run lease in a handle of its own.
+    #[cfg(test)]
+    pub fn with_run_lease(self, lease_ms: i64) -> PgClaims {
+        let timings = self.timings.changed(|t| t.run_lease_ms = lease_ms.max(0));
+        self.with_timings(timings)
+    }
+
+    /// Sets the grace given to holders whose proxy process is gone, in a
+    /// handle of its own.
+    #[cfg(test)]
+    pub fn with_holder_gone_grace(self, grace_ms: i64) -> PgClaims {
+        let timings = self
+            .timings
+            .changed(|t| t.holder_gone_grace_ms = grace_ms.max(0));
+        self.with_timings(timings)
+    }
+
+    /// The run lease in effect now (0: none).
+    fn run_lease_ms(&self) -> i64 {
+        self.timings.current().run_lease_ms
     }
 
     /// The database, as shown in errors.
@@ -100,11 +117,19 @@ impl PgClaims {
         self.conn.target.shown()
     }
 
+    /// Whether this process's holders still count as alive for the other
+    /// proxies (its liveness lock confirmed, the store reachable).
+    pub fn live(&self) -> bool {
+        self.conn.live()
+    }
+
     /// This process's liveness instance id, once connected.
     pub fn instance(&self) -> Option<i64> {
         self.conn.instance()
     }
 
+    /// One statement, `<schema>.claim(...)`: the server takes, reads or
+    /// hands over the row and decides (see the migration).
     pub fn try_claim(
         &self,
         key: &ClaimKey,
@@ -114,82 +139,33 @@ impl PgClaims {
     ) -> Result<ClaimOutcome, StoreError> {
         let lapse_at_ms = now_ms.saturating_add(lapse_ms.max(0));
         let superseded_cutoff = now_ms.saturating_sub(self.superseded_grace_ms);
-        let gone_until = now_ms.saturating_add(self.holder_gone_grace_ms);
-        // One statement for the common cases: a first reader takes the
-        // claim; the holder's own session reads it again.
-        let quick = self.conn.with_single("taking a claim", |tx| {
-            Ok(match take_or_read(tx, key, holder, now_ms, lapse_at_ms)? {
-                Some((taken, true)) => Some(ClaimOutcome::Taken(taken)),
-                Some((prev, false)) => Some(prev)
-                    .filter(|p| p.superseded_at_ms.is_none_or(|at| at > superseded_cutoff))
-                    .filter(|p| p.state == ClaimState::Held && p.holder.same_session(holder))
-                    .map(ClaimOutcome::AlreadyHeld),
-                None => None,
-            })
-        })?;
-        if let Some(outcome) = quick {
-            return Ok(outcome);
-        }
-        self.conn.with_tx("taking a claim", |tx| {
-            sweep(tx, &key.at.thread_id, &key.at.checkpoint_ns, gone_until)?;
+        let gone_until = now_ms.saturating_add(self.timings.current().holder_gone_grace_ms);
+        self.conn.with_single("taking a claim", |tx| {
             let s = tx.schema;
             let mine = tx.instance;
-            // The row may have gone since (purged, thread forgotten).
-            if let Some((taken, true)) = take_or_read(tx, key, holder, now_ms, lapse_at_ms)? {
-                return Ok(ClaimOutcome::Taken(taken));
-            }
-            let Some(prev) = select_key(tx, key, true)? else {
-                return Err(Fail(
-                    "the claim row was deleted while it was being taken; the reader retries".into(),
-                ));
-            };
-            // A row on a checkpoint superseded longer than the grace ago
-            // is as good as purged: the thread was rewound to it.
-            if prev
-                .superseded_at_ms
-                .is_some_and(|at| at <= superseded_cutoff)
-            {
-                let epoch = prev.epoch + 1;
-                tx.execute(
-                    &format!(
-                        "UPDATE {s}.claims SET state = 'held', proxy_id = $5, session_id = $6, \
-                         client_addr = $7, application_name = $8, claimed_at_ms = $9, \
-                         lapse_at_ms = $10, consumed_at_ms = NULL, evidence = NULL, \
-                         refusals = 0, takeovers = 0, superseded_at_ms = NULL, \
-                         abandon_at_ms = NULL, epoch = $11, holder_instance = $12 \
-                         WHERE {KEY_MATCH}"
-                    ),
-                    &[
-                        &key.at.thread_id,
-                        &key.at.checkpoint_ns,
-                        &key.at.checkpoint_id,
-                        &key.fingerprint,
-                        &holder.proxy_id,
-                        &(holder.session_id as i64),
-                        &holder.client_addr,
-                        &holder.application_name,
-                        &now_ms,
-                        &lapse_at_ms,
-                        &epoch,
-                        &mine,
-                    ],
-                )?;
-                return Ok(ClaimOutcome::Taken(ClaimRecord::taken(
-                    key,
-                    holder,
-                    now_ms,
-                    lapse_at_ms,
-                    epoch,
-                )));
-            }
-            // Whether the answering run still writes: asked only of a consumed row.
-            let writing = prev.state == ClaimState::Consumed
-                && self.run_lease_ms > 0
-                && live_lease(tx, &key.at.thread_id, &key.at.checkpoint_ns, now_ms)?.is_some();
-            let outcome = decide_existing(prev, holder, now_ms, writing, |prev, takeovers| {
-                retake(tx, prev, holder, now_ms, lapse_at_ms, takeovers)
-            })?;
-            Ok(outcome)
+            let rows = tx.query(
+                &format!(
+                    "SELECT {COLUMNS}, outcome FROM (SELECT (f.c).*, f.outcome FROM \
+                     {s}.claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) f) x"
+                ),
+                &[
+                    &key.at.thread_id,
+                    &key.at.checkpoint_ns,
+                    &key.at.checkpoint_id,
+                    &key.fingerprint,
+                    &holder.proxy_id,
+                    &(holder.session_id as i64),
+                    &holder.client_addr,
+                    &holder.application_name,
+                    &mine,
+                    &now_ms,
+                    &lapse_at_ms,
+                    &superseded_cutoff,
+                    &gone_until,
+                    &self.run_lease_ms(),
+                ],
+            )?;
+            outcome_of(&rows)
         })
     }
 
@@ -202,11 +178,20 @@ impl PgClaims {
         written_at_ms: i64,
         now_ms: i64,
     ) -> Result<Vec<ClaimRecord>, StoreError> {
-        self.conn.with_tx("consuming claims", |tx| {
-            let at = (thread_id, checkpoint_ns, checkpoint_id);
-            let consumed = consume_held(tx, at, evidence, written_at_ms, now_ms)?;
-            lease_runs(tx, self.run_lease_ms, thread_id, &consumed, now_ms)?;
-            Ok(consumed)
+        self.conn.with_single("consuming claims", |tx| {
+            let s = tx.schema;
+            records(tx.query(
+                &format!("SELECT {COLUMNS} FROM {s}.consume($1, $2, $3, $4, $5, $6, $7)"),
+                &[
+                    &thread_id,
+                    &checkpoint_ns,
+                    &checkpoint_id,
+                    &evidence,
+                    &written_at_ms,
+                    &now_ms,
+                    &self.run_lease_ms(),
+                ],
+            )?)
         })
     }
 
@@ -235,13 +220,10 @@ impl PgClaims {
         hold_ms: i64,
     ) -> Result<Vec<ClaimRecord>, StoreError> {
         let until = now_ms.saturating_add(hold_ms.max(0));
-        self.conn.with_tx("noting progress", |tx| {
+        self.conn.with_single("noting progress", |tx| {
             let s = tx.schema;
-            tx.execute(
-                &format!(
-                    "UPDATE {s}.claims SET evidence = $4, lapse_at_ms = GREATEST(lapse_at_ms, $5) \
-                     WHERE {CHECKPOINT_MATCH} AND state = 'held' AND claimed_at_ms <= $6"
-                ),
+            records(tx.query(
+                &format!("SELECT {COLUMNS} FROM {s}.note_progress($1, $2, $3, $4, $5, $6)"),
                 &[
                     &thread_id,
                     &checkpoint_ns,
@@ -250,12 +232,7 @@ impl PgClaims {
                     &until,
                     &written_at_ms,
                 ],
-            )?;
-            select_where(
-                tx,
-                &format!("{CHECKPOINT_MATCH} AND state = 'held'"),
-                &[&thread_id, &checkpoint_ns, &checkpoint_id],
-            )
+            )?)
         })
     }
 
@@ -267,25 +244,12 @@ impl PgClaims {
         grace_ms: i64,
     ) -> Result<Vec<ClaimRecord>, StoreError> {
         let until = now_ms.saturating_add(grace_ms.max(0));
-        self.conn.with_tx("ending a holder's claims", |tx| {
+        self.conn.with_single("ending a holder's claims", |tx| {
             let s = tx.schema;
-            let filter =
-                "proxy_id = $1 AND session_id = $2 AND state = 'held' AND lapse_at_ms > $3";
-            let session = session_id as i64;
-            let mut shortened = select_where(tx, filter, &[&proxy_id, &session, &until])?;
-            tx.execute(
-                &format!("UPDATE {s}.claims SET lapse_at_ms = $3 WHERE {filter}"),
-                &[&proxy_id, &session, &until],
-            )?;
-            tx.execute(
-                &format!(
-                    "UPDATE {s}.claims SET abandon_at_ms = $3 WHERE proxy_id = $1 \
-                     AND session_id = $2 AND state IN ('held', 'consumed') \
-                     AND abandon_at_ms IS NULL"
-                ),
-                &[&proxy_id, &session, &until],
-            )?;
-            end_holder_leases(tx, proxy_id, session_id, until)?;
+            let mut shortened = records(tx.query(
+                &format!("SELECT {COLUMNS} FROM {s}.holder_gone($1, $2, $3)"),
+                &[&proxy_id, &(session_id as i64), &until],
+            )?)?;
             for r in &mut shortened {
                 r.lapse_at_ms = until;
                 r.abandon_at_ms = Some(r.abandon_at_ms.unwrap_or(until));
@@ -303,25 +267,21 @@ impl PgClaims {
     ) -> Result<Vec<ClaimRecord>, StoreError> {
         let superseded_cutoff = now_ms.saturating_sub(self.superseded_grace_ms);
         let retain_cutoff = now_ms.saturating_sub(self.retain_ms);
-        self.conn.with_tx("moving claims on", |tx| {
-            let at = (thread_id, checkpoint_ns, parent_checkpoint_id);
-            // The thread moved on: every claim on the parent is done.
-            let consumed = consume_held(tx, at, NEXT_CHECKPOINT, i64::MAX, now_ms)?;
-            lease_runs(tx, self.run_lease_ms, thread_id, &consumed, now_ms)?;
+        self.conn.with_single("moving claims on", |tx| {
             let s = tx.schema;
-            tx.execute(
-                &format!(
-                    "UPDATE {s}.claims SET superseded_at_ms = $4 \
-                     WHERE {CHECKPOINT_MATCH} AND superseded_at_ms IS NULL"
-                ),
-                &[&thread_id, &checkpoint_ns, &parent_checkpoint_id, &now_ms],
-            )?;
-            tx.execute(
-                &format!("DELETE FROM {s}.claims WHERE superseded_at_ms < $1"),
-                &[&superseded_cutoff],
-            )?;
-            purge_before(tx, retain_cutoff)?;
-            Ok(consumed)
+            records(tx.query(
+                &format!("SELECT {COLUMNS} FROM {s}.move_on($1, $2, $3, $4, $5, $6, $7, $8)"),
+                &[
+                    &thread_id,
+                    &checkpoint_ns,
+                    &parent_checkpoint_id,
+                    &NEXT_CHECKPOINT,
+                    &now_ms,
+                    &self.run_lease_ms(),
+                    &superseded_cutoff,
+                    &retain_cutoff,
+                ],
+            )?)
         })
     }
 
@@ -448,7 +408,7 @@ impl PgClaims {
         checkpoint_ns: &str,
     ) -> Result<Option<RunLease>, StoreError> {
         self.conn.with_single("reading an answer", |tx| {
-            live_lease(tx, thread_id, checkpoint_ns, i64::MIN)
+            last_lease(tx, thread_id, checkpoint_ns)
         })
     }
 
@@ -458,83 +418,51 @@ impl PgClaims {
         checkpoint_ns: &str,
         now_ms: i64,
     ) -> Result<Option<RunLease>, StoreError> {
-        let gone_until = now_ms.saturating_add(self.holder_gone_grace_ms);
-        self.conn.with_tx("reading a run lease", |tx| {
-            sweep(tx, thread_id, checkpoint_ns, gone_until)?;
-            live_lease(tx, thread_id, checkpoint_ns, now_ms)
+        let gone_until = now_ms.saturating_add(self.timings.current().holder_gone_grace_ms);
+        self.conn.with_single("reading a run lease", |tx| {
+            live_lease(tx, thread_id, checkpoint_ns, now_ms, gone_until)
         })
     }
 }
 
-/// Hands `prev`'s row to `holder` as a fresh held claim, the next epoch.
-fn retake(
-    tx: &mut Tx<'_>,
-    prev: &ClaimRecord,
-    holder: &Holder,
-    now_ms: i64,
-    lapse_at_ms: i64,
-    takeover: i64,
-) -> Result<ClaimRecord, Fail> {
-    let s = tx.schema;
-    let mine = tx.instance;
-    tx.execute(
-        &format!(
-            "UPDATE {s}.claims SET state = 'held', proxy_id = $5, session_id = $6, \
-             client_addr = $7, application_name = $8, claimed_at_ms = $9, lapse_at_ms = $10, \
-             consumed_at_ms = NULL, evidence = NULL, takeovers = takeovers + $11, \
-             abandon_at_ms = NULL, epoch = epoch + 1, holder_instance = $12 WHERE {KEY_MATCH}"
-        ),
-        &[
-            &prev.key.at.thread_id,
-            &prev.key.at.checkpoint_ns,
-            &prev.key.at.checkpoint_id,
-            &prev.key.fingerprint,
-            &holder.proxy_id,
-            &(holder.session_id as i64),
-            &holder.client_addr,
-            &holder.application_name,
-            &now_ms,
-            &lapse_at_ms,
-            &takeover,
-            &mine,
-        ],
-    )?;
-    Ok(prev.retaken(holder, now_ms, lapse_at_ms, takeover))
+/// The rows `<schema>.claim(...)` returned, as the reader's outcome: one
+/// row labelled with it, or for a row handed over, the row as it was
+/// (`taken_over_from`, `taken_from`: released) and as it is now (`now`).
+fn outcome_of(rows: &[postgres::Row]) -> Result<ClaimOutcome, Fail> {
+    let mut labelled = Vec::with_capacity(rows.len());
+    for r in rows {
+        labelled.push((r.try_get::<_, String>(18)?, super::rows::record(r)?));
+    }
+    let now = labelled
+        .iter()
+        .find(|(label, _)| label == "now")
+        .map(|(_, r)| r.clone());
+    let Some((label, record)) = labelled.into_iter().find(|(label, _)| label != "now") else {
+        return Err(Fail("the claim function returned no outcome".into()));
+    };
+    let handed = |now: Option<ClaimRecord>| {
+        now.ok_or_else(|| {
+            Fail(format!(
+                "the claim function said {label} without the new row"
+            ))
+        })
+    };
+    Ok(match label.as_str() {
+        "taken" => ClaimOutcome::Taken(record),
+        "already_held" => ClaimOutcome::AlreadyHeld(record),
+        "busy" => ClaimOutcome::Busy(record),
+        "consumed" => ClaimOutcome::Consumed(record),
+        "taken_from" => ClaimOutcome::Taken(handed(now)?),
+        "taken_over_from" => ClaimOutcome::TakenOver {
+            now: handed(now)?,
+            previous: record,
+        },
+        other => return Err(Fail(format!("unknown claim outcome {other:?}"))),
+    })
 }
 
-/// Held claims on a checkpoint taken by `taken_by_ms` become consumed;
-/// returns them as they were.
-fn consume_held(
-    tx: &mut Tx<'_>,
-    (thread_id, checkpoint_ns, checkpoint_id): (&str, &str, &str),
-    evidence: &str,
-    taken_by_ms: i64,
-    now_ms: i64,
-) -> Result<Vec<ClaimRecord>, Fail> {
-    let held = select_for_update(
-        tx,
-        &format!("{CHECKPOINT_MATCH} AND state = 'held' AND claimed_at_ms <= $4"),
-        &[&thread_id, &checkpoint_ns, &checkpoint_id, &taken_by_ms],
-    )?;
-    if !held.is_empty() {
-        let s = tx.schema;
-        let fingerprints: Vec<&str> = held.iter().map(|c| c.key.fingerprint.as_str()).collect();
-        tx.execute(
-            &format!(
-                "UPDATE {s}.claims SET state = 'consumed', consumed_at_ms = $4, evidence = $5 \
-                 WHERE {CHECKPOINT_MATCH} AND state = 'held' AND fingerprint = ANY($6)"
-            ),
-            &[
-                &thread_id,
-                &checkpoint_ns,
-                &checkpoint_id,
-                &now_ms,
-                &evidence,
-                &fingerprints,
-            ],
-        )?;
-    }
-    Ok(held)
+fn records(rows: Vec<postgres::Row>) -> Result<Vec<ClaimRecord>, Fail> {
+    rows.iter().map(super::rows::record).collect()
 }
 
 fn purge_before(tx: &mut Tx<'_>, cutoff: i64) -> Result<usize, Fail> {

@@ -558,13 +558,14 @@ fn claiming_state_on(
     inspection: &[&str],
     application_name: &str,
 ) -> SessionState {
+    use crate::config::live::{ClaimsTimings, LiveClaimsTimings};
     use crate::policy::claims::WaitPolicy;
 
     let leg = ClaimsLeg {
         store,
         proxy_id: "proxy-a".into(),
         lapse_ms: 1_000,
-        run_lease: true,
+        timings: LiveClaimsTimings::new(ClaimsTimings::default()),
         policy: WaitPolicy::Refuse,
         inspection_patterns: inspection
             .iter()
@@ -572,6 +573,7 @@ fn claiming_state_on(
             .collect(),
         inspection_sql_hint: false,
         evidence: None,
+        held: Arc::default(),
         fence_in_transaction: None,
     };
     let classifier = Arc::new(Classifier::new(vec![SaverProfile::langgraph_python()]));
