@@ -21,7 +21,9 @@
 # proxy (two proxies sharing one claims store in 2-proxy cells, racers split
 # between them). It asserts what CI asserts and prints one table row per
 # cell: stock fires per repetition, proxy fires per repetition, refusals
-# (55000), in-use refusals (55006), claim_waited events, slowest loser and
+# (55000), in-use refusals (55006), late racers (read the finished head:
+# served the finished state, or, bare form, refused 55000 as late
+# duplicates), claim_waited events, slowest loser and
 # winner (ms after the barrier). Results are also kept in
 # $RG_CO_TABLE (default: a temp file, path printed).
 set -uo pipefail
@@ -67,13 +69,13 @@ def fmt(v):
     return str(v)
 gates = sorted({int(k.rsplit("_g", 1)[1]) for r in rows for k in r if k.startswith("proxy_fires_g")})
 hdr = ["cell", "gate_ms", "stock fires/rep", "proxy fires/rep", "55000", "of which lease", "55006",
-       "late", "waits", "max loser ms", "max winner ms"]
+       "late (served)", "late (55000)", "waits", "max loser ms", "max winner ms"]
 lines = []
 for r in rows:
     for g in gates:
         lines.append([r["cell"], str(g), fmt(r.get(f"stock_fires_g{g}")), fmt(r.get(f"proxy_fires_g{g}")),
                       fmt(r.get(f"refused_g{g}")), fmt(r.get(f"leased_g{g}")), fmt(r.get(f"in_use_g{g}")),
-                      fmt(r.get(f"late_g{g}")), fmt(r.get(f"waits_g{g}")),
+                      fmt(r.get(f"late_g{g}")), fmt(r.get(f"late_dup_g{g}")), fmt(r.get(f"waits_g{g}")),
                       fmt(r.get(f"max_loser_ms_g{g}")), fmt(r.get(f"max_winner_ms_g{g}"))])
 w = [max(len(x) for x in col) for col in zip(hdr, *lines)] if lines else [len(h) for h in hdr]
 print("\n| " + " | ".join(h.ljust(n) for h, n in zip(hdr, w)) + " |")

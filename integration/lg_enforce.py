@@ -207,7 +207,8 @@ def ordinary_resume_scenario(kind: str, dsn: str, thread_id: str, value: Any = T
 
 def stray_resume_scenario(kind: str, dsn: str, thread_id: str, form: str) -> dict:
     """Complete a run with True, then send a stray Command(resume=False) to the
-    ordinary address (thread config only): it must stay inert."""
+    ordinary address (thread config only): it must stay inert. ``stray_error`` is
+    the stray's refusal (SQLSTATE and message), if it got one instead of a result."""
     ledger: list = []
     cfg = cfg_of(thread_id)
     out: dict[str, Any] = {}
@@ -220,11 +221,15 @@ def stray_resume_scenario(kind: str, dsn: str, thread_id: str, form: str) -> dic
         before_hist = len(d.history(graph, cfg))
         effects_before = len(ledger)
         resume = False if form == "bare" else {interrupt_id: False}
-        res = d.invoke(graph, Command(resume=resume), cfg)
+        try:
+            res = d.invoke(graph, Command(resume=resume), cfg)
+            out.update(stray_result=strip_interrupts(res), stray_interrupts=interrupt_values(res),
+                       stray_error=None)
+        except psycopg.Error as e:
+            out.update(stray_result=None, stray_interrupts=None,
+                       stray_error={"sqlstate": e.sqlstate, "message": e.diag.message_primary})
         after_state = d.get_state(graph, cfg)
         out.update({
-            "stray_result": strip_interrupts(res),
-            "stray_interrupts": interrupt_values(res),
             "stray_effects": ledger[effects_before:],
             "values_before": dict(before_state.values),
             "values_after": dict(after_state.values),
@@ -328,9 +333,14 @@ def subgraph_scenario(kind: str, dsn: str, thread_id: str, variant: str) -> dict
         out["final_values"] = dict(final.values)
         out["final_next"] = list(final.next)
         out["history_len"] = len(d.history(graph, cfg))
-        # a second resume at the ordinary address: inert, as stock
-        res = d.invoke(graph, Command(resume=False), cfg)
-        out["stray_result"] = strip_interrupts(res)
+        # a second resume at the ordinary address: inert, as stock (or, through the
+        # proxy, refused as a late duplicate)
+        try:
+            res = d.invoke(graph, Command(resume=False), cfg)
+            out["stray_result"] = strip_interrupts(res)
+        except psycopg.Error as e:
+            out["stray_result"] = {"refused": e.sqlstate,
+                                   "late_duplicate": "late duplicate" in str(e.diag.message_primary)}
     out["ledger"] = list(ledger)
     return out
 

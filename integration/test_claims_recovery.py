@@ -180,9 +180,12 @@ def test_a_run_that_died_before_its_next_checkpoint_does_not_strand_its_thread(
             takeovers = [e for e in evs if e["operation"] == "claim_takeover"]
             assert takeovers, [e["operation"] for e in evs]
             assert "abandoned run" in takeovers[0]["detail"]["takeover"], takeovers[0]
-            # the answered interrupt stays answered for duplicates of the new run
+            # the answered interrupt stays answered for duplicates of the new run: the
+            # duplicate reads the finished head and is refused as a late duplicate
             dup = resume(via, thread, "dup", gate_ms=0)
-            assert dup["ok"] and [r[0] for r in ledger(db, thread)] == ["crashed", "again"], dup
+            assert [r[0] for r in ledger(db, thread)] == ["crashed", "again"], dup
+            assert not dup["ok"] and dup["error"]["sqlstate"] == "55000", dup
+            assert dup["error"]["message"].startswith("resumeguard: late duplicate resume"), dup
     assert outcome["proxy"] == outcome["direct"], outcome
 
 

@@ -359,6 +359,7 @@ def test_race(co, cell):
                for rid, d in zip(racers.ids, dsns)}
     for gate in gates:
         fires, refused, in_use, waits, late, leased, loser_ms, winner_ms = [], 0, 0, 0, 0, 0, [], []
+        late_dups = 0
         for job, res in zip(jobs, runs):
             if job["gate_ms"] != gate:
                 continue
@@ -379,7 +380,16 @@ def test_race(co, cell):
             for lo in losers:
                 err = lo["error"]
                 assert err["sqlstate"] in (REFUSED, IN_USE), f"loser {lo['id']}: {err}\n{ctx}"
-                if err["sqlstate"] == REFUSED:
+                if err["sqlstate"] == REFUSED and err["message"].startswith(
+                        "resumeguard: late duplicate resume"):
+                    # a late racer in the bare form: it read the finished head and its
+                    # __resume__ write was refused, naming the winner's answer
+                    late_dups += 1
+                    assert err["class"] == "ObjectNotInPrerequisiteState", err
+                    for part in (f'thread "{thread}"', f'application_name "racer-{wid}"',
+                                 f"proxy {co.proxy_ids[port_of[wid]]}", "nothing was run"):
+                        assert part in err["message"], f"{part!r} not in {err['message']!r}"
+                elif err["sqlstate"] == REFUSED:
                     refused += 1
                     assert err["class"] == "ObjectNotInPrerequisiteState", err
                     msg = err["message"]
@@ -402,7 +412,10 @@ def test_race(co, cell):
             assert list(st.next) == [], ctx
             assert st.values["approved"] == f"v-{wid}", ctx
             # audit (both proxies' trails): one claim, consumed, one refusal per loser
-            evs = audit_ops(co, thread, lambda e: len(ops(e, "claim_refused")) >= len(losers)
+            thread_late = sum(1 for lo in losers
+                              if lo["error"]["message"].startswith("resumeguard: late duplicate"))
+            evs = audit_ops(co, thread, lambda e: len(ops(e, "claim_refused"))
+                            + len(ops(e, "late_duplicate")) >= len(losers)
                             and ops(e, "claim_consumed"), proxies=targets)
             taken = ops(evs, "claim_taken")
             assert len(taken) == 1, [e["operation"] for e in evs]
@@ -410,11 +423,15 @@ def test_race(co, cell):
             parked_ckpt = taken[0]["checkpoint_id"]
             assert not ops(evs, "claim_takeover"), ctx
             assert len(ops(evs, "claim_consumed")) == 1, ctx
-            assert len(ops(evs, "claim_refused")) == len(losers), ctx
+            assert len(ops(evs, "claim_refused")) == len(losers) - thread_late, ctx
+            assert len(ops(evs, "late_duplicate")) == thread_late, ctx
             # A racer that succeeded without firing must have been *late*: its read
             # reached the proxy after the thread had moved past the parked checkpoint
             # (the head was no longer parked, nothing to claim), so it ran as a stray
-            # resume: no gated node, the winner's values. Anything else is a defect.
+            # resume: no gated node, the winner's values. The bare form's late racers
+            # are refused above (late duplicate); the map form's writes nothing the
+            # proxy can tell from a get_state, and a pool's read and write may take
+            # different connections. Anything else is a defect.
             for r in others_ok:
                 reads = [e for e in ops(evs, "read_latest") if e["application_name"] == f"racer-{r['id']}"]
                 assert reads, f"no read audited for {r['id']}\n{ctx}"
@@ -429,6 +446,7 @@ def test_race(co, cell):
         summary[f"in_use_g{gate}"] = in_use
         summary[f"waits_g{gate}"] = waits
         summary[f"late_g{gate}"] = late
+        summary[f"late_dup_g{gate}"] = late_dups
         summary[f"leased_g{gate}"] = leased
         summary[f"max_loser_ms_g{gate}"] = round(max(loser_ms), 1) if loser_ms else None
         summary[f"max_winner_ms_g{gate}"] = round(max(winner_ms), 1)
@@ -594,22 +612,42 @@ def test_marked_inspection_during_inflight_resume(co):
 
 @pytest.mark.parametrize("form", ["bare", "map"])
 def test_stray_resume_after_completion_is_inert(co, form):
-    """A resume that arrives after the thread completed runs nothing: no effect, same
-    outcome as stock."""
+    """A resume that arrives after the thread completed runs nothing: no effect. Stock
+    serves it the finished state with no error (both forms). Through the proxy the bare
+    form is refused 55000 as a late duplicate, naming the first answer's client and
+    time, and audited late_duplicate; the map form writes nothing the proxy can tell
+    from a get_state: served, as stock."""
     outcome = {}
     for via in ("direct", "A"):
         thread = tid(f"stray-{form}-{via}")
         iid = park(co.dsn(via), thread)[0]["id"]
-        first = in_process_resume(co.dsn(via), thread, "first", form=form, interrupt_id=iid)
+        app = lambda name: f"{co.dsn(via)}{'&' if '?' in co.dsn(via) else '?'}application_name={name}"
+        first = in_process_resume(app("first-resumer"), thread, "first", form=form,
+                                  interrupt_id=iid)
         assert first["ok"], first
-        stray = in_process_resume(co.dsn(via), thread, "stray", form=form, interrupt_id=iid)
-        assert stray["ok"], (via, stray)
+        stray = in_process_resume(app("stray-resumer"), thread, "stray", form=form,
+                                  interrupt_id=iid)
         assert ledger(co, thread) == [("first", "gate", json.dumps("v-first"))], via
         st = final_state(co, thread)
         assert list(st.next) == [] and st.values["approved"] == "v-first"
-        outcome[via] = (stray["values"], stray["interrupts"], st.values)
         assert stray["t_end"] - stray["t_start"] < 1.0, stray
-    assert outcome["A"] == outcome["direct"]
+        outcome[via] = (stray, thread)
+    (stock, _), (proxied, thread) = outcome["direct"], outcome["A"]
+    assert stock["ok"] and stock["values"]["approved"] == "v-first", stock   # stock: silent
+    if form == "map":
+        assert proxied["ok"], proxied
+        assert (proxied["values"], proxied["interrupts"]) == (stock["values"], stock["interrupts"])
+        return
+    assert not proxied["ok"], proxied
+    err = proxied["error"]
+    assert err["sqlstate"] == "55000" and err["class"] == "ObjectNotInPrerequisiteState", err
+    for part in ("resumeguard: late duplicate resume: interrupt ", f'thread "{thread}"',
+                 'application_name "first-resumer"', "nothing was run"):
+        assert part in err["message"], f"{part!r} not in {err['message']!r}"
+    evs = audit_ops(co, thread, lambda e: ops(e, "late_duplicate"), proxies=("A",))
+    late = ops(evs, "late_duplicate")
+    assert len(late) == 1 and late[0]["application_name"] == "stray-resumer", late
+    assert late[0]["detail"]["answered_by"]["application_name"] == "first-resumer", late
 
 
 def test_two_gates_map_late_duplicate_leaves_gate2_parked(co):

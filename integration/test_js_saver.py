@@ -146,16 +146,22 @@ def tid(prefix: str) -> str:
 MATRIX_TABLE = os.environ.get("RG_CO_TABLE")
 
 
+def is_late_duplicate(err: dict) -> bool:
+    return err["code"] == REFUSED and err["message"].startswith("resumeguard: late duplicate")
+
+
 class Tally:
     """Per-cell counts for full_matrix.sh's table."""
 
     def __init__(self):
         self.fires, self.loser_ms, self.winner_ms = [], [], []
-        self.refused = self.leased = self.in_use = self.late = self.waits = 0
+        self.refused = self.leased = self.in_use = self.late = self.late_dups = self.waits = 0
 
     def add(self, winner: dict, losers: list[dict], late: list[dict], waits: int) -> None:
         for lo in losers:
-            if lo["error"]["code"] == REFUSED:
+            if is_late_duplicate(lo["error"]):
+                self.late_dups += 1
+            elif lo["error"]["code"] == REFUSED:
                 self.refused += 1
                 self.leased += "its run is in progress" in lo["error"]["message"]
             else:
@@ -170,7 +176,8 @@ class Tally:
             return {"cell": cell, f"stock_fires_g{gate}": self.fires}
         return {"cell": cell, f"proxy_fires_g{gate}": self.fires, f"refused_g{gate}": self.refused,
                 f"leased_g{gate}": self.leased, f"in_use_g{gate}": self.in_use,
-                f"late_g{gate}": self.late, f"waits_g{gate}": self.waits,
+                f"late_g{gate}": self.late, f"late_dup_g{gate}": self.late_dups,
+                f"waits_g{gate}": self.waits,
                 f"max_loser_ms_g{gate}": round(max(self.loser_ms), 1) if self.loser_ms else None,
                 f"max_winner_ms_g{gate}": round(max(self.winner_ms), 1)}
 
@@ -237,7 +244,11 @@ def test_race(dsns, jsproxy, workdir, via, cell):
             assert err["code"] in (REFUSED, IN_USE), f"loser {lo['id']}: {err}\n{ctx}"
             assert lo["effects"] == [], ctx
             if err["code"] == REFUSED:
-                for part in ("resumeguard: interrupt already answered", f'thread "{thread}"',
+                # a late racer (its read found the finished head) is refused at its
+                # __resume__ write as a late duplicate, naming the winner too
+                first = ("resumeguard: late duplicate resume" if is_late_duplicate(err)
+                         else "resumeguard: interrupt already answered")
+                for part in (first, f'thread "{thread}"',
                              f'application_name "racer-{wid}"', f"proxy {PROXY_ID}"):
                     assert part in err["message"], f"{part!r} not in {err['message']!r}"
         # a racer served without firing read a head the winner had already finished
@@ -245,14 +256,41 @@ def test_race(dsns, jsproxy, workdir, via, cell):
             assert r["effects"] == [] and r["values"] == winner["values"], ctx
         assert gate == 0 or not late, ctx
         assert final["next"] == [] and final["values"]["approved"] == f"v-{wid}", ctx
-        evs = audit_until(jsproxy, thread, lambda e: len(ops(e, "claim_refused")) >= len(losers)
+        late_dups = sum(is_late_duplicate(lo["error"]) for lo in losers)
+        evs = audit_until(jsproxy, thread, lambda e: len(ops(e, "claim_refused"))
+                          + len(ops(e, "late_duplicate")) >= len(losers)
                           and ops(e, "claim_consumed"))
         taken = ops(evs, "claim_taken")
         assert [e["application_name"] for e in taken] == [f"racer-{wid}"], ctx
         assert len(ops(evs, "claim_consumed")) == 1, ctx
-        assert len(ops(evs, "claim_refused")) == len(losers), ctx
+        assert len(ops(evs, "claim_refused")) == len(losers) - late_dups, ctx
+        assert len(ops(evs, "late_duplicate")) == late_dups, ctx
         tally.add(winner, losers, late, len(ops(evs, "claim_waited")))
     record(tally.row(f"js-n{n}", via, gate))
+
+
+# --------------------------------------------------------------------------- late duplicate
+@pytest.mark.parametrize("via", ["direct", "proxy"])
+def test_late_duplicate_bare_is_served_inert(dsns, jsproxy, via):
+    """A second bare resume after the first one finished the thread. LangGraph JS
+    records no `updated_channels` in its checkpoints, so the proxy cannot tell its
+    finished head from one with tasks left to run (docs/late-duplicates.md): the
+    late resume is not refused as a late duplicate, and is served the finished state
+    as stock is; the gate does not run again either way."""
+    thread = tid("jl")
+    lg("park", "--dsn", dsns[via], "--thread", thread)
+    first = lg("resume", "--dsn", f"{dsns[via]}&application_name=js-first", "--thread", thread,
+               "--id", "first")
+    assert first["ok"] and first["effects"] == ["v-first"], first
+    late = lg("resume", "--dsn", f"{dsns[via]}&application_name=js-late", "--thread", thread,
+              "--id", "late")
+    assert late["effects"] == [], late
+    assert late["ok"] and late["values"]["approved"] == "v-first", late
+    final = lg("state", "--dsn", dsns["direct"], "--thread", thread)
+    assert final["next"] == [] and final["values"]["approved"] == "v-first", final
+    if via == "proxy":
+        evs = audit_until(jsproxy, thread, lambda e: ops(e, "claim_consumed"))
+        assert not ops(evs, "late_duplicate"), evs
 
 
 # --------------------------------------------------------------------------- fork

@@ -216,37 +216,51 @@ def test_refused_racer(env):
 
 
 def test_late_duplicate(env):
-    """A resume that reaches the finished head of an answered interrupt. Stock and
-    through the proxy alike it is served the finished state and no node runs again;
-    the proxy does not refuse it today (the table says so): its audit trail has the
-    duplicate's answer as one more resume_recorded of the finished checkpoint."""
+    """A resume (bare form) that reaches the finished head of an answered interrupt.
+    Stock serves it the finished state with no error (no node runs again; the caller
+    cannot tell it was late). Through the proxy its __resume__ write onto the finished
+    head is refused 55000 naming the first answer's approver and time; nothing of it
+    is recorded but a late_duplicate audit line (no second answer)."""
     outcome = {}
     for via, dsn in (("direct", env.direct), ("proxy", dsn_of(env.guard, env))):
         thread = tid(f"late-{via}")
         park(dsn, thread)
-        done = run(dsn, Command(resume="first"), thread)
+        done = run(with_app(dsn, "first-resumer"), Command(resume="first"), thread)
         assert done["ok"] and done["values"]["shipped"], done
         late = run(with_app(dsn, "late-resumer"), Command(resume="late"), thread)
-        outcome[via] = (late["ok"], late.get("values", {}).get("approved"), ledger(thread))
-        if via == "proxy":
-            evs = audit_until(env.guard, thread, lambda e: len(ops(e, "resume_recorded")) >= 2)
-            late_evs = [e for e in ops(evs, "resume_recorded")
-                        if e["application_name"] == "late-resumer"]
-            assert late_evs, [(e["operation"], e["application_name"]) for e in evs]
-            s = saver(env.direct)
-            try:
-                head = approval_graph(s).get_state(cfg(thread)).config["configurable"]
-            finally:
-                s.conn.close()
-            # recorded on the finished head, whose interrupt was answered before
-            assert [e["checkpoint_id"] for e in late_evs] == [head["checkpoint_id"]], late_evs
-    assert outcome == {"direct": (True, "first", ["first"]), "proxy": (True, "first", ["first"])}
+        outcome[via] = (late, ledger(thread), thread)
+    late, rows, _ = outcome["direct"]
+    assert late["ok"] and late["values"]["approved"] == "first", late    # stock: silent
+    assert rows == ["first"]
+    late, rows, thread = outcome["proxy"]
+    assert rows == ["first"]
+    assert not late["ok"] and late["sqlstate"] == "55000", late
+    msg = late["message"]
+    assert msg.startswith("resumeguard: late duplicate resume: interrupt "), msg
+    assert re.search(r"was answered at 20\d\d-\d\d-\d\dT[\d:.]+Z by user_id=alice, client "
+                     r"\S+ \(application_name \"first-resumer\"", msg), msg
+    assert msg.endswith("and nothing was run"), msg
+    evs = audit_until(env.guard, thread, lambda e: ops(e, "late_duplicate"))
+    late_evs = ops(evs, "late_duplicate")
+    assert [e["application_name"] for e in late_evs] == ["late-resumer"], late_evs
+    assert late_evs[0]["detail"]["answer_approver"] == "user_id=alice", late_evs
+    assert late_evs[0]["detail"]["sqlstate"] == "55000", late_evs
+    assert not [e for e in ops(evs, "resume_recorded") if e["application_name"] == "late-resumer"]
+    s = saver(env.direct)
+    try:
+        state = approval_graph(s).get_state(cfg(thread))
+    finally:
+        s.conn.close()
+    # on the finished head, which the refused write left as it was
+    assert [e["checkpoint_id"] for e in late_evs] == [state.config["configurable"]["checkpoint_id"]]
+    assert state.values["approved"] == "first" and state.next == ()
 
 
 def test_run_in_progress(env):
     """While the answering run is still running (`ship` sleeps), an unmarked
-    get_state of the thread from another session is refused 55000 (the run lease),
-    worded for an inspection: the hint says how to mark it. A marked read is
+    get_state of the thread from another session is refused 55000 (the run lease);
+    the message and the hint say how to mark it (this proxy's application_name
+    patterns, the inspection listener, the SQL comment). A marked read is
     served. Stock serves it."""
     dsn = dsn_of(env.guard, env)
     thread = tid("running")
@@ -278,6 +292,11 @@ def test_run_in_progress(env):
     assert e.diag.message_primary.startswith(
         "resumeguard: interrupt already answered and its run is in progress"), e.diag.message_primary
     assert "mark the read as inspection" in (e.diag.message_hint or ""), e.diag.message_hint
+    # the remedy names this proxy's own inspection patterns, in the message and the hint
+    remedy = f'claims.inspection_application_names (now "^{INSPECT_APP}$")'
+    assert remedy in e.diag.message_primary and remedy in e.diag.message_hint, e.diag.message_primary
+    assert "if this is a status read (get_state), mark the read as inspection" in \
+        e.diag.message_primary, e.diag.message_primary
     s = saver(with_app(dsn, INSPECT_APP))
     try:
         assert approval_graph(s).get_state(cfg(thread)).next == ("ship",)

@@ -190,6 +190,11 @@ pub fn describe() {
         "Checkpoint writes refused by the validity gate (23514)"
     );
     describe_counter!(
+        "resumeguard_late_duplicates_total",
+        "Bare resumes whose __resume__ write reached the finished head of an answered \
+         interrupt, by outcome: refused (55000), store_unavailable (58000, fail closed)"
+    );
+    describe_counter!(
         CLAIMS,
         "Reads of a thread's head decided by the consume-once gate, each counted once by \
          outcome: taken (a claim taken afresh), takeover (another holder's claim taken over), \
@@ -336,6 +341,12 @@ pub fn claim_refused(reason: &Refusal) {
         Refusal::ShuttingDown => "shutting_down",
     };
     counter!(REFUSED, "reason" => reason).increment(1);
+}
+
+/// A bare resume's write onto a finished head of a thread was refused:
+/// `refused` (its interrupt was answered before) or `store_unavailable`.
+pub fn late_duplicate(outcome: &'static str) {
+    counter!("resumeguard_late_duplicates_total", "outcome" => outcome).increment(1);
 }
 
 /// A write continuing a checkpoint that needed no question to the claim

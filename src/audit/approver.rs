@@ -39,15 +39,7 @@ pub fn stamp(ev: &mut AuditEvent, keys: &[String]) {
     let Some(metadata) = ev.run_metadata.take() else {
         return;
     };
-    let found: Map<String, Value> = keys
-        .iter()
-        .filter_map(|k| {
-            metadata
-                .get(k)
-                .filter(|v| !v.is_null())
-                .map(|v| (k.clone(), v.clone()))
-        })
-        .collect();
+    let found = found(&metadata, keys);
     if found.is_empty() {
         return;
     }
@@ -55,6 +47,25 @@ pub fn stamp(ev: &mut AuditEvent, keys: &[String]) {
         ev.detail = json!({});
     }
     ev.detail["approver"] = Value::Object(found);
+}
+
+/// The entries of a checkpoint's `metadata` whose key is one of `keys`.
+fn found(metadata: &Value, keys: &[String]) -> Map<String, Value> {
+    keys.iter()
+        .filter_map(|k| {
+            metadata
+                .get(k)
+                .filter(|v| !v.is_null())
+                .map(|v| (k.clone(), v.clone()))
+        })
+        .collect()
+}
+
+/// The approver a checkpoint's `metadata` (its JSON text) names under
+/// `keys`, as [`describe`] shows it (`user_id=alice`).
+pub fn named_in(metadata_json: &str, keys: &[String]) -> Option<String> {
+    let metadata: Value = serde_json::from_str(metadata_json).ok()?;
+    describe(&json!({ "approver": found(&metadata, keys) }))
 }
 
 /// Records in `detail.approver` the first of `pointers` that names a

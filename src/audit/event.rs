@@ -33,6 +33,9 @@ pub enum Operation {
     ClaimWaited,
     ClaimTakeover,
     WriteFenced,
+    /// A resume that reached the finished head of an answered interrupt,
+    /// refused.
+    LateDuplicate,
     EventsDropped,
     AuditPruned,
     ConfigReloaded,
@@ -41,7 +44,7 @@ pub enum Operation {
 
 impl Operation {
     /// Every variant, so names can be parsed back without a second table.
-    pub const ALL: [Operation; 24] = [
+    pub const ALL: [Operation; 25] = [
         Operation::ReadLatest,
         Operation::ReadById,
         Operation::ReadList,
@@ -62,6 +65,7 @@ impl Operation {
         Operation::ClaimWaited,
         Operation::ClaimTakeover,
         Operation::WriteFenced,
+        Operation::LateDuplicate,
         Operation::EventsDropped,
         Operation::AuditPruned,
         Operation::ConfigReloaded,
@@ -91,6 +95,7 @@ impl Operation {
             Operation::ClaimWaited => "claim_waited",
             Operation::ClaimTakeover => "claim_takeover",
             Operation::WriteFenced => "write_fenced",
+            Operation::LateDuplicate => "late_duplicate",
             Operation::EventsDropped => "events_dropped",
             Operation::AuditPruned => "audit_pruned",
             Operation::ConfigReloaded => "config_reloaded",

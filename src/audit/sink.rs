@@ -210,6 +210,15 @@ impl AuditSink {
         self.inner.is_some()
     }
 
+    /// The approver `[audit] approver_keys` (or, with the audit off, the
+    /// default keys) finds in a checkpoint's metadata JSON.
+    pub fn approver_in(&self, metadata_json: &str) -> Option<String> {
+        match &self.inner {
+            Some(inner) => approver::named_in(metadata_json, &inner.approver_keys),
+            None => approver::named_in(metadata_json, &approver::default_keys()),
+        }
+    }
+
     /// Whether producers may include parameter values in `detail`.
     pub fn log_values(&self) -> bool {
         self.inner.as_ref().is_some_and(|i| i.log_values)

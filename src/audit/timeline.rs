@@ -161,6 +161,9 @@ fn phrase(ev: &AuditEvent) -> String {
         Operation::WriteFenced => {
             "write fenced: its checkpoint is claimed by another session".to_string()
         }
+        Operation::LateDuplicate => {
+            "late duplicate resume refused: the interrupt was answered before".to_string()
+        }
         Operation::ClaimTaken => format!("resume claimed by session {}", ev.session_id),
         Operation::ClaimConsumed => "claim consumed: resume completed".to_string(),
         Operation::ClaimLapsed => "claim lapsed: holder did not finish".to_string(),

@@ -257,4 +257,14 @@ impl ClaimStore {
     ) -> Result<Option<RunLease>, StoreError> {
         each!(self, s => s.run_lease(thread_id, checkpoint_ns, now_ms))
     }
+
+    /// The run lease row of a namespace of a thread, live or ended (kept
+    /// until the retention purge): its latest answered interrupt.
+    pub fn last_answer(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: &str,
+    ) -> Result<Option<RunLease>, StoreError> {
+        each!(self, s => s.last_answer(thread_id, checkpoint_ns))
+    }
 }

@@ -25,6 +25,17 @@ impl SqliteClaims {
         })
     }
 
+    /// The run lease row of a namespace of a thread, live or ended.
+    pub fn last_answer(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: &str,
+    ) -> Result<Option<RunLease>, StoreError> {
+        self.with_tx_as("reading an answer", TransactionBehavior::Deferred, |tx| {
+            live_lease(tx, thread_id, checkpoint_ns, i64::MIN)
+        })
+    }
+
     /// A write of the thread arrived: claims it just consumed start a run
     /// lease held by their holder, and the thread's live leases last
     /// `run_lease_ms` past this write.

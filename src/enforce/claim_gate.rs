@@ -27,8 +27,8 @@ use crate::claims::evidence::EvidenceSender;
 use crate::claims::{now_ms, ClaimKey, ClaimOutcome, ClaimState, ClaimStore, Holder, StoreError};
 use crate::config::live::LiveClaimsTimings;
 use crate::policy::claims::{
-    decide, decide_running_head, takeover_reason, ClaimDecision, Refusal, WaitPolicy,
-    COMMIT_COVER_MS,
+    decide, decide_running_head, inspection_remedy, takeover_reason, ClaimDecision, Refusal,
+    WaitPolicy, COMMIT_COVER_MS,
 };
 
 /// The consume-once leg as configured for one proxy process.
@@ -239,6 +239,13 @@ impl ClaimsLeg {
         })
     }
 
+    /// How a read is marked as inspection here (see
+    /// [`crate::policy::claims::inspection_remedy`]).
+    pub fn inspection_remedy(&self) -> String {
+        let patterns: Vec<&str> = self.inspection_patterns.iter().map(Regex::as_str).collect();
+        inspection_remedy(&patterns, self.inspection_sql_hint)
+    }
+
     fn note_refusal(&self, key: &ClaimKey) {
         if let Err(e) = self.store.note_refusal(key) {
             tracing::warn!(error = %e, "refusal not counted in the claim store");
@@ -325,11 +332,13 @@ impl<'a> HolderDetail<'a> {
 
 /// What a decided claim means for the held row: `None` lets it through;
 /// `Some` is the refusal the client gets instead. The audit records go to
-/// `events`.
+/// `events`. `inspection` says how to mark a read as inspection, told to
+/// a read refused while a run is in progress.
 pub fn apply_claim(
     ctx: &SessionContext,
     req: &ClaimRequest,
     res: &Resolution,
+    inspection: Option<&str>,
     events: &mut Vec<AuditEvent>,
 ) -> Option<Bytes> {
     let key = &req.key;
@@ -349,7 +358,20 @@ pub fn apply_claim(
     }
     match &res.decision {
         ClaimDecision::Refuse { reason } => {
-            let message = reason.message(key);
+            let (message, hint) = match (reason, inspection) {
+                (Refusal::RunInProgress { .. }, Some(remedy)) => (
+                    format!(
+                        "{}; if this is a status read (get_state), {remedy}",
+                        reason.message(key)
+                    ),
+                    format!(
+                        "Resuming again has no effect on an answered interrupt. To watch a \
+                         running thread, {remedy}. claims.run_lease_ms sets how long after \
+                         the run's last write this applies."
+                    ),
+                ),
+                _ => (reason.message(key), reason.hint().to_owned()),
+            };
             crate::admin::metrics::claim_refused(reason);
             tracing::info!(thread = %shown(&key.at.thread_id), "{}", shown(&message));
             let interrupt = match reason {
@@ -371,7 +393,7 @@ pub fn apply_claim(
                 Severity::Error,
                 reason.sqlstate(),
                 &message,
-                Some(reason.hint()),
+                Some(&hint),
             ))
         }
         // A running head outside any lease: nothing was claimed.

@@ -22,6 +22,7 @@ mod evidence;
 mod fencing;
 pub mod held_claims;
 mod history;
+mod late_duplicate;
 pub mod own_schema;
 pub mod reload;
 pub mod session;

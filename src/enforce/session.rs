@@ -14,6 +14,7 @@ use super::events::rejected;
 use super::evidence::continuation;
 use super::fencing::{FenceCheck, FenceGate, FenceStep, Fenced};
 use super::history::history_refusal;
+use super::late_duplicate::{LateDuplicate, LateGate};
 use super::validity::{ValidityGate, CHECK_VIOLATION};
 use super::watch::{Watch, WriteDecode};
 use super::Enforcement;
@@ -21,7 +22,9 @@ use crate::audit::{AuditEvent, SessionContext};
 use crate::claims::evidence::{Evidence, EvidenceSender};
 use crate::claims::{now_ms, Holder};
 use crate::log_text::shown;
-use crate::policy::claims::{has_inspection_hint, is_inspection, ClaimDecision};
+use crate::policy::claims::{
+    has_inspection_hint, is_inspection, ClaimDecision, Refusal as ClaimRefusal,
+};
 use crate::saver::bind::BoundParams;
 use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::classify::{Classified, StatementKind};
@@ -76,6 +79,8 @@ pub struct SessionEnforcer {
     /// A claim was granted and its run has not committed a checkpoint
     /// since: shutdown lets the run reach it before closing the session.
     run_open: bool,
+    /// The finished heads this session read, for late duplicate resumes.
+    late: LateGate,
 }
 
 impl SessionEnforcer {
@@ -94,6 +99,7 @@ impl SessionEnforcer {
             validity: ValidityGate::new(show_values),
             fencing: FenceGate::default(),
             run_open: false,
+            late: LateGate::default(),
         }
     }
 
@@ -207,7 +213,22 @@ impl SessionEnforcer {
                 self.run_open = true;
             }
         }
-        apply_claim(&self.ctx, req, res, &mut self.ready_events)
+        let remedy = match (&res.decision, self.shared.legs.claims.as_deref()) {
+            (
+                ClaimDecision::Refuse {
+                    reason: ClaimRefusal::RunInProgress { .. },
+                },
+                Some(leg),
+            ) => Some(leg.inspection_remedy()),
+            _ => None,
+        };
+        apply_claim(
+            &self.ctx,
+            req,
+            res,
+            remedy.as_deref(),
+            &mut self.ready_events,
+        )
     }
 
     /// With consume-once on: a write continuing a claimed checkpoint from
@@ -233,6 +254,23 @@ impl SessionEnforcer {
         let session = self.holder(&leg.proxy_id);
         self.fencing
             .check(&leg, &self.ctx, &session, (&cont, kind.label(), rec))
+    }
+
+    /// With consume-once on: a bare resume's `__resume__` write onto a
+    /// finished head this session read, of an answered interrupt, is
+    /// refused (see `late_duplicate`).
+    fn late_duplicate(
+        &self,
+        kind: &StatementKind,
+        record: Option<&WriteDecode>,
+    ) -> Option<LateDuplicate> {
+        let leg = self.shared.legs.claims.as_ref()?;
+        let Some(Ok(rec)) = record else {
+            return None;
+        };
+        let audit = &self.shared.audit;
+        self.late
+            .check(leg, &self.ctx, |m| audit.approver_in(m), (kind, rec))
     }
 
     /// The audit record of a write the server fenced in its transaction.
@@ -370,6 +408,11 @@ impl Hooks for SessionEnforcer {
                 return Ok(Bound::Refuse(self.refuse_write(rejection)));
             }
         }
+        if let Some(late) = self.late_duplicate(&statement.class.kind, record.as_ref()) {
+            let LateDuplicate { refusal, event } = late;
+            self.ready_events.push(event);
+            return Ok(Bound::Refuse(refusal));
+        }
         let guard = match self.fence(&statement.class.kind, record.as_ref()) {
             FenceStep::Pass => None,
             FenceStep::Refuse(fenced) => {
@@ -488,6 +531,11 @@ impl Hooks for SessionEnforcer {
         }
         crate::admin::metrics::forks_served(watch.forks.len());
         let events = watch.events(&self.ctx);
+        if self.shared.legs.claims.is_some() {
+            if let Some(row) = watch.finished_head() {
+                self.late.read_finished(&row.at, &row.metadata);
+            }
+        }
         if matches!(watch.class.kind, StatementKind::Read(_)) {
             self.ready_events.extend(events);
         } else {

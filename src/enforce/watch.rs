@@ -241,6 +241,16 @@ impl Watch {
         })
     }
 
+    /// For a read of a namespace's head that is finished (not parked, no
+    /// tasks left to run): that row, for the late duplicate check.
+    pub fn finished_head(&self) -> Option<&CheckpointRow> {
+        let row = self.gated_head()?;
+        if row.has_pending(INTERRUPT) || has_pending_tasks(&row.checkpoint) != Some(false) {
+            return None;
+        }
+        Some(row)
+    }
+
     pub(super) fn param_text(&self, index: Option<usize>) -> Option<String> {
         let value = self.bound.as_ref()?.value(index?, ColumnKind::Text).ok()?;
         value.as_str().map(str::to_owned)

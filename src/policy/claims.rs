@@ -310,6 +310,30 @@ impl Refusal {
     }
 }
 
+/// How to mark a read as inspection under this configuration: the
+/// `claims.inspection_application_names` patterns in effect, the
+/// inspection listener, and the SQL comment where it is on. Told to a
+/// read refused during a run: most such reads are a status page's.
+pub fn inspection_remedy(patterns: &[&str], sql_hint: bool) -> String {
+    let names = if patterns.is_empty() {
+        "none is set".to_owned()
+    } else {
+        let quoted: Vec<String> = patterns.iter().map(|p| format!("{p:?}")).collect();
+        format!("now {}", quoted.join(", "))
+    };
+    let comment = if sql_hint {
+        "or start the statement with the comment /* resumeguard:inspect */"
+    } else {
+        "or, with claims.inspection_sql_hint = true (off now), start the statement with the \
+         comment /* resumeguard:inspect */"
+    };
+    format!(
+        "mark the read as inspection: connect with an application_name matching \
+         claims.inspection_application_names ({names}), or through the inspection listener \
+         (claims.inspection_listen), {comment}"
+    )
+}
+
 /// The session sending a write that continues a checkpoint (its task's
 /// pending writes on it, or a checkpoint whose parent it is).
 #[derive(Debug, Clone, Copy)]
@@ -511,7 +535,7 @@ pub fn fenced_message(
     )
 }
 
-fn who(by: &Holder) -> String {
+pub(crate) fn who(by: &Holder) -> String {
     format!(
         "client {} (application_name \"{}\", proxy {}, session {})",
         by.client_addr, by.application_name, by.proxy_id, by.session_id

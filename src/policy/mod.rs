@@ -3,6 +3,7 @@
 //! - [`fork`]: fork determinism — what a read of a superseded checkpoint
 //!   may see of its recorded answers.
 //! - [`claims`]: consume-once — what a read of a parked head gets.
+//! - [`late_duplicate`]: which answer a resume onto a finished head repeats.
 //! - Checkpoint validity: channel-schema rules and the verdict on each
 //!   payload a checkpoint write carries. No I/O on the proxy path:
 //!   [`ChannelRules::load`] reads and compiles `rules/channels/*.toml` once
@@ -15,6 +16,7 @@
 
 pub mod claims;
 pub mod fork;
+pub mod late_duplicate;
 pub mod write_check;
 
 mod error;

@@ -28,18 +28,37 @@ pub(super) fn live_lease(
         ),
         &[&thread_id, &checkpoint_ns, &mine, &now_ms, &gone_until],
     )?;
-    rows.first()
-        .map(|r| {
-            Ok(RunLease {
-                thread_id: r.try_get(0)?,
-                checkpoint_ns: r.try_get(1)?,
-                answered_checkpoint_id: r.try_get(2)?,
-                fingerprint: r.try_get(3)?,
-                holder: holder_at(r, 4)?,
-                answered_at_ms: r.try_get(8)?,
-                last_write_ms: r.try_get(9)?,
-                until_ms: r.try_get(10)?,
-            })
-        })
-        .transpose()
+    rows.first().map(lease_of).transpose()
+}
+
+/// The lease row on a namespace of a thread, live or ended (kept until
+/// the retention purge): its latest answered interrupt. A read only.
+pub(super) fn last_lease(
+    tx: &mut Tx<'_>,
+    thread_id: &str,
+    checkpoint_ns: &str,
+) -> Result<Option<RunLease>, Fail> {
+    let s = tx.schema;
+    let rows = tx.query(
+        &format!(
+            "SELECT thread_id, checkpoint_ns, answered_checkpoint_id, fingerprint, proxy_id, \
+             session_id, client_addr, application_name, answered_at_ms, last_write_ms, until_ms \
+             FROM {s}.run_leases WHERE thread_id = $1 AND checkpoint_ns = $2"
+        ),
+        &[&thread_id, &checkpoint_ns],
+    )?;
+    rows.first().map(lease_of).transpose()
+}
+
+fn lease_of(r: &postgres::Row) -> Result<RunLease, Fail> {
+    Ok(RunLease {
+        thread_id: r.try_get(0)?,
+        checkpoint_ns: r.try_get(1)?,
+        answered_checkpoint_id: r.try_get(2)?,
+        fingerprint: r.try_get(3)?,
+        holder: holder_at(r, 4)?,
+        answered_at_ms: r.try_get(8)?,
+        last_write_ms: r.try_get(9)?,
+        until_ms: r.try_get(10)?,
+    })
 }

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use super::conn::{Fail, PgConn, Role, Tx};
-use super::leases::live_lease;
+use super::leases::{last_lease, live_lease};
 use super::rows::{select_key, select_where, CHECKPOINT_MATCH, COLUMNS, KEY_MATCH};
 use super::target::PgTarget;
 use crate::claims::error::StoreError;
@@ -398,6 +398,17 @@ impl PgClaims {
                 &[&thread_id, &checkpoint_id],
             )?;
             Ok(n as usize)
+        })
+    }
+
+    /// The run lease row, live or ended; no sweep: a read only.
+    pub fn last_answer(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: &str,
+    ) -> Result<Option<RunLease>, StoreError> {
+        self.conn.with_single("reading an answer", |tx| {
+            last_lease(tx, thread_id, checkpoint_ns)
         })
     }
 
