@@ -217,8 +217,11 @@ def test_sigterm_during_a_gated_node_fires_once_and_the_run_is_continued_once(db
         # LangGraph's saver writes in psycopg pipeline mode, and a pipeline on a
         # connection the server ended reports it lost, without the FATAL's SQLSTATE:
         # the same as on a backend PostgreSQL itself terminated (beside it)
+        # (which of psycopg's two lost-connection messages depends on when it
+        # notices the close: at the next send, or reading the result)
         stock = pipeline_on_a_terminated_backend(db)
-        assert h["error"]["message"] == stock, (h, stock)
+        assert h["error"]["class"] == "OperationalError", (h, stock)
+        assert h["error"]["message"] in {stock, "the connection is closed"}, (h, stock)
     else:
         assert h["ok"] or h["error"]["sqlstate"] == ADMIN_SHUTDOWN, h
     assert ledger(db, thread) == [("holder", "gate")]
