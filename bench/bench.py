@@ -221,9 +221,16 @@ class Resumeguard:
         upstream = [] if "--upstream" in args else \
             ["--upstream", upstream_url or f"{HOST}:{upstream_port}"]
         # Its own admin API (and /metrics) when the harness reads its counters.
-        admin = [] if admin_port is None or "--admin-listen" in args else \
-            ["--admin-listen", f"{HOST}:{admin_port}"]
-        self.admin_url = f"http://{HOST}:{admin_port}" if admin else None
+        # Otherwise none: proxies running side by side would all want the
+        # default address, and an address in use stops a proxy at start.
+        self.admin_url = None
+        if "--admin-listen" in args:
+            admin = []
+        elif admin_port is None:
+            admin = ["--admin-listen", "off"]
+        else:
+            admin = ["--admin-listen", f"{HOST}:{admin_port}"]
+            self.admin_url = f"http://{HOST}:{admin_port}"
         self.argv = [str(binary), "serve", "--listen", f"{HOST}:{self.port}", *upstream,
                      "--audit-db", str(work / f"{name}-{self.port}-audit.sqlite"), *admin, *args]
         # A configuration may run another binary with the same command line
