@@ -98,6 +98,13 @@ def record(node: str, answer: Any) -> None:
         (thread, CTX["racer"], node, json.dumps(answer), os.getpid()))
 
 
+def ledger(dsn: str, thread: str) -> list[tuple]:
+    """The gated effects recorded for ``thread``: (racer, node, value), in order."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return c.execute("select racer, node, value from rg_ledger where thread_id = %s order by seq",
+                         (thread,)).fetchall()
+
+
 def _gate_node(name: str):
     def node(state: State) -> dict:
         answer = interrupt({"question": f"approve {name}?"})

@@ -76,10 +76,7 @@ def dsn_of(proxy, direct: str, app: str | None = None) -> str:
     return base
 
 
-def ledger(direct: str, thread: str) -> list[tuple]:
-    with psycopg.connect(direct, autocommit=True) as c:
-        return c.execute("select racer, node, value from rg_ledger where thread_id = %s order by seq",
-                         (thread,)).fetchall()
+ledger = R.ledger
 
 
 def park(dsn: str, thread: str) -> str:

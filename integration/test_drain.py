@@ -70,9 +70,8 @@ def tid(prefix: str) -> str:
 
 
 def ledger(direct: str, thread: str) -> list[tuple]:
-    with psycopg.connect(direct, autocommit=True) as c:
-        return c.execute("select racer, node from rg_ledger where thread_id = %s order by seq",
-                         (thread,)).fetchall()
+    """(racer, node) of each gated effect on ``thread``."""
+    return [(racer, node) for racer, node, _ in R.ledger(direct, thread)]
 
 
 def park(dsn: str, thread: str) -> None:
