@@ -196,7 +196,7 @@ impl PgClaims {
     }
 
     pub fn note_refusal(&self, key: &ClaimKey) -> Result<(), StoreError> {
-        self.conn.with_tx("counting a refusal", |tx| {
+        self.conn.with_single("counting a refusal", |tx| {
             let s = tx.schema;
             tx.execute(
                 &format!("UPDATE {s}.claims SET refusals = refusals + 1 WHERE {KEY_MATCH}"),
