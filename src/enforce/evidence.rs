@@ -6,7 +6,7 @@
 use super::watch::Watch;
 use crate::claims::evidence::Evidence;
 use crate::saver::checkpoint_ref::CheckpointRef;
-use crate::saver::classify::StatementKind;
+use crate::saver::classify::{RowsDeleted, StatementKind};
 use crate::saver::profile::TableRole;
 use crate::saver::reserved::{ERROR, INTERRUPT, NULL_TASK, RESUME, SCHEDULED};
 use crate::saver::write_record::WriteRecord;
@@ -82,15 +82,35 @@ impl Continuation {
 impl Watch {
     /// What a completed write means for consume-once claims.
     pub fn evidence(&self) -> Vec<Evidence> {
-        if let StatementKind::DeleteThread {
-            table: TableRole::Checkpoints,
-            thread_param,
-        } = &self.class.kind
-        {
-            return self
-                .param_text(*thread_param)
-                .map(|thread_id| vec![Evidence::ThreadDeleted { thread_id }])
-                .unwrap_or_default();
+        match &self.class.kind {
+            StatementKind::DeleteThread {
+                table: TableRole::Checkpoints,
+                thread_param,
+            } => {
+                return self
+                    .param_text(*thread_param)
+                    .map(|thread_id| vec![Evidence::ThreadDeleted { thread_id }])
+                    .unwrap_or_default();
+            }
+            StatementKind::DeleteRows {
+                table: TableRole::Checkpoints,
+                rows: RowsDeleted::Threads { threads_param },
+            } => return self.threads_deleted(*threads_param),
+            StatementKind::DeleteRows {
+                table: TableRole::Writes,
+                rows:
+                    RowsDeleted::AllBut {
+                        thread_param,
+                        ns_param,
+                        kept_params,
+                    },
+            } => {
+                return self
+                    .shallow_put_moved_on([*thread_param, *ns_param], kept_params)
+                    .into_iter()
+                    .collect()
+            }
+            _ => {}
         }
         match &self.record {
             Some(Ok(rec)) => continuation(&self.class.kind, rec)
@@ -99,5 +119,123 @@ impl Watch {
                 .collect(),
             _ => Vec::new(),
         }
+    }
+}
+
+impl Watch {
+    /// prune's `DELETE FROM checkpoints WHERE thread_id = ANY($n)`: every
+    /// listed thread is gone, so are its claims. A list that does not
+    /// decode leaves those claims to lapse: said at ERROR.
+    fn threads_deleted(&self, threads_param: usize) -> Vec<Evidence> {
+        match self.param_texts(threads_param) {
+            Ok(threads) => threads
+                .into_iter()
+                .flatten()
+                .map(|thread_id| Evidence::ThreadDeleted { thread_id })
+                .collect(),
+            Err(error) => {
+                tracing::error!(
+                    %error,
+                    "deleted threads' ids do not decode: their claims are not forgotten \
+                     (they lapse or stay consumed)"
+                );
+                Vec::new()
+            }
+        }
+    }
+
+    /// The shallow saver's `put` deletes the writes of every checkpoint of
+    /// the namespace but the new one (its `$3`) and the one it continues
+    /// (its `$4`, empty on a thread's first put): that continued checkpoint
+    /// is moved on, as a new checkpoint naming it as its parent moves it
+    /// on for the other savers. Only that two-id form keeps a continued
+    /// checkpoint; prune's `<> ALL($3)` keeps heads, which it continues
+    /// nothing from.
+    fn shallow_put_moved_on(
+        &self,
+        [thread_param, ns_param]: [usize; 2],
+        kept_params: &[usize],
+    ) -> Option<Evidence> {
+        let [new, continued] = kept_params else {
+            return None;
+        };
+        let thread_id = self.param_text(Some(thread_param))?;
+        let checkpoint_ns = self.param_text(Some(ns_param))?;
+        let continued = self.param_text(Some(*continued))?;
+        if continued.is_empty() || self.param_text(Some(*new)).as_ref() == Some(&continued) {
+            return None;
+        }
+        Some(Evidence::MovedOn {
+            parent: CheckpointRef {
+                thread_id,
+                checkpoint_ns,
+                checkpoint_id: continued,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::saver::bind::tests::bind_frame;
+    use crate::saver::bind::BoundParams;
+    use crate::saver::classify::housekeeping_sql::{PRUNE_DELETE_THREADS, SHALLOW_DELETE_WRITES};
+    use crate::saver::classify::Classifier;
+    use crate::saver::profile::SaverProfile;
+
+    /// A completed statement of `sql` with these text parameters.
+    fn watch(sql: &str, params: &[Option<&str>]) -> Watch {
+        let classifier = Classifier::new(vec![SaverProfile::langgraph_python()]);
+        let params: Vec<Option<&[u8]>> = params.iter().map(|p| p.map(str::as_bytes)).collect();
+        let frame = bind_frame("", &[], &params, &[]);
+        let bound = BoundParams::decode(&frame).expect("a Bind psycopg sends");
+        Watch::new(classifier.classify(sql), Some(Arc::new(bound)), false)
+    }
+
+    fn deleted(thread_id: &str) -> Evidence {
+        Evidence::ThreadDeleted {
+            thread_id: thread_id.into(),
+        }
+    }
+
+    #[test]
+    fn prunes_delete_of_several_threads_forgets_each_ones_claims() {
+        let [checkpoints, blobs, writes] = PRUNE_DELETE_THREADS;
+        let w = watch(checkpoints, &[Some(r#"{t1,"t 2",NULL}"#)]);
+        assert_eq!(w.evidence(), vec![deleted("t1"), deleted("t 2")]);
+        // Its blob and write deletes say nothing more.
+        for sql in [blobs, writes] {
+            assert_eq!(watch(sql, &[Some("{t1}")]).evidence(), vec![]);
+        }
+        // A list that does not decode forgets nothing (and says so).
+        assert_eq!(watch(checkpoints, &[Some("{t1")]).evidence(), vec![]);
+        assert_eq!(watch(checkpoints, &[None]).evidence(), vec![]);
+    }
+
+    #[test]
+    fn the_shallow_puts_delete_moves_the_checkpoint_it_continues_on() {
+        let w = watch(
+            SHALLOW_DELETE_WRITES,
+            &[Some("t"), Some("ns"), Some("new"), Some("parked")],
+        );
+        assert_eq!(
+            w.evidence(),
+            vec![Evidence::MovedOn {
+                parent: CheckpointRef {
+                    thread_id: "t".into(),
+                    checkpoint_ns: "ns".into(),
+                    checkpoint_id: "parked".into(),
+                }
+            }]
+        );
+        // A thread's first put continues nothing.
+        let first = watch(
+            SHALLOW_DELETE_WRITES,
+            &[Some("t"), Some(""), Some("new"), Some("")],
+        );
+        assert_eq!(first.evidence(), vec![]);
     }
 }

@@ -15,9 +15,10 @@ use crate::saver::checkpoint_row::PendingWrite;
 use crate::saver::checkpoint_row::{decode_checkpoint_row, CheckpointRow, RowLayout};
 use crate::saver::classify::{Classified, ReadMode, StatementKind};
 use crate::saver::data_row::split_data_row;
+use crate::saver::decode_error::DecodeError;
 use crate::saver::pending_tasks::has_pending_tasks;
 use crate::saver::reserved::INTERRUPT;
-use crate::saver::value::ColumnKind;
+use crate::saver::value::{ColumnKind, Value};
 use crate::saver::write_record::WriteRecord;
 use crate::wire::row_rewrite;
 
@@ -254,5 +255,18 @@ impl Watch {
     pub(super) fn param_text(&self, index: Option<usize>) -> Option<String> {
         let value = self.bound.as_ref()?.value(index?, ColumnKind::Text).ok()?;
         value.as_str().map(str::to_owned)
+    }
+
+    /// A `text[]` parameter's elements (NULL elements as `None`).
+    pub(super) fn param_texts(&self, index: usize) -> Result<Vec<Option<String>>, DecodeError> {
+        let bound = self.bound.as_ref().ok_or(DecodeError::MissingColumn {
+            column: "bind parameter",
+            index,
+            count: 0,
+        })?;
+        match bound.value(index, ColumnKind::TextArray)? {
+            Value::Texts(texts) => Ok(texts),
+            _ => Ok(Vec::new()),
+        }
     }
 }

@@ -51,8 +51,8 @@ pub enum DecodeError {
     #[error("jsonb: unsupported binary version {0} (expected 1)")]
     JsonbVersion(u8),
 
-    /// A binary array whose element type is not bytea.
-    #[error("bytea[]: element type oid {0}, expected 17 (bytea)")]
+    /// A binary array whose element type is not the one expected.
+    #[error("array: element type oid {0} is not the expected element type")]
     ElementOid(u32),
 
     /// A binary array header that is structurally invalid.
@@ -64,7 +64,7 @@ pub enum DecodeError {
     ArrayCount { declared: u64, remaining: usize },
 
     /// A text array literal that does not parse.
-    #[error("bytea[] text: {reason} at byte {pos}")]
+    #[error("array text: {reason} at byte {pos}")]
     ArraySyntax { pos: usize, reason: &'static str },
 
     /// An array whose shape is not the rows-of-N the statement produces.

@@ -1,8 +1,10 @@
-//! `bytea[]` values: the shape the checkpoint SELECT returns its blobs in.
+//! Array values: `bytea[]`, the shape the checkpoint SELECT returns its
+//! blobs in, and `text[]`, the thread ids a housekeeping delete names.
 //!
 //! `channel_values` and `pending_writes` are `array_agg(array[...])` over
-//! bytea, i.e. 2-D arrays whose rows are one blob or one write. Both the
-//! binary (what the saver asks for) and the text form are decoded here.
+//! bytea, i.e. 2-D arrays whose rows are one blob or one write; prune's
+//! `thread_id = ANY($1)` binds a 1-D `text[]`. Both the binary and the
+//! text form are decoded here.
 //! The input comes from the network, so every length and dimension is checked
 //! against the bytes actually present before anything is allocated.
 
@@ -14,8 +16,48 @@ use super::decode_error::DecodeError;
 
 /// PostgreSQL's limit on array dimensions (`MAXDIM`).
 const MAX_DIMS: usize = 6;
-/// Type OID of `bytea`, the only element type accepted.
+/// Type OID of `bytea`.
 const BYTEA_OID: u32 = 17;
+/// Type OIDs a binary text array's elements may carry: `text`, `varchar`,
+/// `name`, `bpchar` (all sent as their UTF-8 bytes).
+const TEXT_OIDS: [u32; 4] = [25, 1043, 19, 1042];
+
+/// What an array's elements are, which says how each one decodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Element {
+    /// `bytea`: hex or escape format in text, raw bytes in binary.
+    Bytea,
+    /// A string type: the element's UTF-8 bytes in both formats.
+    Text,
+}
+
+impl Element {
+    fn accepts_oid(self, oid: u32) -> bool {
+        match self {
+            Element::Bytea => oid == BYTEA_OID,
+            Element::Text => TEXT_OIDS.contains(&oid),
+        }
+    }
+}
+
+/// Decodes a `text[]` (any dimensions, flattened in row-major order) from
+/// its wire format; `None` elements are SQL NULLs.
+pub fn decode_text_array(raw: &[u8], binary: bool) -> Result<Vec<Option<String>>, DecodeError> {
+    let array = if binary {
+        decode_binary_of(raw, Element::Text)?
+    } else {
+        let text = std::str::from_utf8(raw).map_err(|_| DecodeError::Utf8 { what: "text[]" })?;
+        decode_text_of(text, Element::Text)?
+    };
+    array
+        .elements
+        .into_iter()
+        .map(|e| {
+            e.map(|b| super::value::utf8(&b, "text[] element"))
+                .transpose()
+        })
+        .collect()
+}
 
 /// A decoded `bytea[]`: dimension sizes and the elements in row-major order.
 /// An empty array has no dimensions and no elements.
@@ -36,65 +78,9 @@ impl ByteaArray {
         self.elements.chunks(width)
     }
 
-    /// Decodes the binary array format: int32 ndim, int32 has-null flag,
-    /// uint32 element OID (must be 17), per dimension int32 size and int32
-    /// lower bound, then each element as int32 length (-1 = NULL) + bytes.
+    /// Decodes the binary array format with element OID 17 (bytea).
     pub fn decode_binary(raw: &[u8]) -> Result<ByteaArray, DecodeError> {
-        let mut buf = raw;
-        let ndim = read_i32(&mut buf, "bytea[] ndim")?;
-        let ndim = usize::try_from(ndim)
-            .ok()
-            .filter(|n| *n <= MAX_DIMS)
-            .ok_or_else(|| {
-                DecodeError::ArrayHeader(format!("{ndim} dimensions (expected 0..={MAX_DIMS})"))
-            })?;
-        let flags = read_i32(&mut buf, "bytea[] flags")?;
-        if flags != 0 && flags != 1 {
-            return Err(DecodeError::ArrayHeader(format!(
-                "has-null flag {flags} (expected 0 or 1)"
-            )));
-        }
-        let oid = read_i32(&mut buf, "bytea[] element oid")? as u32;
-        if oid != BYTEA_OID {
-            return Err(DecodeError::ElementOid(oid));
-        }
-
-        let mut dims = Vec::with_capacity(ndim);
-        let mut total: u64 = if ndim == 0 { 0 } else { 1 };
-        for _ in 0..ndim {
-            let size = read_i32(&mut buf, "bytea[] dimension size")?;
-            let _lower_bound = read_i32(&mut buf, "bytea[] lower bound")?;
-            let size = usize::try_from(size)
-                .map_err(|_| DecodeError::ArrayHeader(format!("negative dimension size {size}")))?;
-            total = total.checked_mul(size as u64).ok_or_else(|| {
-                DecodeError::ArrayHeader("dimension sizes overflow the element count".into())
-            })?;
-            dims.push(size);
-        }
-        if total == 0 {
-            // PostgreSQL turns any zero-sized dimension into the empty array.
-            dims.clear();
-        }
-        // Each element needs at least its 4-byte length.
-        if total > (buf.len() / 4) as u64 {
-            return Err(DecodeError::ArrayCount {
-                declared: total,
-                remaining: buf.len(),
-            });
-        }
-        // Bounded by the check above, so this fits in usize.
-        let mut elements = Vec::with_capacity(total as usize);
-        for _ in 0..total {
-            let element = read_nullable(&mut buf, "bytea[] element")?;
-            elements.push(element.map(Bytes::copy_from_slice));
-        }
-        if !buf.is_empty() {
-            return Err(DecodeError::TrailingBytes {
-                what: "bytea[] (more bytes than the dimensions declare)",
-                extra: buf.len(),
-            });
-        }
-        Ok(ByteaArray { dims, elements })
+        decode_binary_of(raw, Element::Bytea)
     }
 
     /// Decodes the text array form, e.g.
@@ -103,40 +89,7 @@ impl ByteaArray {
     /// text form (hex `\x..` or escape format). 1-D arrays are accepted too.
     /// A leading dimension decoration (`[0:1][1:3]=`) is skipped.
     pub fn decode_text(text: &str) -> Result<ByteaArray, DecodeError> {
-        let mut p = TextParser {
-            s: text.as_bytes(),
-            pos: 0,
-            dims: [None; MAX_DIMS],
-            leaf_depth: None,
-            elements: Vec::new(),
-        };
-        p.skip_ws();
-        if p.peek() == Some(b'[') {
-            while p.bump() != Some(b'=') {
-                if p.peek().is_none() {
-                    return Err(p.err("unterminated dimension decoration"));
-                }
-            }
-            p.skip_ws();
-        }
-        p.array(0)?;
-        p.skip_ws();
-        if p.peek().is_some() {
-            return Err(p.err("unexpected characters after the array"));
-        }
-        let TextParser { dims, elements, .. } = p;
-        let dims: Vec<usize> = dims.iter().map_while(|d| *d).collect();
-        if elements.is_empty() {
-            return Ok(ByteaArray::default());
-        }
-        let product = dims.iter().try_fold(1usize, |acc, d| acc.checked_mul(*d));
-        if product != Some(elements.len()) {
-            return Err(DecodeError::ArrayHeader(format!(
-                "dimensions {dims:?} disagree with {} elements",
-                elements.len()
-            )));
-        }
-        Ok(ByteaArray { dims, elements })
+        decode_text_of(text, Element::Bytea)
     }
 
     /// Encodes in the binary array format `decode_binary` reads.
@@ -200,6 +153,106 @@ impl ByteaArray {
     }
 }
 
+/// The binary array format: int32 ndim, int32 has-null flag, uint32
+/// element OID (one `element` accepts), per dimension int32 size and int32
+/// lower bound, then each element as int32 length (-1 = NULL) + bytes.
+fn decode_binary_of(raw: &[u8], element: Element) -> Result<ByteaArray, DecodeError> {
+    let mut buf = raw;
+    let ndim = read_i32(&mut buf, "array ndim")?;
+    let ndim = usize::try_from(ndim)
+        .ok()
+        .filter(|n| *n <= MAX_DIMS)
+        .ok_or_else(|| {
+            DecodeError::ArrayHeader(format!("{ndim} dimensions (expected 0..={MAX_DIMS})"))
+        })?;
+    let flags = read_i32(&mut buf, "array flags")?;
+    if flags != 0 && flags != 1 {
+        return Err(DecodeError::ArrayHeader(format!(
+            "has-null flag {flags} (expected 0 or 1)"
+        )));
+    }
+    let oid = read_i32(&mut buf, "array element oid")? as u32;
+    if !element.accepts_oid(oid) {
+        return Err(DecodeError::ElementOid(oid));
+    }
+
+    let mut dims = Vec::with_capacity(ndim);
+    let mut total: u64 = if ndim == 0 { 0 } else { 1 };
+    for _ in 0..ndim {
+        let size = read_i32(&mut buf, "array dimension size")?;
+        let _lower_bound = read_i32(&mut buf, "array lower bound")?;
+        let size = usize::try_from(size)
+            .map_err(|_| DecodeError::ArrayHeader(format!("negative dimension size {size}")))?;
+        total = total.checked_mul(size as u64).ok_or_else(|| {
+            DecodeError::ArrayHeader("dimension sizes overflow the element count".into())
+        })?;
+        dims.push(size);
+    }
+    if total == 0 {
+        // PostgreSQL turns any zero-sized dimension into the empty array.
+        dims.clear();
+    }
+    // Each element needs at least its 4-byte length.
+    if total > (buf.len() / 4) as u64 {
+        return Err(DecodeError::ArrayCount {
+            declared: total,
+            remaining: buf.len(),
+        });
+    }
+    // Bounded by the check above, so this fits in usize.
+    let mut elements = Vec::with_capacity(total as usize);
+    for _ in 0..total {
+        let element = read_nullable(&mut buf, "array element")?;
+        elements.push(element.map(Bytes::copy_from_slice));
+    }
+    if !buf.is_empty() {
+        return Err(DecodeError::TrailingBytes {
+            what: "array (more bytes than the dimensions declare)",
+            extra: buf.len(),
+        });
+    }
+    Ok(ByteaArray { dims, elements })
+}
+
+/// The text array form, each element decoded as `element` says.
+fn decode_text_of(text: &str, element: Element) -> Result<ByteaArray, DecodeError> {
+    let mut p = TextParser {
+        s: text.as_bytes(),
+        pos: 0,
+        dims: [None; MAX_DIMS],
+        leaf_depth: None,
+        elements: Vec::new(),
+        element,
+    };
+    p.skip_ws();
+    if p.peek() == Some(b'[') {
+        while p.bump() != Some(b'=') {
+            if p.peek().is_none() {
+                return Err(p.err("unterminated dimension decoration"));
+            }
+        }
+        p.skip_ws();
+    }
+    p.array(0)?;
+    p.skip_ws();
+    if p.peek().is_some() {
+        return Err(p.err("unexpected characters after the array"));
+    }
+    let TextParser { dims, elements, .. } = p;
+    let dims: Vec<usize> = dims.iter().map_while(|d| *d).collect();
+    if elements.is_empty() {
+        return Ok(ByteaArray::default());
+    }
+    let product = dims.iter().try_fold(1usize, |acc, d| acc.checked_mul(*d));
+    if product != Some(elements.len()) {
+        return Err(DecodeError::ArrayHeader(format!(
+            "dimensions {dims:?} disagree with {} elements",
+            elements.len()
+        )));
+    }
+    Ok(ByteaArray { dims, elements })
+}
+
 /// Recursive-descent parser state for the text array form.
 struct TextParser<'a> {
     s: &'a [u8],
@@ -208,6 +261,8 @@ struct TextParser<'a> {
     dims: [Option<usize>; MAX_DIMS],
     /// Depth at which elements sit; all must sit at the same one.
     leaf_depth: Option<usize>,
+    /// How each element decodes.
+    element: Element,
     elements: Vec<Option<Bytes>>,
 }
 
@@ -280,7 +335,7 @@ impl TextParser<'_> {
         Ok(())
     }
 
-    /// Parses one element, quoted or not, and decodes it as bytea text.
+    /// Parses one element, quoted or not, and decodes it as its type's text.
     fn element(&mut self) -> Result<Option<Bytes>, DecodeError> {
         let mut raw = Vec::new();
         if self.peek() == Some(b'"') {
@@ -332,7 +387,10 @@ impl TextParser<'_> {
                 return Ok(None);
             }
         }
-        decode_bytea_text(&raw).map(Some)
+        match self.element {
+            Element::Bytea => decode_bytea_text(&raw).map(Some),
+            Element::Text => Ok(Some(Bytes::from(raw))),
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use bytes::Bytes;
 
 use super::bytea::decode_bytea_text;
 use super::decode_error::DecodeError;
-use super::pg_array::ByteaArray;
+use super::pg_array::{decode_text_array, ByteaArray};
 
 /// The SQL type a column is expected to carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +25,8 @@ pub enum ColumnKind {
     Int,
     /// `bytea[]` (OID 1001).
     ByteaArray,
+    /// `text[]` (OID 1009) and the other string arrays.
+    TextArray,
 }
 
 /// A decoded column value.
@@ -38,6 +40,8 @@ pub enum Value {
     /// JSON text; the binary jsonb version byte is already stripped.
     Json(String),
     Array(ByteaArray),
+    /// A string array's elements, flattened; `None` is a NULL element.
+    Texts(Vec<Option<String>>),
 }
 
 impl Value {
@@ -103,6 +107,7 @@ pub fn decode_value(
         ColumnKind::ByteaArray => {
             ByteaArray::decode_text(&utf8(raw, "bytea[] text")?).map(Value::Array)
         }
+        ColumnKind::TextArray => decode_text_array(raw, binary).map(Value::Texts),
     }
 }
 
@@ -137,12 +142,13 @@ pub(crate) fn utf8(raw: &[u8], what: &'static str) -> Result<String, DecodeError
 mod tests {
     use super::*;
 
-    const KINDS: [ColumnKind; 5] = [
+    const KINDS: [ColumnKind; 6] = [
         ColumnKind::Text,
         ColumnKind::Bytea,
         ColumnKind::Jsonb,
         ColumnKind::Int,
         ColumnKind::ByteaArray,
+        ColumnKind::TextArray,
     ];
 
     #[test]

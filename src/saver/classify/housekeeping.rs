@@ -27,7 +27,11 @@ pub enum RowsDeleted {
     /// every checkpoint of a namespace but the listed ones (prune keeps
     /// each namespace's head; the shallow `put` keeps the new checkpoint
     /// and the one it continues).
-    AllBut { kept_params: Vec<usize> },
+    AllBut {
+        thread_param: usize,
+        ns_param: usize,
+        kept_params: Vec<usize>,
+    },
     /// `thread_id = $1 AND checkpoint_ns = $2 AND channel = $3 AND
     /// version = ANY($4)`: blob versions no kept checkpoint references.
     BlobVersions,
@@ -95,11 +99,13 @@ pub(super) fn delete_shape(delete: &Delete, profile: &SaverProfile) -> Option<(S
         }
         (
             TableRole::Checkpoints | TableRole::Writes,
-            [Predicate::Eq(t, _), Predicate::Eq(n, _), id],
+            [Predicate::Eq(t, thread_param), Predicate::Eq(n, ns_param), id],
         ) if t == "thread_id" && n == "checkpoint_ns" && id.column() == "checkpoint_id" => {
             let rows = match id {
                 Predicate::AnyOf(..) if table == TableRole::Writes => RowsDeleted::Listed,
                 Predicate::NoneOf(_, kept) => RowsDeleted::AllBut {
+                    thread_param: *thread_param,
+                    ns_param: *ns_param,
                     kept_params: kept.clone(),
                 },
                 _ => return Some((unknown(), exact)),

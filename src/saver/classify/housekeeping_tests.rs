@@ -49,6 +49,8 @@ fn prune_statements_are_recognized() {
         rows(
             TableRole::Checkpoints,
             RowsDeleted::AllBut {
+                thread_param: 0,
+                ns_param: 1,
                 kept_params: vec![2]
             }
         )
@@ -127,6 +129,8 @@ fn shallow_saver_statements_are_recognized() {
         rows(
             TableRole::Writes,
             RowsDeleted::AllBut {
+                thread_param: 0,
+                ns_param: 1,
                 kept_params: vec![2, 3]
             }
         )

@@ -1,4 +1,4 @@
-//! `bytea[]` decoding and encoding in both wire formats.
+//! Array decoding and encoding in both wire formats: `bytea[]` and `text[]`.
 
 use super::*;
 
@@ -333,4 +333,69 @@ fn encoders_round_trip() {
         ByteaArray::decode_binary(&none.encode_binary()).unwrap(),
         none
     );
+}
+
+fn texts(v: &[Option<&str>]) -> Vec<Option<String>> {
+    v.iter().map(|e| e.map(str::to_owned)).collect()
+}
+
+#[test]
+fn text_array_in_text_form_as_psycopg_sends_a_list_of_thread_ids() {
+    let got = decode_text_array(
+        br#"{t1,"thread two","q\"uote","back\\slash",NULL,"NULL"}"#,
+        false,
+    )
+    .unwrap();
+    assert_eq!(
+        got,
+        texts(&[
+            Some("t1"),
+            Some("thread two"),
+            Some("q\"uote"),
+            Some("back\\slash"),
+            None,
+            Some("NULL"),
+        ])
+    );
+    assert_eq!(decode_text_array(b"{}", false).unwrap(), texts(&[]));
+    // A hex-looking element is text, not bytea.
+    assert_eq!(
+        decode_text_array(br#"{"\\x41"}"#, false).unwrap(),
+        texts(&[Some("\\x41")])
+    );
+}
+
+#[test]
+fn text_array_in_binary_form_takes_string_element_types_only() {
+    let raw = binary(25, &[3], &[Some(b"a"), None, Some("é".as_bytes())]);
+    assert_eq!(
+        decode_text_array(&raw, true).unwrap(),
+        texts(&[Some("a"), None, Some("é")])
+    );
+    let varchar = binary(1043, &[1], &[Some(b"v")]);
+    assert_eq!(
+        decode_text_array(&varchar, true).unwrap(),
+        texts(&[Some("v")])
+    );
+    assert!(matches!(
+        decode_text_array(&binary(17, &[1], &[Some(b"x")]), true),
+        Err(DecodeError::ElementOid(17))
+    ));
+    // and a bytea[] decoder does not take a text[]
+    assert!(matches!(
+        ByteaArray::decode_binary(&binary(25, &[1], &[Some(b"x")])),
+        Err(DecodeError::ElementOid(25))
+    ));
+}
+
+#[test]
+fn text_array_rejects_invalid_utf8_and_broken_syntax() {
+    let raw = binary(25, &[1], &[Some(b"\xff\xfe")]);
+    assert!(matches!(
+        decode_text_array(&raw, true),
+        Err(DecodeError::Utf8 { .. })
+    ));
+    assert!(decode_text_array(b"{a,b", false).is_err());
+    assert!(decode_text_array(b"\xff", false).is_err());
+    assert!(decode_text_array(&raw[..raw.len() - 1], true).is_err());
 }
