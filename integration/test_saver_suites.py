@@ -13,14 +13,27 @@ the proxy under ``[enforce] unknown_saver = "refuse"``, compared test by test.
   no checkpoint traffic, and 124 of their 299 need pgvector), and, on both sides, by
   name, ``test_delta_channel_conformance`` (needs a conformance release newer than
   PyPI's 0.0.2).
+* Python 2.0.x: the tests shipped in ``langgraph-checkpoint-postgres`` 2.0.25's sdist
+  (pinned by hash beside 3.2.0), run by ``.venv-lg2``'s interpreter (langgraph 0.6.11;
+  integration/requirements-lg2.txt adds pytest and pytest-asyncio for them):
+  ``test_sync.py`` and ``test_async.py``, ``PostgresSaver``/``AsyncPostgresSaver``
+  over a connection, a pool and a pipeline and the shallow savers, including the
+  pending-sends migration this generation reads with a statement of its own. The same
+  URI rewrite, the same cleanup fixture straight to the server, the store tests left
+  out for the same reasons; nothing skipped by name. 2.0.8 has no such run: its sdist
+  was built by Poetry with ``packages = [{ include = "langgraph" }]`` and holds only
+  ``langgraph/``, ``README.md``, ``pyproject.toml`` and ``PKG-INFO`` — no ``tests/``
+  (its wheel has only the package), so there is no published suite of 2.0.8 to run;
+  test_py2_saver.py drives 2.0.8 with the project's own scenarios.
 * JS: ``@langchain/langgraph-checkpoint-validation`` 1.1.1 (integration/js) over
   ``@langchain/langgraph-checkpoint-postgres`` 1.0.5, one fresh database per
   checkpointer (js/validation_initializer.mjs).
 
 A test whose outcome differs between the two runs fails the comparison; so does any
 "checkpoint traffic not enforced" line in the proxy's log (under ``refuse`` such a
-statement would have failed 0A000), and the proxy's statement counters must show the
-prune, delta-history and shallow statements recognized.
+statement would have failed 0A000), and the proxy's statement counters, counted over
+each Python run alone, must show the statements that suite sends recognized (3.2.0:
+prune, delta history, shallow; 2.0.25: the separate pending-sends read, shallow).
 """
 
 from __future__ import annotations
@@ -44,24 +57,38 @@ HERE = Path(__file__).resolve().parent
 JS = HERE / "js"
 SUITES_REQ = HERE / "saver-suites.txt"
 CACHE = REPO / "target" / "saver-suites"
-PY_SUITE_FILES = [
-    "tests/test_sync.py",
-    "tests/test_async.py",
-    "tests/test_prune.py",
-    "tests/test_delta_pagination.py",
-    "tests/test_delta_plain_value_seed.py",
-    "tests/test_conformance_delta.py",
-]
-PY_SKIPPED = {
-    "tests/test_conformance_delta.py::test_delta_channel_conformance":
-        "needs the conformance library's delta_channel_history capability (not in 0.0.2)",
-}
-# Statement classes (resumeguard_checkpoint_statements_total) the Python suite must
-# have sent through the proxy as recognized traffic.
-PY_CLASSES = ["delete_threads", "delete_namespaces", "delete_listed_checkpoints",
-              "delete_all_but_kept", "delete_blob_versions", "unparent",
-              "read_without_writes", "channel_history_read", "read_latest"]
 NOT_ENFORCED = "checkpoint traffic not enforced"
+
+
+class PySuite:
+    """One version of ``langgraph-checkpoint-postgres`` whose sdist's tests run: the
+    interpreter that has that saver installed, the test files, the tests skipped by
+    name (on both sides), words some of its test ids must contain (the savers it
+    exercises) and the statement classes (``resumeguard_checkpoint_statements_total``)
+    the run must send through the proxy as recognized traffic."""
+
+    def __init__(self, version: str, python: Path, files: list[str],
+                 skipped: dict[str, str], exercises: list[str], classes: list[str]):
+        self.version, self.python, self.files = version, python, files
+        self.skipped, self.exercises, self.classes = skipped, exercises, classes
+
+
+PY_SUITES = [
+    PySuite("3.2.0", Path(sys.executable),
+            ["tests/test_sync.py", "tests/test_async.py", "tests/test_prune.py",
+             "tests/test_delta_pagination.py", "tests/test_delta_plain_value_seed.py",
+             "tests/test_conformance_delta.py"],
+            {"tests/test_conformance_delta.py::test_delta_channel_conformance":
+                 "needs the conformance library's delta_channel_history capability (not in 0.0.2)"},
+            ["shallow", "prune", "pool", "pipe"],
+            ["delete_threads", "delete_namespaces", "delete_listed_checkpoints",
+             "delete_all_but_kept", "delete_blob_versions", "unparent",
+             "read_without_writes", "channel_history_read", "read_latest"]),
+    PySuite("2.0.25", Path(os.environ.get("RG_LG2_PYTHON", REPO / ".venv-lg2" / "bin" / "python")),
+            ["tests/test_sync.py", "tests/test_async.py"], {}, ["shallow", "pool", "pipe"],
+            ["read_latest", "read_by_id", "read_list", "writes_read", "checkpoint_upsert",
+             "writes_insert_ignore", "delete_all_but_kept", "migration"]),
+]
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -88,17 +115,18 @@ def refusing_proxy(suite_pg, workdir):
     assert rc == 0, f"proxy did not exit cleanly: rc={rc}\n{p.describe()}"
 
 
-@pytest.fixture(scope="module")
-def python_suite(workdir) -> Path:
+def unpack_suite(suite: PySuite, workdir: Path) -> Path:
     """The pinned sdist's tests, unpacked, with their connection URIs read from the
     environment."""
-    sdist = fetch_sdist()
-    root = workdir / "lgcp-suite"
+    sdist = fetch_sdist(suite.version)
+    root = workdir / f"lgcp-suite-{suite.version}"
+    unpack = workdir / f"lgcp-unpack-{suite.version}"
     shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(unpack, ignore_errors=True)
     with tarfile.open(sdist) as tar:
         members = [m for m in tar.getmembers() if "/tests/" in m.name and m.isfile()]
-        tar.extractall(workdir / "lgcp-unpack", members=members, filter="data")
-    (top,) = (workdir / "lgcp-unpack").iterdir()
+        tar.extractall(unpack, members=members, filter="data")
+    (top,) = unpack.iterdir()
     shutil.move(str(top), root)
     conftest = root / "tests" / "conftest.py"
     text = conftest.read_text()
@@ -119,36 +147,44 @@ def python_suite(workdir) -> Path:
     return root
 
 
-def fetch_sdist() -> Path:
-    """langgraph-checkpoint-postgres's sdist at the pinned version and hash (pip
-    download, cached under target/)."""
-    CACHE.mkdir(parents=True, exist_ok=True)
-    found = sorted(CACHE.glob("langgraph_checkpoint_postgres-*.tar.gz"))
-    if not found:
+def fetch_sdist(version: str) -> Path:
+    """langgraph-checkpoint-postgres's sdist at that version and its hash in
+    saver-suites.txt (pip download, cached under target/)."""
+    name = f"langgraph_checkpoint_postgres-{version}.tar.gz"
+    sdist = CACHE / name
+    if not sdist.exists():
+        pins = [ln for ln in SUITES_REQ.read_text().splitlines()
+                if ln.startswith(f"langgraph-checkpoint-postgres=={version} ")]
+        assert len(pins) == 1, f"{SUITES_REQ} pins {version} {len(pins)} times"
+        CACHE.mkdir(parents=True, exist_ok=True)
+        # One requirement per download: pip refuses two versions of a package in one file.
+        req = CACHE / f"requirement-{version}.txt"
+        req.write_text(pins[0] + "\n")
         cp = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
-                             "--no-binary", ":all:", "--require-hashes", "-r", str(SUITES_REQ),
+                             "--no-binary", ":all:", "--require-hashes", "-r", str(req),
                              "-d", str(CACHE), "-q"],
                             capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
         assert cp.returncode == 0, f"pip download failed:\n{cp.stdout}\n{cp.stderr}"
-        found = sorted(CACHE.glob("langgraph_checkpoint_postgres-*.tar.gz"))
-    assert len(found) == 1, found
-    return found[0]
+    assert sdist.exists(), f"pip download left no {name} in {CACHE}"
+    return sdist
 
 
 # --------------------------------------------------------------------------- runners
-def run_python_suite(root: Path, base_uri: str, cleanup_uri: str, tag: str) -> dict[str, str]:
+def run_python_suite(suite: PySuite, root: Path, base_uri: str, cleanup_uri: str,
+                     tag: str) -> dict[str, str]:
     """Runs the suite once; {test id: passed | failed | skipped}."""
     junit = root / f"junit-{tag}.xml"
-    argv = [sys.executable, "-m", "pytest", *PY_SUITE_FILES, "-q", "-p", "no:cacheprovider",
+    argv = [str(suite.python), "-m", "pytest", *suite.files, "-q", "-p", "no:cacheprovider",
             "-W", "ignore", f"--junitxml={junit}", "-o", "junit_family=xunit1"]
-    for test in PY_SKIPPED:
+    for test in suite.skipped:
         argv += ["--deselect", test]
     env = dict(os.environ, RG_SUITE_BASE_URI=base_uri, RG_SUITE_CLEANUP_URI=cleanup_uri,
                PYTHONDONTWRITEBYTECODE="1")
     started = time.monotonic()
     cp = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=600,
                         stdin=subprocess.DEVNULL)
-    print(f"python suite {tag}: {time.monotonic() - started:.1f}s, exit {cp.returncode}")
+    print(f"python suite {suite.version} {tag}: {time.monotonic() - started:.1f}s, "
+          f"exit {cp.returncode}")
     assert junit.exists(), f"no junit report ({tag}):\n{cp.stdout[-3000:]}\n{cp.stderr[-3000:]}"
     outcomes = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
@@ -216,20 +252,27 @@ def statement_counts(proxy: Proxy) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- tests
+@pytest.mark.parametrize("suite", PY_SUITES, ids=[s.version for s in PY_SUITES])
 def test_langgraph_python_suite_is_the_same_through_the_refusing_proxy(
-        python_suite, suite_pg, refusing_proxy):
+        suite, suite_pg, refusing_proxy, workdir):
+    assert suite.python.exists(), f"{suite.python} is missing: run_all.sh creates it"
+    root = unpack_suite(suite, workdir)
     direct_base = f"postgres://postgres@{HOST}:{suite_pg.port}/"
     proxy_base = f"postgres://postgres@{HOST}:{refusing_proxy.port}/"
     cleanup = direct_base + "postgres"
-    direct = run_python_suite(python_suite, direct_base, cleanup, "direct")
-    proxied = run_python_suite(python_suite, proxy_base, cleanup, "proxy")
-    compare(direct, proxied, "langgraph-checkpoint-postgres 3.2.0 tests")
-    assert any("shallow" in t for t in direct) and any("prune" in t for t in direct)
+    direct = run_python_suite(suite, root, direct_base, cleanup, "direct")
+    before = statement_counts(refusing_proxy)
+    proxied = run_python_suite(suite, root, proxy_base, cleanup, "proxy")
+    after = statement_counts(refusing_proxy)
+    compare(direct, proxied, f"langgraph-checkpoint-postgres {suite.version} tests")
+    unexercised = [w for w in suite.exercises if not any(w in t for t in direct)]
+    assert not unexercised, f"no test of {unexercised} ran: {sorted(direct)}"
     assert unenforced_lines(refusing_proxy) == [], "\n".join(unenforced_lines(refusing_proxy))
-    counts = statement_counts(refusing_proxy)
-    missing = [c for c in PY_CLASSES if counts.get(c, 0) == 0]
+    counts = {c: n - before.get(c, 0) for c, n in after.items() if n > before.get(c, 0)}
+    print(f"statement classes ({suite.version}): {counts}")
+    missing = [c for c in suite.classes if counts.get(c, 0) == 0]
     assert not missing, f"statement classes never seen: {missing}; counts {counts}"
-    assert counts.get("unrecognized", 0) == 0, counts
+    assert after.get("unrecognized", 0) == 0, counts
 
 
 def test_langgraph_js_validation_suite_is_the_same_through_the_refusing_proxy(

@@ -96,7 +96,7 @@ def table() -> str:
         python_row("Python `langgraph-checkpoint-postgres` 3.x", ROOT / ".venv",
                    "the pytest suite runs in it"),
         python_row("Python `langgraph-checkpoint-postgres` 2.0.x", ROOT / ".venv-lg2",
-                   "`test_py2_saver.py`"),
+                   "`test_py2_saver.py`; its own tests: `test_saver_suites.py`"),
         python_row("Python `langgraph-checkpoint-postgres` 2.0.x", ROOT / ".venv-lg208",
                    "`test_py2_saver.py`"),
     ]
