@@ -138,10 +138,11 @@ const CLOCK_SQL: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::
 pub(super) struct Fail(pub(super) String);
 
 /// Why a decision failed: it waited out its lock timeout on a row, its
-/// connection was ended under it (see [`reaped`]), or anything else.
+/// connection was ended under it (see [`reaped`]; true: the server said
+/// so), or anything else.
 enum Failed {
     RowLocked,
-    Reaped(Fail),
+    Reaped(Fail, bool),
     Other(Fail),
 }
 
@@ -167,15 +168,18 @@ impl Unready {
 /// session timed out, a crashed sibling backend), or the socket found
 /// closed within [`REAPED_WITHIN`] of `began`.
 fn reaped(e: &postgres::Error, began: Instant) -> bool {
+    ended_by_server(e) || (e.as_db_error().is_none() && began.elapsed() < REAPED_WITHIN)
+}
+
+/// Whether the server said it ended the connection: it is gone even
+/// while the client has not read the end of the stream yet.
+fn ended_by_server(e: &postgres::Error) -> bool {
     use postgres::error::SqlState;
-    match e.code() {
-        Some(c) => {
-            *c == SqlState::ADMIN_SHUTDOWN
-                || *c == SqlState::IDLE_SESSION_TIMEOUT
-                || *c == SqlState::CRASH_SHUTDOWN
-        }
-        None => e.as_db_error().is_none() && began.elapsed() < REAPED_WITHIN,
-    }
+    e.code().is_some_and(|c| {
+        *c == SqlState::ADMIN_SHUTDOWN
+            || *c == SqlState::IDLE_SESSION_TIMEOUT
+            || *c == SqlState::CRASH_SHUTDOWN
+    })
 }
 
 impl From<postgres::Error> for Fail {
@@ -202,8 +206,10 @@ pub(super) struct Tx<'a> {
     pub(super) schema: &'a str,
     /// A statement of this decision waited out its lock timeout.
     row_locked: bool,
-    /// A statement of this decision found its connection ended.
+    /// A statement of this decision found its connection ended
+    /// ([`reaped`]), and the server said so ([`ended_by_server`]).
     reaped: bool,
+    ended: bool,
     began: Instant,
 }
 
@@ -238,6 +244,7 @@ impl Tx<'_> {
         if let Err(e) = &out {
             self.row_locked |= is_row_locked(e);
             self.reaped |= reaped(e, self.began);
+            self.ended |= ended_by_server(e);
         }
         out
     }
@@ -512,7 +519,7 @@ impl PgConn {
         match run(decision, instance, &self.target.schema, single, f) {
             Ok(v) => Ok(v),
             Err(Failed::RowLocked) => Err((StoreError::RowLocked { at: at(), op }, false)),
-            Err(Failed::Reaped(Fail(reason))) if decision.client.is_closed() => {
+            Err(Failed::Reaped(Fail(reason), ended)) if ended || decision.client.is_closed() => {
                 *slot = None;
                 Err((
                     StoreError::Postgres {
@@ -523,7 +530,7 @@ impl PgConn {
                     true,
                 ))
             }
-            Err(Failed::Reaped(Fail(reason)) | Failed::Other(Fail(reason))) => {
+            Err(Failed::Reaped(Fail(reason), _) | Failed::Other(Fail(reason))) => {
                 let error = StoreError::Postgres {
                     at: at(),
                     op,
@@ -719,14 +726,15 @@ fn run<T>(
         schema,
         row_locked: false,
         reaped: false,
+        ended: false,
         began,
     };
     let out = f(&mut t);
-    let (row_locked, was_reaped) = (t.row_locked, t.reaped);
+    let (row_locked, was_reaped, ended) = (t.row_locked, t.reaped, t.ended);
     let out = match out {
         Ok(v) => v,
         Err(_) if row_locked => return Err(Failed::RowLocked),
-        Err(e) if was_reaped => return Err(Failed::Reaped(e)),
+        Err(e) if was_reaped => return Err(Failed::Reaped(e, ended)),
         Err(e) => return Err(Failed::Other(e)),
     };
     if let Link::Tx(tx) = t.link {
@@ -739,7 +747,8 @@ fn failed(e: postgres::Error, began: Instant) -> Failed {
     if is_row_locked(&e) {
         Failed::RowLocked
     } else if reaped(&e, began) {
-        Failed::Reaped(Fail::from(e))
+        let ended = ended_by_server(&e);
+        Failed::Reaped(Fail::from(e), ended)
     } else {
         Failed::Other(Fail::from(e))
     }
