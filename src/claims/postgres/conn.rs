@@ -520,7 +520,9 @@ impl PgConn {
             Ok(v) => Ok(v),
             Err(Failed::RowLocked) => Err((StoreError::RowLocked { at: at(), op }, false)),
             Err(Failed::Reaped(Fail(reason), ended)) if ended || decision.client.is_closed() => {
+                // Counted here: the next attempt connects its replacement.
                 *slot = None;
+                metrics::claims_reconnected("decision");
                 Err((
                     StoreError::Postgres {
                         at: at(),
