@@ -43,6 +43,9 @@ const FENCE_LOOKUPS: &str = "resumeguard_fence_lookups_total";
 const FENCE_CHECKS: &str = "resumeguard_fence_checks_total";
 const UPSTREAM_ERRORS: &str = "resumeguard_upstream_errors_total";
 const CONNECTIONS_REFUSED: &str = "resumeguard_client_connections_refused_total";
+/// Connections of the PostgreSQL claims store replaced after the server
+/// ended them, by which (`claims::postgres::conn` counts them).
+const CLAIMS_RECONNECTS: &str = "resumeguard_claims_reconnects_total";
 
 /// The saver classification's labels of [`STATEMENTS`] (and
 /// [`STATEMENT_SECONDS`]); any other is counted as `other`.
@@ -109,6 +112,7 @@ const KNOWN: &[(&str, &str, &[&str])] = &[
         &["unclaimed", "holder", "pool", "fenced", "failed"],
     ),
     (FENCE_CHECKS, "where", &["known", "in_transaction"]),
+    (CLAIMS_RECONNECTS, "connection", &["decision", "liveness"]),
     (UPSTREAM_ERRORS, "kind", &["connect", "lost"]),
     (CONNECTIONS_REFUSED, "reason", &["max_client_conn"]),
     (STATEMENTS, "class", STATEMENT_CLASSES),
@@ -247,6 +251,12 @@ pub fn describe() {
         "Claim evidence (holder gone, consumed, progress, moved on) retried because the claim \
          store could not take it (row locked, store down)"
     );
+    describe_counter!(
+        CLAIMS_RECONNECTS,
+        "PostgreSQL claims store connections found ended by the server (an idle-session \
+         reaper, idle_session_timeout) and replaced, by connection: decision (the decision \
+         it was found by ran again at once), liveness (the lock taken again)"
+    );
     describe_gauge!(
         "resumeguard_evidence_pending",
         "Claim evidence waiting for a retry"
@@ -323,6 +333,12 @@ pub fn claim_served(takeover: bool, why: Option<&str>) {
 /// counted again by its decision).
 pub fn claim_waited() {
     counter!("resumeguard_claim_waits_total").increment(1);
+}
+
+/// A connection of the PostgreSQL claims store (`decision`, `liveness`)
+/// the server ended was replaced.
+pub fn claims_reconnected(connection: &'static str) {
+    counter!(CLAIMS_RECONNECTS, "connection" => connection).increment(1);
 }
 
 /// Claims consumed by evidence of their run.

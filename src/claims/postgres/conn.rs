@@ -4,6 +4,15 @@
 //! fails (the proxy fails closed, 58000), with one ERROR log per
 //! transition, and reconnecting is retried on use with backoff.
 //!
+//! A connection the server ended while the database stays up (an
+//! idle-session reaper's `pg_terminate_backend`, `idle_session_timeout`:
+//! 57P01, 57P05, or a closed socket found at once) is not an outage: the
+//! decision that finds it reconnects and runs again at once (a few times
+//! in all, [`REAPED_ATTEMPTS`]; the statement did not commit on the ended
+//! backend), and the heartbeat re-takes a reaped lock connection's lock
+//! (the same instance id) at its next beat. Each replacement is counted
+//! (`resumeguard_claims_reconnects_total`).
+//!
 //! Liveness: the lock connection holds a session-level advisory lock keyed
 //! by this process's instance id (from the `holder_instances` sequence),
 //! and every claim and run lease records that id. Another proxy that finds
@@ -26,6 +35,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::schema;
 use super::target::{DeadPeer, PgTarget};
+use crate::admin::metrics;
 use crate::claims::clock;
 use crate::claims::error::StoreError;
 
@@ -40,6 +50,25 @@ const LOCK_TIMEOUT_MS: u64 = 1_000;
 
 const FIRST_RETRY: Duration = Duration::from_millis(100);
 const MAX_RETRY: Duration = Duration::from_secs(2);
+
+/// Attempts of a decision, or of taking the liveness lock, while each
+/// fails because the connection was ended under it: a reaper ending the
+/// proxy's connections again and again still leaves one attempt a
+/// connection that lives long enough.
+pub(super) const REAPED_ATTEMPTS: u32 = 3;
+
+/// A lost connection without the server's word (no 57P01 message read)
+/// counts as reaped when its statement failed this fast: it was dead
+/// when used. One that failed after waiting is a silent database, where
+/// another attempt would only add a connect timeout to the refusal.
+const REAPED_WITHIN: Duration = Duration::from_millis(1_000);
+
+/// How long re-taking this process's liveness lock waits for the ended
+/// backend that held it to exit (the server sends the client the
+/// termination before it releases the backend's locks); a lock still
+/// held after it (the old connection is alive somewhere, cut off) is
+/// given up for a new instance's.
+const RELOCK_WAIT_MS: u64 = 500;
 
 /// Whether connecting may create or upgrade the schema and must hold a
 /// liveness lock.
@@ -108,11 +137,49 @@ const CLOCK_SQL: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::
 #[derive(Debug)]
 pub(super) struct Fail(pub(super) String);
 
-/// Why a decision failed: it waited out its lock timeout on a row, or
-/// anything else.
+/// Why a decision failed: it waited out its lock timeout on a row, its
+/// connection was ended under it (see [`reaped`]; true: the server said
+/// so), or anything else.
 enum Failed {
     RowLocked,
+    Reaped(Fail, bool),
     Other(Fail),
+}
+
+/// Why a connection could not be made ready: the error, and whether the
+/// server ended the connection under it (another attempt may succeed at
+/// once) rather than refusing or failing to answer.
+pub(super) struct Unready {
+    error: StoreError,
+    reaped: bool,
+}
+
+impl Unready {
+    fn down(error: StoreError) -> Unready {
+        Unready {
+            error,
+            reaped: false,
+        }
+    }
+}
+
+/// Whether `e` says the connection was ended while the server stays up:
+/// the server's own word (terminated by an administrator, its idle
+/// session timed out, a crashed sibling backend), or the socket found
+/// closed within [`REAPED_WITHIN`] of `began`.
+fn reaped(e: &postgres::Error, began: Instant) -> bool {
+    ended_by_server(e) || (e.as_db_error().is_none() && began.elapsed() < REAPED_WITHIN)
+}
+
+/// Whether the server said it ended the connection: it is gone even
+/// while the client has not read the end of the stream yet.
+fn ended_by_server(e: &postgres::Error) -> bool {
+    use postgres::error::SqlState;
+    e.code().is_some_and(|c| {
+        *c == SqlState::ADMIN_SHUTDOWN
+            || *c == SqlState::IDLE_SESSION_TIMEOUT
+            || *c == SqlState::CRASH_SHUTDOWN
+    })
 }
 
 impl From<postgres::Error> for Fail {
@@ -139,6 +206,11 @@ pub(super) struct Tx<'a> {
     pub(super) schema: &'a str,
     /// A statement of this decision waited out its lock timeout.
     row_locked: bool,
+    /// A statement of this decision found its connection ended
+    /// ([`reaped`]), and the server said so ([`ended_by_server`]).
+    reaped: bool,
+    ended: bool,
+    began: Instant,
 }
 
 impl Tx<'_> {
@@ -147,9 +219,10 @@ impl Tx<'_> {
             return Ok(s.clone());
         }
         let s = match &mut self.link {
-            Link::Tx(tx) => tx.prepare(sql)?,
-            Link::Single(c) => c.prepare(sql)?,
+            Link::Tx(tx) => tx.prepare(sql),
+            Link::Single(c) => c.prepare(sql),
         };
+        let s = self.note(s)?;
         self.cache.insert(sql.to_owned(), s.clone());
         Ok(s)
     }
@@ -168,8 +241,10 @@ impl Tx<'_> {
     }
 
     fn note<T>(&mut self, out: Result<T, postgres::Error>) -> Result<T, postgres::Error> {
-        if out.as_ref().err().is_some_and(is_row_locked) {
-            self.row_locked = true;
+        if let Err(e) = &out {
+            self.row_locked |= is_row_locked(e);
+            self.reaped |= reaped(e, self.began);
+            self.ended |= ended_by_server(e);
         }
         out
     }
@@ -238,18 +313,54 @@ impl PgConn {
     }
 
     /// One heartbeat: the lock connection answers (the lock is held) and
-    /// tells the database's time ([`clock`]). A failure only withdraws
-    /// the confirmation: the next decision finds out and takes a new lock.
+    /// tells the database's time ([`clock`]). On a failure the lock is
+    /// taken again at once (its connection was most likely ended by the
+    /// server: the same reaper ended the idle decision connections too,
+    /// which are then checked and replaced before a decision needs them).
+    /// A store marked down is left to the decisions' retry time.
     fn beat(&self) {
         let mut liveness = self.liveness.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(l) = liveness.as_mut() else {
             return;
         };
-        match read_clock(&mut l.client) {
-            Ok(()) => self.confirm(l.instance),
-            Err(e) => {
-                self.unconfirm();
-                tracing::debug!(error = %describe(&e), "claims heartbeat failed");
+        let e = match read_clock(&mut l.client) {
+            Ok(()) => return self.confirm(l.instance),
+            Err(e) => e,
+        };
+        self.unconfirm();
+        tracing::debug!(error = %describe(&e), "claims heartbeat failed");
+        if self.down_until_retry().is_some() {
+            return;
+        }
+        if let Err(u) = self.hold_lock(&mut liveness) {
+            tracing::debug!(error = %u.error, "claims heartbeat could not take the lock again");
+            return;
+        }
+        drop(liveness);
+        self.replace_dead_decisions();
+    }
+
+    /// Checks each idle decision connection (one round trip each) and
+    /// replaces those the server ended.
+    fn replace_dead_decisions(&self) {
+        for slot in &self.slots {
+            let Ok(mut slot) = slot.try_lock() else {
+                continue;
+            };
+            let dead = match slot.as_mut() {
+                Some(d) => d.client.is_closed() || d.client.is_valid(LIVENESS_CHECK).is_err(),
+                None => false,
+            };
+            if dead && self.down_until_retry().is_none() {
+                *slot = None;
+                match connect_decision(&self.target, self.role) {
+                    Ok(d) => {
+                        *slot = Some(d);
+                        metrics::claims_reconnected("decision");
+                    }
+                    Err(u) => tracing::debug!(error = %u.error, "claims decision connection \
+                        not replaced yet: the next decision connects it"),
+                }
             }
         }
     }
@@ -283,8 +394,8 @@ impl PgConn {
         let conn = Arc::new(PgConn::new(target, role));
         for slot in &conn.slots {
             let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Err(error) = conn.ensure(&mut slot) {
-                conn.mark_down(error);
+            if let Err(u) = conn.ensure(&mut slot) {
+                conn.mark_down(u.error);
                 break;
             }
         }
@@ -296,7 +407,7 @@ impl PgConn {
     pub(super) fn open_now(target: PgTarget, role: Role) -> Result<Arc<PgConn>, StoreError> {
         let conn = Arc::new(PgConn::new(target, role));
         let mut slot = conn.slot();
-        conn.ensure(&mut slot)?;
+        conn.ensure(&mut slot).map_err(|u| u.error)?;
         drop(slot);
         PgConn::start_heartbeat(&conn);
         Ok(conn)
@@ -313,7 +424,7 @@ impl PgConn {
     pub(super) fn with_tx<T>(
         &self,
         op: &'static str,
-        f: impl FnOnce(&mut Tx<'_>) -> Result<T, Fail>,
+        f: impl FnMut(&mut Tx<'_>) -> Result<T, Fail>,
     ) -> Result<T, StoreError> {
         self.decide(op, false, f)
     }
@@ -323,26 +434,64 @@ impl PgConn {
     pub(super) fn with_single<T>(
         &self,
         op: &'static str,
-        f: impl FnOnce(&mut Tx<'_>) -> Result<T, Fail>,
+        f: impl FnMut(&mut Tx<'_>) -> Result<T, Fail>,
     ) -> Result<T, StoreError> {
         self.decide(op, true, f)
     }
 
+    /// Runs the decision `f`; when its connection was ended under it
+    /// (reaped) it runs again at once on a new one, up to
+    /// [`REAPED_ATTEMPTS`] in all: what ran on the ended backend did not
+    /// commit. Anything else fails the decision, and a connection that is
+    /// gone marks the store down.
     fn decide<T>(
         &self,
         op: &'static str,
         single: bool,
-        f: impl FnOnce(&mut Tx<'_>) -> Result<T, Fail>,
+        mut f: impl FnMut(&mut Tx<'_>) -> Result<T, Fail>,
     ) -> Result<T, StoreError> {
         if let Some(error) = self.down_until_retry() {
             return Err(error);
         }
         let mut slot = self.slot();
-        let instance = match self.ensure(&mut slot) {
-            Ok(i) => i,
-            Err(error) => {
+        let mut attempt = 1;
+        loop {
+            let error = match self.attempt(&mut slot, op, single, &mut f) {
+                Ok(v) => return Ok(v),
+                Err((error, false)) => return Err(error),
+                Err((error, true)) => error,
+            };
+            if attempt >= REAPED_ATTEMPTS {
+                tracing::error!(%error, attempts = attempt, "claims connection ended under \
+                    every attempt of a decision: failing it closed");
                 self.mark_down(error.clone());
                 return Err(error);
+            }
+            attempt += 1;
+            tracing::warn!(%error, "claims connection ended by the server (an idle-session \
+                reaper?): reconnecting and deciding again at once");
+            // The same reaper most likely ended the lock connection too:
+            // this decision asks it rather than trust the last beat.
+            self.unconfirm();
+        }
+    }
+
+    /// One attempt of a decision; an error says whether another attempt
+    /// may succeed at once (the connection was ended under it).
+    fn attempt<T>(
+        &self,
+        slot: &mut Option<Decision>,
+        op: &'static str,
+        single: bool,
+        f: &mut impl FnMut(&mut Tx<'_>) -> Result<T, Fail>,
+    ) -> Result<T, (StoreError, bool)> {
+        let instance = match self.ensure(slot) {
+            Ok(i) => i,
+            Err(u) => {
+                if !u.reaped {
+                    self.mark_down(u.error.clone());
+                }
+                return Err((u.error, u.reaped));
             }
         };
         if self
@@ -355,22 +504,37 @@ impl PgConn {
             tracing::warn!(at = %self.target.shown, "claim store reachable: reads of parked \
                 heads are claimed again");
         }
+        let at = || self.target.shown.clone();
         let Some(decision) = slot.as_mut() else {
-            return Err(StoreError::Postgres {
-                at: self.target.shown.clone(),
-                op,
-                reason: "not connected".into(),
-            });
+            let reason = "not connected".into();
+            return Err((
+                StoreError::Postgres {
+                    at: at(),
+                    op,
+                    reason,
+                },
+                false,
+            ));
         };
         match run(decision, instance, &self.target.schema, single, f) {
             Ok(v) => Ok(v),
-            Err(Failed::RowLocked) => Err(StoreError::RowLocked {
-                at: self.target.shown.clone(),
-                op,
-            }),
-            Err(Failed::Other(Fail(reason))) => {
+            Err(Failed::RowLocked) => Err((StoreError::RowLocked { at: at(), op }, false)),
+            Err(Failed::Reaped(Fail(reason), ended)) if ended || decision.client.is_closed() => {
+                // Counted here: the next attempt connects its replacement.
+                *slot = None;
+                metrics::claims_reconnected("decision");
+                Err((
+                    StoreError::Postgres {
+                        at: at(),
+                        op,
+                        reason,
+                    },
+                    true,
+                ))
+            }
+            Err(Failed::Reaped(Fail(reason), _) | Failed::Other(Fail(reason))) => {
                 let error = StoreError::Postgres {
-                    at: self.target.shown.clone(),
+                    at: at(),
                     op,
                     reason,
                 };
@@ -378,7 +542,7 @@ impl PgConn {
                     *slot = None;
                     self.mark_down(error.clone());
                 }
-                Err(error)
+                Err((error, false))
             }
         }
     }
@@ -445,15 +609,21 @@ impl PgConn {
     /// another failed to connect does not try again before the retry time:
     /// against a silent database each try costs the connect timeout, and
     /// the reads waiting behind it would wait for every one. (So a failure
-    /// to take the lock marks the store down before the lock is let go.)
-    fn ensure(&self, slot: &mut Option<Decision>) -> Result<i64, StoreError> {
+    /// to take the lock marks the store down before the lock is let go,
+    /// unless the connection was ended under it: then the next attempt
+    /// follows at once.)
+    fn ensure(&self, slot: &mut Option<Decision>) -> Result<i64, Unready> {
         let target = &self.target;
         if slot.as_ref().is_none_or(|d| d.client.is_closed()) {
+            let replacing = slot.is_some();
             *slot = None;
             if let Some(error) = self.down_until_retry() {
-                return Err(error);
+                return Err(Unready::down(error));
             }
             *slot = Some(connect_decision(target, self.role)?);
+            if replacing {
+                metrics::claims_reconnected("decision");
+            }
         }
         if self.role == Role::Operator {
             return Ok(0);
@@ -462,46 +632,70 @@ impl PgConn {
             return Ok(instance);
         }
         let mut liveness = self.liveness.lock().unwrap_or_else(PoisonError::into_inner);
+        self.hold_lock(&mut liveness)
+    }
+
+    /// This process's instance id, its lock held: the lock connection is
+    /// asked whether it lives (one round trip), and a lock whose
+    /// connection died is taken again (see [`lock_instance`]), the lock
+    /// connection ended under it tried again at once up to
+    /// [`REAPED_ATTEMPTS`] in all.
+    fn hold_lock(&self, liveness: &mut Option<Liveness>) -> Result<i64, Unready> {
+        let target = &self.target;
         let mut lost = None;
-        if let Some(l) = &mut *liveness {
+        if let Some(l) = liveness.as_mut() {
             let alive = !l.client.is_closed() && l.client.is_valid(LIVENESS_CHECK).is_ok();
             if alive {
                 self.confirm(l.instance);
                 return Ok(l.instance);
             }
             self.unconfirm();
-            tracing::error!(
+            tracing::warn!(
                 instance = l.instance,
-                "claims liveness lock lost: other proxies count this one's holders as gone \
-                 meanwhile; taking a new one"
+                "claims liveness lock connection lost: taking the lock again (other proxies \
+                 count this one's holders as gone meanwhile; a lock back within \
+                 holder_gone_grace_ms hands none of its claims over)"
             );
             lost = Some(l.instance);
             *liveness = None;
         }
         if let Some(error) = self.down_until_retry() {
-            return Err(error);
+            return Err(Unready::down(error));
         }
-        let open_err = |e: postgres::Error| {
-            let error = StoreError::Open {
-                path: target.shown.clone(),
-                reason: format!("taking the liveness lock: {}", describe(&e)),
-            };
-            self.mark_down(error.clone());
-            error
+        let mut attempt = 1;
+        let (client, instance) = loop {
+            let began = Instant::now();
+            match lock_instance(target, lost) {
+                Ok(got) => break got,
+                Err(e) => {
+                    let u = Unready {
+                        error: StoreError::Open {
+                            path: target.shown.clone(),
+                            reason: format!("taking the liveness lock: {}", describe(&e)),
+                        },
+                        reaped: reaped(&e, began),
+                    };
+                    if u.reaped && attempt < REAPED_ATTEMPTS {
+                        attempt += 1;
+                        continue;
+                    }
+                    self.mark_down(u.error.clone());
+                    return Err(u);
+                }
+            }
         };
-        let (client, instance) = lock_instance(target).map_err(open_err)?;
-        if let (Some(old), Some(d)) = (lost, slot.as_mut()) {
-            // This process's claims not yet counted as gone are its
-            // holders' still: they follow it to its new lock.
-            let s = &target.schema;
-            d.client
-                .batch_execute(&format!(
-                    "UPDATE {s}.claims SET holder_instance = {instance} \
-                     WHERE holder_instance = {old} AND abandon_at_ms IS NULL; \
-                     UPDATE {s}.run_leases SET holder_instance = {instance} \
-                     WHERE holder_instance = {old}"
-                ))
-                .map_err(open_err)?;
+        if let Some(old) = lost {
+            metrics::claims_reconnected("liveness");
+            if old == instance {
+                tracing::warn!(instance, "claims liveness lock taken again (same instance)");
+            } else {
+                tracing::error!(
+                    old,
+                    instance,
+                    "claims liveness lock of this instance still held by its old connection: \
+                     took a new instance's, which this process's claims follow"
+                );
+            }
         }
         *liveness = Some(Liveness { client, instance });
         self.confirm(instance);
@@ -514,12 +708,18 @@ fn run<T>(
     instance: i64,
     schema: &str,
     single: bool,
-    f: impl FnOnce(&mut Tx<'_>) -> Result<T, Fail>,
+    f: &mut impl FnMut(&mut Tx<'_>) -> Result<T, Fail>,
 ) -> Result<T, Failed> {
+    let began = Instant::now();
     let link = if single {
         Link::Single(&mut decision.client)
     } else {
-        Link::Tx(decision.client.transaction().map_err(failed)?)
+        Link::Tx(
+            decision
+                .client
+                .transaction()
+                .map_err(|e| failed(e, began))?,
+        )
     };
     let mut t = Tx {
         link,
@@ -527,23 +727,30 @@ fn run<T>(
         instance,
         schema,
         row_locked: false,
+        reaped: false,
+        ended: false,
+        began,
     };
     let out = f(&mut t);
-    let row_locked = t.row_locked;
+    let (row_locked, was_reaped, ended) = (t.row_locked, t.reaped, t.ended);
     let out = match out {
         Ok(v) => v,
         Err(_) if row_locked => return Err(Failed::RowLocked),
+        Err(e) if was_reaped => return Err(Failed::Reaped(e, ended)),
         Err(e) => return Err(Failed::Other(e)),
     };
     if let Link::Tx(tx) = t.link {
-        tx.commit().map_err(failed)?;
+        tx.commit().map_err(|e| failed(e, began))?;
     }
     Ok(out)
 }
 
-fn failed(e: postgres::Error) -> Failed {
+fn failed(e: postgres::Error, began: Instant) -> Failed {
     if is_row_locked(&e) {
         Failed::RowLocked
+    } else if reaped(&e, began) {
+        let ended = ended_by_server(&e);
+        Failed::Reaped(Fail::from(e), ended)
     } else {
         Failed::Other(Fail::from(e))
     }
@@ -568,12 +775,17 @@ pub(super) fn connect(
 
 /// The decision connection, its schema migrated (proxy) or checked to
 /// exist (operators).
-fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, StoreError> {
-    let err = |e: postgres::Error| StoreError::Open {
-        path: target.shown.clone(),
-        reason: describe(&e),
+fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, Unready> {
+    let began = Instant::now();
+    let err = |reason: String, e: &postgres::Error| Unready {
+        error: StoreError::Open {
+            path: target.shown.clone(),
+            reason,
+        },
+        reaped: reaped(e, began),
     };
-    let mut client = connect(&target.config, target).map_err(err)?;
+    let plain = |e: postgres::Error| err(describe(&e), &e);
+    let mut client = connect(&target.config, target).map_err(plain)?;
     client
         .batch_execute(&format!(
             "SET statement_timeout = {STATEMENT_TIMEOUT_MS}; \
@@ -581,19 +793,21 @@ fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, StoreErro
              SET idle_in_transaction_session_timeout = {}",
             STATEMENT_TIMEOUT_MS * 5
         ))
-        .map_err(err)?;
+        .map_err(plain)?;
     let schema = &target.schema;
     match role {
-        Role::Proxy => schema::migrate(&mut client, schema).map_err(|e| StoreError::Open {
-            path: target.shown.clone(),
-            reason: format!("creating the claims schema {schema}: {}", describe(&e)),
+        Role::Proxy => schema::migrate(&mut client, schema).map_err(|e| {
+            err(
+                format!("creating the claims schema {schema}: {}", describe(&e)),
+                &e,
+            )
         })?,
         Role::Operator => {
-            if schema::version(&mut client, schema).map_err(err)? == 0 {
-                return Err(StoreError::Open {
+            if schema::version(&mut client, schema).map_err(plain)? == 0 {
+                return Err(Unready::down(StoreError::Open {
                     path: target.shown.clone(),
                     reason: format!("no claims schema {schema} (no proxy has used this database)"),
-                });
+                }));
             }
         }
     }
@@ -605,32 +819,60 @@ fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, StoreErro
 
 /// The liveness connection, with the server's end given the same
 /// keepalives and TCP user timeout as the proxy's (so the server drops the
-/// lock of a partitioned proxy within the bound), holding a fresh instance
-/// id's session-level advisory lock.
-fn lock_instance(target: &PgTarget) -> Result<(Client, i64), postgres::Error> {
+/// lock of a partitioned proxy within the bound), holding a session-level
+/// advisory lock: `again`'s when this process held it before (its
+/// connection was lost) and the backend that held it lets it go within
+/// [`RELOCK_WAIT_MS`], else a fresh instance id's. Taken again, the lock
+/// takes back what sweeps did to `again`'s claims meanwhile (see
+/// `liveness`).
+fn lock_instance(target: &PgTarget, again: Option<i64>) -> Result<(Client, i64), postgres::Error> {
     let mut config = target.config.clone();
     config.application_name("resumeguard-claims-liveness");
     let mut lock = connect(&config, target)?;
     let p = DeadPeer::within(target.liveness_bound);
     lock.batch_execute(&format!(
         "SET tcp_keepalives_idle = {}; SET tcp_keepalives_interval = {}; \
-         SET tcp_keepalives_count = {}; SET tcp_user_timeout = {}",
+         SET tcp_keepalives_count = {}; SET tcp_user_timeout = {}; \
+         SET statement_timeout = {STATEMENT_TIMEOUT_MS}",
         p.idle.as_secs(),
         p.interval.as_secs(),
         p.retries,
         p.user_timeout.as_millis()
     ))?;
-    let mut id = next_instance(&mut lock, &target.schema)?;
+    let s = &target.schema;
+    let mut id = match again {
+        Some(old) => {
+            lock.batch_execute(&format!("SET lock_timeout = {RELOCK_WAIT_MS}"))?;
+            let same = lock.execute("SELECT pg_advisory_lock($1)", &[&old]);
+            lock.batch_execute(&format!("SET lock_timeout = {LOCK_TIMEOUT_MS}"))?;
+            match same {
+                Ok(_) => {
+                    lock.execute(&format!("SELECT {s}.revive($1, $1)"), &[&old])?;
+                    read_clock(&mut lock)?;
+                    return Ok((lock, old));
+                }
+                Err(e) if is_row_locked(&e) => next_instance(&mut lock, s)?,
+                Err(e) => return Err(e),
+            }
+        }
+        None => next_instance(&mut lock, s)?,
+    };
     loop {
         let locked: bool = lock
             .query_one("SELECT pg_try_advisory_lock($1)", &[&id])?
             .get(0);
         if locked {
+            if let Some(old) = again {
+                // This process's claims not counted as gone by a closed
+                // session are its holders' still: they follow it to its
+                // new lock.
+                lock.execute(&format!("SELECT {s}.revive($1, $2)"), &[&old, &id])?;
+            }
             read_clock(&mut lock)?;
             return Ok((lock, id));
         }
         // A dead predecessor's backend still holds it: take a new id.
-        id = next_instance(&mut lock, &target.schema)?;
+        id = next_instance(&mut lock, s)?;
     }
 }
 

@@ -10,7 +10,7 @@
 
 use postgres::Client;
 
-use super::liveness::INSTANCE_DEAD;
+use super::liveness::{revival_migration, INSTANCE_DEAD};
 use super::rows::ORDER;
 
 /// The migrations, in order; version = index + 1.
@@ -405,6 +405,9 @@ $f$;
             INSTANCE_DEAD = INSTANCE_DEAD,
             ORDER = ORDER,
         ),
+        // A sweep its live holder can undo: a liveness lock re-taken after
+        // its connection was ended keeps its claims (see `liveness`).
+        revival_migration(s),
     ]
 }
 

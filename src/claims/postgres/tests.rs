@@ -214,8 +214,28 @@ fn an_unreachable_database_fails_closed_and_says_which() {
     assert!(err.contains(&format!("x@127.0.0.1:{port}/y")), "{err}");
 }
 
+/// Ends the backends of `sql`'s pids (a `SELECT pid FROM …`), as an
+/// idle-session reaper does; how many.
+fn terminate(db: &PgSchema, pids: &str, params: &[&(dyn postgres::types::ToSql + Sync)]) -> u64 {
+    let mut admin = db
+        .target()
+        .config
+        .connect(postgres::NoTls)
+        .expect("connect");
+    admin
+        .execute(
+            &format!("SELECT pg_terminate_backend(pid) FROM ({pids}) p"),
+            params,
+        )
+        .expect("terminate")
+}
+
+/// The backend holding the advisory lock of `instance`.
+const LOCK_HOLDER: &str = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' \
+    AND objsubid = 1 AND granted AND objid::text::bigint = $1";
+
 #[test]
-fn a_lost_connection_fails_the_operation_then_reconnects() {
+fn a_reaped_decision_connection_is_replaced_and_the_decision_runs_again() {
     let db = PgSchema::new("reconnect");
     let mut target = db.target().clone();
     target.config.application_name("rgtest-reconnect");
@@ -224,70 +244,166 @@ fn a_lost_connection_fails_the_operation_then_reconnects() {
     store
         .try_claim(&k, &holder("p1", 1), T0, LAPSE)
         .expect("claim");
-    let mut admin = db
-        .target()
-        .config
-        .connect(postgres::NoTls)
-        .expect("connect");
-    let ended = admin
-        .execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-             WHERE application_name = 'rgtest-reconnect'",
-            &[],
-        )
-        .expect("terminate");
+    let ended = terminate(
+        &db,
+        "SELECT pid FROM pg_stat_activity WHERE application_name = 'rgtest-reconnect'",
+        &[],
+    );
     assert!(ended >= 1, "the store's decision connections");
-    // The next operation fails (fail closed) ...
-    let mut failed = false;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !failed && Instant::now() < deadline {
-        failed = store.get(&k).is_err();
+    std::thread::sleep(Duration::from_millis(50));
+    // Every decision connection was ended while idle: each next decision
+    // finds its own dead (57P01), reconnects and runs again at once.
+    for _ in 0..4 {
+        let r = store.get(&k).expect("read after the reaper").expect("row");
+        assert_eq!(r.holder, holder("p1", 1));
     }
-    assert!(failed, "an operation on the lost connection failed");
-    // ... and once the retry time came, the store reconnects.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match store.get(&k) {
-            Ok(Some(r)) => {
-                assert_eq!(r.holder, holder("p1", 1));
-                break;
-            }
-            other => assert!(Instant::now() < deadline, "never reconnected: {other:?}"),
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let consumed = store
+        .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 5)
+        .expect("evidence after the reaper");
+    assert_eq!(consumed.len(), 1);
 }
 
 #[test]
-fn a_proxy_that_lost_its_liveness_lock_takes_a_new_one_and_keeps_its_claims() {
+fn a_proxy_whose_liveness_connection_was_reaped_takes_the_same_lock_again() {
     let db = PgSchema::new("relock");
     let a = db.open();
     let b = db.open().with_holder_gone_grace(GRACE);
     let k = key("c1");
     a.try_claim(&k, &holder("p1", 1), T0, LAPSE).expect("claim");
     let first = a.instance().expect("instance");
+    assert_eq!(terminate(&db, LOCK_HOLDER, &[&first]), 1);
+    // Within a heartbeat (400 ms) the proxy finds its lock connection
+    // gone and takes the same instance's lock on a new one.
+    until_locked(&db, first);
+    assert_eq!(a.instance(), Some(first));
+    match b.try_claim(&k, &holder("p2", 2), T0 + 10, LAPSE) {
+        Ok(ClaimOutcome::Busy(r)) => {
+            assert_eq!((r.lapse_at_ms, r.abandon_at_ms), (T0 + LAPSE, None))
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Waits (at most 5 s) until the advisory lock of `instance` is held
+/// again.
+fn until_locked(db: &PgSchema, instance: i64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while lock_holders(db, instance) == 0 {
+        assert!(Instant::now() < deadline, "the lock was never taken again");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// How many backends hold the advisory lock of `instance` (0 or 1).
+fn lock_holders(db: &PgSchema, instance: i64) -> i64 {
     let mut admin = db
         .target()
         .config
         .connect(postgres::NoTls)
         .expect("connect");
-    let ended = admin
-        .execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_locks \
-             WHERE locktype = 'advisory' AND objsubid = 1 AND objid::text::bigint = $1",
-            &[&first],
+    admin
+        .query_one(
+            &format!("SELECT count(*) FROM ({LOCK_HOLDER}) p"),
+            &[&instance],
         )
-        .expect("terminate");
-    assert_eq!(ended, 1);
-    // Within a second the proxy asks its lock connection, finds it gone
-    // and takes a new lock, which its claims follow.
-    std::thread::sleep(Duration::from_millis(1_100));
-    a.get(&k).expect("read").expect("row");
-    let second = a.instance().expect("instance");
-    assert_ne!(first, second);
-    match b.try_claim(&k, &holder("p2", 2), T0 + 10, LAPSE) {
-        Ok(ClaimOutcome::Busy(r)) => {
-            assert_eq!((r.lapse_at_ms, r.abandon_at_ms), (T0 + LAPSE, None))
+        .expect("count")
+        .get(0)
+}
+
+/// Ends the lock connection of `instance` until `swept` (another proxy's
+/// decision) sees its holders counted as gone before the proxy takes its
+/// lock back (its heartbeat may be first: then it is ended again).
+fn sweep_while_gone(db: &PgSchema, instance: i64, mut swept: impl FnMut() -> bool) {
+    for _ in 0..10 {
+        assert_eq!(terminate(db, LOCK_HOLDER, &[&instance]), 1);
+        let deadline = Instant::now() + Duration::from_millis(300);
+        while Instant::now() < deadline {
+            if swept() {
+                return;
+            }
+        }
+    }
+    panic!("the other proxy never decided while the lock was gone");
+}
+
+#[test]
+fn a_lock_gone_briefly_hands_no_claim_over_after_the_grace() {
+    let db = PgSchema::new("revive");
+    let a = db.open();
+    let b = db.open().with_holder_gone_grace(GRACE).with_run_lease(0);
+    let (held, answered) = (key("c1"), key("c2"));
+    a.try_claim(&held, &holder("p1", 1), T0, LAPSE)
+        .expect("claim");
+    a.try_claim(&answered, &holder("p1", 1), T0, LAPSE)
+        .expect("claim");
+    a.consume("t-1", "", "c2", "task writes", i64::MAX, T0 + 1)
+        .expect("consume");
+    let me = a.instance().expect("instance");
+    // The lock is ended; the other proxy decides while it is gone, so its
+    // sweep counts a's holders as gone (the lapse shortened to the grace,
+    // the answered claim abandoned from then). Tried again should a's
+    // heartbeat take the lock back before b looks.
+    let swept = |r: &crate::claims::ClaimRecord| r.abandon_at_ms == Some(T0 + 10 + GRACE);
+    sweep_while_gone(&db, me, || {
+        matches!(b.try_claim(&held, &holder("p2", 2), T0 + 10, LAPSE),
+                Ok(ClaimOutcome::Busy(r)) if swept(&r) && r.lapse_at_ms == T0 + 10 + GRACE)
+    });
+    b.try_claim(&answered, &holder("p2", 2), T0 + 10, LAPSE)
+        .expect("sweep the answered claim");
+    assert!(swept(&b.get(&answered).expect("get").expect("row")));
+    // a takes the same lock back and revives both.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (h, c) = (b.get(&held), b.get(&answered));
+        if let (Ok(Some(h)), Ok(Some(c))) = (h, c) {
+            if h.abandon_at_ms.is_none() && c.abandon_at_ms.is_none() {
+                assert_eq!(h.lapse_at_ms, T0 + LAPSE);
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the swept claims were never revived"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(a.instance(), Some(me));
+    // Past the grace a's claims still hold: the held one is busy for its
+    // whole lapse, the answered one answered.
+    let later = T0 + 10 + GRACE + 1;
+    match b.try_claim(&held, &holder("p2", 2), later, LAPSE) {
+        Ok(ClaimOutcome::Busy(r)) => assert_eq!((r.holder, r.epoch), (holder("p1", 1), 1)),
+        other => panic!("{other:?}"),
+    }
+    match b.try_claim(&answered, &holder("p2", 2), later, LAPSE) {
+        Ok(ClaimOutcome::Consumed(r)) => assert_eq!((r.holder, r.epoch), (holder("p1", 1), 1)),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_closed_holder_session_is_not_revived_by_a_lock_taken_again() {
+    let db = PgSchema::new("revive_closed");
+    let a = db.open();
+    let b = db.open().with_holder_gone_grace(GRACE);
+    let k = key("c1");
+    a.try_claim(&k, &holder("p1", 1), T0, LAPSE).expect("claim");
+    let me = a.instance().expect("instance");
+    sweep_while_gone(&db, me, || {
+        matches!(b.try_claim(&k, &holder("p2", 2), T0 + 10, LAPSE),
+                Ok(ClaimOutcome::Busy(r)) if r.abandon_at_ms.is_some())
+    });
+    // The holder's session closes while the lock is gone: that ends its
+    // claim for real, whatever the lock does next.
+    a.holder_gone("p1", 1, T0 + 20, GRACE).expect("holder gone");
+    until_locked(&db, me);
+    std::thread::sleep(Duration::from_millis(100));
+    match b.try_claim(&k, &holder("p2", 2), T0 + 20 + GRACE, LAPSE) {
+        Ok(ClaimOutcome::TakenOver { previous, now }) => {
+            assert_eq!(
+                (previous.holder, now.holder),
+                (holder("p1", 1), holder("p2", 2))
+            );
         }
         other => panic!("{other:?}"),
     }
