@@ -371,8 +371,11 @@ def claim_lapse_s(base: str, thread: str) -> float:
 
 
 def config_file(path: Path, lapse_ms: int, max_client_conn: int, token: str) -> None:
-    path.write_text(f"max_client_conn = {max_client_conn}\n\n[claims]\nlapse_ms = {lapse_ms}\n\n"
-                    f"[admin]\ntoken = '{token}'\n")
+    # The parking session closes before its claim is read: a holder-gone grace
+    # above either lapse keeps that close from shortening the lapse measured
+    # (a loaded machine reads the claim only after the close was applied).
+    path.write_text(f"max_client_conn = {max_client_conn}\n\n[claims]\nlapse_ms = {lapse_ms}\n"
+                    f"holder_gone_grace_ms = 120000\n\n[admin]\ntoken = '{token}'\n")
 
 
 def test_sighup_rereads_the_configuration_file(proxy_factory, workdir, dbname, direct_dsn):
