@@ -263,14 +263,21 @@ fn a_reaped_decision_connection_is_replaced_and_the_decision_runs_again() {
     assert_eq!(consumed.len(), 1);
 }
 
-#[test]
-fn a_proxy_whose_liveness_connection_was_reaped_takes_the_same_lock_again() {
-    let db = PgSchema::new("relock");
+/// Two proxies on the schema `name` (the second with the holder-gone
+/// grace): the first holds `c1`; its instance id.
+fn two_proxies_the_first_holding_c1(name: &str) -> (PgSchema, PgClaims, PgClaims, ClaimKey, i64) {
+    let db = PgSchema::new(name);
     let a = db.open();
     let b = db.open().with_holder_gone_grace(GRACE);
     let k = key("c1");
     a.try_claim(&k, &holder("p1", 1), T0, LAPSE).expect("claim");
-    let first = a.instance().expect("instance");
+    let instance = a.instance().expect("instance");
+    (db, a, b, k, instance)
+}
+
+#[test]
+fn a_proxy_whose_liveness_connection_was_reaped_takes_the_same_lock_again() {
+    let (db, a, b, k, first) = two_proxies_the_first_holding_c1("relock");
     assert_eq!(terminate(&db, LOCK_HOLDER, &[&first]), 1);
     // Within a heartbeat (400 ms) the proxy finds its lock connection
     // gone and takes the same instance's lock on a new one.
@@ -383,12 +390,7 @@ fn a_lock_gone_briefly_hands_no_claim_over_after_the_grace() {
 
 #[test]
 fn a_closed_holder_session_is_not_revived_by_a_lock_taken_again() {
-    let db = PgSchema::new("revive_closed");
-    let a = db.open();
-    let b = db.open().with_holder_gone_grace(GRACE);
-    let k = key("c1");
-    a.try_claim(&k, &holder("p1", 1), T0, LAPSE).expect("claim");
-    let me = a.instance().expect("instance");
+    let (db, a, b, k, me) = two_proxies_the_first_holding_c1("revive_closed");
     sweep_while_gone(&db, me, || {
         matches!(b.try_claim(&k, &holder("p2", 2), T0 + 10, LAPSE),
                 Ok(ClaimOutcome::Busy(r)) if r.abandon_at_ms.is_some())
