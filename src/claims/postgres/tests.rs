@@ -215,7 +215,9 @@ fn an_unreachable_database_fails_closed_and_says_which() {
 }
 
 /// Ends the backends of `sql`'s pids (a `SELECT pid FROM …`), as an
-/// idle-session reaper does; how many.
+/// idle-session reaper does, and waits (at most 5 s) until each has
+/// exited: a backend being ended still holds its locks until it exits,
+/// so a lock counted after this is a new one; how many.
 fn terminate(db: &PgSchema, pids: &str, params: &[&(dyn postgres::types::ToSql + Sync)]) -> u64 {
     let mut admin = db
         .target()
@@ -224,7 +226,7 @@ fn terminate(db: &PgSchema, pids: &str, params: &[&(dyn postgres::types::ToSql +
         .expect("connect");
     admin
         .execute(
-            &format!("SELECT pg_terminate_backend(pid) FROM ({pids}) p"),
+            &format!("SELECT pg_terminate_backend(pid, 5000) FROM ({pids}) p"),
             params,
         )
         .expect("terminate")
