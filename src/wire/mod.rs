@@ -20,6 +20,7 @@ pub mod reject;
 pub mod response_queue;
 pub mod row_rewrite;
 pub mod sasl_plus;
+pub mod server_cert_verifier;
 mod server_relay;
 pub mod session;
 pub mod sql_commands;

@@ -6,17 +6,19 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::{VerifierBuilderError, WebPkiServerVerifier};
-use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
+use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::{self, PemObject};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{
-    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig,
-    SignatureScheme,
-};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
 use super::client_stream::ALPN_POSTGRESQL;
+pub use super::server_cert_verifier::Verify;
+use super::server_cert_verifier::{RootsFrom, UpstreamVerifier};
+
+/// The `sslrootcert` value that means the operating system's store, as
+/// in libpq.
+pub const SYSTEM_ROOTS: &str = "system";
 
 /// A TLS file that does not load, or a TLS setting rustls refuses; each
 /// names the file(s) involved.
@@ -47,6 +49,11 @@ pub enum TlsConfigError {
         path: PathBuf,
         source: rustls::Error,
     },
+    #[error(
+        "no trusted root certificate in the system's store ({errors}); install the \
+         ca-certificates package or give sslrootcert"
+    )]
+    NoSystemRoots { errors: String },
     #[error("building the upstream certificate verifier")]
     Verifier(#[source] VerifierBuilderError),
     /// The provider's protocol versions (never expected with ring).
@@ -84,6 +91,33 @@ pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsConfigError> {
     })
 }
 
+/// The operating system's trusted roots (as OpenSSL finds them: its
+/// certificate file and directory, `SSL_CERT_FILE`, `SSL_CERT_DIR`). A
+/// store that holds none is an error; unreadable entries beside good ones
+/// are logged.
+fn system_roots() -> Result<Vec<CertificateDer<'static>>, TlsConfigError> {
+    let found = rustls_native_certs::load_native_certs();
+    let errors = found
+        .errors
+        .iter()
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>()
+        .join("; ");
+    if found.certs.is_empty() {
+        return Err(TlsConfigError::NoSystemRoots {
+            errors: if errors.is_empty() {
+                "none found".into()
+            } else {
+                errors
+            },
+        });
+    }
+    if !errors.is_empty() {
+        tracing::warn!(%errors, "some of the system's root certificates did not load");
+    }
+    Ok(found.certs)
+}
+
 /// The proxy's side towards clients: its certificate chain and key.
 /// ALPN "postgresql" is offered (clients that send none are served too).
 pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsConfigError> {
@@ -100,20 +134,10 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsCo
     Ok(Arc::new(config))
 }
 
-/// How much of the server's certificate is checked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verify {
-    /// Encryption only (sslmode prefer / require without a root file).
-    Nothing,
-    /// The chain up to a trusted root, any host name (verify-ca).
-    Chain,
-    /// The chain and the host name (verify-full).
-    Full,
-}
-
 /// The proxy's side towards the upstream server. `roots`: a PEM file of
-/// trusted roots; absent: Mozilla's roots (webpki-roots). `identity`: a
-/// client certificate and key to present.
+/// trusted roots, or `system` for the operating system's store; absent:
+/// the system's store too (read only when the chain is checked).
+/// `identity`: a client certificate and key to present.
 pub fn client_config(
     verify: Verify,
     roots: Option<&Path>,
@@ -124,28 +148,39 @@ pub fn client_config(
     let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()?
         .dangerous();
+    let (anchors, from) = match roots {
+        Some(path) if path == Path::new(SYSTEM_ROOTS) => (system_roots()?, RootsFrom::System),
+        Some(path) => (
+            load_certs(path)?,
+            RootsFrom::File(path.display().to_string()),
+        ),
+        None if verify == Verify::Nothing => (Vec::new(), RootsFrom::System),
+        None => (system_roots()?, RootsFrom::System),
+    };
     let mut store = RootCertStore::empty();
-    match roots {
-        Some(path) => {
-            for cert in load_certs(path)? {
-                store
-                    .add(cert)
-                    .map_err(|source| TlsConfigError::RootCertificate {
-                        path: path.to_path_buf(),
-                        source,
-                    })?;
-            }
+    if let (Some(path), RootsFrom::File(_)) = (roots, &from) {
+        for cert in &anchors {
+            store
+                .add(cert.clone())
+                .map_err(|source| TlsConfigError::RootCertificate {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
         }
-        None => store.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    } else {
+        store.add_parsable_certificates(anchors.iter().cloned());
     }
-    let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider.clone())
-        .build()
-        .map_err(TlsConfigError::Verifier)?;
-    let verifier = Arc::new(UpstreamVerifier {
-        verify,
-        webpki,
-        provider,
-    });
+    let webpki = match verify {
+        Verify::Nothing => None,
+        Verify::Chain | Verify::Full => Some(
+            WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider.clone())
+                .build()
+                .map_err(TlsConfigError::Verifier)?,
+        ),
+    };
+    let verifier = Arc::new(UpstreamVerifier::new(
+        verify, webpki, anchors, from, provider,
+    ));
     let builder = builder.with_custom_certificate_verifier(verifier);
     let mut config = match identity {
         Some((cert, key)) => builder
@@ -160,72 +195,4 @@ pub fn client_config(
     config.alpn_protocols = vec![ALPN_POSTGRESQL.to_vec()];
     config.enable_sni = sni;
     Ok(Arc::new(config))
-}
-
-/// libpq's checks: none, the chain, or the chain and the name. The
-/// handshake's signatures are always checked against the presented
-/// certificate.
-#[derive(Debug)]
-struct UpstreamVerifier {
-    verify: Verify,
-    webpki: Arc<WebPkiServerVerifier>,
-    provider: Arc<CryptoProvider>,
-}
-
-impl ServerCertVerifier for UpstreamVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        if self.verify == Verify::Nothing {
-            return Ok(ServerCertVerified::assertion());
-        }
-        let checked =
-            self.webpki
-                .verify_server_cert(end_entity, intermediates, server_name, ocsp, now);
-        match checked {
-            Err(rustls::Error::InvalidCertificate(
-                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) if self.verify == Verify::Chain => Ok(ServerCertVerified::assertion()),
-            other => other,
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
 }

@@ -3,7 +3,7 @@
 //! it goes on in plaintext only under `prefer`.
 
 use std::io::{self, Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +11,7 @@ use arc_swap::ArcSwap;
 use rustls::pki_types::{InvalidDnsNameError, ServerName};
 use rustls::{ClientConfig, ClientConnection, Connection};
 
+use super::server_cert_verifier::certificate_problem;
 use super::tls_config::{self, TlsConfigError, Verify};
 use super::tls_stream::TlsStream;
 use super::upstream::{Upstream, UpstreamAddr};
@@ -32,6 +33,11 @@ pub enum UpstreamTlsError {
          PostgreSQL offers no TLS on a local socket"
     )]
     UnixSocket { mode: &'static str, path: String },
+    #[error(
+        "sslmode={0} may not be used with sslrootcert=system: the system's roots vouch \
+         for any host, so only verify-full (the default with it) checks the server"
+    )]
+    WeakModeWithSystemRoots(&'static str),
     #[error("upstream sslrootcert/sslcert given with sslmode=disable")]
     FilesWithDisable,
     #[error(transparent)]
@@ -85,7 +91,8 @@ impl SslMode {
 pub struct UpstreamTlsParams {
     /// disable, prefer (default), require, verify-ca, verify-full.
     pub sslmode: Option<String>,
-    /// PEM roots to trust; absent: Mozilla's roots (webpki-roots).
+    /// PEM roots to trust, or `system` for the operating system's store;
+    /// absent: the system's store.
     pub sslrootcert: Option<PathBuf>,
     /// PEM client certificate (with `sslkey`) presented to the server.
     pub sslcert: Option<PathBuf>,
@@ -143,15 +150,21 @@ impl UpstreamTls {
     }
 
     /// Builds the TLS settings for `addr`, loading every file now. The
-    /// default mode is libpq's, `prefer`; a Unix socket never uses TLS
+    /// default mode is libpq's, `prefer` (`verify-full` with
+    /// `sslrootcert=system`, the only mode allowed with it); a Unix socket never uses TLS
     /// (PostgreSQL offers none there), so a mode that requires it is
     /// refused. `sslmode=require` with a root file checks the chain, as
     /// libpq does.
     pub fn build(addr: &UpstreamAddr, p: &UpstreamTlsParams) -> Result<Self, UpstreamTlsError> {
+        let system_roots = p.sslrootcert.as_deref() == Some(Path::new(tls_config::SYSTEM_ROOTS));
         let mode = match &p.sslmode {
             Some(m) => SslMode::parse(m)?,
+            None if system_roots => SslMode::VerifyFull,
             None => SslMode::Prefer,
         };
+        if system_roots && mode != SslMode::VerifyFull {
+            return Err(UpstreamTlsError::WeakModeWithSystemRoots(mode.name()));
+        }
         if p.sslcert.is_some() != p.sslkey.is_some() {
             return Err(UpstreamTlsError::HalfIdentity);
         }
@@ -248,7 +261,8 @@ impl UpstreamTls {
                         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
                 let tls = TlsStream::handshake(sock.try_clone()?, Connection::Client(conn), &[])
                     .map_err(|e| {
-                        io::Error::new(e.kind(), format!("TLS handshake with the server: {e}"))
+                        let why = certificate_problem(&e).unwrap_or_else(|| e.to_string());
+                        io::Error::new(e.kind(), format!("TLS handshake with the server: {why}"))
                     })?;
                 Upstream::Tls(Box::new(tls))
             }

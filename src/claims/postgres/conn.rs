@@ -38,6 +38,7 @@ use super::target::{DeadPeer, PgTarget};
 use crate::admin::metrics;
 use crate::claims::clock;
 use crate::claims::error::StoreError;
+use crate::wire::server_cert_verifier::certificate_problem;
 
 /// How long a statement or a row lock may wait before the store counts as
 /// unavailable (as the SQLite store's busy timeout).
@@ -892,6 +893,9 @@ fn next_instance(client: &mut Client, schema: &str) -> Result<i64, postgres::Err
 
 /// The server's message, with its SQLSTATE, or the client's.
 pub(super) fn describe(e: &postgres::Error) -> String {
+    if let Some(why) = certificate_problem(e) {
+        return format!("{e}: {why}");
+    }
     match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
         None => e.to_string(),
