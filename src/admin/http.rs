@@ -23,8 +23,10 @@ use super::AdminState;
 use crate::claims::{now_ms, ClaimStore, StoreError};
 use crate::error_chain::chain;
 use crate::log_text::shown;
+use crate::wire::upstream_probe::probe_upstream;
 
-/// Longest connect `/readyz` tries to the upstream.
+/// Longest connect, TLS handshake step or wait for the startup's answer
+/// `/readyz` allows the upstream.
 const READY_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Longest `/readyz` takes in all (a claim store locked by another
 /// process counts as not ready).
@@ -65,14 +67,17 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-/// Ready to serve: not shutting down, the upstream accepts a connection,
-/// and (with consume-once on) the claim store answers.
+/// Ready to serve: not shutting down, the upstream answers a startup
+/// (over TLS when its sslmode asks for it), and (with consume-once on) the claim store answers.
 async fn readyz(State(s): State<Shared>) -> Response {
     let draining = s.proxy.sessions.draining();
-    let addr = s.proxy.config.upstream.clone();
+    let proxy = Arc::clone(&s.proxy);
     let timeout = READY_CONNECT_TIMEOUT.min(s.proxy.config.connect_timeout);
-    let shown = addr.to_string();
-    let upstream = blocking(move || addr.connect(timeout).map(drop).map_err(|e| e.to_string()));
+    let shown = s.proxy.config.upstream.to_string();
+    let upstream = blocking(move || {
+        let user = std::env::var("PGUSER").unwrap_or_else(|_| "postgres".into());
+        probe_upstream(&proxy.config, &user, timeout)
+    });
     let store = s.claims.clone();
     let claims = async move {
         match store {

@@ -30,4 +30,5 @@ pub mod tls_stream;
 pub mod tracker;
 mod unsupported_protocol;
 pub mod upstream;
+pub mod upstream_probe;
 pub mod upstream_tls;

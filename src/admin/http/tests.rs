@@ -102,13 +102,41 @@ fn json_of(body: &str) -> Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
 
+/// A socket that answers every startup as PostgreSQL does for a password
+/// login (AuthenticationCleartextPassword); the real server's answers are
+/// the integration tests' (`integration/test_tls_verify.py`).
+fn answering_upstream() -> SocketAddr {
+    use std::io::{Read, Write};
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut conn in l.incoming().flatten() {
+            let mut len = [0u8; 4];
+            if conn.read_exact(&mut len).is_err() {
+                continue;
+            }
+            let mut rest = vec![0u8; (i32::from_be_bytes(len) as usize).saturating_sub(4)];
+            if conn.read_exact(&mut rest).is_ok() {
+                let _ = conn.write_all(&[b'R', 0, 0, 0, 8, 0, 0, 0, 3]);
+            }
+        }
+    });
+    addr
+}
+
 #[tokio::test]
 async fn readyz_follows_the_upstream_and_the_drain() {
-    let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
-    let state = Setup::new(upstream.local_addr().unwrap()).state();
+    let state = Setup::new(answering_upstream()).state();
     let (status, body) = get(&state, "/readyz").await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(json_of(&body)["upstream"]["ok"], true);
+
+    // A port that accepts but never answers the startup is not an upstream.
+    let mute = TcpListener::bind("127.0.0.1:0").unwrap();
+    let (status, body) = get(&Setup::new(mute.local_addr().unwrap()).state(), "/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let error = json_of(&body)["upstream"]["error"].to_string();
+    assert!(error.contains("no answer to the startup"), "{body}");
 
     state.proxy.sessions.begin_drain();
     let (status, body) = get(&state, "/readyz").await;
@@ -131,8 +159,7 @@ async fn readyz_follows_the_upstream_and_the_drain() {
 
 #[tokio::test]
 async fn readyz_checks_the_claim_store() {
-    let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
-    let mut setup = Setup::new(upstream.local_addr().unwrap());
+    let mut setup = Setup::new(answering_upstream());
     setup.claims = Some(Arc::new(ClaimStore::connect(std::path::Path::new(
         "/proc/nonexistent/claims.sqlite",
     ))));

@@ -1,0 +1,136 @@
+//! Whether the upstream answers as a PostgreSQL a session could use:
+//! connect, negotiate TLS exactly as sessions do (so a certificate the
+//! sessions would refuse fails here too), send a startup message and read
+//! the server's first answer. A TCP port that accepts is not enough.
+
+use std::io::Read;
+use std::time::Duration;
+
+use super::proxy::RelayConfig;
+
+/// The login the probe's startup names. Any authentication request is an
+/// answer (the probe then closes, as libpq does when it has no password
+/// to give: PostgreSQL logs nothing), and so is a refusal of the login
+/// itself (no such role or database, no `pg_hba.conf` line): the server
+/// is up and judging logins. Any other error (starting up, shutting down,
+/// too many connections) is not.
+const LOGIN_REFUSALS: [&[u8]; 2] = [b"28", b"3D"];
+
+/// Longest first answer the probe reads (an ErrorResponse or an
+/// authentication request is far shorter).
+const MAX_ANSWER: usize = 64 * 1024;
+
+/// Checks the upstream of `config` with a startup for `user`; each step
+/// bounded by `timeout`. The error says which step failed and why.
+pub fn probe_upstream(config: &RelayConfig, user: &str, timeout: Duration) -> Result<(), String> {
+    let sock = config
+        .upstream
+        .connect(timeout)
+        .map_err(|e| format!("connect: {e}"))?;
+    let server = config
+        .upstream_tls
+        .negotiate(sock, timeout)
+        .map_err(|e| e.to_string())?;
+    server
+        .set_read_timeout(Some(timeout))
+        .map_err(|e| format!("startup: {e}"))?;
+    let mut startup = bytes::BytesMut::new();
+    let params = [
+        ("user", user),
+        ("database", "postgres"),
+        ("application_name", "resumeguard-readyz"),
+    ];
+    postgres_protocol::message::frontend::startup_message(params, &mut startup)
+        .map_err(|e| format!("startup: {e}"))?;
+    server
+        .write_all(&startup)
+        .map_err(|e| format!("startup: {e}"))?;
+    let answer = read_message(&server).map_err(|e| format!("no answer to the startup: {e}"))?;
+    let verdict = judge(&answer);
+    if matches!(answer.first(), Some(b'R')) && answer.get(5..9) == Some(&[0, 0, 0, 0]) {
+        // AuthenticationOk: end the session politely.
+        let _ = server.write_all(&[b'X', 0, 0, 0, 4]);
+    }
+    server.close_notify();
+    verdict
+}
+
+/// One whole server message: tag, length, body.
+fn read_message(mut server: &super::upstream::Upstream) -> std::io::Result<Vec<u8>> {
+    let mut head = [0u8; 5];
+    server.read_exact(&mut head)?;
+    let len = i32::from_be_bytes([head[1], head[2], head[3], head[4]]);
+    let body = usize::try_from(len)
+        .ok()
+        .and_then(|l| l.checked_sub(4))
+        .filter(|l| *l <= MAX_ANSWER)
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "not a PostgreSQL message (tag {:?}, length {len})",
+                    head[0].escape_ascii().to_string()
+                ),
+            )
+        })?;
+    let mut message = head.to_vec();
+    message.resize(5 + body, 0);
+    server.read_exact(&mut message[5..])?;
+    Ok(message)
+}
+
+/// The first answer to a startup, judged.
+fn judge(answer: &[u8]) -> Result<(), String> {
+    match answer.first() {
+        Some(b'R') => Ok(()),
+        Some(b'E') => {
+            let code = field(answer, b'C').unwrap_or_default();
+            let message = field(answer, b'M').unwrap_or_default();
+            if LOGIN_REFUSALS.iter().any(|class| code.starts_with(class)) {
+                return Ok(());
+            }
+            Err(format!(
+                "the server refused the startup: {} ({})",
+                message.escape_ascii(),
+                code.escape_ascii()
+            ))
+        }
+        Some(other) => Err(format!(
+            "the server answered the startup with message {:?}, not an authentication request",
+            other.escape_ascii().to_string()
+        )),
+        None => Err("the server answered nothing".into()),
+    }
+}
+
+/// A field of an ErrorResponse (`C`: SQLSTATE, `M`: message).
+fn field(error: &[u8], code: u8) -> Option<&[u8]> {
+    error
+        .get(5..)?
+        .split(|b| *b == 0)
+        .find(|f| f.first() == Some(&code))
+        .map(|f| &f[1..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::frame::message as msg;
+
+    #[test]
+    fn answers_are_judged() {
+        assert!(judge(&msg(b'R', &[0, 0, 0, 10])).is_ok());
+        let no_role = msg(b'E', b"SFATAL\0C28000\0Mrole \"x\" does not exist\0\0");
+        assert!(judge(&no_role).is_ok());
+        let starting = msg(
+            b'E',
+            b"SFATAL\0C57P03\0Mthe database system is starting up\0\0",
+        );
+        let why = judge(&starting).unwrap_err();
+        assert!(
+            why.contains("starting up") && why.contains("57P03"),
+            "{why}"
+        );
+        assert!(judge(&msg(b'Z', b"I")).is_err());
+    }
+}
