@@ -223,6 +223,15 @@ fn as_rustls<'a>(e: &'a (dyn StdError + 'static)) -> Option<&'a rustls::Error> {
     e.downcast_ref::<rustls::Error>()
 }
 
+/// A name as rustls presents it (`DnsName("db.example.com")`,
+/// `IpAddress(10.0.0.1)`), as a user writes it.
+fn bare_name(presented: &str) -> &str {
+    presented
+        .split_once('(')
+        .and_then(|(_, rest)| rest.strip_suffix(')'))
+        .map_or(presented, |inner| inner.trim_matches('"'))
+}
+
 fn describe(c: &CertificateError) -> String {
     match c {
         CertificateError::NotValidForNameContext {
@@ -232,7 +241,11 @@ fn describe(c: &CertificateError) -> String {
             let names = if presented.is_empty() {
                 "no host name".to_owned()
             } else {
-                presented.join(", ")
+                presented
+                    .iter()
+                    .map(|p| bare_name(p))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             };
             format!(
                 "the server's certificate does not match the host name {:?} (it is valid for \
@@ -312,7 +325,7 @@ mod tests {
             why.contains("does not match the host name \"localhost\""),
             "{why}"
         );
-        assert!(why.contains("db.example.com"), "{why}");
+        assert!(why.contains("(it is valid for db.example.com)"), "{why}");
         assert_eq!(refusal(Verify::Chain, &other_name, &other_name), None);
 
         let why = refusal(Verify::Full, &good, &other_name).unwrap();
