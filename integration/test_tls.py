@@ -233,27 +233,54 @@ def test_plaintext_client_is_refused_when_tls_is_required(tls_proxy, certs):
     assert "TLS is required" in str(e.value)
 
 
-def test_scram_channel_binding_through_the_proxy(tls_proxy, tls_pg, certs):
-    """Straight to the server, channel binding works. Through the proxy the
-    server's SCRAM-SHA-256-PLUS is withheld from the TLS client, so
-    `channel_binding=require` fails at the client with libpq's own message
-    (without the stripping it would bind to the proxy's certificate and fail
-    the server's check after the proof). libpq's default, `prefer`, then sends
-    the "client supports binding, server does not" flag, which a TLS server
-    refuses as a downgrade: such clients must say channel_binding=disable."""
+@pytest.mark.parametrize("binding", ["require", "prefer"])
+def test_scram_channel_binding_through_the_proxy(tls_proxy, tls_pg, certs, binding):
+    """Straight to the server, channel binding works. Through the proxy it
+    cannot: the client binds SCRAM-SHA-256-PLUS to the proxy's certificate,
+    the server checks its own, and the binding is inside the SCRAM proof.
+    A TLS client sees the server's offer as sent; when it starts
+    SCRAM-SHA-256-PLUS (`require`, and libpq's default `prefer`) the proxy
+    ends the login with its own FATAL 08004 saying why and what to set,
+    rather than PostgreSQL's "SCRAM channel binding negotiation error" (the
+    stock answer to `prefer` when the offer is withheld, shown here straight
+    to the server with the offer withheld by a plaintext-only check below)."""
     direct = make_dsn(tls_pg.port, "postgres", TLS_USER, TLS_PASSWORD, sslmode="require",
-                      channel_binding="require")
+                      channel_binding=binding)
     with connect(direct) as c:
         assert c.execute("SELECT 1").fetchone()[0] == 1
     with pytest.raises(psycopg.OperationalError) as e:
-        connect(client_dsn(tls_proxy, certs, "require", channel_binding="require"))
-    assert "did not offer an authentication method that supports channel binding" in str(
-        e.value), str(e.value)
-    with pytest.raises(psycopg.OperationalError) as e:
-        connect(client_dsn(tls_proxy, certs, "require", channel_binding="prefer"))
-    assert "channel binding negotiation error" in str(e.value), str(e.value)
+        connect(client_dsn(tls_proxy, certs, "require", channel_binding=binding))
+    msg = str(e.value)
+    assert "FATAL:  resumeguard: channel binding cannot pass a TLS-terminating proxy" in msg, msg
+    assert "HINT:" in msg and "channel_binding=disable" in msg, msg
     with connect(client_dsn(tls_proxy, certs, "require", channel_binding="disable")) as c:
         assert c.execute("SELECT 1").fetchone()[0] == 1
+
+
+def test_a_binding_sasl_start_gets_08004_and_never_reaches_the_server(tls_proxy, tls_pg):
+    """On the wire: the TLS client is offered SCRAM-SHA-256-PLUS as the server
+    sent it; its SASLInitialResponse for it is answered by the proxy with
+    FATAL 08004, and the server never sees it (no failed login in its log)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    raw = socket.create_connection((HOST, tls_proxy.port), timeout=10)
+    raw.sendall(R.ssl_request())
+    assert R.recv_exact(raw, 1) == b"S"
+    with ctx.wrap_socket(raw, server_hostname="localhost") as sock:
+        sock.sendall(R.startup_message(TLS_USER, "postgres"))
+        tag, payload = R.read_message(sock)
+        assert tag == b"R" and struct.unpack("!I", payload[:4])[0] == 10, (tag, payload)
+        assert b"SCRAM-SHA-256-PLUS\x00" in payload[4:], payload
+        data = b"p=tls-server-end-point,,n=,r=rg-test-nonce"
+        sock.sendall(R.msg(b"p", R.cstr("SCRAM-SHA-256-PLUS") + struct.pack("!i", len(data))
+                           + data))
+        messages = R.split_messages(R.read_until_eof(sock))
+    errors = [R.parse_error_fields(p) for t, p in messages if t == b"E"]
+    assert len(errors) == 1, messages
+    assert errors[0]["S"] == "FATAL" and errors[0]["C"] == "08004", errors
+    assert "channel_binding=disable" in errors[0]["H"], errors
+    log = tls_pg.logfile.read_text(errors="replace")
+    assert "rg-test-nonce" not in log and "channel binding" not in log, log[-2000:]
 
 
 def test_plaintext_client_of_a_tls_upstream_uses_scram(started, certs, tls_pg):

@@ -77,6 +77,9 @@ impl<'a> Backend<'a> {
 pub mod sqlstate {
     /// A client or server broke the protocol.
     pub const PROTOCOL_VIOLATION: &str = "08P01";
+    /// The proxy refuses the connection (sqlserver rejected establishment
+    /// of sqlconnection): what the client asks for cannot pass it.
+    pub const REJECTED_CONNECTION: &str = "08004";
     /// The upstream server could not be reached.
     pub const CONNECTION_FAILURE: &str = "08006";
     /// The proxy is shutting down.

@@ -15,7 +15,9 @@ use super::guard::{ClientStep, Guard};
 use super::proxy::Proxy;
 use super::read_buffer::{Passing, STREAM_ABOVE};
 use super::registry::{closable, SessionHandle, StopReason};
+use super::sasl_plus;
 use super::session::End;
+use super::upstream::Upstream;
 
 /// Client → server: frame, track, forward. Runs on its own thread. The
 /// client's end-of-file (a half-close, or a TLS close_notify) is passed
@@ -98,7 +100,8 @@ fn relay_client(proxy: &Proxy, handle: &SessionHandle, early: BytesMut, deadline
                 } else {
                     MAX_PRE_AUTH_MESSAGE
                 };
-                track_client(st.as_mut(), conn.buffered(), &mut out, max)
+                let upstream_tls = matches!(server, Upstream::Tls(_));
+                track_client(st.as_mut(), conn.buffered(), &mut out, max, upstream_tls)
             }
             Err(_) => return End::Error("session state poisoned".into()),
         };
@@ -118,8 +121,14 @@ fn relay_client(proxy: &Proxy, handle: &SessionHandle, early: BytesMut, deadline
             return End::Error(format!("upstream write: {e}"));
         }
         conn.consume(tracked.ready);
-        if let Some(reason) = tracked.refused {
-            return End::ClientProtocol(format!("resumeguard: invalid client message: {reason}"));
+        match tracked.refused {
+            Some(Refused::Invalid(reason)) => {
+                return End::ClientProtocol(format!(
+                    "resumeguard: invalid client message: {reason}"
+                ))
+            }
+            Some(Refused::ChannelBinding(refusal)) => return End::ClientRefused(refusal),
+            None => {}
         }
         conn.stream_on(tracked.passing);
         read_more = !tracked.awaiting;
@@ -158,11 +167,20 @@ fn await_answers(handle: &SessionHandle) -> bool {
 }
 
 /// What one pass over the client's buffered bytes left to do.
+/// Why a client message is not forwarded, and the session ends.
+#[derive(Debug, PartialEq, Eq)]
+enum Refused {
+    /// It breaks the protocol.
+    Invalid(String),
+    /// It asks for channel binding the proxy cannot carry.
+    ChannelBinding(sasl_plus::BindingRefusal),
+}
+
 struct TrackedClient {
     /// Bytes consumed (forwarded as they are, or as `out`).
     ready: usize,
     /// Why the next message is refused.
-    refused: Option<String>,
+    refused: Option<Refused>,
     /// The next message waits for the server's answers.
     awaiting: bool,
     /// The client sent Terminate: the server closing next is expected.
@@ -175,12 +193,15 @@ struct TrackedClient {
 /// and a large incomplete one the guard lets stream (see
 /// [`Guard::client_streams`]). When the guard rewrites a message, `out`
 /// receives everything consumed (rewritten where needed); otherwise it
-/// stays empty and the consumed bytes are forwarded unchanged.
+/// stays empty and the consumed bytes are forwarded unchanged. Over an
+/// `upstream_tls` connection, a SASL start asking for channel binding is
+/// refused (see `sasl_plus.rs`).
 fn track_client(
     guard: &mut dyn Guard,
     buf: &[u8],
     out: &mut BytesMut,
     max: usize,
+    upstream_tls: bool,
 ) -> TrackedClient {
     let mut ready = 0;
     let mut copied = 0;
@@ -191,7 +212,7 @@ fn track_client(
         let h = match peek_header(&buf[ready..], max) {
             Ok(Some(h)) => h,
             Ok(None) => break None,
-            Err(e) => break Some(e.to_string()),
+            Err(e) => break Some(Refused::Invalid(e.to_string())),
         };
         let whole = buf.len() - ready >= h.total_len;
         if !whole && (h.total_len <= STREAM_ABOVE || !guard.client_streams(&buf[ready..])) {
@@ -203,6 +224,11 @@ fn track_client(
             buf.len()
         };
         terminated |= h.tag == b'X';
+        if whole && h.tag == b'p' && !guard.started() {
+            if let Some(refusal) = sasl_plus::binding_refused(&buf[ready..end], upstream_tls) {
+                break Some(Refused::ChannelBinding(refusal));
+            }
+        }
         let mut forward = true;
         match guard.on_client(&buf[ready..end]) {
             Ok(ClientStep::Forward) => {}
@@ -216,7 +242,7 @@ fn track_client(
                 awaiting = true;
                 break None;
             }
-            Err(e) => break Some(e.to_string()),
+            Err(e) => break Some(Refused::Invalid(e.to_string())),
         }
         if !whole {
             passing = Some(Passing {

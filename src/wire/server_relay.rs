@@ -17,6 +17,7 @@ use super::proxy::Proxy;
 use super::read_buffer::{Passing, STREAM_ABOVE};
 use super::registry::{closable, SessionHandle, StopReason};
 use super::response_queue::Route;
+use super::sasl_plus;
 use super::session::End;
 
 /// A write buffer grown past this is replaced once sent.
@@ -79,8 +80,13 @@ pub(super) fn server_to_client(
         loop {
             let outcome = match state.lock() {
                 Ok(mut st) => {
-                    let tracked =
-                        track_server(proxy, st.as_mut(), keys, conn.buffered_mut(), &mut out);
+                    let tracked = track_server(
+                        proxy,
+                        st.as_mut(),
+                        keys,
+                        (conn.buffered_mut(), &mut out),
+                        !handle.client.is_tls(),
+                    );
                     st.flush();
                     // Only a waiting client thread is woken: a notify is a
                     // system call, and almost no batch has a waiter.
@@ -166,13 +172,14 @@ struct Held {
 /// Frames, tracks and routes the complete server messages in `buf` into
 /// `out`, and a large incomplete one the guard lets stream (see
 /// [`Guard::server_streams`]). An error means the session can no longer
-/// be followed.
+/// be followed. A `plaintext_client` is never offered SCRAM-SHA-256-PLUS
+/// (see `sasl_plus.rs`).
 fn track_server(
     proxy: &Proxy,
     guard: &mut dyn Guard,
     keys: &Mutex<Vec<(i32, Vec<u8>)>>,
-    buf: &mut BytesMut,
-    out: &mut BytesMut,
+    (buf, out): (&mut BytesMut, &mut BytesMut),
+    plaintext_client: bool,
 ) -> Result<Tracked, String> {
     let mut fatal = false;
     let mut held = None;
@@ -188,6 +195,11 @@ fn track_server(
         }
         let frame = buf.split_to(h.total_len);
         let mut step = guard.on_server(&frame).map_err(|d| d.to_string())?;
+        if plaintext_client && h.tag == b'R' && !guard.started() {
+            if let Some(offer) = sasl_plus::without_plus(&frame) {
+                step.replace = Some(offer);
+            }
+        }
         if let Some(ticket) = step.hold.take() {
             held = Some(Held {
                 frame,

@@ -23,6 +23,7 @@ use super::first_packet::{read_first_packet, NotOpened, Opened};
 use super::guard::SessionInfo;
 use super::proxy::Proxy;
 use super::registry::{SessionHandle, SessionSummary, StopReason};
+use super::sasl_plus::{self, BindingRefusal};
 use super::server_relay::server_to_client;
 use super::startup::{FirstPacket, StartupMessage};
 use super::unsupported_protocol::answer_unsupported;
@@ -43,6 +44,9 @@ pub(super) enum End {
     Quiet,
     /// The client broke the protocol; it is told why before the close.
     ClientProtocol(String),
+    /// The client asked for what cannot pass the proxy; it is told why
+    /// before the close.
+    ClientRefused(BindingRefusal),
     Error(String),
 }
 
@@ -232,6 +236,17 @@ fn relay_session(
         let err = error_response(Severity::Fatal, sqlstate::PROTOCOL_VIOLATION, msg, None);
         let _ = (&*client).write_all(&err);
     }
+    if let End::ClientRefused(refusal) = &end {
+        tracing::info!(error = %refusal.message, "refused channel binding");
+        metrics::counter!("resumeguard_client_connections_refused_total", "reason" => "channel_binding").increment(1);
+        let err = error_response(
+            Severity::Fatal,
+            sqlstate::REJECTED_CONNECTION,
+            &refusal.message,
+            Some(sasl_plus::BINDING_HINT),
+        );
+        let _ = (&*client).write_all(&err);
+    }
     // Both relay loops are done: nothing else writes to the client now.
     client.close_notify();
     for (pid, key) in keys.into_inner().unwrap_or_default() {
@@ -249,6 +264,7 @@ fn relay_session(
         End::Error(e) | End::ClientProtocol(e) => {
             tracing::info!(error = %e, age_ms, "session closed")
         }
+        End::ClientRefused(_) => tracing::info!(age_ms, "session closed: channel binding refused"),
         End::ClientClosed | End::ServerClosed | End::Shutdown | End::Quiet => {
             tracing::info!(reason = ?end, age_ms, "session closed")
         }

@@ -21,7 +21,6 @@ use super::guard::{ClientError, ClientStep, ServerStep};
 use super::injected::{Answer, Injection, ANSWERS};
 use super::reject::{raising_query, raising_statement};
 use super::response_queue::{Desync, Expect, Progress, ResponseQueue, Route};
-use super::sasl_plus;
 use super::sql_commands::{scan, SqlCommand};
 
 mod name_changes;
@@ -527,9 +526,6 @@ impl<H: Hooks> Tracker<H> {
         let tag = frame.first().copied().unwrap_or(0);
         let message = Backend::read(frame);
         let mut step = ServerStep::default();
-        if !self.started && tag == b'R' {
-            step.replace = sasl_plus::without_plus(frame);
-        }
         if let Some(Pending {
             change: Change::Answer {
                 watch, commands, ..

@@ -68,7 +68,7 @@ pub(in crate::wire) fn session() -> SessionGuard {
 /// Offers the first `have` bytes of `frame` (a pass of the relay).
 fn offer(st: &mut SessionGuard, frame: &[u8], have: usize) -> (usize, Option<Passing>, BytesMut) {
     let mut out = BytesMut::new();
-    let tracked = track_client(st, &frame[..have], &mut out, MAX);
+    let tracked = track_client(st, &frame[..have], &mut out, MAX, false);
     assert_eq!(tracked.refused, None);
     (tracked.ready, tracked.passing, out)
 }
