@@ -19,9 +19,9 @@ RUN cargo build --release --locked --bin resumeguard \
     && install -D -m 0755 target/release/resumeguard /out/resumeguard
 
 FROM ${RUNTIME_BASE} AS base
-# CA certificates: the roots verify-full uses without sslrootcert are
-# compiled in (webpki-roots); the system bundle is for an sslrootcert that
-# names it. A base that has it already (a local rootfs) is left as it is.
+# CA certificates: the roots verify-full uses without sslrootcert (and with
+# sslrootcert=system) are the system's bundle, read at start. A base that
+# has it already (a local rootfs) is left as it is.
 RUN if [ ! -s /etc/ssl/certs/ca-certificates.crt ]; then \
         apt-get update \
         && apt-get install -y --no-install-recommends ca-certificates \

@@ -16,6 +16,7 @@ use crate::policy::claims::WaitPolicy;
 use crate::policy::ChannelRules;
 use crate::saver::unknown::UnknownSaverPolicy;
 use crate::wire::client_stream::ClientTls;
+use crate::wire::keepalive::Keepalive;
 use crate::wire::proxy::RelayConfig;
 use crate::wire::upstream::UpstreamAddr;
 use crate::wire::upstream_tls::{UpstreamTls, UpstreamTlsParams};
@@ -64,6 +65,8 @@ pub struct Config {
     pub admin_listen: Option<String>,
     pub admin: AdminConfig,
     pub tls: TlsConfig,
+    /// TCP keepalives and user timeout of client and upstream sockets.
+    pub keepalive: Keepalive,
     /// TLS towards the upstream; a parameter in the upstream URL's query
     /// overrides the same key here.
     pub upstream_tls: UpstreamTlsParams,
@@ -241,6 +244,7 @@ impl Default for Config {
             admin_listen: None,
             admin: AdminConfig::default(),
             tls: TlsConfig::default(),
+            keepalive: relay.keepalive,
             upstream_tls: UpstreamTlsParams::default(),
         }
     }
@@ -270,6 +274,7 @@ impl Config {
             client_tls: self.client_tls()?,
             connect_timeout: Duration::from_millis(self.connect_timeout_ms),
             startup_timeout: Duration::from_millis(self.startup_timeout_ms),
+            keepalive: self.keepalive,
             max_message_bytes: self.max_message_bytes,
             max_client_conn: self.max_client_conn,
             ..RelayConfig::default()

@@ -12,6 +12,7 @@ pub mod frontend;
 pub mod guard;
 pub mod hooks;
 pub mod injected;
+pub mod keepalive;
 pub mod listener;
 pub mod proxy;
 pub mod read_buffer;

@@ -10,6 +10,7 @@ use dashmap::DashMap;
 use crate::wire::client_stream::ClientTls;
 use crate::wire::draining::Draining;
 use crate::wire::guard::GuardFactory;
+use crate::wire::keepalive::Keepalive;
 use crate::wire::registry::Registry;
 use crate::wire::upstream::{Upstream, UpstreamAddr};
 use crate::wire::upstream_tls::UpstreamTls;
@@ -25,6 +26,8 @@ pub struct RelayConfig {
     pub client_tls: Option<ClientTls>,
     pub connect_timeout: Duration,
     pub startup_timeout: Duration,
+    /// TCP keepalives and user timeout of client and upstream sockets.
+    pub keepalive: Keepalive,
     /// Largest client message accepted (PostgreSQL's own cap is 1 GiB).
     pub max_message_bytes: usize,
     /// Largest server message accepted.
@@ -42,6 +45,7 @@ impl Default for RelayConfig {
             client_tls: None,
             connect_timeout: Duration::from_secs(5),
             startup_timeout: Duration::from_secs(30),
+            keepalive: Keepalive::default(),
             max_message_bytes: (1 << 30) - 1,
             max_backend_message_bytes: i32::MAX as usize,
             max_client_conn: 2_000,
@@ -87,6 +91,11 @@ impl Proxy {
         self.config
             .upstream
             .connect(timeout)
+            .inspect(|s| {
+                if let Upstream::Tcp(sock) = s {
+                    self.config.keepalive.apply(sock, "upstream");
+                }
+            })
             .and_then(|s| self.config.upstream_tls.negotiate(s, timeout))
             .map_err(|e| {
                 std::io::Error::new(

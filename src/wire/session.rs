@@ -54,6 +54,7 @@ pub(super) enum End {
 /// thread (plus one more for the client→server direction).
 pub fn serve_client(proxy: Arc<Proxy>, client: TcpStream, peer: SocketAddr, inspection: bool) {
     let _ = client.set_nodelay(true);
+    proxy.config.keepalive.apply(&client, "client");
     let deadline = Instant::now() + proxy.config.startup_timeout;
     let tls = proxy.config.client_tls.as_ref();
     let Opened {
