@@ -27,7 +27,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from conftest import IS_ROOT, PSQL, SUPERUSER, PgServer, connect, make_dsn, pg_env
+from conftest import (IS_ROOT, PSQL, SUPERUSER, PgServer, connect, make_dsn, pg_env,
+                      proxy_binary)
 from test_tls import TlsProxy, openssl
 
 CLAIMS_APP = "resumeguard-claims"
@@ -178,3 +179,31 @@ def test_readyz_is_503_when_the_upstream_answers_tcp_but_fails_tls(started, ss_p
     status, body = readyz(q)
     assert status == 503, body
     assert "does not accept TLS" in body["upstream"]["error"], body
+
+
+def test_the_system_store_is_the_default_and_sslrootcert_system_names_it(started, ss_pg,
+                                                                         self_signed, workdir):
+    """Without sslrootcert, and with sslrootcert=system, the roots are the
+    operating system's store as OpenSSL finds it (here SSL_CERT_FILE naming
+    the server's own certificate, as an operator's bundle would hold its
+    CA). With system, only verify-full is allowed, as in libpq."""
+    env = {"SSL_CERT_FILE": str(self_signed / "server.crt"), "SSL_CERT_DIR": str(workdir)}
+    plain = f"postgres://{SUPERUSER}@localhost:{ss_pg.port}/postgres"
+    for query in ("?sslmode=verify-full", "?sslrootcert=system"):
+        p = TlsProxy(plain + query, workdir, f"proxy-system-{len(query)}")
+        p.env.update(env)
+        p.start()
+        try:
+            through = psql(make_dsn(p.port, "postgres", sslmode="disable"),
+                           "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+            assert through.returncode == 0, through.stderr + p.describe()
+            assert through.stdout.strip() == "t", through.stdout
+        finally:
+            assert p.stop() == 0, p.describe()
+    # verify-ca with the system's roots stops the proxy at start, naming why.
+    cp = subprocess.run(
+        [str(proxy_binary()), "config", "check", "--upstream",
+         plain + "?sslmode=verify-ca&sslrootcert=system"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+    assert cp.returncode != 0, cp.stdout
+    assert "sslmode=verify-ca may not be used with sslrootcert=system" in cp.stderr, cp.stderr
