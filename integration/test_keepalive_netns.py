@@ -16,13 +16,18 @@ session opened after the link is back is served. Beside it, the same
 scenario with keepalives off (`idle_ms = 0`, `user_timeout_ms = 0`, what the
 proxy did before): the idle session is still open long after the bound.
 
+The other side too: a client in a namespace whose host goes silent has its
+session ended and its server connection closed within the bound (with
+keepalives off, the backend stays).
+
 Needs root and iproute2 (`netns.unavailable()` says why not; skipped then).
 """
 
 from __future__ import annotations
 
 import json
-import socket
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -31,7 +36,7 @@ import pytest
 
 import netns as N
 import pgraw as R
-from conftest import HOST, SUPERUSER, PgServer, Proxy
+from conftest import HOST, SUPERUSER, PgServer, Proxy, connect
 
 WHY_NOT = N.unavailable()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"network namespaces: {WHY_NOT}")
@@ -133,3 +138,76 @@ def test_without_keepalives_an_idle_session_outlives_the_bound(primary_host, wor
         ns.unsilence()
     idle.close()
     assert proxy.stop() == 0, proxy.describe()
+
+
+class ListeningEverywhere(Proxy):
+    """``resumeguard serve`` on every address: loopback (where `start` looks)
+    and the namespace link's root end (where the client comes from)."""
+
+    @property
+    def argv(self) -> list[str]:
+        argv = super().argv
+        argv[argv.index("--listen") + 1] = f"0.0.0.0:{self.port}"
+        return argv
+
+
+CLIENT = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import pgraw as R
+s = R.login(sys.argv[2], int(sys.argv[3]), "postgres", "postgres",
+            application_name="rg-keepalive-client")
+s.simple_query("SELECT 1")
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def client_backends(server: PgServer) -> int:
+    with connect(server.dsn("postgres")) as c:
+        return c.execute("SELECT count(*) FROM pg_stat_activity "
+                         "WHERE application_name = 'rg-keepalive-client'").fetchone()[0]
+
+
+@pytest.mark.parametrize("keepalive", ["on", "off"])
+def test_a_vanished_client_frees_its_server_connection(workdir, keepalive):
+    """The client's host goes silent (every packet it sends dropped): with
+    keepalives the proxy ends the session and its server connection closes
+    within the bound; with them off (as before) the backend stays."""
+    ns = N.make(212)
+    server = PgServer("keepalive-client").start()
+    env = {**(KEEPALIVE if keepalive == "on" else OFF), "RESUMEGUARD_CLAIMS_BACKEND": "sqlite"}
+    proxy = ListeningEverywhere(server.port, workdir, f"proxy-ka-client-{keepalive}", env=env)
+    client = None
+    try:
+        proxy.start()
+        client = subprocess.Popen(
+            ns.argv(sys.executable, "-c", CLIENT, str(Path(__file__).parent), ns.host_ip,
+                    str(proxy.port)), stdout=subprocess.PIPE, text=True)
+        assert client.stdout is not None and client.stdout.readline().strip() == "ready"
+        assert client_backends(server) == 1
+        ns.silence()
+        silenced = time.monotonic()
+        deadline = silenced + BOUND_S + SLACK_S
+        while client_backends(server) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = client_backends(server)
+        if keepalive == "on":
+            assert left == 0, (f"server connection still open "
+                               f"{time.monotonic() - silenced:.0f}s after the client went silent")
+        else:
+            assert left == 1, "the server connection closed although keepalives were off"
+        assert proxy.alive(), proxy.describe()
+        ns.unsilence()
+        fresh = R.login(ns.host_ip, proxy.port, SUPERUSER, "postgres")
+        assert fresh.simple_query("SELECT 4")[0] == [[b"4"]]
+        fresh.close()
+        assert proxy.stop() == 0, proxy.describe()
+    finally:
+        if client is not None:
+            client.kill()
+            client.wait(timeout=10)
+        if proxy.alive():
+            proxy.kill()
+        ns.close()
+        server.stop()
