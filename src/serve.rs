@@ -16,7 +16,7 @@ use resumeguard::claims::location::{postgres_target, store_location, LocationErr
 use resumeguard::claims::postgres::{schema_name, DEFAULT_SCHEMA};
 use resumeguard::claims::{ClaimStore, StoreLocation};
 use resumeguard::config::live::{ClaimsTimings, LiveClaimsTimings};
-use resumeguard::config::{upstream_addr, Config, ConfigError, Loader};
+use resumeguard::config::{connection_string, upstream_addr, Config, ConfigError, Loader};
 use resumeguard::enforce::claim_gate::{ClaimsLeg, InTransactionFence};
 use resumeguard::enforce::own_schema::OwnSchema;
 use resumeguard::enforce::reload::Reloadable;
@@ -136,7 +136,7 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
     // Shared by the sessions and the consume-once gate: set at shutdown.
     let draining = Draining::default();
     let ready = upstream
-        .map_err(anyhow::Error::from)
+        .map_err(|e| anyhow::Error::from(e).context("upstream"))
         .and_then(|u| {
             let at = claims_at.as_ref();
             let legs = legs(&cfg, &audit, validity, at, &claims_timings, &draining)?;
@@ -200,8 +200,7 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
             }
             reloader.describe_metrics();
             tracing::info!(listen = %local, %upstream, audit = %cfg.audit_db().display(), "resumeguard serving");
-            let user = if managed.is_some() { "postgres@" } else { "" };
-            announce(&cfg, &format!("DATABASE_URL=postgres://{user}{local}/postgres"));
+            announce(&cfg, &format!("DATABASE_URL={}", client_url(&cfg, managed.is_some(), local)));
             if let (AdminListen::Auto, Some(addr)) = (admin_listen, admin_at) {
                 announce(&cfg, &format!("ADMIN_URL=http://{addr}"));
             }
@@ -259,6 +258,29 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
         m.stop();
     }
     result
+}
+
+/// The URL clients connect to through the proxy at `local`: the managed
+/// server's superuser and database, or the upstream URL's user and
+/// database (the database defaulting to the user, as libpq's), never its
+/// password; `/postgres` when the upstream names neither.
+fn client_url(cfg: &Config, managed: bool, local: std::net::SocketAddr) -> String {
+    let address = local.to_string();
+    if managed {
+        return connection_string::client_url(Some("postgres"), &address, Some("postgres"));
+    }
+    let named = cfg
+        .upstream
+        .as_deref()
+        .filter(|u| !u.starts_with('/') && !u.starts_with("unix:"))
+        .and_then(|u| connection_string::connection_string(u).ok());
+    let user = named.as_ref().and_then(|n| n.config.get_user());
+    let db = named
+        .as_ref()
+        .and_then(|n| n.config.get_dbname())
+        .or(user)
+        .or(Some("postgres"));
+    connection_string::client_url(user, &address, db)
 }
 
 /// Prints a line for whoever started the proxy (`DATABASE_URL=`): on
@@ -364,6 +386,16 @@ fn legs(
             })?;
             tracing::info!(backend = ?c.backend, at = %at.shown(), "claims store");
             let store = Arc::new(ClaimStore::connect_to(at).with_timings(Arc::clone(timings)));
+            if let Some(fault) = store.start_fault() {
+                match fault.fix {
+                    // Refusing every parked read until an operator acts
+                    // helps no one: stop now, saying what to set.
+                    Some(fix) => anyhow::bail!("{}; {fix}", fault.error),
+                    None => tracing::error!(error = %fault.error, "claims database not \
+                        reachable at start: serving, refusing parked reads (58000) and \
+                        /readyz 503 until it is; retried on use and by /readyz"),
+                }
+            }
             let evidence = evidence::start(
                 Arc::clone(&store),
                 c.proxy_id.clone(),

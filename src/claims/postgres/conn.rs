@@ -33,6 +33,8 @@ use postgres::types::ToSql;
 use postgres::{Client, NoTls, Row, Statement, Transaction};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use super::credential::CredentialError;
+use super::fault::{credential_fix, fix_for, StartFault};
 use super::schema;
 use super::target::{DeadPeer, PgTarget};
 use crate::admin::metrics;
@@ -98,6 +100,8 @@ pub(super) struct PgConn {
     born: Instant,
     /// Why the store is down, while it is.
     down: Mutex<Option<Down>>,
+    /// Why the first connect failed, if it did.
+    start_fault: Mutex<Option<StartFault>>,
 }
 
 /// Decision connections per proxy process.
@@ -152,6 +156,8 @@ enum Failed {
 pub(super) struct Unready {
     error: StoreError,
     reaped: bool,
+    /// What an operator sets, when no retry mends it ([`fix_for`]).
+    fix: Option<String>,
 }
 
 impl Unready {
@@ -159,6 +165,19 @@ impl Unready {
         Unready {
             error,
             reaped: false,
+            fix: None,
+        }
+    }
+
+    /// The password for `target` could not be read.
+    fn credential(target: &PgTarget, e: &CredentialError) -> Unready {
+        Unready {
+            error: StoreError::PgOpen {
+                at: target.shown.clone(),
+                reason: format!("reading its password: {}", crate::error_chain::chain(e)),
+            },
+            reaped: false,
+            fix: credential_fix(e),
         }
     }
 }
@@ -275,6 +294,7 @@ impl PgConn {
             confirmed_at: AtomicU64::new(0),
             born: Instant::now(),
             down: Mutex::new(None),
+            start_fault: Mutex::new(None),
         }
     }
 
@@ -395,6 +415,13 @@ impl PgConn {
         for slot in &conn.slots {
             let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
             if let Err(u) = conn.ensure(&mut slot) {
+                *conn
+                    .start_fault
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(StartFault {
+                    error: u.error.clone(),
+                    fix: u.fix,
+                });
                 conn.mark_down(u.error);
                 break;
             }
@@ -411,6 +438,15 @@ impl PgConn {
         drop(slot);
         PgConn::start_heartbeat(&conn);
         Ok(conn)
+    }
+
+    /// Why the first connect failed, if it did (the fix of a permanent
+    /// fault with it).
+    pub(super) fn start_fault(&self) -> Option<StartFault> {
+        self.start_fault
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// This process's instance id, while it holds its liveness lock.
@@ -665,15 +701,24 @@ impl PgConn {
         let mut attempt = 1;
         let (client, instance) = loop {
             let began = Instant::now();
-            match lock_instance(target, lost) {
+            let config = match target.config_now() {
+                Ok(c) => c,
+                Err(e) => {
+                    let u = Unready::credential(target, &e);
+                    self.mark_down(u.error.clone());
+                    return Err(u);
+                }
+            };
+            match lock_instance(target, &config, lost) {
                 Ok(got) => break got,
                 Err(e) => {
                     let u = Unready {
-                        error: StoreError::Open {
-                            path: target.shown.clone(),
+                        error: StoreError::PgOpen {
+                            at: target.shown.clone(),
                             reason: format!("taking the liveness lock: {}", describe(&e)),
                         },
                         reaped: reaped(&e, began),
+                        fix: fix_for(&e, &target.schema),
                     };
                     if u.reaped && attempt < REAPED_ATTEMPTS {
                         attempt += 1;
@@ -778,14 +823,18 @@ pub(super) fn connect(
 fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, Unready> {
     let began = Instant::now();
     let err = |reason: String, e: &postgres::Error| Unready {
-        error: StoreError::Open {
-            path: target.shown.clone(),
+        error: StoreError::PgOpen {
+            at: target.shown.clone(),
             reason,
         },
         reaped: reaped(e, began),
+        fix: fix_for(e, &target.schema),
     };
     let plain = |e: postgres::Error| err(describe(&e), &e);
-    let mut client = connect(&target.config, target).map_err(plain)?;
+    let config = target
+        .config_now()
+        .map_err(|e| Unready::credential(target, &e))?;
+    let mut client = connect(&config, target).map_err(plain)?;
     client
         .batch_execute(&format!(
             "SET statement_timeout = {STATEMENT_TIMEOUT_MS}; \
@@ -804,8 +853,8 @@ fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, Unready> 
         })?,
         Role::Operator => {
             if schema::version(&mut client, schema).map_err(plain)? == 0 {
-                return Err(Unready::down(StoreError::Open {
-                    path: target.shown.clone(),
+                return Err(Unready::down(StoreError::PgOpen {
+                    at: target.shown.clone(),
                     reason: format!("no claims schema {schema} (no proxy has used this database)"),
                 }));
             }
@@ -825,8 +874,12 @@ fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, Unready> 
 /// [`RELOCK_WAIT_MS`], else a fresh instance id's. Taken again, the lock
 /// takes back what sweeps did to `again`'s claims meanwhile (see
 /// `liveness`).
-fn lock_instance(target: &PgTarget, again: Option<i64>) -> Result<(Client, i64), postgres::Error> {
-    let mut config = target.config.clone();
+fn lock_instance(
+    target: &PgTarget,
+    config: &postgres::Config,
+    again: Option<i64>,
+) -> Result<(Client, i64), postgres::Error> {
+    let mut config = config.clone();
     config.application_name("resumeguard-claims-liveness");
     let mut lock = connect(&config, target)?;
     let p = DeadPeer::within(target.liveness_bound);
@@ -890,10 +943,12 @@ fn next_instance(client: &mut Client, schema: &str) -> Result<i64, postgres::Err
         .map(|r| r.get(0))
 }
 
-/// The server's message, with its SQLSTATE, or the client's.
+/// The server's message, with its SQLSTATE, or the client's with every
+/// cause under it (`invalid configuration: password missing`, `error
+/// connecting to server: Connection refused (os error 111)`).
 pub(super) fn describe(e: &postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
+        None => crate::error_chain::chain(e).to_string(),
     }
 }
