@@ -14,7 +14,8 @@ its Unix socket), with real LangGraph through ``resumeguard serve``:
 - a ``[claims] password_command`` run at each connect (it counts its calls): a token
   rotated on the server and in what the command prints is picked up the same way;
 - an unreachable claims database: ``serve`` starts, ``/readyz`` is 503 naming the
-  cause, then 200 once the database is up;
+  cause and a parked read is refused 58000 with a HINT about the claims database,
+  then ``/readyz`` is 200 once the database is up;
 - an upstream typo (``postgres//127.0.0.1:57301``) is refused, naming the text.
 """
 
@@ -256,6 +257,14 @@ def test_an_unreachable_claims_database_starts_not_ready_then_ready(locked, work
         assert status == 503, body
         error = body["claims_store"]["error"]
         assert f"{HOST}:{later.port}" in error and "refused" in error.lower(), body
+        # Meanwhile a parked read is refused, fail closed, with a HINT about the
+        # claims database (not a store file).
+        # (The park's own get_state is that read.)
+        with pytest.raises(psycopg.Error) as refused:
+            parked(proxy, locked.password)
+        assert refused.value.sqlstate == "58000", refused.value
+        hint = refused.value.diag.message_hint or ""
+        assert "claims database" in hint and "claim store file" not in hint, hint
         later.start()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
