@@ -73,9 +73,9 @@ impl DeadPeer {
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
     #[error("claims.dsn")]
-    Dsn(#[source] ConfigError),
+    Dsn(#[source] Box<ConfigError>),
     #[error("upstream")]
-    Upstream(#[source] ConfigError),
+    Upstream(#[source] Box<ConfigError>),
     #[error(
         "claims.password_command and claims.password_file are both set: keep the one \
          the password comes from"
@@ -132,7 +132,9 @@ impl PgTarget {
     /// libpq's).
     pub fn from_dsn(dsn: &str) -> Result<PgTarget, TargetError> {
         // A URL's TLS parameters are read here; other ssl* are refused.
-        let mut config = connection_string(dsn).map_err(TargetError::Dsn)?.config;
+        let mut config = connection_string(dsn)
+            .map_err(|e| TargetError::Dsn(Box::new(e)))?
+            .config;
         if let Some(query) = dsn.split_once("://").and_then(|(_, r)| r.split_once('?')) {
             for (key, value) in query.1.split('&').filter_map(|kv| kv.split_once('=')) {
                 let mode = match (key, value) {
@@ -140,10 +142,10 @@ impl PgTarget {
                     ("sslmode", "prefer") => SslMode::Prefer,
                     ("sslmode", "require") => SslMode::Require,
                     (k, v) if k.starts_with("ssl") => {
-                        return Err(TargetError::Dsn(ConfigError::UpstreamParameter {
+                        return Err(TargetError::Dsn(Box::new(ConfigError::UpstreamParameter {
                             key: k.to_owned(),
                             value: v.to_owned(),
-                        }))
+                        })))
                     }
                     _ => continue,
                 };
@@ -159,7 +161,9 @@ impl PgTarget {
     pub fn from_upstream(spec: Option<&str>, addr: &UpstreamAddr) -> Result<PgTarget, TargetError> {
         let url = match spec {
             Some(spec) if spec.starts_with('/') || spec.starts_with("unix:") => None,
-            Some(spec) => Some(connection_string(spec).map_err(TargetError::Upstream)?),
+            Some(spec) => {
+                Some(connection_string(spec).map_err(|e| TargetError::Upstream(Box::new(e)))?)
+            }
             None => None,
         };
         let url = url.as_ref().map(|u| &u.config);
