@@ -50,6 +50,8 @@ pub struct ConnectionString {
     /// ([`PROXY_TLS_KEYS`], a URL's only).
     pub config: postgres::Config,
     pub form: Form,
+    /// Those parameters, `%`-decoded, in order.
+    pub tls_params: Vec<(String, String)>,
 }
 
 /// Reads `spec`: `host`, `host:port` (with an optional `?query`), a
@@ -72,15 +74,16 @@ pub fn connection_string(spec: &str) -> Result<ConnectionString, ConfigError> {
             return Ok(ConnectionString {
                 config,
                 form: Form::KeyValue,
+                tls_params: Vec::new(),
             });
         }
     };
-    let config = without_proxy_params(&url)
-        .parse::<postgres::Config>()
-        .map_err(unreadable)?;
+    let (rest, tls_params) = split_proxy_params(&url);
+    let config = rest.parse::<postgres::Config>().map_err(unreadable)?;
     Ok(ConnectionString {
         config,
         form: Form::Url,
+        tls_params,
     })
 }
 
@@ -91,24 +94,29 @@ fn is_scheme(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
 }
 
-/// A URL without the query parameters in [`PROXY_TLS_KEYS`].
-fn without_proxy_params(url: &str) -> String {
+/// A URL without the query parameters in [`PROXY_TLS_KEYS`], and those
+/// parameters (`%`-decoded; the rest is the postgres crate's to decode).
+fn split_proxy_params(url: &str) -> (String, Vec<(String, String)>) {
     let Some((base, query)) = url.split_once('?') else {
-        return url.to_owned();
+        return (url.to_owned(), Vec::new());
     };
-    let kept: Vec<&str> = query
-        .split('&')
-        .filter(|kv| !kv.is_empty())
-        .filter(|kv| {
-            let key = kv.split_once('=').map_or(*kv, |(k, _)| k);
-            !PROXY_TLS_KEYS.contains(&key)
-        })
-        .collect();
-    if kept.is_empty() {
+    let mut kept = Vec::new();
+    let mut taken = Vec::new();
+    for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+        let (key, value) = kv.split_once('=').unwrap_or((kv, ""));
+        if PROXY_TLS_KEYS.contains(&key) {
+            let value = percent_encoding::percent_decode_str(value).decode_utf8_lossy();
+            taken.push((key.to_owned(), value.into_owned()));
+        } else {
+            kept.push(kv);
+        }
+    }
+    let rest = if kept.is_empty() {
         base.to_owned()
     } else {
         format!("{base}?{}", kept.join("&"))
-    }
+    };
+    (rest, taken)
 }
 
 /// `spec` with any password in it replaced by `****`, for messages.
@@ -160,6 +168,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(url.form, Form::Url);
+        assert_eq!(
+            url.tls_params,
+            [
+                ("sslmode".to_owned(), "verify-full".to_owned()),
+                ("sslrootcert".to_owned(), "/ca.pem".to_owned())
+            ]
+        );
         let c = &url.config;
         assert_eq!(c.get_user(), Some("app@x"));
         assert_eq!(c.get_password(), Some(&b"s:cret"[..]));

@@ -77,6 +77,12 @@ pub enum TargetError {
     #[error("upstream")]
     Upstream(#[source] Box<ConfigError>),
     #[error(
+        "claims.dsn {key}={value}: a claims DSN's TLS is sslmode disable, prefer or \
+         require (unverified, as libpq's); without [claims] dsn the claims connections \
+         take the upstream's TLS settings, verification included"
+    )]
+    DsnTls { key: String, value: String },
+    #[error(
         "claims.password_command and claims.password_file are both set: keep the one \
          the password comes from"
     )]
@@ -131,26 +137,17 @@ impl PgTarget {
     /// `sslmode` is `disable`, `prefer` or `require` (unverified, as
     /// libpq's).
     pub fn from_dsn(dsn: &str) -> Result<PgTarget, TargetError> {
-        // A URL's TLS parameters are read here; other ssl* are refused.
-        let mut config = connection_string(dsn)
-            .map_err(|e| TargetError::Dsn(Box::new(e)))?
-            .config;
-        if let Some(query) = dsn.split_once("://").and_then(|(_, r)| r.split_once('?')) {
-            for (key, value) in query.1.split('&').filter_map(|kv| kv.split_once('=')) {
-                let mode = match (key, value) {
-                    ("sslmode", "disable") => SslMode::Disable,
-                    ("sslmode", "prefer") => SslMode::Prefer,
-                    ("sslmode", "require") => SslMode::Require,
-                    (k, v) if k.starts_with("ssl") => {
-                        return Err(TargetError::Dsn(Box::new(ConfigError::UpstreamParameter {
-                            key: k.to_owned(),
-                            value: v.to_owned(),
-                        })))
-                    }
-                    _ => continue,
-                };
-                config.ssl_mode(mode);
-            }
+        // A URL's TLS parameters: sslmode read here, the others refused.
+        let parsed = connection_string(dsn).map_err(|e| TargetError::Dsn(Box::new(e)))?;
+        let mut config = parsed.config;
+        for (key, value) in parsed.tls_params {
+            let mode = match (key.as_str(), value.as_str()) {
+                ("sslmode", "disable") => SslMode::Disable,
+                ("sslmode", "prefer") => SslMode::Prefer,
+                ("sslmode", "require") => SslMode::Require,
+                _ => return Err(TargetError::DsnTls { key, value }),
+            };
+            config.ssl_mode(mode);
         }
         PgTarget::finish(config)
     }
@@ -395,6 +392,21 @@ mod tests {
             .unwrap()
             .with_schema("Bad;")
             .is_err());
+        // A URL's sslmode is read; what a claims DSN cannot do is refused.
+        assert_eq!(
+            PgTarget::from_dsn("postgres://rg@db/ck?sslmode=require")
+                .unwrap()
+                .sslmode(),
+            "require"
+        );
+        assert!(matches!(
+            PgTarget::from_dsn("postgres://rg@db/ck?sslmode=verify-full"),
+            Err(TargetError::DsnTls { .. })
+        ));
+        assert!(matches!(
+            PgTarget::from_dsn("postgres//db/ck"),
+            Err(TargetError::Dsn(_))
+        ));
     }
 
     #[test]
