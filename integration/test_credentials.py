@@ -5,7 +5,8 @@ its Unix socket), with real LangGraph through ``resumeguard serve``:
 - no credential: ``serve`` exits 1 within 10 s with one line naming the missing
   password and where to give it; a wrong password, a database that does not exist and
   a role that may not create the ``resumeguard`` schema likewise, each naming its fix
-  (the last is then mended by the administrator's snippet of docs/operations.md);
+  (the last is then mended by the administrator's snippet of docs/operations.md); the
+  audit table's database is checked the same way when no claims store checks it;
 - ``PGPASSWORD``: a parked LangGraph read is served (resumed once), and the printed
   ``DATABASE_URL`` names the upstream's user and database at the proxy's address;
 - a ``[claims] password_file`` re-read at each connect: the password rotated on the
@@ -138,6 +139,17 @@ def test_no_credential_stops_serve_naming_the_password_and_where_to_give_it(lock
     assert "password missing" in line, line
     for where in ("PGPASSWORD", "password_file", "password_command"):
         assert where in line, line
+
+
+def test_the_audit_tables_database_is_checked_when_no_claims_store_checks_it(locked, workdir):
+    conf = workdir / f"audit-{uuid.uuid4().hex[:6]}.toml"
+    conf.write_text("[enforce]\nconsume_once = false\n[audit]\npostgres = true\n")
+    code, stderr, took = failed_start(serve_argv(locked.url("app"), workdir, "--config",
+                                                 str(conf)), {})
+    line = last_line(stderr)
+    assert code == 1, stderr
+    assert took < STARTUP_FAILS_WITHIN, f"took {took:.1f}s\n{stderr}"
+    assert "[audit] postgres" in line and "password missing" in line, line
 
 
 @pytest.mark.parametrize("case", ["wrong password", "no such database"])

@@ -13,7 +13,7 @@ use resumeguard::admin::{self, AdminControl, AdminLimits, AdminListen, AdminStat
 use resumeguard::audit::{AuditSink, TrailSource};
 use resumeguard::claims::evidence;
 use resumeguard::claims::location::{postgres_target, store_location, LocationError};
-use resumeguard::claims::postgres::{schema_name, DEFAULT_SCHEMA};
+use resumeguard::claims::postgres::{check_once, schema_name, DEFAULT_SCHEMA};
 use resumeguard::claims::{ClaimStore, StoreLocation};
 use resumeguard::config::live::{ClaimsTimings, LiveClaimsTimings};
 use resumeguard::config::{connection_string, upstream_addr, Config, ConfigError, Loader};
@@ -127,16 +127,21 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
     let managed_socket = managed.as_ref().map(|m| m.socket());
     let claims_at = store_location(&cfg, managed_socket.as_ref());
     warn_if_clients_share_the_store_role(&cfg, claims_at.as_ref().ok());
-    if cfg.audit.postgres {
-        connect_audit(&cfg, &audit, managed_socket.as_ref());
-    }
+    // The claims store checks its database at start (consume-once on the
+    // PostgreSQL backend): the audit table's is the same one.
+    let claims_check_it =
+        cfg.enforce.consume_once && matches!(claims_at, Ok(StoreLocation::Postgres(_)));
+    let audit_db = match cfg.audit.postgres {
+        true => connect_audit(&cfg, &audit, managed_socket.as_ref(), !claims_check_it),
+        false => Ok(()),
+    };
     // The claims store's blocking client runs a runtime of its own: the
     // legs are made outside this one.
     let validity = rules.validity;
     // Shared by the sessions and the consume-once gate: set at shutdown.
     let draining = Draining::default();
-    let ready = upstream
-        .map_err(|e| anyhow::Error::from(e).context("upstream"))
+    let ready = audit_db
+        .and(upstream.map_err(|e| anyhow::Error::from(e).context("upstream")))
         .and_then(|u| {
             let at = claims_at.as_ref();
             let legs = legs(&cfg, &audit, validity, at, &claims_timings, &draining)?;
@@ -297,10 +302,28 @@ fn announce(cfg: &Config, line: &str) {
 /// Gives the audit trail's PostgreSQL output its database: where the
 /// claims store is (whichever claims backend is configured). A database
 /// that cannot be named is an ERROR; auditing goes on in the other
-/// outputs, and the PostgreSQL output counts its events as lost.
-fn connect_audit(cfg: &Config, audit: &AuditSink, managed: Option<&UpstreamAddr>) {
+/// outputs, and the PostgreSQL output counts its events as lost. With
+/// `check`, it is connected once first: a fault no retry mends (the
+/// proxy's password, the database, the schema's privileges) stops `serve`
+/// with its fix.
+fn connect_audit(
+    cfg: &Config,
+    audit: &AuditSink,
+    managed: Option<&UpstreamAddr>,
+    check: bool,
+) -> anyhow::Result<()> {
     match postgres_target(cfg, managed) {
         Ok(target) => {
+            if check {
+                if let Err(fault) = check_once(&target) {
+                    match fault.fix {
+                        Some(fix) => anyhow::bail!("[audit] postgres: {}; {fix}", fault.error),
+                        None => tracing::error!(error = %fault.error, "[audit] postgres: \
+                            database not reachable at start: the audit table output retries \
+                            and records its gap as for any failure"),
+                    }
+                }
+            }
             tracing::info!(at = %target.shown(), "audit trail also kept in PostgreSQL");
             audit.connect_postgres(target);
         }
@@ -309,6 +332,7 @@ fn connect_audit(cfg: &Config, audit: &AuditSink, managed: Option<&UpstreamAddr>
             "[audit] postgres: no database for the audit trail; its events are lost"
         ),
     }
+    Ok(())
 }
 
 /// Where `GET /threads/{id}` reads: the PostgreSQL table (every replica)

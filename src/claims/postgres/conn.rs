@@ -866,6 +866,18 @@ fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, Unready> 
     })
 }
 
+/// Connects once as a decision connection does (password read, schema
+/// made or brought up to date) and lets the connection go: the start
+/// check of the audit table's database where no claims store checks it.
+pub fn check_once(target: &PgTarget) -> Result<(), StartFault> {
+    connect_decision(target, Role::Proxy)
+        .map(drop)
+        .map_err(|u| StartFault {
+            error: u.error,
+            fix: u.fix,
+        })
+}
+
 /// The liveness connection, with the server's end given the same
 /// keepalives and TCP user timeout as the proxy's (so the server drops the
 /// lock of a partitioned proxy within the bound), holding a session-level

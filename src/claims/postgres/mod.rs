@@ -29,6 +29,7 @@ pub(crate) mod test_server;
 mod tests;
 
 pub use client::{connect_schema, error_text, schema_name, SchemaAccess};
+pub use conn::check_once;
 pub use credential::PASSWORD_COMMAND_TIMEOUT;
 pub use fault::StartFault;
 pub use schema::{AUDIT_CHAIN_VERSION, AUDIT_VERSION};
