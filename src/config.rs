@@ -21,6 +21,7 @@ use crate::wire::proxy::RelayConfig;
 use crate::wire::upstream::UpstreamAddr;
 use crate::wire::upstream_tls::{UpstreamTls, UpstreamTlsParams};
 
+pub mod connection_string;
 mod error;
 pub mod layers;
 pub mod live;
@@ -111,6 +112,14 @@ pub struct ClaimsConfig {
     /// The claims database when it is not the upstream's (libpq DSN or
     /// `postgres://` URL); absent: the upstream (or the managed server).
     pub dsn: Option<String>,
+    /// A file whose content is the proxy's password for the claims (and
+    /// audit) database, read again at each connect (a rotated secret
+    /// needs no restart).
+    pub password_file: Option<PathBuf>,
+    /// A command (`sh -c`) run at each connect whose standard output,
+    /// trimmed, is that password: how IAM tokens (RDS, Cloud SQL) are
+    /// minted. At most 10 s; a failure is an error naming it.
+    pub password_command: Option<String>,
     /// How soon the liveness lock of a proxy cut off from the database
     /// goes, so other proxies count its holders as gone (PostgreSQL).
     pub liveness_bound_ms: u64,
@@ -153,6 +162,8 @@ impl Default for ClaimsConfig {
         ClaimsConfig {
             backend: None,
             dsn: None,
+            password_file: None,
+            password_command: None,
             liveness_bound_ms: 10_000,
             store: None,
             proxy_id: None,

@@ -13,10 +13,10 @@ use resumeguard::admin::{self, AdminControl, AdminLimits, AdminListen, AdminStat
 use resumeguard::audit::{AuditSink, TrailSource};
 use resumeguard::claims::evidence;
 use resumeguard::claims::location::{postgres_target, store_location, LocationError};
-use resumeguard::claims::postgres::{schema_name, DEFAULT_SCHEMA};
+use resumeguard::claims::postgres::{check_once, schema_name, DEFAULT_SCHEMA};
 use resumeguard::claims::{ClaimStore, StoreLocation};
 use resumeguard::config::live::{ClaimsTimings, LiveClaimsTimings};
-use resumeguard::config::{upstream_addr, Config, ConfigError, Loader};
+use resumeguard::config::{connection_string, upstream_addr, Config, ConfigError, Loader};
 use resumeguard::enforce::claim_gate::{ClaimsLeg, InTransactionFence};
 use resumeguard::enforce::own_schema::OwnSchema;
 use resumeguard::enforce::reload::Reloadable;
@@ -127,16 +127,21 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
     let managed_socket = managed.as_ref().map(|m| m.socket());
     let claims_at = store_location(&cfg, managed_socket.as_ref());
     warn_if_clients_share_the_store_role(&cfg, claims_at.as_ref().ok());
-    if cfg.audit.postgres {
-        connect_audit(&cfg, &audit, managed_socket.as_ref());
-    }
+    // The claims store checks its database at start (consume-once on the
+    // PostgreSQL backend): the audit table's is the same one.
+    let claims_check_it =
+        cfg.enforce.consume_once && matches!(claims_at, Ok(StoreLocation::Postgres(_)));
+    let audit_db = match cfg.audit.postgres {
+        true => connect_audit(&cfg, &audit, managed_socket.as_ref(), !claims_check_it),
+        false => Ok(()),
+    };
     // The claims store's blocking client runs a runtime of its own: the
     // legs are made outside this one.
     let validity = rules.validity;
     // Shared by the sessions and the consume-once gate: set at shutdown.
     let draining = Draining::default();
-    let ready = upstream
-        .map_err(anyhow::Error::from)
+    let ready = audit_db
+        .and(upstream.map_err(|e| anyhow::Error::from(e).context("upstream")))
         .and_then(|u| {
             let at = claims_at.as_ref();
             let legs = legs(&cfg, &audit, validity, at, &claims_timings, &draining)?;
@@ -200,8 +205,7 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
             }
             reloader.describe_metrics();
             tracing::info!(listen = %local, %upstream, audit = %cfg.audit_db().display(), "resumeguard serving");
-            let user = if managed.is_some() { "postgres@" } else { "" };
-            announce(&cfg, &format!("DATABASE_URL=postgres://{user}{local}/postgres"));
+            announce(&cfg, &format!("DATABASE_URL={}", client_url(&cfg, managed.is_some(), local)));
             if let (AdminListen::Auto, Some(addr)) = (admin_listen, admin_at) {
                 announce(&cfg, &format!("ADMIN_URL=http://{addr}"));
             }
@@ -261,6 +265,29 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
     result
 }
 
+/// The URL clients connect to through the proxy at `local`: the managed
+/// server's superuser and database, or the upstream URL's user and
+/// database (the database defaulting to the user, as libpq's), never its
+/// password; `/postgres` when the upstream names neither.
+fn client_url(cfg: &Config, managed: bool, local: std::net::SocketAddr) -> String {
+    let address = local.to_string();
+    if managed {
+        return connection_string::client_url(Some("postgres"), &address, Some("postgres"));
+    }
+    let named = cfg
+        .upstream
+        .as_deref()
+        .filter(|u| !u.starts_with('/') && !u.starts_with("unix:"))
+        .and_then(|u| connection_string::connection_string(u).ok());
+    let user = named.as_ref().and_then(|n| n.config.get_user());
+    let db = named
+        .as_ref()
+        .and_then(|n| n.config.get_dbname())
+        .or(user)
+        .or(Some("postgres"));
+    connection_string::client_url(user, &address, db)
+}
+
 /// Prints a line for whoever started the proxy (`DATABASE_URL=`): on
 /// stdout, unless the audit JSONL goes there (`[audit] jsonl = "-"`), which
 /// keeps stdout to JSON lines; then on stderr.
@@ -275,10 +302,28 @@ fn announce(cfg: &Config, line: &str) {
 /// Gives the audit trail's PostgreSQL output its database: where the
 /// claims store is (whichever claims backend is configured). A database
 /// that cannot be named is an ERROR; auditing goes on in the other
-/// outputs, and the PostgreSQL output counts its events as lost.
-fn connect_audit(cfg: &Config, audit: &AuditSink, managed: Option<&UpstreamAddr>) {
+/// outputs, and the PostgreSQL output counts its events as lost. With
+/// `check`, it is connected once first: a fault no retry mends (the
+/// proxy's password, the database, the schema's privileges) stops `serve`
+/// with its fix.
+fn connect_audit(
+    cfg: &Config,
+    audit: &AuditSink,
+    managed: Option<&UpstreamAddr>,
+    check: bool,
+) -> anyhow::Result<()> {
     match postgres_target(cfg, managed) {
         Ok(target) => {
+            if check {
+                if let Err(fault) = check_once(&target) {
+                    match fault.fix {
+                        Some(fix) => anyhow::bail!("[audit] postgres: {}; {fix}", fault.error),
+                        None => tracing::error!(error = %fault.error, "[audit] postgres: \
+                            database not reachable at start: the audit table output retries \
+                            and records its gap as for any failure"),
+                    }
+                }
+            }
             tracing::info!(at = %target.shown(), "audit trail also kept in PostgreSQL");
             audit.connect_postgres(target);
         }
@@ -287,6 +332,7 @@ fn connect_audit(cfg: &Config, audit: &AuditSink, managed: Option<&UpstreamAddr>
             "[audit] postgres: no database for the audit trail; its events are lost"
         ),
     }
+    Ok(())
 }
 
 /// Where `GET /threads/{id}` reads: the PostgreSQL table (every replica)
@@ -364,6 +410,16 @@ fn legs(
             })?;
             tracing::info!(backend = ?c.backend, at = %at.shown(), "claims store");
             let store = Arc::new(ClaimStore::connect_to(at).with_timings(Arc::clone(timings)));
+            if let Some(fault) = store.start_fault() {
+                match fault.fix {
+                    // Refusing every parked read until an operator acts
+                    // helps no one: stop now, saying what to set.
+                    Some(fix) => anyhow::bail!("{}; {fix}", fault.error),
+                    None => tracing::error!(error = %fault.error, "claims database not \
+                        reachable at start: serving, refusing parked reads (58000) and \
+                        /readyz 503 until it is; retried on use and by /readyz"),
+                }
+            }
             let evidence = evidence::start(
                 Arc::clone(&store),
                 c.proxy_id.clone(),

@@ -353,7 +353,7 @@ pub fn claim_refused(reason: &Refusal) {
         Refusal::Answered { .. } => "answered",
         Refusal::InFlight { .. } => "in_flight",
         Refusal::RunInProgress { .. } => "run_in_progress",
-        Refusal::StoreUnavailable(_) => "store_unavailable",
+        Refusal::StoreUnavailable(..) => "store_unavailable",
         Refusal::ShuttingDown => "shutting_down",
     };
     counter!(REFUSED, "reason" => reason).increment(1);

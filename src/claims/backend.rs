@@ -60,6 +60,16 @@ impl ClaimStore {
         }
     }
 
+    /// Why the PostgreSQL store's first connect failed, if it did (a
+    /// SQLite file that does not open is retried on use and never stops
+    /// `serve`).
+    pub fn start_fault(&self) -> Option<super::postgres::StartFault> {
+        match self {
+            ClaimStore::Sqlite(_) => None,
+            ClaimStore::Postgres(p) => p.start_fault(),
+        }
+    }
+
     /// Operator commands: the store must exist already (a mistyped path or
     /// database must not start a new store beside the replicas' one).
     pub fn open_existing_at(at: &StoreLocation) -> Result<ClaimStore, StoreError> {

@@ -11,6 +11,10 @@ pub enum StoreError {
     /// The database file could not be opened or prepared.
     #[error("claim store unavailable: cannot open {path}: {reason}")]
     Open { path: String, reason: String },
+    /// The PostgreSQL store could not connect, or prepare its
+    /// connection (credential, schema, liveness lock).
+    #[error("claim store unavailable: cannot open {at}: {reason}")]
+    PgOpen { at: String, reason: String },
     /// The path no longer holds the file this process opened (removed,
     /// replaced, or overwritten with another store): replicas no longer
     /// share claims, so nothing is decided until that file is back.
@@ -43,4 +47,25 @@ pub enum StoreError {
         op: &'static str,
         reason: String,
     },
+}
+
+/// Which backend a store error comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    Sqlite,
+    Postgres,
+}
+
+impl StoreError {
+    /// The backend that failed.
+    pub fn kind(&self) -> StoreKind {
+        match self {
+            StoreError::Open { .. } | StoreError::Replaced { .. } | StoreError::Sqlite { .. } => {
+                StoreKind::Sqlite
+            }
+            StoreError::PgOpen { .. }
+            | StoreError::RowLocked { .. }
+            | StoreError::Postgres { .. } => StoreKind::Postgres,
+        }
+    }
 }

@@ -84,8 +84,11 @@ pub fn postgres_target(
     managed: Option<&UpstreamAddr>,
 ) -> Result<PgTarget, LocationError> {
     let bound = Duration::from_millis(cfg.claims.liveness_bound_ms);
+    let command = cfg.claims.password_command.as_deref();
+    let file = cfg.claims.password_file.as_deref();
     if let Some(dsn) = &cfg.claims.dsn {
-        return Ok(PgTarget::from_dsn(dsn)?.with_liveness_bound(bound));
+        let target = PgTarget::from_dsn(dsn)?.with_password_from(command, file)?;
+        return Ok(target.with_liveness_bound(bound));
     }
     let target = match (managed, cfg.upstream.as_deref()) {
         (Some(socket), _) => {
@@ -100,7 +103,9 @@ pub fn postgres_target(
         }
         (None, None) => return Err(LocationError::NoDatabase),
     };
-    Ok(target.with_liveness_bound(bound))
+    Ok(target
+        .with_password_from(command, file)?
+        .with_liveness_bound(bound))
 }
 
 #[cfg(test)]

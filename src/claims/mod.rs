@@ -37,7 +37,7 @@ mod tests;
 
 pub use backend::{ClaimStore, StoreLocation};
 pub use clock::now_ms;
-pub use error::StoreError;
+pub use error::{StoreError, StoreKind};
 pub use file::BUSY_TIMEOUT;
 pub use model::{
     format_ms, interrupt_fingerprint, ClaimKey, ClaimRecord, ClaimState, Holder, RunLease,

@@ -83,6 +83,21 @@ pub enum ConfigError {
     UpstreamScheme(String),
     #[error("upstream {0:?} names no host")]
     UpstreamHost(String),
+    #[error("upstream {0:?} names more than one host: the proxy fronts one server")]
+    UpstreamHosts(String),
+    #[error(
+        "upstream {0:?}: TLS settings of a key=value upstream go in [upstream_tls] \
+         (or write the upstream as a postgres:// URL)"
+    )]
+    UpstreamKeyValueTls(String),
+    #[error(
+        "cannot read {text:?}: not host[:port], a socket path, a postgres:// URL \
+         nor libpq key=value parameters"
+    )]
+    Unreadable {
+        text: String,
+        source: postgres::Error,
+    },
     #[error("upstream sslsni must be 0 or 1, not {0:?}")]
     UpstreamSni(String),
     #[error(

@@ -2,13 +2,18 @@
 //! or a `postgres://` URL, whose TLS parameters are read and whose other
 //! parameters are the clients' own.
 
+use postgres::config::Host;
+
+use super::connection_string::{connection_string, masked, Form};
 use super::error::ConfigError;
 use crate::wire::upstream::UpstreamAddr;
 use crate::wire::upstream_tls::UpstreamTlsParams;
 
-/// The upstream from `host:port`, `host`, a `postgres://` URL, or a Unix
-/// socket: `unix:/path/.s.PGSQL.5432`, a socket directory (`/var/run/postgresql`,
-/// port 5432), or a URL with `?host=/dir` (libpq's spelling, port from the URL).
+/// The upstream from `host:port`, `host`, a `postgres://` URL, libpq
+/// `key=value` parameters (all read by [`connection_string`]), or a Unix
+/// socket: `unix:/path/.s.PGSQL.5432`, a socket directory
+/// (`/var/run/postgresql`, port 5432), or a URL with `?host=/dir` (libpq's
+/// spelling, port from the URL).
 pub fn upstream_addr(spec: &str) -> Result<UpstreamAddr, ConfigError> {
     if let Some(path) = spec.strip_prefix("unix:") {
         return Ok(UpstreamAddr::Unix(path.to_owned()));
@@ -16,31 +21,30 @@ pub fn upstream_addr(spec: &str) -> Result<UpstreamAddr, ConfigError> {
     if spec.starts_with('/') {
         return Ok(UpstreamAddr::Unix(socket_in(spec, "5432")));
     }
-    let rest = match spec.split_once("://") {
-        Some((scheme, rest)) if scheme == "postgres" || scheme == "postgresql" => rest,
-        Some((scheme, _)) => return Err(ConfigError::UpstreamScheme(scheme.to_owned())),
-        None => spec,
-    };
-    let authority = rest.split(['/', '?']).next().unwrap_or_default();
-    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let port = match hostport.rsplit_once(':') {
-        Some((_, port)) if !port.is_empty() && !hostport.ends_with(']') => Some(port),
-        _ => None,
-    };
-    let socket_dir = rest
-        .split_once('?')
-        .and_then(|(_, q)| q.split('&').find_map(|kv| kv.strip_prefix("host=")))
-        .filter(|h| h.starts_with('/'));
-    if let Some(dir) = socket_dir {
-        return Ok(UpstreamAddr::Unix(socket_in(dir, port.unwrap_or("5432"))));
+    let parsed = connection_string(spec)?;
+    if parsed.form == Form::KeyValue && spec.contains("ssl") {
+        return Err(ConfigError::UpstreamKeyValueTls(masked(spec)));
     }
-    if hostport.is_empty() {
-        return Err(ConfigError::UpstreamHost(spec.to_owned()));
+    let c = &parsed.config;
+    let port = c.get_ports().first().copied().unwrap_or(5432);
+    // A URL's empty host (`postgres://:6001/app?host=/tmp`) is no host.
+    let hosts: Vec<&Host> = c
+        .get_hosts()
+        .iter()
+        .filter(|h| !matches!(h, Host::Tcp(t) if t.is_empty()))
+        .collect();
+    match hosts.as_slice() {
+        [Host::Unix(dir)] => Ok(UpstreamAddr::Unix(socket_in(
+            &dir.display().to_string(),
+            &port.to_string(),
+        ))),
+        [Host::Tcp(host)] if host.contains(':') => {
+            Ok(UpstreamAddr::Tcp(format!("[{host}]:{port}")))
+        }
+        [Host::Tcp(host)] => Ok(UpstreamAddr::Tcp(format!("{host}:{port}"))),
+        [] => Err(ConfigError::UpstreamHost(masked(spec))),
+        _ => Err(ConfigError::UpstreamHosts(masked(spec))),
     }
-    Ok(UpstreamAddr::Tcp(match port {
-        Some(_) => hostport.to_owned(),
-        None => format!("{hostport}:5432"),
-    }))
 }
 
 /// Reads the TLS parameters of a `postgres://` URL's query into `p`. An

@@ -29,7 +29,9 @@ pub fn connect_schema(
     application_name: &str,
     statement_timeout: Duration,
 ) -> Result<Client, String> {
-    let mut config = target.config.clone();
+    let mut config = target
+        .config_now()
+        .map_err(|e| crate::error_chain::chain(&e).to_string())?;
     config.application_name(application_name);
     let mut client = connect(&config, target).map_err(|e| describe(&e))?;
     let ms = statement_timeout.as_millis();

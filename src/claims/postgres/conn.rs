@@ -33,6 +33,8 @@ use postgres::types::ToSql;
 use postgres::{Client, NoTls, Row, Statement, Transaction};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use super::credential::CredentialError;
+use super::fault::{credential_fix, fix_for, StartFault};
 use super::schema;
 use super::target::{DeadPeer, PgTarget};
 use crate::admin::metrics;
@@ -99,6 +101,8 @@ pub(super) struct PgConn {
     born: Instant,
     /// Why the store is down, while it is.
     down: Mutex<Option<Down>>,
+    /// Why the first connect failed, if it did.
+    start_fault: Mutex<Option<StartFault>>,
 }
 
 /// Decision connections per proxy process.
@@ -153,6 +157,8 @@ enum Failed {
 pub(super) struct Unready {
     error: StoreError,
     reaped: bool,
+    /// What an operator sets, when no retry mends it ([`fix_for`]).
+    fix: Option<String>,
 }
 
 impl Unready {
@@ -160,6 +166,19 @@ impl Unready {
         Unready {
             error,
             reaped: false,
+            fix: None,
+        }
+    }
+
+    /// The password for `target` could not be read.
+    fn credential(target: &PgTarget, e: &CredentialError) -> Unready {
+        Unready {
+            error: StoreError::PgOpen {
+                at: target.shown.clone(),
+                reason: format!("reading its password: {}", crate::error_chain::chain(e)),
+            },
+            reaped: false,
+            fix: credential_fix(e),
         }
     }
 }
@@ -276,6 +295,7 @@ impl PgConn {
             confirmed_at: AtomicU64::new(0),
             born: Instant::now(),
             down: Mutex::new(None),
+            start_fault: Mutex::new(None),
         }
     }
 
@@ -396,6 +416,13 @@ impl PgConn {
         for slot in &conn.slots {
             let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
             if let Err(u) = conn.ensure(&mut slot) {
+                *conn
+                    .start_fault
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(StartFault {
+                    error: u.error.clone(),
+                    fix: u.fix,
+                });
                 conn.mark_down(u.error);
                 break;
             }
@@ -412,6 +439,15 @@ impl PgConn {
         drop(slot);
         PgConn::start_heartbeat(&conn);
         Ok(conn)
+    }
+
+    /// Why the first connect failed, if it did (the fix of a permanent
+    /// fault with it).
+    pub(super) fn start_fault(&self) -> Option<StartFault> {
+        self.start_fault
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// This process's instance id, while it holds its liveness lock.
@@ -666,15 +702,24 @@ impl PgConn {
         let mut attempt = 1;
         let (client, instance) = loop {
             let began = Instant::now();
-            match lock_instance(target, lost) {
+            let config = match target.config_now() {
+                Ok(c) => c,
+                Err(e) => {
+                    let u = Unready::credential(target, &e);
+                    self.mark_down(u.error.clone());
+                    return Err(u);
+                }
+            };
+            match lock_instance(target, &config, lost) {
                 Ok(got) => break got,
                 Err(e) => {
                     let u = Unready {
-                        error: StoreError::Open {
-                            path: target.shown.clone(),
+                        error: StoreError::PgOpen {
+                            at: target.shown.clone(),
                             reason: format!("taking the liveness lock: {}", describe(&e)),
                         },
                         reaped: reaped(&e, began),
+                        fix: fix_for(&e, &target.schema),
                     };
                     if u.reaped && attempt < REAPED_ATTEMPTS {
                         attempt += 1;
@@ -779,14 +824,18 @@ pub(super) fn connect(
 fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, Unready> {
     let began = Instant::now();
     let err = |reason: String, e: &postgres::Error| Unready {
-        error: StoreError::Open {
-            path: target.shown.clone(),
+        error: StoreError::PgOpen {
+            at: target.shown.clone(),
             reason,
         },
         reaped: reaped(e, began),
+        fix: fix_for(e, &target.schema),
     };
     let plain = |e: postgres::Error| err(describe(&e), &e);
-    let mut client = connect(&target.config, target).map_err(plain)?;
+    let config = target
+        .config_now()
+        .map_err(|e| Unready::credential(target, &e))?;
+    let mut client = connect(&config, target).map_err(plain)?;
     client
         .batch_execute(&format!(
             "SET statement_timeout = {STATEMENT_TIMEOUT_MS}; \
@@ -805,8 +854,8 @@ fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, Unready> 
         })?,
         Role::Operator => {
             if schema::version(&mut client, schema).map_err(plain)? == 0 {
-                return Err(Unready::down(StoreError::Open {
-                    path: target.shown.clone(),
+                return Err(Unready::down(StoreError::PgOpen {
+                    at: target.shown.clone(),
                     reason: format!("no claims schema {schema} (no proxy has used this database)"),
                 }));
             }
@@ -818,6 +867,18 @@ fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, Unready> 
     })
 }
 
+/// Connects once as a decision connection does (password read, schema
+/// made or brought up to date) and lets the connection go: the start
+/// check of the audit table's database where no claims store checks it.
+pub fn check_once(target: &PgTarget) -> Result<(), StartFault> {
+    connect_decision(target, Role::Proxy)
+        .map(drop)
+        .map_err(|u| StartFault {
+            error: u.error,
+            fix: u.fix,
+        })
+}
+
 /// The liveness connection, with the server's end given the same
 /// keepalives and TCP user timeout as the proxy's (so the server drops the
 /// lock of a partitioned proxy within the bound), holding a session-level
@@ -826,8 +887,12 @@ fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, Unready> 
 /// [`RELOCK_WAIT_MS`], else a fresh instance id's. Taken again, the lock
 /// takes back what sweeps did to `again`'s claims meanwhile (see
 /// `liveness`).
-fn lock_instance(target: &PgTarget, again: Option<i64>) -> Result<(Client, i64), postgres::Error> {
-    let mut config = target.config.clone();
+fn lock_instance(
+    target: &PgTarget,
+    config: &postgres::Config,
+    again: Option<i64>,
+) -> Result<(Client, i64), postgres::Error> {
+    let mut config = config.clone();
     config.application_name("resumeguard-claims-liveness");
     let mut lock = connect(&config, target)?;
     let p = DeadPeer::within(target.liveness_bound);
@@ -891,13 +956,15 @@ fn next_instance(client: &mut Client, schema: &str) -> Result<i64, postgres::Err
         .map(|r| r.get(0))
 }
 
-/// The server's message, with its SQLSTATE, or the client's.
+/// The server's message, with its SQLSTATE, or the client's with every
+/// cause under it (`invalid configuration: password missing`, `error
+/// connecting to server: Connection refused (os error 111)`).
 pub(super) fn describe(e: &postgres::Error) -> String {
     if let Some(why) = certificate_problem(e) {
         return format!("{e}: {why}");
     }
     match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
+        None => crate::error_chain::chain(e).to_string(),
     }
 }

@@ -2,17 +2,21 @@
 //! replica already fronts (schema `resumeguard`), so replicas on different
 //! hosts agree on consume-once.
 //!
-//! - `target`: connection parameters (upstream URL or `[claims] dsn`,
-//!   password file), the liveness bound.
+//! - `target`: connection parameters (upstream URL or `[claims] dsn`),
+//!   the liveness bound; `credential`: the password, read at each connect
+//!   (`password_command`, `password_file`, URL, `PGPASSWORD`, pgpass).
 //! - `schema`: versioned migrations (claims, leases, the audit trail, the
 //!   decision functions the store and the fence call).
 //! - `client`: connections to the schema for the audit trail.
 //! - `conn`: the decision and liveness connections, fail closed.
 //! - `store`: the operations, a decision one statement each; `rows`, `leases`.
 //! - `liveness`: holders whose proxy process is gone.
+//! - `fault`: which connect failures stop `serve` at start, and their fixes.
 
 mod client;
 mod conn;
+mod credential;
+mod fault;
 mod leases;
 mod liveness;
 mod rows;
@@ -25,6 +29,9 @@ pub(crate) mod test_server;
 mod tests;
 
 pub use client::{connect_schema, error_text, schema_name, SchemaAccess};
+pub use conn::check_once;
+pub use credential::PASSWORD_COMMAND_TIMEOUT;
+pub use fault::StartFault;
 pub use schema::{AUDIT_CHAIN_VERSION, AUDIT_VERSION};
 pub use store::PgClaims;
 pub use target::{PgTarget, TargetError, DEFAULT_LIVENESS_BOUND, DEFAULT_SCHEMA};

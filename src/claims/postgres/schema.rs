@@ -455,10 +455,21 @@ pub(super) fn migrate(client: &mut Client, schema: &str) -> Result<(), postgres:
             "SELECT pg_advisory_xact_lock(hashtext('resumeguard migrations'), hashtext($1))",
             &[&schema],
         )?;
-        // Quiet: every migration after the first finds these made.
+        // A schema an administrator made for the proxy's role is used as
+        // it is: CREATE SCHEMA asks for CREATE on the database even when
+        // the schema exists, which that role need not have.
+        let made: bool = tx
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+                &[&schema],
+            )?
+            .get(0);
+        if !made {
+            tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))?;
+        }
+        // Quiet: every migration after the first finds it made.
         tx.batch_execute(&format!(
             "SET LOCAL client_min_messages = warning; \
-             CREATE SCHEMA IF NOT EXISTS {schema}; \
              CREATE TABLE IF NOT EXISTS {schema}.schema_version (\
                  version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
         ))?;

@@ -16,6 +16,7 @@
 use std::sync::Arc;
 
 use super::conn::{Fail, PgConn, Role, Tx};
+use super::fault::StartFault;
 use super::leases::{last_lease, live_lease};
 use super::rows::{select_key, select_where, CHECKPOINT_MATCH, COLUMNS, KEY_MATCH};
 use super::target::PgTarget;
@@ -121,6 +122,12 @@ impl PgClaims {
     /// proxies (its liveness lock confirmed, the store reachable).
     pub fn live(&self) -> bool {
         self.conn.live()
+    }
+
+    /// Why the first connect failed, if it did; with a fix when no retry
+    /// mends it (`serve` stops on those).
+    pub fn start_fault(&self) -> Option<StartFault> {
+        self.conn.start_fault()
     }
 
     /// This process's liveness instance id, once connected.

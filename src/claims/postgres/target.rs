@@ -1,17 +1,19 @@
 //! Where the PostgreSQL claims store is: connection parameters taken from
-//! the upstream the proxy fronts (or a separate `[claims] dsn`), the
-//! password from the URL, `PGPASSWORD` or the password file, and the bound
+//! the upstream the proxy fronts (or a separate `[claims] dsn`), where its
+//! password comes from (read at each connect, `credential`), and the bound
 //! within which a network partition between the proxy and that database
 //! ends its connections, on both ends.
 
-use std::path::PathBuf;
-use std::str::FromStr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use postgres::config::{Host, SslMode};
 use rustls::ClientConfig;
 
+use super::credential::{ConnectingTo, CredentialError, PasswordSource};
+use crate::config::connection_string::connection_string;
+use crate::config::ConfigError;
 use crate::wire::tls_config::{self, TlsConfigError, Verify};
 use crate::wire::upstream::UpstreamAddr;
 use crate::wire::upstream_tls::SslMode as UpstreamSslMode;
@@ -71,7 +73,20 @@ impl DeadPeer {
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
     #[error("claims.dsn")]
-    Dsn(#[source] postgres::Error),
+    Dsn(#[source] Box<ConfigError>),
+    #[error("upstream")]
+    Upstream(#[source] Box<ConfigError>),
+    #[error(
+        "claims.dsn {key}={value}: a claims DSN's TLS is sslmode disable, prefer or \
+         require (unverified, as libpq's); without [claims] dsn the claims connections \
+         take the upstream's TLS settings, verification included"
+    )]
+    DsnTls { key: String, value: String },
+    #[error(
+        "claims.password_command and claims.password_file are both set: keep the one \
+         the password comes from"
+    )]
+    TwoPasswordSources,
     #[error("upstream {0:?} has no port")]
     NoPort(String),
     #[error("upstream port {port:?}")]
@@ -97,6 +112,8 @@ pub struct PgTarget {
     /// `user@host:port/db`, as shown in errors (never the password).
     pub(super) shown: String,
     pub(super) schema: String,
+    /// Where the password comes from, read at each connect.
+    pub(super) password: PasswordSource,
     /// Within how long a partition ends the connections: the server's
     /// end of the liveness lock connection (then the lock goes) and the
     /// proxy's end of every connection (then what waits on it fails).
@@ -108,6 +125,7 @@ impl std::fmt::Debug for PgTarget {
         f.debug_struct("PgTarget")
             .field("at", &self.shown)
             .field("schema", &self.schema)
+            .field("password", &self.password)
             .field("liveness_bound", &self.liveness_bound)
             .finish()
     }
@@ -116,8 +134,21 @@ impl std::fmt::Debug for PgTarget {
 impl PgTarget {
     /// A libpq-style DSN or `postgres://` URL (`[claims] dsn`); a password
     /// it does not give comes from `PGPASSWORD` or the password file.
+    /// `sslmode` is `disable`, `prefer` or `require` (unverified, as
+    /// libpq's).
     pub fn from_dsn(dsn: &str) -> Result<PgTarget, TargetError> {
-        let config = postgres::Config::from_str(dsn).map_err(TargetError::Dsn)?;
+        // A URL's TLS parameters: sslmode read here, the others refused.
+        let parsed = connection_string(dsn).map_err(|e| TargetError::Dsn(Box::new(e)))?;
+        let mut config = parsed.config;
+        for (key, value) in parsed.tls_params {
+            let mode = match (key.as_str(), value.as_str()) {
+                ("sslmode", "disable") => SslMode::Disable,
+                ("sslmode", "prefer") => SslMode::Prefer,
+                ("sslmode", "require") => SslMode::Require,
+                _ => return Err(TargetError::DsnTls { key, value }),
+            };
+            config.ssl_mode(mode);
+        }
         PgTarget::finish(config)
     }
 
@@ -125,7 +156,14 @@ impl PgTarget {
     /// password from `spec` when it is a `postgres://` URL (else `PGUSER`,
     /// `PGDATABASE`, `postgres`).
     pub fn from_upstream(spec: Option<&str>, addr: &UpstreamAddr) -> Result<PgTarget, TargetError> {
-        let url = spec.and_then(UrlParts::parse).unwrap_or_default();
+        let url = match spec {
+            Some(spec) if spec.starts_with('/') || spec.starts_with("unix:") => None,
+            Some(spec) => {
+                Some(connection_string(spec).map_err(|e| TargetError::Upstream(Box::new(e)))?)
+            }
+            None => None,
+        };
+        let url = url.as_ref().map(|u| &u.config);
         let mut config = postgres::Config::new();
         match addr {
             UpstreamAddr::Tcp(hostport) => {
@@ -154,15 +192,15 @@ impl PgTarget {
             }
         }
         let user = url
-            .user
+            .and_then(|u| u.get_user().map(str::to_owned))
             .or_else(|| std::env::var("PGUSER").ok())
             .unwrap_or_else(|| "postgres".into());
         let dbname = url
-            .dbname
+            .and_then(|u| u.get_dbname().map(str::to_owned))
             .or_else(|| std::env::var("PGDATABASE").ok())
             .unwrap_or_else(|| user.clone());
         config.user(&user).dbname(&dbname);
-        if let Some(p) = url.password {
+        if let Some(p) = url.and_then(|u| u.get_password()) {
             config.password(p);
         }
         PgTarget::finish(config)
@@ -202,21 +240,59 @@ impl PgTarget {
         let port = config.get_ports().first().copied().unwrap_or(5432);
         let user = config.get_user().unwrap_or_default().to_owned();
         let db = config.get_dbname().unwrap_or_default().to_owned();
-        if config.get_password().is_none() {
-            if let Ok(p) = std::env::var("PGPASSWORD") {
-                config.password(p);
-            } else if let Some(p) = pgpass_lookup(&host, port, &db, &user) {
-                config.password(p);
-            }
-        }
+        let password = PasswordSource::choose(None, None, config.get_password());
         let target = PgTarget {
             shown: format!("postgres {user}@{host}:{port}/{db}"),
             config,
             tls,
             schema: DEFAULT_SCHEMA.into(),
+            password,
             liveness_bound: DEFAULT_LIVENESS_BOUND,
         };
         Ok(target.with_liveness_bound(DEFAULT_LIVENESS_BOUND))
+    }
+
+    /// Takes the password from `command` (run at each connect) or `file`
+    /// (read at each connect) when either is set (`[claims]
+    /// password_command`, `password_file`), over the URL's, `PGPASSWORD`
+    /// and the password file.
+    pub fn with_password_from(
+        mut self,
+        command: Option<&str>,
+        file: Option<&Path>,
+    ) -> Result<PgTarget, TargetError> {
+        if command.is_some() && file.is_some() {
+            return Err(TargetError::TwoPasswordSources);
+        }
+        if command.is_some() || file.is_some() {
+            self.password = PasswordSource::choose(command, file, None);
+        }
+        Ok(self)
+    }
+
+    /// The connection parameters with the password read now.
+    pub(super) fn config_now(&self) -> Result<postgres::Config, CredentialError> {
+        let mut config = self.config.clone();
+        let host = match config.get_hosts().first() {
+            Some(Host::Tcp(h)) => h.clone(),
+            Some(Host::Unix(p)) => p.display().to_string(),
+            None => "localhost".into(),
+        };
+        let to = ConnectingTo {
+            host: &host,
+            port: config.get_ports().first().copied().unwrap_or(5432),
+            db: config.get_dbname().unwrap_or_default(),
+            user: config.get_user().unwrap_or_default(),
+        };
+        if let Some(p) = self.password.read(&to)? {
+            config.password(p);
+        }
+        Ok(config)
+    }
+
+    /// Where the password comes from, as said in errors.
+    pub fn password_source(&self) -> String {
+        self.password.shown()
     }
 
     /// Connects as the proxy connects to the upstream: plaintext under
@@ -283,138 +359,9 @@ impl PgTarget {
     }
 }
 
-/// User, password and database of a `postgres://` URL.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct UrlParts {
-    user: Option<String>,
-    password: Option<String>,
-    dbname: Option<String>,
-}
-
-impl UrlParts {
-    fn parse(spec: &str) -> Option<UrlParts> {
-        let (_, rest) = spec.split_once("://")?;
-        let rest = rest.split('?').next().unwrap_or_default();
-        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let userinfo = authority.rsplit_once('@').map(|(u, _)| u);
-        let (user, password) = match userinfo {
-            Some(u) => match u.split_once(':') {
-                Some((u, p)) => (Some(decode(u)), Some(decode(p))),
-                None => (Some(decode(u)), None),
-            },
-            None => (None, None),
-        };
-        Some(UrlParts {
-            user: user.filter(|u| !u.is_empty()),
-            password,
-            dbname: Some(decode(path)).filter(|d| !d.is_empty()),
-        })
-    }
-}
-
-/// `%XX` escapes decoded; a malformed escape is kept as written.
-fn decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = s
-            .get(i + 1..i + 3)
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (b[i], hex) {
-            (b'%', Some(v)) => {
-                out.push(v);
-                i += 3;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// The password file: `PGPASSFILE`, else `~/.pgpass`.
-fn pgpass_path() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("PGPASSFILE") {
-        return Some(PathBuf::from(p));
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pgpass"))
-}
-
-fn pgpass_lookup(host: &str, port: u16, db: &str, user: &str) -> Option<String> {
-    let text = std::fs::read_to_string(pgpass_path()?).ok()?;
-    // libpq matches a socket directory as "localhost".
-    let host = if host.starts_with('/') {
-        "localhost"
-    } else {
-        host
-    };
-    pgpass_match(&text, host, &port.to_string(), db, user)
-}
-
-/// The password of the first `host:port:db:user:password` line matching
-/// (`*` matches anything; `\:` and `\\` are escapes).
-fn pgpass_match(text: &str, host: &str, port: &str, db: &str, user: &str) -> Option<String> {
-    text.lines()
-        .filter(|l| !l.trim_start().starts_with('#'))
-        .find_map(|line| {
-            let fields = split_pgpass(line);
-            let [h, p, d, u, pw] = <[String; 5]>::try_from(fields).ok()?;
-            let m = |pat: &str, v: &str| pat == "*" || pat == v;
-            (m(&h, host) && m(&p, port) && m(&d, db) && m(&u, user)).then_some(pw)
-        })
-}
-
-fn split_pgpass(line: &str) -> Vec<String> {
-    let mut fields = vec![String::new()];
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => {
-                if let (Some(n), Some(last)) = (chars.next(), fields.last_mut()) {
-                    last.push(n);
-                }
-            }
-            ':' if fields.len() < 5 => fields.push(String::new()),
-            c => {
-                if let Some(last) = fields.last_mut() {
-                    last.push(c);
-                }
-            }
-        }
-    }
-    fields
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn url_parts() {
-        let p = UrlParts::parse("postgres://app%40x:s%3Acret@db:5432/checkpoints?sslmode=disable")
-            .unwrap();
-        assert_eq!(p.user.as_deref(), Some("app@x"));
-        assert_eq!(p.password.as_deref(), Some("s:cret"));
-        assert_eq!(p.dbname.as_deref(), Some("checkpoints"));
-        assert_eq!(UrlParts::parse("db:5432"), None);
-    }
-
-    #[test]
-    fn pgpass_lines_match_with_wildcards_and_escapes() {
-        let text = "# comment\nother:5432:*:app:no\ndb:*:app\\:db:app:pa\\:ss\n*:*:*:*:any\n";
-        assert_eq!(
-            pgpass_match(text, "db", "5432", "app:db", "app").as_deref(),
-            Some("pa:ss")
-        );
-        assert_eq!(
-            pgpass_match(text, "x", "1", "y", "z").as_deref(),
-            Some("any")
-        );
-        assert_eq!(pgpass_match("a:b:c\n", "a", "b", "c", "d"), None);
-    }
 
     #[test]
     fn upstream_sockets_and_urls_become_connection_parameters() {
@@ -445,6 +392,21 @@ mod tests {
             .unwrap()
             .with_schema("Bad;")
             .is_err());
+        // A URL's sslmode is read; what a claims DSN cannot do is refused.
+        assert_eq!(
+            PgTarget::from_dsn("postgres://rg@db/ck?sslmode=require")
+                .unwrap()
+                .sslmode(),
+            "require"
+        );
+        assert!(matches!(
+            PgTarget::from_dsn("postgres://rg@db/ck?sslmode=verify-full"),
+            Err(TargetError::DsnTls { .. })
+        ));
+        assert!(matches!(
+            PgTarget::from_dsn("postgres//db/ck"),
+            Err(TargetError::Dsn(_))
+        ));
     }
 
     #[test]

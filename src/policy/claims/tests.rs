@@ -199,6 +199,28 @@ fn a_store_error_fails_closed() {
 }
 
 #[test]
+fn the_hint_of_an_unavailable_store_names_its_backend() {
+    let sqlite = StoreError::Open {
+        path: "/var/lib/rg/claims.db".into(),
+        reason: "gone".into(),
+    };
+    let postgres = StoreError::PgOpen {
+        at: "postgres rg@db:5432/app".into(),
+        reason: "invalid configuration: password missing".into(),
+    };
+    let hint = |e: StoreError| match decide_at(&Err(e), &WaitPolicy::Refuse, 0, T0) {
+        ClaimDecision::Refuse { reason } => reason.hint(),
+        d => panic!("{d:?}"),
+    };
+    assert!(hint(sqlite).contains("claim store file"));
+    let pg = hint(postgres);
+    assert!(
+        pg.contains("claims database") && !pg.contains("claim store file"),
+        "{pg}"
+    );
+}
+
+#[test]
 fn decide_uses_the_wall_clock() {
     let lapse = now_ms() + 60_000;
     assert_eq!(
