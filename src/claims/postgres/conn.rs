@@ -36,7 +36,6 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use super::schema;
 use super::target::{DeadPeer, PgTarget};
 use crate::admin::metrics;
-use crate::claims::clock;
 use crate::claims::error::StoreError;
 
 /// How long a statement or a row lock may wait before the store counts as
@@ -125,12 +124,8 @@ struct Liveness {
 /// not confirm it.
 const LIVENESS_CHECK: Duration = Duration::from_secs(1);
 
-/// How often the heartbeat confirms the lock and reads the database's
-/// clock, off the request path.
+/// How often the heartbeat confirms the lock, off the request path.
 const HEARTBEAT: Duration = Duration::from_millis(400);
-
-/// The database's clock, in ms since the Unix epoch.
-const CLOCK_SQL: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8";
 
 /// Why an operation failed: the server's message with its SQLSTATE, or a
 /// row that does not map to a claim.
@@ -312,8 +307,7 @@ impl PgConn {
         self.confirmed_at.store(0, Ordering::Release);
     }
 
-    /// One heartbeat: the lock connection answers (the lock is held) and
-    /// tells the database's time ([`clock`]). On a failure the lock is
+    /// One heartbeat: the lock connection answers (the lock is held). On a failure the lock is
     /// taken again at once (its connection was most likely ended by the
     /// server: the same reaper ended the idle decision connections too,
     /// which are then checked and replaced before a decision needs them).
@@ -323,7 +317,7 @@ impl PgConn {
         let Some(l) = liveness.as_mut() else {
             return;
         };
-        let e = match read_clock(&mut l.client) {
+        let e = match ping(&mut l.client) {
             Ok(()) => return self.confirm(l.instance),
             Err(e) => e,
         };
@@ -848,7 +842,6 @@ fn lock_instance(target: &PgTarget, again: Option<i64>) -> Result<(Client, i64),
             match same {
                 Ok(_) => {
                     lock.execute(&format!("SELECT {s}.revive($1, $1)"), &[&old])?;
-                    read_clock(&mut lock)?;
                     return Ok((lock, old));
                 }
                 Err(e) if is_row_locked(&e) => next_instance(&mut lock, s)?,
@@ -868,7 +861,6 @@ fn lock_instance(target: &PgTarget, again: Option<i64>) -> Result<(Client, i64),
                 // new lock.
                 lock.execute(&format!("SELECT {s}.revive($1, $2)"), &[&old, &id])?;
             }
-            read_clock(&mut lock)?;
             return Ok((lock, id));
         }
         // A dead predecessor's backend still holds it: take a new id.
@@ -876,12 +868,9 @@ fn lock_instance(target: &PgTarget, again: Option<i64>) -> Result<(Client, i64),
     }
 }
 
-/// Reads the database's clock into [`clock`] (one round trip).
-fn read_clock(client: &mut Client) -> Result<(), postgres::Error> {
-    let sent = clock::local_ms();
-    let server: i64 = client.query_one(CLOCK_SQL, &[])?.get(0);
-    clock::observe(sent, server, clock::local_ms());
-    Ok(())
+/// Asks the lock connection to answer (one round trip).
+fn ping(client: &mut Client) -> Result<(), postgres::Error> {
+    client.batch_execute("SELECT 1")
 }
 
 fn next_instance(client: &mut Client, schema: &str) -> Result<i64, postgres::Error> {

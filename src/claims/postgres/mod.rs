@@ -10,9 +10,11 @@
 //! - `conn`: the decision and liveness connections, fail closed.
 //! - `store`: the operations, a decision one statement each; `rows`, `leases`.
 //! - `liveness`: holders whose proxy process is gone.
+//! - `db_clock`: every decision on the database's clock.
 
 mod client;
 mod conn;
+mod db_clock;
 mod leases;
 mod liveness;
 mod rows;

@@ -10,6 +10,7 @@
 
 use postgres::Client;
 
+use super::db_clock::db_clock_migration;
 use super::liveness::{revival_migration, INSTANCE_DEAD};
 use super::rows::ORDER;
 
@@ -408,6 +409,8 @@ $f$;
         // A sweep its live holder can undo: a liveness lock re-taken after
         // its connection was ended keeps its claims (see `liveness`).
         revival_migration(s),
+        // Every decision on the database's clock (see `db_clock`).
+        db_clock_migration(s),
     ]
 }
 
