@@ -11,10 +11,12 @@
 //! - `store`: the operations, a decision one statement each; `rows`, `leases`.
 //! - `liveness`: holders whose proxy process is gone.
 //! - `db_clock`: every decision on the database's clock.
+//! - `key_digest`: keys of any length, by digest.
 
 mod client;
 mod conn;
 mod db_clock;
+mod key_digest;
 mod leases;
 mod liveness;
 mod rows;

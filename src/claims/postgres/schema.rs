@@ -11,6 +11,7 @@
 use postgres::Client;
 
 use super::db_clock::db_clock_migration;
+use super::key_digest::key_digest_migration;
 use super::liveness::{revival_migration, INSTANCE_DEAD};
 use super::rows::ORDER;
 
@@ -411,6 +412,8 @@ $f$;
         revival_migration(s),
         // Every decision on the database's clock (see `db_clock`).
         db_clock_migration(s),
+        // Keys of any length (see `key_digest`).
+        key_digest_migration(s),
     ]
 }
 
