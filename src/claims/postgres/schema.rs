@@ -104,7 +104,7 @@ CREATE TRIGGER audit_events_no_truncate BEFORE TRUNCATE ON {s}.audit_events
         ),
         // The fence checked inside the writer's own transaction (see
         // `enforce::fencing`): the rule of `policy::claims::decide_write`
-        // and the commit cover of `keep_until`, on the database's clock.
+        // and the commit cover of `keep_for`, on the database's clock.
         // The claim row stays locked until the write's transaction ends,
         // so a takeover waits for its commit. SECURITY DEFINER: the
         // clients' roles need EXECUTE on it and USAGE on the schema, not
