@@ -835,6 +835,46 @@ conformance! {
             other => panic!("{other:?}"),
         }
     }
+
+    fn keys_of_any_length_are_claimed_consumed_and_leased(fx) {
+        let db = fx.another("long-keys");
+        let store = db.open().with_run_lease(1_000);
+        // Longer than a btree index tuple holds, and not compressible.
+        let thread: String = (0..10_000u32)
+            .map(|i| char::from(b'a' + (i.wrapping_mul(2_654_435_761) >> 27) as u8 % 26))
+            .collect();
+        let mut k = key("c1", b"q");
+        k.at.thread_id = thread.clone();
+        assert!(matches!(
+            store.try_claim(&k, &holder("p1", 1), T0, LAPSE),
+            Ok(ClaimOutcome::Taken(_))
+        ));
+        assert!(matches!(
+            store.try_claim(&k, &holder("p2", 2), T0 + 1, LAPSE),
+            Ok(ClaimOutcome::Busy(r)) if r.key == k
+        ));
+        // A key that differs only past the first 2 KB is another claim.
+        let mut other = k.clone();
+        other.at.thread_id.push('z');
+        assert!(matches!(
+            store.try_claim(&other, &holder("p2", 2), T0 + 2, LAPSE),
+            Ok(ClaimOutcome::Taken(_))
+        ));
+        let consumed = store
+            .consume(&thread, "", "c1", "task writes", i64::MAX, T0 + 3)
+            .expect("consume");
+        assert_eq!(consumed.len(), 1);
+        let lease = store
+            .run_lease(&thread, "", T0 + 4)
+            .expect("read")
+            .expect("leased");
+        assert_eq!(lease.thread_id, thread);
+        assert!(matches!(
+            store.try_claim(&k, &holder("p3", 3), T0 + 5, LAPSE),
+            Ok(ClaimOutcome::Consumed(_))
+        ));
+        assert_eq!(store.list(Some(&thread)).expect("list").len(), 1);
+    }
 }
 
 #[test]
