@@ -10,6 +10,8 @@ they front (real PostgreSQL 15, real LangGraph).
   one ahead before ``lapse_ms`` of the database's time: the resume there waits for
   the lapse. (With claim times taken from each proxy's own clock, the proxy 30 s
   ahead saw the claim as lapsed at once, took it over, and two holders fired.)
+- The other way round, a claim held through the proxy ahead is taken over through
+  the one behind once it lapses on the database's clock, not 30 s later.
 """
 
 from __future__ import annotations
@@ -108,4 +110,32 @@ def test_a_claim_held_behind_is_not_taken_over_ahead_before_its_lapse(skew):
     assert t_go - claimed_at < 1.0, "the resume must race the live claim"
     assert r["ok"], r
     assert waited >= LAPSE_MS / 1000 - 0.5, waited
+    assert [row[0] for row in ledger(skew, thread)] == [resumer.ids[0]]
+
+
+@pytest.mark.timeout(120)
+def test_a_claim_held_ahead_is_taken_over_behind_once_it_lapses(skew):
+    thread = f"skew-back-{uuid.uuid4().hex[:8]}"
+    iid = park(skew.ahead.dsn(skew.dbname), thread)[0]["id"]
+    # The holder reads through the proxy whose clock is ahead; the resume through
+    # the one behind waits for the lapse on the database's clock, then takes the
+    # claim over: neither 30 s longer (the lapse read on its own clock) nor refused
+    # for waiting past its bound.
+    R.CTX["racer"] = "looker"
+    resumer = one_resumer(skew, skew.behind.dsn(skew.dbname), thread, "sb-", interrupt_id=iid)
+    try:
+        resumer.ready(0)
+        with R.Runner("conn", skew.ahead.dsn(skew.dbname)) as looker:
+            st = looker.get_state("one", thread)
+            assert st.interrupts, st
+            claimed_at = time.time()
+            t_go, r = resumer.go_and_finish()
+    finally:
+        resumer.kill()
+    waited = r["t_end"] - claimed_at
+    print(f"the resume through the proxy {SKEW_S} s behind was served {waited:.2f} s after "
+          f"the claim taken ahead (lapse {LAPSE_MS} ms of the database's time)")
+    assert t_go - claimed_at < 1.0, "the resume must race the live claim"
+    assert r["ok"], r
+    assert LAPSE_MS / 1000 - 0.5 <= waited < LAPSE_MS / 1000 + SKEW_S / 2, waited
     assert [row[0] for row in ledger(skew, thread)] == [resumer.ids[0]]

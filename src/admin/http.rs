@@ -20,7 +20,7 @@ use super::ledger::thread_ledger;
 use super::metrics::scrape_time;
 use super::views::{ClaimView, SessionView};
 use super::AdminState;
-use crate::claims::{now_ms, ClaimStore, StoreError};
+use crate::claims::{ClaimStore, Now, StoreError};
 use crate::error_chain::chain;
 use crate::log_text::shown;
 use crate::wire::upstream_probe::probe_upstream;
@@ -83,7 +83,7 @@ async fn readyz(State(s): State<Shared>) -> Response {
         match store {
             Some(st) => Some(
                 blocking(move || {
-                    st.run_lease("", "", now_ms())
+                    st.run_lease("", "", Now::STORE)
                         .map(drop)
                         .map_err(|e| e.to_string())
                 })

@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::clock::{Now, WrittenAt};
 use super::error::StoreError;
 use super::model::{ClaimKey, ClaimRecord, Holder, RunLease};
 use super::outcome::ClaimOutcome;
@@ -157,14 +158,34 @@ impl ClaimStore {
         }
     }
 
+    /// A reader of a parked head asks for the interrupt `key`; a claim it
+    /// takes lapses `lapse_ms` after `now` on the store's clock.
     pub fn try_claim(
         &self,
         key: &ClaimKey,
         holder: &Holder,
-        now_ms: i64,
+        now: impl Into<Now>,
         lapse_ms: i64,
     ) -> Result<ClaimOutcome, StoreError> {
-        each!(self, s => s.try_claim(key, holder, now_ms, lapse_ms))
+        self.try_claim_timed(key, holder, now, lapse_ms)
+            .map(|(outcome, _)| outcome)
+    }
+
+    /// [`ClaimStore::try_claim`], with the store's clock when it decided
+    /// (ms since the Unix epoch): what the caller's local waits measure
+    /// the record's times against.
+    pub fn try_claim_timed(
+        &self,
+        key: &ClaimKey,
+        holder: &Holder,
+        now: impl Into<Now>,
+        lapse_ms: i64,
+    ) -> Result<(ClaimOutcome, i64), StoreError> {
+        let now = now.into();
+        match self {
+            ClaimStore::Sqlite(s) => s.try_claim(key, holder, now, lapse_ms),
+            ClaimStore::Postgres(s) => s.try_claim_timed(key, holder, now, lapse_ms),
+        }
     }
 
     pub fn consume(
@@ -173,10 +194,11 @@ impl ClaimStore {
         checkpoint_ns: &str,
         checkpoint_id: &str,
         evidence: &str,
-        written_at_ms: i64,
-        now_ms: i64,
+        written_at: impl Into<WrittenAt>,
+        now: impl Into<Now>,
     ) -> Result<Vec<ClaimRecord>, StoreError> {
-        each!(self, s => s.consume(thread_id, checkpoint_ns, checkpoint_id, evidence, written_at_ms, now_ms))
+        let (written_at, now) = (written_at.into(), now.into());
+        each!(self, s => s.consume(thread_id, checkpoint_ns, checkpoint_id, evidence, written_at, now))
     }
 
     pub fn note_refusal(&self, key: &ClaimKey) -> Result<(), StoreError> {
@@ -187,21 +209,23 @@ impl ClaimStore {
         &self,
         at: (&str, &str, &str),
         evidence: &str,
-        written_at_ms: i64,
-        now_ms: i64,
+        written_at: impl Into<WrittenAt>,
+        now: impl Into<Now>,
         hold_ms: i64,
     ) -> Result<Vec<ClaimRecord>, StoreError> {
-        each!(self, s => s.note_progress(at, evidence, written_at_ms, now_ms, hold_ms))
+        let (written_at, now) = (written_at.into(), now.into());
+        each!(self, s => s.note_progress(at, evidence, written_at, now, hold_ms))
     }
 
     pub fn holder_gone(
         &self,
         proxy_id: &str,
         session_id: u64,
-        now_ms: i64,
+        now: impl Into<Now>,
         grace_ms: i64,
     ) -> Result<Vec<ClaimRecord>, StoreError> {
-        each!(self, s => s.holder_gone(proxy_id, session_id, now_ms, grace_ms))
+        let now = now.into();
+        each!(self, s => s.holder_gone(proxy_id, session_id, now, grace_ms))
     }
 
     pub fn move_on(
@@ -209,9 +233,10 @@ impl ClaimStore {
         thread_id: &str,
         checkpoint_ns: &str,
         parent_checkpoint_id: &str,
-        now_ms: i64,
+        now: impl Into<Now>,
     ) -> Result<Vec<ClaimRecord>, StoreError> {
-        each!(self, s => s.move_on(thread_id, checkpoint_ns, parent_checkpoint_id, now_ms))
+        let now = now.into();
+        each!(self, s => s.move_on(thread_id, checkpoint_ns, parent_checkpoint_id, now))
     }
 
     pub fn purge(&self, older_than_ms: i64) -> Result<usize, StoreError> {
@@ -237,18 +262,40 @@ impl ClaimStore {
         checkpoint_ns: &str,
         checkpoint_id: &str,
     ) -> Result<Option<ClaimRecord>, StoreError> {
-        each!(self, s => s.current_holder(thread_id, checkpoint_ns, checkpoint_id))
+        self.current_holder_timed(thread_id, checkpoint_ns, checkpoint_id, Now::STORE)
+            .map(|(current, _)| current)
+    }
+
+    /// [`ClaimStore::current_holder`], with the store's clock when it was
+    /// read (ms since the Unix epoch).
+    pub fn current_holder_timed(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: &str,
+        checkpoint_id: &str,
+        now: impl Into<Now>,
+    ) -> Result<(Option<ClaimRecord>, i64), StoreError> {
+        let now = now.into();
+        match self {
+            ClaimStore::Sqlite(s) => s.current_holder(thread_id, checkpoint_ns, checkpoint_id, now),
+            ClaimStore::Postgres(s) => {
+                s.current_holder_timed(thread_id, checkpoint_ns, checkpoint_id, now)
+            }
+        }
     }
 
     /// Keeps a generation of a claim from lapsing or counting as abandoned
-    /// before `until_ms` (see [`SqliteClaims::keep_until`]).
-    pub fn keep_until(
+    /// for `cover_ms` after `now` on the store's clock (see
+    /// [`SqliteClaims::keep_for`]).
+    pub fn keep_for(
         &self,
         key: &ClaimKey,
         epoch: i64,
-        until_ms: i64,
+        now: impl Into<Now>,
+        cover_ms: i64,
     ) -> Result<bool, StoreError> {
-        each!(self, s => s.keep_until(key, epoch, until_ms))
+        let now = now.into();
+        each!(self, s => s.keep_for(key, epoch, now, cover_ms))
     }
 
     pub fn release(
@@ -263,9 +310,10 @@ impl ClaimStore {
         &self,
         thread_id: &str,
         checkpoint_ns: &str,
-        now_ms: i64,
+        now: impl Into<Now>,
     ) -> Result<Option<RunLease>, StoreError> {
-        each!(self, s => s.run_lease(thread_id, checkpoint_ns, now_ms))
+        let now = now.into();
+        each!(self, s => s.run_lease(thread_id, checkpoint_ns, now))
     }
 
     /// The run lease row of a namespace of a thread, live or ended (kept

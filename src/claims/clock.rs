@@ -1,26 +1,23 @@
-//! The time base of every claim: the claims database's clock, as this
-//! process estimates it, so proxies on hosts whose clocks disagree still
-//! agree on when a claim lapses, a lease ends or a holder counts as gone.
+//! The time base of every claim: the store's own clock, read where it
+//! decides, so proxies on hosts whose clocks disagree still agree on when
+//! a claim lapses, a lease ends or a holder counts as gone.
 //!
-//! Each proxy samples the PostgreSQL store's `clock_timestamp()` on its
-//! liveness connection (at connect, then every heartbeat, off the request
-//! path) and keeps the offset from its own wall clock, taken at the
-//! middle of the sample's round trip: the estimate is off by at most half
-//! that round trip. Claim times are this process's wall clock plus that
-//! offset; the proxies' own clocks never meet. With the SQLite store (one
-//! host, one clock) the offset stays 0.
+//! PostgreSQL: every lapse, lease expiry, takeover, abandoned-run and
+//! holder-gone time is computed in SQL from the server's
+//! `clock_timestamp()` (`<schema>.clock_ms()`, see
+//! `claims::postgres::schema`). The proxy passes durations (the lapse,
+//! the lease, a grace, how long ago a write passed it), never instants:
+//! the proxies' clocks never meet. SQLite (one host, one clock): the
+//! store reads this host's wall clock.
 //!
-//! Waits measured inside the proxy (how long a reader has waited) use the
-//! monotonic clock, never this one.
+//! Waits measured inside the proxy (how long a reader has waited, how
+//! long ago a write passed, until when a remembered claim is answered
+//! from memory) use the monotonic clock.
 
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-/// Milliseconds to add to this host's wall clock to read the claims
-/// database's.
-static OFFSET_MS: AtomicI64 = AtomicI64::new(0);
-
-/// This host's wall clock, milliseconds since the Unix epoch.
+/// This host's wall clock, milliseconds since the Unix epoch: the SQLite
+/// store's clock, and file names.
 pub fn local_ms() -> i64 {
     match SystemTime::now().duration_since(UNIX_EPOCH) {
         Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
@@ -28,39 +25,78 @@ pub fn local_ms() -> i64 {
     }
 }
 
-/// The claims database's clock now, milliseconds since the Unix epoch:
-/// the time base of every claim, lease and holder-gone time.
-pub fn now_ms() -> i64 {
-    local_ms().saturating_add(OFFSET_MS.load(Ordering::Relaxed))
+/// Milliseconds since `at` on this process's monotonic clock.
+pub fn elapsed_ms(at: Instant) -> i64 {
+    i64::try_from(at.elapsed().as_millis()).unwrap_or(i64::MAX)
 }
 
-/// The offset currently applied (database minus this host), in ms.
-pub fn offset_ms() -> i64 {
-    OFFSET_MS.load(Ordering::Relaxed)
+/// When a claims operation is decided: on the store's clock as it reads
+/// when it decides. Tests replaying a history give the store a fixed
+/// instant of its clock instead (`From<i64>`, test builds only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now(Option<i64>);
+
+impl Now {
+    /// The store's clock, read by the store as it decides.
+    pub const STORE: Now = Now(None);
+
+    /// The fixed instant a test gave, if any.
+    pub fn fixed(self) -> Option<i64> {
+        self.0
+    }
+
+    /// The instant on this host's clock (the SQLite store's clock).
+    pub fn on_this_host(self) -> i64 {
+        self.0.unwrap_or_else(local_ms)
+    }
 }
 
-/// One reading of the database's clock: `server_ms`, read by a statement
-/// sent at local time `sent_ms` and answered at `answered_ms`. Returns
-/// the offset it implies (the server read its clock, at the latest, when
-/// it answered and, at the earliest, when the statement arrived: the
-/// middle of the round trip is the best guess).
-pub fn offset_of(sent_ms: i64, server_ms: i64, answered_ms: i64) -> i64 {
-    let middle = sent_ms + (answered_ms.saturating_sub(sent_ms)) / 2;
-    server_ms.saturating_sub(middle)
+#[cfg(test)]
+impl From<i64> for Now {
+    fn from(ms: i64) -> Now {
+        Now(Some(ms))
+    }
 }
 
-/// Applies a reading (see [`offset_of`]); logs when the offset moves by
-/// more than a second (a clock stepped on either side).
-pub fn observe(sent_ms: i64, server_ms: i64, answered_ms: i64) {
-    let offset = offset_of(sent_ms, server_ms, answered_ms);
-    let before = OFFSET_MS.swap(offset, Ordering::Relaxed);
-    if (offset - before).abs() > 1_000 {
-        tracing::info!(
-            offset_ms = offset,
-            previous_ms = before,
-            "claims clock: this host's clock differs from the claims database's; claim times \
-             follow the database's"
-        );
+/// When the write that is a claim's evidence passed the proxy: claims
+/// taken after it (on a newer interrupt of the same checkpoint) are not
+/// consumed by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WrittenAt {
+    /// At this instant of this process's monotonic clock: the store
+    /// places it on its own clock as "this long before now".
+    Sent(Instant),
+    /// At this instant of the store's clock (tests; `i64::MAX`: by any
+    /// time).
+    #[cfg(test)]
+    Store(i64),
+}
+
+impl WrittenAt {
+    /// How many ms before `now` the write passed (negative: after it).
+    #[cfg_attr(not(test), allow(unused_variables))]
+    pub fn ago_ms(self, now: Now) -> i64 {
+        match self {
+            WrittenAt::Sent(at) => elapsed_ms(at),
+            #[cfg(test)]
+            WrittenAt::Store(ms) => now.on_this_host().saturating_sub(ms),
+        }
+    }
+
+    /// The instant on this host's clock, `now` being `now_ms` there.
+    pub fn on_this_host(self, now_ms: i64) -> i64 {
+        match self {
+            WrittenAt::Sent(at) => now_ms.saturating_sub(elapsed_ms(at)),
+            #[cfg(test)]
+            WrittenAt::Store(ms) => ms,
+        }
+    }
+}
+
+#[cfg(test)]
+impl From<i64> for WrittenAt {
+    fn from(ms: i64) -> WrittenAt {
+        WrittenAt::Store(ms)
     }
 }
 
@@ -69,10 +105,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_offset_is_taken_at_the_middle_of_the_round_trip() {
-        // Sent at 1000, answered at 1010, the server read 31005: 30 s ahead.
-        assert_eq!(offset_of(1_000, 31_005, 1_010), 30_000);
-        // A server behind this host.
-        assert_eq!(offset_of(50_000, 20_001, 50_002), -30_000);
+    fn a_write_sent_now_is_placed_at_the_stores_now() {
+        let sent = WrittenAt::Sent(Instant::now());
+        assert!(sent.ago_ms(Now::STORE) >= 0);
+        assert!(sent.on_this_host(1_000) <= 1_000);
+        assert_eq!(WrittenAt::from(900).ago_ms(Now::from(1_000)), 100);
+        assert_eq!(WrittenAt::from(i64::MAX).on_this_host(1_000), i64::MAX);
     }
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::evidence_retry::RetryQueue;
-use super::{now_ms, ClaimRecord, ClaimStore, StoreError};
+use super::{ClaimRecord, ClaimStore, Now, StoreError, WrittenAt};
 use crate::audit::{AuditEvent, AuditSink, Operation, SessionContext};
 use crate::config::live::LiveClaimsTimings;
 use crate::saver::checkpoint_ref::CheckpointRef;
@@ -27,8 +27,8 @@ pub enum Evidence {
     /// A run-level answer was recorded: the holder is alive.
     Progress {
         at: CheckpointRef,
-        /// When the write passed the proxy (wall-clock ms).
-        written_at_ms: i64,
+        /// When the write passed the proxy.
+        written_at: WrittenAt,
     },
     /// The gated task wrote its results: the interrupt is consumed.
     Consumed {
@@ -36,7 +36,7 @@ pub enum Evidence {
         what: String,
         /// When the write passed the proxy: claims taken later (on a newer
         /// interrupt of the same checkpoint) are not consumed by it.
-        written_at_ms: i64,
+        written_at: WrittenAt,
     },
     /// A checkpoint with this parent was written.
     MovedOn {
@@ -266,13 +266,13 @@ impl Worker {
 
     fn apply(&self, ctx: &SessionContext, ev: &Evidence) -> Result<(), StoreError> {
         let (store, timing) = (&self.store, self.timings.current());
-        let now = now_ms();
+        let now = Now::STORE;
         let consumed = match ev {
-            Evidence::Progress { at, written_at_ms } => store
+            Evidence::Progress { at, written_at } => store
                 .note_progress(
                     (&at.thread_id, &at.checkpoint_ns, &at.checkpoint_id),
                     "run-level __resume__ recorded",
-                    *written_at_ms,
+                    *written_at,
                     now,
                     timing.progress_hold_ms,
                 )
@@ -280,13 +280,13 @@ impl Worker {
             Evidence::Consumed {
                 at,
                 what,
-                written_at_ms,
+                written_at,
             } => store.consume(
                 &at.thread_id,
                 &at.checkpoint_ns,
                 &at.checkpoint_id,
                 what,
-                *written_at_ms,
+                *written_at,
                 now,
             ),
             Evidence::MovedOn { parent } => store.move_on(
@@ -351,7 +351,8 @@ impl Evidence {
 }
 
 fn consumed_event(ctx: &SessionContext, ev: &Evidence, record: &ClaimRecord) -> AuditEvent {
-    let late = record.consumed_after_lapse() || now_ms() > record.lapse_at_ms;
+    // The record as it was, with the time of its consumption.
+    let late = record.consumed_after_lapse();
     if late {
         // The map form writes nothing until its node finished: a gate
         // longer than the lapse lets a second resume take over meanwhile.

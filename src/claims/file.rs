@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, ErrorCode, OpenFlags, Transaction, TransactionBehavior};
 
-use super::clock::now_ms;
+use super::clock::local_ms;
 use super::error::StoreError;
 
 /// How long an operation waits for another process's transaction before
@@ -346,7 +346,7 @@ fn prepare(conn: &mut Connection) -> rusqlite::Result<String> {
     tx.execute(
         "INSERT OR IGNORE INTO store_identity (only, id, created_at_ms) \
          VALUES (1, lower(hex(randomblob(16))), ?1)",
-        [now_ms()],
+        [local_ms()],
     )?;
     let id: String = tx.query_row("SELECT id FROM store_identity WHERE only = 1", [], |r| {
         r.get(0)

@@ -17,8 +17,9 @@ impl SqliteClaims {
         &self,
         thread_id: &str,
         checkpoint_ns: &str,
-        now_ms: i64,
+        now: crate::claims::clock::Now,
     ) -> Result<Option<RunLease>, StoreError> {
+        let now_ms = now.on_this_host();
         // Deferred: a read takes no write lock other processes wait on.
         self.with_tx_as("reading a run lease", TransactionBehavior::Deferred, |tx| {
             live_lease(tx, thread_id, checkpoint_ns, now_ms)

@@ -36,7 +36,7 @@ mod store;
 mod tests;
 
 pub use backend::{ClaimStore, StoreLocation};
-pub use clock::now_ms;
+pub use clock::{local_ms, Now, WrittenAt};
 pub use error::{StoreError, StoreKind};
 pub use file::BUSY_TIMEOUT;
 pub use model::{

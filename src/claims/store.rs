@@ -9,14 +9,16 @@
 //! systems do not give. The file itself (opening, identity) is
 //! `claims::file`; run leases are `claims::leases`.
 //!
-//! Time is passed in (`now_ms`, wall-clock ms since the Unix epoch) so the
-//! store never reads a clock and tests never sleep.
+//! Time is this host's wall clock, read by the store as it decides
+//! (`claims::clock`: one host, one clock); tests give a fixed instant
+//! instead, so they never sleep.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use rusqlite::{params, Transaction, TransactionBehavior};
 
+use super::clock::{Now, WrittenAt};
 use super::error::StoreError;
 use super::file::{OpenMode, StoreFile};
 use super::leases::{drop_thread_leases, end_holder_leases, live_lease};
@@ -142,14 +144,16 @@ impl SqliteClaims {
     }
 
     /// A reader of a parked head asks for the interrupt `key`. A new claim
-    /// lapses `lapse_ms` after `now_ms` unless evidence consumes it.
+    /// lapses `lapse_ms` after now unless evidence consumes it. Returns
+    /// the outcome and the time it was decided at.
     pub fn try_claim(
         &self,
         key: &ClaimKey,
         holder: &Holder,
-        now_ms: i64,
+        now: Now,
         lapse_ms: i64,
-    ) -> Result<ClaimOutcome, StoreError> {
+    ) -> Result<(ClaimOutcome, i64), StoreError> {
+        let now_ms = now.on_this_host();
         let lapse_at_ms = now_ms.saturating_add(lapse_ms.max(0));
         let superseded_cutoff = now_ms.saturating_sub(self.superseded_grace_ms);
         self.with_tx("taking a claim", |tx| {
@@ -177,13 +181,16 @@ impl SqliteClaims {
                     lapse_at_ms,
                     epoch,
                 ])?;
-                return Ok(ClaimOutcome::Taken(ClaimRecord::taken(
-                    key,
-                    holder,
+                return Ok((
+                    ClaimOutcome::Taken(ClaimRecord::taken(
+                        key,
+                        holder,
+                        now_ms,
+                        lapse_at_ms,
+                        epoch,
+                    )),
                     now_ms,
-                    lapse_at_ms,
-                    epoch,
-                )));
+                ));
             };
             // Whether the answering run still writes: asked only of a consumed row.
             let writing = prev.state == ClaimState::Consumed
@@ -192,16 +199,16 @@ impl SqliteClaims {
             let outcome = decide_existing(prev, holder, now_ms, writing, |prev, takeovers| {
                 retake(tx, prev, holder, now_ms, lapse_at_ms, takeovers)
             })?;
-            Ok(outcome)
+            Ok((outcome, now_ms))
         })
     }
 
     /// Evidence of a run on this checkpoint arrived: every held claim on
     /// it (any fingerprint) becomes consumed. Returns the records as they
-    /// were just before, so the caller sees who held them and whether
-    /// `now_ms > lapse_at_ms` (consumed after its lapse: the long-gate
-    /// warning).
-    /// `written_at_ms` is when the evidence's write passed the proxy: only
+    /// were just before, with the time of their consumption, so the caller
+    /// sees who held them and whether they were consumed after their lapse
+    /// (the long-gate warning).
+    /// `written_at` is when the evidence's write passed the proxy: only
     /// claims taken by then are consumed, so a late write answering an
     /// earlier interrupt cannot consume the claim on a newer one.
     pub fn consume(
@@ -210,9 +217,11 @@ impl SqliteClaims {
         checkpoint_ns: &str,
         checkpoint_id: &str,
         evidence: &str,
-        written_at_ms: i64,
-        now_ms: i64,
+        written_at: WrittenAt,
+        now: Now,
     ) -> Result<Vec<ClaimRecord>, StoreError> {
+        let now_ms = now.on_this_host();
+        let written_at_ms = written_at.on_this_host(now_ms);
         self.with_tx("consuming claims", |tx| {
             let consumed = consume_held(
                 tx,
@@ -242,17 +251,19 @@ impl SqliteClaims {
     /// Progress short of an answer (e.g. the bare form's run-level
     /// `__resume__` write, which may precede the node's effect): held
     /// claims on the checkpoint stay held, record `evidence`, and lapse no
-    /// earlier than `now_ms + hold_ms`. Lets the caller keep a live run's
+    /// earlier than `hold_ms` from now. Lets the caller keep a live run's
     /// claim until its task writes or next checkpoint consume it, while a
     /// holder that dies mid-gate still lapses. Returns the updated records.
     pub fn note_progress(
         &self,
         (thread_id, checkpoint_ns, checkpoint_id): (&str, &str, &str),
         evidence: &str,
-        written_at_ms: i64,
-        now_ms: i64,
+        written_at: WrittenAt,
+        now: Now,
         hold_ms: i64,
     ) -> Result<Vec<ClaimRecord>, StoreError> {
+        let now_ms = now.on_this_host();
+        let written_at_ms = written_at.on_this_host(now_ms);
         let until = now_ms.saturating_add(hold_ms.max(0));
         self.with_tx("noting progress", |tx| {
             tx.prepare_cached(&format!(
@@ -276,7 +287,7 @@ impl SqliteClaims {
     }
 
     /// The holder's connection closed: its held claims lapse, and its run
-    /// leases end, no later than `now_ms + grace_ms`, so a crash mid-gate
+    /// leases end, no later than `grace_ms` from now, so a crash mid-gate
     /// or mid-run frees the thread sooner; from then on its held and
     /// consumed claims count as abandoned by it
     /// ([`ClaimRecord::is_abandoned`]). Returns the claim records whose
@@ -285,10 +296,10 @@ impl SqliteClaims {
         &self,
         proxy_id: &str,
         session_id: u64,
-        now_ms: i64,
+        now: Now,
         grace_ms: i64,
     ) -> Result<Vec<ClaimRecord>, StoreError> {
-        let until = now_ms.saturating_add(grace_ms.max(0));
+        let until = now.on_this_host().saturating_add(grace_ms.max(0));
         self.with_tx("ending a holder's claims", |tx| {
             let filter =
                 "proxy_id = ?1 AND session_id = ?2 AND state = 'held' AND lapse_at_ms > ?3";
@@ -322,8 +333,9 @@ impl SqliteClaims {
         thread_id: &str,
         checkpoint_ns: &str,
         parent_checkpoint_id: &str,
-        now_ms: i64,
+        now: Now,
     ) -> Result<Vec<ClaimRecord>, StoreError> {
+        let now_ms = now.on_this_host();
         let superseded_cutoff = now_ms.saturating_sub(self.superseded_grace_ms);
         let retain_cutoff = now_ms.saturating_sub(self.retain_ms);
         self.with_tx("moving claims on", |tx| {
@@ -390,13 +402,15 @@ impl SqliteClaims {
     /// latest-generation held or consumed claim, any fingerprint (the most
     /// recently claimed one, then the highest epoch). `None` when the
     /// checkpoint has no such claim (never claimed, released, purged).
-    /// A read: takes no write lock.
+    /// A read: takes no write lock. With the time it was read at.
     pub fn current_holder(
         &self,
         thread_id: &str,
         checkpoint_ns: &str,
         checkpoint_id: &str,
-    ) -> Result<Option<ClaimRecord>, StoreError> {
+        now: Now,
+    ) -> Result<(Option<ClaimRecord>, i64), StoreError> {
+        let now_ms = now.on_this_host();
         self.with_tx_as(
             "reading a checkpoint's holder",
             TransactionBehavior::Deferred,
@@ -407,7 +421,7 @@ impl SqliteClaims {
                     &[&thread_id, &checkpoint_ns, &checkpoint_id],
                 )?;
                 live.sort_by_key(|r| (r.claimed_at_ms, r.epoch));
-                Ok(live.pop())
+                Ok((live.pop(), now_ms))
             },
         )
     }
@@ -443,17 +457,18 @@ impl SqliteClaims {
     }
 
     /// Keeps generation `epoch` of `key` from lapsing, or from counting as
-    /// abandoned, before `until_ms`: a held claim's lapse time and a
-    /// consumed claim's abandonment time (when it has one) move up to
-    /// `until_ms` if they are earlier. Whether that generation is still
-    /// the key's, held or consumed (false: it was taken over or released
-    /// meanwhile).
-    pub fn keep_until(
+    /// abandoned, for `cover_ms` from now: a held claim's lapse time and a
+    /// consumed claim's abandonment time (when it has one) move up to then
+    /// if they are earlier. Whether that generation is still the key's,
+    /// held or consumed (false: it was taken over or released meanwhile).
+    pub fn keep_for(
         &self,
         key: &ClaimKey,
         epoch: i64,
-        until_ms: i64,
+        now: Now,
+        cover_ms: i64,
     ) -> Result<bool, StoreError> {
+        let until_ms = now.on_this_host().saturating_add(cover_ms.max(0));
         self.with_tx("keeping a claim through a commit", |tx| {
             tx.prepare_cached(&format!(
                 "UPDATE claims SET \
@@ -555,7 +570,13 @@ fn consume_held(
             taken_by_ms
         ])?;
     }
-    Ok(held)
+    Ok(held
+        .into_iter()
+        .map(|r| ClaimRecord {
+            consumed_at_ms: Some(now_ms),
+            ..r
+        })
+        .collect())
 }
 
 fn purge_before(tx: &Transaction<'_>, cutoff: i64) -> rusqlite::Result<usize> {

@@ -301,7 +301,8 @@ conformance! {
             .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + LAPSE + 500)
             .expect("consume");
         assert_eq!(before.len(), 1);
-        assert!(T0 + LAPSE + 500 > before[0].lapse_at_ms);
+        assert_eq!(before[0].consumed_at_ms, Some(T0 + LAPSE + 500));
+        assert!(before[0].consumed_after_lapse());
         let after = store.get(&k).expect("get").expect("row");
         assert!(after.consumed_after_lapse());
     }
@@ -757,7 +758,7 @@ conformance! {
             .try_claim(&k, &holder("p1", 1), T0, LAPSE)
             .expect("claim");
         let until = T0 + LAPSE + 5_000;
-        assert!(store.keep_until(&k, 1, until).expect("keep"));
+        assert!(store.keep_for(&k, 1, T0, LAPSE + 5_000).expect("keep"));
         assert_eq!(store.get(&k).expect("get").expect("row").lapse_at_ms, until);
         // Past the lapse it was given, but not past the kept time: refused.
         assert!(matches!(
@@ -765,20 +766,20 @@ conformance! {
             Ok(ClaimOutcome::Busy(_))
         ));
         // Never shortened.
-        assert!(store.keep_until(&k, 1, T0 + 1).expect("keep"));
+        assert!(store.keep_for(&k, 1, T0, 1).expect("keep"));
         assert_eq!(store.get(&k).expect("get").expect("row").lapse_at_ms, until);
         assert!(matches!(
             store.try_claim(&k, &holder("p2", 2), until, LAPSE),
             Ok(ClaimOutcome::TakenOver { .. })
         ));
         // The superseded generation cannot be kept any more.
-        assert!(!store.keep_until(&k, 1, until + 10_000).expect("keep"));
+        assert!(!store.keep_for(&k, 1, until, 10_000).expect("keep"));
         // A consumed claim whose holder is gone: its abandonment moves.
         store
             .consume("t-1", "", "c1", "task writes", i64::MAX, until + 1)
             .expect("consume");
         store.holder_gone("p2", 2, until + 2, 50).expect("gone");
-        assert!(store.keep_until(&k, 2, until + 10_000).expect("keep"));
+        assert!(store.keep_for(&k, 2, until + 2, 9_998).expect("keep"));
         let row = store.get(&k).expect("get").expect("row");
         assert_eq!(row.abandon_at_ms, Some(until + 10_000));
         assert!(matches!(
@@ -833,6 +834,46 @@ conformance! {
             Ok(ClaimOutcome::Taken(r)) => assert_eq!(r.epoch, 2),
             other => panic!("{other:?}"),
         }
+    }
+
+    fn keys_of_any_length_are_claimed_consumed_and_leased(fx) {
+        let db = fx.another("long-keys");
+        let store = db.open().with_run_lease(1_000);
+        // Longer than a btree index tuple holds, and not compressible.
+        let thread: String = (0..10_000u32)
+            .map(|i| char::from(b'a' + (i.wrapping_mul(2_654_435_761) >> 27) as u8 % 26))
+            .collect();
+        let mut k = key("c1", b"q");
+        k.at.thread_id = thread.clone();
+        assert!(matches!(
+            store.try_claim(&k, &holder("p1", 1), T0, LAPSE),
+            Ok(ClaimOutcome::Taken(_))
+        ));
+        assert!(matches!(
+            store.try_claim(&k, &holder("p2", 2), T0 + 1, LAPSE),
+            Ok(ClaimOutcome::Busy(r)) if r.key == k
+        ));
+        // A key that differs only past the first 2 KB is another claim.
+        let mut other = k.clone();
+        other.at.thread_id.push('z');
+        assert!(matches!(
+            store.try_claim(&other, &holder("p2", 2), T0 + 2, LAPSE),
+            Ok(ClaimOutcome::Taken(_))
+        ));
+        let consumed = store
+            .consume(&thread, "", "c1", "task writes", i64::MAX, T0 + 3)
+            .expect("consume");
+        assert_eq!(consumed.len(), 1);
+        let lease = store
+            .run_lease(&thread, "", T0 + 4)
+            .expect("read")
+            .expect("leased");
+        assert_eq!(lease.thread_id, thread);
+        assert!(matches!(
+            store.try_claim(&k, &holder("p3", 3), T0 + 5, LAPSE),
+            Ok(ClaimOutcome::Consumed(_))
+        ));
+        assert_eq!(store.list(Some(&thread)).expect("list").len(), 1);
     }
 }
 

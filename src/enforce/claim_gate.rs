@@ -24,10 +24,10 @@ use crate::wire::draining::Draining;
 use crate::wire::guard::Ticket;
 
 use crate::claims::evidence::EvidenceSender;
-use crate::claims::{now_ms, ClaimKey, ClaimOutcome, ClaimState, ClaimStore, Holder, StoreError};
+use crate::claims::{ClaimKey, ClaimOutcome, ClaimState, ClaimStore, Holder, Now, StoreError};
 use crate::config::live::LiveClaimsTimings;
 use crate::policy::claims::{
-    decide, decide_running_head, inspection_remedy, takeover_reason, ClaimDecision, Refusal,
+    decide_at, decide_running_head, inspection_remedy, takeover_reason, ClaimDecision, Refusal,
     WaitPolicy, COMMIT_COVER_MS,
 };
 
@@ -145,7 +145,11 @@ impl ClaimsLeg {
                     epoch: None,
                 };
             }
-            let outcome = self.try_claim(req);
+            let asked_at = Instant::now();
+            let (outcome, decided_at_ms) = match self.try_claim(req) {
+                Ok((outcome, at)) => (Ok(outcome), at),
+                Err(e) => (Err(e), 0),
+            };
             let (displaced, takeover) = match &outcome {
                 Ok(ClaimOutcome::TakenOver { previous, .. }) => {
                     let why = takeover_reason(previous);
@@ -164,7 +168,7 @@ impl ClaimsLeg {
                     | ClaimOutcome::AlreadyHeld(r)
                     | ClaimOutcome::TakenOver { now: r, .. },
                 ) => {
-                    self.held.remember(r);
+                    self.held.remember(r, decided_at_ms, asked_at);
                     Some(r.epoch)
                 }
                 _ => {
@@ -172,7 +176,7 @@ impl ClaimsLeg {
                     None
                 }
             };
-            match decide(&outcome, &self.policy, waited_ms) {
+            match decide_at(&outcome, &self.policy, waited_ms, decided_at_ms) {
                 ClaimDecision::RetryAfter { ms } => {
                     std::thread::sleep(Duration::from_millis(ms.max(1) as u64));
                     waited_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
@@ -202,11 +206,12 @@ impl ClaimsLeg {
         if !self.store.answers_held_claims() {
             return None;
         }
-        let record = self.held.answer(&req.key, &req.holder, now_ms())?;
+        let record = self.held.answer(&req.key, &req.holder, Instant::now())?;
         metrics::counter!("resumeguard_claims_total", "outcome" => "held_known").increment(1);
         let epoch = Some(record.epoch);
         Some(Resolution {
-            decision: decide(&Ok(ClaimOutcome::AlreadyHeld(record)), &self.policy, 0),
+            // The store's clock matters only to a busy claim's wait.
+            decision: decide_at(&Ok(ClaimOutcome::AlreadyHeld(record)), &self.policy, 0, 0),
             waited_ms: 0,
             displaced: None,
             takeover: None,
@@ -218,7 +223,7 @@ impl ClaimsLeg {
         let at = &req.key.at;
         let lease = claims_store_call("run_lease", || {
             self.store
-                .run_lease(&at.thread_id, &at.checkpoint_ns, now_ms())
+                .run_lease(&at.thread_id, &at.checkpoint_ns, Now::STORE)
         });
         if let Err(e) = &lease {
             tracing::warn!(error = %e, "run lease unknown (claim store failed): head served");
@@ -232,10 +237,11 @@ impl ClaimsLeg {
         }
     }
 
-    fn try_claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+    /// The store's answer, and its clock when it decided.
+    fn try_claim(&self, req: &ClaimRequest) -> Result<(ClaimOutcome, i64), StoreError> {
         claims_store_call("claim", || {
             self.store
-                .try_claim(&req.key, &req.holder, now_ms(), self.lapse_ms)
+                .try_claim_timed(&req.key, &req.holder, Now::STORE, self.lapse_ms)
         })
     }
 

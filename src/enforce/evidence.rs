@@ -3,8 +3,11 @@
 //! deleted. The same recognition says which checkpoint a write continues,
 //! for the fencing of writes from sessions other than its holder.
 
+use std::time::Instant;
+
 use super::watch::Watch;
 use crate::claims::evidence::Evidence;
+use crate::claims::WrittenAt;
 use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::classify::{RowsDeleted, StatementKind};
 use crate::saver::profile::TableRole;
@@ -65,14 +68,14 @@ pub fn continuation(kind: &StatementKind, rec: &WriteRecord) -> Option<Continuat
 
 impl Continuation {
     /// The claim evidence of this write, once it committed.
-    fn evidence(self, written_at_ms: i64) -> Evidence {
+    fn evidence(self, written_at: WrittenAt) -> Evidence {
         let Continuation { at, step } = self;
         match step {
-            Step::Progress => Evidence::Progress { at, written_at_ms },
+            Step::Progress => Evidence::Progress { at, written_at },
             Step::TaskWrote(what) => Evidence::Consumed {
                 at,
                 what,
-                written_at_ms,
+                written_at,
             },
             Step::Child => Evidence::MovedOn { parent: at },
         }
@@ -114,7 +117,7 @@ impl Watch {
         }
         match &self.record {
             Some(Ok(rec)) => continuation(&self.class.kind, rec)
-                .map(|c| c.evidence(self.sent_at_ms))
+                .map(|c| c.evidence(WrittenAt::Sent(self.sent_at.unwrap_or_else(Instant::now))))
                 .into_iter()
                 .collect(),
             _ => Vec::new(),

@@ -37,11 +37,11 @@ use super::claim_gate::{ClaimsLeg, InTransactionFence};
 use super::events::{fenced, FencedWrite};
 use super::evidence::{Continuation, Step};
 use crate::audit::{AuditEvent, SessionContext};
-use crate::claims::{now_ms, ClaimKey, Holder};
+use crate::claims::{ClaimKey, Holder, Now};
 use crate::log_text::shown;
 use crate::policy::claims::{
-    commit_cover, decide_write, fenced_message, WriteVerdict, Writer, SQLSTATE_STORE_UNAVAILABLE,
-    SQLSTATE_WRITE_FENCED,
+    commit_cover, decide_write, fenced_message, WriteVerdict, Writer, COMMIT_COVER_MS,
+    SQLSTATE_STORE_UNAVAILABLE, SQLSTATE_WRITE_FENCED,
 };
 use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::write_record::WriteRecord;
@@ -166,18 +166,30 @@ impl FenceGate {
             took: &took,
             known_claimed: progress || self.parked.contains(at),
         };
-        let current = crate::admin::metrics::claims_store_call("fence_lookup", || {
-            leg.store
-                .current_holder(&at.thread_id, &at.checkpoint_ns, &at.checkpoint_id)
+        let read = crate::admin::metrics::claims_store_call("fence_lookup", || {
+            leg.store.current_holder_timed(
+                &at.thread_id,
+                &at.checkpoint_ns,
+                &at.checkpoint_id,
+                Now::STORE,
+            )
         });
+        let (current, read_at_ms) = match read {
+            Ok((current, at_ms)) => (Ok(current), at_ms),
+            Err(e) => (Err(e), 0),
+        };
         let verdict = decide_write(&writer, &current);
         let Ok(Some(claim)) = &current else {
             return verdict;
         };
-        let Some(until) = commit_cover(&verdict, claim, now_ms()) else {
+        // Measured against the store's clock as it read the claim.
+        if commit_cover(&verdict, claim, read_at_ms).is_none() {
             return verdict;
-        };
-        match leg.store.keep_until(&claim.key, claim.epoch, until) {
+        }
+        match leg
+            .store
+            .keep_for(&claim.key, claim.epoch, Now::STORE, COMMIT_COVER_MS)
+        {
             Ok(true) => verdict,
             // Taken over or released since the read: decide on the claim
             // as it is now.

@@ -20,7 +20,7 @@ use super::watch::{Watch, WriteDecode};
 use super::Enforcement;
 use crate::audit::{AuditEvent, SessionContext};
 use crate::claims::evidence::{Evidence, EvidenceSender};
-use crate::claims::{now_ms, Holder};
+use crate::claims::Holder;
 use crate::log_text::shown;
 use crate::policy::claims::{
     has_inspection_hint, is_inspection, ClaimDecision, Refusal as ClaimRefusal,
@@ -462,7 +462,7 @@ impl Hooks for SessionEnforcer {
         w.inspect = self.inspecting() || b.inspect_hint;
         w.executed_at = Some(Instant::now());
         if self.shared.legs.claims.is_some() && !matches!(b.class.kind, StatementKind::Read(_)) {
-            w.sent_at_ms = now_ms();
+            w.sent_at = w.executed_at;
         }
         Some(w)
     }

@@ -35,9 +35,9 @@ pub struct Watch {
     pub head_column: bool,
     /// The read is marked as inspection: it never claims.
     pub inspect: bool,
-    /// When the statement passed the proxy (wall-clock ms), for claim
+    /// When the statement passed the proxy (monotonic), for claim
     /// evidence; only set for writes while consume-once is on.
-    pub sent_at_ms: i64,
+    pub sent_at: Option<Instant>,
     /// When the client's Execute (or simple Query) passed the proxy; unset
     /// for Describe watches. Timed for the latency metrics.
     pub executed_at: Option<Instant>,
@@ -68,7 +68,7 @@ impl Watch {
             record: None,
             head_column,
             inspect: false,
-            sent_at_ms: 0,
+            sent_at: None,
             executed_at: None,
             rows: Vec::new(),
             row_errors: 0,

@@ -31,8 +31,8 @@
 use regex::Regex;
 
 use crate::claims::{
-    format_ms, now_ms, ClaimKey, ClaimOutcome, ClaimRecord, ClaimState, Holder, RunLease,
-    StoreError, StoreKind,
+    format_ms, ClaimKey, ClaimOutcome, ClaimRecord, ClaimState, Holder, RunLease, StoreError,
+    StoreKind,
 };
 use crate::saver::checkpoint_ref::CheckpointRef;
 
@@ -93,20 +93,11 @@ pub enum ClaimDecision {
     RetryAfter { ms: i64 },
 }
 
-/// [`decide_at`] with the claims clock ([`crate::claims::clock`], the
-/// store's time base) as `now`; tests with made-up times call
-/// [`decide_at`].
-pub fn decide(
-    outcome: &Result<ClaimOutcome, StoreError>,
-    policy: &WaitPolicy,
-    waited_ms: i64,
-) -> ClaimDecision {
-    decide_at(outcome, policy, waited_ms, now_ms())
-}
-
 /// The decision for one answer of the store. `waited_ms` is how long this
-/// read has already waited; `now_ms` is used only to stop a wait at the
-/// holder's lapse time, when the next ask takes the claim over.
+/// read has already waited; `now_ms` (the store's clock when it decided,
+/// [`crate::claims::ClaimStore::try_claim_timed`]) is used only to stop a
+/// wait at the holder's lapse time, when the next ask takes the claim
+/// over: the record's times and it are on the same clock.
 pub fn decide_at(
     outcome: &Result<ClaimOutcome, StoreError>,
     policy: &WaitPolicy,
@@ -464,8 +455,9 @@ pub fn decide_write(
 /// its commit (a pipelined saver call commits within milliseconds).
 pub const COMMIT_COVER_MS: i64 = 2_000;
 
-/// Until when `current` must be kept ([`crate::claims::ClaimStore::keep_until`])
-/// for a write accepted from its holder at `now_ms` to commit under it;
+/// Until when `current` must be kept ([`crate::claims::ClaimStore::keep_for`])
+/// for a write accepted from its holder at `now_ms` (the store's clock) to
+/// commit under it;
 /// `None` when the claim already holds that long or the write was not
 /// accepted as the holder's.
 pub fn commit_cover(verdict: &WriteVerdict, current: &ClaimRecord, now_ms: i64) -> Option<i64> {

@@ -247,7 +247,9 @@ fn held_claim(store: &ClaimStore, thread: &str) {
         client_addr: "127.0.0.1:50003".into(),
         application_name: "ui".into(),
     };
-    store.try_claim(&key, &holder, now_ms(), 60_000).unwrap();
+    store
+        .try_claim(&key, &holder, crate::claims::Now::STORE, 60_000)
+        .unwrap();
 }
 
 fn release_request(token: Option<&str>) -> Request<Body> {

@@ -38,7 +38,6 @@ use super::fault::{credential_fix, fix_for, StartFault};
 use super::schema;
 use super::target::{DeadPeer, PgTarget};
 use crate::admin::metrics;
-use crate::claims::clock;
 use crate::claims::error::StoreError;
 use crate::wire::server_cert_verifier::certificate_problem;
 
@@ -130,12 +129,8 @@ struct Liveness {
 /// not confirm it.
 const LIVENESS_CHECK: Duration = Duration::from_secs(1);
 
-/// How often the heartbeat confirms the lock and reads the database's
-/// clock, off the request path.
+/// How often the heartbeat confirms the lock, off the request path.
 const HEARTBEAT: Duration = Duration::from_millis(400);
-
-/// The database's clock, in ms since the Unix epoch.
-const CLOCK_SQL: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8";
 
 /// Why an operation failed: the server's message with its SQLSTATE, or a
 /// row that does not map to a claim.
@@ -333,8 +328,7 @@ impl PgConn {
         self.confirmed_at.store(0, Ordering::Release);
     }
 
-    /// One heartbeat: the lock connection answers (the lock is held) and
-    /// tells the database's time ([`clock`]). On a failure the lock is
+    /// One heartbeat: the lock connection answers (the lock is held). On a failure the lock is
     /// taken again at once (its connection was most likely ended by the
     /// server: the same reaper ended the idle decision connections too,
     /// which are then checked and replaced before a decision needs them).
@@ -344,7 +338,7 @@ impl PgConn {
         let Some(l) = liveness.as_mut() else {
             return;
         };
-        let e = match read_clock(&mut l.client) {
+        let e = match ping(&mut l.client) {
             Ok(()) => return self.confirm(l.instance),
             Err(e) => e,
         };
@@ -914,7 +908,6 @@ fn lock_instance(
             match same {
                 Ok(_) => {
                     lock.execute(&format!("SELECT {s}.revive($1, $1)"), &[&old])?;
-                    read_clock(&mut lock)?;
                     return Ok((lock, old));
                 }
                 Err(e) if is_row_locked(&e) => next_instance(&mut lock, s)?,
@@ -934,7 +927,6 @@ fn lock_instance(
                 // new lock.
                 lock.execute(&format!("SELECT {s}.revive($1, $2)"), &[&old, &id])?;
             }
-            read_clock(&mut lock)?;
             return Ok((lock, id));
         }
         // A dead predecessor's backend still holds it: take a new id.
@@ -942,12 +934,9 @@ fn lock_instance(
     }
 }
 
-/// Reads the database's clock into [`clock`] (one round trip).
-fn read_clock(client: &mut Client) -> Result<(), postgres::Error> {
-    let sent = clock::local_ms();
-    let server: i64 = client.query_one(CLOCK_SQL, &[])?.get(0);
-    clock::observe(sent, server, clock::local_ms());
-    Ok(())
+/// Asks the lock connection to answer (one round trip).
+fn ping(client: &mut Client) -> Result<(), postgres::Error> {
+    client.batch_execute("SELECT 1")
 }
 
 fn next_instance(client: &mut Client, schema: &str) -> Result<i64, postgres::Error> {

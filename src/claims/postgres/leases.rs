@@ -9,14 +9,13 @@ use super::rows::holder_at;
 use crate::claims::model::RunLease;
 
 /// The live lease on a namespace of a thread, in one statement, after
-/// the server marked the thread's holders whose process is gone
-/// (`gone_until`: now + the holder-gone grace).
+/// the server marked the thread's holders whose process is gone (gone
+/// from `gone_grace_ms` after now, on its clock).
 pub(super) fn live_lease(
     tx: &mut Tx<'_>,
     thread_id: &str,
     checkpoint_ns: &str,
-    now_ms: i64,
-    gone_until: i64,
+    gone_grace_ms: i64,
 ) -> Result<Option<RunLease>, Fail> {
     let s = tx.schema;
     let mine = tx.instance;
@@ -24,9 +23,9 @@ pub(super) fn live_lease(
         &format!(
             "SELECT thread_id, checkpoint_ns, answered_checkpoint_id, fingerprint, proxy_id, \
              session_id, client_addr, application_name, answered_at_ms, last_write_ms, until_ms \
-             FROM {s}.run_lease($1, $2, $3, $4, $5)"
+             FROM {s}.run_lease($1, $2, $3, $4)"
         ),
-        &[&thread_id, &checkpoint_ns, &mine, &now_ms, &gone_until],
+        &[&thread_id, &checkpoint_ns, &mine, &gone_grace_ms],
     )?;
     rows.first().map(lease_of).transpose()
 }

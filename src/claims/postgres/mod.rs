@@ -12,11 +12,15 @@
 //! - `store`: the operations, a decision one statement each; `rows`, `leases`.
 //! - `liveness`: holders whose proxy process is gone.
 //! - `fault`: which connect failures stop `serve` at start, and their fixes.
+//! - `db_clock`: every decision on the database's clock.
+//! - `key_digest`: keys of any length, by digest.
 
 mod client;
 mod conn;
 mod credential;
+mod db_clock;
 mod fault;
+mod key_digest;
 mod leases;
 mod liveness;
 mod rows;

@@ -10,6 +10,8 @@
 
 use postgres::Client;
 
+use super::db_clock::db_clock_migration;
+use super::key_digest::key_digest_migration;
 use super::liveness::{revival_migration, INSTANCE_DEAD};
 use super::rows::ORDER;
 
@@ -102,7 +104,7 @@ CREATE TRIGGER audit_events_no_truncate BEFORE TRUNCATE ON {s}.audit_events
         ),
         // The fence checked inside the writer's own transaction (see
         // `enforce::fencing`): the rule of `policy::claims::decide_write`
-        // and the commit cover of `keep_until`, on the database's clock.
+        // and the commit cover of `keep_for`, on the database's clock.
         // The claim row stays locked until the write's transaction ends,
         // so a takeover waits for its commit. SECURITY DEFINER: the
         // clients' roles need EXECUTE on it and USAGE on the schema, not
@@ -408,6 +410,10 @@ $f$;
         // A sweep its live holder can undo: a liveness lock re-taken after
         // its connection was ended keeps its claims (see `liveness`).
         revival_migration(s),
+        // Every decision on the database's clock (see `db_clock`).
+        db_clock_migration(s),
+        // Keys of any length (see `key_digest`).
+        key_digest_migration(s),
     ]
 }
 
@@ -442,10 +448,24 @@ pub(super) fn version(client: &mut Client, schema: &str) -> Result<i32, postgres
 /// Brings the schema to [`current_version`], one transaction per
 /// migration under an advisory lock; nothing runs when it is current.
 pub(super) fn migrate(client: &mut Client, schema: &str) -> Result<(), postgres::Error> {
-    if version(client, schema)? >= current_version() {
+    migrate_to(client, schema, current_version())
+}
+
+/// Brings the schema to version `last` (tests: a store as an older build
+/// left it).
+pub(super) fn migrate_to(
+    client: &mut Client,
+    schema: &str,
+    last: i32,
+) -> Result<(), postgres::Error> {
+    if version(client, schema)? >= last {
         return Ok(());
     }
-    for (i, sql) in migrations(schema).iter().enumerate() {
+    for (i, sql) in migrations(schema)
+        .iter()
+        .enumerate()
+        .take(last.max(0) as usize)
+    {
         let v = i as i32 + 1;
         let mut tx = client.transaction()?;
         // A migration waits for another proxy's (the advisory lock) and

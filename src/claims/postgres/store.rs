@@ -20,6 +20,7 @@ use super::fault::StartFault;
 use super::leases::{last_lease, live_lease};
 use super::rows::{select_key, select_where, CHECKPOINT_MATCH, COLUMNS, KEY_MATCH};
 use super::target::PgTarget;
+use crate::claims::clock::{Now, WrittenAt};
 use crate::claims::error::StoreError;
 use crate::claims::model::{ClaimKey, ClaimRecord, Holder, RunLease};
 use crate::claims::outcome::ClaimOutcome;
@@ -136,24 +137,35 @@ impl PgClaims {
     }
 
     /// One statement, `<schema>.claim(...)`: the server takes, reads or
-    /// hands over the row and decides (see the migration).
+    /// hands over the row and decides on its clock (see `db_clock`).
     pub fn try_claim(
         &self,
         key: &ClaimKey,
         holder: &Holder,
-        now_ms: i64,
+        now: impl Into<Now>,
         lapse_ms: i64,
     ) -> Result<ClaimOutcome, StoreError> {
-        let lapse_at_ms = now_ms.saturating_add(lapse_ms.max(0));
-        let superseded_cutoff = now_ms.saturating_sub(self.superseded_grace_ms);
-        let gone_until = now_ms.saturating_add(self.timings.current().holder_gone_grace_ms);
-        self.conn.with_single("taking a claim", |tx| {
+        self.try_claim_timed(key, holder, now.into(), lapse_ms)
+            .map(|(outcome, _)| outcome)
+    }
+
+    /// [`PgClaims::try_claim`], with the server's clock when it decided.
+    pub fn try_claim_timed(
+        &self,
+        key: &ClaimKey,
+        holder: &Holder,
+        now: Now,
+        lapse_ms: i64,
+    ) -> Result<(ClaimOutcome, i64), StoreError> {
+        let gone_grace_ms = self.timings.current().holder_gone_grace_ms;
+        self.on_clock("taking a claim", now, |tx| {
             let s = tx.schema;
             let mine = tx.instance;
             let rows = tx.query(
                 &format!(
-                    "SELECT {COLUMNS}, outcome FROM (SELECT (f.c).*, f.outcome FROM \
-                     {s}.claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) f) x"
+                    "SELECT {COLUMNS}, outcome, decided_at_ms FROM (SELECT (f.c).*, f.outcome, \
+                     f.decided_at_ms FROM \
+                     {s}.claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) f) x"
                 ),
                 &[
                     &key.at.thread_id,
@@ -165,14 +177,34 @@ impl PgClaims {
                     &holder.client_addr,
                     &holder.application_name,
                     &mine,
-                    &now_ms,
-                    &lapse_at_ms,
-                    &superseded_cutoff,
-                    &gone_until,
+                    &lapse_ms.max(0),
+                    &self.superseded_grace_ms,
+                    &gone_grace_ms,
                     &self.run_lease_ms(),
                 ],
             )?;
-            outcome_of(&rows)
+            let decided_at: i64 = match rows.first() {
+                Some(r) => r.try_get(19)?,
+                None => return Err(Fail("the claim function returned no outcome".into())),
+            };
+            Ok((outcome_of(&rows)?, decided_at))
+        })
+    }
+
+    /// Runs one decision on the server's clock; in a test build, at the
+    /// instant the test gave (`db_clock`'s test setting), if any.
+    fn on_clock<T>(
+        &self,
+        op: &'static str,
+        now: Now,
+        mut f: impl FnMut(&mut Tx<'_>) -> Result<T, Fail>,
+    ) -> Result<T, StoreError> {
+        self.conn.with_single(op, |tx| {
+            #[cfg(test)]
+            super::db_clock::hold_test_clock(tx, now)?;
+            #[cfg(not(test))]
+            let _ = now;
+            f(tx)
         })
     }
 
@@ -182,20 +214,20 @@ impl PgClaims {
         checkpoint_ns: &str,
         checkpoint_id: &str,
         evidence: &str,
-        written_at_ms: i64,
-        now_ms: i64,
+        written_at: impl Into<WrittenAt>,
+        now: impl Into<Now>,
     ) -> Result<Vec<ClaimRecord>, StoreError> {
-        self.conn.with_single("consuming claims", |tx| {
+        let (written_at, now) = (written_at.into(), now.into());
+        self.on_clock("consuming claims", now, |tx| {
             let s = tx.schema;
             records(tx.query(
-                &format!("SELECT {COLUMNS} FROM {s}.consume($1, $2, $3, $4, $5, $6, $7)"),
+                &format!("SELECT {COLUMNS} FROM {s}.consume($1, $2, $3, $4, $5, $6)"),
                 &[
                     &thread_id,
                     &checkpoint_ns,
                     &checkpoint_id,
                     &evidence,
-                    &written_at_ms,
-                    &now_ms,
+                    &written_at.ago_ms(now),
                     &self.run_lease_ms(),
                 ],
             )?)
@@ -222,12 +254,12 @@ impl PgClaims {
         &self,
         (thread_id, checkpoint_ns, checkpoint_id): (&str, &str, &str),
         evidence: &str,
-        written_at_ms: i64,
-        now_ms: i64,
+        written_at: impl Into<WrittenAt>,
+        now: impl Into<Now>,
         hold_ms: i64,
     ) -> Result<Vec<ClaimRecord>, StoreError> {
-        let until = now_ms.saturating_add(hold_ms.max(0));
-        self.conn.with_single("noting progress", |tx| {
+        let (written_at, now) = (written_at.into(), now.into());
+        self.on_clock("noting progress", now, |tx| {
             let s = tx.schema;
             records(tx.query(
                 &format!("SELECT {COLUMNS} FROM {s}.note_progress($1, $2, $3, $4, $5, $6)"),
@@ -236,8 +268,8 @@ impl PgClaims {
                     &checkpoint_ns,
                     &checkpoint_id,
                     &evidence,
-                    &until,
-                    &written_at_ms,
+                    &hold_ms.max(0),
+                    &written_at.ago_ms(now),
                 ],
             )?)
         })
@@ -247,19 +279,19 @@ impl PgClaims {
         &self,
         proxy_id: &str,
         session_id: u64,
-        now_ms: i64,
+        now: impl Into<Now>,
         grace_ms: i64,
     ) -> Result<Vec<ClaimRecord>, StoreError> {
-        let until = now_ms.saturating_add(grace_ms.max(0));
-        self.conn.with_single("ending a holder's claims", |tx| {
+        let now = now.into();
+        self.on_clock("ending a holder's claims", now, |tx| {
             let s = tx.schema;
+            // Returned with their lapse shortened, abandoned from then.
             let mut shortened = records(tx.query(
                 &format!("SELECT {COLUMNS} FROM {s}.holder_gone($1, $2, $3)"),
-                &[&proxy_id, &(session_id as i64), &until],
+                &[&proxy_id, &(session_id as i64), &grace_ms.max(0)],
             )?)?;
             for r in &mut shortened {
-                r.lapse_at_ms = until;
-                r.abandon_at_ms = Some(r.abandon_at_ms.unwrap_or(until));
+                r.abandon_at_ms = Some(r.abandon_at_ms.unwrap_or(r.lapse_at_ms));
             }
             Ok(shortened)
         })
@@ -270,23 +302,21 @@ impl PgClaims {
         thread_id: &str,
         checkpoint_ns: &str,
         parent_checkpoint_id: &str,
-        now_ms: i64,
+        now: impl Into<Now>,
     ) -> Result<Vec<ClaimRecord>, StoreError> {
-        let superseded_cutoff = now_ms.saturating_sub(self.superseded_grace_ms);
-        let retain_cutoff = now_ms.saturating_sub(self.retain_ms);
-        self.conn.with_single("moving claims on", |tx| {
+        let now = now.into();
+        self.on_clock("moving claims on", now, |tx| {
             let s = tx.schema;
             records(tx.query(
-                &format!("SELECT {COLUMNS} FROM {s}.move_on($1, $2, $3, $4, $5, $6, $7, $8)"),
+                &format!("SELECT {COLUMNS} FROM {s}.move_on($1, $2, $3, $4, $5, $6, $7)"),
                 &[
                     &thread_id,
                     &checkpoint_ns,
                     &parent_checkpoint_id,
                     &NEXT_CHECKPOINT,
-                    &now_ms,
                     &self.run_lease_ms(),
-                    &superseded_cutoff,
-                    &retain_cutoff,
+                    &self.superseded_grace_ms,
+                    &self.retain_ms,
                 ],
             )?)
         })
@@ -329,63 +359,89 @@ impl PgClaims {
             .with_single("reading a claim", |tx| select_key(tx, key, false))
     }
 
+    /// The latest-generation held or consumed claim on a checkpoint.
     pub fn current_holder(
         &self,
         thread_id: &str,
         checkpoint_ns: &str,
         checkpoint_id: &str,
     ) -> Result<Option<ClaimRecord>, StoreError> {
-        self.conn
-            .with_single("reading a checkpoint's holder", |tx| {
-                let s = tx.schema;
-                let rows = tx.query(
-                    &format!(
-                        "SELECT {COLUMNS} FROM {s}.claims WHERE {CHECKPOINT_MATCH} \
+        self.current_holder_timed(thread_id, checkpoint_ns, checkpoint_id, Now::STORE)
+            .map(|(current, _)| current)
+    }
+
+    /// [`PgClaims::current_holder`], with the server's clock when it was
+    /// read.
+    pub fn current_holder_timed(
+        &self,
+        thread_id: &str,
+        checkpoint_ns: &str,
+        checkpoint_id: &str,
+        now: Now,
+    ) -> Result<(Option<ClaimRecord>, i64), StoreError> {
+        self.on_clock("reading a checkpoint's holder", now, |tx| {
+            let s = tx.schema;
+            let rows = tx.query(
+                &format!(
+                    "SELECT c.*, {s}.clock_ms() FROM (SELECT 1) one LEFT JOIN LATERAL \
+                     (SELECT {COLUMNS} FROM {s}.claims WHERE {CHECKPOINT_MATCH} \
                      AND state IN ('held', 'consumed') \
-                     ORDER BY claimed_at_ms DESC, epoch DESC LIMIT 1"
-                    ),
-                    &[&thread_id, &checkpoint_ns, &checkpoint_id],
-                )?;
-                rows.first().map(super::rows::record).transpose()
-            })
+                     ORDER BY claimed_at_ms DESC, epoch DESC LIMIT 1) c ON true"
+                ),
+                &[&thread_id, &checkpoint_ns, &checkpoint_id],
+            )?;
+            let read_at: i64 = match rows.first() {
+                Some(r) => r.try_get(18)?,
+                None => return Err(Fail("the holder's read returned no clock".into())),
+            };
+            let current = match rows.first() {
+                Some(r) if r.try_get::<_, Option<String>>(0)?.is_some() => {
+                    Some(super::rows::record(r)?)
+                }
+                _ => None,
+            };
+            Ok((current, read_at))
+        })
     }
 
     /// Keeps generation `epoch` of `key` from lapsing, or from counting as
-    /// abandoned, before `until_ms`: a held claim's lapse time and a
-    /// consumed claim's abandonment time (when it has one) move up to
-    /// `until_ms` if they are earlier. Whether that generation is still
-    /// the key's, held or consumed (false: it was taken over or released
-    /// meanwhile).
-    pub fn keep_until(
+    /// abandoned, for `cover_ms` from now on the server's clock: a held
+    /// claim's lapse time and a consumed claim's abandonment time (when it
+    /// has one) move up to then if they are earlier. Whether that
+    /// generation is still the key's, held or consumed (false: it was
+    /// taken over or released meanwhile).
+    pub fn keep_for(
         &self,
         key: &ClaimKey,
         epoch: i64,
-        until_ms: i64,
+        now: impl Into<Now>,
+        cover_ms: i64,
     ) -> Result<bool, StoreError> {
-        self.conn
-            .with_single("keeping a claim through a commit", |tx| {
-                let s = tx.schema;
-                tx.execute(
-                    &format!(
-                        "UPDATE {s}.claims SET \
+        let now = now.into();
+        self.on_clock("keeping a claim through a commit", now, |tx| {
+            let s = tx.schema;
+            tx.execute(
+                &format!(
+                    "UPDATE {s}.claims SET \
                          lapse_at_ms = CASE WHEN state = 'held' \
-                             THEN greatest(lapse_at_ms, $6) ELSE lapse_at_ms END, \
+                             THEN greatest(lapse_at_ms, {s}.clock_ms() + $6) \
+                             ELSE lapse_at_ms END, \
                          abandon_at_ms = CASE WHEN abandon_at_ms IS NULL THEN NULL \
-                             ELSE greatest(abandon_at_ms, $6) END \
+                             ELSE greatest(abandon_at_ms, {s}.clock_ms() + $6) END \
                          WHERE {KEY_MATCH} AND epoch = $5 AND state IN ('held', 'consumed')"
-                    ),
-                    &[
-                        &key.at.thread_id,
-                        &key.at.checkpoint_ns,
-                        &key.at.checkpoint_id,
-                        &key.fingerprint,
-                        &epoch,
-                        &until_ms,
-                    ],
-                )
-                .map_err(Fail::from)
-            })
-            .map(|n| n == 1)
+                ),
+                &[
+                    &key.at.thread_id,
+                    &key.at.checkpoint_ns,
+                    &key.at.checkpoint_id,
+                    &key.fingerprint,
+                    &epoch,
+                    &cover_ms.max(0),
+                ],
+            )
+            .map_err(Fail::from)
+        })
+        .map(|n| n == 1)
     }
 
     pub fn release(
@@ -423,11 +479,12 @@ impl PgClaims {
         &self,
         thread_id: &str,
         checkpoint_ns: &str,
-        now_ms: i64,
+        now: impl Into<Now>,
     ) -> Result<Option<RunLease>, StoreError> {
-        let gone_until = now_ms.saturating_add(self.timings.current().holder_gone_grace_ms);
-        self.conn.with_single("reading a run lease", |tx| {
-            live_lease(tx, thread_id, checkpoint_ns, now_ms, gone_until)
+        let now = now.into();
+        let gone_grace_ms = self.timings.current().holder_gone_grace_ms;
+        self.on_clock("reading a run lease", now, |tx| {
+            live_lease(tx, thread_id, checkpoint_ns, gone_grace_ms)
         })
     }
 }

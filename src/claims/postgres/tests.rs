@@ -412,3 +412,60 @@ fn a_closed_holder_session_is_not_revived_by_a_lock_taken_again() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn claims_and_leases_written_before_keys_were_digests_are_kept_and_found() {
+    let db = PgSchema::new("digest-migration");
+    let s = db.target().schema.clone();
+    let mut c = db
+        .target()
+        .config
+        .connect(postgres::NoTls)
+        .expect("connect");
+    let before = super::schema::current_version() - 1;
+    super::schema::migrate_to(&mut c, &s, before).expect("the schema an older build left");
+    // A held claim and a run lease as that build wrote them.
+    let k = key("c1");
+    c.execute(
+        &format!(
+            "INSERT INTO {s}.claims (thread_id, checkpoint_ns, checkpoint_id, fingerprint, \
+             state, proxy_id, session_id, client_addr, application_name, claimed_at_ms, \
+             lapse_at_ms, epoch, holder_instance) \
+             VALUES ('t-1', '', 'c1', $1, 'held', 'p1', 1, '10.0.0.1:5000', 'worker', $2, $3, \
+             1, 0)"
+        ),
+        &[&k.fingerprint, &T0, &(T0 + LAPSE)],
+    )
+    .expect("an older claim");
+    c.execute(
+        &format!(
+            "INSERT INTO {s}.run_leases (thread_id, checkpoint_ns, answered_checkpoint_id, \
+             fingerprint, proxy_id, session_id, client_addr, application_name, answered_at_ms, \
+             last_write_ms, until_ms, holder_instance) \
+             VALUES ('t-1', '', 'c0', 'f', 'p1', 1, '10.0.0.1:5000', 'worker', $1, $1, $2, 0)"
+        ),
+        &[&T0, &(T0 + LAPSE)],
+    )
+    .expect("an older lease");
+    let store = db.open();
+    let digested: i64 = c
+        .query_one(
+            &format!(
+                "SELECT (SELECT count(*) FROM {s}.claims WHERE key_digest IS NOT NULL) \
+                 + (SELECT count(*) FROM {s}.run_leases WHERE key_digest IS NOT NULL)"
+            ),
+            &[],
+        )
+        .expect("digests")
+        .get(0);
+    assert_eq!(digested, 2, "every row has its digest");
+    // The older row is the key's claim: another reader finds it held, and
+    // taking it inserts no second row.
+    match store.try_claim(&k, &holder("p2", 2), T0 + 1, LAPSE) {
+        Ok(ClaimOutcome::Busy(r)) => assert_eq!(r.holder, holder("p1", 1)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(store.list(Some("t-1")).expect("list").len(), 1);
+    let lease = store.last_answer("t-1", "").expect("read").expect("lease");
+    assert_eq!(lease.answered_checkpoint_id, "c0");
+}

@@ -938,7 +938,7 @@ fn a_write_continuing_a_claimed_checkpoint_fails_closed_while_the_store_cannot_a
 
 #[test]
 fn a_holders_write_keeps_its_claim_from_lapsing_until_the_write_can_commit() {
-    use crate::claims::{now_ms, ClaimOutcome, ClaimStore};
+    use crate::claims::{local_ms as now_ms, ClaimOutcome, ClaimStore};
     use crate::policy::claims::{ClaimDecision, COMMIT_COVER_MS};
 
     let path = std::env::temp_dir().join(format!(

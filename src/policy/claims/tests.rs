@@ -221,10 +221,15 @@ fn the_hint_of_an_unavailable_store_names_its_backend() {
 }
 
 #[test]
-fn decide_uses_the_wall_clock() {
-    let lapse = now_ms() + 60_000;
+fn a_wait_is_measured_against_the_stores_clock_not_this_hosts() {
+    // A lapse 30 ms after the store decided: the next ask comes then,
+    // whatever this host's wall clock reads (years before T0 here).
     assert_eq!(
-        decide(&busy(lapse), &WAIT, 0),
+        decide_at(&busy(T0 + 30), &WAIT, 0, T0),
+        ClaimDecision::RetryAfter { ms: 30 }
+    );
+    assert_eq!(
+        decide_at(&busy(T0 + 60_000), &WAIT, 0, T0),
         ClaimDecision::RetryAfter { ms: 50 }
     );
 }
