@@ -297,3 +297,7 @@ def test_an_upstream_typo_is_refused_naming_the_text(workdir):
     assert code == 1, stderr
     assert took < STARTUP_FAILS_WITHIN
     assert typo in last_line(stderr), stderr
+    # `config check` refuses it the same way.
+    code, stderr, _ = failed_start([str(proxy_binary()), "config", "check", "--upstream", typo],
+                                   {})
+    assert code == 1 and typo in last_line(stderr), stderr

@@ -257,6 +257,38 @@ def test_scram_channel_binding_through_the_proxy(tls_proxy, tls_pg, certs, bindi
         assert c.execute("SELECT 1").fetchone()[0] == 1
 
 
+def test_node_postgres_asking_for_channel_binding_gets_the_proxys_answer(tls_proxy, tls_pg):
+    """node-postgres with enableChannelBinding: straight to the server it binds;
+    through the proxy the login ends with the proxy's 08004 naming the setting."""
+    if not (NODE_MODULES / "pg").is_dir():
+        pytest.skip("integration/js has no node_modules (npm ci)")
+    script = """
+const { Client } = require('pg');
+const c = new Client(JSON.parse(process.argv[1]));
+c.connect()
+  .then(() => c.query("SELECT 1"))
+  .then(() => { console.log(JSON.stringify({ok: true})); return c.end(); })
+  .catch(e => { console.log(JSON.stringify({ok: false, code: e.code, message: e.message,
+                                            hint: e.hint})); });
+"""
+
+    def node(port: int) -> dict:
+        cfg = {"host": "localhost", "port": port, "user": TLS_USER, "password": TLS_PASSWORD,
+               "database": "postgres", "ssl": {"rejectUnauthorized": False},
+               "enableChannelBinding": True}
+        cp = subprocess.run(["node", "-e", script, json.dumps(cfg)], capture_output=True,
+                            text=True, timeout=60,
+                            env={**os.environ, "NODE_PATH": str(NODE_MODULES)})
+        assert cp.returncode == 0, cp.stderr
+        return json.loads(cp.stdout)
+
+    assert node(tls_pg.port) == {"ok": True}
+    through = node(tls_proxy.port)
+    assert through["ok"] is False and through["code"] == "08004", through
+    assert "channel binding cannot pass a TLS-terminating proxy" in through["message"], through
+    assert "enableChannelBinding: false" in through["hint"], through
+
+
 def test_a_binding_sasl_start_gets_08004_and_never_reaches_the_server(tls_proxy, tls_pg):
     """On the wire: the TLS client is offered SCRAM-SHA-256-PLUS as the server
     sent it; its SASLInitialResponse for it is answered by the proxy with
