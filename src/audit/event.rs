@@ -191,7 +191,8 @@ pub struct AuditEvent {
     pub run_metadata: Option<serde_json::Value>,
     /// An answer's resume value, decoded, on its way to the sink, which
     /// keeps only what `[audit] approver_pointers` name (as
-    /// `detail.approver`); never stored.
+    /// `detail.approver`); or an interrupt's question, which it keeps (as
+    /// `detail.question`) only with `[audit] log_values`. Never stored as is.
     #[serde(skip)]
     pub answer: Option<serde_json::Value>,
 }

@@ -25,6 +25,7 @@ mod postgres_store;
 mod private_file;
 mod prune;
 mod query;
+mod question;
 mod sink;
 mod source;
 mod sqlite_retention;

@@ -241,7 +241,7 @@ fn svg(l: &ThreadLedger) -> String {
         ];
         for (class, from, to) in phases {
             if let (Some(from), Some(to)) = (from, to) {
-                let w = (to - from).max(3.0);
+                let w = (to - from).max(6.0);
                 let _ = write!(
                     s,
                     "<rect x=\"{from:.1}\" y=\"{y}\" width=\"{w:.1}\" height=\"14\" rx=\"3\" class=\"{class}\">\
@@ -286,6 +286,13 @@ fn svg(l: &ThreadLedger) -> String {
         .chain(l.forks_served.iter().map(|m| ("fork", "◆", m)))
         .chain(l.writes_fenced.iter().map(|m| ("fenced", "■", m)))
         .chain(l.writes_rejected.iter().map(|m| ("fenced", "■", m)));
+    let late: Vec<Mark> = l
+        .timeline
+        .iter()
+        .filter(|e| e.operation == Operation::LateDuplicate)
+        .map(Mark::of)
+        .collect();
+    let marks = marks.chain(late.iter().map(|m| ("refused", "✕", m)));
     for (class, sym, m) in marks {
         let y = top + lane_h * lane_of(m) as f64 + lane_h / 2.0 + 22.0;
         let _ = write!(
