@@ -152,11 +152,9 @@ pub fn console_list(
     let select = select(&conn)?
         .replace("FROM audit_events", "FROM audit_events x")
         .replacen("SELECT ", &format!("SELECT x.id, {extra}, "), 1);
-    let mut sql = format!(
-        "{select} WHERE x.operation IN ({}) AND {}",
-        list.operations(),
-        list.condition()
-    );
+    // The search's terms first: cheaper than the list's condition, which
+    // looks at the thread's other records.
+    let mut sql = format!("{select} WHERE x.operation IN ({})", list.operations());
     let mut params: Vec<SqlValue> = Vec::new();
     let mut bind = |sql: &mut String, clause: &str, v: SqlValue| {
         params.push(v);
@@ -178,6 +176,7 @@ pub fn console_list(
         let clause = format!(" AND instr(lower({APPROVER}), lower(?)) > 0");
         bind(&mut sql, &clause, SqlValue::Text(a.clone()));
     }
+    sql.push_str(&format!(" AND {}", list.condition()));
     let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
     bind(
         &mut sql,
