@@ -299,6 +299,38 @@ def test_a_js_answer_shows_its_approver(console, browser, pg):
     assert "dana" in live_text(d), live_text(d)
 
 
+# ----------------------------------------------------------------- the PostgreSQL trail
+def test_the_lists_read_the_postgresql_trail_of_every_replica(proxy_factory, workdir, lg_db):
+    """With ``[audit] postgres = true`` the pages read the shared table."""
+    port = free_port()
+    cfg = workdir / "console-pg.toml"
+    cfg.write_text(f'admin_listen = "{HOST}:{port}"\n\n[admin]\ntoken = "{TOKEN}"\n\n'
+                   f'[audit]\npostgres = true\napprover_pointers = ["/by"]\n\n'
+                   f'[claims]\nbackend = "postgres"\nproxy_id = "console-pg"\n')
+    proxy = proxy_factory("--config", str(cfg), "--state-dir", str(workdir / "state-console-pg"),
+                          name="console-pg")
+    base = wait_admin(port)
+    dsn = proxy.dsn(lg_db)
+    thread = f"console-pgtrail-{uuid.uuid4().hex[:8]}"
+
+    def page(path: str, want: str) -> str:
+        deadline = time.monotonic() + 20
+        while True:
+            status, text = http(base, "GET", path)
+            if (status == 200 and want in text) or time.monotonic() > deadline:
+                return text
+            time.sleep(0.2)
+
+    park(dsn, thread)
+    text = page(f"/ui/waiting?thread={thread}", thread)
+    assert thread in text and "every replica" in text, text[-3000:]
+    answer(dsn, thread, "alice")
+    text = page(f"/ui/answered?thread={thread}", "alice")
+    assert thread in text and "alice" in text, text[-3000:]
+    assert "Nothing is waiting" in http(base, "GET", f"/ui/waiting?thread={thread}")[1]
+    assert "alice" in http(base, "GET", "/ui/answered?approver=ALI")[1]
+
+
 # ----------------------------------------------------------------- last: it blocks 127.0.0.1
 def test_failed_logins_are_limited_and_logged(console):
     form = b"token=guess"

@@ -33,7 +33,7 @@ pub use thread_page::ChainCheck;
 use super::auth::{self, ConsoleSession};
 use super::http::blocking;
 use super::AdminState;
-use crate::audit::{console_list, ConsoleFilter, ConsoleList, EventFilter, TrailSource};
+use crate::audit::{ConsoleFilter, ConsoleList, EventFilter, TrailSource};
 use crate::error_chain::chain;
 
 type Shared = Arc<AdminState>;
@@ -100,6 +100,19 @@ fn see_other(to: &'static str) -> Response {
     r
 }
 
+/// The search's time window as the trail's times (ages such as `2h`
+/// are counted back from now).
+fn window(q: &Search) -> Result<(Option<String>, Option<String>), String> {
+    EventFilter::parse(
+        q.since.as_deref(),
+        q.until.as_deref(),
+        &[],
+        SystemTime::now(),
+    )
+    .map(|w| (w.since, w.until))
+    .map_err(|e| chain(&e).to_string())
+}
+
 /// A list page's query: the search and the page.
 #[derive(Debug, Default, Deserialize)]
 pub struct Search {
@@ -146,21 +159,6 @@ impl Search {
     }
 }
 
-/// The trail's SQLite file, or the page saying why the console cannot
-/// list it.
-fn sqlite_trail(s: &AdminState) -> Result<std::path::PathBuf, String> {
-    match &s.audit_trail {
-        Some(TrailSource::Sqlite(path)) => Ok(path.clone()),
-        Some(TrailSource::Postgres(_)) => Err(
-            "the console's lists read a SQLite trail; this proxy's trail is the PostgreSQL \
-             table ([audit] postgres = true), which they do not read yet: use \
-             `resumeguard audit` or GET /threads/{id}"
-                .to_owned(),
-        ),
-        None => Err("no audit trail is configured ([audit] sqlite)".to_owned()),
-    }
-}
-
 fn frame<'a>(
     title: &'a str,
     active: &'a str,
@@ -189,30 +187,25 @@ async fn list_page(
         .as_ref()
         .map(TrailSource::describe)
         .unwrap_or_default();
-    let rows = match sqlite_trail(&s) {
-        Ok(db) => match EventFilter::parse(
-            q.since.as_deref(),
-            q.until.as_deref(),
-            &[],
-            SystemTime::now(),
-        ) {
-            Ok(window) => {
-                let filter = ConsoleFilter {
-                    thread: q.thread.clone(),
-                    approver: q.approver.clone(),
-                    since: window.since,
-                    until: window.until,
-                    before_id: q.before,
-                    limit: PAGE_SIZE,
-                };
-                blocking(move || {
-                    console_list(&db, list, &filter).map_err(|e| chain(&e).to_string())
-                })
-                .await
-            }
-            Err(e) => Err(chain(&e).to_string()),
-        },
-        Err(why) => Err(why),
+    let rows = match (s.audit_trail.clone(), window(&q)) {
+        (Some(trail), Ok((since, until))) => {
+            let filter = ConsoleFilter {
+                thread: q.thread.clone(),
+                approver: q.approver.clone(),
+                since,
+                until,
+                before_id: q.before,
+                limit: PAGE_SIZE,
+            };
+            blocking(move || {
+                trail
+                    .console_list(list, &filter)
+                    .map_err(|e| chain(&e).to_string())
+            })
+            .await
+        }
+        (None, _) => Err("no audit trail is configured ([audit] sqlite or postgres)".to_owned()),
+        (_, Err(e)) => Err(e),
     };
     let live = match &rows {
         Ok(rows) => lists::table(

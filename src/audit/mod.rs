@@ -38,7 +38,7 @@ mod writer;
 pub use before::parse_before;
 pub use chain::{Break, ChainSummary, Verdict};
 pub use config::{AuditConfig, DEFAULT_MAX_ROWS, DEFAULT_QUEUE_CAPACITY};
-pub use console_query::{console_list, ConsoleFilter, ConsoleList, ListedEvent};
+pub use console_query::{ConsoleFilter, ConsoleList, ListedEvent};
 pub use digest::digest;
 pub use error::{AuditError, FilterError};
 pub use event::{format_rfc3339_millis, AuditEvent, BlobDigest, Operation, SessionContext};

@@ -99,8 +99,8 @@ fn table(held: &[ClaimView], q: &ClaimsQuery) -> String {
             "<tr><td data-label=\"Thread\"><a class=\"thread\" href=\"/ui/threads/{tu}\">{t}</a></td>\
              <td data-label=\"Checkpoint\"><code title=\"{cf}\">{cs}</code></td>\
              <td data-label=\"State\">{state}</td>\
-             <td data-label=\"Holder\"><span class=\"who\">{app}@{addr}</span>\
-             <div class=\"muted\">{proxy} · session {sid}</div></td>\
+             <td data-label=\"Holder\"><span class=\"who\">{addr}</span>\
+             <div class=\"muted\">{app} · {proxy} · session {sid}</div></td>\
              <td data-label=\"Epoch\">{epoch}</td>\
              <td data-label=\"Lease\">claimed {claimed}<div class=\"muted\">lapses {lapses}</div></td>\
              <td><a class=\"button danger\" href=\"/ui/claims/release?thread={tu}&amp;checkpoint={cu}\">Release…</a></td></tr>",
@@ -109,7 +109,11 @@ fn table(held: &[ClaimView], q: &ClaimsQuery) -> String {
             cf = esc(&c.checkpoint_id),
             cs = esc(&short(&c.checkpoint_id)),
             cu = url(&c.checkpoint_id),
-            app = esc(&c.holder.application_name),
+            app = esc(if c.holder.application_name.is_empty() {
+                "-"
+            } else {
+                &c.holder.application_name
+            }),
             addr = esc(&c.holder.client_addr),
             proxy = esc(&c.holder.proxy_id),
             sid = c.holder.session_id,
