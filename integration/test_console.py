@@ -33,7 +33,7 @@ from langgraph.types import Command
 
 import lg_enforce as E
 import lg_scenarios as L
-from conftest import HOST, connect, free_port
+from conftest import HOST, free_port
 from test_admin import TOKEN, http, wait_admin
 
 pytestmark = pytest.mark.timeout(300)
@@ -70,14 +70,10 @@ if MISSING and os.environ.get("CI"):
 
 
 @pytest.fixture(scope="module")
-def lg_db(pg):
-    name = f"rg_console_{uuid.uuid4().hex[:8]}"
-    with connect(pg.dsn("postgres")) as c:
-        c.execute(f'CREATE DATABASE "{name}"')
-    L.setup_db("conn", pg.dsn(name))
-    yield name
-    with connect(pg.dsn("postgres")) as c:
-        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+def lg_db(pg, dbname):
+    """The module's database with the LangGraph tables."""
+    L.setup_db("conn", pg.dsn(dbname))
+    return dbname
 
 
 @pytest.fixture(scope="module")

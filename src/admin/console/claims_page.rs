@@ -5,6 +5,7 @@
 //! `claim_released`.
 
 use std::fmt::Write;
+use std::sync::Arc;
 
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
@@ -234,5 +235,3 @@ pub async fn release(
     };
     (status, Html(page(&f, &main))).into_response()
 }
-
-use std::sync::Arc;

@@ -218,11 +218,8 @@ pub fn thread_link(thread: &str, ns: Option<&str>) -> String {
 fn node(detail: &Value) -> String {
     let path = text(detail, "task_path");
     let name = path
-        .rsplit(|c| c == ',' || c == '|')
-        .map(|p| {
-            p.trim()
-                .trim_matches(|c| c == '~' || c == '\'' || c == '"' || c == '(' || c == ')')
-        })
+        .rsplit([',', '|'])
+        .map(|p| p.trim().trim_matches(['~', '\'', '"', '(', ')']))
         .find(|p| !p.is_empty() && !p.starts_with("__pregel"));
     match name {
         Some(n) => n.to_owned(),
