@@ -6,7 +6,7 @@ is installed) running through it.
 The browser logs in with the admin token, sees a parked approval appear on
 *Waiting* without a reload, sees it move to *Answered* with its approver once
 LangGraph answers it, sees a racer refused and a late duplicate on *Refused*, a
-fork on *Forks served*, releases a held claim from *Claims held* (confirmed,
+fork on *Forks served*, a write refused by a channel rule on *Writes rejected*, releases a held claim from *Claims held* (confirmed,
 CSRF-checked, audited), and opens the thread's page (the timeline drawn, the
 chain verified). Each page is saved as a screenshot under
 ``target/console-screenshots/``. Without the token, ``/ui`` and the data routes
@@ -35,6 +35,7 @@ import lg_enforce as E
 import lg_scenarios as L
 from conftest import HOST, free_port
 from test_admin import TOKEN, http, wait_admin
+from test_validity import ITEMS_RULE, write_rules_dir
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -88,7 +89,8 @@ def console(proxy_factory, workdir, lg_db):
         f'[audit]\napprover_pointers = ["/by"]\nlog_values = true\n\n'
         f'[claims]\nstore = "{workdir / "console-claims.sqlite"}"\nlapse_ms = 60000\n'
         f'policy = "refuse"\n')
-    proxy = proxy_factory("--config", str(cfg), name="console")
+    rules = write_rules_dir(workdir / "console-rules", {"items.toml": ITEMS_RULE})
+    proxy = proxy_factory("--config", str(cfg), "--rules", str(rules), name="console")
     base = wait_admin(port)
     metrics = wait_admin(metrics_port)
     return type("Console", (), {"proxy": proxy, "base": base, "metrics": metrics,
@@ -248,6 +250,18 @@ def test_the_console_follows_approvals_through_a_browser(console, browser):
     d.get(f"{base}/ui/forks")
     wait_until(d, lambda d: forked in live_text(d), 10, "no fork on Forks served")
     shot(d, "forks")
+
+    # A write refused by a channel rule: on Writes rejected with its rule and path.
+    rejected = f"vt-console-{uuid.uuid4().hex[:8]}"   # the rule holds threads vt-*
+    with E.Driver("conn", dsn) as drv:
+        g = E.build_items_graph(drv.saver)
+        drv.invoke(g, {"pending": "a"}, E.cfg_of(rejected))
+        with pytest.raises(psycopg.errors.CheckViolation):
+            drv.invoke(g, {"pending": None}, E.cfg_of(rejected))
+    d.get(f"{base}/ui/rejected")
+    wait_until(d, lambda d: rejected in live_text(d), 10, "no rejection on Writes rejected")
+    assert "items" in live_text(d), live_text(d)
+    shot(d, "rejected")
 
     # The thread's page: the timeline drawn, the chain verified.
     d.get(f"{base}/ui/answered?thread={thread}")
