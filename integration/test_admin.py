@@ -41,7 +41,7 @@ TOKEN = f"adm-{uuid.uuid4().hex}"
 
 # ----------------------------------------------------------------- http
 def http(base: str, method: str, path: str, body: dict | None = None,
-         token: str | None = None) -> tuple[int, str]:
+         token: str | None = TOKEN) -> tuple[int, str]:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(base + path, data=data, method=method)
     if data is not None:
@@ -55,8 +55,8 @@ def http(base: str, method: str, path: str, body: dict | None = None,
         return e.code, e.read().decode()
 
 
-def get_json(base: str, path: str) -> tuple[int, object]:
-    status, text = http(base, "GET", path)
+def get_json(base: str, path: str, token: str | None = TOKEN) -> tuple[int, object]:
+    status, text = http(base, "GET", path, token=token)
     return status, json.loads(text)
 
 
@@ -64,9 +64,9 @@ _SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
-def scrape(base: str) -> dict[tuple, float]:
+def scrape(base: str, token: str | None = TOKEN) -> dict[tuple, float]:
     """``/metrics`` as {(name, ((label, value), ...)): value}."""
-    status, text = http(base, "GET", "/metrics")
+    status, text = http(base, "GET", "/metrics", token=token)
     assert status == 200, text
     out = {}
     for line in text.splitlines():
@@ -262,7 +262,7 @@ def test_claims_release_needs_the_token(admin, proxy_factory):
                    for s in sessions), sessions
 
         body = {"thread": thread}
-        assert http(admin.base, "POST", "/claims/release", body)[0] == 401
+        assert http(admin.base, "POST", "/claims/release", body, token=None)[0] == 401
         assert http(admin.base, "POST", "/claims/release", body, token="wrong")[0] == 401
         assert get_json(admin.base, f"/claims?thread={thread}")[1][0]["state"] == "held"
         status, text = http(admin.base, "POST", "/claims/release", body, token=TOKEN)
@@ -407,8 +407,9 @@ def test_admin_listen_auto_picks_a_free_port_and_prints_it(pg, workdir):
             port = int(url.rsplit(":", 1)[1])
             log = p.stderr_path.read_text()
             assert f"listen={HOST}:{port}" in log and "admin API and /metrics" in log, log
+            # No token configured: the data routes are off, /metrics is open.
             status, body = get_json(url, "/sessions")
-            assert status == 200, body
+            assert status == 403 and "[admin] token" in body["error"], body
             # The proxy's own connection shows in its own URL's gauge.
             with psycopg.connect(p.dsn("postgres"), autocommit=True):
                 assert value(scrape(url), "resumeguard_client_connections_open") == 1

@@ -27,7 +27,7 @@ import pytest
 
 import racer as R
 from conftest import HOST, connect, free_port, proxy_binary
-from test_admin import RaceEnv, http, wait_admin
+from test_admin import TOKEN, RaceEnv, http, wait_admin
 from test_consume_once import Racers, park
 
 HERE = Path(__file__).resolve().parent
@@ -54,6 +54,7 @@ def replica(proxy_factory, pg, workdir, name: str, audit_pg: bool,
     cfg = workdir / f"{name}.toml"
     cfg.write_text(
         f'upstream = "{HOST}:{pg.port}"\nadmin_listen = "{HOST}:{admin_port}"\n\n'
+        f'[admin]\ntoken = "{TOKEN}"\n\n'
         f'[audit]\npostgres = {"true" if audit_pg else "false"}\n'
         f'sqlite = "{workdir / f"{name}-audit.sqlite"}"\n\n'
         f'[claims]\nbackend = "{claims}"\nproxy_id = "{name}"\nlapse_ms = 3000\n')

@@ -79,7 +79,9 @@ def test_serve_configured_by_the_environment_alone(pg, dbname, workdir):
                 return e.code
         assert reload("wrong") == 401
         assert reload("from-a-file") == 200
-        with urllib.request.urlopen(f"http://{HOST}:{admin}/config", timeout=5) as r:
+        req = urllib.request.Request(f"http://{HOST}:{admin}/config",
+                                     headers={"Authorization": "Bearer from-a-file"})
+        with urllib.request.urlopen(req, timeout=5) as r:
             shown = r.read().decode()
         assert "lapse_ms = 2500  # env RESUMEGUARD_CLAIMS_LAPSE_MS" in shown, shown
         assert "from-a-file" not in shown, shown

@@ -228,7 +228,9 @@ def test_the_container_runs_as_the_manifest_says(container):
     status = Path(f"/proc/{container.pid()}/status").read_text()
     uid = next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:]
     assert uid == [str(UID)] * 4, status
-    with urllib.request.urlopen(f"http://{HOST}:{container.admin_port}/config", timeout=5) as r:
+    req = urllib.request.Request(f"http://{HOST}:{container.admin_port}/config",
+                                 headers={"Authorization": f"Bearer {container.token}"})
+    with urllib.request.urlopen(req, timeout=5) as r:
         shown = r.read().decode()
     assert f'proxy_id = "{container.name}"  # env RESUMEGUARD_CLAIMS_PROXY_ID' in shown, shown
     assert container.token not in shown

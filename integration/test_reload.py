@@ -53,7 +53,7 @@ from langgraph.checkpoint.postgres import PostgresSaver
 import lg_enforce as E
 import lg_scenarios
 from conftest import HOST, connect, free_port, make_dsn
-from test_admin import get_json, http, scrape, value, wait_admin
+from test_admin import TOKEN, get_json, http, scrape, value, wait_admin
 from test_tls import (TlsProxy, certs, make_ca, make_leaf, tls_pg,  # noqa: F401
                       upstream_url)
 from test_validity import write_rules_dir
@@ -113,8 +113,8 @@ def rproxy(proxy_factory, rules_dir, admin_port):
                          name="proxy-reload-rules")
 
 
-def reloads(admin_port: int, part: str, result: str) -> float:
-    return value(scrape(wait_admin(admin_port)), RELOADS, part=part, result=result)
+def reloads(admin_port: int, part: str, result: str, token: str = TOKEN) -> float:
+    return value(scrape(wait_admin(admin_port), token), RELOADS, part=part, result=result)
 
 
 def invalid_append(graph, thread: str) -> psycopg.Error | None:
@@ -355,12 +355,12 @@ def test_sighup_replaces_the_upstream_roots(uproxy, upstream_root, certs):
 
 
 # --------------------------------------------------------------------------- configuration file
-def claim_lapse_s(base: str, thread: str) -> float:
+def claim_lapse_s(base: str, thread: str, token: str) -> float:
     """How long the thread's claim holds from its taking (lapses_at - claimed_at)."""
     from datetime import datetime
     deadline = time.monotonic() + 10
     while True:
-        status, claims = get_json(base, f"/claims?thread={thread}")
+        status, claims = get_json(base, f"/claims?thread={thread}", token=token)
         assert status == 200, claims
         if claims:
             c = claims[0]
@@ -393,8 +393,8 @@ def test_sighup_rereads_the_configuration_file(proxy_factory, workdir, dbname, d
     dsn = proxy.dsn(dbname)
     before = f"rl-cfg-{uuid.uuid4().hex[:8]}"
     lg_scenarios.park("conn", dsn, before)           # its get_state read takes the claim
-    assert claim_lapse_s(base, before) == pytest.approx(60, abs=0.5)
-    status, shown = http(base, "GET", "/config")
+    assert claim_lapse_s(base, before, "first-token") == pytest.approx(60, abs=0.5)
+    status, shown = http(base, "GET", "/config", token="first-token")
     assert "lapse_ms = 60000  # file" in shown, shown
 
     config_file(conf, 1_500, 7, "second-token")
@@ -406,8 +406,8 @@ def test_sighup_rereads_the_configuration_file(proxy_factory, workdir, dbname, d
 
     after = f"rl-cfg-{uuid.uuid4().hex[:8]}"
     lg_scenarios.park("conn", dsn, after)
-    assert claim_lapse_s(base, after) == pytest.approx(1.5, abs=0.5)
-    status, shown = http(base, "GET", "/config")
+    assert claim_lapse_s(base, after, "second-token") == pytest.approx(1.5, abs=0.5)
+    status, shown = http(base, "GET", "/config", token="second-token")
     assert f"lapse_ms = 1500  # file {conf}" in shown.splitlines(), shown
     assert "max_client_conn = 100  # " in shown, shown
     assert "in effect after a restart: max_client_conn" in shown, shown
@@ -421,8 +421,9 @@ def test_sighup_rereads_the_configuration_file(proxy_factory, workdir, dbname, d
     conf.write_text("[claims]\nlapse_ms = 'soon'\n")
     sighup_and_wait(proxy, "config", "failed")
     assert conf.name in error_lines(proxy, "config")[-1]
-    assert f"lapse_ms = 1500  # file {conf}" in http(base, "GET", "/config")[1].splitlines()
-    assert reloads(port, "config", "failed") == 1
+    shown = http(base, "GET", "/config", token="second-token")[1]
+    assert f"lapse_ms = 1500  # file {conf}" in shown.splitlines()
+    assert reloads(port, "config", "failed", "second-token") == 1
 
 
 def racer(*args: str) -> dict:
@@ -436,7 +437,7 @@ def racer(*args: str) -> dict:
 def grace_config(path: Path, grace_ms: int) -> None:
     """A lapse far longer than the test: only the holder-gone grace frees a claim."""
     path.write_text(f'[claims]\nlapse_ms = 60000\npolicy = "refuse"\n'
-                    f'holder_gone_grace_ms = {grace_ms}\n')
+                    f'holder_gone_grace_ms = {grace_ms}\n\n[admin]\ntoken = "{TOKEN}"\n')
 
 
 def inspected_then_resumed(proxy, dbname: str, direct: str, thread: str) -> dict:

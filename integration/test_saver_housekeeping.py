@@ -25,7 +25,7 @@ from langgraph.types import Command
 
 import lg_scenarios
 from conftest import connect
-from test_admin import get_json
+from test_admin import TOKEN, get_json
 
 
 def claims_of(base: str, thread: str) -> list[dict]:
@@ -43,6 +43,12 @@ def claims_until(base: str, thread: str, want, timeout: float = 10.0) -> list[di
         if want(claims) or time.monotonic() > deadline:
             return claims
         time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def proxy(proxy_factory):
+    """The suite's proxy with an admin token: ``GET /claims`` needs it."""
+    return proxy_factory(env={"RESUMEGUARD_ADMIN_TOKEN": TOKEN}, name="proxy-housekeeping")
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,9 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use resumeguard::admin::{self, AdminControl, AdminLimits, AdminListen, AdminState, AdminToken};
+use resumeguard::admin::{
+    self, AdminAuth, AdminControl, AdminLimits, AdminListen, AdminState, AdminToken, ChainCheck,
+};
 use resumeguard::audit::{AuditSink, TrailSource};
 use resumeguard::claims::evidence;
 use resumeguard::claims::location::{postgres_target, store_location, LocationError};
@@ -193,13 +195,20 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
                 claims: claims_store,
                 claims_at,
                 token,
+                auth: AdminAuth::default(),
+                chain_check: ChainCheck::default(),
                 control: Some(Arc::clone(&reloader) as Arc<dyn AdminControl>),
             };
             let nofile = open_file_limit(proxy.config.max_client_conn);
             let admin_limits = AdminLimits::new(cfg.admin.max_connections, nofile);
             let max_connections = admin_limits.max_connections;
             let admin_listen = cfg.admin_listen();
-            let admin_at = admin::start(&admin_listen, admin_limits, admin_state).await?;
+            let admin_at = admin::start(
+                &admin_listen,
+                cfg.admin.metrics_listen.as_deref(),
+                admin_limits,
+                admin_state,
+            ).await?;
             if let Some(addr) = admin_at {
                 tracing::info!(listen = %addr, max_connections, "admin API and /metrics");
             }

@@ -7,19 +7,22 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::StatusCode;
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
-use sha2::{Digest, Sha256};
 
+use super::auth;
+use super::console;
 use super::ledger::thread_ledger;
 use super::metrics::scrape_time;
 use super::views::{ClaimView, SessionView};
 use super::AdminState;
+use crate::audit::{AuditEvent, Operation, SessionContext};
 use crate::claims::{ClaimStore, Now, StoreError};
 use crate::error_chain::chain;
 use crate::log_text::shown;
@@ -37,18 +40,35 @@ type Shared = Arc<AdminState>;
 mod connections;
 pub use connections::{serve, AdminLimits, DEFAULT_MAX_CONNECTIONS};
 
-/// Every admin endpoint.
+/// Every admin endpoint: the probes and the console's login answer
+/// anyone; the rest need the token ([`auth`](super::auth)).
 pub fn router(state: Shared) -> Router {
-    Router::new()
+    let guarded = Router::new()
         .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
         .route("/sessions", get(sessions))
         .route("/claims", get(claims))
         .route("/claims/release", post(release))
         .route("/threads/{id}", get(thread))
         .route("/config", get(config))
         .route("/reload", post(reload))
+        .merge(console::guarded_routes())
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            auth::require_token,
+        ));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .merge(console::open_routes())
+        .merge(guarded)
+        .with_state(state)
+}
+
+/// `/metrics` alone, answering without the token: the router of
+/// `[admin] metrics_listen`.
+pub fn metrics_router(state: Shared) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
         .with_state(state)
 }
 
@@ -163,10 +183,7 @@ struct ReleaseRequest {
     checkpoint: Option<String>,
 }
 
-async fn release(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Some(refused) = refusal(&s, &headers) {
-        return refused;
-    }
+async fn release(State(s): State<Shared>, body: Bytes) -> Response {
     let req: ReleaseRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
@@ -174,17 +191,31 @@ async fn release(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> Re
             return error(StatusCode::BAD_REQUEST, &msg);
         }
     };
-    let thread = req.thread.clone();
-    let released =
-        blocking(move || with_store(&s, |st| st.release(&req.thread, req.checkpoint.as_deref())))
-            .await;
-    match released {
-        Ok(n) => {
-            tracing::info!(thread = %shown(&thread), released = n, "claims released through the admin API");
-            Json(json!({"released": n})).into_response()
-        }
+    match release_claims(s, req.thread, req.checkpoint, "admin_api").await {
+        Ok(n) => Json(json!({"released": n})).into_response(),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
     }
+}
+
+/// Releases the thread's claims (one checkpoint's, when named), logs it
+/// and records it in the audit trail (`claim_released`, `via` the route
+/// that asked); how many were released.
+pub(super) async fn release_claims(
+    s: Shared,
+    thread: String,
+    checkpoint: Option<String>,
+    via: &'static str,
+) -> Result<usize, String> {
+    let (t, c) = (thread.clone(), checkpoint.clone());
+    let audit = s.audit.clone();
+    let n = blocking(move || with_store(&s, |st| st.release(&t, c.as_deref()))).await?;
+    tracing::info!(thread = %shown(&thread), released = n, via, "claims released through the admin API");
+    let mut ev = AuditEvent::new(&SessionContext::internal(), Operation::ClaimReleased)
+        .with_thread(thread)
+        .with_detail(json!({"released": n, "via": via}));
+    ev.checkpoint_id = checkpoint;
+    audit.record(ev);
+    Ok(n)
 }
 
 async fn thread(State(s): State<Shared>, Path(id): Path<String>) -> Response {
@@ -224,10 +255,7 @@ async fn config(State(s): State<Shared>) -> Response {
 
 /// `POST /reload`: what SIGHUP does (the configuration file, the rules,
 /// the certificates, the JSONL file), answered with each part's outcome.
-async fn reload(State(s): State<Shared>, headers: HeaderMap) -> Response {
-    if let Some(refused) = refusal(&s, &headers) {
-        return refused;
-    }
+async fn reload(State(s): State<Shared>) -> Response {
     let Some(control) = s.control.clone() else {
         return error(StatusCode::NOT_FOUND, "nothing to reload");
     };
@@ -238,37 +266,9 @@ async fn reload(State(s): State<Shared>, headers: HeaderMap) -> Response {
     }
 }
 
-/// Mutating endpoints need `Authorization: Bearer <[admin] token>`; with
-/// no token configured they are off (403). The answer to a request that
-/// may not go on, if this is one.
-fn refusal(s: &AdminState, headers: &HeaderMap) -> Option<Response> {
-    let Some(token) = s.token.current() else {
-        return Some(error(
-            StatusCode::FORBIDDEN,
-            "mutating endpoints are disabled: no [admin] token is configured",
-        ));
-    };
-    let given = headers
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    // Compared as digests: the time taken says nothing about the token.
-    match given {
-        Some(g) if Sha256::digest(g.as_bytes()) == Sha256::digest(token.as_bytes()) => None,
-        _ => {
-            let mut r = error(StatusCode::UNAUTHORIZED, "a valid bearer token is required");
-            r.headers_mut().insert(
-                WWW_AUTHENTICATE,
-                axum::http::HeaderValue::from_static("Bearer"),
-            );
-            Some(r)
-        }
-    }
-}
-
 /// The consume-once leg's store, or the configured file opened for this
 /// request (the leg is off, as for `resumeguard claims`).
-fn with_store<T>(
+pub(super) fn with_store<T>(
     s: &AdminState,
     f: impl FnOnce(&ClaimStore) -> Result<T, StoreError>,
 ) -> Result<T, String> {
@@ -283,7 +283,7 @@ fn with_store<T>(
 }
 
 /// Runs `f` on the blocking pool.
-async fn blocking<T: Send + 'static>(
+pub(super) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, String> + Send + 'static,
 ) -> Result<T, String> {
     tokio::task::spawn_blocking(f)
@@ -291,7 +291,7 @@ async fn blocking<T: Send + 'static>(
         .unwrap_or_else(|e| Err(format!("admin task failed: {e}")))
 }
 
-fn error(status: StatusCode, message: &str) -> Response {
+pub(super) fn error(status: StatusCode, message: &str) -> Response {
     (status, Json(json!({"error": message}))).into_response()
 }
 

@@ -45,7 +45,7 @@ pub struct Mark {
 }
 
 impl Mark {
-    fn of(ev: &AuditEvent) -> Mark {
+    pub(crate) fn of(ev: &AuditEvent) -> Mark {
         Mark {
             time: ev.time.clone(),
             proxy_id: ev.proxy_id.clone(),

@@ -5,11 +5,16 @@
 //! runtime that accepts client connections, never on a relay thread.
 //!
 //! - `metrics`: the recorder, help texts, decision counters, scrape-time values.
-//! - `http`: the routes, readiness, the bearer token of mutating endpoints,
-//!   and the listener's connection limits and deadlines.
+//! - `auth`: the token every route but the probes needs (bearer or a
+//!   console session), CSRF tokens, the failed-login limit.
+//! - `console`: the approvals console (`/ui`), server-rendered HTML.
+//! - `http`: the routes, readiness, and the listener's connection limits
+//!   and deadlines.
 //! - `ledger`: a thread's approvals as a state machine, from its audit trail.
 //! - `views`: claims and sessions as JSON.
 
+mod auth;
+mod console;
 mod http;
 mod ledger;
 pub mod metrics;
@@ -26,7 +31,9 @@ use crate::audit::AuditSink;
 use crate::claims::ClaimStore;
 use crate::wire::proxy::Proxy;
 
-pub use http::{router, AdminLimits, DEFAULT_MAX_CONNECTIONS};
+pub use auth::AdminAuth;
+pub use console::ChainCheck;
+pub use http::{metrics_router, router, AdminLimits, DEFAULT_MAX_CONNECTIONS};
 pub use ledger::{thread_ledger, ApprovalState, ThreadLedger};
 
 /// Why the admin listener could not start.
@@ -37,6 +44,14 @@ pub enum AdminError {
          port, or \"off\": --admin-listen, RESUMEGUARD_ADMIN_LISTEN)"
     )]
     Listen {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error(
+        "metrics listener on {addr} (give [admin] metrics_listen another address, or leave \
+         it out)"
+    )]
+    MetricsListen {
         addr: String,
         source: std::io::Error,
     },
@@ -60,8 +75,9 @@ const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdminConfig {
-    /// Bearer token of the mutating endpoints (`POST /claims/release`,
-    /// `POST /reload`); absent: they answer 403.
+    /// The token every admin route but `/healthz` and `/readyz` needs
+    /// (bearer, or the console's login); absent: those routes answer 403,
+    /// all but `/metrics`.
     pub token: Option<String>,
     /// A file holding the token (its trailing newline dropped), read at
     /// start and at every reload; instead of `token`.
@@ -69,6 +85,9 @@ pub struct AdminConfig {
     /// Admin connections served at once (never more than a quarter of the
     /// process's file-descriptor limit); the next wait to be accepted.
     pub max_connections: usize,
+    /// An address where `/metrics` alone answers, without the token (for
+    /// Prometheus); absent: `/metrics` is on the admin listener only.
+    pub metrics_listen: Option<String>,
 }
 
 impl Default for AdminConfig {
@@ -77,6 +96,7 @@ impl Default for AdminConfig {
             token: None,
             token_file: None,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            metrics_listen: None,
         }
     }
 }
@@ -123,8 +143,12 @@ pub struct AdminState {
     pub claims: Option<Arc<ClaimStore>>,
     /// Where the claims are, or why no store is configured.
     pub claims_at: Result<crate::claims::StoreLocation, String>,
-    /// The bearer token of the mutating endpoints (a reload may change it).
+    /// The token of every guarded route (a reload may change it).
     pub token: AdminToken,
+    /// Console sessions and failed logins.
+    pub auth: AdminAuth,
+    /// The console's last walk of the audit chain.
+    pub chain_check: ChainCheck,
     /// The configuration in effect and its reload (`GET /config`, `POST
     /// /reload`); `None`: those endpoints answer 404.
     pub control: Option<Arc<dyn AdminControl>>,
@@ -160,13 +184,15 @@ pub trait AdminControl: Send + Sync {
     fn reload(&self) -> serde_json::Value;
 }
 
-/// Binds the admin listener, installs the process's metrics recorder and
+/// Binds the admin listener (and `metrics_listen`, `/metrics` alone, when
+/// given), installs the process's metrics recorder and
 /// serves the endpoints on the current runtime until it stops, within
 /// `limits`. Returns the address served, or `None` when the admin
 /// listener is off; the counters are then no-ops. An address that cannot
 /// be listened on (taken) is an error.
 pub async fn start(
     listen: &AdminListen,
+    metrics_listen: Option<&str>,
     limits: AdminLimits,
     state: impl FnOnce(metrics_exporter_prometheus::PrometheusHandle) -> AdminState,
 ) -> Result<Option<SocketAddr>, AdminError> {
@@ -182,6 +208,19 @@ pub async fn start(
             source,
         })?;
     let local = listener.local_addr().map_err(AdminError::LocalAddr)?;
+    let metrics_listener = match metrics_listen {
+        Some(addr) => {
+            Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| AdminError::MetricsListen {
+                        addr: addr.to_owned(),
+                        source,
+                    })?,
+            )
+        }
+        None => None,
+    };
     let recorder = self::metrics::recorder()?;
     let handle = recorder.handle();
     ::metrics::set_global_recorder(recorder).map_err(AdminError::Recorder)?;
@@ -194,7 +233,14 @@ pub async fn start(
             upkeep.run_upkeep();
         }
     });
-    let app = router(Arc::new(state(handle)));
+    let state = Arc::new(state(handle));
+    if let Some(l) = metrics_listener {
+        let at = l.local_addr().map_err(AdminError::LocalAddr)?;
+        tracing::info!(listen = %at, "metrics listener (/metrics alone, no token)");
+        let app = metrics_router(Arc::clone(&state));
+        tokio::spawn(http::serve(l, app, limits.clone()));
+    }
+    let app = router(state);
     tokio::spawn(http::serve(listener, app, limits));
     Ok(Some(local))
 }

@@ -40,11 +40,13 @@ pub enum Operation {
     AuditPruned,
     ConfigReloaded,
     EvidenceLost,
+    /// Claims an operator released through the admin API or the console.
+    ClaimReleased,
 }
 
 impl Operation {
     /// Every variant, so names can be parsed back without a second table.
-    pub const ALL: [Operation; 25] = [
+    pub const ALL: [Operation; 26] = [
         Operation::ReadLatest,
         Operation::ReadById,
         Operation::ReadList,
@@ -70,6 +72,7 @@ impl Operation {
         Operation::AuditPruned,
         Operation::ConfigReloaded,
         Operation::EvidenceLost,
+        Operation::ClaimReleased,
     ];
 
     /// The snake_case name, identical to the serde representation.
@@ -100,6 +103,7 @@ impl Operation {
             Operation::AuditPruned => "audit_pruned",
             Operation::ConfigReloaded => "config_reloaded",
             Operation::EvidenceLost => "evidence_lost",
+            Operation::ClaimReleased => "claim_released",
         }
     }
 
@@ -187,7 +191,8 @@ pub struct AuditEvent {
     pub run_metadata: Option<serde_json::Value>,
     /// An answer's resume value, decoded, on its way to the sink, which
     /// keeps only what `[audit] approver_pointers` name (as
-    /// `detail.approver`); never stored.
+    /// `detail.approver`); or an interrupt's question, which it keeps (as
+    /// `detail.question`) only with `[audit] log_values`. Never stored as is.
     #[serde(skip)]
     pub answer: Option<serde_json::Value>,
 }

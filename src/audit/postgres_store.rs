@@ -362,7 +362,7 @@ impl<'a> Columns<'a> {
 
 /// The columns read back, in [`row_to_event`]'s order; times as the trail
 /// writes them (RFC 3339 UTC, milliseconds).
-fn select(s: &str) -> String {
+pub(super) fn select(s: &str) -> String {
     format!(
         r#"SELECT to_char(time AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
     proxy_id, session_id, client_addr, "user", "database", application_name, operation,
@@ -373,7 +373,7 @@ FROM {s}.audit_events"#
 }
 
 /// An operator's connection: the table must exist; nothing is created.
-fn reader(target: &PgTarget) -> Result<Client, AuditError> {
+pub(super) fn reader(target: &PgTarget) -> Result<Client, AuditError> {
     reader_at(target, AUDIT_VERSION)
 }
 
@@ -391,7 +391,7 @@ fn reader_at(target: &PgTarget, version: i32) -> Result<Client, AuditError> {
     })
 }
 
-fn read_error(target: &PgTarget) -> impl Fn(postgres::Error) -> AuditError + '_ {
+pub(super) fn read_error(target: &PgTarget) -> impl Fn(postgres::Error) -> AuditError + '_ {
     move |e| AuditError::Postgres {
         at: target.shown().to_owned(),
         reason: error_text(&e),
@@ -495,7 +495,7 @@ fn row_to_event(r: &Row) -> Result<AuditEvent, AuditError> {
 }
 
 /// [`row_to_event`] of a row whose [`select`] columns start at `at`.
-fn row_to_event_at(r: &Row, at: usize) -> Result<AuditEvent, AuditError> {
+pub(super) fn row_to_event_at(r: &Row, at: usize) -> Result<AuditEvent, AuditError> {
     let op: String = r.get(at + 7);
     let session_id: i64 = r.get(at + 2);
     Ok(AuditEvent {

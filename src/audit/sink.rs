@@ -21,12 +21,13 @@ use std::time::{Duration, Instant};
 use super::approver;
 use super::config::AuditConfig;
 use super::error::AuditError;
-use super::event::AuditEvent;
+use super::event::{AuditEvent, Operation};
 use super::jsonl::{JsonlSwap, JsonlWriter};
 use super::lane::{Lane, LaneState};
 use super::outputs::{Output, Target};
 use super::pg_retention::PgRetention;
 use super::postgres_store::{PgTrail, TargetSlot};
+use super::question;
 use super::sqlite_retention::SqliteRetention;
 use super::sqlite_store::Store;
 use super::writer::{Upkeep, Writer};
@@ -234,6 +235,12 @@ impl AuditSink {
             return;
         }
         approver::stamp(&mut ev, &inner.approver_keys);
+        if ev.operation == Operation::InterruptParked {
+            let asked = ev.answer.take();
+            if inner.log_values {
+                question::stamp(&mut ev, asked);
+            }
+        }
         approver::stamp_answer(&mut ev, &inner.approver_pointers);
         if ev.proxy_id.is_empty() {
             ev.proxy_id.clone_from(&inner.proxy_id);

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use super::chain::Verdict;
+use super::console_query::{self, ConsoleFilter, ConsoleList, ListedEvent};
 use super::error::AuditError;
 use super::event::AuditEvent;
 use super::postgres_store;
@@ -35,6 +36,20 @@ impl TrailSource {
         match self {
             TrailSource::Sqlite(path) => query::threads(path, filter),
             TrailSource::Postgres(target) => postgres_store::threads(target, filter),
+        }
+    }
+
+    /// One page of one of the console's lists, newest first.
+    pub fn console_list(
+        &self,
+        list: ConsoleList,
+        filter: &ConsoleFilter,
+    ) -> Result<Vec<ListedEvent>, AuditError> {
+        match self {
+            TrailSource::Sqlite(path) => console_query::console_list(path, list, filter),
+            TrailSource::Postgres(target) => {
+                console_query::console_list_postgres(target, list, filter)
+            }
         }
     }
 

@@ -79,9 +79,11 @@ const ADD_PROXY_ID: &str = "ALTER TABLE audit_events ADD COLUMN proxy_id TEXT NO
 const ADD_CHAIN: &str = "ALTER TABLE audit_events ADD COLUMN prev_hash TEXT; \
     ALTER TABLE audit_events ADD COLUMN hash TEXT";
 
-/// Each chain's head is found from its replica's newest row.
+/// Each chain's head is found from its replica's newest row; the
+/// console's lists walk one operation's records newest first.
 const CHAIN_INDEX: &str =
-    "CREATE INDEX IF NOT EXISTS audit_events_chain ON audit_events(proxy_id, id)";
+    "CREATE INDEX IF NOT EXISTS audit_events_chain ON audit_events(proxy_id, id); \
+     CREATE INDEX IF NOT EXISTS audit_events_operation ON audit_events(operation, id)";
 
 /// Writable handle on the audit database; owned by the writer thread.
 pub struct Store {
@@ -291,7 +293,7 @@ fn has_column(conn: &Connection, name: &str) -> rusqlite::Result<bool> {
 }
 
 /// [`SELECT`] for this file (read-only readers cannot add the column).
-fn select(conn: &Connection) -> Result<String, AuditError> {
+pub(super) fn select(conn: &Connection) -> Result<String, AuditError> {
     let column = if has_column(conn, "proxy_id")? {
         "proxy_id"
     } else {
@@ -331,7 +333,10 @@ fn row_to_event(r: &Row<'_>) -> rusqlite::Result<Result<AuditEvent, AuditError>>
 }
 
 /// [`row_to_event`] of a row whose [`SELECT`] columns start at `at`.
-fn row_to_event_at(r: &Row<'_>, at: usize) -> rusqlite::Result<Result<AuditEvent, AuditError>> {
+pub(super) fn row_to_event_at(
+    r: &Row<'_>,
+    at: usize,
+) -> rusqlite::Result<Result<AuditEvent, AuditError>> {
     let op_name: String = r.get(at + 6)?;
     let channels: String = r.get(at + 12)?;
     let blobs: String = r.get(at + 13)?;

@@ -190,6 +190,10 @@ fn phrase(ev: &AuditEvent) -> String {
             Some(kind) => format!("claim evidence lost ({kind}): the claim lapses instead"),
             None => "claim evidence lost: the claim lapses instead".to_string(),
         },
+        Operation::ClaimReleased => match ev.detail.get("released").and_then(|c| c.as_u64()) {
+            Some(n) => format!("{n} claim(s) released by an operator"),
+            None => "claims released by an operator".to_string(),
+        },
         Operation::ConfigReloaded => match ev.detail.get("part").and_then(|c| c.as_str()) {
             Some(part) => format!("configuration reloaded (SIGHUP): {part}"),
             None => "configuration reloaded (SIGHUP)".to_string(),

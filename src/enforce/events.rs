@@ -149,13 +149,12 @@ impl Watch {
                 "run_level": rec.task_id.as_deref() == Some(NULL_TASK),
                 "task_path": rec.task_path,
             });
-            if op == Operation::ResumeRecorded {
-                // Undecodable (pickle): the answer names no approver.
-                story.answer = rec
-                    .type_tag
-                    .as_deref()
-                    .and_then(|t| blob_to_json(t, rec.blob.as_deref()).ok().flatten());
-            }
+            // The answer (its approver) or the question (kept only where
+            // `[audit] log_values` allows); undecodable (pickle): neither.
+            story.answer = rec
+                .type_tag
+                .as_deref()
+                .and_then(|t| blob_to_json(t, rec.blob.as_deref()).ok().flatten());
             events.push(story);
         }
         events

@@ -12,12 +12,14 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::Router;
+use axum::{Extension, Router};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+
+use crate::admin::auth::PeerAddr;
 
 /// Admin connections served at once unless `[admin] max_connections`
 /// says otherwise.
@@ -71,8 +73,8 @@ pub async fn serve(listener: TcpListener, app: Router, limits: AdminLimits) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let mut full = false;
     loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(e) => {
                 // Out of descriptors and the like: back off, keep serving.
                 tracing::warn!(error = %e, "admin accept failed");
@@ -92,7 +94,9 @@ pub async fn serve(listener: TcpListener, app: Router, limits: AdminLimits) {
             continue;
         };
         full = false;
-        let (app, limits) = (app.clone(), limits.clone());
+        // Each request knows its peer (the console's login limit).
+        let app = app.clone().layer(Extension(PeerAddr(peer)));
+        let limits = limits.clone();
         tokio::spawn(async move {
             serve_connection(stream, app, &limits).await;
             drop(slot);

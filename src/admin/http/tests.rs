@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use axum::body::{to_bytes, Body};
-use axum::http::Request;
+use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
+use axum::http::{HeaderMap, Request};
 use serde_json::Value;
 use tower::ServiceExt;
 
@@ -57,7 +58,7 @@ impl Setup {
     fn new(upstream: SocketAddr) -> Self {
         Setup {
             upstream,
-            token: None,
+            token: Some("s3cret".into()),
             audit_db: None,
             claims: None,
         }
@@ -74,6 +75,8 @@ impl Setup {
                 "/nonexistent/claims.sqlite",
             ))),
             token: super::super::AdminToken::new(self.token),
+            auth: Default::default(),
+            chain_check: Default::default(),
             control: None,
         })
     }
@@ -92,8 +95,13 @@ async fn call(state: &Shared, req: Request<Body>) -> (StatusCode, HeaderMap, Str
     (status, headers, String::from_utf8(body.to_vec()).unwrap())
 }
 
+/// A GET with the token in effect, if any.
 async fn get(state: &Shared, uri: &str) -> (StatusCode, String) {
-    let req = Request::get(uri).body(Body::empty()).unwrap();
+    let mut req = Request::get(uri);
+    if let Some(t) = state.token.current() {
+        req = req.header(AUTHORIZATION, format!("Bearer {t}"));
+    }
+    let req = req.body(Body::empty()).unwrap();
     let (status, _, body) = call(state, req).await;
     (status, body)
 }
@@ -267,6 +275,7 @@ async fn claims_are_listed_and_released_only_with_the_token() {
     held_claim(&store, "t-rel");
     let mut setup = Setup::new(closed_port());
     setup.claims = Some(Arc::clone(&store));
+    setup.token = None;
     let no_token = setup.state();
     let (status, _, body) = call(&no_token, release_request(Some("anything"))).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
@@ -416,4 +425,139 @@ async fn reload_needs_the_token_in_effect_and_config_shows_the_result() {
     assert_eq!(call(&state, post("rotated")).await.0, StatusCode::OK);
     let no_control = Setup::new(closed_port()).state();
     assert_eq!(get(&no_control, "/config").await.0, StatusCode::NOT_FOUND);
+}
+
+fn form(uri: &str) -> axum::http::request::Builder {
+    Request::post(uri).header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+}
+
+/// The `rg_session=…` pair a login's answer sets.
+fn session_cookie(headers: &HeaderMap) -> String {
+    let set = headers[axum::http::header::SET_COOKIE].to_str().unwrap();
+    assert!(
+        set.contains("HttpOnly") && set.contains("SameSite=Strict"),
+        "{set}"
+    );
+    set.split(';').next().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn without_a_token_only_the_probes_and_metrics_answer() {
+    let mut setup = Setup::new(closed_port());
+    setup.token = None;
+    let state = setup.state();
+    for path in [
+        "/sessions",
+        "/claims",
+        "/threads/t",
+        "/config",
+        "/ui/waiting",
+    ] {
+        let (status, body) = get(&state, path).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {body}");
+        assert!(body.contains("[admin] token"), "{path}: {body}");
+    }
+    assert_eq!(get(&state, "/metrics").await.0, StatusCode::OK);
+    assert_eq!(get(&state, "/healthz").await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn every_data_route_needs_the_token_and_metrics_listen_does_not() {
+    let state = Setup::new(closed_port()).state();
+    for path in ["/sessions", "/claims", "/threads/t", "/metrics", "/config"] {
+        let req = Request::get(path).body(Body::empty()).unwrap();
+        let (status, headers, _) = call(&state, req).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{path}");
+        assert_eq!(headers[WWW_AUTHENTICATE], "Bearer");
+    }
+    let req = Request::get("/ui/waiting").body(Body::empty()).unwrap();
+    let (status, _, body) = call(&state, req).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(body.contains("action=\"/ui/login\""), "{body}");
+    assert_eq!(get(&state, "/sessions").await.0, StatusCode::OK);
+    let req = Request::get("/metrics").body(Body::empty()).unwrap();
+    let res = metrics_router(Arc::clone(&state))
+        .oneshot(req)
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn the_console_login_sets_a_strict_cookie_and_forms_need_its_csrf_token() {
+    let state = Setup::new(closed_port()).state();
+    let login = |token: &str| {
+        form("/ui/login")
+            .body(Body::from(format!("token={token}&next=%2Fui%2Fclaims")))
+            .unwrap()
+    };
+    let (status, _, body) = call(&state, login("wrong")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    let (status, headers, _) = call(&state, login("s3cret")).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert_eq!(headers[axum::http::header::LOCATION], "/ui/claims");
+    let cookie = session_cookie(&headers);
+    let with_cookie = |req: axum::http::request::Builder| req.header("cookie", cookie.as_str());
+    let req = with_cookie(Request::get("/sessions"))
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(call(&state, req).await.0, StatusCode::OK);
+    let req = with_cookie(Request::get("/ui/claims"))
+        .body(Body::empty())
+        .unwrap();
+    let (status, _, page) = call(&state, req).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .unwrap()
+        .to_owned();
+    assert_eq!(csrf.len(), 64);
+    // A cookie-carried change without the session's CSRF token: refused.
+    let req = with_cookie(form("/ui/claims/release"))
+        .body(Body::from("thread=t&csrf=forged"))
+        .unwrap();
+    assert_eq!(call(&state, req).await.0, StatusCode::FORBIDDEN);
+    let req = with_cookie(Request::post("/reload"))
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(call(&state, req).await.0, StatusCode::FORBIDDEN);
+    // Logged out, the cookie no longer opens anything.
+    let req = with_cookie(form("/ui/logout"))
+        .body(Body::from(format!("csrf={csrf}")))
+        .unwrap();
+    assert_eq!(call(&state, req).await.0, StatusCode::SEE_OTHER);
+    let req = with_cookie(Request::get("/sessions"))
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(call(&state, req).await.0, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn failed_logins_past_the_limit_answer_429() {
+    let state = Setup::new(closed_port()).state();
+    let login = |token: &str| {
+        form("/ui/login")
+            .extension(crate::admin::auth::PeerAddr(
+                "192.0.2.7:5000".parse().unwrap(),
+            ))
+            .body(Body::from(format!("token={token}")))
+            .unwrap()
+    };
+    for _ in 0..5 {
+        assert_eq!(
+            call(&state, login("guess")).await.0,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    assert_eq!(
+        call(&state, login("guess")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Even the right token waits out the window.
+    assert_eq!(
+        call(&state, login("s3cret")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }
