@@ -1,0 +1,661 @@
+"""Seeded fault schedules: consume-once racers, proxy crashes and drains, PostgreSQL
+restarts, partitions and clock skew mixed at random times, and the recorded history
+checked against the Resume Contract.
+
+A *schedule* is a random plan drawn from ``(seed, index)`` alone (the same seed plans
+the same schedules on any machine) over a small world: one PostgreSQL, two
+``resumeguard serve`` processes sharing the PostgreSQL claims store (one of them may
+run under libfaketime, its clock 15-30 s ahead or behind), K threads parked at an
+interrupt (racer.py's ``one`` graph, LangGraph's sync connection saver; the gate node
+records each run in the ledger table over a direct connection), racers resuming them
+through either proxy at planned times (worker processes), and faults:
+
+  ``kill``       SIGKILL a proxy, restart it (same port, state, claims) after a delay
+  ``term``       SIGTERM a proxy (it drains), restart it after a delay
+  ``pg_restart`` ``pg_ctl restart -m fast``
+  ``terminate``  ``pg_terminate_backend`` of the proxies' own connections (claims and
+                 liveness, relayed sessions, or both)
+  ``partition``  drop one proxy's packets to PostgreSQL for a while (iptables in the
+                 network namespace the proxy runs in); needs root and network
+                 namespaces, otherwise skipped with a logged reason
+
+After the faults (everything healed, every proxy up), a settle phase waits past
+``lapse_ms`` + ``holder_gone_grace_ms`` and resumes every thread that has not finished.
+The checks over the history (``check``):
+
+  double fire      an interrupt's gated node ran more than once, not counting runs of a
+                   racer that did not complete while a fault cut its path (its proxy
+                   killed or partitioned, PostgreSQL restarted, backends terminated):
+                   such a holder is taken over by design; SIGTERM excuses nothing (a
+                   drain lets the holder's step commit)
+  lost output      a finished thread whose state holds no recorded fire's answer
+  forked           the parked checkpoint has more than one child
+  stranded         a thread not finished after the final resume
+  lost checkpoint  a thread's checkpoint count (polled over a direct connection)
+                   decreased during the run
+
+CLI:  fault_schedule.py --seed S --schedules N --seconds T [--json FILE]
+prints each schedule (faults with planned and actual times), the per-thread outcome
+and the violations; exit status 1 when there are any. Needs PG_BIN and
+RESUMEGUARD_BIN (or a release build), as the integration suite does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psycopg
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import netns as N  # noqa: E402
+from conftest import HOST, PG_BIN, PgServer, Proxy, make_dsn, port_accepts  # noqa: E402
+
+LAPSE_MS = 2000
+GRACE_MS = 1000              # holder_gone_grace_ms
+SHUTDOWN_GRACE_MS = 4000
+LIVENESS_BOUND_MS = 4000
+GATES_MS = (0, 300, 1000)
+FAULT_KINDS = ("kill", "term", "pg_restart", "terminate", "partition")
+# a fault of these kinds cuts the path of a racer it overlaps (by proxy, or all)
+CUTS_ITS_PROXY = ("kill", "partition")
+CUTS_EVERY_PATH = ("pg_restart", "terminate")
+RETRYABLE = ("55000", "55006")  # answered / run in progress, shutting down
+LIBFAKETIME = next((p for p in (Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"),
+                                 Path("/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1"))
+                    if p.exists()), None)
+
+
+def log(msg: str) -> None:
+    print(f"[faults {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ----------------------------------------------------------------- the plan
+@dataclass
+class Job:
+    racer: str
+    thread: int          # index of the thread
+    proxy: int           # 0 or 1
+    at: float            # seconds after the schedule's start
+    gate_ms: int
+
+
+@dataclass
+class Fault:
+    kind: str
+    at: float
+    proxy: int | None = None
+    down_s: float = 0.0  # kill/term: until the restart; partition: how long
+    which: str = ""      # terminate: claims | sessions | all
+
+
+@dataclass
+class Plan:
+    seed: int
+    index: int
+    seconds: float
+    threads: int
+    skew: tuple[int, float] | None      # (proxy, seconds) or None
+    jobs: list[Job]
+    faults: list[Fault]
+
+
+def plan(seed: int, index: int, seconds: float) -> Plan:
+    """The schedule ``index`` of ``seed``: a function of its arguments only."""
+    rng = random.Random(f"resumeguard-faults:{seed}:{index}:{seconds}")
+    threads = rng.randint(2, 4)
+    skew = None
+    if rng.random() < 0.6:
+        skew = (rng.randrange(2), round(rng.choice((-1, 1)) * rng.uniform(15, 30), 1))
+    jobs: list[Job] = []
+    for t in range(threads):
+        racers = rng.randint(2, 4)
+        burst = rng.random() < 0.5          # racers arriving together: a race
+        base = rng.uniform(0, seconds * 0.8)
+        for r in range(racers):
+            at = base + rng.uniform(0, 0.3) if burst else rng.uniform(0, seconds * 0.8)
+            jobs.append(Job(racer=f"s{index}t{t}r{r}", thread=t, proxy=rng.randrange(2),
+                            at=round(at, 2), gate_ms=rng.choice(GATES_MS)))
+    faults: list[Fault] = []
+    at = rng.uniform(0.2, 1.5)
+    while at < seconds:
+        kind = rng.choice(FAULT_KINDS)
+        f = Fault(kind=kind, at=round(at, 2))
+        if kind in ("kill", "term", "partition"):
+            f.proxy = rng.randrange(2)
+            f.down_s = round(rng.uniform(2.0, 5.0) if kind == "partition" else
+                             rng.uniform(0.3, 2.0), 2)
+        elif kind == "terminate":
+            f.which = rng.choice(("claims", "sessions", "all"))
+        faults.append(f)
+        at += f.down_s + rng.uniform(1.0, 3.0)
+    jobs.sort(key=lambda j: j.at)
+    return Plan(seed, index, seconds, threads, skew, jobs, faults)
+
+
+# ----------------------------------------------------------------- the world
+class FaultProxy(Proxy):
+    """A proxy of the schedule: restarted on the same port with the same state
+    directory and configuration; inside a network namespace when partitions can be
+    made (then PostgreSQL is reached across the namespace's link)."""
+
+    def __init__(self, pg_port: int, workdir: Path, name: str, dbname: str,
+                 ns: N.Namespace | None, env: dict[str, str]):
+        cfg = workdir / f"{name}.toml"
+        cfg.write_text(
+            f"shutdown_grace_ms = {SHUTDOWN_GRACE_MS}\n\n"
+            f'[claims]\nproxy_id = "{name}"\nlapse_ms = {LAPSE_MS}\npolicy = "wait"\n'
+            f"holder_gone_grace_ms = {GRACE_MS}\nliveness_bound_ms = {LIVENESS_BOUND_MS}\n")
+        db_host = ns.host_ip if ns else HOST
+        super().__init__(pg_port, workdir, name,
+                         ("--config", str(cfg), "--state-dir", str(workdir / f"state-{name}")),
+                         upstream=f"postgres://postgres@{db_host}:{pg_port}/{dbname}", env=env)
+        self.ns = ns
+        self.host = ns.ip if ns else HOST
+
+    @property
+    def argv(self) -> list[str]:
+        argv = super().argv
+        argv[argv.index("--listen") + 1] = f"{self.host}:{self.port}"
+        return self.ns.argv(*argv) if self.ns else argv
+
+    def start(self) -> "FaultProxy":
+        self._stderr = open(self.stderr_path, "ab")
+        env = {**os.environ, "RUST_LOG": "info", **self.env}
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=self._stderr, cwd=self.workdir, env=env)
+        self.expected_down = False
+        deadline = time.monotonic() + self.READY_TIMEOUT
+        while not port_accepts(self.port, self.host):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"{self.name} did not start\n{self.describe()}")
+            time.sleep(0.05)
+        return self
+
+    def dsn(self, dbname: str = "postgres", **params) -> str:
+        return make_dsn(self.port, dbname, **params).replace(f"@{HOST}:", f"@{self.host}:")
+
+
+def partitions_unavailable() -> str | None:
+    why = N.unavailable()
+    if why is None and shutil.which("iptables") is None:
+        why = "iptables is not installed"
+    return why
+
+
+class World:
+    """One PostgreSQL (and, where partitions can be made, two network namespaces)
+    shared by the schedules of a run; each schedule gets a database of its own."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.no_partition = partitions_unavailable()
+        self.namespaces: list[N.Namespace] = []
+        self.pg = PgServer("faults").start()
+        if self.no_partition is None:
+            base = 100 + os.getpid() % 150
+            self.namespaces = [N.make(base), N.make(base + 1 if base < 249 else base - 1)]
+            listen = ",".join([HOST] + [ns.host_ip for ns in self.namespaces])
+            with open(self.pg.datadir / "postgresql.conf", "a") as f:
+                f.write(f"listen_addresses = '{listen}'\n")
+            with open(self.pg.datadir / "pg_hba.conf", "a") as f:
+                f.write(f"host all all {N.SUBNET}.0.0/16 trust\n")
+            self.pg_ctl("restart")
+
+    def pg_ctl(self, action: str) -> None:
+        self.pg._run([str(PG_BIN / "pg_ctl"), "-D", str(self.pg.datadir), "-l",
+                      str(self.pg.logfile), "-m", "fast", "-w", "-t", "60", action])
+
+    def close(self) -> None:
+        for ns in self.namespaces:
+            ns.close()
+        self.pg.stop()
+
+
+# ----------------------------------------------------------------- racer workers
+def worker_main(a) -> int:
+    """A racer process: runs its jobs (one fresh saver connection each) at their
+    planned times after the start the schedule writes to DIR/t0."""
+    import racer as R
+    d = Path(a.dir)
+    jobs = json.loads(Path(a.jobs).read_text())
+    R.CTX["ledger_dsn"] = a.ledger_dsn
+    (d / f"ready-{a.id}").touch()
+    deadline = time.monotonic() + 180
+    while not (d / "t0").exists():
+        if time.monotonic() > deadline:
+            return 2
+        time.sleep(0.01)
+    t0 = float((d / "t0").read_text())
+    for job in jobs:
+        time.sleep(max(0.0, t0 + job["at"] - time.time()))
+        R.CTX["racer"], R.CTX["ledger"] = job["racer"], None
+        out = {"id": job["racer"], "t_start": time.time()}
+        try:
+            with R.Runner("conn", job["dsn"]) as runner:
+                out = R.resume_once(runner, {"thread": job["thread_id"], "value": job["racer"],
+                                             "gate_ms": job["gate_ms"]})
+        except Exception as e:  # connecting through a proxy that is down, ...
+            out.update(ok=False, error=R.describe_error(e), t_end=time.time())
+        finally:
+            if R.CTX["ledger"] is not None:
+                R.CTX["ledger"].close()
+        out.update(proxy=job["proxy"], thread_index=job["thread"])
+        R.write_json(d / f"result-{job['racer']}.json", out)
+    return 0
+
+
+# ----------------------------------------------------------------- one schedule
+@dataclass
+class History:
+    plan: Plan
+    thread_ids: list[str]
+    results: dict[str, dict] = field(default_factory=dict)        # racer -> result
+    faults: list[dict] = field(default_factory=list)               # as executed
+    fires: dict[str, list[str]] = field(default_factory=dict)      # thread -> racers
+    final: dict[str, dict] = field(default_factory=dict)           # thread -> state
+    parked: dict[str, str] = field(default_factory=dict)           # thread -> checkpoint id
+    children: dict[str, int] = field(default_factory=dict)         # of the parked checkpoint
+    counts_fell: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+class CountMonitor:
+    """Polls each thread's checkpoint count over a direct connection; remembers any
+    decrease (a committed checkpoint lost)."""
+
+    def __init__(self, dsn: str, threads: list[str]):
+        self.dsn, self.threads = dsn, threads
+        self.best: dict[str, int] = {}
+        self.fell: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def sample(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True, connect_timeout=3) as c:
+            rows = dict(c.execute("select thread_id, count(*) from checkpoints where thread_id = "
+                                  "any(%s) group by 1", (self.threads,)).fetchall())
+        for t in self.threads:
+            n = rows.get(t, 0)
+            if n < self.best.get(t, 0):
+                self.fell.append(f"{t}: checkpoint count fell from {self.best[t]} to {n}")
+            self.best[t] = max(n, self.best.get(t, 0))
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.25):
+            try:
+                self.sample()
+            except psycopg.Error:
+                pass  # PostgreSQL restarting: the next sample counts again
+
+    def finish(self) -> list[str]:
+        self.stop.set()
+        self.thread.join(timeout=10)
+        self.sample()
+        return self.fell
+
+
+class Schedule:
+    def __init__(self, world: World, p: Plan, no_partition: str | None):
+        self.world, self.plan, self.no_partition = world, p, no_partition
+        self.tag = uuid.uuid4().hex[:6]
+        self.dbname = f"rg_faults_{p.index}_{self.tag}"
+        self.dir = world.workdir / f"schedule-{p.index}-{self.tag}"
+        self.dir.mkdir(parents=True)
+        self.direct = world.pg.dsn(self.dbname)
+        self.ledger_dsn = world.pg.dsn(self.dbname, application_name="rg-ledger")
+        self.proxies: list[FaultProxy] = []
+        self.workers: list[subprocess.Popen] = []
+        self.h = History(p, [f"fs-{p.seed}-{p.index}-{t}-{self.tag}" for t in range(p.threads)])
+
+    # -- setup
+    def start(self) -> None:
+        import racer as R
+        with psycopg.connect(self.world.pg.dsn("postgres"), autocommit=True) as c:
+            c.execute(f'create database "{self.dbname}"')
+        R.main(["setup", "--dsn", self.direct])
+        for i in range(2):
+            env = {}
+            if self.plan.skew and self.plan.skew[0] == i:
+                if LIBFAKETIME is None:
+                    self.h.notes.append("skew skipped: libfaketime missing")
+                else:
+                    env = {"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": f"{self.plan.skew[1]:+}s",
+                           "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+            ns = self.world.namespaces[i] if self.world.namespaces else None
+            self.proxies.append(FaultProxy(self.world.pg.port, self.dir, f"fs{self.plan.index}-{'ab'[i]}",
+                                           self.dbname, ns, env).start())
+        R.CTX["ledger_dsn"], R.CTX["ledger"] = self.ledger_dsn, None
+        for t, thread in enumerate(self.h.thread_ids):
+            with R.Runner("conn", self.proxies[t % 2].dsn(self.dbname)) as r:
+                assert R.interrupts_of(r.invoke("one", dict(R.INITIAL), thread)), thread
+        with psycopg.connect(self.direct, autocommit=True) as c:
+            for thread in self.h.thread_ids:
+                self.h.parked[thread] = c.execute(
+                    "select checkpoint_id from checkpoint_writes where thread_id = %s and "
+                    "channel = '__interrupt__'", (thread,)).fetchone()[0]
+
+    def start_workers(self) -> float:
+        by_thread: dict[int, int] = {}
+        lanes: dict[int, list[dict]] = {}
+        for j in self.plan.jobs:   # racers of one thread in different processes
+            lane = by_thread.get(j.thread, 0)
+            by_thread[j.thread] = lane + 1
+            dsn = self.proxies[j.proxy].dsn(self.dbname, application_name=f"racer-{j.racer}")
+            lanes.setdefault(lane, []).append({**asdict(j), "dsn": dsn,
+                                               "thread_id": self.h.thread_ids[j.thread]})
+        for lane, jobs in lanes.items():
+            f = self.dir / f"jobs-{lane}.json"
+            f.write_text(json.dumps(jobs))
+            self.workers.append(subprocess.Popen(
+                [sys.executable, __file__, "worker", "--id", str(lane), "--dir", str(self.dir),
+                 "--jobs", str(f), "--ledger-dsn", self.ledger_dsn],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=open(self.dir / f"worker-{lane}.log", "wb")))
+        deadline = time.monotonic() + 120
+        while len(list(self.dir.glob("ready-*"))) < len(lanes):
+            if time.monotonic() > deadline or any(w.poll() is not None for w in self.workers):
+                raise RuntimeError(f"racer workers did not get ready (logs in {self.dir})")
+            time.sleep(0.05)
+        t0 = time.time() + 0.5
+        (self.dir / "t0.tmp").write_text(repr(t0))
+        os.replace(self.dir / "t0.tmp", self.dir / "t0")
+        return t0
+
+    # -- faults
+    def run_faults(self, t0: float) -> None:
+        for f in self.plan.faults:
+            time.sleep(max(0.0, t0 + f.at - time.time()))
+            rec = {**asdict(f), "start": time.time() - t0}
+            try:
+                rec["note"] = self.inject(f)
+            except Exception as e:  # a fault that could not be injected is said, not hidden
+                rec["note"] = f"NOT INJECTED: {type(e).__name__}: {e}"
+            rec["end"] = time.time() - t0
+            self.h.faults.append(rec)
+            log(f"schedule {self.plan.index}: {describe_fault(rec)}")
+
+    def inject(self, f: Fault) -> str:
+        if f.kind in ("kill", "term"):
+            p = self.proxies[f.proxy]
+            rc = p.stop(signal.SIGKILL if f.kind == "kill" else signal.SIGTERM,
+                        timeout=SHUTDOWN_GRACE_MS / 1000 + 10)
+            time.sleep(f.down_s)
+            p.start()
+            return f"exit {rc}, restarted"
+        if f.kind == "pg_restart":
+            self.world.pg_ctl("restart")
+            return "restarted"
+        if f.kind == "terminate":
+            pattern = {"claims": ["resumeguard%"], "sessions": ["racer-%"],
+                       "all": ["resumeguard%", "racer-%"]}[f.which]
+            with psycopg.connect(self.direct, autocommit=True, connect_timeout=5) as c:
+                n = c.execute("select count(pg_terminate_backend(pid)) from pg_stat_activity "
+                              "where datname = %s and pid <> pg_backend_pid() and "
+                              "application_name like any(%s)", (self.dbname, pattern)).fetchone()[0]
+            return f"{n} backend(s) ended"
+        if f.kind == "partition":
+            if self.no_partition:
+                return f"skipped: {self.no_partition}"
+            ns = self.proxies[f.proxy].ns
+            rule = ["OUTPUT", "-p", "tcp", "-d", ns.host_ip, "--dport", str(self.world.pg.port),
+                    "-j", "DROP"]
+            subprocess.run(ns.argv("iptables", "-A", *rule), check=True, timeout=30)
+            try:
+                time.sleep(f.down_s)
+            finally:
+                subprocess.run(ns.argv("iptables", "-D", *rule), check=True, timeout=30)
+            return "healed"
+        raise ValueError(f.kind)
+
+    # -- the end
+    def collect(self, t0: float) -> None:
+        deadline = time.time() + 90
+        for w in self.workers:
+            try:
+                w.wait(timeout=max(1.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                w.kill()
+                w.wait(timeout=10)
+                self.h.notes.append(f"a racer worker still ran {int(deadline - t0)} s in: killed")
+        for j in self.plan.jobs:
+            f = self.dir / f"result-{j.racer}.json"
+            if f.exists():
+                r = json.loads(f.read_text())
+            else:  # its worker was killed while it ran: counted as cut, not served
+                r = {"id": j.racer, "ok": False, "error": {"sqlstate": None, "message": "no result"},
+                     "t_start": t0 + j.at, "t_end": time.time(), "proxy": j.proxy}
+            r["t_start"] -= t0
+            r["t_end"] -= t0
+            self.h.results[j.racer] = r
+
+    def settle_and_finish(self, t0: float) -> None:
+        import racer as R
+        for p in self.proxies:
+            if not p.alive():
+                p.start()
+        time.sleep((LAPSE_MS + GRACE_MS) / 1000 + 1.0)
+        for t, thread in enumerate(self.h.thread_ids):
+            if not self.state(thread)["next"]:
+                continue
+            rid = f"s{self.plan.index}t{t}final"
+            R.CTX["racer"], R.CTX["ledger"] = rid, None
+            deadline, refusals = time.monotonic() + 30, []
+            dsn = self.proxies[t % 2].dsn(self.dbname, application_name=f"racer-{rid}")
+            while True:
+                try:
+                    with R.Runner("conn", dsn) as runner:
+                        res = R.resume_once(runner, {"thread": thread, "value": rid})
+                except Exception as e:  # the proxy does not take the connection
+                    res = {"id": rid, "ok": False, "error": R.describe_error(e),
+                           "t_start": time.time(), "t_end": time.time()}
+                code = (res.get("error") or {}).get("sqlstate")
+                if res["ok"] or code not in RETRYABLE or time.monotonic() > deadline:
+                    break
+                refusals.append(code)
+                time.sleep(0.5)
+            res.update(proxy=t % 2, t_start=res["t_start"] - t0, t_end=res["t_end"] - t0,
+                       refusals=refusals)
+            self.h.results[rid] = res
+
+    def state(self, thread: str) -> dict:
+        import racer as R
+        with R.Runner("conn", self.direct) as r:
+            st = r.get_state("one", thread)
+        return {"next": list(st.next), "approved": st.values.get("approved"),
+                "items": st.values.get("items")}
+
+    def record(self) -> None:
+        with psycopg.connect(self.direct, autocommit=True) as c:
+            for thread in self.h.thread_ids:
+                self.h.fires[thread] = [r for r, node, _ in c.execute(
+                    "select racer, node, value from rg_ledger where thread_id = %s and "
+                    "node = 'gate' order by seq", (thread,)).fetchall()]
+                self.h.children[thread] = c.execute(
+                    "select count(*) from checkpoints where thread_id = %s and "
+                    "parent_checkpoint_id = %s", (thread, self.h.parked[thread])).fetchone()[0]
+                self.h.final[thread] = self.state(thread)
+
+    def cleanup(self) -> None:
+        for w in self.workers:
+            if w.poll() is None:
+                w.kill()
+                w.wait(timeout=10)
+        for p in self.proxies:
+            if p.alive():
+                p.stop(signal.SIGTERM, timeout=SHUTDOWN_GRACE_MS / 1000 + 10)
+        for ns in self.world.namespaces:  # a partition left behind by an error
+            subprocess.run(ns.argv("iptables", "-F", "OUTPUT"), capture_output=True, timeout=30)
+        try:
+            with psycopg.connect(self.world.pg.dsn("postgres"), autocommit=True) as c:
+                c.execute(f'drop database if exists "{self.dbname}" with (force)')
+        except psycopg.Error as e:
+            log(f"could not drop {self.dbname}: {e}")
+
+    def run(self) -> History:
+        try:
+            self.start()
+            monitor = CountMonitor(self.direct, self.h.thread_ids)
+            t0 = self.start_workers()
+            self.run_faults(t0)
+            self.collect(t0)
+            self.settle_and_finish(t0)
+            self.h.counts_fell = monitor.finish()
+            self.record()
+        finally:
+            self.cleanup()
+        return self.h
+
+
+# ----------------------------------------------------------------- the checks
+def cut_by_fault(h: History, racer: str) -> dict | None:
+    """The fault that cut the path of ``racer``'s run, if its run did not complete and
+    one did: its proxy killed or partitioned, PostgreSQL restarted, backends ended."""
+    r = h.results.get(racer)
+    if r is None or r.get("ok"):
+        return None
+    for f in h.faults:
+        if f["note"].startswith(("NOT INJECTED", "skipped")):
+            continue
+        hits = f["kind"] in CUTS_EVERY_PATH or (f["kind"] in CUTS_ITS_PROXY
+                                                 and f["proxy"] == r.get("proxy"))
+        if hits and f["start"] - 0.5 <= r["t_end"] and r["t_start"] <= f["end"] + 0.5:
+            return f
+    return None
+
+
+def check(h: History) -> list[str]:
+    """The violations of the Resume Contract in a recorded history."""
+    out = [f"lost checkpoint: {x}" for x in h.counts_fell]
+    for thread in h.thread_ids:
+        fires, final = h.fires.get(thread, []), h.final.get(thread, {})
+        if final.get("next"):
+            last = h.results.get(f"s{h.plan.index}t{h.thread_ids.index(thread)}final", {})
+            out.append(f"stranded: {thread} still at {final['next']} after the final resume "
+                       f"({last.get('error')})")
+        committed = final.get("approved")
+        if not final.get("next") and committed not in fires:
+            out.append(f"lost output: {thread} finished with answer {committed!r}, fires {fires}")
+        extra = [r for r in fires if r != committed and cut_by_fault(h, r) is None]
+        if len(fires) > 1 and extra:
+            out.append(f"double fire: {thread} gate ran {len(fires)} times ({fires}); "
+                       f"not cut by a fault: {extra}")
+        if h.children.get(thread, 0) > 1:
+            out.append(f"forked: {thread}'s parked checkpoint has {h.children[thread]} children")
+    return out
+
+
+def describe_fault(f: dict) -> str:
+    what = {"kill": f"SIGKILL proxy {f.get('proxy')}, down {f.get('down_s')} s",
+            "term": f"SIGTERM proxy {f.get('proxy')}, down {f.get('down_s')} s",
+            "pg_restart": "pg_ctl restart -m fast",
+            "terminate": f"pg_terminate_backend ({f.get('which')})",
+            "partition": f"partition proxy {f.get('proxy')} from PostgreSQL {f.get('down_s')} s"}
+    times = f"t={f['at']:.2f}s"
+    if "start" in f:
+        times += f" (ran {f['start']:.2f}-{f['end']:.2f}s)"
+    return f"{times} {what[f['kind']]}" + (f": {f['note']}" if f.get("note") else "")
+
+
+def summary(h: History, violations: list[str]) -> dict:
+    p = h.plan
+    served = sum(1 for r in h.results.values() if r.get("ok"))
+    refused: dict[str, int] = {}
+    for r in h.results.values():
+        if not r.get("ok"):
+            code = (r.get("error") or {}).get("sqlstate") or "no sqlstate"
+            refused[code] = refused.get(code, 0) + 1
+    cut = sum(1 for t in h.thread_ids for r in h.fires.get(t, []) if cut_by_fault(h, r))
+    return {"seed": p.seed, "index": p.index, "threads": p.threads, "racers": len(p.jobs),
+            "faults": len(p.faults), "skew": p.skew,
+            "fault_kinds": sorted({f.kind for f in p.faults}), "served": served,
+            "not_served": refused, "fires": sum(len(v) for v in h.fires.values()),
+            "fires_cut_by_a_fault": cut,
+            "final_resumes": sum(1 for k in h.results if k.endswith("final")),
+            "violations": violations, "notes": h.notes}
+
+
+def print_schedule(h: History, violations: list[str]) -> None:
+    p = h.plan
+    log(f"seed {p.seed} schedule {p.index}: {p.threads} threads, {len(p.jobs)} racers, "
+        f"{len(p.faults)} faults in {p.seconds} s, skew "
+        f"{f'proxy {p.skew[0]} {p.skew[1]:+} s' if p.skew else 'none'}")
+    for f in h.faults or [asdict(f) for f in p.faults]:
+        log(f"  fault {describe_fault(f)}")
+    for t, thread in enumerate(h.thread_ids):
+        rs = [f"{j.racer}@{j.at}s/p{j.proxy}/g{j.gate_ms}:" +
+              ("ok" if h.results.get(j.racer, {}).get("ok") else
+               str((h.results.get(j.racer, {}).get("error") or {}).get("sqlstate")))
+              for j in p.jobs if j.thread == t]
+        log(f"  thread {t}: fires {h.fires.get(thread)} final {h.final.get(thread)} racers {rs}")
+    for n in h.notes:
+        log(f"  note: {n}")
+    log(f"  violations: {violations or 'none'}")
+
+
+def run(seed: int, schedules: int, seconds: float, workdir: Path | None = None) -> list[dict]:
+    """Runs ``schedules`` schedules of ``seed``; each one's summary (its violations
+    included)."""
+    own = workdir is None
+    workdir = workdir or Path(tempfile.mkdtemp(prefix="rg-faults-"))
+    world = World(workdir)
+    if world.no_partition:
+        log(f"partition faults will be skipped: {world.no_partition}")
+    out = []
+    try:
+        for i in range(schedules):
+            h = Schedule(world, plan(seed, i, seconds), world.no_partition).run()
+            v = check(h)
+            print_schedule(h, v)
+            out.append(summary(h, v))
+    finally:
+        world.close()
+        if own:
+            shutil.rmtree(workdir, ignore_errors=True)
+    total = sum(len(s["violations"]) for s in out)
+    log(f"seed {seed}: {len(out)} schedules, {sum(s['faults'] for s in out)} faults, "
+        f"{sum(s['racers'] for s in out)} racers, {total} violation(s); rerun with "
+        f"--seed {seed} --schedules {schedules} --seconds {seconds}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", nargs="?", choices=["run", "plan", "worker"], default="run")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--schedules", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--json", default=None, help="write the run's summaries here")
+    ap.add_argument("--id"), ap.add_argument("--dir"), ap.add_argument("--jobs")
+    ap.add_argument("--ledger-dsn")
+    a = ap.parse_args(argv)
+    if a.command == "worker":
+        return worker_main(a)
+    seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1 << 31)
+    if a.command == "plan":
+        for i in range(a.schedules):
+            print(json.dumps(asdict(plan(seed, i, a.seconds))))
+        return 0
+    out = run(seed, a.schedules, a.seconds)
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=1))
+    return 1 if any(s["violations"] for s in out) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
