@@ -201,11 +201,13 @@ class World:
     """One PostgreSQL (and, where partitions can be made, two network namespaces)
     shared by the schedules of a run; each schedule gets a database of its own."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, pg: PgServer | None = None):
+        """With ``pg`` given (a server the caller owns), no namespaces: no partitions."""
         self.workdir = workdir
-        self.no_partition = partitions_unavailable()
+        self.borrowed = pg is not None
+        self.no_partition = "a borrowed server" if pg else partitions_unavailable()
         self.namespaces: list[N.Namespace] = []
-        self.pg = PgServer("faults").start()
+        self.pg = pg or PgServer("faults").start()
         if self.no_partition is None:
             base = 100 + os.getpid() % 150
             self.namespaces = [N.make(base), N.make(base + 1 if base < 249 else base - 1)]
@@ -223,7 +225,8 @@ class World:
     def close(self) -> None:
         for ns in self.namespaces:
             ns.close()
-        self.pg.stop()
+        if not self.borrowed:
+            self.pg.stop()
 
 
 # ----------------------------------------------------------------- racer workers
@@ -311,8 +314,11 @@ class CountMonitor:
 
 
 class Schedule:
-    def __init__(self, world: World, p: Plan, no_partition: str | None):
-        self.world, self.plan, self.no_partition = world, p, no_partition
+    """One schedule run in ``world``; with ``stock``, the same racers straight to
+    PostgreSQL (no proxies, no faults): the defect the proxy holds off."""
+
+    def __init__(self, world: World, p: Plan, no_partition: str | None, stock: bool = False):
+        self.world, self.plan, self.no_partition, self.stock = world, p, no_partition, stock
         self.tag = uuid.uuid4().hex[:6]
         self.dbname = f"rg_faults_{p.index}_{self.tag}"
         self.dir = world.workdir / f"schedule-{p.index}-{self.tag}"
@@ -323,13 +329,19 @@ class Schedule:
         self.workers: list[subprocess.Popen] = []
         self.h = History(p, [f"fs-{p.seed}-{p.index}-{t}-{self.tag}" for t in range(p.threads)])
 
+    def via(self, proxy: int, **params) -> str:
+        """The DSN of the schedule's database through ``proxy`` (straight to it, stock)."""
+        if self.stock:
+            return self.world.pg.dsn(self.dbname, **params)
+        return self.proxies[proxy].dsn(self.dbname, **params)
+
     # -- setup
     def start(self) -> None:
         import racer as R
         with psycopg.connect(self.world.pg.dsn("postgres"), autocommit=True) as c:
             c.execute(f'create database "{self.dbname}"')
         R.main(["setup", "--dsn", self.direct])
-        for i in range(2):
+        for i in range(0 if self.stock else 2):
             env = {}
             if self.plan.skew and self.plan.skew[0] == i:
                 if LIBFAKETIME is None:
@@ -342,7 +354,7 @@ class Schedule:
                                            self.dbname, ns, env).start())
         R.CTX["ledger_dsn"], R.CTX["ledger"] = self.ledger_dsn, None
         for t, thread in enumerate(self.h.thread_ids):
-            with R.Runner("conn", self.proxies[t % 2].dsn(self.dbname)) as r:
+            with R.Runner("conn", self.via(t % 2)) as r:
                 assert R.interrupts_of(r.invoke("one", dict(R.INITIAL), thread)), thread
         with psycopg.connect(self.direct, autocommit=True) as c:
             for thread in self.h.thread_ids:
@@ -356,7 +368,7 @@ class Schedule:
         for j in self.plan.jobs:   # racers of one thread in different processes
             lane = by_thread.get(j.thread, 0)
             by_thread[j.thread] = lane + 1
-            dsn = self.proxies[j.proxy].dsn(self.dbname, application_name=f"racer-{j.racer}")
+            dsn = self.via(j.proxy, application_name=f"racer-{j.racer}")
             lanes.setdefault(lane, []).append({**asdict(j), "dsn": dsn,
                                                "thread_id": self.h.thread_ids[j.thread]})
         for lane, jobs in lanes.items():
@@ -456,7 +468,7 @@ class Schedule:
             rid = f"s{self.plan.index}t{t}final"
             R.CTX["racer"], R.CTX["ledger"] = rid, None
             deadline, refusals = time.monotonic() + 30, []
-            dsn = self.proxies[t % 2].dsn(self.dbname, application_name=f"racer-{rid}")
+            dsn = self.via(t % 2, application_name=f"racer-{rid}")
             while True:
                 try:
                     with R.Runner("conn", dsn) as runner:
@@ -500,6 +512,8 @@ class Schedule:
             if p.alive():
                 p.stop(signal.SIGTERM, timeout=SHUTDOWN_GRACE_MS / 1000 + 10)
         for ns in self.world.namespaces:  # a partition left behind by an error
+            if self.stock:
+                break
             subprocess.run(ns.argv("iptables", "-F", "OUTPUT"), capture_output=True, timeout=30)
         try:
             with psycopg.connect(self.world.pg.dsn("postgres"), autocommit=True) as c:
@@ -606,6 +620,16 @@ def print_schedule(h: History, violations: list[str]) -> None:
     for n in h.notes:
         log(f"  note: {n}")
     log(f"  violations: {violations or 'none'}")
+
+
+def stock_race(world: World, racers: int = 3, gate_ms: int = 300) -> tuple[History, list[str]]:
+    """``racers`` resumes of one parked thread arriving together straight to
+    PostgreSQL, checked as a schedule is: the checker's view of the stock defect."""
+    jobs = [Job(racer=f"stock-r{r}", thread=0, proxy=0, at=0.0, gate_ms=gate_ms)
+            for r in range(racers)]
+    p = Plan(seed=0, index=0, seconds=1.0, threads=1, skew=None, jobs=jobs, faults=[])
+    h = Schedule(world, p, "stock", stock=True).run()
+    return h, check(h)
 
 
 def run(seed: int, schedules: int, seconds: float, workdir: Path | None = None) -> list[dict]:
