@@ -208,6 +208,7 @@ class World:
         self.no_partition = "a borrowed server" if pg else partitions_unavailable()
         self.namespaces: list[N.Namespace] = []
         self.pg = pg or PgServer("faults").start()
+        self.racers = RacerPool(workdir)
         if self.no_partition is None:
             base = 100 + os.getpid() % 150
             self.namespaces = [N.make(base), N.make(base + 1 if base < 249 else base - 1)]
@@ -223,6 +224,7 @@ class World:
                       str(self.pg.logfile), "-m", "fast", "-w", "-t", "60", action])
 
     def close(self) -> None:
+        self.racers.close()
         for ns in self.namespaces:
             ns.close()
         if not self.borrowed:
@@ -230,36 +232,109 @@ class World:
 
 
 # ----------------------------------------------------------------- racer workers
+LANES = 4  # racer processes: at most 4 racers of a thread, each in a process of its own
+
+
 def worker_main(a) -> int:
-    """A racer process: runs its jobs (one fresh saver connection each) at their
-    planned times after the start the schedule writes to DIR/t0."""
+    """A racer process, kept for a whole run (LangGraph is imported once): for each
+    batch DIR/batch-N-ID.json ({"dir", "ledger_dsn", "jobs"}) it touches ready-ID in
+    the batch's dir, waits for the start that the schedule writes there (t0), runs its
+    jobs (one fresh saver connection each) at their planned times, writes each
+    result, then touches done-ID. DIR/stop ends it."""
     import racer as R
-    d = Path(a.dir)
-    jobs = json.loads(Path(a.jobs).read_text())
-    R.CTX["ledger_dsn"] = a.ledger_dsn
-    (d / f"ready-{a.id}").touch()
-    deadline = time.monotonic() + 180
-    while not (d / "t0").exists():
-        if time.monotonic() > deadline:
-            return 2
-        time.sleep(0.01)
-    t0 = float((d / "t0").read_text())
-    for job in jobs:
-        time.sleep(max(0.0, t0 + job["at"] - time.time()))
-        R.CTX["racer"], R.CTX["ledger"] = job["racer"], None
-        out = {"id": job["racer"], "t_start": time.time()}
-        try:
-            with R.Runner("conn", job["dsn"]) as runner:
-                out = R.resume_once(runner, {"thread": job["thread_id"], "value": job["racer"],
-                                             "gate_ms": job["gate_ms"]})
-        except Exception as e:  # connecting through a proxy that is down, ...
-            out.update(ok=False, error=R.describe_error(e), t_end=time.time())
-        finally:
-            if R.CTX["ledger"] is not None:
-                R.CTX["ledger"].close()
-        out.update(proxy=job["proxy"], thread_index=job["thread"])
-        R.write_json(d / f"result-{job['racer']}.json", out)
+    pool, n = Path(a.dir), int(a.first_batch)
+    while not (pool / "stop").exists():
+        batch_file = pool / f"batch-{n}-{a.id}.json"
+        if not batch_file.exists():
+            time.sleep(0.02)
+            continue
+        batch = json.loads(batch_file.read_text())
+        d = Path(batch["dir"])
+        R.CTX["ledger_dsn"] = batch["ledger_dsn"]
+        (d / f"ready-{a.id}").touch()
+        deadline = time.monotonic() + 300
+        while not (d / "t0").exists():
+            if time.monotonic() > deadline:
+                return 2
+            time.sleep(0.01)
+        t0 = float((d / "t0").read_text())
+        for job in [] if (d / "cancel").exists() else batch["jobs"]:
+            time.sleep(max(0.0, t0 + job["at"] - time.time()))
+            R.write_json(d / f"result-{job['racer']}.json", run_job(R, job))
+        (d / f"done-{a.id}").touch()
+        n += 1
     return 0
+
+
+def run_job(R, job: dict) -> dict:
+    R.CTX["racer"], R.CTX["ledger"] = job["racer"], None
+    out = {"id": job["racer"], "t_start": time.time()}
+    try:
+        with R.Runner("conn", job["dsn"]) as runner:
+            out = R.resume_once(runner, {"thread": job["thread_id"], "value": job["racer"],
+                                         "gate_ms": job["gate_ms"]})
+    except Exception as e:  # connecting through a proxy that is down, ...
+        out.update(ok=False, error=R.describe_error(e), t_end=time.time())
+    finally:
+        if R.CTX["ledger"] is not None:
+            R.CTX["ledger"].close()
+    out.update(proxy=job["proxy"], thread_index=job["thread"])
+    return out
+
+
+class RacerPool:
+    """``LANES`` racer processes for the schedules of a run; a process that had to
+    be killed (its batch overran) is replaced before the next batch."""
+
+    def __init__(self, workdir: Path):
+        self.dir = workdir / "racers"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.procs: list[subprocess.Popen | None] = [None] * LANES
+        self.batch = 0
+
+    def ensure(self) -> None:
+        for i, p in enumerate(self.procs):
+            if p is None or p.poll() is not None:
+                self.procs[i] = subprocess.Popen(
+                    [sys.executable, __file__, "worker", "--id", str(i), "--dir", str(self.dir),
+                     "--first-batch", str(self.batch)],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    stderr=open(self.dir / f"worker-{i}.log", "ab"))
+
+    def submit(self, sched_dir: Path, ledger_dsn: str, lanes: list[list[dict]]) -> None:
+        self.ensure()
+        for i in range(LANES):
+            f = self.dir / f"batch-{self.batch}-{i}.json"
+            f.with_suffix(".tmp").write_text(json.dumps(
+                {"dir": str(sched_dir), "ledger_dsn": ledger_dsn, "jobs": lanes[i]}))
+            os.replace(f.with_suffix(".tmp"), f)
+        self.batch += 1
+
+    def wait(self, sched_dir: Path, name: str, timeout: float) -> list[int]:
+        """Waits for every lane's ``name-ID`` file in ``sched_dir``; the lanes late."""
+        deadline = time.monotonic() + timeout
+        while True:
+            late = [i for i in range(LANES) if not (sched_dir / f"{name}-{i}").exists()]
+            dead = [i for i in late if self.procs[i] is None or self.procs[i].poll() is not None]
+            if not late or dead or time.monotonic() > deadline:
+                return late
+            time.sleep(0.05)
+
+    def kill(self, lane: int) -> None:
+        p = self.procs[lane]
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+
+    def close(self) -> None:
+        (self.dir / "stop").touch()
+        for i in range(LANES):
+            p = self.procs[i]
+            if p is not None:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.kill(i)
 
 
 # ----------------------------------------------------------------- one schedule
@@ -275,6 +350,7 @@ class History:
     children: dict[str, int] = field(default_factory=dict)         # of the parked checkpoint
     counts_fell: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)       # seconds each took
 
 
 class CountMonitor:
@@ -326,7 +402,6 @@ class Schedule:
         self.direct = world.pg.dsn(self.dbname)
         self.ledger_dsn = world.pg.dsn(self.dbname, application_name="rg-ledger")
         self.proxies: list[FaultProxy] = []
-        self.workers: list[subprocess.Popen] = []
         self.h = History(p, [f"fs-{p.seed}-{p.index}-{t}-{self.tag}" for t in range(p.threads)])
 
     def via(self, proxy: int, **params) -> str:
@@ -351,7 +426,10 @@ class Schedule:
                            "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
             ns = self.world.namespaces[i] if self.world.namespaces else None
             self.proxies.append(FaultProxy(self.world.pg.port, self.dir, f"fs{self.plan.index}-{'ab'[i]}",
-                                           self.dbname, ns, env).start())
+                                           self.dbname, ns, env))
+        self.submit_racers()
+        for p in self.proxies:
+            p.start()
         R.CTX["ledger_dsn"], R.CTX["ledger"] = self.ledger_dsn, None
         for t, thread in enumerate(self.h.thread_ids):
             with R.Runner("conn", self.via(t % 2)) as r:
@@ -362,28 +440,23 @@ class Schedule:
                     "select checkpoint_id from checkpoint_writes where thread_id = %s and "
                     "channel = '__interrupt__'", (thread,)).fetchone()[0]
 
-    def start_workers(self) -> float:
+    def submit_racers(self) -> None:
+        """Hands the racers' jobs to the pool; racers of one thread in different lanes."""
+        lanes: list[list[dict]] = [[] for _ in range(LANES)]
         by_thread: dict[int, int] = {}
-        lanes: dict[int, list[dict]] = {}
-        for j in self.plan.jobs:   # racers of one thread in different processes
+        for j in self.plan.jobs:
             lane = by_thread.get(j.thread, 0)
             by_thread[j.thread] = lane + 1
-            dsn = self.via(j.proxy, application_name=f"racer-{j.racer}")
-            lanes.setdefault(lane, []).append({**asdict(j), "dsn": dsn,
-                                               "thread_id": self.h.thread_ids[j.thread]})
-        for lane, jobs in lanes.items():
-            f = self.dir / f"jobs-{lane}.json"
-            f.write_text(json.dumps(jobs))
-            self.workers.append(subprocess.Popen(
-                [sys.executable, __file__, "worker", "--id", str(lane), "--dir", str(self.dir),
-                 "--jobs", str(f), "--ledger-dsn", self.ledger_dsn],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=open(self.dir / f"worker-{lane}.log", "wb")))
-        deadline = time.monotonic() + 120
-        while len(list(self.dir.glob("ready-*"))) < len(lanes):
-            if time.monotonic() > deadline or any(w.poll() is not None for w in self.workers):
-                raise RuntimeError(f"racer workers did not get ready (logs in {self.dir})")
-            time.sleep(0.05)
+            lanes[lane].append({**asdict(j), "dsn": self.via(j.proxy, application_name=f"racer-{j.racer}"),
+                                "thread_id": self.h.thread_ids[j.thread]})
+        self.world.racers.submit(self.dir, self.ledger_dsn, lanes)
+
+    def release_racers(self) -> float:
+        """Waits until every racer process is ready; the schedule's start (epoch)."""
+        late = self.world.racers.wait(self.dir, "ready", 180)
+        if late:
+            raise RuntimeError(f"racer processes {late} did not get ready (logs in "
+                               f"{self.world.racers.dir})")
         t0 = time.time() + 0.5
         (self.dir / "t0.tmp").write_text(repr(t0))
         os.replace(self.dir / "t0.tmp", self.dir / "t0")
@@ -437,14 +510,10 @@ class Schedule:
 
     # -- the end
     def collect(self, t0: float) -> None:
-        deadline = time.time() + 90
-        for w in self.workers:
-            try:
-                w.wait(timeout=max(1.0, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                w.kill()
-                w.wait(timeout=10)
-                self.h.notes.append(f"a racer worker still ran {int(deadline - t0)} s in: killed")
+        for lane in self.world.racers.wait(self.dir, "done", max(1.0, t0 + self.plan.seconds + 90
+                                                                 - time.time())):
+            self.world.racers.kill(lane)
+            self.h.notes.append(f"racer process {lane} still ran {time.time() - t0:.0f} s in: killed")
         for j in self.plan.jobs:
             f = self.dir / f"result-{j.racer}.json"
             if f.exists():
@@ -504,10 +573,11 @@ class Schedule:
                 self.h.final[thread] = self.state(thread)
 
     def cleanup(self) -> None:
-        for w in self.workers:
-            if w.poll() is None:
-                w.kill()
-                w.wait(timeout=10)
+        if not (self.dir / "t0").exists():  # never started: the racers skip their jobs
+            (self.dir / "cancel").touch()
+            (self.dir / "t0").write_text(repr(time.time()))
+        for lane in self.world.racers.wait(self.dir, "done", 60):
+            self.world.racers.kill(lane)
         for p in self.proxies:
             if p.alive():
                 p.stop(signal.SIGTERM, timeout=SHUTDOWN_GRACE_MS / 1000 + 10)
@@ -522,17 +592,26 @@ class Schedule:
             log(f"could not drop {self.dbname}: {e}")
 
     def run(self) -> History:
+        began = time.monotonic()
+
+        def phase(name: str) -> None:
+            self.h.phases[name] = round(time.monotonic() - began - sum(self.h.phases.values()), 1)
+
         try:
             self.start()
             monitor = CountMonitor(self.direct, self.h.thread_ids)
-            t0 = self.start_workers()
+            t0 = self.release_racers()
+            phase("setup")
             self.run_faults(t0)
             self.collect(t0)
+            phase("racers and faults")
             self.settle_and_finish(t0)
+            phase("settle and final resumes")
             self.h.counts_fell = monitor.finish()
             self.record()
         finally:
             self.cleanup()
+            phase("check and cleanup")
         return self.h
 
 
@@ -601,7 +680,7 @@ def summary(h: History, violations: list[str]) -> dict:
             "not_served": refused, "fires": sum(len(v) for v in h.fires.values()),
             "fires_cut_by_a_fault": cut,
             "final_resumes": sum(1 for k in h.results if k.endswith("final")),
-            "violations": violations, "notes": h.notes}
+            "violations": violations, "notes": h.notes, "phases_s": h.phases}
 
 
 def print_schedule(h: History, violations: list[str]) -> None:
@@ -619,6 +698,7 @@ def print_schedule(h: History, violations: list[str]) -> None:
         log(f"  thread {t}: fires {h.fires.get(thread)} final {h.final.get(thread)} racers {rs}")
     for n in h.notes:
         log(f"  note: {n}")
+    log(f"  phases (s): {h.phases}")
     log(f"  violations: {violations or 'none'}")
 
 
@@ -665,8 +745,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--schedules", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--json", default=None, help="write the run's summaries here")
-    ap.add_argument("--id"), ap.add_argument("--dir"), ap.add_argument("--jobs")
-    ap.add_argument("--ledger-dsn")
+    ap.add_argument("--id"), ap.add_argument("--dir"), ap.add_argument("--first-batch", default="0")
     a = ap.parse_args(argv)
     if a.command == "worker":
         return worker_main(a)

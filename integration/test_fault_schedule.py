@@ -80,7 +80,10 @@ def test_seeded_fault_schedules_keep_the_resume_contract(workdir):
 @pytest.mark.timeout(300)
 def test_racers_straight_to_postgres_are_a_double_fire_the_checker_sees(pg, workdir):
     world = F.World(workdir / "faults-stock", pg)
-    history, violations = F.stock_race(world, racers=3, gate_ms=300)
+    try:
+        history, violations = F.stock_race(world, racers=3, gate_ms=300)
+    finally:
+        world.close()
     fires = history.fires[history.thread_ids[0]]
     print(f"stock: fires {fires}; violations {violations}")
     assert len(fires) == 3, fires
