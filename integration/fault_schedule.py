@@ -25,9 +25,11 @@ The checks over the history (``check``):
 
   double fire      an interrupt's gated node ran more than once, not counting runs of a
                    racer that did not complete while a fault cut its path (its proxy
-                   killed or partitioned, PostgreSQL restarted, backends terminated):
-                   such a holder is taken over by design; SIGTERM excuses nothing (a
-                   drain lets the holder's step commit)
+                   killed or partitioned, PostgreSQL restarted, its session's backend
+                   terminated): such a holder is taken over by design. A SIGTERM (a
+                   drain lets the holder's step commit) and the end of the proxies'
+                   claims connections alone (replaced, the liveness lock retaken)
+                   excuse nothing
   lost output      a finished thread whose state holds no recorded fire's answer
   forked           the parked checkpoint has more than one child
   stranded         a thread not finished after the final resume
@@ -120,15 +122,6 @@ def plan(seed: int, index: int, seconds: float) -> Plan:
     skew = None
     if rng.random() < 0.6:
         skew = (rng.randrange(2), round(rng.choice((-1, 1)) * rng.uniform(15, 30), 1))
-    jobs: list[Job] = []
-    for t in range(threads):
-        racers = rng.randint(2, 4)
-        burst = rng.random() < 0.5          # racers arriving together: a race
-        base = rng.uniform(0, seconds * 0.8)
-        for r in range(racers):
-            at = base + rng.uniform(0, 0.3) if burst else rng.uniform(0, seconds * 0.8)
-            jobs.append(Job(racer=f"s{index}t{t}r{r}", thread=t, proxy=rng.randrange(2),
-                            at=round(at, 2), gate_ms=rng.choice(GATES_MS)))
     faults: list[Fault] = []
     at = rng.uniform(0.2, 1.5)
     while at < seconds:
@@ -142,6 +135,19 @@ def plan(seed: int, index: int, seconds: float) -> Plan:
             f.which = rng.choice(("claims", "sessions", "all"))
         faults.append(f)
         at += f.down_s + rng.uniform(1.0, 3.0)
+    jobs: list[Job] = []
+    for t in range(threads):
+        racers = rng.randint(2, 4)
+        # a race (racers arriving together), a race just before a fault (the fault
+        # lands while the winner runs its gate), or racers spread over the window
+        arrival = rng.choice(("race", "race_into_fault", "spread"))
+        base = rng.uniform(0, seconds * 0.8)
+        if arrival == "race_into_fault" and faults:
+            base = max(0.0, rng.choice(faults).at - rng.uniform(0.0, 1.0))
+        for r in range(racers):
+            at = rng.uniform(0, seconds * 0.8) if arrival == "spread" else base + rng.uniform(0, 0.3)
+            jobs.append(Job(racer=f"s{index}t{t}r{r}", thread=t, proxy=rng.randrange(2),
+                            at=round(at, 2), gate_ms=rng.choice(GATES_MS)))
     jobs.sort(key=lambda j: j.at)
     return Plan(seed, index, seconds, threads, skew, jobs, faults)
 
@@ -618,13 +624,16 @@ class Schedule:
 # ----------------------------------------------------------------- the checks
 def cut_by_fault(h: History, racer: str) -> dict | None:
     """The fault that cut the path of ``racer``'s run, if its run did not complete and
-    one did: its proxy killed or partitioned, PostgreSQL restarted, backends ended."""
+    one did: its proxy killed or partitioned, PostgreSQL restarted, the relayed
+    sessions' backends ended."""
     r = h.results.get(racer)
     if r is None or r.get("ok"):
         return None
     for f in h.faults:
         if f["note"].startswith(("NOT INJECTED", "skipped")):
             continue
+        if f["kind"] == "terminate" and f["which"] == "claims":
+            continue  # the claims connections are replaced, the liveness lock retaken
         hits = f["kind"] in CUTS_EVERY_PATH or (f["kind"] in CUTS_ITS_PROXY
                                                  and f["proxy"] == r.get("proxy"))
         if hits and f["start"] - 0.5 <= r["t_end"] and r["t_start"] <= f["end"] + 0.5:
