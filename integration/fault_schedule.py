@@ -30,6 +30,10 @@ The checks over the history (``check``):
                    drain lets the holder's step commit) and the end of the proxies'
                    claims connections alone (replaced, the liveness lock retaken)
                    excuse nothing
+  served after its session ended
+                   a racer connected before a fault that ended every server session
+                   (PostgreSQL restarted, backends terminated) ran its gated node more
+                   than a second after it: it was served a parked head it cannot answer
   lost output      a finished thread whose state holds no recorded fire's answer
   forked           the parked checkpoint has more than one child
   stranded         a thread not finished after the final resume
@@ -216,14 +220,23 @@ class World:
         self.pg = pg or PgServer("faults").start()
         self.racers = RacerPool(workdir)
         if self.no_partition is None:
-            base = 100 + os.getpid() % 150
-            self.namespaces = [N.make(base), N.make(base + 1 if base < 249 else base - 1)]
-            listen = ",".join([HOST] + [ns.host_ip for ns in self.namespaces])
-            with open(self.pg.datadir / "postgresql.conf", "a") as f:
-                f.write(f"listen_addresses = '{listen}'\n")
-            with open(self.pg.datadir / "pg_hba.conf", "a") as f:
-                f.write(f"host all all {N.SUBNET}.0.0/16 trust\n")
-            self.pg_ctl("restart")
+            try:
+                self._link_namespaces()
+            except BaseException:
+                self.close()
+                raise
+
+    def _link_namespaces(self) -> None:
+        """Two namespaces (the proxies' hosts) whose links PostgreSQL listens on."""
+        base = 100 + os.getpid() % 150   # apart from other suites' namespaces
+        for index in (base, base + 1):
+            self.namespaces.append(N.make(index))
+        listen = ",".join([HOST] + [ns.host_ip for ns in self.namespaces])
+        with open(self.pg.datadir / "postgresql.conf", "a") as f:
+            f.write(f"listen_addresses = '{listen}'\n")
+        with open(self.pg.datadir / "pg_hba.conf", "a") as f:
+            f.write(f"host all all {N.SUBNET}.0.0/16 trust\n")
+        self.pg_ctl("restart")
 
     def pg_ctl(self, action: str) -> None:
         self.pg._run([str(PG_BIN / "pg_ctl"), "-D", str(self.pg.datadir), "-l",
@@ -351,6 +364,8 @@ class History:
     results: dict[str, dict] = field(default_factory=dict)        # racer -> result
     faults: list[dict] = field(default_factory=list)               # as executed
     fires: dict[str, list[str]] = field(default_factory=dict)      # thread -> racers
+    fire_at: dict[str, list[float]] = field(default_factory=dict)  # when each ran (s)
+    t0: float = 0.0                                                # the start (epoch)
     final: dict[str, dict] = field(default_factory=dict)           # thread -> state
     parked: dict[str, str] = field(default_factory=dict)           # thread -> checkpoint id
     children: dict[str, int] = field(default_factory=dict)         # of the parked checkpoint
@@ -524,7 +539,7 @@ class Schedule:
             f = self.dir / f"result-{j.racer}.json"
             if f.exists():
                 r = json.loads(f.read_text())
-            else:  # its worker was killed while it ran: counted as cut, not served
+            else:  # its process was killed while it ran: not served (cut only if a fault overlapped)
                 r = {"id": j.racer, "ok": False, "error": {"sqlstate": None, "message": "no result"},
                      "t_start": t0 + j.at, "t_end": time.time(), "proxy": j.proxy}
             r["t_start"] -= t0
@@ -570,9 +585,11 @@ class Schedule:
     def record(self) -> None:
         with psycopg.connect(self.direct, autocommit=True) as c:
             for thread in self.h.thread_ids:
-                self.h.fires[thread] = [r for r, node, _ in c.execute(
-                    "select racer, node, value from rg_ledger where thread_id = %s and "
-                    "node = 'gate' order by seq", (thread,)).fetchall()]
+                rows = c.execute("select racer, extract(epoch from at)::float8 from rg_ledger "
+                                 "where thread_id = %s and node = 'gate' order by at, seq",
+                                 (thread,)).fetchall()
+                self.h.fires[thread] = [r for r, _ in rows]
+                self.h.fire_at[thread] = [round(at - self.h.t0, 3) for _, at in rows]
                 self.h.children[thread] = c.execute(
                     "select count(*) from checkpoints where thread_id = %s and "
                     "parent_checkpoint_id = %s", (thread, self.h.parked[thread])).fetchone()[0]
@@ -606,7 +623,7 @@ class Schedule:
         try:
             self.start()
             monitor = CountMonitor(self.direct, self.h.thread_ids)
-            t0 = self.release_racers()
+            t0 = self.h.t0 = self.release_racers()
             phase("setup")
             self.run_faults(t0)
             self.collect(t0)
@@ -622,10 +639,33 @@ class Schedule:
 
 
 # ----------------------------------------------------------------- the checks
-def cut_by_fault(h: History, racer: str) -> dict | None:
-    """The fault that cut the path of ``racer``'s run, if its run did not complete and
-    one did: its proxy killed or partitioned, PostgreSQL restarted, the relayed
-    sessions' backends ended."""
+# a fault counts as before a fire this much after it (two readings of one host clock)
+CLOCK_SLACK_S = 0.05
+# a read granted just before a fault starts its gated node within this (a loaded host)
+NODE_START_S = 1.0
+
+
+def ended_before_its_fire(h: History, racer: str, at: float) -> dict | None:
+    """The fault that ended ``racer``'s server session (PostgreSQL restarted, its
+    backend terminated) after it connected and well before its gated node ran at
+    ``at``: a session that can commit nothing was served the parked head."""
+    r = h.results.get(racer)
+    if r is None or r.get("ok"):
+        return None
+    for f in h.faults:
+        if f["note"].startswith("NOT INJECTED") or f["kind"] not in CUTS_EVERY_PATH:
+            continue
+        if f["kind"] == "terminate" and f["which"] == "claims":
+            continue
+        if r["t_start"] < f["start"] and f["start"] + NODE_START_S < at:
+            return f
+    return None
+
+
+def cut_by_fault(h: History, racer: str, before: float | None = None) -> dict | None:
+    """The fault that cut the path of ``racer``'s run (begun by ``before``, seconds
+    after the start, when given), if its run did not complete and one did: its proxy
+    killed or partitioned, PostgreSQL restarted, the relayed sessions' backends ended."""
     r = h.results.get(racer)
     if r is None or r.get("ok"):
         return None
@@ -634,6 +674,8 @@ def cut_by_fault(h: History, racer: str) -> dict | None:
             continue
         if f["kind"] == "terminate" and f["which"] == "claims":
             continue  # the claims connections are replaced, the liveness lock retaken
+        if before is not None and f["start"] > before + CLOCK_SLACK_S:
+            continue
         hits = f["kind"] in CUTS_EVERY_PATH or (f["kind"] in CUTS_ITS_PROXY
                                                  and f["proxy"] == r.get("proxy"))
         if hits and f["start"] - 0.5 <= r["t_end"] and r["t_start"] <= f["end"] + 0.5:
@@ -646,6 +688,7 @@ def check(h: History) -> list[str]:
     out = [f"lost checkpoint: {x}" for x in h.counts_fell]
     for thread in h.thread_ids:
         fires, final = h.fires.get(thread, []), h.final.get(thread, {})
+        fire_at = h.fire_at.get(thread, [])
         if final.get("next"):
             last = h.results.get(f"s{h.plan.index}t{h.thread_ids.index(thread)}final", {})
             out.append(f"stranded: {thread} still at {final['next']} after the final resume "
@@ -653,10 +696,23 @@ def check(h: History) -> list[str]:
         committed = final.get("approved")
         if not final.get("next") and committed not in fires:
             out.append(f"lost output: {thread} finished with answer {committed!r}, fires {fires}")
-        extra = [r for r in fires if r != committed and cut_by_fault(h, r) is None]
-        if len(fires) > 1 and extra:
-            out.append(f"double fire: {thread} gate ran {len(fires)} times ({fires}); "
-                       f"not cut by a fault: {extra}")
+        elif not final.get("next") and fires[-1] != committed:
+            out.append(f"fired after the answer: {thread}'s gate ran for "
+                       f"{fires[fires.index(committed) + 1:]} after {committed}'s run, whose "
+                       f"answer the thread kept")
+        # a gate runs again only once the previous run's holder was cut by a fault
+        for prev, nxt, at in zip(fires, fires[1:], fire_at[1:]):
+            if cut_by_fault(h, prev, before=at) is None:
+                why = ("was cut by a fault only later" if cut_by_fault(h, prev) else
+                       "completed" if h.results.get(prev, {}).get("ok") else
+                       "was not cut by a fault")
+                out.append(f"double fire: {thread}'s gate ran for {nxt} at {at:.2f} s after "
+                           f"{prev}'s run, which {why} (fires {list(zip(fires, fire_at))})")
+        for racer, at in zip(fires, fire_at):
+            f = ended_before_its_fire(h, racer, at)
+            if f is not None:
+                out.append(f"served after its session ended: {thread}'s gate ran for {racer} at "
+                           f"{at:.2f} s, though {describe_fault(f)} had ended its server session")
         if h.children.get(thread, 0) > 1:
             out.append(f"forked: {thread}'s parked checkpoint has {h.children[thread]} children")
     return out
@@ -689,7 +745,13 @@ def summary(h: History, violations: list[str]) -> dict:
             "not_served": refused, "fires": sum(len(v) for v in h.fires.values()),
             "fires_cut_by_a_fault": cut,
             "final_resumes": sum(1 for k in h.results if k.endswith("final")),
-            "violations": violations, "notes": h.notes, "phases_s": h.phases}
+            "violations": violations, "notes": h.notes, "phases_s": h.phases,
+            "history": {"faults": h.faults,
+                        "threads": {t: {"fires": list(zip(h.fires.get(t, []), h.fire_at.get(t, []))),
+                                        "final": h.final.get(t)} for t in h.thread_ids},
+                        "racers": {k: {x: r.get(x) for x in ("proxy", "t_start", "t_end", "ok",
+                                                             "error", "refusals")}
+                                   for k, r in h.results.items()}}}
 
 
 def print_schedule(h: History, violations: list[str]) -> None:
@@ -721,9 +783,10 @@ def stock_race(world: World, racers: int = 3, gate_ms: int = 300) -> tuple[Histo
     return h, check(h)
 
 
-def run(seed: int, schedules: int, seconds: float, workdir: Path | None = None) -> list[dict]:
-    """Runs ``schedules`` schedules of ``seed``; each one's summary (its violations
-    included)."""
+def run(seed: int, schedules: int, seconds: float, workdir: Path | None = None,
+        only: list[int] | None = None) -> list[dict]:
+    """Runs ``schedules`` schedules of ``seed`` (or those of them in ``only``); each
+    one's summary (its violations included)."""
     own = workdir is None
     workdir = workdir or Path(tempfile.mkdtemp(prefix="rg-faults-"))
     world = World(workdir)
@@ -731,7 +794,7 @@ def run(seed: int, schedules: int, seconds: float, workdir: Path | None = None) 
         log(f"partition faults will be skipped: {world.no_partition}")
     out = []
     try:
-        for i in range(schedules):
+        for i in (only if only is not None else range(schedules)):
             h = Schedule(world, plan(seed, i, seconds), world.no_partition).run()
             v = check(h)
             print_schedule(h, v)
@@ -754,6 +817,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--schedules", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--json", default=None, help="write the run's summaries here")
+    ap.add_argument("--only", default=None, help="comma list: run only these schedules")
     ap.add_argument("--id"), ap.add_argument("--dir"), ap.add_argument("--first-batch", default="0")
     a = ap.parse_args(argv)
     if a.command == "worker":
@@ -763,7 +827,8 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(a.schedules):
             print(json.dumps(asdict(plan(seed, i, a.seconds))))
         return 0
-    out = run(seed, a.schedules, a.seconds)
+    only = [int(x) for x in a.only.split(",")] if a.only else None
+    out = run(seed, a.schedules, a.seconds, only=only)
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
     return 1 if any(s["violations"] for s in out) else 0

@@ -10,7 +10,10 @@ output, no fork, no stranded thread, no lost checkpoint.
 - a short seeded run (``RG_FAULT_SCHEDULES`` x ``RG_FAULT_SECONDS``, 3 x 8 s; the
   seed ``RG_FAULT_SEED``) has zero violations; ``full_matrix.sh`` (``RG_CO_FULL=1``)
   runs 12 schedules of 20 s;
-- beside it, racers straight to PostgreSQL: the checker reports their double fire.
+- beside it, racers straight to PostgreSQL: the checker reports their double fire;
+- what the schedules found, reduced to one scene (expected failure, strict): readers
+  waiting for a claim whose server sessions are terminated are still granted it, one
+  after another, and each runs the gated node.
 """
 
 from __future__ import annotations
@@ -19,11 +22,16 @@ import json
 import os
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
+import psycopg
 import pytest
 
 import fault_schedule as F
+from test_claims_recovery import db  # noqa: F401  (the saver's tables and the ledger)
+from test_drain import Resumer, dsn_of, ledger, park, start, wait_for
 
 HERE = Path(__file__).resolve().parent
 FULL = os.environ.get("RG_CO_FULL") == "1"
@@ -88,3 +96,46 @@ def test_racers_straight_to_postgres_are_a_double_fire_the_checker_sees(pg, work
     print(f"stock: fires {fires}; violations {violations}")
     assert len(fires) == 3, fires
     assert any(v.startswith("double fire:") for v in violations), violations
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a reader waiting for a claim whose server session ends is still granted the claim and "
+    "served the parked head it holds: its gated node runs although nothing it writes can "
+    "commit, and each such waiter loses the claim after holder_gone_grace_ms to the next "
+    "(seed 20261203, schedule 9 of 20 s: 4 fires after one pg_terminate_backend)"))
+@pytest.mark.timeout(300)
+def test_waiters_whose_server_sessions_ended_are_not_granted_the_claim(db, pg, workdir):  # noqa: F811
+    """The holder runs its gated node (3 s), two readers wait for its claim, then every
+    relayed session's backend is terminated (an operator, a reaper): the holder is gone,
+    and so are the waiters' server sessions: none of them can commit, so none may run
+    the gated node; the thread is continued by a later resume."""
+    name = f"ended-{uuid.uuid4().hex[:4]}"
+    p = start(pg, workdir, name)
+    thread = f"ended-{uuid.uuid4().hex[:8]}"
+    via = dsn_of(p, db)
+    ledger_dsn = f"{db}&application_name=rg-ledger"
+    procs: list[Resumer] = []
+    try:
+        park(via, thread)
+        t0 = time.time() + 15
+        procs.append(Resumer(f"{via}&application_name=racer-holder", ledger_dsn, thread, "holder",
+                             gate_ms=3000, start_at=t0))
+        procs += [Resumer(f"{via}&application_name=racer-w{i}", ledger_dsn, thread, f"w{i}",
+                          start_at=t0 + 0.5) for i in range(2)]
+        for r in procs:
+            assert r.reading.wait(60), "".join(r.stderr)
+        wait_for(lambda: ledger(db, thread), 60, "the holder's gated node never ran")
+        time.sleep(max(0.0, t0 + 1.2 - time.time()))   # the waiters' reads wait for the claim
+        with psycopg.connect(db, autocommit=True) as c:
+            ended = c.execute("select count(pg_terminate_backend(pid)) from pg_stat_activity "
+                              "where application_name like 'racer-%'").fetchone()[0]
+        results = {r.id: r.result(timeout=60) for r in procs}
+    finally:
+        for r in procs:
+            r.kill()
+        p.stop()
+    fires = ledger(db, thread)
+    print(f"{ended} backends ended; fires {fires}; results "
+          f"{ {k: (v['ok'], (v['error'] or {}).get('sqlstate')) for k, v in results.items()} }")
+    assert ended >= 3
+    assert fires == [("holder", "gate")], fires
