@@ -40,9 +40,11 @@ The checks over the history (``check``):
   lost checkpoint  a thread's checkpoint count (polled over a direct connection)
                    decreased during the run
 
-CLI:  fault_schedule.py --seed S --schedules N --seconds T [--json FILE]
+CLI:  fault_schedule.py --seed S --schedules N --seconds T [--only I,J] [--json FILE]
+      fault_schedule.py plan --seed S --schedules N --seconds T    (the plans, as JSON)
 prints each schedule (faults with planned and actual times), the per-thread outcome
-and the violations; exit status 1 when there are any. Needs PG_BIN and
+and the violations; exit status 1 when there are any, 2 when the only ones are of a
+known defect (``KNOWN_DEFECTS``). Needs PG_BIN and
 RESUMEGUARD_BIN (or a release build), as the integration suite does.
 """
 
@@ -639,6 +641,20 @@ class Schedule:
 
 
 # ----------------------------------------------------------------- the checks
+# Violations of a kind the proxy commits today, each reproduced by a strict expected
+# failure: reported and counted apart from the others (``known_defects``), never
+# dropped; a fix turns its test into an unexpected pass, and its entry goes.
+KNOWN_DEFECTS = {
+    "served after its session ended":
+        "test_fault_schedule.py::test_waiters_whose_server_sessions_ended_are_not_granted_the_claim",
+}
+
+
+def known_defect(violation: str) -> str | None:
+    """The expected-failure test of ``violation``'s kind, if the kind is known."""
+    return next((t for k, t in KNOWN_DEFECTS.items() if violation.startswith(k + ":")), None)
+
+
 # a fault counts as before a fire this much after it (two readings of one host clock)
 CLOCK_SLACK_S = 0.05
 # a read granted just before a fault starts its gated node within this (a loaded host)
@@ -730,7 +746,10 @@ def describe_fault(f: dict) -> str:
     return f"{times} {what[f['kind']]}" + (f": {f['note']}" if f.get("note") else "")
 
 
-def summary(h: History, violations: list[str]) -> dict:
+def summary(h: History, found: list[str]) -> dict:
+    """``found``: every violation; those of a known kind go to ``known_defects``."""
+    violations = [v for v in found if known_defect(v) is None]
+    known = [v for v in found if known_defect(v) is not None]
     p = h.plan
     served = sum(1 for r in h.results.values() if r.get("ok"))
     refused: dict[str, int] = {}
@@ -745,7 +764,8 @@ def summary(h: History, violations: list[str]) -> dict:
             "not_served": refused, "fires": sum(len(v) for v in h.fires.values()),
             "fires_cut_by_a_fault": cut,
             "final_resumes": sum(1 for k in h.results if k.endswith("final")),
-            "violations": violations, "notes": h.notes, "phases_s": h.phases,
+            "violations": violations, "known_defects": known, "notes": h.notes,
+            "phases_s": h.phases,
             "history": {"faults": h.faults,
                         "threads": {t: {"fires": list(zip(h.fires.get(t, []), h.fire_at.get(t, []))),
                                         "final": h.final.get(t)} for t in h.thread_ids},
@@ -770,7 +790,11 @@ def print_schedule(h: History, violations: list[str]) -> None:
     for n in h.notes:
         log(f"  note: {n}")
     log(f"  phases (s): {h.phases}")
-    log(f"  violations: {violations or 'none'}")
+    for v in violations:
+        test = known_defect(v)
+        log(f"  {'KNOWN DEFECT' if test else 'VIOLATION'}: {v}" + (f" (see {test})" if test else ""))
+    if not violations:
+        log("  violations: none")
 
 
 def stock_race(world: World, racers: int = 3, gate_ms: int = 300) -> tuple[History, list[str]]:
@@ -804,9 +828,13 @@ def run(seed: int, schedules: int, seconds: float, workdir: Path | None = None,
         if own:
             shutil.rmtree(workdir, ignore_errors=True)
     total = sum(len(s["violations"]) for s in out)
+    known = sum(len(s["known_defects"]) for s in out)
+    failing = ",".join(str(s["index"]) for s in out if s["violations"] or s["known_defects"])
     log(f"seed {seed}: {len(out)} schedules, {sum(s['faults'] for s in out)} faults, "
-        f"{sum(s['racers'] for s in out)} racers, {total} violation(s); rerun with "
-        f"--seed {seed} --schedules {schedules} --seconds {seconds}")
+        f"{sum(s['racers'] for s in out)} racers, {total} violation(s), {known} of a known "
+        f"defect; rerun with "
+        f"--seed {seed} --schedules {schedules} --seconds {seconds}"
+        + (f" --only {failing}" if failing else ""))
     return out
 
 
@@ -831,7 +859,9 @@ def main(argv: list[str] | None = None) -> int:
     out = run(seed, a.schedules, a.seconds, only=only)
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
-    return 1 if any(s["violations"] for s in out) else 0
+    if any(s["violations"] for s in out):
+        return 1
+    return 2 if any(s["known_defects"] for s in out) else 0
 
 
 if __name__ == "__main__":
