@@ -82,9 +82,10 @@ def test_seeded_fault_schedules_keep_the_resume_contract(workdir):
           f"{len(known)} of the known defect (its expected failure below)")
     assert violations == [], f"rerun: integration/fault_schedule.py --seed {SEED} " \
                              f"--schedules {SCHEDULES} --seconds {SECONDS}"
-    # not vacuous: faults were injected, resumes were served, every thread fired
-    assert all(s["faults"] for s in out)
-    assert sum(s["served"] for s in out) >= sum(s["threads"] for s in out)
+    # not vacuous: every schedule injected faults, served resumes, and fired each
+    # thread's gate (a thread may be finished by a run its client saw fail: a holder
+    # whose step committed before its connection ended)
+    assert all(s["faults"] and s["served"] for s in out)
     assert all(s["fires"] >= s["threads"] for s in out)
 
 
