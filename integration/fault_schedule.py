@@ -123,6 +123,7 @@ class Plan:
 
 def plan(seed: int, index: int, seconds: float) -> Plan:
     """The schedule ``index`` of ``seed``: a function of its arguments only."""
+    seconds = float(seconds)  # 8 and 8.0 plan the same schedule
     rng = random.Random(f"resumeguard-faults:{seed}:{index}:{seconds}")
     threads = rng.randint(2, 4)
     skew = None

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import asdict
 from pathlib import Path
 
 import psycopg
@@ -52,6 +53,7 @@ def planned(seed: int, schedules: int, seconds: float) -> list[dict]:
 def test_a_seed_plans_the_same_schedules_in_every_process():
     first, again = planned(SEED, 20, 20), planned(SEED, 20, 20)
     assert first == again
+    assert [json.loads(json.dumps(asdict(F.plan(SEED, i, 20)))) for i in range(20)] == first
     assert planned(SEED + 1, 20, 20) != first
     kinds = {f["kind"] for p in first for f in p["faults"]}
     assert kinds == set(F.FAULT_KINDS), kinds
