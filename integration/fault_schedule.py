@@ -20,31 +20,19 @@ through either proxy at planned times (worker processes), and faults:
                  namespaces, otherwise skipped with a logged reason
 
 After the faults (everything healed, every proxy up), a settle phase waits past
-``lapse_ms`` + ``holder_gone_grace_ms`` and resumes every thread that has not finished.
-The checks over the history (``check``):
-
-  double fire      an interrupt's gated node ran more than once, not counting runs of a
-                   racer that did not complete while a fault cut its path (its proxy
-                   killed or partitioned, PostgreSQL restarted, its session's backend
-                   terminated): such a holder is taken over by design. A SIGTERM (a
-                   drain lets the holder's step commit) and the end of the proxies'
-                   claims connections alone (replaced, the liveness lock retaken)
-                   excuse nothing
-  served after its session ended
-                   a racer connected before a fault that ended every server session
-                   (PostgreSQL restarted, backends terminated) ran its gated node more
-                   than a second after it: it was served a parked head it cannot answer
-  lost output      a finished thread whose state holds no recorded fire's answer
-  forked           the parked checkpoint has more than one child
-  stranded         a thread not finished after the final resume
-  lost checkpoint  a thread's checkpoint count (polled over a direct connection)
-                   decreased during the run
+``lapse_ms`` + ``holder_gone_grace_ms`` and resumes every thread that has not finished;
+``fault_history.check`` then judges the history: a gate runs again only after the
+previous run's racer was cut by a fault (its proxy killed or partitioned, PostgreSQL
+restarted, its session's backend terminated; never a SIGTERM drain, never the end of
+the claims connections alone), never after the answer the thread kept, never on a
+session a fault had already ended; no lost output, no fork, no stranded thread, no
+lost checkpoint. The plans are ``fault_plan.plan``.
 
 CLI:  fault_schedule.py --seed S --schedules N --seconds T [--only I,J] [--json FILE]
       fault_schedule.py plan --seed S --schedules N --seconds T    (the plans, as JSON)
 prints each schedule (faults with planned and actual times), the per-thread outcome
 and the violations; exit status 1 when there are any, 2 when the only ones are of a
-known defect (``KNOWN_DEFECTS``). Needs PG_BIN and
+known defect (``fault_history.KNOWN_DEFECTS``). Needs PG_BIN and
 RESUMEGUARD_BIN (or a release build), as the integration suite does.
 """
 
@@ -62,7 +50,7 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import psycopg
@@ -71,16 +59,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import netns as N  # noqa: E402
 from conftest import HOST, PG_BIN, PgServer, Proxy, make_dsn, port_accepts  # noqa: E402
+from fault_history import History, check, cut_by_fault, describe_fault, known_defect  # noqa: E402
+from fault_plan import FAULT_KINDS, Fault, Job, Plan, plan  # noqa: E402,F401  (the CLI's plans)
 
 LAPSE_MS = 2000
 GRACE_MS = 1000              # holder_gone_grace_ms
 SHUTDOWN_GRACE_MS = 4000
 LIVENESS_BOUND_MS = 4000
-GATES_MS = (0, 300, 1000)
-FAULT_KINDS = ("kill", "term", "pg_restart", "terminate", "partition")
-# a fault of these kinds cuts the path of a racer it overlaps (by proxy, or all)
-CUTS_ITS_PROXY = ("kill", "partition")
-CUTS_EVERY_PATH = ("pg_restart", "terminate")
 RETRYABLE = ("55000", "55006")  # answered / run in progress, shutting down
 LIBFAKETIME = next((p for p in (Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"),
                                  Path("/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1"))
@@ -89,74 +74,6 @@ LIBFAKETIME = next((p for p in (Path("/usr/lib/x86_64-linux-gnu/faketime/libfake
 
 def log(msg: str) -> None:
     print(f"[faults {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-# ----------------------------------------------------------------- the plan
-@dataclass
-class Job:
-    racer: str
-    thread: int          # index of the thread
-    proxy: int           # 0 or 1
-    at: float            # seconds after the schedule's start
-    gate_ms: int
-
-
-@dataclass
-class Fault:
-    kind: str
-    at: float
-    proxy: int | None = None
-    down_s: float = 0.0  # kill/term: until the restart; partition: how long
-    which: str = ""      # terminate: claims | sessions | all
-
-
-@dataclass
-class Plan:
-    seed: int
-    index: int
-    seconds: float
-    threads: int
-    skew: tuple[int, float] | None      # (proxy, seconds) or None
-    jobs: list[Job]
-    faults: list[Fault]
-
-
-def plan(seed: int, index: int, seconds: float) -> Plan:
-    """The schedule ``index`` of ``seed``: a function of its arguments only."""
-    seconds = float(seconds)  # 8 and 8.0 plan the same schedule
-    rng = random.Random(f"resumeguard-faults:{seed}:{index}:{seconds}")
-    threads = rng.randint(2, 4)
-    skew = None
-    if rng.random() < 0.6:
-        skew = (rng.randrange(2), round(rng.choice((-1, 1)) * rng.uniform(15, 30), 1))
-    faults: list[Fault] = []
-    at = rng.uniform(0.2, 1.5)
-    while at < seconds:
-        kind = rng.choice(FAULT_KINDS)
-        f = Fault(kind=kind, at=round(at, 2))
-        if kind in ("kill", "term", "partition"):
-            f.proxy = rng.randrange(2)
-            f.down_s = round(rng.uniform(2.0, 5.0) if kind == "partition" else
-                             rng.uniform(0.3, 2.0), 2)
-        elif kind == "terminate":
-            f.which = rng.choice(("claims", "sessions", "all"))
-        faults.append(f)
-        at += f.down_s + rng.uniform(1.0, 3.0)
-    jobs: list[Job] = []
-    for t in range(threads):
-        racers = rng.randint(2, 4)
-        # a race (racers arriving together), a race just before a fault (the fault
-        # lands while the winner runs its gate), or racers spread over the window
-        arrival = rng.choice(("race", "race_into_fault", "spread"))
-        base = rng.uniform(0, seconds * 0.8)
-        if arrival == "race_into_fault" and faults:
-            base = max(0.0, rng.choice(faults).at - rng.uniform(0.0, 1.0))
-        for r in range(racers):
-            at = rng.uniform(0, seconds * 0.8) if arrival == "spread" else base + rng.uniform(0, 0.3)
-            jobs.append(Job(racer=f"s{index}t{t}r{r}", thread=t, proxy=rng.randrange(2),
-                            at=round(at, 2), gate_ms=rng.choice(GATES_MS)))
-    jobs.sort(key=lambda j: j.at)
-    return Plan(seed, index, seconds, threads, skew, jobs, faults)
 
 
 # ----------------------------------------------------------------- the world
@@ -360,23 +277,6 @@ class RacerPool:
 
 
 # ----------------------------------------------------------------- one schedule
-@dataclass
-class History:
-    plan: Plan
-    thread_ids: list[str]
-    results: dict[str, dict] = field(default_factory=dict)        # racer -> result
-    faults: list[dict] = field(default_factory=list)               # as executed
-    fires: dict[str, list[str]] = field(default_factory=dict)      # thread -> racers
-    fire_at: dict[str, list[float]] = field(default_factory=dict)  # when each ran (s)
-    t0: float = 0.0                                                # the start (epoch)
-    final: dict[str, dict] = field(default_factory=dict)           # thread -> state
-    parked: dict[str, str] = field(default_factory=dict)           # thread -> checkpoint id
-    children: dict[str, int] = field(default_factory=dict)         # of the parked checkpoint
-    counts_fell: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    phases: dict[str, float] = field(default_factory=dict)       # seconds each took
-
-
 class CountMonitor:
     """Polls each thread's checkpoint count over a direct connection; remembers any
     decrease (a committed checkpoint lost)."""
@@ -639,112 +539,6 @@ class Schedule:
             self.cleanup()
             phase("check and cleanup")
         return self.h
-
-
-# ----------------------------------------------------------------- the checks
-# Violations of a kind the proxy commits today, each reproduced by a strict expected
-# failure: reported and counted apart from the others (``known_defects``), never
-# dropped; a fix turns its test into an unexpected pass, and its entry goes.
-KNOWN_DEFECTS = {
-    "served after its session ended":
-        "test_fault_schedule.py::test_waiters_whose_server_sessions_ended_are_not_granted_the_claim",
-}
-
-
-def known_defect(violation: str) -> str | None:
-    """The expected-failure test of ``violation``'s kind, if the kind is known."""
-    return next((t for k, t in KNOWN_DEFECTS.items() if violation.startswith(k + ":")), None)
-
-
-# a fault counts as before a fire this much after it (two readings of one host clock)
-CLOCK_SLACK_S = 0.05
-# a read granted just before a fault starts its gated node within this (a loaded host)
-NODE_START_S = 1.0
-
-
-def ended_before_its_fire(h: History, racer: str, at: float) -> dict | None:
-    """The fault that ended ``racer``'s server session (PostgreSQL restarted, its
-    backend terminated) after it connected and well before its gated node ran at
-    ``at``: a session that can commit nothing was served the parked head."""
-    r = h.results.get(racer)
-    if r is None or r.get("ok"):
-        return None
-    for f in h.faults:
-        if f["note"].startswith("NOT INJECTED") or f["kind"] not in CUTS_EVERY_PATH:
-            continue
-        if f["kind"] == "terminate" and f["which"] == "claims":
-            continue
-        if r["t_start"] < f["start"] and f["start"] + NODE_START_S < at:
-            return f
-    return None
-
-
-def cut_by_fault(h: History, racer: str, before: float | None = None) -> dict | None:
-    """The fault that cut the path of ``racer``'s run (begun by ``before``, seconds
-    after the start, when given), if its run did not complete and one did: its proxy
-    killed or partitioned, PostgreSQL restarted, the relayed sessions' backends ended."""
-    r = h.results.get(racer)
-    if r is None or r.get("ok"):
-        return None
-    for f in h.faults:
-        if f["note"].startswith(("NOT INJECTED", "skipped")):
-            continue
-        if f["kind"] == "terminate" and f["which"] == "claims":
-            continue  # the claims connections are replaced, the liveness lock retaken
-        if before is not None and f["start"] > before + CLOCK_SLACK_S:
-            continue
-        hits = f["kind"] in CUTS_EVERY_PATH or (f["kind"] in CUTS_ITS_PROXY
-                                                 and f["proxy"] == r.get("proxy"))
-        if hits and f["start"] - 0.5 <= r["t_end"] and r["t_start"] <= f["end"] + 0.5:
-            return f
-    return None
-
-
-def check(h: History) -> list[str]:
-    """The violations of the Resume Contract in a recorded history."""
-    out = [f"lost checkpoint: {x}" for x in h.counts_fell]
-    for thread in h.thread_ids:
-        fires, final = h.fires.get(thread, []), h.final.get(thread, {})
-        fire_at = h.fire_at.get(thread, [])
-        if final.get("next"):
-            last = h.results.get(f"s{h.plan.index}t{h.thread_ids.index(thread)}final", {})
-            out.append(f"stranded: {thread} still at {final['next']} after the final resume "
-                       f"({last.get('error')})")
-        committed = final.get("approved")
-        if not final.get("next") and committed not in fires:
-            out.append(f"lost output: {thread} finished with answer {committed!r}, fires {fires}")
-        elif not final.get("next") and fires[-1] != committed:
-            out.append(f"fired after the answer: {thread}'s gate ran for "
-                       f"{fires[fires.index(committed) + 1:]} after {committed}'s run, whose "
-                       f"answer the thread kept")
-        # a gate runs again only once the previous run's holder was cut by a fault
-        for prev, nxt, at in zip(fires, fires[1:], fire_at[1:]):
-            if cut_by_fault(h, prev, before=at) is None:
-                why = ("was cut by a fault only later" if cut_by_fault(h, prev) else
-                       "completed" if h.results.get(prev, {}).get("ok") else
-                       "was not cut by a fault")
-                out.append(f"double fire: {thread}'s gate ran for {nxt} at {at:.2f} s after "
-                           f"{prev}'s run, which {why} (fires {list(zip(fires, fire_at))})")
-        for racer, at in zip(fires, fire_at):
-            f = ended_before_its_fire(h, racer, at)
-            if f is not None:
-                out.append(f"served after its session ended: {thread}'s gate ran for {racer} at "
-                           f"{at:.2f} s, though {describe_fault(f)} had ended its server session")
-        if h.children.get(thread, 0) > 1:
-            out.append(f"forked: {thread}'s parked checkpoint has {h.children[thread]} children")
-    return out
-
-
-def describe_fault(f: dict) -> str:
-    what = {"kill": f"SIGKILL proxy {f.get('proxy')}, down {f.get('down_s')} s",
-            "term": f"SIGTERM proxy {f.get('proxy')}, down {f.get('down_s')} s",
-            "pg_restart": "pg_ctl restart -m fast",
-            "terminate": f"pg_terminate_backend ({f.get('which')})",
-            "partition": f"partition proxy {f.get('proxy')} from PostgreSQL {f.get('down_s')} s"}
-    times = f"t={f['at']:.2f}s"
-    if "start" in f:
-        times += f" (ran {f['start']:.2f}-{f['end']:.2f}s)"
-    return f"{times} {what[f['kind']]}" + (f": {f['note']}" if f.get("note") else "")
 
 
 def summary(h: History, found: list[str]) -> dict:
