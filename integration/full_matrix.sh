@@ -13,7 +13,11 @@
 # N x gates x reps x RG_CO_SAVERS). RG_CO_FORMS and RG_CO_PROXIES apply to py3 only.
 # split = test_claims_pg.py: two proxies with separate state dirs, N x conn/pool/async,
 # on PostgreSQL claims beside SQLite stores per proxy (the double fire).
-#   RG_CO_STACKS=py3,js,py2,py208,split integration/full_matrix.sh
+# faults = test_fault_schedule.py: seeded fault schedules (racers over two proxies
+# while proxies are SIGKILLed / SIGTERMed, PostgreSQL restarts, backends are
+# terminated, a proxy is partitioned, a clock is skewed), RG_FAULT_SCHEDULES (12)
+# of RG_FAULT_SECONDS (20) from RG_FAULT_SEED; one summary row per schedule.
+#   RG_CO_STACKS=py3,js,py2,py208,split,faults integration/full_matrix.sh
 # Extra arguments go to pytest (e.g. -x, or -k 'n16').
 #
 # Every cell runs racers as separate OS processes behind a file barrier, first
@@ -38,7 +42,9 @@ export RG_JS_REPS="${RG_JS_REPS:-${RG_CO_REPS:-10}}"
 export RG_PY2_N="${RG_PY2_N:-${RG_CO_N:-2,4,8,16}}" RG_PY2_GATES="${RG_PY2_GATES:-${RG_CO_GATES:-0,300}}"
 export RG_PY2_REPS="${RG_PY2_REPS:-${RG_CO_REPS:-10}}" RG_PY2_SAVERS="${RG_PY2_SAVERS:-${RG_CO_SAVERS:-conn,pool,async}}"
 selected=()
-IFS=, read -ra stacks <<< "${RG_CO_STACKS:-py3}"
+export RG_FAULT_TABLE="${RG_FAULT_TABLE:-$(mktemp /tmp/rg-fault-schedules.XXXXXX.jsonl)}"
+: > "$RG_FAULT_TABLE"
+IFS=, read -ra stacks <<< "${RG_CO_STACKS:-py3,faults}"
 for stack in "${stacks[@]}"; do
     case "$stack" in
         py3) selected+=("test_consume_once and test_race") ;;
@@ -46,7 +52,8 @@ for stack in "${stacks[@]}"; do
         py2) selected+=("test_py2_saver and test_race and saver2.0.25") ;;
         py208) selected+=("test_py2_saver and test_race and saver2.0.8") ;;
         split) selected+=("test_claims_pg and test_racers_over") ;;
-        *) echo "full_matrix: unknown stack '$stack' in RG_CO_STACKS (py3, js, py2, py208, split)" >&2; exit 2 ;;
+        faults) selected+=("test_fault_schedule") ;;
+        *) echo "full_matrix: unknown stack '$stack' in RG_CO_STACKS (py3, js, py2, py208, split, faults)" >&2; exit 2 ;;
     esac
 done
 expr="$(printf '(%s) or ' "${selected[@]}")"
@@ -83,5 +90,21 @@ print("| " + " | ".join("-" * n for n in w) + " |")
 for ln in lines:
     print("| " + " | ".join(x.ljust(n) for x, n in zip(ln, w)) + " |")
 print(f"\n{len(rows)} cell(s); raw results: {sys.argv[1]}")
+PYEOF
+"$PY" - "$RG_FAULT_TABLE" <<'PYEOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+if rows:
+    print("\n| seed | schedule | threads | racers | faults | kinds | skew s | served | fires | cut | violations | known defect |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        skew = f"{r['skew'][1]:+}" if r["skew"] else "-"
+        print(f"| {r['seed']} | {r['index']} | {r['threads']} | {r['racers']} | {r['faults']} | "
+              f"{','.join(r['fault_kinds'])} | {skew} | {r['served']} | {r['fires']} | "
+              f"{r['fires_cut_by_a_fault']} | {len(r['violations'])} | {len(r['known_defects'])} |")
+    print(f"\n{len(rows)} fault schedule(s), {sum(r['faults'] for r in rows)} faults, "
+          f"{sum(r['racers'] for r in rows)} racers, "
+          f"{sum(len(r['violations']) for r in rows)} violation(s), "
+          f"{sum(len(r['known_defects']) for r in rows)} of a known defect; raw: {sys.argv[1]}")
 PYEOF
 exit "$rc"
