@@ -89,6 +89,7 @@ const KNOWN: &[(&str, &str, &[&str])] = &[
             "run_in_progress",
             "store_unavailable",
             "shutting_down",
+            "session_ended",
         ],
     ),
     (
@@ -222,7 +223,8 @@ pub fn describe() {
         REFUSED,
         "Reads of a thread's head refused, by reason: answered (55000), in_flight (55006), \
          run_in_progress (55000, run lease), store_unavailable (58000), shutting_down (55006, \
-         the proxy is draining)"
+         the proxy is draining), session_ended (08006, the server ended the reader's session \
+         while it waited)"
     );
     describe_counter!(
         FENCED,
@@ -355,6 +357,7 @@ pub fn claim_refused(reason: &Refusal) {
         Refusal::RunInProgress { .. } => "run_in_progress",
         Refusal::StoreUnavailable(..) => "store_unavailable",
         Refusal::ShuttingDown => "shutting_down",
+        Refusal::SessionEnded => "session_ended",
     };
     counter!(REFUSED, "reason" => reason).increment(1);
 }

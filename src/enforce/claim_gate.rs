@@ -123,13 +123,26 @@ impl ClaimsLeg {
 
     /// Takes the claim, polling while another live claim holds it. Blocks
     /// the calling session thread (and only it) while it waits.
-    pub fn resolve(&self, req: &ClaimRequest) -> Resolution {
+    /// `server_closed` tells whether the server has ended the reader's own
+    /// session: such a reader is never served a parked head, since its
+    /// node would run with nothing it writes able to commit (a claim it
+    /// took is then its session's to lose, as a crash's is).
+    pub fn resolve(&self, req: &ClaimRequest, server_closed: &dyn Fn() -> bool) -> Resolution {
         if req.head == Head::Running {
             return self.check_run_lease(req);
         }
-        if let Some(held) = self.known_held(req) {
-            return held;
+        let mut resolution = match self.known_held(req) {
+            Some(held) => held,
+            None => self.wait_for_claim(req, server_closed),
+        };
+        if matches!(resolution.decision, ClaimDecision::Serve { .. }) && server_closed() {
+            resolution.decision = session_ended();
         }
+        resolution
+    }
+
+    /// Asks the store until it decides (see [`Self::resolve`]).
+    fn wait_for_claim(&self, req: &ClaimRequest, server_closed: &dyn Fn() -> bool) -> Resolution {
         // A local wait: the monotonic clock, not the claims clock.
         let started = Instant::now();
         let mut waited_ms = 0;
@@ -139,6 +152,15 @@ impl ClaimsLeg {
                     decision: ClaimDecision::Refuse {
                         reason: Refusal::ShuttingDown,
                     },
+                    waited_ms,
+                    displaced: None,
+                    takeover: None,
+                    epoch: None,
+                };
+            }
+            if server_closed() {
+                return Resolution {
+                    decision: session_ended(),
                     waited_ms,
                     displaced: None,
                     takeover: None,
@@ -259,6 +281,13 @@ impl ClaimsLeg {
     }
 }
 
+/// The refusal of a reader whose server session ended while it waited.
+fn session_ended() -> ClaimDecision {
+    ClaimDecision::Refuse {
+        reason: Refusal::SessionEnded,
+    }
+}
+
 /// A held head row's claim, decided outside the session lock.
 #[derive(Debug)]
 pub struct ClaimTicket {
@@ -286,8 +315,8 @@ impl std::fmt::Debug for ClaimsLeg {
 }
 
 impl Ticket for ClaimTicket {
-    fn decide(&mut self) {
-        self.resolution = Some(self.leg.resolve(&self.request));
+    fn decide(&mut self, server_closed: &dyn Fn() -> bool) {
+        self.resolution = Some(self.leg.resolve(&self.request, server_closed));
     }
 
     fn into_any(self: Box<Self>) -> Box<dyn Any> {

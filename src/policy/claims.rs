@@ -19,13 +19,17 @@
 //! - `55006` also for [`Refusal::ShuttingDown`]: this proxy is shutting
 //!   down and grants nothing new; the same resume succeeds through
 //!   another proxy or after the restart.
+//! - `08006` connection_failure, [`Refusal::SessionEnded`]: the server
+//!   ended the reader's own session while its read waited for the claim;
+//!   nothing it wrote could commit, so it is not served (the connection
+//!   is gone: this one is in class 08 on purpose).
 //!
 //! - `RGF01` (class `RG`, resumeguard's own), [`WriteVerdict::Fenced`]: a
 //!   write continuing a claimed checkpoint came from a session other than
 //!   its current holder (see [`decide_write`]). Raised inside the server's
 //!   transaction, so nothing of the write commits.
 //!
-//! None is in class 40 or 08, so drivers and pools do not retry or drop
+//! No other is in class 40 or 08, so drivers and pools do not retry or drop
 //! the connection on their own.
 
 use regex::Regex;
@@ -42,6 +46,8 @@ pub const SQLSTATE_ANSWERED: &str = "55000";
 pub const SQLSTATE_IN_FLIGHT: &str = "55006";
 /// SQLSTATE for a read refused because the claim store failed.
 pub const SQLSTATE_STORE_UNAVAILABLE: &str = "58000";
+/// [`Refusal::SessionEnded`]: connection_failure.
+pub const SQLSTATE_SESSION_ENDED: &str = "08006";
 
 /// SQLSTATE for a write fenced off a claimed checkpoint.
 pub const SQLSTATE_WRITE_FENCED: &str = "RGF01";
@@ -79,6 +85,9 @@ pub enum Refusal {
     /// The proxy is shutting down: no claim, takeover or run is granted
     /// to a reader (its session closes next).
     ShuttingDown,
+    /// The server ended the reader's own session while it waited: its
+    /// node would run with nothing it writes able to commit.
+    SessionEnded,
 }
 
 /// What the wire layer does with the read.
@@ -217,6 +226,7 @@ impl Refusal {
             Refusal::Answered { .. } | Refusal::RunInProgress { .. } => SQLSTATE_ANSWERED,
             Refusal::InFlight { .. } | Refusal::ShuttingDown => SQLSTATE_IN_FLIGHT,
             Refusal::StoreUnavailable(..) => SQLSTATE_STORE_UNAVAILABLE,
+            Refusal::SessionEnded => SQLSTATE_SESSION_ENDED,
         }
     }
 
@@ -265,6 +275,10 @@ impl Refusal {
                 "resumeguard is shutting down: {what} was not claimed, this read of the \
                  thread's head was refused before any node ran"
             ),
+            Refusal::SessionEnded => format!(
+                "resumeguard: the server ended this session while its read of parked {what} \
+                 waited for the claim; nothing was served and no node ran"
+            ),
         }
     }
 
@@ -302,6 +316,10 @@ impl Refusal {
             Refusal::ShuttingDown => {
                 "Retry the same resume through another proxy or once this one has \
                  restarted; nothing ran."
+            }
+            Refusal::SessionEnded => {
+                "Resume again on a new connection; the thread continues with the first \
+                 reader once the claim's holder is gone."
             }
         }
     }

@@ -47,7 +47,9 @@ pub struct ServerStep {
 /// block (a claim in a shared store, waiting for another holder).
 pub trait Ticket: Send + std::fmt::Debug {
     /// Decides; may block the calling relay thread (only it).
-    fn decide(&mut self);
+    /// `server_closed` tells, without reading, whether the server has
+    /// ended this session meanwhile.
+    fn decide(&mut self, server_closed: &dyn Fn() -> bool);
     fn into_any(self: Box<Self>) -> Box<dyn Any>;
 }
 

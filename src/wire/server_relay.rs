@@ -123,7 +123,7 @@ pub(super) fn server_to_client(
                 }
                 out.clear();
             }
-            ticket.decide();
+            ticket.decide(&|| handle.server.peer_closed());
             let refusal = match state.lock() {
                 Ok(mut st) => {
                     let refusal = st.release(ticket);

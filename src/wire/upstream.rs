@@ -9,6 +9,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::os::unix::io::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
@@ -101,6 +102,27 @@ impl Upstream {
     pub fn half_close(&self) {
         self.close_notify();
         self.shutdown(Shutdown::Write);
+    }
+
+    /// Whether the server has closed its side (its end-of-file or a reset
+    /// waits on the socket, after whatever bytes are still unread). Asks
+    /// the kernel without reading, so nothing the relay reads next is
+    /// taken; under TLS the same holds for the socket below it.
+    pub fn peer_closed(&self) -> bool {
+        let fd = match self {
+            Upstream::Tcp(s) => s.as_raw_fd(),
+            Upstream::Unix(s) => s.as_raw_fd(),
+            Upstream::Tls(t) => t.socket().as_raw_fd(),
+        };
+        let mut probe = libc::pollfd {
+            fd,
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one pollfd of an open socket this value owns, and a zero
+        // timeout: poll only reads the socket's state.
+        let ready = unsafe { libc::poll(&mut probe, 1, 0) };
+        ready > 0 && probe.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
     }
 
     /// Bounds each read (`None`: reads block).
