@@ -92,16 +92,27 @@ const fn small(crashes: u8, kills: u8, drains: u8) -> Bounds {
 /// The bounds `cargo test` checks.
 const SMALL: [Bounds; 3] = [small(1, 0, 0), small(0, 1, 0), small(0, 0, 1)];
 
-/// The bounds of the full run.
-const LARGE: [Bounds; 1] = [Bounds {
-    proxies: 3,
-    readers: 4,
-    horizon_ms: 6_000,
-    crashes: 1,
-    kills: 1,
-    drains: 1,
-    relaxed: false,
-}];
+/// The bounds of the full run: a fourth reader and a third proxy for each
+/// fault kind, and every fault kind together at the small size.
+const LARGE: [Bounds; 4] = [
+    large(1, 0, 0),
+    large(0, 1, 0),
+    large(0, 0, 1),
+    Bounds {
+        crashes: 1,
+        kills: 1,
+        drains: 1,
+        ..small(0, 0, 0)
+    },
+];
+
+const fn large(crashes: u8, kills: u8, drains: u8) -> Bounds {
+    Bounds {
+        proxies: 3,
+        readers: 4,
+        ..small(crashes, kills, drains)
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum ProxyState {
@@ -258,7 +269,7 @@ impl ClaimsModel {
                     checkpoint_ns: String::new(),
                     checkpoint_id: "parked".to_owned(),
                 },
-                fingerprint: "f".repeat(64),
+                fingerprint: "f1".to_owned(),
             },
         }
     }
@@ -800,8 +811,7 @@ impl Model for ClaimsModel {
                     || w.readers.iter().filter(|r| r.fired).count() >= 2
             }),
             Property::sometimes("a drained holder's run moves on", |m, w: &World| {
-                m.bounds.drains == 0
-                    || w.head_moved && w.proxies.iter().any(|p| *p == ProxyState::Flushing)
+                m.bounds.drains == 0 || w.head_moved && w.proxies.contains(&ProxyState::Flushing)
             }),
             // Only a holder slower than its lapse is ever fenced.
             Property::sometimes("a racer is fenced", |m, w: &World| {
