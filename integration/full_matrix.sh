@@ -19,6 +19,8 @@
 # of RG_FAULT_SECONDS (20) from RG_FAULT_SEED; one summary row per schedule.
 #   RG_CO_STACKS=py3,js,py2,py208,split,faults integration/full_matrix.sh
 # Extra arguments go to pytest (e.g. -x, or -k 'n16').
+# First, the claims protocol model at its larger bounds (tests/claims_model.rs;
+# RG_MODEL_LARGE=0 skips it).
 #
 # Every cell runs racers as separate OS processes behind a file barrier, first
 # straight to PostgreSQL (stock; only in 1-proxy cells) and then through the
@@ -57,9 +59,17 @@ for stack in "${stacks[@]}"; do
     esac
 done
 expr="$(printf '(%s) or ' "${selected[@]}")"
+# The claims protocol model at its larger bounds (docs/guarantees.md);
+# RG_MODEL_LARGE=0 skips it.
+model_rc=0
+if [ "${RG_MODEL_LARGE:-1}" != 0 ]; then
+    cargo test --test claims_model -- --ignored --nocapture claims_protocol_holds_at_large_bounds
+    model_rc=$?
+fi
 RG_SKIP_UNIT="${RG_SKIP_UNIT:-1}" RG_PYTEST_TIMEOUT="${RG_PYTEST_TIMEOUT:-5400}" \
     integration/run_all.sh -k "${expr% or }" "$@"
 rc=$?
+[ "$model_rc" -eq 0 ] || rc=$model_rc
 PY="$ROOT/.venv/bin/python"
 "$PY" - "$RG_CO_TABLE" <<'PYEOF'
 import json, sys

@@ -42,7 +42,7 @@ pub use file::BUSY_TIMEOUT;
 pub use model::{
     format_ms, interrupt_fingerprint, ClaimKey, ClaimRecord, ClaimState, Holder, RunLease,
 };
-pub use outcome::ClaimOutcome;
+pub use outcome::{decide_existing, ClaimOutcome};
 pub use render::render_claims;
 pub use store::{
     SqliteClaims, DEFAULT_RETAIN_MS, DEFAULT_RUN_LEASE_MS, DEFAULT_SUPERSEDED_GRACE_MS,

@@ -81,7 +81,7 @@ impl ClaimState {
 /// One row of the claim store. Times are milliseconds since the Unix
 /// epoch on the claims database's clock ([`super::clock`]), so replicas
 /// whose own clocks disagree compare them directly.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ClaimRecord {
     pub key: ClaimKey,
     pub holder: Holder,
@@ -193,7 +193,7 @@ impl ClaimRecord {
 /// The run that answered an interrupt, while it is still writing: reads
 /// of the thread's head that would continue it from another session are
 /// refused (see `policy::claims::decide_running_head`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RunLease {
     pub thread_id: String,
     pub checkpoint_ns: String,
