@@ -38,10 +38,7 @@ class History:
 # Violations of a kind the proxy commits today, each reproduced by a strict expected
 # failure: reported and counted apart from the others (``known_defects``), never
 # dropped; a fix turns its test into an unexpected pass, and its entry goes.
-KNOWN_DEFECTS = {
-    "served after its session ended":
-        "test_fault_schedule.py::test_waiters_whose_server_sessions_ended_are_not_granted_the_claim",
-}
+KNOWN_DEFECTS: dict[str, str] = {}
 
 
 def known_defect(violation: str) -> str | None:

@@ -104,11 +104,6 @@ def test_racers_straight_to_postgres_are_a_double_fire_the_checker_sees(pg, work
     assert any(v.startswith("double fire:") for v in violations), violations
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a reader waiting for a claim whose server session ends is still granted the claim and "
-    "served the parked head it holds: its gated node runs although nothing it writes can "
-    "commit, and each such waiter loses the claim after holder_gone_grace_ms to the next "
-    "(seed 20261203, schedule 9 of 20 s: 4 fires after one pg_terminate_backend)"))
 @pytest.mark.timeout(300)
 def test_waiters_whose_server_sessions_ended_are_not_granted_the_claim(db, pg, workdir):  # noqa: F811
     """The holder runs its gated node (3 s), two readers wait for its claim, then every
