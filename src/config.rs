@@ -108,6 +108,11 @@ pub struct ClaimsConfig {
     /// The claims database when it is not the upstream's (libpq DSN or
     /// `postgres://` URL); absent: the upstream (or the managed server).
     pub dsn: Option<String>,
+    /// With `dsn`: the database the sessions reach through the upstream
+    /// that is the one `dsn` names, reached another way (a transaction
+    /// pooler in between), so their writes are fenced by the server inside
+    /// their own transaction; absent: a store lookup per write.
+    pub fence_database: Option<String>,
     /// How soon the liveness lock of a proxy cut off from the database
     /// goes, so other proxies count its holders as gone (PostgreSQL).
     pub liveness_bound_ms: u64,
@@ -150,6 +155,7 @@ impl Default for ClaimsConfig {
         ClaimsConfig {
             backend: None,
             dsn: None,
+            fence_database: None,
             liveness_bound_ms: 10_000,
             store: None,
             proxy_id: None,

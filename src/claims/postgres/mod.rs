@@ -10,11 +10,13 @@
 //! - `conn`: the decision and liveness connections, fail closed.
 //! - `store`: the operations, a decision one statement each; `rows`, `leases`.
 //! - `liveness`: holders whose proxy process is gone.
+//! - `pooler`: a claims target that is a transaction pooler, refused at start.
 
 mod client;
 mod conn;
 mod leases;
 mod liveness;
+pub mod pooler;
 mod rows;
 mod schema;
 mod store;
