@@ -294,3 +294,55 @@ def test_a_replayed_write_behind_pgbouncer_is_fenced(behind, in_transaction, pla
     want = ("checked by the server inside each write's transaction" if place == "in_transaction"
             else "checked by a claim store lookup per write")
     assert want in log, log[-3000:]
+
+
+# --------------------------------------------------------------------------- in front of the proxy
+@pytest.fixture(scope="module")
+def in_front(pg, dbname, behind, proxy_factory, workdir):
+    """PgBouncer (transaction mode) in front of a proxy in front of PostgreSQL."""
+    proxy = proxy_factory("--config", proxy_config(workdir, "fronted", pg.dsn(dbname)),
+                          "--state-dir", str(workdir / "fronted-state"), name="fronted")
+    front = PgBouncer(proxy.port, name="pgbouncer-front").start()
+    yield SimpleNamespace(proxy=proxy, front=front, dsn=front.dsn(dbname))
+    front.stop()
+
+
+FENCED_OR_REFUSED = (REFUSED, IN_USE, FENCED)
+
+
+def children_of(env, thread: str, parked: str) -> int:
+    with psycopg.connect(env.direct, autocommit=True) as c:
+        return c.execute("select count(*) from checkpoints where thread_id = %s and "
+                         "checkpoint_ns = '' and parent_checkpoint_id = %s",
+                         (thread, parked)).fetchone()[0]
+
+
+@pytest.mark.timeout(600)
+def test_race_through_pgbouncer_in_front_of_the_proxy(behind, in_front):
+    """What a user gets with PgBouncer (transaction mode) in front: the proxy sees a
+    few sessions each carrying every racer's transactions, so "the holder's session"
+    is whichever racer runs on it next. The record holds — one racer succeeds, one
+    answer, one child of the parked checkpoint, every other racer refused (55000 /
+    55006) or, when its read was served on the holder's session, its write fenced
+    (RGF01) — but the gated node can fire more than once (stock: N), and the proxy
+    says so: a WARN naming the shared session and resumeguard_shared_sessions_total."""
+    jobs = make_jobs(in_front.dsn, "bare", (GATE_MS,), 1, "conn", "front")
+    thread = jobs[0]["thread"]
+    parked = head_id(behind, thread)
+    racers = Racers(behind, [in_front.dsn] * N, "conn", jobs, "front")
+    try:
+        res = racers.run_all()[0]
+    finally:
+        racers.kill()
+    fires = len(ledger(behind, thread))
+    errors = sorted(r["error"]["sqlstate"] for r in res if not r["ok"])
+    print(f"PgBouncer in front: fires {fires}, refusals {errors}")
+    assert 1 <= fires <= N, res
+    assert sum(r["ok"] for r in res) == 1, res
+    assert set(errors) <= set(FENCED_OR_REFUSED), res
+    assert children_of(behind, thread, parked) == 1
+    log = in_front.proxy.stderr_path.read_text()
+    assert "application_name changed mid-session" in log, log[-3000:]
+    assert "transaction pooler in front of the proxy?" in log
+    # a proxy whose clients connect straight to it never says so
+    assert "application_name changed mid-session" not in behind.proxy.stderr_path.read_text()
