@@ -193,7 +193,7 @@ def saver_kwargs() -> dict:
 async def async_saver(dsn: str):
     """``AsyncPostgresSaver.from_conn_string(dsn)``, or its unprepared twin."""
     if not unprepared():
-        async with async_saver(dsn) as saver:
+        async with AsyncPostgresSaver.from_conn_string(dsn) as saver:
             yield saver
         return
     async with await psycopg.AsyncConnection.connect(dsn, **saver_kwargs()) as conn:
