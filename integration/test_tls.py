@@ -36,6 +36,9 @@ from conftest import (HOST, IS_ROOT, PSQL, REPO, SUPERUSER, PgServer, Proxy, con
                       make_dsn, pg_env)
 from lg_scenarios import park, resume, setup_db
 
+# The integration core, run per PostgreSQL major by full_matrix.sh (RG_CO_STACKS=versions).
+pytestmark = pytest.mark.core
+
 TLS_USER = "tls_scram"
 TLS_PASSWORD = "Tls-Secret-9"
 CERT_USER = "tls_cert"
