@@ -174,6 +174,18 @@ def replay_write(dsn: str, thread: str, parked: str, task_id: str) -> str | None
     return None
 
 
+def park_with_task(env: Env, dsn: str, thread: str) -> tuple[str, str, str]:
+    """Parks ``thread`` through ``dsn``: its interrupt's id, the parked checkpoint and
+    the id of the task that parked there."""
+    iid = park(dsn, thread)[0]["id"]
+    parked = head_id(env, thread)
+    with psycopg.connect(env.direct, autocommit=True) as c:
+        task_id = c.execute("select task_id from checkpoint_writes where thread_id = %s and "
+                            "checkpoint_id = %s and channel = '__interrupt__'",
+                            (thread, parked)).fetchone()[0]
+    return iid, parked, task_id
+
+
 def replayed_rows(env: Env, thread: str) -> int:
     with psycopg.connect(env.direct, autocommit=True) as c:
         return c.execute("select count(*) from checkpoint_writes where thread_id = %s and "
@@ -190,12 +202,7 @@ def test_a_replayed_write_from_a_session_that_never_held_the_claim_is_fenced(fx)
     for via in ("direct", "proxies"):
         dsn = fx.direct if via == "direct" else fx.dsn("A")
         thread = tid(f"replay-{via}")
-        iid = park(dsn, thread)[0]["id"]
-        parked = head_id(fx, thread)
-        with psycopg.connect(fx.direct, autocommit=True) as c:
-            task_id = c.execute("select task_id from checkpoint_writes where thread_id = %s and "
-                                "checkpoint_id = %s and channel = '__interrupt__'",
-                                (thread, parked)).fetchone()[0]
+        iid, parked, task_id = park_with_task(fx, dsn, thread)
         holder = one_resumer(fx, dsn, thread, f"h{via[0]}-", form="map", interrupt_id=iid,
                              gate_ms=2500)
         try:

@@ -23,8 +23,6 @@ checkpoints and writes are fenced inside their own transaction):
 from __future__ import annotations
 
 import os
-import pwd
-import shutil
 import uuid
 from types import SimpleNamespace
 
@@ -34,10 +32,11 @@ import pytest
 import lg_enforce as E
 import pg_versions as V
 import racer as R
-from conftest import HOST, IS_ROOT, PgServer, Proxy, connect
+from conftest import PgServer, Proxy, connect
 from test_consume_once import Racers, ledger, make_jobs
-from test_js_saver import NODE, NodeRacers, lg, rules_dir  # noqa: F401 (a fixture)
-from test_tls import make_ca, make_leaf
+from test_js_saver import NODE, lg, rules_dir  # noqa: F401 (a fixture)
+from test_js_saver import race as js_race
+from test_tls import install_certs, make_ca, make_leaf
 
 N = 4
 GATE_MS = 300
@@ -65,12 +64,7 @@ def certs(workdir):
 
 
 def enable_tls(server: PgServer, certs) -> None:
-    for name in ("server.crt", "server.key"):
-        shutil.copy(certs / name, server.datadir / name)
-        os.chmod(server.datadir / name, 0o600)
-        if IS_ROOT:
-            pw = pwd.getpwnam("postgres")
-            os.chown(server.datadir / name, pw.pw_uid, pw.pw_gid)
+    install_certs(server, certs, ("server.crt", "server.key"))
     with open(server.datadir / "postgresql.conf", "a") as f:
         f.write("ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n")
     with connect(server.dsn("postgres")) as c:
@@ -190,13 +184,7 @@ def test_js_race_fork_and_validity(version):
     own here; the null is persisted there, refused 23514 here."""
     fires = {}
     for via, dsn in (("stock", version.direct), ("proxy", version.guarded)):
-        thread = tid(f"js-race-{via}")
-        lg("park", "--dsn", dsn, "--thread", thread)
-        racers = NodeRacers(version.workdir, [dsn] * N, thread, GATE_MS, f"j{via[0]}")
-        try:
-            res = racers.run_all()[0]
-        finally:
-            racers.kill()
+        racers, res = js_race(version.workdir, dsn, N, GATE_MS, f"v{via[0]}")
         fires[via] = len(racers.fires())
         assert all(r["error"]["code"] in (REFUSED, IN_USE) for r in res if not r["ok"]), res
     assert fires == {"stock": N, "proxy": 1}, fires

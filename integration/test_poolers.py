@@ -41,9 +41,11 @@ import lg_enforce as E
 import racer as R
 from conftest import HOST, proxy_binary
 from pgbouncer import PgBouncer, unavailable
-from test_consume_once import Racers, ledger, make_jobs, one_resumer, park
-from test_fencing import FENCED, head_id, replay_write, replayed_rows, wait_for_gate
-from test_js_saver import NODE, NodeRacers, lg, rules_dir  # noqa: F401 (a fixture)
+from test_consume_once import Racers, ledger, make_jobs, one_resumer
+from test_fencing import (FENCED, head_id, park_with_task, replay_write, replayed_rows,
+                          wait_for_gate)
+from test_js_saver import NODE, lg, rules_dir  # noqa: F401 (a fixture)
+from test_js_saver import race as js_race
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=f"!!! {unavailable()} !!!")
 
@@ -206,13 +208,7 @@ def test_js_race_behind_pgbouncer_fires_once(behind):
     proxy one, losers 55000/55006."""
     fires = {}
     for via, dsn in (("stock", behind.stock), ("proxy", behind.guarded)):
-        thread = tid(f"js-{via}")
-        lg("park", "--dsn", dsn, "--thread", thread)
-        racers = NodeRacers(behind.workdir, [dsn] * N, thread, GATE_MS, f"j{via[0]}")
-        try:
-            res = racers.run_all()[0]
-        finally:
-            racers.kill()
+        racers, res = js_race(behind.workdir, dsn, N, GATE_MS, f"pb{via[0]}")
         fires[via] = len(racers.fires())
         if via == "proxy":
             losers = [r for r in res if not r["ok"]]
@@ -268,12 +264,7 @@ def test_a_replayed_write_behind_pgbouncer_is_fenced(behind, in_transaction, pla
     outcome = {}
     for via, dsn in (("stock", behind.stock), ("proxy", proxy.dsn(behind.dbname))):
         thread = tid(f"replay-{via}")
-        iid = park(dsn, thread)[0]["id"]
-        parked = head_id(behind, thread)
-        with psycopg.connect(behind.direct, autocommit=True) as c:
-            task_id = c.execute("select task_id from checkpoint_writes where thread_id = %s and "
-                                "checkpoint_id = %s and channel = '__interrupt__'",
-                                (thread, parked)).fetchone()[0]
+        iid, parked, task_id = park_with_task(behind, dsn, thread)
         holder = one_resumer(behind, dsn, thread, f"h{via[0]}-", form="map", interrupt_id=iid,
                              gate_ms=2500)
         try:

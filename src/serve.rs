@@ -438,9 +438,8 @@ mod tests {
     #[test]
     fn a_dsn_fences_in_transaction_only_where_fence_database_says() {
         let cfg = |text: &str| -> Config { toml::from_str(text).unwrap() };
-        let at = StoreLocation::Postgres(
-            resumeguard::claims::postgres::PgTarget::from_dsn("postgres://rg@db:5432/app").unwrap(),
-        );
+        let target = resumeguard::claims::postgres::PgTarget::from_dsn("postgres://rg@db:5432/app");
+        let at = StoreLocation::Postgres(Box::new(target.unwrap()));
         let dsn = "[claims]\ndsn = 'postgres://rg@db:5432/app'";
         assert_eq!(in_transaction_fence(&cfg(dsn), &at), None);
         let named = format!("{dsn}\nfence_database = 'app'");

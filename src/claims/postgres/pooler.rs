@@ -29,6 +29,9 @@ use super::target::PgTarget;
 /// The first half of the probe's two-integer advisory key ("rg").
 const PROBE_CLASS: i32 = 0x7267;
 
+/// Rounds of the probe before a target counts as PostgreSQL itself.
+const ROUNDS: i32 = 3;
+
 /// A claims target that hands transactions, not sessions, to its clients.
 #[derive(Debug, thiserror::Error)]
 #[error(
@@ -77,7 +80,7 @@ pub fn refuse_transaction_pooler(target: &PgTarget) -> Result<(), TransactionPoo
     }
 }
 
-/// Runs the probe on two fresh connections to `target`.
+/// Runs the probe on two fresh connections to `target`, a few rounds.
 pub fn probe(target: &PgTarget) -> Probe {
     let mut config = target.config.clone();
     config.application_name("resumeguard-pooler-probe");
@@ -90,10 +93,19 @@ pub fn probe(target: &PgTarget) -> Probe {
         Ok(c) => c,
         Err(e) => return Probe::NotRun(crate::error_chain::chain(&e).to_string()),
     };
-    let found = sessions_or_pooler(&mut first, &mut second, key);
-    // Best effort: behind a pooler the unlock may land on another backend;
-    // the key is this probe's own and nothing waits for it.
-    let _ = first.simple_query(&format!("SELECT pg_advisory_unlock({PROBE_CLASS}, {key})"));
+    // A busy pooler may lend the first's backend to a third client in
+    // between: a few rounds, each with a key of its own.
+    let mut found = Ok(None);
+    for round in 0..ROUNDS {
+        let key = key.wrapping_add(round) & 0x7fff_ffff;
+        found = sessions_or_pooler(&mut first, &mut second, key);
+        // Best effort: behind a pooler the unlock may land on another
+        // backend; the key is this probe's own and nothing waits for it.
+        let _ = first.simple_query(&format!("SELECT pg_advisory_unlock({PROBE_CLASS}, {key})"));
+        if !matches!(found, Ok(None)) {
+            break;
+        }
+    }
     match found {
         Ok(None) => Probe::Sessions,
         Ok(Some(evidence)) => Probe::TransactionPooler(evidence),
