@@ -312,11 +312,12 @@ def children_of(env, thread: str, parked: str) -> int:
 def test_race_through_pgbouncer_in_front_of_the_proxy(behind, in_front):
     """What a user gets with PgBouncer (transaction mode) in front: the proxy sees a
     few sessions each carrying every racer's transactions, so "the holder's session"
-    is whichever racer runs on it next. The record holds — one racer succeeds, one
-    answer, one child of the parked checkpoint, every other racer refused (55000 /
-    55006) or, when its read was served on the holder's session, its write fenced
-    (RGF01) — but the gated node can fire more than once (stock: N), and the proxy
-    says so: a WARN naming the shared session and resumeguard_shared_sessions_total."""
+    is whichever racer runs on it next. Consume-once does not hold: a racer whose read
+    lands on the holder's session is served as the holder, so the gated node can
+    fire more than once, and that racer's writes, told from the holder's only by the
+    session's application_name, were fenced in some runs and committed in others
+    (the parked checkpoint then has a second child). The proxy says so: a WARN naming the shared session. Every
+    racer is served, refused (55000 / 55006) or fenced (RGF01); at least one succeeds."""
     jobs = make_jobs(in_front.dsn, "bare", (GATE_MS,), 1, "conn", "front")
     thread = jobs[0]["thread"]
     parked = head_id(behind, thread)
@@ -327,11 +328,11 @@ def test_race_through_pgbouncer_in_front_of_the_proxy(behind, in_front):
         racers.kill()
     fires = len(ledger(behind, thread))
     errors = sorted(r["error"]["sqlstate"] for r in res if not r["ok"])
-    print(f"PgBouncer in front: fires {fires}, refusals {errors}")
-    assert 1 <= fires <= N, res
-    assert sum(r["ok"] for r in res) == 1, res
+    kids = children_of(behind, thread, parked)
+    print(f"PgBouncer in front: fires {fires}, children {kids}, refusals {errors}")
+    assert 1 <= fires <= N and 1 <= kids <= N, res
+    assert any(r["ok"] for r in res), res
     assert set(errors) <= set(FENCED_OR_REFUSED), res
-    assert children_of(behind, thread, parked) == 1
     log = in_front.proxy.stderr_path.read_text()
     assert "application_name changed mid-session" in log, log[-3000:]
     assert "transaction pooler in front of the proxy?" in log
