@@ -41,9 +41,8 @@ import lg_enforce as E
 import racer as R
 from conftest import HOST, proxy_binary
 from pgbouncer import PgBouncer, unavailable
-from test_consume_once import Racers, ledger, make_jobs, one_resumer
-from test_fencing import (FENCED, head_id, park_with_task, replay_write, replayed_rows,
-                          wait_for_gate)
+from test_consume_once import Racers, ledger, make_jobs
+from test_fencing import FENCED, head_id, replays_during_a_holders_gate
 from test_js_saver import NODE, lg, rules_dir  # noqa: F401 (a fixture)
 from test_js_saver import race as js_race
 
@@ -263,23 +262,10 @@ def test_a_replayed_write_behind_pgbouncer_is_fenced(behind, in_transaction, pla
     proxy = behind.proxy if place == "lookup" else in_transaction
     outcome = {}
     for via, dsn in (("stock", behind.stock), ("proxy", proxy.dsn(behind.dbname))):
-        thread = tid(f"replay-{via}")
-        iid, parked, task_id = park_with_task(behind, dsn, thread)
-        holder = one_resumer(behind, dsn, thread, f"h{via[0]}-", form="map", interrupt_id=iid,
-                             gate_ms=2500)
-        try:
-            holder.ready(0)
-            holder.go(0)
-            wait_for_gate(behind, thread, holder.ids[0])
-            sep = "&" if "?" in dsn else "?"
-            state = replay_write(f"{dsn}{sep}application_name=replayer", thread, parked, task_id)
-            rows = replayed_rows(behind, thread)
-            r = holder.results(0)[0]
-            holder.finish()
-        finally:
-            holder.kill()
-        assert r["ok"], r
-        outcome[via] = (state, rows)
+        sep = "&" if "?" in dsn else "?"
+        states, rows = replays_during_a_holders_gate(
+            behind, dsn, tid(f"replay-{via}"), via[0], [f"{dsn}{sep}application_name=replayer"])
+        outcome[via] = (states[0], rows)
     assert outcome == {"stock": (None, 1), "proxy": (FENCED, 0)}, outcome
     log = proxy.stderr_path.read_text()
     want = ("checked by the server inside each write's transaction" if place == "in_transaction"
