@@ -38,8 +38,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PG_BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
-PSQL = str(PG_BIN / "psql")
-PGBENCH = str(PG_BIN / "pgbench")
+# The client programs (psql, pgbench, pg_isready): from PG_BIN when it has them; a
+# directory of server binaries only (integration/pg-versions) takes Debian's 15 clients.
+PG_CLIENT_BIN = Path(os.environ.get("PG_CLIENT_BIN") or (
+    PG_BIN if (PG_BIN / "psql").exists() else "/usr/lib/postgresql/15/bin"))
+PSQL = str(PG_CLIENT_BIN / "psql")
+PGBENCH = str(PG_CLIENT_BIN / "pgbench")
 IS_ROOT = os.geteuid() == 0
 HOST = "127.0.0.1"
 SUPERUSER = "postgres"
@@ -106,8 +110,9 @@ def tail(path: Path, n: int = 40) -> str:
 class PgServer:
     """A throwaway PostgreSQL cluster."""
 
-    def __init__(self, name: str = "main"):
+    def __init__(self, name: str = "main", bin_dir: Path | None = None):
         self.name = name
+        self.bin = Path(bin_dir or PG_BIN)   # initdb, pg_ctl, postgres
         self.port = free_port()
         self.tmp = Path(tempfile.mkdtemp(prefix=f"rg-it-pg-{name}-"))
         self.datadir = self.tmp / "data"
@@ -127,7 +132,7 @@ class PgServer:
         return cp
 
     def start(self) -> "PgServer":
-        self._run([str(PG_BIN / "initdb"), "-D", str(self.datadir), "-U", SUPERUSER,
+        self._run([str(self.bin / "initdb"), "-D", str(self.datadir), "-U", SUPERUSER,
                    "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"])
         with open(self.datadir / "postgresql.conf", "a") as f:
             f.write(f"""
@@ -156,7 +161,7 @@ log_disconnections = on
             pw = pwd.getpwnam("postgres")
             for p in (self.datadir / "postgresql.conf", self.datadir / "pg_hba.conf"):
                 os.chown(p, pw.pw_uid, pw.pw_gid)
-        self._run([str(PG_BIN / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.logfile),
+        self._run([str(self.bin / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.logfile),
                    "-w", "-t", "60", "start"])
         self.started = True
         atexit.register(self.stop)
@@ -167,7 +172,7 @@ log_disconnections = on
     def stop(self) -> None:
         if self.started:
             self.started = False
-            self._run([str(PG_BIN / "pg_ctl"), "-D", str(self.datadir), "-m", "fast", "-w",
+            self._run([str(self.bin / "pg_ctl"), "-D", str(self.datadir), "-m", "fast", "-w",
                        "-t", "60", "stop"], check=False)
         shutil.rmtree(self.tmp, ignore_errors=True)
 

@@ -18,6 +18,11 @@
 # terminated, a proxy is partitioned, a clock is skewed), RG_FAULT_SCHEDULES (12)
 # of RG_FAULT_SECONDS (20) from RG_FAULT_SEED; one summary row per schedule.
 #   RG_CO_STACKS=py3,js,py2,py208,split,faults integration/full_matrix.sh
+# versions = the integration core (tests marked `core`: protocol, LangGraph Python and
+# JS, claims in PostgreSQL, TLS) once per PostgreSQL major, each run's server from
+# integration/pg-versions (RG_PG_MAJORS, default 13,14,15,16,17,18; CI cell sizes unless
+# RG_CO_FULL=1 is set for it too: RG_VERSIONS_FULL=1):
+#   RG_CO_STACKS=versions integration/full_matrix.sh
 # Extra arguments go to pytest (e.g. -x, or -k 'n16').
 # First, the claims protocol model at its larger bounds (tests/claims_model.rs;
 # RG_MODEL_LARGE=0 skips it).
@@ -44,20 +49,37 @@ export RG_JS_REPS="${RG_JS_REPS:-${RG_CO_REPS:-10}}"
 export RG_PY2_N="${RG_PY2_N:-${RG_CO_N:-2,4,8,16}}" RG_PY2_GATES="${RG_PY2_GATES:-${RG_CO_GATES:-0,300}}"
 export RG_PY2_REPS="${RG_PY2_REPS:-${RG_CO_REPS:-10}}" RG_PY2_SAVERS="${RG_PY2_SAVERS:-${RG_CO_SAVERS:-conn,pool,async}}"
 selected=()
+versions_rc=0
 export RG_FAULT_TABLE="${RG_FAULT_TABLE:-$(mktemp /tmp/rg-fault-schedules.XXXXXX.jsonl)}"
 : > "$RG_FAULT_TABLE"
 IFS=, read -ra stacks <<< "${RG_CO_STACKS:-py3,faults}"
 for stack in "${stacks[@]}"; do
     case "$stack" in
+        versions)
+            build=0
+            IFS=, read -ra majors <<< "${RG_PG_MAJORS:-13,14,15,16,17,18}"
+            for major in "${majors[@]}"; do
+                bin="$ROOT/integration/pg-versions/node_modules/pg$major/native/bin"
+                echo "=== full_matrix: core on PostgreSQL $major ($bin) ==="
+                if [ "${RG_VERSIONS_FULL:-0}" = 1 ]; then full=1; else full=0; fi
+                PG_BIN="$bin" RG_CO_FULL="$full" RG_SKIP_UNIT=1 RG_SKIP_BUILD="${RG_SKIP_BUILD:-$build}" \
+                    RG_SKIP_BENCH=1 RG_PYTEST_TIMEOUT="${RG_PYTEST_TIMEOUT:-5400}" \
+                    integration/run_all.sh -m core "$@" || versions_rc=1
+                build=1
+            done
+            continue ;;
         py3) selected+=("test_consume_once and test_race") ;;
         js) selected+=("test_js_saver and test_race") ;;
         py2) selected+=("test_py2_saver and test_race and saver2.0.25") ;;
         py208) selected+=("test_py2_saver and test_race and saver2.0.8") ;;
         split) selected+=("test_claims_pg and test_racers_over") ;;
         faults) selected+=("test_fault_schedule") ;;
-        *) echo "full_matrix: unknown stack '$stack' in RG_CO_STACKS (py3, js, py2, py208, split, faults)" >&2; exit 2 ;;
+        *) echo "full_matrix: unknown stack '$stack' in RG_CO_STACKS (py3, js, py2, py208, split, faults, versions)" >&2; exit 2 ;;
     esac
 done
+if [ "${#selected[@]}" -eq 0 ]; then
+    exit "$versions_rc"
+fi
 expr="$(printf '(%s) or ' "${selected[@]}")"
 # The claims protocol model at its larger bounds (docs/guarantees.md);
 # RG_MODEL_LARGE=0 skips it.
@@ -70,6 +92,7 @@ RG_SKIP_UNIT="${RG_SKIP_UNIT:-1}" RG_PYTEST_TIMEOUT="${RG_PYTEST_TIMEOUT:-5400}"
     integration/run_all.sh -k "${expr% or }" "$@"
 rc=$?
 [ "$model_rc" -eq 0 ] || rc=$model_rc
+[ "$versions_rc" -eq 0 ] || rc=1
 PY="$ROOT/.venv/bin/python"
 "$PY" - "$RG_CO_TABLE" <<'PYEOF'
 import json, sys

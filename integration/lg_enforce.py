@@ -23,7 +23,6 @@ import operator
 from typing import Annotated, Any, Callable, TypedDict
 
 import psycopg
-from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.types import Command, interrupt
 from pydantic import BaseModel, Field
@@ -49,7 +48,7 @@ class Driver:
     def __enter__(self) -> "Driver":
         if self.kind == "async":
             self.loop = asyncio.new_event_loop()
-            self._acm = AsyncPostgresSaver.from_conn_string(self.dsn)
+            self._acm = L.async_saver(self.dsn)
             self.saver = self.loop.run_until_complete(self._acm.__aenter__())
         else:
             self.saver = self._stack.enter_context(L.sync_saver(self.kind, self.dsn))

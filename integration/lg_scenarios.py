@@ -10,6 +10,12 @@ Saver kinds, as the wire notes name them:
   ``async`` AsyncPostgresSaver.from_conn_string(dsn)
   and, see EXTRA_SAVER_KINDS, ``pipeline`` and ``pool_tx``.
 
+``RG_PREPARE_THRESHOLD=none`` in the environment (read at each construction, so
+racer processes inherit it) builds ``conn``, ``pool`` and ``async`` the same way but
+with psycopg's ``prepare_threshold=None`` (no named prepared statements): what a
+saver needs behind a transaction pooler that does not track prepared statements
+(PgBouncer before 1.21; docs/poolers.md).
+
 Each scenario returns plain, JSON-able *observables* (values, next tuples,
 interrupt values, history) that must be identical whether the saver talks to
 PostgreSQL directly or through the proxy, plus ``ids`` (checkpoint ids) that
@@ -33,6 +39,7 @@ import asyncio
 import contextlib
 import json
 import operator
+import os
 import sys
 import time
 from typing import Annotated, Any, Callable, Iterator, TypedDict
@@ -170,15 +177,40 @@ def resume_key(snapshot) -> str:
 
 
 # ----------------------------------------------------------------- savers
+def unprepared() -> bool:
+    """Whether savers are built without prepared statements (RG_PREPARE_THRESHOLD=none)."""
+    return os.environ.get("RG_PREPARE_THRESHOLD") == "none"
+
+
+def saver_kwargs() -> dict:
+    """The connection settings of the savers' own ``from_conn_string``, but for the
+    prepare threshold under RG_PREPARE_THRESHOLD=none."""
+    return {"autocommit": True, "prepare_threshold": None if unprepared() else 0,
+            "row_factory": dict_row}
+
+
+@contextlib.asynccontextmanager
+async def async_saver(dsn: str):
+    """``AsyncPostgresSaver.from_conn_string(dsn)``, or its unprepared twin."""
+    if not unprepared():
+        async with AsyncPostgresSaver.from_conn_string(dsn) as saver:
+            yield saver
+        return
+    async with await psycopg.AsyncConnection.connect(dsn, **saver_kwargs()) as conn:
+        yield AsyncPostgresSaver(conn)
+
+
 @contextlib.contextmanager
 def sync_saver(kind: str, dsn: str) -> Iterator[PostgresSaver]:
-    if kind == "conn":
+    if kind == "conn" and unprepared():
+        with psycopg.connect(dsn, **saver_kwargs()) as conn:
+            yield PostgresSaver(conn)
+    elif kind == "conn":
         with PostgresSaver.from_conn_string(dsn) as saver:
             yield saver
     elif kind == "pool":
         with ConnectionPool(dsn, min_size=2, max_size=4, timeout=30, open=True,
-                            kwargs={"autocommit": True, "prepare_threshold": 0,
-                                    "row_factory": dict_row}) as pool:
+                            kwargs=saver_kwargs()) as pool:
             yield PostgresSaver(pool)
     elif kind == "pipeline":
         with PostgresSaver.from_conn_string(dsn, pipeline=True) as saver:
@@ -264,7 +296,7 @@ async def _full_scenario_async(dsn: str, thread_id: str, inspect_dsn: str | None
     obs: dict[str, Any] = {"thread_id": thread_id, "saver": "async"}
     ids: dict[str, Any] = {}
     cfg = thread_config(thread_id)
-    async with AsyncPostgresSaver.from_conn_string(dsn) as saver:
+    async with async_saver(dsn) as saver:
         await saver.setup()
         graph = build_graph(saver)
         obs["park_result"] = _result(await graph.ainvoke(dict(INITIAL_INPUT), cfg))
@@ -300,7 +332,7 @@ def full_scenario(kind: str, dsn: str, thread_id: str, inspect_dsn: str | None =
 def _with_graph(kind: str, dsn: str, fn_sync: Callable, fn_async: Callable) -> Any:
     if kind == "async":
         async def run():
-            async with AsyncPostgresSaver.from_conn_string(dsn) as saver:
+            async with async_saver(dsn) as saver:
                 return await fn_async(build_graph(saver), saver)
         return asyncio.run(run())
     with sync_saver(kind, dsn) as saver:

@@ -54,7 +54,6 @@ from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import psycopg
-from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.types import Command, interrupt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -187,7 +186,7 @@ class Runner:
     def __enter__(self) -> "Runner":
         if self.kind == "async":
             self.loop = asyncio.new_event_loop()
-            self._acm = AsyncPostgresSaver.from_conn_string(self.dsn)
+            self._acm = L.async_saver(self.dsn)
             self.saver = self.loop.run_until_complete(self._acm.__aenter__())
         else:
             self.saver = self.stack.enter_context(L.sync_saver(self.kind, self.dsn))

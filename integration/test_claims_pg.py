@@ -32,6 +32,9 @@ from conftest import HOST, proxy_binary, run_audit_cli
 from test_consume_once import Racers, make_jobs, one_resumer, park, wait_for_node
 from test_fencing import replay_write
 
+# The integration core, run per PostgreSQL major by full_matrix.sh (RG_CO_STACKS=versions).
+pytestmark = pytest.mark.core
+
 GRACE_MS = 1000          # holder_gone_grace_ms
 LONG_LAPSE_MS = 30000    # long enough that only liveness explains a fast takeover
 LAPSE_MS = 3000

@@ -40,6 +40,9 @@ import pytest
 import racer as R
 from conftest import HOST, free_port, port_accepts, proxy_binary, run_audit_cli
 
+# The integration core, run per PostgreSQL major by full_matrix.sh (RG_CO_STACKS=versions).
+pytestmark = pytest.mark.core
+
 HERE = Path(__file__).resolve().parent
 LAPSE_MS = 3000
 GRACE_MS = 1000          # holder_gone_grace_ms

@@ -174,6 +174,40 @@ def replay_write(dsn: str, thread: str, parked: str, task_id: str) -> str | None
     return None
 
 
+def park_with_task(env: Env, dsn: str, thread: str) -> tuple[str, str, str]:
+    """Parks ``thread`` through ``dsn``: its interrupt's id, the parked checkpoint and
+    the id of the task that parked there."""
+    iid = park(dsn, thread)[0]["id"]
+    parked = head_id(env, thread)
+    with psycopg.connect(env.direct, autocommit=True) as c:
+        task_id = c.execute("select task_id from checkpoint_writes where thread_id = %s and "
+                            "checkpoint_id = %s and channel = '__interrupt__'",
+                            (thread, parked)).fetchone()[0]
+    return iid, parked, task_id
+
+
+def replays_during_a_holders_gate(env: Env, dsn: str, thread: str, tag: str,
+                                  replayers: list[str]) -> tuple[list, int]:
+    """Parks ``thread`` through ``dsn``, starts one map-form resumer there whose gate
+    runs 2.5 s and, while it runs, replays the gated task's pending write through
+    each of ``replayers``: their SQLSTATEs (None: written) and the replayed rows. The
+    holder's own run must complete."""
+    iid, parked, task_id = park_with_task(env, dsn, thread)
+    holder = one_resumer(env, dsn, thread, f"h{tag}-", form="map", interrupt_id=iid, gate_ms=2500)
+    try:
+        holder.ready(0)
+        holder.go(0)
+        wait_for_gate(env, thread, holder.ids[0])
+        states = [replay_write(d, thread, parked, task_id) for d in replayers]
+        rows = replayed_rows(env, thread)
+        r = holder.results(0)[0]
+        holder.finish()
+    finally:
+        holder.kill()
+    assert r["ok"], r
+    return states, rows
+
+
 def replayed_rows(env: Env, thread: str) -> int:
     with psycopg.connect(env.direct, autocommit=True) as c:
         return c.execute("select count(*) from checkpoint_writes where thread_id = %s and "
@@ -190,29 +224,8 @@ def test_a_replayed_write_from_a_session_that_never_held_the_claim_is_fenced(fx)
     for via in ("direct", "proxies"):
         dsn = fx.direct if via == "direct" else fx.dsn("A")
         thread = tid(f"replay-{via}")
-        iid = park(dsn, thread)[0]["id"]
-        parked = head_id(fx, thread)
-        with psycopg.connect(fx.direct, autocommit=True) as c:
-            task_id = c.execute("select task_id from checkpoint_writes where thread_id = %s and "
-                                "checkpoint_id = %s and channel = '__interrupt__'",
-                                (thread, parked)).fetchone()[0]
-        holder = one_resumer(fx, dsn, thread, f"h{via[0]}-", form="map", interrupt_id=iid,
-                             gate_ms=2500)
-        try:
-            holder.ready(0)
-            holder.go(0)
-            wait_for_gate(fx, thread, holder.ids[0])
-            if via == "direct":
-                states = [replay_write(fx.direct, thread, parked, task_id)]
-            else:
-                states = [replay_write(fx.dsn("A", "replayer"), thread, parked, task_id),
-                          replay_write(fx.dsn("B"), thread, parked, task_id)]
-            rows = replayed_rows(fx, thread)
-            r = holder.results(0)[0]
-            holder.finish()
-        finally:
-            holder.kill()
-        assert r["ok"], r
+        replayers = [fx.direct] if via == "direct" else [fx.dsn("A", "replayer"), fx.dsn("B")]
+        states, rows = replays_during_a_holders_gate(fx, dsn, thread, via[0], replayers)
         print(f"{via}: replays answered {states}, replayed rows {rows}")
         if via == "proxies":
             evs = audit_ops(fx, thread, lambda e: len(ops(e, "write_fenced")) >= 2)

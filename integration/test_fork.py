@@ -19,6 +19,9 @@ import pytest
 
 import lg_enforce as E
 
+# The integration core, run per PostgreSQL major by full_matrix.sh (RG_CO_STACKS=versions).
+pytestmark = pytest.mark.core
+
 TRUE_FINAL = {"items": ["prep", "gate:True", "after"], "approved": True}
 FALSE_FINAL = {"items": ["prep", "gate:False", "after"], "approved": False}
 FORMS = ("bare", "map")

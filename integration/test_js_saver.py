@@ -49,9 +49,9 @@ JS_INTEGER_VERSIONS = pytest.mark.xfail(
     strict=True, reason="the JS saver's channel versions are per-thread integers: a fork "
     "branch's blobs collide with branch A's and are dropped (ON CONFLICT DO NOTHING)")
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.core, pytest.mark.skipif(
     NODE is None, reason="!!! node is not installed: the LangGraph.js saver is NOT tested "
-    "(.ci/run installs Debian's nodejs and npm) !!!")
+    "(.ci/run installs Debian's nodejs and npm) !!!")]
 
 
 def _env_cells(default: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -13,6 +13,9 @@ import pytest
 import lg_scenarios as L
 from conftest import connect
 
+# The integration core, run per PostgreSQL major by full_matrix.sh (RG_CO_STACKS=versions).
+pytestmark = pytest.mark.core
+
 EXPECTED_INTERRUPT = {"question": "approve?", "items": ["prep"]}
 PARKED_VALUES = {"items": ["prep"], "count": 1, "name": "rg", "approved": None}
 FINAL_VALUES = {"items": ["prep", "gate:True", "after"], "count": 2, "name": "rg", "approved": True}

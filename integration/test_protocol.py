@@ -11,6 +11,9 @@ from psycopg.rows import dict_row
 
 from conftest import connect
 
+# The integration core, run per PostgreSQL major by full_matrix.sh (RG_CO_STACKS=versions).
+pytestmark = pytest.mark.core
+
 
 def test_named_prepared_statements_and_deallocate(proxy_dsn):
     """prepare_threshold=0 (the saver's setting): every statement is named _pg3_n;

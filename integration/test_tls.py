@@ -36,6 +36,9 @@ from conftest import (HOST, IS_ROOT, PSQL, REPO, SUPERUSER, PgServer, Proxy, con
                       make_dsn, pg_env)
 from lg_scenarios import park, resume, setup_db
 
+# The integration core, run per PostgreSQL major by full_matrix.sh (RG_CO_STACKS=versions).
+pytestmark = pytest.mark.core
+
 TLS_USER = "tls_scram"
 TLS_PASSWORD = "Tls-Secret-9"
 CERT_USER = "tls_cert"
@@ -89,16 +92,22 @@ def certs(workdir):
     return d
 
 
-@pytest.fixture(scope="module")
-def tls_pg(certs):
-    """A PostgreSQL with ssl = on; ``tls_scram`` only over TLS, with SCRAM."""
-    server = PgServer("tls").start()
-    for name in ("server.crt", "server.key", "ca.crt"):
+def install_certs(server: PgServer, certs: Path, names: tuple[str, ...]) -> None:
+    """Copies certificate and key files into the server's data directory, readable by
+    the server only."""
+    for name in names:
         shutil.copy(certs / name, server.datadir / name)
         os.chmod(server.datadir / name, 0o600)
         if IS_ROOT:
             pw = pwd.getpwnam("postgres")
             os.chown(server.datadir / name, pw.pw_uid, pw.pw_gid)
+
+
+@pytest.fixture(scope="module")
+def tls_pg(certs):
+    """A PostgreSQL with ssl = on; ``tls_scram`` only over TLS, with SCRAM."""
+    server = PgServer("tls").start()
+    install_certs(server, certs, ("server.crt", "server.key", "ca.crt"))
     with open(server.datadir / "postgresql.conf", "a") as f:
         f.write("ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n"
                 "ssl_ca_file = 'ca.crt'\n")

@@ -36,6 +36,9 @@ from langgraph.checkpoint.postgres import PostgresSaver
 import lg_enforce as E
 from conftest import HOST, REPO, free_port, port_accepts, proxy_binary
 
+# The integration core, run per PostgreSQL major by full_matrix.sh (RG_CO_STACKS=versions).
+pytestmark = pytest.mark.core
+
 ITEMS_RULE = """\
 [[channel]]
 name = "items"

@@ -120,6 +120,11 @@ pub struct ClaimsConfig {
     /// trimmed, is that password: how IAM tokens (RDS, Cloud SQL) are
     /// minted. At most 10 s; a failure is an error naming it.
     pub password_command: Option<String>,
+    /// With `dsn`: the database the sessions reach through the upstream
+    /// that is the one `dsn` names, reached another way (a transaction
+    /// pooler in between), so their writes are fenced by the server inside
+    /// their own transaction; absent: a store lookup per write.
+    pub fence_database: Option<String>,
     /// How soon the liveness lock of a proxy cut off from the database
     /// goes, so other proxies count its holders as gone (PostgreSQL).
     pub liveness_bound_ms: u64,
@@ -164,6 +169,7 @@ impl Default for ClaimsConfig {
             dsn: None,
             password_file: None,
             password_command: None,
+            fence_database: None,
             liveness_bound_ms: 10_000,
             store: None,
             proxy_id: None,

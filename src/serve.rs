@@ -418,6 +418,9 @@ fn legs(
                 anyhow::anyhow!("claims store: {}", resumeguard::error_chain::chain(e))
             })?;
             tracing::info!(backend = ?c.backend, at = %at.shown(), "claims store");
+            if let StoreLocation::Postgres(target) = at {
+                resumeguard::claims::postgres::pooler::refuse_transaction_pooler(target)?;
+            }
             let store = Arc::new(ClaimStore::connect_to(at).with_timings(Arc::clone(timings)));
             if let Some(fault) = store.start_fault() {
                 match fault.fix {
@@ -471,13 +474,21 @@ fn legs(
 
 /// Where writes are fenced inside their own transaction: the claims
 /// schema's database when it is on the server the proxy fronts (claims in
-/// PostgreSQL, no `[claims] dsn` naming another place).
+/// PostgreSQL, no `[claims] dsn` naming another place), or the database
+/// `[claims] fence_database` says a `dsn` reaches by another way.
 fn in_transaction_fence(cfg: &Config, at: &StoreLocation) -> Option<InTransactionFence> {
     let StoreLocation::Postgres(target) = at else {
         return None;
     };
     if cfg.claims.dsn.is_some() {
-        return None;
+        return cfg
+            .claims
+            .fence_database
+            .as_ref()
+            .map(|database| InTransactionFence {
+                database: database.clone(),
+                schema: target.schema().to_owned(),
+            });
     }
     Some(InTransactionFence {
         database: target.database()?.to_owned(),
@@ -488,6 +499,21 @@ fn in_transaction_fence(cfg: &Config, at: &StoreLocation) -> Option<InTransactio
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dsn_fences_in_transaction_only_where_fence_database_says() {
+        let cfg = |text: &str| -> Config { toml::from_str(text).unwrap() };
+        let target = resumeguard::claims::postgres::PgTarget::from_dsn("postgres://rg@db:5432/app");
+        let at = StoreLocation::Postgres(Box::new(target.unwrap()));
+        let dsn = "[claims]\ndsn = 'postgres://rg@db:5432/app'";
+        assert_eq!(in_transaction_fence(&cfg(dsn), &at), None);
+        let named = format!("{dsn}\nfence_database = 'app'");
+        let fence = in_transaction_fence(&cfg(&named), &at).unwrap();
+        assert_eq!(
+            (fence.database.as_str(), fence.schema.as_str()),
+            ("app", "resumeguard")
+        );
+    }
 
     #[test]
     fn a_store_without_its_own_dsn_shares_the_clients_role() {

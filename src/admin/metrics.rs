@@ -128,6 +128,7 @@ const UNLABELLED: &[&str] = &[
     "resumeguard_claim_waits_total",
     "resumeguard_claims_consumed_total",
     "resumeguard_evidence_retries_total",
+    crate::enforce::shared_session::SHARED_SESSIONS,
 ];
 
 /// Upper bounds of the latency buckets, in seconds: a checkpoint read is
@@ -189,6 +190,11 @@ pub fn describe() {
     describe_counter!(
         "resumeguard_forks_served_total",
         "Reads of a superseded checkpoint served without its recorded __resume__ writes"
+    );
+    describe_counter!(
+        crate::enforce::shared_session::SHARED_SESSIONS,
+        "Sessions whose application_name changed mid-session: one session carrying \
+         several clients (a transaction pooler in front), whose claims cannot be held to one"
     );
     describe_counter!(
         "resumeguard_writes_rejected_total",

@@ -15,6 +15,8 @@
 //!   the legs guard.
 //! - `reload`: the rule set a running proxy replaces (SIGHUP).
 //! - `own_schema`: client statements may only read the proxy's schema.
+//! - `shared_session`: a session carrying several clients (a transaction
+//!   pooler in front), said loudly.
 
 pub mod claim_gate;
 mod events;
@@ -26,6 +28,7 @@ mod late_duplicate;
 pub mod own_schema;
 pub mod reload;
 pub mod session;
+pub mod shared_session;
 pub mod validity;
 pub mod watch;
 

@@ -15,6 +15,7 @@ use super::evidence::continuation;
 use super::fencing::{FenceCheck, FenceGate, FenceStep, Fenced};
 use super::history::history_refusal;
 use super::late_duplicate::{LateDuplicate, LateGate};
+use super::shared_session::SharedSessionWatch;
 use super::validity::{ValidityGate, CHECK_VIOLATION};
 use super::watch::{Watch, WriteDecode};
 use super::Enforcement;
@@ -81,6 +82,8 @@ pub struct SessionEnforcer {
     run_open: bool,
     /// The finished heads this session read, for late duplicate resumes.
     late: LateGate,
+    /// Whether this session was seen carrying more than one client.
+    shared_session: SharedSessionWatch,
 }
 
 impl SessionEnforcer {
@@ -100,6 +103,7 @@ impl SessionEnforcer {
             fencing: FenceGate::default(),
             run_open: false,
             late: LateGate::default(),
+            shared_session: SharedSessionWatch::default(),
         }
     }
 
@@ -604,7 +608,12 @@ impl Hooks for SessionEnforcer {
 
     fn parameter_status(&mut self, name: &[u8], value: &[u8]) {
         if name == b"application_name" {
-            self.ctx.application_name = String::from_utf8_lossy(value).into_owned();
+            let to = String::from_utf8_lossy(value).into_owned();
+            if self.shared.legs.claims.is_some() {
+                self.shared_session
+                    .application_name(&self.ctx.application_name, &to);
+            }
+            self.ctx.application_name = to;
         }
     }
 }

@@ -14,6 +14,7 @@
 //! - `fault`: which connect failures stop `serve` at start, and their fixes.
 //! - `db_clock`: every decision on the database's clock.
 //! - `key_digest`: keys of any length, by digest.
+//! - `pooler`: a claims target that is a transaction pooler, refused at start.
 
 mod client;
 mod conn;
@@ -23,6 +24,7 @@ mod fault;
 mod key_digest;
 mod leases;
 mod liveness;
+pub mod pooler;
 mod rows;
 mod schema;
 mod store;
