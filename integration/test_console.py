@@ -6,7 +6,8 @@ is installed) running through it.
 The browser logs in with the admin token, sees a parked approval appear on
 *Waiting* without a reload, sees it move to *Answered* with its approver once
 LangGraph answers it, sees a racer refused and a late duplicate on *Refused*, a
-fork on *Forks served*, a write refused by a channel rule on *Writes rejected*, releases a held claim from *Claims held* (confirmed,
+fork on *Forks served*, a write refused by a channel rule on *Writes rejected*, a
+replayed write on *Writes fenced* (holder and epoch), releases a held claim from *Claims held* (confirmed,
 CSRF-checked, audited), and opens the thread's page (the timeline drawn, the
 chain verified). Each page is saved as a screenshot under
 ``target/console-screenshots/``. Without the token, ``/ui`` and the data routes
@@ -78,7 +79,7 @@ def lg_db(pg, dbname):
 
 
 @pytest.fixture(scope="module")
-def console(proxy_factory, workdir, lg_db):
+def console(proxy_factory, workdir, pg, lg_db):
     """A proxy with the token, a metrics listener, consume-once (racers refused at
     once), approvers named by ``/by`` in the answer, and values in the trail."""
     port, metrics_port = free_port(), free_port()
@@ -94,7 +95,7 @@ def console(proxy_factory, workdir, lg_db):
     base = wait_admin(port)
     metrics = wait_admin(metrics_port)
     return type("Console", (), {"proxy": proxy, "base": base, "metrics": metrics,
-                                "dsn": proxy.dsn(lg_db), "db": lg_db})
+                                "dsn": proxy.dsn(lg_db), "db": lg_db, "direct": pg.dsn(lg_db)})
 
 
 @pytest.fixture(scope="module")
@@ -230,6 +231,22 @@ def test_the_console_follows_approvals_through_a_browser(console, browser):
                    "no refusals on Refused")
         assert "racer refused" in live_text(d), live_text(d)
         shot(d, "refused")
+
+        # The parked task's write replayed by another client while the claim is held:
+        # fenced (RGF01), on Writes fenced with the holder and its epoch.
+        with psycopg.connect(console.direct, autocommit=True) as c:
+            parked, task_id = c.execute(
+                "select checkpoint_id, task_id from checkpoint_writes where thread_id = %s "
+                "and channel = '__interrupt__'", (raced,)).fetchone()
+        with pytest.raises(psycopg.Error) as fenced:
+            with psycopg.connect(f"{dsn}&application_name=replayer", autocommit=True) as c:
+                c.execute(PostgresSaver.UPSERT_CHECKPOINT_WRITES_SQL,
+                          (raced, "", parked, task_id, "", 7, "replayed", "msgpack", b"\xa1x"))
+        assert fenced.value.sqlstate == "RGF01", fenced.value
+        d.get(f"{base}/ui/fenced")
+        wait_until(d, lambda d: raced in live_text(d), 10, "no fenced write on Writes fenced")
+        assert "replayer" in live_text(d), live_text(d)
+        shot(d, "fenced")
 
         # The held claim, released from the console: confirmed, CSRF-checked.
         d.get(f"{base}/ui/claims?thread={raced}")
