@@ -35,17 +35,6 @@ class History:
     phases: dict[str, float] = field(default_factory=dict)       # seconds each took
 
 
-# Violations of a kind the proxy commits today, each reproduced by a strict expected
-# failure: reported and counted apart from the others (``known_defects``), never
-# dropped; a fix turns its test into an unexpected pass, and its entry goes.
-KNOWN_DEFECTS: dict[str, str] = {}
-
-
-def known_defect(violation: str) -> str | None:
-    """The expected-failure test of ``violation``'s kind, if the kind is known."""
-    return next((t for k, t in KNOWN_DEFECTS.items() if violation.startswith(k + ":")), None)
-
-
 # a fault counts as before a fire this much after it (two readings of one host clock)
 CLOCK_SLACK_S = 0.05
 # a read granted just before a fault starts its gated node within this (a loaded host)

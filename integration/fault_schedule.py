@@ -31,8 +31,7 @@ lost checkpoint. The plans are ``fault_plan.plan``.
 CLI:  fault_schedule.py --seed S --schedules N --seconds T [--only I,J] [--json FILE]
       fault_schedule.py plan --seed S --schedules N --seconds T    (the plans, as JSON)
 prints each schedule (faults with planned and actual times), the per-thread outcome
-and the violations; exit status 1 when there are any, 2 when the only ones are of a
-known defect (``fault_history.KNOWN_DEFECTS``). Needs PG_BIN and
+and the violations; exit status 1 when there are any. Needs PG_BIN and
 RESUMEGUARD_BIN (or a release build), as the integration suite does.
 """
 
@@ -59,7 +58,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import netns as N  # noqa: E402
 from conftest import HOST, PG_BIN, PgServer, Proxy, make_dsn, port_accepts  # noqa: E402
-from fault_history import History, check, cut_by_fault, describe_fault, known_defect  # noqa: E402
+from fault_history import History, check, cut_by_fault, describe_fault  # noqa: E402
 from fault_plan import FAULT_KINDS, Fault, Job, Plan, plan  # noqa: E402,F401  (the CLI's plans)
 
 LAPSE_MS = 2000
@@ -542,9 +541,7 @@ class Schedule:
 
 
 def summary(h: History, found: list[str]) -> dict:
-    """``found``: every violation; those of a known kind go to ``known_defects``."""
-    violations = [v for v in found if known_defect(v) is None]
-    known = [v for v in found if known_defect(v) is not None]
+    """``found``: every violation."""
     p = h.plan
     served = sum(1 for r in h.results.values() if r.get("ok"))
     refused: dict[str, int] = {}
@@ -559,7 +556,7 @@ def summary(h: History, found: list[str]) -> dict:
             "not_served": refused, "fires": sum(len(v) for v in h.fires.values()),
             "fires_cut_by_a_fault": cut,
             "final_resumes": sum(1 for k in h.results if k.endswith("final")),
-            "violations": violations, "known_defects": known, "notes": h.notes,
+            "violations": found, "notes": h.notes,
             "phases_s": h.phases,
             "history": {"faults": h.faults,
                         "threads": {t: {"fires": list(zip(h.fires.get(t, []), h.fire_at.get(t, []))),
@@ -586,8 +583,7 @@ def print_schedule(h: History, violations: list[str]) -> None:
         log(f"  note: {n}")
     log(f"  phases (s): {h.phases}")
     for v in violations:
-        test = known_defect(v)
-        log(f"  {'KNOWN DEFECT' if test else 'VIOLATION'}: {v}" + (f" (see {test})" if test else ""))
+        log(f"  VIOLATION: {v}")
     if not violations:
         log("  violations: none")
 
@@ -623,11 +619,9 @@ def run(seed: int, schedules: int, seconds: float, workdir: Path | None = None,
         if own:
             shutil.rmtree(workdir, ignore_errors=True)
     total = sum(len(s["violations"]) for s in out)
-    known = sum(len(s["known_defects"]) for s in out)
-    failing = ",".join(str(s["index"]) for s in out if s["violations"] or s["known_defects"])
+    failing = ",".join(str(s["index"]) for s in out if s["violations"])
     log(f"seed {seed}: {len(out)} schedules, {sum(s['faults'] for s in out)} faults, "
-        f"{sum(s['racers'] for s in out)} racers, {total} violation(s), {known} of a known "
-        f"defect; rerun with "
+        f"{sum(s['racers'] for s in out)} racers, {total} violation(s); rerun with "
         f"--seed {seed} --schedules {schedules} --seconds {seconds}"
         + (f" --only {failing}" if failing else ""))
     return out
@@ -654,9 +648,7 @@ def main(argv: list[str] | None = None) -> int:
     out = run(seed, a.schedules, a.seconds, only=only)
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
-    if any(s["violations"] for s in out):
-        return 1
-    return 2 if any(s["known_defects"] for s in out) else 0
+    return 1 if any(s["violations"] for s in out) else 0
 
 
 if __name__ == "__main__":
