@@ -86,56 +86,51 @@ def test_ten_races_split_over_skewed_proxies_fire_once_each(skew):
     assert fires == {0: [1] * 5, 300: [1] * 5}, fires
 
 
-@pytest.mark.timeout(120)
-def test_a_claim_held_behind_is_not_taken_over_ahead_before_its_lapse(skew):
-    thread = f"skew-lapse-{uuid.uuid4().hex[:8]}"
-    iid = park(skew.behind.dsn(skew.dbname), thread)[0]["id"]
-    # An unmarked get_state through the proxy whose clock is behind claims the
-    # parked head; its connection stays open (the holder is alive).
+def hold_then_resume(skew, holder, other, prefix: str) -> tuple[str, float, float, dict, list]:
+    """Parks a thread through ``holder``, takes its claim there with an unmarked
+    get_state whose connection stays open (the holder is alive), and resumes it
+    through ``other`` at once: the thread, the release and serve times after the
+    claim, the resume's result and its runner's ids."""
+    thread = f"{prefix}{uuid.uuid4().hex[:8]}"
+    iid = park(holder.dsn(skew.dbname), thread)[0]["id"]
     R.CTX["racer"] = "looker"
-    resumer = one_resumer(skew, skew.ahead.dsn(skew.dbname), thread, "sk-", interrupt_id=iid)
+    resumer = one_resumer(skew, other.dsn(skew.dbname), thread, prefix[:2] + "-",
+                          interrupt_id=iid)
     try:
         resumer.ready(0)
-        with R.Runner("conn", skew.behind.dsn(skew.dbname)) as looker:
+        with R.Runner("conn", holder.dsn(skew.dbname)) as looker:
             st = looker.get_state("one", thread)
             assert st.interrupts, st
             claimed_at = time.time()
             t_go, r = resumer.go_and_finish()
     finally:
         resumer.kill()
-    waited = r["t_end"] - claimed_at
-    print(f"the resume through the proxy {SKEW_S} s ahead, released {t_go - claimed_at:.2f} s "
+    return thread, t_go - claimed_at, r["t_end"] - claimed_at, r, resumer.ids
+
+
+@pytest.mark.timeout(120)
+def test_a_claim_held_behind_is_not_taken_over_ahead_before_its_lapse(skew):
+    thread, released, waited, r, ids = hold_then_resume(skew, skew.behind, skew.ahead,
+                                                        "skew-lapse-")
+    print(f"the resume through the proxy {SKEW_S} s ahead, released {released:.2f} s "
           f"after the claim, was served {waited:.2f} s after it (lapse {LAPSE_MS} ms of the "
           f"database's time)")
-    assert t_go - claimed_at < 1.0, "the resume must race the live claim"
+    assert released < 1.0, "the resume must race the live claim"
     assert r["ok"], r
     assert waited >= LAPSE_MS / 1000 - 0.5, waited
-    assert [row[0] for row in ledger(skew, thread)] == [resumer.ids[0]]
+    assert [row[0] for row in ledger(skew, thread)] == [ids[0]]
 
 
 @pytest.mark.timeout(120)
 def test_a_claim_held_ahead_is_taken_over_behind_once_it_lapses(skew):
-    thread = f"skew-back-{uuid.uuid4().hex[:8]}"
-    iid = park(skew.ahead.dsn(skew.dbname), thread)[0]["id"]
-    # The holder reads through the proxy whose clock is ahead; the resume through
-    # the one behind waits for the lapse on the database's clock, then takes the
-    # claim over: neither 30 s longer (the lapse read on its own clock) nor refused
-    # for waiting past its bound.
-    R.CTX["racer"] = "looker"
-    resumer = one_resumer(skew, skew.behind.dsn(skew.dbname), thread, "sb-", interrupt_id=iid)
-    try:
-        resumer.ready(0)
-        with R.Runner("conn", skew.ahead.dsn(skew.dbname)) as looker:
-            st = looker.get_state("one", thread)
-            assert st.interrupts, st
-            claimed_at = time.time()
-            t_go, r = resumer.go_and_finish()
-    finally:
-        resumer.kill()
-    waited = r["t_end"] - claimed_at
+    # The resume through the proxy behind waits for the lapse on the database's
+    # clock, then takes the claim over: neither 30 s longer (the lapse read on its
+    # own clock) nor refused for waiting past its bound.
+    thread, released, waited, r, ids = hold_then_resume(skew, skew.ahead, skew.behind,
+                                                        "skew-back-")
     print(f"the resume through the proxy {SKEW_S} s behind was served {waited:.2f} s after "
           f"the claim taken ahead (lapse {LAPSE_MS} ms of the database's time)")
-    assert t_go - claimed_at < 1.0, "the resume must race the live claim"
+    assert released < 1.0, "the resume must race the live claim"
     assert r["ok"], r
     assert LAPSE_MS / 1000 - 0.5 <= waited < LAPSE_MS / 1000 + SKEW_S / 2, waited
-    assert [row[0] for row in ledger(skew, thread)] == [resumer.ids[0]]
+    assert [row[0] for row in ledger(skew, thread)] == [ids[0]]
