@@ -90,9 +90,6 @@ pub struct TlsConfig {
 /// store, start its evidence worker and decide reads.
 #[derive(Debug, Clone)]
 pub struct ClaimsSettings {
-    /// Where the claims live (resolved against the upstream by the caller:
-    /// `claims::location`).
-    pub backend: crate::claims::location::Backend,
     pub proxy_id: String,
     pub lapse_ms: i64,
     pub policy: WaitPolicy,
@@ -106,8 +103,8 @@ pub struct ClaimsSettings {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClaimsConfig {
-    /// `postgres` (the default: the database the proxy fronts, shared
-    /// across hosts) or `sqlite` (one host: the file `store`).
+    /// `postgres`, the only backend (the SQLite backend was retired:
+    /// `sqlite` is refused at start, saying so).
     pub backend: Option<String>,
     /// The claims database when it is not the upstream's (libpq DSN or
     /// `postgres://` URL); absent: the upstream (or the managed server).
@@ -128,8 +125,8 @@ pub struct ClaimsConfig {
     /// How soon the liveness lock of a proxy cut off from the database
     /// goes, so other proxies count its holders as gone (PostgreSQL).
     pub liveness_bound_ms: u64,
-    /// The SQLite file every replica on this host shares (implies
-    /// `backend = "sqlite"`); absent: `<state_dir>/claims.sqlite`.
+    /// Retired with the SQLite backend: any value is refused at start,
+    /// saying what to remove.
     pub store: Option<PathBuf>,
     /// This proxy's name in claims; absent: `<hostname>-<pid>`.
     pub proxy_id: Option<String>,
@@ -329,16 +326,12 @@ impl Config {
         })
     }
 
-    pub fn claims_store_path(&self) -> PathBuf {
-        self.claims
-            .store
-            .clone()
-            .unwrap_or_else(|| self.state_dir.join("claims.sqlite"))
-    }
-
     /// The consume-once leg's settings, checked (`None`: the leg is off).
     /// Opening the store and starting its worker is the caller's.
+    /// The retired SQLite backend's keys are refused whether or not the
+    /// leg is on.
     pub fn claims_settings(&self) -> Result<Option<ClaimsSettings>, ConfigError> {
+        crate::claims::location::check_backend(self)?;
         if !self.enforce.consume_once {
             return Ok(None);
         }
@@ -362,7 +355,6 @@ impl Config {
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Some(ClaimsSettings {
-            backend: crate::claims::location::Backend::of(self)?,
             proxy_id: self.proxy_id(),
             lapse_ms: c.lapse_ms,
             policy,

@@ -40,10 +40,9 @@ pub struct ServeArgs {
     /// PostgreSQL); default .resumeguard.
     #[arg(long)]
     state_dir: Option<PathBuf>,
-    /// SQLite file of consume-once claims, shared by replicas on this
-    /// host (implies [claims] backend = "sqlite"; default: the claims
-    /// live in the fronted PostgreSQL).
-    #[arg(long)]
+    /// Retired with the SQLite claims backend: refused, saying so (the
+    /// claims live in the fronted PostgreSQL or [claims] dsn).
+    #[arg(long, hide = true)]
     claims_store: Option<PathBuf>,
     /// This proxy's name in claims (default: hostname-pid).
     #[arg(long)]

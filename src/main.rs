@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use resumeguard::audit::EventFilter;
-use resumeguard::claims::location::{store_location, Backend};
+use resumeguard::claims::location::{check_backend, postgres_target};
 use resumeguard::claims::{render_claims, ClaimRecord, ClaimStore};
 use resumeguard::config::{Config, Flags, Loader};
 use resumeguard::log_text::escaped;
@@ -100,17 +100,15 @@ enum Command {
     },
 }
 
-/// Where the claims store is, found as `serve` finds it: `--store` (a
-/// SQLite file), else the configuration's `[claims]` (backend, dsn, store),
-/// else the PostgreSQL the proxy fronts (`--upstream`, or the running
-/// managed server of the state directory).
+/// Where the claims store is, found as `serve` finds it: the
+/// configuration's `[claims] dsn`, else the PostgreSQL the proxy fronts
+/// (`--upstream`, or the running managed server of the state directory).
 #[derive(Args)]
 struct ClaimsStoreArgs {
-    /// A SQLite claims file (implies the sqlite backend).
-    #[arg(long, conflicts_with = "state_dir")]
+    /// Retired with the SQLite claims backend: refused, saying so.
+    #[arg(long, hide = true)]
     store: Option<PathBuf>,
-    /// The proxy's state directory (its managed server; with the sqlite
-    /// backend, <DIR>/claims.sqlite).
+    /// The proxy's state directory (its managed server).
     #[arg(long)]
     state_dir: Option<PathBuf>,
     /// The upstream `serve` fronts (its database holds the claims).
@@ -127,11 +125,12 @@ impl ClaimsStoreArgs {
         cfg.state_dir = self.state_dir.unwrap_or(cfg.state_dir);
         cfg.upstream = self.upstream.or(cfg.upstream);
         cfg.claims.store = self.store.or(cfg.claims.store);
-        let managed = match (&cfg.upstream, &cfg.claims.dsn, Backend::of(&cfg)?) {
-            (None, None, Backend::Postgres) => Some(running_socket(&cfg.managed, &cfg.state_dir)?),
+        check_backend(&cfg)?;
+        let managed = match (&cfg.upstream, &cfg.claims.dsn) {
+            (None, None) => Some(running_socket(&cfg.managed, &cfg.state_dir)?),
             _ => None,
         };
-        Ok(ClaimStore::open_existing_at(&store_location(
+        Ok(ClaimStore::open_existing(postgres_target(
             &cfg,
             managed.as_ref(),
         )?)?)
@@ -484,6 +483,5 @@ mod tests {
         .is_err());
         assert!(parse(&["audit", "--threads", "--thread", "t"]).is_err());
         assert!(parse(&["audit"]).is_err());
-        assert!(parse(&["claims", "list", "--store", "/c", "--state-dir", "/s"]).is_err());
     }
 }

@@ -428,6 +428,7 @@ mod tests {
     use std::path::{Path, PathBuf};
 
     use resumeguard::audit::AuditSink;
+    use resumeguard::claims::postgres::PgTarget;
     use resumeguard::claims::ClaimStore;
     use resumeguard::config::Flags;
     use resumeguard::enforce::{Enforcement, Legs};
@@ -455,6 +456,17 @@ mod tests {
 
     /// A reloader of what `loader` reads, with the consume-once gate over
     /// `claims` if given.
+    /// A claim store nothing answers: these tests read the leg's
+    /// timings, never a claim.
+    fn unreachable_store() -> ClaimStore {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap();
+        let dsn = format!("host=127.0.0.1 port={port} user=rg dbname=claims");
+        ClaimStore::connect(PgTarget::from_dsn(&dsn).unwrap())
+    }
+
     fn started(loader: Loader, claims: Option<Arc<ClaimStore>>) -> Reloader {
         let layered = load_for_serve(&loader).unwrap();
         let cfg = &layered.config;
@@ -548,7 +560,7 @@ mod tests {
             format!("[claims]\nrun_lease_ms = {lease}\nprogress_hold_ms = {hold}\n")
         };
         std::fs::write(&file, text(0, 1_000)).unwrap();
-        let store = Arc::new(ClaimStore::open(&dir.join("claims.sqlite")).unwrap());
+        let store = Arc::new(unreachable_store());
         let r = started(
             Loader::new(Some(file.clone()), Flags::default()),
             Some(store),
@@ -590,7 +602,7 @@ mod tests {
             )
         };
         std::fs::write(&file, text(2_000, "127.0.0.1:7000", "a")).unwrap();
-        let store = Arc::new(ClaimStore::open(&dir.join("claims.sqlite")).unwrap());
+        let store = Arc::new(unreachable_store());
         let r = started(
             Loader::new(Some(file.clone()), Flags::default()),
             Some(store),

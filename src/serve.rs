@@ -14,9 +14,9 @@ use resumeguard::admin::{
 };
 use resumeguard::audit::{AuditSink, TrailSource};
 use resumeguard::claims::evidence;
-use resumeguard::claims::location::{postgres_target, store_location, LocationError};
-use resumeguard::claims::postgres::{check_once, schema_name, DEFAULT_SCHEMA};
-use resumeguard::claims::{ClaimStore, StoreLocation};
+use resumeguard::claims::location::{postgres_target, LocationError};
+use resumeguard::claims::postgres::{check_once, schema_name, PgTarget, DEFAULT_SCHEMA};
+use resumeguard::claims::ClaimStore;
 use resumeguard::config::live::{ClaimsTimings, LiveClaimsTimings};
 use resumeguard::config::{connection_string, upstream_addr, Config, ConfigError, Loader};
 use resumeguard::enforce::claim_gate::{ClaimsLeg, InTransactionFence};
@@ -87,10 +87,6 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
     }
-    if cfg.claims.store.is_none() && cfg.claims.backend.as_deref() == Some("sqlite") {
-        std::fs::create_dir_all(&cfg.state_dir)
-            .with_context(|| format!("creating {}", cfg.state_dir.display()))?;
-    }
     // The addresses are taken before anything is started: a busy port
     // fails here, with no managed server to clean up.
     let listener = bind(&cfg.listen).with_context(|| format!("listening on {}", cfg.listen))?;
@@ -127,12 +123,11 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
         (None, u) => upstream_addr(u.as_deref().unwrap_or_default()),
     };
     let managed_socket = managed.as_ref().map(|m| m.socket());
-    let claims_at = store_location(&cfg, managed_socket.as_ref());
+    let claims_at = postgres_target(&cfg, managed_socket.as_ref());
     warn_if_clients_share_the_store_role(&cfg, claims_at.as_ref().ok());
-    // The claims store checks its database at start (consume-once on the
-    // PostgreSQL backend): the audit table's is the same one.
-    let claims_check_it =
-        cfg.enforce.consume_once && matches!(claims_at, Ok(StoreLocation::Postgres(_)));
+    // The claims store checks its database at start (consume-once on): the
+    // audit table's is the same one.
+    let claims_check_it = cfg.enforce.consume_once && claims_at.is_ok();
     let audit_db = match cfg.audit.postgres {
         true => connect_audit(&cfg, &audit, managed_socket.as_ref(), !claims_check_it),
         false => Ok(()),
@@ -309,7 +304,7 @@ fn announce(cfg: &Config, line: &str) {
 }
 
 /// Gives the audit trail's PostgreSQL output its database: where the
-/// claims store is (whichever claims backend is configured). A database
+/// claims store is. A database
 /// that cannot be named is an ERROR; auditing goes on in the other
 /// outputs, and the PostgreSQL output counts its events as lost. With
 /// `check`, it is connected once first: a fault no retry mends (the
@@ -364,26 +359,21 @@ fn own_schema(cfg: &Config, managed: Option<&UpstreamAddr>) -> OwnSchema {
     OwnSchema::new(&name)
 }
 
-/// Whether the proxy keeps claims (consume-once on the PostgreSQL backend)
-/// or its audit table in the database it fronts under the role derived
-/// from the upstream, no `[claims] dsn`: the role the application logs in
-/// as, in the usual setup, which can change them at the database directly.
-fn store_shares_the_clients_role(cfg: &Config, postgres_claims: bool) -> bool {
-    cfg.claims.dsn.is_none()
-        && ((cfg.enforce.consume_once && postgres_claims) || cfg.audit.postgres)
+/// Whether the proxy keeps claims (consume-once on) or its audit table in
+/// the database it fronts under the role derived from the upstream, no
+/// `[claims] dsn`: the role the application logs in as, in the usual
+/// setup, which can change them at the database directly.
+fn store_shares_the_clients_role(cfg: &Config) -> bool {
+    cfg.claims.dsn.is_none() && (cfg.enforce.consume_once || cfg.audit.postgres)
 }
 
 /// Says once, at start, that claims and audit rows are as safe as the
 /// role they live under when that role is the clients' own.
-fn warn_if_clients_share_the_store_role(cfg: &Config, at: Option<&StoreLocation>) {
-    let postgres_claims = matches!(at, Some(StoreLocation::Postgres(_)));
-    if !store_shares_the_clients_role(cfg, postgres_claims) {
+fn warn_if_clients_share_the_store_role(cfg: &Config, at: Option<&PgTarget>) {
+    if !store_shares_the_clients_role(cfg) {
         return;
     }
-    let at = match at {
-        Some(at @ StoreLocation::Postgres(_)) => at.shown(),
-        _ => "the upstream".to_owned(),
-    };
+    let at = at.map_or("the upstream", PgTarget::shown);
     tracing::warn!(
         at = %at,
         "claims and audit rows are kept in the database the proxy fronts under the role \
@@ -408,7 +398,7 @@ fn legs(
     cfg: &Config,
     audit: &AuditSink,
     validity: Arc<ChannelRules>,
-    at: Result<&StoreLocation, &LocationError>,
+    at: Result<&PgTarget, &LocationError>,
     timings: &Arc<LiveClaimsTimings>,
     draining: &Draining,
 ) -> anyhow::Result<Legs> {
@@ -417,11 +407,9 @@ fn legs(
             let at = at.map_err(|e| {
                 anyhow::anyhow!("claims store: {}", resumeguard::error_chain::chain(e))
             })?;
-            tracing::info!(backend = ?c.backend, at = %at.shown(), "claims store");
-            if let StoreLocation::Postgres(target) = at {
-                resumeguard::claims::postgres::pooler::refuse_transaction_pooler(target)?;
-            }
-            let store = Arc::new(ClaimStore::connect_to(at).with_timings(Arc::clone(timings)));
+            tracing::info!(at = %at.shown(), "claims store");
+            resumeguard::claims::postgres::pooler::refuse_transaction_pooler(at)?;
+            let store = Arc::new(ClaimStore::connect(at.clone()).with_timings(Arc::clone(timings)));
             if let Some(fault) = store.start_fault() {
                 match fault.fix {
                     // Refusing every parked read until an operator acts
@@ -473,13 +461,10 @@ fn legs(
 }
 
 /// Where writes are fenced inside their own transaction: the claims
-/// schema's database when it is on the server the proxy fronts (claims in
-/// PostgreSQL, no `[claims] dsn` naming another place), or the database
+/// schema's database when it is on the server the proxy fronts (no
+/// `[claims] dsn` naming another place), or the database
 /// `[claims] fence_database` says a `dsn` reaches by another way.
-fn in_transaction_fence(cfg: &Config, at: &StoreLocation) -> Option<InTransactionFence> {
-    let StoreLocation::Postgres(target) = at else {
-        return None;
-    };
+fn in_transaction_fence(cfg: &Config, target: &PgTarget) -> Option<InTransactionFence> {
     if cfg.claims.dsn.is_some() {
         return cfg
             .claims
@@ -503,8 +488,7 @@ mod tests {
     #[test]
     fn a_dsn_fences_in_transaction_only_where_fence_database_says() {
         let cfg = |text: &str| -> Config { toml::from_str(text).unwrap() };
-        let target = resumeguard::claims::postgres::PgTarget::from_dsn("postgres://rg@db:5432/app");
-        let at = StoreLocation::Postgres(Box::new(target.unwrap()));
+        let at = PgTarget::from_dsn("postgres://rg@db:5432/app").unwrap();
         let dsn = "[claims]\ndsn = 'postgres://rg@db:5432/app'";
         assert_eq!(in_transaction_fence(&cfg(dsn), &at), None);
         let named = format!("{dsn}\nfence_database = 'app'");
@@ -518,14 +502,13 @@ mod tests {
     #[test]
     fn a_store_without_its_own_dsn_shares_the_clients_role() {
         let cfg = |text: &str| -> Config { toml::from_str(text).unwrap() };
-        assert!(store_shares_the_clients_role(&cfg(""), true));
-        assert!(!store_shares_the_clients_role(&cfg(""), false));
+        assert!(store_shares_the_clients_role(&cfg("")));
         let dsn = "[claims]\ndsn = 'postgres://resumeguard@db/app'";
-        assert!(!store_shares_the_clients_role(&cfg(dsn), true));
+        assert!(!store_shares_the_clients_role(&cfg(dsn)));
         let off = "[enforce]\nconsume_once = false";
-        assert!(!store_shares_the_clients_role(&cfg(off), true));
+        assert!(!store_shares_the_clients_role(&cfg(off)));
         let audit = "[enforce]\nconsume_once = false\n[audit]\npostgres = true";
-        assert!(store_shares_the_clients_role(&cfg(audit), false));
+        assert!(store_shares_the_clients_role(&cfg(audit)));
     }
 
     #[test]

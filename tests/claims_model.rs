@@ -4,15 +4,14 @@
 //! and lost, time passing (lapses, holder-gone graces, run leases, commit
 //! covers), each step decided by the shipped rules themselves.
 //!
-//! What is the shipped code: every claim decision (`claims::decide_existing`
-//! with `ClaimRecord::taken`/`retaken`/`is_abandoned`), the read's decision
+//! What is the shipped code: the read's decision
 //! (`policy::claims::decide_at` under a wait policy), the write fence
 //! (`policy::claims::decide_write`) and its commit cover
-//! (`policy::claims::commit_cover`). What is restated here from the
-//! stores' SQL (the SQLite store and the PostgreSQL functions write the
-//! same rule, held together by the conformance suite in `claims::tests`):
-//! the evidence updates (consume, move on, holder gone, keep until) and the
-//! PostgreSQL store's sweep of holders whose proxy process is gone.
+//! (`policy::claims::commit_cover`). What is restated from the store's
+//! SQL: the claim rule (`claims_rule`, which the store's unit tests hold
+//! to the SQL `claim` function on a real PostgreSQL), the evidence updates
+//! (consume, move on, holder gone, keep until) and the sweep of holders
+//! whose proxy process is gone.
 //!
 //! `cargo test --test claims_model` checks the small bounds (2 proxies, 3
 //! readers); `cargo test --test claims_model -- --ignored` the larger ones
@@ -21,15 +20,16 @@
 
 use std::time::Instant;
 
-use resumeguard::claims::{
-    decide_existing, ClaimKey, ClaimOutcome, ClaimRecord, ClaimState, Holder, RunLease,
-};
+use resumeguard::claims::{ClaimKey, ClaimOutcome, ClaimRecord, ClaimState, Holder, RunLease};
 use resumeguard::policy::claims::{
     commit_cover, decide_at, decide_write, ClaimDecision, WaitPolicy, WriteVerdict, Writer,
     COMMIT_COVER_MS,
 };
 use resumeguard::saver::checkpoint_ref::CheckpointRef;
 use stateright::{Checker, Model, Property};
+
+mod claims_rule;
+use claims_rule::decide_existing;
 
 /// One step of model time: every deadline below is a multiple of it.
 const TICK_MS: i64 = 1_000;
@@ -337,13 +337,7 @@ fn try_claim(m: &ClaimsModel, w: &mut World, h: &Holder, reader_proxy: usize) ->
     let prev = w.claim.clone().expect("present above");
     let writing =
         prev.state == ClaimState::Consumed && w.lease.as_ref().is_some_and(|l| l.until_ms > now);
-    let outcome = decide_existing(prev, h, now, writing, |p, takeovers| {
-        Ok::<_, std::convert::Infallible>(p.retaken(h, now, lapse_at, takeovers))
-    });
-    let outcome = match outcome {
-        Ok(o) => o,
-        Err(never) => match never {},
-    };
+    let outcome = decide_existing(prev, h, now, lapse_at, writing);
     if let ClaimOutcome::Taken(r) | ClaimOutcome::TakenOver { now: r, .. } = &outcome {
         w.claim = Some(r.clone());
     }

@@ -276,7 +276,7 @@ pub(super) fn with_store<T>(
         Some(store) => f(store).map_err(|e| e.to_string()),
         None => {
             let at = s.claims_at.as_ref().map_err(String::clone)?;
-            let store = ClaimStore::open_existing_at(at).map_err(|e| e.to_string())?;
+            let store = ClaimStore::open_existing(at.clone()).map_err(|e| e.to_string())?;
             f(&store).map_err(|e| e.to_string())
         }
     }

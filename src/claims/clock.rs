@@ -1,33 +1,32 @@
-//! The time base of every claim: the store's own clock, read where it
-//! decides, so proxies on hosts whose clocks disagree still agree on when
-//! a claim lapses, a lease ends or a holder counts as gone.
+//! The time base of every claim: the claims database's own clock, read
+//! where it decides, so proxies on hosts whose clocks disagree still agree
+//! on when a claim lapses, a lease ends or a holder counts as gone.
 //!
-//! PostgreSQL: every lapse, lease expiry, takeover, abandoned-run and
-//! holder-gone time is computed in SQL from the server's
-//! `clock_timestamp()` (`<schema>.clock_ms()`, see
-//! `claims::postgres::schema`). The proxy passes durations (the lapse,
-//! the lease, a grace, how long ago a write passed it), never instants:
-//! the proxies' clocks never meet. SQLite (one host, one clock): the
-//! store reads this host's wall clock.
+//! Every lapse, lease expiry, takeover, abandoned-run and holder-gone time
+//! is computed in SQL from the server's `clock_timestamp()`
+//! (`<schema>.clock_ms()`, see `claims::postgres::db_clock`). The proxy
+//! passes durations (the lapse, the lease, a grace, how long ago a write
+//! passed it), never instants: the proxies' clocks never meet.
 //!
 //! Waits measured inside the proxy (how long a reader has waited, how
 //! long ago a write passed, until when a remembered claim is answered
 //! from memory) use the monotonic clock.
 
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
-
-/// This host's wall clock, milliseconds since the Unix epoch: the SQLite
-/// store's clock, and file names.
-pub fn local_ms() -> i64 {
-    match SystemTime::now().duration_since(UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
-        Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
-    }
-}
+use std::time::Instant;
 
 /// Milliseconds since `at` on this process's monotonic clock.
 pub fn elapsed_ms(at: Instant) -> i64 {
     i64::try_from(at.elapsed().as_millis()).unwrap_or(i64::MAX)
+}
+
+/// This host's wall clock, ms since the Unix epoch: tests place instants
+/// of the test server's clock with it (it runs on this host).
+#[cfg(test)]
+pub fn wall_clock_ms() -> i64 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// When a claims operation is decided: on the store's clock as it reads
@@ -43,11 +42,6 @@ impl Now {
     /// The fixed instant a test gave, if any.
     pub fn fixed(self) -> Option<i64> {
         self.0
-    }
-
-    /// The instant on this host's clock (the SQLite store's clock).
-    pub fn on_this_host(self) -> i64 {
-        self.0.unwrap_or_else(local_ms)
     }
 }
 
@@ -79,16 +73,7 @@ impl WrittenAt {
         match self {
             WrittenAt::Sent(at) => elapsed_ms(at),
             #[cfg(test)]
-            WrittenAt::Store(ms) => now.on_this_host().saturating_sub(ms),
-        }
-    }
-
-    /// The instant on this host's clock, `now` being `now_ms` there.
-    pub fn on_this_host(self, now_ms: i64) -> i64 {
-        match self {
-            WrittenAt::Sent(at) => now_ms.saturating_sub(elapsed_ms(at)),
-            #[cfg(test)]
-            WrittenAt::Store(ms) => ms,
+            WrittenAt::Store(ms) => now.fixed().unwrap_or_else(wall_clock_ms).saturating_sub(ms),
         }
     }
 }
@@ -108,8 +93,7 @@ mod tests {
     fn a_write_sent_now_is_placed_at_the_stores_now() {
         let sent = WrittenAt::Sent(Instant::now());
         assert!(sent.ago_ms(Now::STORE) >= 0);
-        assert!(sent.on_this_host(1_000) <= 1_000);
         assert_eq!(WrittenAt::from(900).ago_ms(Now::from(1_000)), 100);
-        assert_eq!(WrittenAt::from(i64::MAX).on_this_host(1_000), i64::MAX);
+        assert!(WrittenAt::from(i64::MAX).ago_ms(Now::from(1_000)) < 0);
     }
 }

@@ -1,35 +1,57 @@
-//! Which claims backend a configuration names, and where its store is:
-//! PostgreSQL by default (`[claims] dsn`, else the upstream the proxy
-//! fronts, else the managed server), SQLite when `backend = "sqlite"` or a
-//! `[claims] store` file is given.
+//! Where the claims database is: `[claims] dsn`, else the upstream the
+//! proxy fronts, else the managed server. The SQLite claims backend was
+//! retired (it kept a second copy of the claims rules, on the host's
+//! clock): a configuration that still names it is refused, saying what
+//! to remove.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::backend::StoreLocation;
 use super::postgres::{PgTarget, TargetError};
 use crate::config::{upstream_addr, Config, ConfigError};
 use crate::wire::upstream::UpstreamAddr;
 use crate::wire::upstream_tls::{UpstreamTls, UpstreamTlsError};
 
-/// `[claims] backend` and `store` that contradict each other.
+/// What every refusal of the retired backend's keys starts with.
+const RETIRED: &str = "the SQLite claims backend was retired: claims live in PostgreSQL \
+    (the database the proxy fronts by default, or [claims] dsn)";
+
+/// A `[claims] backend` or `store` no build serves.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     #[error(
-        "claims.store {} names a SQLite file but claims.backend is \"postgres\": \
-         drop one of them",
+        "{RETIRED}; remove claims.backend = \"sqlite\" ([claims] backend, \
+         RESUMEGUARD_CLAIMS_BACKEND)"
+    )]
+    SqliteRetired,
+    #[error(
+        "{RETIRED}; remove claims.store = {} ([claims] store, RESUMEGUARD_CLAIMS_STORE, \
+         --claims-store, claims list/release --store)",
         .0.display()
     )]
-    StoreWithPostgres(PathBuf),
-    #[error("claims.backend must be \"postgres\" or \"sqlite\", not {0:?}")]
+    StoreRetired(PathBuf),
+    #[error("claims.backend must be \"postgres\", not {0:?}")]
     UnknownBackend(String),
 }
 
-/// A claims configuration that names no usable store.
+/// Refuses `[claims] backend` other than `postgres` and any `[claims]
+/// store`: `serve`, `config check`, a reload and the operator commands
+/// check it first.
+pub fn check_backend(cfg: &Config) -> Result<(), BackendError> {
+    let c = &cfg.claims;
+    if let Some(file) = &c.store {
+        return Err(BackendError::StoreRetired(file.clone()));
+    }
+    match c.backend.as_deref() {
+        None | Some("postgres") => Ok(()),
+        Some("sqlite") => Err(BackendError::SqliteRetired),
+        Some(other) => Err(BackendError::UnknownBackend(other.to_owned())),
+    }
+}
+
+/// A claims configuration that names no usable database.
 #[derive(Debug, thiserror::Error)]
 pub enum LocationError {
-    #[error(transparent)]
-    Backend(#[from] BackendError),
     #[error(
         "the PostgreSQL claims store needs a database: no upstream, no managed server \
          running, no [claims] dsn"
@@ -43,42 +65,10 @@ pub enum LocationError {
     Tls(#[from] UpstreamTlsError),
 }
 
-/// The configured backend, before the upstream is known.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Backend {
-    Sqlite(PathBuf),
-    Postgres,
-}
-
-impl Backend {
-    /// `[claims] backend` and `store` checked against each other.
-    pub fn of(cfg: &Config) -> Result<Backend, BackendError> {
-        let c = &cfg.claims;
-        match (c.backend.as_deref(), &c.store) {
-            (Some("sqlite"), _) | (None, Some(_)) => Ok(Backend::Sqlite(cfg.claims_store_path())),
-            (Some("postgres") | None, None) => Ok(Backend::Postgres),
-            (Some("postgres"), Some(f)) => Err(BackendError::StoreWithPostgres(f.clone())),
-            (Some(other), _) => Err(BackendError::UnknownBackend(other.to_owned())),
-        }
-    }
-}
-
-/// Where the claims of `cfg` live. `managed` is the managed server's
-/// socket when the proxy runs one (no upstream configured); its superuser
-/// is `postgres`.
-pub fn store_location(
-    cfg: &Config,
-    managed: Option<&UpstreamAddr>,
-) -> Result<StoreLocation, LocationError> {
-    let target = match Backend::of(cfg)? {
-        Backend::Sqlite(path) => return Ok(StoreLocation::Sqlite(path)),
-        Backend::Postgres => postgres_target(cfg, managed)?,
-    };
-    Ok(StoreLocation::Postgres(Box::new(target)))
-}
-
-/// The PostgreSQL database of the shared schema, whichever claims backend
-/// is configured (the audit trail of every replica is kept there too).
+/// The PostgreSQL database of the shared schema: the claims, and the
+/// audit trail of every replica. `managed` is the managed server's socket
+/// when the proxy runs one (no upstream configured); its superuser is
+/// `postgres`.
 pub fn postgres_target(
     cfg: &Config,
     managed: Option<&UpstreamAddr>,
@@ -117,37 +107,39 @@ mod tests {
     }
 
     #[test]
-    fn postgres_is_the_default_and_a_store_file_means_sqlite() {
-        assert_eq!(Backend::of(&cfg("")).unwrap(), Backend::Postgres);
-        assert_eq!(
-            Backend::of(&cfg("[claims]\nstore = '/x/c.db'")).unwrap(),
-            Backend::Sqlite("/x/c.db".into())
+    fn postgres_is_the_only_backend_and_the_sqlite_keys_say_they_were_retired() {
+        assert!(check_backend(&cfg("")).is_ok());
+        assert!(check_backend(&cfg("[claims]\nbackend = 'postgres'")).is_ok());
+        let store = check_backend(&cfg("[claims]\nstore = '/x/c.db'")).unwrap_err();
+        let text = store.to_string();
+        assert!(
+            text.starts_with("the SQLite claims backend was retired")
+                && text.contains("remove claims.store = /x/c.db"),
+            "{text}"
         );
-        assert_eq!(
-            Backend::of(&cfg("state_dir = '/s'\n[claims]\nbackend = 'sqlite'")).unwrap(),
-            Backend::Sqlite("/s/claims.sqlite".into())
+        let sqlite = check_backend(&cfg("[claims]\nbackend = 'sqlite'")).unwrap_err();
+        assert!(
+            sqlite
+                .to_string()
+                .contains("remove claims.backend = \"sqlite\""),
+            "{sqlite}"
         );
-        assert!(Backend::of(&cfg("[claims]\nbackend = 'postgres'\nstore = '/x'")).is_err());
-        assert!(Backend::of(&cfg("[claims]\nbackend = 'redis'")).is_err());
+        assert!(check_backend(&cfg("[claims]\nbackend = 'redis'")).is_err());
     }
 
     #[test]
     fn the_upstream_is_the_store_with_its_tls_settings() {
-        let sslmode = |at: StoreLocation| match at {
-            StoreLocation::Postgres(t) => t.sslmode(),
-            StoreLocation::Sqlite(_) => "sqlite",
-        };
-        let at = store_location(&cfg("upstream = 'postgres://app@db:6000/ck'"), None).unwrap();
+        let at = postgres_target(&cfg("upstream = 'postgres://app@db:6000/ck'"), None).unwrap();
         assert_eq!(at.shown(), "postgres app@db:6000/ck");
-        assert_eq!(sslmode(at), "prefer", "libpq's default");
+        assert_eq!(at.sslmode(), "prefer", "libpq's default");
         let tls = cfg("upstream = 'postgres://app@db:6000/ck?sslmode=require'");
-        assert_eq!(sslmode(store_location(&tls, None).unwrap()), "require");
+        assert_eq!(postgres_target(&tls, None).unwrap().sslmode(), "require");
         let off = cfg("upstream = 'postgres://app@db:6000/ck?sslmode=disable'");
-        assert_eq!(sslmode(store_location(&off, None).unwrap()), "disable");
+        assert_eq!(postgres_target(&off, None).unwrap().sslmode(), "disable");
         let missing_roots = cfg(
             "upstream = 'postgres://app@db:6000/ck?sslmode=verify-full&sslrootcert=/no/ca.pem'",
         );
-        let err = store_location(&missing_roots, None).unwrap_err();
+        let err = postgres_target(&missing_roots, None).unwrap_err();
         assert!(
             crate::error_chain::chain(&err)
                 .to_string()
@@ -157,9 +149,9 @@ mod tests {
         let dsn = cfg(
             "upstream = 'db?sslmode=require'\n[claims]\ndsn = 'host=/run/pg user=rg dbname=ck'",
         );
-        assert!(store_location(&dsn, None).is_ok());
+        assert!(postgres_target(&dsn, None).is_ok());
         let managed = UpstreamAddr::Unix("/s/postgres/.s.PGSQL.6001".into());
-        let at = store_location(&cfg(""), Some(&managed)).unwrap();
+        let at = postgres_target(&cfg(""), Some(&managed)).unwrap();
         assert_eq!(at.shown(), "postgres postgres@/s/postgres:6001/postgres");
     }
 }

@@ -112,7 +112,8 @@ pub struct ClaimRecord {
 
 impl ClaimRecord {
     /// The record of `key` just taken by `holder` at `now_ms`, generation
-    /// `epoch`: held, nothing counted yet.
+    /// `epoch`: held, nothing counted yet (tests and the model check build
+    /// their records from it).
     pub fn taken(
         key: &ClaimKey,
         holder: &Holder,
@@ -134,52 +135,6 @@ impl ClaimRecord {
             superseded_at_ms: None,
             abandon_at_ms: None,
         }
-    }
-
-    /// This claim handed to `holder` at `now_ms` as its next generation,
-    /// with `takeover` added to its takeover count (1 for a takeover, 0
-    /// for a take after a release).
-    pub fn retaken(
-        &self,
-        holder: &Holder,
-        now_ms: i64,
-        lapse_at_ms: i64,
-        takeover: i64,
-    ) -> ClaimRecord {
-        ClaimRecord {
-            holder: holder.clone(),
-            state: ClaimState::Held,
-            claimed_at_ms: now_ms,
-            lapse_at_ms,
-            consumed_at_ms: None,
-            evidence: None,
-            takeovers: self.takeovers + takeover,
-            abandon_at_ms: None,
-            epoch: self.epoch.saturating_add(1),
-            ..self.clone()
-        }
-    }
-
-    /// A held claim past its lapse time: the next other reader takes it.
-    pub fn is_lapsed(&self, now_ms: i64) -> bool {
-        self.state == ClaimState::Held && now_ms >= self.lapse_at_ms
-    }
-
-    /// A consumed claim whose answering run was abandoned: the holder is
-    /// gone (its connection closed and the grace passed), the thread never
-    /// moved on from the claim's checkpoint (no child checkpoint was
-    /// recorded) and the run no longer writes (`run_writing`: the thread's
-    /// run lease is live, e.g. other connections of a pool still write).
-    /// The answer was recorded but its run died before its next checkpoint
-    /// (a crash, a PostgreSQL restart): the thread would be stranded on a
-    /// head every reader is refused, so the next reader takes it over.
-    /// An interrupt answered by a run that went on (a child checkpoint
-    /// exists) or whose holder is still connected stays consumed.
-    pub fn is_abandoned(&self, now_ms: i64, run_writing: bool) -> bool {
-        self.state == ClaimState::Consumed
-            && self.superseded_at_ms.is_none()
-            && self.abandon_at_ms.is_some_and(|at| now_ms >= at)
-            && !run_writing
     }
 
     /// Consumed after its lapse time: the run took longer than the lapse,

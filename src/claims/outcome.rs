@@ -1,11 +1,9 @@
-//! What a reader's claim comes to when its key already has a current row.
-//! The SQLite store applies [`decide_existing`] inside its transaction;
-//! the PostgreSQL store decides on the server, in one statement, with the
-//! same rule written in its `claim` function (`claims::postgres::schema`).
-//! The conformance suite (`claims::tests`, every case run against both
-//! backends) holds the two to the same outcomes.
+//! What a reader's claim came to. The store decides it on the server, in
+//! one statement: the rule is written once, in the schema's `claim`
+//! function (`claims::postgres::db_clock`); the model check restates it
+//! and `claims::postgres::tests` holds the restatement to the SQL.
 
-use super::model::{ClaimRecord, ClaimState, Holder};
+use super::model::ClaimRecord;
 
 /// What a reader of a parked head got from `try_claim`.
 // Built once per parked read and moved, never stored in bulk: boxing the
@@ -24,48 +22,13 @@ pub enum ClaimOutcome {
     Busy(ClaimRecord),
     /// Another session's claim could be taken and this reader took it:
     /// a held claim that lapsed with no evidence, or a consumed claim whose
-    /// answering run was abandoned ([`ClaimRecord::is_abandoned`];
-    /// `previous.state` is then `Consumed`). `now` has `takeovers`
-    /// incremented.
+    /// answering run was abandoned (its holder gone, the thread never
+    /// moved on, no live run lease; `previous.state` is then `Consumed`).
+    /// `now` has `takeovers` incremented.
     TakenOver {
         previous: ClaimRecord,
         now: ClaimRecord,
     },
     /// The interrupt was already answered (by whichever session).
     Consumed(ClaimRecord),
-}
-
-/// Decides the outcome for `holder` reading the key of `prev`, a row that
-/// is not stale (its checkpoint was not superseded longer than the grace
-/// ago). `writing` says whether the answering run of a consumed row still
-/// holds a live run lease; `retake(prev, takeovers)` is the store handing
-/// the row to `holder` as the next generation, adding `takeovers` to its
-/// takeover count.
-pub fn decide_existing<E>(
-    prev: ClaimRecord,
-    holder: &Holder,
-    now_ms: i64,
-    writing: bool,
-    retake: impl FnOnce(&ClaimRecord, i64) -> Result<ClaimRecord, E>,
-) -> Result<ClaimOutcome, E> {
-    Ok(match prev.state {
-        ClaimState::Consumed if prev.is_abandoned(now_ms, writing) => {
-            let now = retake(&prev, 1)?;
-            ClaimOutcome::TakenOver {
-                previous: prev,
-                now,
-            }
-        }
-        ClaimState::Consumed => ClaimOutcome::Consumed(prev),
-        ClaimState::Held if prev.holder.same_session(holder) => ClaimOutcome::AlreadyHeld(prev),
-        ClaimState::Held if now_ms < prev.lapse_at_ms => ClaimOutcome::Busy(prev),
-        ClaimState::Held => {
-            let now = retake(&prev, 1)?;
-            ClaimOutcome::TakenOver {
-                previous: prev,
-                now,
-            }
-        }
-        ClaimState::Released => ClaimOutcome::Taken(retake(&prev, 0)?),
-    })
 }

@@ -225,7 +225,7 @@ impl ClaimsLeg {
     /// The reader's own claim, answered from memory (`held_claims`)
     /// while the store says this process's holders still stand.
     fn known_held(&self, req: &ClaimRequest) -> Option<Resolution> {
-        if !self.store.answers_held_claims() {
+        if !self.store.live() {
             return None;
         }
         let record = self.held.answer(&req.key, &req.holder, Instant::now())?;

@@ -36,7 +36,6 @@ use regex::Regex;
 
 use crate::claims::{
     format_ms, ClaimKey, ClaimOutcome, ClaimRecord, ClaimState, Holder, RunLease, StoreError,
-    StoreKind,
 };
 use crate::saver::checkpoint_ref::CheckpointRef;
 
@@ -76,8 +75,8 @@ pub enum Refusal {
     /// Another session holds a live claim (under [`WaitPolicy::Refuse`],
     /// or still after the maximum wait).
     InFlight { by: Holder, since_ms: i64 },
-    /// The store failed; the text says why, the kind which backend.
-    StoreUnavailable(String, StoreKind),
+    /// The store failed; the text says why.
+    StoreUnavailable(String),
     /// The head is past the parked checkpoint and still has tasks to run,
     /// and another session's run that answered the interrupt holds the
     /// thread's run lease: serving the head would run those tasks twice.
@@ -127,13 +126,13 @@ pub fn decide_at(
             }
             _ => {
                 return ClaimDecision::Refuse {
-                    reason: Refusal::StoreUnavailable(e.to_string(), e.kind()),
+                    reason: Refusal::StoreUnavailable(e.to_string()),
                 }
             }
         },
         Err(e) => {
             return ClaimDecision::Refuse {
-                reason: Refusal::StoreUnavailable(e.to_string(), e.kind()),
+                reason: Refusal::StoreUnavailable(e.to_string()),
             }
         }
         Ok(ClaimOutcome::Taken(_)) | Ok(ClaimOutcome::AlreadyHeld(_)) => {
@@ -253,7 +252,7 @@ impl Refusal {
                 who(by),
                 format_ms(*since_ms)
             ),
-            Refusal::StoreUnavailable(detail, _) => {
+            Refusal::StoreUnavailable(detail) => {
                 format!("resumeguard: read of parked {what} refused (fail closed): {detail}")
             }
             Refusal::RunInProgress { lease } => format!(
@@ -297,10 +296,7 @@ impl Refusal {
                  or (with claims.inspection_sql_hint) a /* resumeguard:inspect */ comment \
                  are never refused."
             }
-            Refusal::StoreUnavailable(_, StoreKind::Sqlite) => {
-                "Check the claim store file and its directory; other traffic still flows."
-            }
-            Refusal::StoreUnavailable(_, StoreKind::Postgres) => {
+            Refusal::StoreUnavailable(_) => {
                 "Check the claims database named above and the proxy's credential for it \
                  ([claims] dsn or the upstream URL; password_file, password_command, \
                  PGPASSWORD); /readyz says whether it is reachable now. Other traffic \

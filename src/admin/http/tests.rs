@@ -71,9 +71,7 @@ impl Setup {
             audit: AuditSink::disabled(),
             audit_trail: self.audit_db.map(crate::audit::TrailSource::Sqlite),
             claims: self.claims,
-            claims_at: Ok(crate::claims::StoreLocation::Sqlite(PathBuf::from(
-                "/nonexistent/claims.sqlite",
-            ))),
+            claims_at: Err("no claims database in this test".into()),
             token: super::super::AdminToken::new(self.token),
             auth: Default::default(),
             chain_check: Default::default(),
@@ -165,19 +163,31 @@ async fn readyz_follows_the_upstream_and_the_drain() {
     assert_eq!(get(&down, "/healthz").await.0, StatusCode::OK);
 }
 
-#[tokio::test]
-async fn readyz_checks_the_claim_store() {
-    let mut setup = Setup::new(answering_upstream());
-    setup.claims = Some(Arc::new(ClaimStore::connect(std::path::Path::new(
-        "/proc/nonexistent/claims.sqlite",
-    ))));
-    let (status, body) = get(&setup.state(), "/readyz").await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    let v = json_of(&body);
-    assert_eq!(
-        (v["upstream"]["ok"].clone(), v["claims_store"]["ok"].clone()),
-        (true.into(), false.into())
-    );
+/// Runs `test` on a runtime of its own: a claim store is made and dropped
+/// outside it (its blocking client runs a runtime of its own, as `serve`
+/// makes the legs outside the proxy's).
+fn on_a_runtime<F: std::future::Future>(test: F) -> F::Output {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(test)
+}
+
+#[test]
+fn readyz_checks_the_claim_store() {
+    let store = Arc::new(crate::claims::postgres::test_server::unreachable());
+    on_a_runtime(async {
+        let mut setup = Setup::new(answering_upstream());
+        setup.claims = Some(Arc::clone(&store));
+        let (status, body) = get(&setup.state(), "/readyz").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        let v = json_of(&body);
+        assert_eq!(
+            (v["upstream"]["ok"].clone(), v["claims_store"]["ok"].clone()),
+            (true.into(), false.into())
+        );
+    });
 }
 
 #[tokio::test]
@@ -268,56 +278,54 @@ fn release_request(token: Option<&str>) -> Request<Body> {
     req.body(Body::from(r#"{"thread": "t-rel"}"#)).unwrap()
 }
 
-#[tokio::test]
-async fn claims_are_listed_and_released_only_with_the_token() {
-    let path = scratch("claims");
-    let store = Arc::new(ClaimStore::open(&path).unwrap());
+#[test]
+fn claims_are_listed_and_released_only_with_the_token() {
+    let db = crate::claims::postgres::test_server::PgSchema::new("admin-claims");
+    let store = Arc::new(db.open());
     held_claim(&store, "t-rel");
-    let mut setup = Setup::new(closed_port());
-    setup.claims = Some(Arc::clone(&store));
-    setup.token = None;
-    let no_token = setup.state();
-    let (status, _, body) = call(&no_token, release_request(Some("anything"))).await;
-    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    on_a_runtime(async {
+        let mut setup = Setup::new(closed_port());
+        setup.claims = Some(Arc::clone(&store));
+        setup.token = None;
+        let no_token = setup.state();
+        let (status, _, body) = call(&no_token, release_request(Some("anything"))).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
 
-    let mut setup = Setup::new(closed_port());
-    setup.claims = Some(Arc::clone(&store));
-    setup.token = Some("s3cret".into());
-    let state = setup.state();
-    let (status, body) = get(&state, "/claims?thread=t-rel").await;
-    assert_eq!(status, StatusCode::OK);
-    let v = json_of(&body);
-    assert_eq!(v.as_array().unwrap().len(), 1, "{body}");
-    assert_eq!(v[0]["state"], "held");
-    assert_eq!(v[0]["holder"]["application_name"], "ui");
-    assert_eq!(get(&state, "/claims?thread=other").await.1, "[]");
+        let mut setup = Setup::new(closed_port());
+        setup.claims = Some(Arc::clone(&store));
+        setup.token = Some("s3cret".into());
+        let state = setup.state();
+        let (status, body) = get(&state, "/claims?thread=t-rel").await;
+        assert_eq!(status, StatusCode::OK);
+        let v = json_of(&body);
+        assert_eq!(v.as_array().unwrap().len(), 1, "{body}");
+        assert_eq!(v[0]["state"], "held");
+        assert_eq!(v[0]["holder"]["application_name"], "ui");
+        assert_eq!(get(&state, "/claims?thread=other").await.1, "[]");
 
-    let (status, headers, _) = call(&state, release_request(None)).await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED);
-    assert_eq!(headers[WWW_AUTHENTICATE], "Bearer");
-    let (status, _, _) = call(&state, release_request(Some("s3cre"))).await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED);
-    assert_eq!(json_of(&get(&state, "/claims").await.1)[0]["state"], "held");
+        let (status, headers, _) = call(&state, release_request(None)).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert_eq!(headers[WWW_AUTHENTICATE], "Bearer");
+        let (status, _, _) = call(&state, release_request(Some("s3cre"))).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert_eq!(json_of(&get(&state, "/claims").await.1)[0]["state"], "held");
 
-    let (status, _, body) = call(&state, release_request(Some("s3cret"))).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(json_of(&body)["released"], 1);
-    assert_eq!(
-        json_of(&get(&state, "/claims").await.1)[0]["state"],
-        "released"
-    );
+        let (status, _, body) = call(&state, release_request(Some("s3cret"))).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(json_of(&body)["released"], 1);
+        assert_eq!(
+            json_of(&get(&state, "/claims").await.1)[0]["state"],
+            "released"
+        );
 
-    let bad = Request::post("/claims/release")
-        .header(AUTHORIZATION, "Bearer s3cret")
-        .body(Body::from(r#"{"thread_id": "t-rel"}"#))
-        .unwrap();
-    assert_eq!(call(&state, bad).await.0, StatusCode::BAD_REQUEST);
-    drop(state);
-    drop(no_token);
-    drop(store);
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-    }
+        let bad = Request::post("/claims/release")
+            .header(AUTHORIZATION, "Bearer s3cret")
+            .body(Body::from(r#"{"thread_id": "t-rel"}"#))
+            .unwrap();
+        assert_eq!(call(&state, bad).await.0, StatusCode::BAD_REQUEST);
+        drop(state);
+        drop(no_token);
+    });
 }
 
 #[tokio::test]

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use metrics::with_local_recorder;
 
 use super::*;
-use crate::claims::{Holder, RunLease, StoreKind};
+use crate::claims::{Holder, RunLease};
 
 fn rendered(record: impl FnOnce()) -> String {
     let recorder = recorder().unwrap();
@@ -90,7 +90,7 @@ fn claim_outcomes_and_refusal_reasons() {
             at_ms: 0,
         });
         claim_refused(&Refusal::RunInProgress { lease });
-        claim_refused(&Refusal::StoreUnavailable("gone".into(), StoreKind::Sqlite));
+        claim_refused(&Refusal::StoreUnavailable("gone".into()));
         forks_served(0);
         forks_served(2);
     });

@@ -1,6 +1,6 @@
-//! The PostgreSQL claims backend: claims kept in the database every proxy
-//! replica already fronts (schema `resumeguard`), so replicas on different
-//! hosts agree on consume-once.
+//! The claim store: claims kept in the database every proxy replica
+//! already fronts (schema `resumeguard`), or the one `[claims] dsn` names,
+//! so replicas on different hosts agree on consume-once.
 //!
 //! - `target`: connection parameters (upstream URL or `[claims] dsn`),
 //!   the liveness bound; `credential`: the password, read at each connect
@@ -39,5 +39,8 @@ pub use conn::check_once;
 pub use credential::PASSWORD_COMMAND_TIMEOUT;
 pub use fault::StartFault;
 pub use schema::{AUDIT_CHAIN_VERSION, AUDIT_VERSION};
-pub use store::PgClaims;
+pub use store::{
+    ClaimStore, DEFAULT_RETAIN_MS, DEFAULT_RUN_LEASE_MS, DEFAULT_SUPERSEDED_GRACE_MS,
+    NEXT_CHECKPOINT,
+};
 pub use target::{PgTarget, TargetError, DEFAULT_LIVENESS_BOUND, DEFAULT_SCHEMA};

@@ -264,7 +264,7 @@ BEGIN
         RETURN QUERY SELECT 'taken', r;
         RETURN;
     END IF;
-    -- The rule of `claims::outcome::decide_existing`.
+    -- The claim rule (restated for the model check: tests/claims_rule).
     writing := r.state = 'consumed' AND p_lease_ms > 0 AND EXISTS (SELECT 1 FROM {s}.run_leases
         WHERE thread_id = p_thread AND checkpoint_ns = p_ns AND until_ms > p_now);
     IF r.state = 'consumed' AND NOT (r.superseded_at_ms IS NULL

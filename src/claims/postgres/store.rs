@@ -1,5 +1,5 @@
-//! The claim operations on PostgreSQL, with the SQLite store's semantics
-//! (`claims::store` documents each). A decision on the data path or of
+//! The claim store: the claims of every proxy replica in one PostgreSQL
+//! schema, each rule written once, in SQL. A decision on the data path or of
 //! the evidence worker is one prepared statement calling a function of
 //! the schema (`schema`), in autocommit: one round trip, no BEGIN or
 //! COMMIT, and a row is locked only while the server runs it, never
@@ -24,11 +24,31 @@ use crate::claims::clock::{Now, WrittenAt};
 use crate::claims::error::StoreError;
 use crate::claims::model::{ClaimKey, ClaimRecord, Holder, RunLease};
 use crate::claims::outcome::ClaimOutcome;
-use crate::claims::store::{DEFAULT_RETAIN_MS, DEFAULT_SUPERSEDED_GRACE_MS, NEXT_CHECKPOINT};
 use crate::config::live::{ClaimsTimings, LiveClaimsTimings};
 
-/// Handle on the PostgreSQL claims, one per proxy process.
-pub struct PgClaims {
+/// Default retention of finished rows (consumed, released, long-lapsed):
+/// long enough that a thread parked for hours still refuses a stray
+/// duplicate of an answered interrupt.
+pub const DEFAULT_RETAIN_MS: i64 = 24 * 60 * 60 * 1000;
+
+/// Default time rows on a superseded checkpoint are kept after the thread
+/// moved on: racers that read the parked head just before the move still
+/// find the consumed claim and are refused. Past it a row counts as gone
+/// (a reader of that checkpoint as head claims it afresh) even before a
+/// purge deletes it.
+pub const DEFAULT_SUPERSEDED_GRACE_MS: i64 = 60 * 1000;
+
+/// Default run lease: how long after the answering run's latest write
+/// another session's read of a thread head with tasks still to run is
+/// refused (it would run the same tasks again).
+pub const DEFAULT_RUN_LEASE_MS: i64 = 10 * 1000;
+
+/// Evidence recorded when a newer checkpoint consumes held claims.
+pub const NEXT_CHECKPOINT: &str = "next checkpoint";
+
+/// Handle on the shared claims, one per proxy process (`Send + Sync`,
+/// shared in an `Arc` by session threads and the evidence worker).
+pub struct ClaimStore {
     conn: Arc<PgConn>,
     retain_ms: i64,
     superseded_grace_ms: i64,
@@ -37,35 +57,35 @@ pub struct PgClaims {
     timings: Arc<LiveClaimsTimings>,
 }
 
-impl std::fmt::Debug for PgClaims {
+impl std::fmt::Debug for ClaimStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgClaims")
+        f.debug_struct("ClaimStore")
             .field("at", &self.conn.target.shown())
             .field("timings", &self.timings.current())
             .finish()
     }
 }
 
-impl PgClaims {
+impl ClaimStore {
     /// The proxy's store: connected (schema created or upgraded, liveness
     /// lock taken) now if it can be; otherwise every operation fails and
     /// connecting is retried on use, with backoff.
-    pub fn connect(target: PgTarget) -> PgClaims {
-        PgClaims::on(PgConn::connect(target, Role::Proxy))
+    pub fn connect(target: PgTarget) -> ClaimStore {
+        ClaimStore::on(PgConn::connect(target, Role::Proxy))
     }
 
     /// The proxy's store, connected now or an error (tests).
-    pub fn open(target: PgTarget) -> Result<PgClaims, StoreError> {
-        PgConn::open_now(target, Role::Proxy).map(PgClaims::on)
+    pub fn open(target: PgTarget) -> Result<ClaimStore, StoreError> {
+        PgConn::open_now(target, Role::Proxy).map(ClaimStore::on)
     }
 
     /// Operator commands: the schema must exist; no liveness lock.
-    pub fn open_existing(target: PgTarget) -> Result<PgClaims, StoreError> {
-        PgConn::open_now(target, Role::Operator).map(PgClaims::on)
+    pub fn open_existing(target: PgTarget) -> Result<ClaimStore, StoreError> {
+        PgConn::open_now(target, Role::Operator).map(ClaimStore::on)
     }
 
-    fn on(conn: Arc<PgConn>) -> PgClaims {
-        PgClaims {
+    fn on(conn: Arc<PgConn>) -> ClaimStore {
+        ClaimStore {
             conn,
             retain_ms: DEFAULT_RETAIN_MS,
             superseded_grace_ms: DEFAULT_SUPERSEDED_GRACE_MS,
@@ -74,12 +94,12 @@ impl PgClaims {
     }
 
     #[cfg(test)]
-    pub fn with_retention(mut self, retain_ms: i64) -> PgClaims {
+    pub fn with_retention(mut self, retain_ms: i64) -> ClaimStore {
         self.retain_ms = retain_ms.max(0);
         self
     }
 
-    pub fn with_superseded_grace(mut self, grace_ms: i64) -> PgClaims {
+    pub fn with_superseded_grace(mut self, grace_ms: i64) -> ClaimStore {
         self.superseded_grace_ms = grace_ms.max(0);
         self
     }
@@ -87,14 +107,14 @@ impl PgClaims {
     /// Reads the run lease and the grace of holders whose process is gone
     /// from `timings` at each decision: the proxy's handle, which a reload
     /// updates.
-    pub fn with_timings(mut self, timings: Arc<LiveClaimsTimings>) -> PgClaims {
+    pub fn with_timings(mut self, timings: Arc<LiveClaimsTimings>) -> ClaimStore {
         self.timings = timings;
         self
     }
 
     /// Sets the run lease in a handle of its own.
     #[cfg(test)]
-    pub fn with_run_lease(self, lease_ms: i64) -> PgClaims {
+    pub fn with_run_lease(self, lease_ms: i64) -> ClaimStore {
         let timings = self.timings.changed(|t| t.run_lease_ms = lease_ms.max(0));
         self.with_timings(timings)
     }
@@ -102,7 +122,7 @@ impl PgClaims {
     /// Sets the grace given to holders whose proxy process is gone, in a
     /// handle of its own.
     #[cfg(test)]
-    pub fn with_holder_gone_grace(self, grace_ms: i64) -> PgClaims {
+    pub fn with_holder_gone_grace(self, grace_ms: i64) -> ClaimStore {
         let timings = self
             .timings
             .changed(|t| t.holder_gone_grace_ms = grace_ms.max(0));
@@ -145,18 +165,21 @@ impl PgClaims {
         now: impl Into<Now>,
         lapse_ms: i64,
     ) -> Result<ClaimOutcome, StoreError> {
-        self.try_claim_timed(key, holder, now.into(), lapse_ms)
+        self.try_claim_timed(key, holder, now, lapse_ms)
             .map(|(outcome, _)| outcome)
     }
 
-    /// [`PgClaims::try_claim`], with the server's clock when it decided.
+    /// [`ClaimStore::try_claim`], with the server's clock when it decided
+    /// (ms since the Unix epoch): what the caller's local waits measure
+    /// the record's times against.
     pub fn try_claim_timed(
         &self,
         key: &ClaimKey,
         holder: &Holder,
-        now: Now,
+        now: impl Into<Now>,
         lapse_ms: i64,
     ) -> Result<(ClaimOutcome, i64), StoreError> {
+        let now = now.into();
         let gone_grace_ms = self.timings.current().holder_gone_grace_ms;
         self.on_clock("taking a claim", now, |tx| {
             let s = tx.schema;
@@ -370,15 +393,16 @@ impl PgClaims {
             .map(|(current, _)| current)
     }
 
-    /// [`PgClaims::current_holder`], with the server's clock when it was
+    /// [`ClaimStore::current_holder`], with the server's clock when it was
     /// read.
     pub fn current_holder_timed(
         &self,
         thread_id: &str,
         checkpoint_ns: &str,
         checkpoint_id: &str,
-        now: Now,
+        now: impl Into<Now>,
     ) -> Result<(Option<ClaimRecord>, i64), StoreError> {
+        let now = now.into();
         self.on_clock("reading a checkpoint's holder", now, |tx| {
             let s = tx.schema;
             let rows = tx.query(

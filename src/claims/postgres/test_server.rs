@@ -7,7 +7,7 @@ use std::os::unix::process::CommandExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-use super::{PgClaims, PgTarget};
+use super::{ClaimStore, PgTarget};
 use crate::config::ManagedConfig;
 use crate::managed_pg::ManagedPostgres;
 
@@ -49,6 +49,17 @@ fn start() -> Result<PgTarget, Box<dyn std::error::Error>> {
     )?)
 }
 
+/// A store whose database nothing answers (a port nothing listens on):
+/// every operation fails, as with the database down.
+pub fn unreachable() -> ClaimStore {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    let dsn = format!("host=127.0.0.1 port={port} user=rg dbname=claims connect_timeout=2");
+    ClaimStore::connect(PgTarget::from_dsn(&dsn).expect("dsn"))
+}
+
 /// A scratch store: a schema of its own, dropped on drop.
 pub struct PgSchema {
     target: PgTarget,
@@ -81,8 +92,8 @@ impl PgSchema {
         &self.target
     }
 
-    pub fn open(&self) -> PgClaims {
-        PgClaims::open(self.target.clone()).expect("open PostgreSQL claim store")
+    pub fn open(&self) -> ClaimStore {
+        ClaimStore::open(self.target.clone()).expect("open PostgreSQL claim store")
     }
 }
 

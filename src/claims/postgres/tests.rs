@@ -7,8 +7,10 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use super::test_server::PgSchema;
-use super::{PgClaims, PgTarget};
-use crate::claims::{interrupt_fingerprint, ClaimKey, ClaimOutcome, ClaimState, Holder};
+use super::{ClaimStore, PgTarget};
+use crate::claims::{
+    interrupt_fingerprint, ClaimKey, ClaimOutcome, ClaimRecord, ClaimState, Holder,
+};
 use crate::saver::checkpoint_ref::CheckpointRef;
 
 const LAPSE: i64 = 600_000;
@@ -150,13 +152,13 @@ fn proxies_starting_together_migrate_once() {
     let db = PgSchema::new("migrate");
     const N: usize = 4;
     let barrier = Arc::new(Barrier::new(N));
-    let stores: Vec<PgClaims> = (0..N)
+    let stores: Vec<ClaimStore> = (0..N)
         .map(|_| {
             let barrier = Arc::clone(&barrier);
             let target = db.target().clone();
             std::thread::spawn(move || {
                 barrier.wait();
-                PgClaims::open(target)
+                ClaimStore::open(target)
             })
         })
         .collect::<Vec<_>>()
@@ -164,7 +166,7 @@ fn proxies_starting_together_migrate_once() {
         .map(|h| h.join().expect("thread").expect("open"))
         .collect();
     let instances: std::collections::HashSet<i64> =
-        stores.iter().filter_map(PgClaims::instance).collect();
+        stores.iter().filter_map(ClaimStore::instance).collect();
     assert_eq!(instances.len(), N, "each process its own liveness instance");
     let mut c = db
         .target()
@@ -184,7 +186,7 @@ fn proxies_starting_together_migrate_once() {
 #[test]
 fn operator_commands_need_an_existing_schema() {
     let db = PgSchema::new("operator");
-    let text = PgClaims::open_existing(db.target().clone())
+    let text = ClaimStore::open_existing(db.target().clone())
         .expect_err("no schema yet")
         .to_string();
     assert!(text.contains("no claims schema"), "{text}");
@@ -192,7 +194,7 @@ fn operator_commands_need_an_existing_schema() {
     proxy
         .try_claim(&key("c1"), &holder("p1", 1), T0, LAPSE)
         .expect("claim");
-    let operator = PgClaims::open_existing(db.target().clone()).expect("schema exists");
+    let operator = ClaimStore::open_existing(db.target().clone()).expect("schema exists");
     assert_eq!(operator.list(None).expect("list").len(), 1);
     assert_eq!(operator.release("t-1", None).expect("release"), 1);
 }
@@ -205,7 +207,7 @@ fn an_unreachable_database_fails_closed_and_says_which() {
         .expect("port");
     let target =
         PgTarget::from_dsn(&format!("host=127.0.0.1 port={port} user=x dbname=y")).expect("dsn");
-    let store = PgClaims::connect(target);
+    let store = ClaimStore::connect(target);
     let err = store
         .try_claim(&key("c1"), &holder("p1", 1), T0, LAPSE)
         .expect_err("unreachable")
@@ -241,7 +243,7 @@ fn a_reaped_decision_connection_is_replaced_and_the_decision_runs_again() {
     let db = PgSchema::new("reconnect");
     let mut target = db.target().clone();
     target.config.application_name("rgtest-reconnect");
-    let store = PgClaims::open(target).expect("open");
+    let store = ClaimStore::open(target).expect("open");
     let k = key("c1");
     store
         .try_claim(&k, &holder("p1", 1), T0, LAPSE)
@@ -267,7 +269,9 @@ fn a_reaped_decision_connection_is_replaced_and_the_decision_runs_again() {
 
 /// Two proxies on the schema `name` (the second with the holder-gone
 /// grace): the first holds `c1`; its instance id.
-fn two_proxies_the_first_holding_c1(name: &str) -> (PgSchema, PgClaims, PgClaims, ClaimKey, i64) {
+fn two_proxies_the_first_holding_c1(
+    name: &str,
+) -> (PgSchema, ClaimStore, ClaimStore, ClaimKey, i64) {
     let db = PgSchema::new(name);
     let a = db.open();
     let b = db.open().with_holder_gone_grace(GRACE);
@@ -468,4 +472,156 @@ fn claims_and_leases_written_before_keys_were_digests_are_kept_and_found() {
     assert_eq!(store.list(Some("t-1")).expect("list").len(), 1);
     let lease = store.last_answer("t-1", "").expect("read").expect("lease");
     assert_eq!(lease.answered_checkpoint_id, "c0");
+}
+
+#[test]
+fn a_store_whose_table_went_fails_each_operation_clearly() {
+    let db = PgSchema::new("vanish");
+    let store = db.open();
+    // Another tool makes the table unusable under the running proxy.
+    let mut admin = db
+        .target()
+        .config
+        .connect(postgres::NoTls)
+        .expect("connect");
+    admin
+        .batch_execute(&format!("DROP TABLE {}.claims CASCADE", db.target().schema))
+        .expect("drop");
+    let text = store
+        .try_claim(&key("c1"), &holder("p1", 1), T0, LAPSE)
+        .expect_err("no table")
+        .to_string();
+    assert!(
+        text.starts_with("claim store unavailable: taking a claim failed on"),
+        "{text}"
+    );
+}
+
+/// The model check's restatement of the claim rule (`tests/claims_model.rs`
+/// decides every claim with it), held to the SQL below.
+#[path = "../../../tests/claims_rule/mod.rs"]
+mod claims_rule;
+
+/// Each state of a claim the model reaches, set up here by the store's
+/// own operations on the test clock; then another reader (or the holder)
+/// claims it at `at`, on the server, and the model's rule decides the same
+/// row at the same instant: the outcomes, records included, are equal.
+#[test]
+fn the_models_claim_rule_decides_as_the_sql_claim_function() {
+    type Setup = fn(&ClaimStore, &ClaimKey);
+    fn claimed(s: &ClaimStore, k: &ClaimKey) {
+        s.try_claim(k, &holder("p1", 1), T0, LAPSE).expect("claim");
+    }
+    fn answered(s: &ClaimStore, k: &ClaimKey) {
+        claimed(s, k);
+        let at = &k.at;
+        s.consume(
+            &at.thread_id,
+            "",
+            &at.checkpoint_id,
+            "task writes",
+            i64::MAX,
+            T0 + 5,
+        )
+        .expect("consume");
+    }
+    fn abandoned(s: &ClaimStore, k: &ClaimKey) {
+        answered(s, k);
+        s.holder_gone("p1", 1, T0 + 10, 1_000).expect("gone");
+    }
+    fn pool_still_writes(s: &ClaimStore, k: &ClaimKey) {
+        abandoned(s, k);
+        s.consume(
+            &k.at.thread_id,
+            "",
+            "c9",
+            "another write",
+            i64::MAX,
+            T0 + 500,
+        )
+        .expect("write");
+    }
+    fn went_on(s: &ClaimStore, k: &ClaimKey) {
+        answered(s, k);
+        s.move_on(&k.at.thread_id, "", &k.at.checkpoint_id, T0 + 8)
+            .expect("move on");
+        s.holder_gone("p1", 1, T0 + 10, 1_000).expect("gone");
+    }
+    fn released(s: &ClaimStore, k: &ClaimKey) {
+        claimed(s, k);
+        s.release(&k.at.thread_id, None).expect("release");
+    }
+    let a = holder("p1", 1);
+    let other = holder("p2", 2);
+    let cases: [(&str, Setup, &Holder, i64, &str); 11] = [
+        ("fresh", |_, _| {}, &other, T0, "taken"),
+        ("held, live", claimed, &other, T0 + LAPSE - 1, "busy"),
+        (
+            "held, its holder",
+            claimed,
+            &a,
+            T0 + LAPSE + 1,
+            "already_held",
+        ),
+        ("held, lapsed", claimed, &other, T0 + LAPSE, "taken_over"),
+        ("consumed", answered, &other, T0 + 50 * LAPSE, "consumed"),
+        (
+            "holder gone, in grace",
+            abandoned,
+            &other,
+            T0 + 1_009,
+            "consumed",
+        ),
+        ("abandoned", abandoned, &other, T0 + 20_000, "taken_over"),
+        (
+            "pool still writes",
+            pool_still_writes,
+            &other,
+            T0 + 2_000,
+            "consumed",
+        ),
+        (
+            "pool went quiet",
+            pool_still_writes,
+            &other,
+            T0 + 20_000,
+            "taken_over",
+        ),
+        ("went on", went_on, &other, T0 + 20_000, "consumed"),
+        ("released", released, &other, T0 + 10, "taken"),
+    ];
+    let db = PgSchema::new("rule");
+    let store = db.open().with_run_lease(2_000);
+    for (n, (name, setup, reader, at, expected)) in cases.into_iter().enumerate() {
+        let k = ClaimKey {
+            at: CheckpointRef {
+                thread_id: format!("t-{n}"),
+                ..key("c1").at
+            },
+            ..key("c1")
+        };
+        setup(&store, &k);
+        let prev = store.get(&k).expect("read");
+        let modelled = match prev {
+            None => ClaimOutcome::Taken(ClaimRecord::taken(&k, reader, at, at + LAPSE, 1)),
+            Some(prev) => {
+                let writing = prev.state == ClaimState::Consumed
+                    && store
+                        .run_lease(&k.at.thread_id, "", at)
+                        .expect("lease")
+                        .is_some();
+                claims_rule::decide_existing(prev, reader, at, at + LAPSE, writing)
+            }
+        };
+        let decided = store.try_claim(&k, reader, at, LAPSE).expect("claim");
+        assert_eq!(decided, modelled, "{name}");
+        let label = match decided {
+            ClaimOutcome::Taken(_) => "taken",
+            ClaimOutcome::AlreadyHeld(_) => "already_held",
+            ClaimOutcome::Busy(_) => "busy",
+            ClaimOutcome::TakenOver { .. } => "taken_over",
+            ClaimOutcome::Consumed(_) => "consumed",
+        };
+        assert_eq!(label, expected, "{name}");
+    }
 }

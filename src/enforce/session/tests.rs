@@ -547,9 +547,7 @@ fn the_injected_answers_are_swallowed_and_the_error_forwarded() {
 /// A session with the consume-once leg on (the store is never touched by
 /// the session state itself; the relay asks it).
 fn claiming_state(inspection: &[&str], application_name: &str) -> SessionState {
-    let unusable = crate::claims::ClaimStore::connect(std::path::Path::new(
-        "/nonexistent/unused-claims.sqlite",
-    ));
+    let unusable = crate::claims::postgres::test_server::unreachable();
     claiming_state_on(Arc::new(unusable), inspection, application_name)
 }
 
@@ -938,15 +936,13 @@ fn a_write_continuing_a_claimed_checkpoint_fails_closed_while_the_store_cannot_a
 
 #[test]
 fn a_holders_write_keeps_its_claim_from_lapsing_until_the_write_can_commit() {
-    use crate::claims::{local_ms as now_ms, ClaimOutcome, ClaimStore};
+    use crate::claims::clock::wall_clock_ms as now_ms;
+    use crate::claims::ClaimOutcome;
     use crate::policy::claims::{ClaimDecision, COMMIT_COVER_MS};
 
-    let path = std::env::temp_dir().join(format!(
-        "rg-session-cover-{}-{}.sqlite",
-        std::process::id(),
-        now_ms()
-    ));
-    let store = Arc::new(ClaimStore::open(&path).expect("claims store"));
+    // The test server runs on this host: its clock is this host's.
+    let db = crate::claims::postgres::test_server::PgSchema::new("session-cover");
+    let store = Arc::new(db.open());
     let mut st = claiming_state_on(store.clone(), &[], "worker");
     client(&mut st, &[parse("w", WRITE_SQL), msg(b'S', b"")]);
     server(&mut st, &[msg(b'1', b""), ready(b'I')]);
@@ -987,7 +983,6 @@ fn a_holders_write_keeps_its_claim_from_lapsing_until_the_write_can_commit() {
         .try_claim(&req.key, &other, taken_at + 30_000, 30_000)
         .expect("claim");
     assert!(matches!(racer, ClaimOutcome::Busy(_)), "{racer:?}");
-    let _ = std::fs::remove_file(&path);
 }
 
 #[test]

@@ -181,9 +181,9 @@ fn a_zero_poll_does_not_spin() {
 
 #[test]
 fn a_store_error_fails_closed() {
-    let err = StoreError::Open {
-        path: "/var/lib/rg/claims.db".into(),
-        reason: "directory /var/lib/rg does not exist".into(),
+    let err = StoreError::PgOpen {
+        at: "postgres rg@db:5432/app".into(),
+        reason: "connection refused".into(),
     };
     for policy in [WAIT, WaitPolicy::Refuse] {
         let d = decide_at(&Err(err.clone()), &policy, 0, T0);
@@ -193,17 +193,13 @@ fn a_store_error_fails_closed() {
         assert_eq!(reason.sqlstate(), "58000");
         let msg = reason.message(&key());
         assert!(msg.contains("claim store unavailable"), "{msg}");
-        assert!(msg.contains("/var/lib/rg/claims.db"), "{msg}");
+        assert!(msg.contains("rg@db:5432/app"), "{msg}");
         assert!(msg.contains("fail closed"), "{msg}");
     }
 }
 
 #[test]
-fn the_hint_of_an_unavailable_store_names_its_backend() {
-    let sqlite = StoreError::Open {
-        path: "/var/lib/rg/claims.db".into(),
-        reason: "gone".into(),
-    };
+fn the_hint_of_an_unavailable_store_names_the_database_and_credential() {
     let postgres = StoreError::PgOpen {
         at: "postgres rg@db:5432/app".into(),
         reason: "invalid configuration: password missing".into(),
@@ -212,10 +208,9 @@ fn the_hint_of_an_unavailable_store_names_its_backend() {
         ClaimDecision::Refuse { reason } => reason.hint(),
         d => panic!("{d:?}"),
     };
-    assert!(hint(sqlite).contains("claim store file"));
     let pg = hint(postgres);
     assert!(
-        pg.contains("claims database") && !pg.contains("claim store file"),
+        pg.contains("claims database") && pg.contains("[claims] dsn"),
         "{pg}"
     );
 }
@@ -312,9 +307,9 @@ fn a_running_head_is_served_to_its_run_without_a_lease_or_store() {
     );
     assert_eq!(decide_running_head(&Ok(None), &holder(), false), served);
     // Only reads of parked heads fail closed.
-    let down = Err(StoreError::Open {
-        path: "/nowhere/claims.db".into(),
-        reason: "unable to open database file".into(),
+    let down = Err(StoreError::PgOpen {
+        at: "postgres rg@nowhere:5432/app".into(),
+        reason: "connection refused".into(),
     });
     assert_eq!(decide_running_head(&down, &holder(), false), served);
 }
@@ -329,9 +324,9 @@ fn a_draining_proxy_serves_a_running_head_only_to_its_leaseholder() {
         reason: Refusal::ShuttingDown,
     };
     assert_eq!(decide_running_head(&Ok(None), &other, true), shutting);
-    let down = Err(StoreError::Open {
-        path: "/nowhere/claims.db".into(),
-        reason: "unable to open database file".into(),
+    let down = Err(StoreError::PgOpen {
+        at: "postgres rg@nowhere:5432/app".into(),
+        reason: "connection refused".into(),
     });
     assert_eq!(decide_running_head(&down, &other, true), shutting);
     assert_eq!(
@@ -497,9 +492,9 @@ fn other_proxies_and_other_clients_are_fenced() {
 
 #[test]
 fn a_store_that_cannot_answer_fails_closed_where_a_claim_is_known() {
-    let down: Result<Option<ClaimRecord>, StoreError> = Err(StoreError::Open {
-        path: "/x/claims.sqlite".into(),
-        reason: "no such directory".into(),
+    let down: Result<Option<ClaimRecord>, StoreError> = Err(StoreError::PgOpen {
+        at: "postgres rg@db:5432/app".into(),
+        reason: "connection refused".into(),
     });
     let w = holder();
     let known = Writer {
@@ -509,7 +504,7 @@ fn a_store_that_cannot_answer_fails_closed_where_a_claim_is_known() {
     };
     match decide_write(&known, &down) {
         WriteVerdict::StoreUnavailable(text) => {
-            assert!(text.contains("/x/claims.sqlite"), "{text}")
+            assert!(text.contains("rg@db:5432/app"), "{text}")
         }
         other => panic!("{other:?}"),
     }
