@@ -12,7 +12,7 @@
 # N x gates x reps); py2 and py208 = test_py2_saver.py (Python 2.0.25 and 2.0.8,
 # N x gates x reps x RG_CO_SAVERS). RG_CO_FORMS and RG_CO_PROXIES apply to py3 only.
 # split = test_claims_pg.py: two proxies with separate state dirs, N x conn/pool/async,
-# on PostgreSQL claims beside SQLite stores per proxy (the double fire).
+# on PostgreSQL claims beside the same racers straight to PostgreSQL (the stock defect).
 # faults = test_fault_schedule.py: seeded fault schedules (racers over two proxies
 # while proxies are SIGKILLed / SIGTERMed, PostgreSQL restarts, backends are
 # terminated, a proxy is partitioned, a clock is skewed), RG_FAULT_SCHEDULES (12)

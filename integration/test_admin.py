@@ -114,7 +114,7 @@ def admin(proxy_factory, workdir, dbname) -> Admin:
     rules = write_rules_dir(workdir / "admin-rules", {"items.toml": ITEMS_RULE})
     cfg = workdir / "admin.toml"
     cfg.write_text(f'admin_listen = "{HOST}:{port}"\n\n[admin]\ntoken = "{TOKEN}"\n\n'
-                   f'[claims]\nstore = "{workdir / "admin-claims.sqlite"}"\nlapse_ms = 3000\n'
+                   f'[claims]\nlapse_ms = 3000\n'
                    f'holder_gone_grace_ms = 500\n')
     p = proxy_factory("--config", str(cfg), "--rules", str(rules), name="admin")
     return Admin(p, wait_admin(port), dbname)

@@ -5,8 +5,8 @@ namespace, where PostgreSQL listens. The proxies share nothing but the database
 sidecars on two nodes would.
 
 - racers spread over both proxies fire the gated node once per parked interrupt
-  (N = 2, 4 x gate 0 / 300 ms); beside it, the same proxies with a SQLite claims
-  store each (what two hosts had before) fire once per proxy;
+  (N = 2, 4 x gate 0 / 300 ms) (the stock comparison, racers straight to
+  PostgreSQL, is `test_claims_pg.py`'s);
 - a partition: the link of the host whose racer holds the claim goes down; its
   proxy's liveness lock goes within `liveness_bound_ms` (server-side keepalives and
   `tcp_user_timeout`), and a racer on the other host takes the claim over and
@@ -96,10 +96,10 @@ def hosts(workdir):
     R.CTX["ledger"] = None
     proxies: list[NsProxy] = []
 
-    def start(ns: N.Namespace, name: str, backend: str, lapse_ms: int = 3000) -> NsProxy:
+    def start(ns: N.Namespace, name: str, lapse_ms: int = 3000) -> NsProxy:
         cfg = workdir / f"{name}.toml"
         cfg.write_text(
-            f'[claims]\nbackend = "{backend}"\nproxy_id = "{name}"\nlapse_ms = {lapse_ms}\n'
+            f'[claims]\nproxy_id = "{name}"\nlapse_ms = {lapse_ms}\n'
             f'holder_gone_grace_ms = {GRACE_MS}\nliveness_bound_ms = {LIVENESS_BOUND_MS}\n')
         state = workdir / f"state-{name}-{uuid.uuid4().hex[:6]}"
         p = NsProxy(ns, pg.port, workdir, name,
@@ -126,24 +126,18 @@ def pg_bin() -> Path:
 
 @pytest.mark.timeout(600)
 def test_racers_on_two_hosts_sharing_only_the_database_fire_once(hosts):
-    a = hosts.start(hosts.ns[0], "host-a", "postgres")
-    b = hosts.start(hosts.ns[1], "host-b", "postgres")
+    a = hosts.start(hosts.ns[0], "host-a")
+    b = hosts.start(hosts.ns[1], "host-b")
     for n in (2, 4):
         fires = race(hosts, [a, b], n)
         print(f"postgres claims over two namespaces, N={n}: fires per gate {fires}")
         assert fires == {0: [1], 300: [1]}, fires
-    # The comparison: a SQLite claims store on each host.
-    la = hosts.start(hosts.ns[0], "lite-a", "sqlite")
-    lb = hosts.start(hosts.ns[1], "lite-b", "sqlite")
-    split = race(hosts, [la, lb], 2)
-    print(f"sqlite per host, N=2: fires per gate {split}")
-    assert split[300] == [2], split
 
 
 @pytest.mark.timeout(300)
 def test_a_partitioned_holder_loses_its_claim_within_the_liveness_bound(hosts):
-    a = hosts.start(hosts.ns[0], "part-a", "postgres", lapse_ms=LONG_LAPSE_MS)
-    b = hosts.start(hosts.ns[1], "part-b", "postgres", lapse_ms=LONG_LAPSE_MS)
+    a = hosts.start(hosts.ns[0], "part-a", lapse_ms=LONG_LAPSE_MS)
+    b = hosts.start(hosts.ns[1], "part-b", lapse_ms=LONG_LAPSE_MS)
     thread = f"nsp-{uuid.uuid4().hex[:8]}"
     iid = park(a.dsn(hosts.dbname), thread)[0]["id"]
     victim = one_resumer(hosts, a.dsn(hosts.dbname), thread, "pv-", gate_ms=60000,

@@ -5,11 +5,6 @@
   checkpoint (a crash, a PostgreSQL restart) leaves the thread parked; stock LangGraph
   continues it, and so must the proxy once the answering session is gone — or at
   once after ``resumeguard claims release``;
-- a claims file deleted under running replicas: a restarted replica creates a new
-  one, and the replica still holding the old one must refuse (58000) instead of
-  granting the same interrupt a second time;
-- a claims store that cannot be opened at start becomes usable once its directory
-  exists, without a restart;
 - the ``/* resumeguard:inspect */`` comment marks inspection only where
   ``[claims] inspection_sql_hint = true``: without it, a hinted resume claims like
   any other and a race with it fires once.
@@ -24,7 +19,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -36,7 +30,7 @@ import psycopg
 import pytest
 
 import racer as R
-from conftest import proxy_binary, run_audit_cli
+from conftest import HOST, proxy_binary, run_audit_cli
 
 HERE = Path(__file__).resolve().parent
 GRACE_MS = 500           # holder_gone_grace_ms
@@ -55,8 +49,8 @@ def db(direct_dsn):
     return direct_dsn
 
 
-def start_proxy(proxy_factory, workdir: Path, name: str, store: Path, **claims) -> object:
-    keys = {"store": str(store), "lapse_ms": LAPSE_MS, "holder_gone_grace_ms": GRACE_MS,
+def start_proxy(proxy_factory, workdir: Path, name: str, **claims) -> object:
+    keys = {"lapse_ms": LAPSE_MS, "holder_gone_grace_ms": GRACE_MS,
             "proxy_id": name, **claims}
     body = "".join(f"{k} = {json.dumps(v)}\n" for k, v in keys.items())
     cfg = workdir / f"{name}.toml"
@@ -142,6 +136,11 @@ def crash_after_gated_writes(direct: str, via: str, thread: str) -> str:
     return parked
 
 
+def claims_at(pg) -> list[str]:
+    """Where the proxies keep their claims: the PostgreSQL they front."""
+    return ["--upstream", f"postgres://postgres@{HOST}:{pg.port}/postgres"]
+
+
 def claims_cli(*args: str) -> str:
     cp = subprocess.run([str(proxy_binary()), "claims", *args], capture_output=True, text=True,
                         timeout=30)
@@ -158,8 +157,7 @@ def test_a_run_that_died_before_its_next_checkpoint_does_not_strand_its_thread(
     and no child checkpoint was recorded, the next reader takes the claim over
     (audited as the takeover of an abandoned run) and the thread continues: the same
     outcome as stock."""
-    store = workdir / f"rec-strand-{uuid.uuid4().hex[:6]}.sqlite"
-    p = start_proxy(proxy_factory, workdir, "rec-strand", store)
+    p = start_proxy(proxy_factory, workdir, "rec-strand")
     outcome = {}
     for via_name, via in (("direct", db), ("proxy", dsn_of(p, db))):
         thread = tid(f"strand-{via_name}")
@@ -186,19 +184,18 @@ def test_a_run_that_died_before_its_next_checkpoint_does_not_strand_its_thread(
     assert outcome["proxy"] == outcome["direct"], outcome
 
 
-def test_claims_release_frees_a_thread_whose_run_died(db, proxy_factory, workdir):
+def test_claims_release_frees_a_thread_whose_run_died(db, pg, proxy_factory, workdir):
     """With the answering session still counted as present (a long holder_gone_grace_ms),
     the thread of a run that died before its next checkpoint is refused (55000);
     ``resumeguard claims release`` releases that answered claim (the thread never moved
     on from it) and the next resume goes through at once."""
-    store = workdir / f"rec-release-{uuid.uuid4().hex[:6]}.sqlite"
-    p = start_proxy(proxy_factory, workdir, "rec-release", store, holder_gone_grace_ms=600_000)
+    p = start_proxy(proxy_factory, workdir, "rec-release", holder_gone_grace_ms=600_000)
     via = dsn_of(p, db)
     thread = tid("release")
     crash_after_gated_writes(db, via, thread)
     st = get_state(via, thread)
     assert not st["ok"] and st["error"]["sqlstate"] == ANSWERED, st
-    out = claims_cli("release", "--thread", thread, "--store", str(store))
+    out = claims_cli("release", "--thread", thread, *claims_at(pg))
     assert "released 1 claim(s)" in out, out
     t0 = time.monotonic()
     again = resume(via, thread, "again", gate_ms=0)
@@ -206,18 +203,17 @@ def test_claims_release_frees_a_thread_whose_run_died(db, proxy_factory, workdir
     assert time.monotonic() - t0 < LAPSE_MS / 1000, "the resume waited for a lapse"
     assert [r[0] for r in ledger(db, thread)] == ["crashed", "again"]
     # finished: nothing left to release, and a duplicate runs nothing
-    assert "released 0 claim(s)" in claims_cli("release", "--thread", thread, "--store", str(store))
+    assert "released 0 claim(s)" in claims_cli("release", "--thread", thread, *claims_at(pg))
 
 
 def test_a_thread_rewound_to_an_answered_checkpoint_is_released_by_naming_it(
-        db, proxy_factory, workdir):
+        db, pg, proxy_factory, workdir):
     """A resume that ran to the end, then the thread rewound by hand to the parked
     checkpoint (its newer checkpoints and writes, and the gated task's writes, deleted).
     The proxy saw the run move on, so the interrupt stays answered (a read is refused
     55000, until the superseded grace) and a plain ``claims release --thread`` leaves it;
     naming the checkpoint releases it and the thread continues."""
-    store = workdir / f"rec-rewind-{uuid.uuid4().hex[:6]}.sqlite"
-    p = start_proxy(proxy_factory, workdir, "rec-rewind", store)
+    p = start_proxy(proxy_factory, workdir, "rec-rewind")
     via = dsn_of(p, db)
     thread = tid("rewind")
     park(via, thread)
@@ -235,83 +231,12 @@ def test_a_thread_rewound_to_an_answered_checkpoint_is_released_by_naming_it(
     time.sleep(GRACE_MS / 1000 + 0.5)
     st = get_state(via, thread)
     assert not st["ok"] and st["error"]["sqlstate"] == ANSWERED, st
-    assert "released 0 claim(s)" in claims_cli("release", "--thread", thread, "--store", str(store))
-    out = claims_cli("release", "--thread", thread, "--checkpoint", parked, "--store", str(store))
+    assert "released 0 claim(s)" in claims_cli("release", "--thread", thread, *claims_at(pg))
+    out = claims_cli("release", "--thread", thread, "--checkpoint", parked, *claims_at(pg))
     assert "released 1 claim(s)" in out, out
     again = resume(via, thread, "again", gate_ms=0)
     assert again["ok"], again
     assert [r[0] for r in ledger(db, thread)] == ["first", "again"]
-
-
-# ----------------------------------------------------------------- store replaced / missing
-def remove_store(store: Path) -> None:
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{store}{suffix}").unlink(missing_ok=True)
-
-
-def test_a_deleted_claims_file_fails_closed_instead_of_granting_twice(db, proxy_factory, workdir):
-    """Replicas A and B share a claims file. It is deleted; B restarts and creates a new
-    one. Two resumes of one parked thread start together, one through each replica:
-    B's claims, A's is refused 58000 (A no longer has the replicas' store) instead of
-    claiming in the file it still holds open — the gated node runs once. A logs the
-    loss once, at ERROR."""
-    store = workdir / f"rec-deleted-{uuid.uuid4().hex[:6]}.sqlite"
-    a = start_proxy(proxy_factory, workdir, "rec-del-A", store)
-    b = start_proxy(proxy_factory, workdir, "rec-del-B", store)
-    thread = tid("deleted")
-    iid = park(dsn_of(a, db), thread)
-    remove_store(store)
-    b.stop()
-    b2 = start_proxy(proxy_factory, workdir, "rec-del-B2", store)
-    start_at = time.time() + 4.0
-    procs = []
-    for rid, proxy in (("via-A", a), ("via-B", b2)):
-        procs.append(subprocess.Popen(
-            [sys.executable, str(HERE / "racer.py"), "resume", "--dsn", dsn_of(proxy, db),
-             "--ledger-dsn", db, "--thread", thread, "--id", rid, "--gate-ms", "500",
-             "--interrupt-id", iid, "--start-at", str(start_at)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results = {}
-    for rid, proc in zip(("via-A", "via-B"), procs):
-        out, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err
-        results[rid] = json.loads(out)
-    assert results["via-B"]["ok"], results
-    assert not results["via-A"]["ok"], results
-    assert results["via-A"]["error"]["sqlstate"] == FAIL_CLOSED, results["via-A"]
-    assert "not the store this proxy opened" in results["via-A"]["error"]["message"]
-    assert [r[0] for r in ledger(db, thread)] == ["via-B"]
-    log = a.stderr_path.read_text()
-    assert len(re.findall(r"ERROR.*claim store removed or replaced", log)) == 1, log[-3000:]
-
-
-def test_a_store_unopenable_at_start_is_used_once_it_can_be_opened(db, proxy_factory, workdir):
-    """The claims store's directory does not exist when the proxy starts: reads of
-    parked heads are refused 58000 (fail closed) meanwhile; once the directory exists
-    the store opens on use, without a restart, and a resume goes through."""
-    later = workdir / f"rec-later-{uuid.uuid4().hex[:6]}"
-    p = start_proxy(proxy_factory, workdir, "rec-later", later / "claims.sqlite")
-    via = dsn_of(p, db)
-    thread = tid("later")
-    park(via, thread)
-    st = get_state(via, thread)
-    assert not st["ok"] and st["error"]["sqlstate"] == FAIL_CLOSED, st
-    assert "does not exist" in st["error"]["message"], st
-    later.mkdir()
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            res = resume(via, thread, "later", gate_ms=0)
-            if res["ok"] or time.monotonic() > deadline:
-                break
-            assert res["error"]["sqlstate"] == FAIL_CLOSED, res
-            time.sleep(0.2)
-        assert res["ok"], res
-        assert (later / "claims.sqlite").exists()
-        assert [r[0] for r in ledger(db, thread)] == ["later"]
-    finally:
-        p.stop()
-        shutil.rmtree(later, ignore_errors=True)
 
 
 # ----------------------------------------------------------------- the inspection hint is opt-in
@@ -343,8 +268,7 @@ def test_the_inspection_comment_claims_unless_the_hint_is_configured(db, proxy_f
     inspection, so that same race fires twice (which is why it is opt-in)."""
     fires = {}
     for name, hint_key in (("off", {}), ("on", {"inspection_sql_hint": True})):
-        store = workdir / f"rec-hint-{name}-{uuid.uuid4().hex[:6]}.sqlite"
-        proxy = start_proxy(proxy_factory, workdir, f"rec-hint-{name}", store, **hint_key)
+        proxy = start_proxy(proxy_factory, workdir, f"rec-hint-{name}", **hint_key)
         thread = tid(f"hint-{name}")
         via = dsn_of(proxy, db)
         iid = park(via, thread)

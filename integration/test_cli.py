@@ -224,11 +224,6 @@ def test_claims_take_the_state_dir(proxy, pg, workdir):
     assert missing.returncode != 0 and "no managed PostgreSQL running" in missing.stderr, \
         missing.stderr
     assert str(state / "postgres" / "postmaster.pid") in missing.stderr, missing.stderr
-    # With the SQLite backend, the state dir's claims.sqlite.
-    cfg = state / "sqlite.toml"
-    cfg.write_text('[claims]\nbackend = "sqlite"\n')
-    missing = cli("claims", "list", "--state-dir", str(state), "--config", str(cfg))
-    assert missing.returncode != 0 and "claims.sqlite" in missing.stderr, missing.stderr
 
 
 def test_rules_check_without_a_directory_checks_the_built_in_profiles(tmp_path):

@@ -112,6 +112,48 @@ def test_a_wrong_value_in_the_environment_names_its_variable(var, value, pg):
         assert value in cp.stderr, cp.stderr
 
 
+RETIRED = ("the SQLite claims backend was retired: claims live in PostgreSQL (the database "
+           "the proxy fronts by default, or [claims] dsn); remove claims.")
+
+
+@pytest.mark.parametrize("how", ["file-backend", "file-store", "env-backend", "env-store",
+                                 "flag-store", "claims-list-store", "claims-release-store"])
+def test_a_configuration_naming_the_retired_sqlite_claims_backend_is_refused(how, tmp_path, pg):
+    """``[claims] backend = "sqlite"`` or ``[claims] store``, however given, stops
+    ``config check``, ``serve`` and the claims commands with exit 1 and one line saying
+    the backend was retired, where the claims live now and which key to remove."""
+    conf = tmp_path / "rg.toml"
+    conf.write_text(f"upstream = '{HOST}:{pg.port}'\nadmin_listen = 'off'\n"
+                    f"listen = '{HOST}:{free_port()}'\n")
+    env: dict[str, str] = {"RESUMEGUARD_CONFIG": str(conf)}
+    flags: list[str] = []
+    key = "store = /old/claims.sqlite"
+    if how == "file-backend":
+        conf.write_text(conf.read_text() + "[claims]\nbackend = 'sqlite'\n")
+        key = 'backend = "sqlite"'
+    elif how == "file-store":
+        conf.write_text(conf.read_text() + "[claims]\nstore = '/old/claims.sqlite'\n")
+    elif how == "env-backend":
+        env["RESUMEGUARD_CLAIMS_BACKEND"] = "sqlite"
+        key = 'backend = "sqlite"'
+    elif how == "env-store":
+        env["RESUMEGUARD_CLAIMS_STORE"] = "/old/claims.sqlite"
+    elif how == "flag-store":
+        flags = ["--claims-store", "/old/claims.sqlite"]
+    if how.startswith("claims-"):
+        sub = how.split("-")[1]
+        runs = [["claims", sub, *(["--thread", "t"] if sub == "release" else []),
+                 "--store", "/old/claims.sqlite", "--upstream", f"{HOST}:{pg.port}"]]
+    else:
+        runs = [["config", "check", *flags], ["serve", *flags]]
+    for args in runs:
+        cp = cli(*args, env=env)
+        assert cp.returncode == 1, (args, cp.stdout, cp.stderr)
+        lines = cp.stderr.strip().splitlines()
+        assert len(lines) == 1, (args, cp.stderr)
+        assert RETIRED + key in lines[0], (args, lines[0])
+
+
 def test_config_show_names_where_each_value_came_from(tmp_path):
     conf = tmp_path / "rg.toml"
     conf.write_text("listen = '127.0.0.1:7000'\nupstream = 'db:5432'\n"

@@ -88,7 +88,7 @@ def console(proxy_factory, workdir, pg, lg_db):
         f'admin_listen = "{HOST}:{port}"\n\n'
         f'[admin]\ntoken = "{TOKEN}"\nmetrics_listen = "{HOST}:{metrics_port}"\n\n'
         f'[audit]\napprover_pointers = ["/by"]\nlog_values = true\n\n'
-        f'[claims]\nstore = "{workdir / "console-claims.sqlite"}"\nlapse_ms = 60000\n'
+        f'[claims]\nlapse_ms = 60000\n'
         f'policy = "refuse"\n')
     rules = write_rules_dir(workdir / "console-rules", {"items.toml": ITEMS_RULE})
     proxy = proxy_factory("--config", str(cfg), "--rules", str(rules), name="console")

@@ -14,12 +14,11 @@ CI runs the reduced matrix below (CI_CELLS). The full matrix (N = 2,4,8,16 x gat
 ``integration/full_matrix.sh``; it runs this module's ``test_race`` with
 RG_CO_FULL=1 and prints a results table (fires / refusals / waits per cell).
 
-Proxies (``co`` fixture): ``co-A`` and ``co-B`` share one claims store, by default
-the PostgreSQL they front, each with a state directory of its own
-(``RG_CO_BACKEND=sqlite``: one SQLite file) (A also has the
+Proxies (``co`` fixture): ``co-A`` and ``co-B`` share one claims store, the
+PostgreSQL they front, each with a state directory of its own (A also has the
 inspection application_name pattern ``^rg-inspect``, an inspection listener and
 ``inspection_sql_hint = true``);
-``co-F`` has an unopenable claims store (fail closed).
+``co-F``'s claims database (``[claims] dsn``) is a port nothing listens on (fail closed).
 """
 
 from __future__ import annotations
@@ -46,13 +45,14 @@ pytestmark = pytest.mark.core
 HERE = Path(__file__).resolve().parent
 LAPSE_MS = 3000
 GRACE_MS = 1000          # holder_gone_grace_ms
-# The claims store co-A and co-B share: "postgres" (the default backend) or "sqlite".
-CO_BACKEND = os.environ.get("RG_CO_BACKEND", "postgres")
 PROGRESS_HOLD_MS = 10000
 INSPECT_APP = "rg-inspect-ui"
 REFUSED = "55000"
 IN_USE = "55006"
 FAIL_CLOSED = "58000"
+# co-F's claims database: a port nothing listens on (taken for the session, then freed).
+UNREACHABLE_PORT = free_port()
+UNREACHABLE_CLAIMS_DSN = f"postgres://rg@{HOST}:{UNREACHABLE_PORT}/nowhere?connect_timeout=2"
 
 
 # ----------------------------------------------------------------- matrix
@@ -92,12 +92,11 @@ def cell_id(c: tuple) -> str:
 
 # ----------------------------------------------------------------- fixtures
 class Env:
-    def __init__(self, direct: str, a, b, f, inspect_port: int, store: Path, workdir: Path):
+    def __init__(self, direct: str, a, b, f, inspect_port: int, workdir: Path):
         self.direct = direct
         self.a, self.b, self.f = a, b, f
         self.dbname = direct.rsplit("/", 1)[1].split("?")[0]
         self.inspect_port = inspect_port
-        self.store = store
         self.workdir = workdir
         self.proxy_ids = {a.port: "co-A", b.port: "co-B"}
 
@@ -117,14 +116,11 @@ class Env:
 
 @pytest.fixture(scope="module")
 def co(proxy_factory, direct_dsn, pg, workdir) -> Env:
-    # co-A and co-B share one claims store: by default the PostgreSQL they front
-    # (each with a state directory of its own: they share nothing else);
-    # RG_CO_BACKEND=sqlite makes it one SQLite file.
-    store = workdir / f"co-claims-{uuid.uuid4().hex[:6]}.sqlite"
+    # co-A and co-B share one claims store: the PostgreSQL they front (each with a
+    # state directory of its own: they share nothing else).
     ins = free_port()
     cfg_a = workdir / "co-A.toml"
-    where = f'store = "{store}"\n' if CO_BACKEND == "sqlite" else ""
-    common = (f'{where}lapse_ms = {LAPSE_MS}\npolicy = "wait"\n'
+    common = (f'lapse_ms = {LAPSE_MS}\npolicy = "wait"\n'
               f'holder_gone_grace_ms = {GRACE_MS}\nprogress_hold_ms = {PROGRESS_HOLD_MS}\n')
     cfg_a.write_text(f'[enforce]\nconsume_once = true\n\n[claims]\n{common}proxy_id = "co-A"\n'
                      f'inspection_application_names = ["^rg-inspect"]\n'
@@ -137,8 +133,8 @@ def co(proxy_factory, direct_dsn, pg, workdir) -> Env:
     # --proxy-id on the command line overrides the file; the store is shared with A
     b = proxy_factory("--config", str(cfg_b), "--proxy-id", "co-B", "--state-dir",
                       str(states / "b"), name="co-B")
-    f = proxy_factory("--claims-store", "/proc/nonexistent/claims.sqlite", "--proxy-id", "co-F",
-                      name="co-F")
+    f = proxy_factory("--proxy-id", "co-F", name="co-F",
+                      env={"RESUMEGUARD_CLAIMS_DSN": UNREACHABLE_CLAIMS_DSN})
     deadline = time.monotonic() + 10
     while not port_accepts(ins):
         assert time.monotonic() < deadline, f"inspection listener {ins} never accepted\n{a.describe()}"
@@ -148,9 +144,8 @@ def co(proxy_factory, direct_dsn, pg, workdir) -> Env:
     out = subprocess.run([sys.executable, str(HERE / "racer.py"), "setup", "--dsn", direct_dsn],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    env = Env(direct_dsn, a, b, f, ins, store, workdir)
-    env.claims_at = (["--store", str(store)] if CO_BACKEND == "sqlite"
-                     else ["--upstream", f"postgres://postgres@{HOST}:{pg.port}/postgres"])
+    env = Env(direct_dsn, a, b, f, ins, workdir)
+    env.claims_at = ["--upstream", f"postgres://postgres@{HOST}:{pg.port}/postgres"]
     return env
 
 
@@ -780,7 +775,8 @@ def test_fail_closed_when_claim_store_unavailable(co):
     assert not r["ok"], r
     err = r["error"]
     assert err["sqlstate"] == FAIL_CLOSED, err
-    for part in ("refused (fail closed)", "claim store unavailable", "/proc/nonexistent/claims.sqlite",
+    for part in ("refused (fail closed)", "claim store unavailable",
+                 f"rg@{HOST}:{UNREACHABLE_PORT}/nowhere",
                  f'thread "{thread}"'):
         assert part in err["message"], (part, err["message"])
     assert ledger(co, thread) == []

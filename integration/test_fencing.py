@@ -55,7 +55,6 @@ def fx(proxy_factory, direct_dsn, workdir, pg, request) -> Env:
     cfg.write_text(f'[enforce]\nconsume_once = true\n\n[claims]\n'
                    f'lapse_ms = {LAPSE_MS}\npolicy = "wait"\nholder_gone_grace_ms = 1000\n')
     state = workdir / f"fx-state-{uuid.uuid4().hex[:6]}"
-    store = state / "unused"
     admin = free_port()
     a = proxy_factory("--config", str(cfg), "--proxy-id", "fx-A", "--admin-listen",
                       f"{HOST}:{admin}", "--state-dir", str(state / "a"),
@@ -65,7 +64,7 @@ def fx(proxy_factory, direct_dsn, workdir, pg, request) -> Env:
     R.CTX["ledger_dsn"] = direct_dsn
     R.CTX["ledger"] = None
     R.main(["setup", "--dsn", direct_dsn])
-    env = Env(direct_dsn, a, b, a, 0, store, workdir)
+    env = Env(direct_dsn, a, b, a, 0, workdir)
     env.proxy_ids = {a.port: "fx-A", b.port: "fx-B"}
     env.admin = f"http://{HOST}:{admin}"
     env.place = place

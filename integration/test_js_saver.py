@@ -127,9 +127,7 @@ def rules_dir(workdir) -> Path:
 
 @pytest.fixture(scope="module")
 def jsproxy(proxy_factory, rules_dir, workdir):
-    store = workdir / f"js-claims-{uuid.uuid4().hex[:6]}.sqlite"
-    return proxy_factory("--rules", str(rules_dir), "--claims-store", str(store),
-                         "--proxy-id", PROXY_ID, name="proxy-js")
+    return proxy_factory("--rules", str(rules_dir), "--proxy-id", PROXY_ID, name="proxy-js")
 
 
 @pytest.fixture(scope="module")

@@ -69,9 +69,9 @@ def primary_host():
 
 def start_proxy(ns: N.Namespace, workdir: Path, name: str, env: dict[str, str]) -> Proxy:
     upstream = f"postgres://{SUPERUSER}@{ns.ip}:{FWD_PORT}/postgres?sslmode=disable"
-    # The claims store is a local file: only the data path crosses the link.
+    # Consume-once off (no claims connections): only the data path crosses the link.
     return Proxy(0, workdir, name, upstream=upstream,
-                 env={**env, "RESUMEGUARD_CLAIMS_BACKEND": "sqlite"}).start()
+                 env={**env, "RESUMEGUARD_ENFORCE_CONSUME_ONCE": "false"}).start()
 
 
 def ended_within(session: R.Session, seconds: float) -> tuple[bool, list[dict[str, str]]]:
@@ -176,7 +176,7 @@ def test_a_vanished_client_frees_its_server_connection(workdir, keepalive):
     within the bound; with them off (as before) the backend stays."""
     ns = N.make(212)
     server = PgServer("keepalive-client").start()
-    env = {**(KEEPALIVE if keepalive == "on" else OFF), "RESUMEGUARD_CLAIMS_BACKEND": "sqlite"}
+    env = {**(KEEPALIVE if keepalive == "on" else OFF), "RESUMEGUARD_ENFORCE_CONSUME_ONCE": "false"}
     proxy = ListeningEverywhere(server.port, workdir, f"proxy-ka-client-{keepalive}", env=env)
     client = None
     try:

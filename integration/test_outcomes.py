@@ -34,7 +34,7 @@ from psycopg.rows import dict_row
 
 import pgraw
 from lg_scenarios import chain
-from conftest import HOST, REPO, SUPERUSER, Proxy, audit_until, connect, ops
+from conftest import HOST, REPO, SUPERUSER, Proxy, audit_until, connect, free_port, ops
 
 README = REPO / "README.md"
 INSPECT_APP = "rg-inspect-ui"
@@ -184,8 +184,11 @@ def env(proxy_factory, direct_dsn, workdir):
         guard = proxy_factory(*NO_ADMIN, "--config", str(guard_cfg), "--rules", str(rules),
                               "--proxy-id", "oc-guard", name="oc-guard")
         busy = proxy_factory(*NO_ADMIN, "--config", str(busy_cfg), "--proxy-id", "oc-busy", name="oc-busy")
-        nostore = proxy_factory(*NO_ADMIN, "--claims-store", "/proc/nonexistent/claims.sqlite",
-                                "--proxy-id", "oc-nostore", name="oc-nostore")
+        # Its claims database is a port nothing listens on: reads of parked heads
+        # fail closed.
+        nostore = proxy_factory(*NO_ADMIN, "--proxy-id", "oc-nostore", name="oc-nostore",
+                                env={"RESUMEGUARD_CLAIMS_DSN":
+                                     f"postgres://rg@{HOST}:{free_port()}/nowhere?connect_timeout=2"})
         tiny = proxy_factory(*NO_ADMIN, "--config", str(tiny_cfg), name="oc-tiny")
         db = dbname
 

@@ -6,7 +6,7 @@ and through the proxy (the repair). This generation's checkpoint read carries
 4-element pending writes and reads pending sends with a separate statement; the
 scenarios are the suite's own (racer.py, lg_enforce.py), run by the generation's
 interpreter in separate processes, each generation in a database and behind a proxy
-of its own (``--claims-store`` and ``--rules``).
+of its own (``--rules``; its claims in that database).
 
 * race: N ``racer.py worker`` processes resume one parked thread behind the file
   barrier; the gated node writes a row to ``rg_ledger`` over a direct connection.
@@ -120,10 +120,8 @@ def gen(request) -> Generation:
 
 @pytest.fixture(scope="module")
 def py2proxy(proxy_factory, workdir, gen):
-    store = workdir / f"{gen.tag}-claims-{uuid.uuid4().hex[:6]}.sqlite"
     rules = write_rules_dir(workdir / f"{gen.tag}-rules-{uuid.uuid4().hex[:6]}", {"items.toml": ITEMS_RULE})
-    return proxy_factory("--claims-store", str(store), "--proxy-id", PROXY_ID, "--rules", str(rules),
-                         name=f"proxy-{gen.tag}")
+    return proxy_factory("--proxy-id", PROXY_ID, "--rules", str(rules), name=f"proxy-{gen.tag}")
 
 
 @pytest.fixture(scope="module")

@@ -107,8 +107,7 @@ def refusing_proxy(suite_pg, workdir):
     conf.write_text('[enforce]\nunknown_saver = "refuse"\n')
     admin = free_port()
     p = Proxy(suite_pg.port, workdir, "proxy-saver-suites",
-              ("--config", str(conf), "--claims-store", str(workdir / "suites-claims.sqlite"),
-               "--admin-listen", f"{HOST}:{admin}")).start()
+              ("--config", str(conf), "--admin-listen", f"{HOST}:{admin}")).start()
     p.admin_base = f"http://{HOST}:{admin}"
     yield p
     rc = p.stop()
