@@ -20,9 +20,10 @@
 //!   and keeps it locked until the write's transaction ends, so a
 //!   takeover waits for that commit. Its RGF01 is the client's error.
 //! - *A lookup* in the claim store at the Bind, before the write is
-//!   forwarded (claims in another database, or in SQLite): one round
-//!   trip to the store per checkpoint continued per transaction, plus one
-//!   to keep the claim when it would lapse before the commit.
+//!   forwarded (claims in another database, `[claims] dsn` with no
+//!   `fence_database`): one round trip to the store per checkpoint
+//!   continued per transaction, plus one to keep the claim when it would
+//!   lapse before the commit.
 //!
 //! Any verdict is kept until the transaction ends, so a `put_writes`
 //! batch and its checkpoint ask once. What a session needs to know of its

@@ -177,8 +177,8 @@ pub fn decide_at(
 
 /// What an audited takeover says about the claim it took: a held claim
 /// that lapsed with no evidence, or a consumed claim whose answering run
-/// was abandoned before its next checkpoint (its holder gone, see
-/// [`crate::claims::ClaimRecord::is_abandoned`]).
+/// was abandoned before its next checkpoint (its holder gone, the thread
+/// never moved on, no live run lease).
 pub fn takeover_reason(previous: &ClaimRecord) -> &'static str {
     match previous.state {
         ClaimState::Consumed => TAKEOVER_ABANDONED,

@@ -1,5 +1,6 @@
 //! The admin routes called as a client would (`Router::oneshot`), against
-//! real stores (SQLite files in the temp dir) and real sockets.
+//! real stores (audit SQLite files in the temp dir, claims in the test
+//! PostgreSQL) and real sockets.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;

@@ -42,7 +42,7 @@ use crate::claims::error::StoreError;
 use crate::wire::server_cert_verifier::certificate_problem;
 
 /// How long a statement or a row lock may wait before the store counts as
-/// unavailable (as the SQLite store's busy timeout).
+/// unavailable.
 const STATEMENT_TIMEOUT_MS: u64 = 2_000;
 
 /// How long a decision waits for a row lock before it says so

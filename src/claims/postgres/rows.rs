@@ -17,7 +17,8 @@ pub(super) const KEY_MATCH: &str =
 pub(super) const CHECKPOINT_MATCH: &str =
     "thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3";
 
-/// The SQLite store's order (text compared bytewise, as SQLite does).
+/// The order of listed claims: text compared bytewise (`COLLATE "C"`),
+/// whatever the database's collation.
 pub(super) const ORDER: &str = "ORDER BY thread_id COLLATE \"C\", checkpoint_ns COLLATE \"C\", \
     claimed_at_ms, checkpoint_id COLLATE \"C\", fingerprint COLLATE \"C\"";
 
