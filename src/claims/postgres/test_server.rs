@@ -92,6 +92,15 @@ impl PgSchema {
         &self.target
     }
 
+    /// A plain connection to the test server, as its administrator: what
+    /// another tool (or an idle-session reaper) does beside the store.
+    pub fn admin(&self) -> postgres::Client {
+        self.target
+            .config
+            .connect(postgres::NoTls)
+            .expect("connect to the test server")
+    }
+
     pub fn open(&self) -> ClaimStore {
         ClaimStore::open(self.target.clone()).expect("open PostgreSQL claim store")
     }

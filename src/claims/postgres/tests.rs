@@ -479,11 +479,7 @@ fn a_store_whose_table_went_fails_each_operation_clearly() {
     let db = PgSchema::new("vanish");
     let store = db.open();
     // Another tool makes the table unusable under the running proxy.
-    let mut admin = db
-        .target()
-        .config
-        .connect(postgres::NoTls)
-        .expect("connect");
+    let mut admin = db.admin();
     admin
         .batch_execute(&format!("DROP TABLE {}.claims CASCADE", db.target().schema))
         .expect("drop");
