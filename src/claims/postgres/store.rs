@@ -99,6 +99,8 @@ impl ClaimStore {
         self
     }
 
+    /// Sets how long rows on a superseded checkpoint are kept (tests).
+    #[cfg(test)]
     pub fn with_superseded_grace(mut self, grace_ms: i64) -> ClaimStore {
         self.superseded_grace_ms = grace_ms.max(0);
         self
