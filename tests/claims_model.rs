@@ -13,6 +13,11 @@
 //! (consume, move on, holder gone, keep until) and the sweep of holders
 //! whose proxy process is gone.
 //!
+//! Two placements of the claims schema are modelled: in the sessions' own
+//! database (the default), where a write that answers the interrupt
+//! consumes its claim in its own transaction (`fence_write`), and in
+//! another database, where only the evidence worker consumes it.
+//!
 //! `cargo test --test claims_model` checks the small bounds (2 proxies, 3
 //! readers); `cargo test --test claims_model -- --ignored` the larger ones
 //! (`integration/full_matrix.sh` runs it). `docs/guarantees.md` states the
@@ -67,16 +72,25 @@ struct Bounds {
     kills: u8,
     /// Proxies stopped with SIGTERM (drained, then exit).
     drains: u8,
-    /// Drops two timing assumptions the guarantees rest on (see
-    /// [`ClaimsModel::time_may_pass`]): evidence of an answer may wait
-    /// while time passes (and is lost at exit), and a run may take longer
-    /// than its lapse from its serve to its next checkpoint. A write still
-    /// commits within the commit cover of its fence check.
-    relaxed: bool,
+    /// Drops a timing assumption (see [`ClaimsModel::time_may_pass`]):
+    /// evidence of an answer may wait in its proxy's queue while time
+    /// passes (a locked or unreachable store, the retry's backoff), and is
+    /// lost with its proxy.
+    evidence_waits: bool,
+    /// Drops a timing assumption: a run may take longer than its lapse
+    /// from its serve to its next checkpoint. (A write always commits
+    /// within the commit cover of its fence check.)
+    slow_runs: bool,
+    /// The claims schema is in the sessions' database: a write that
+    /// answers (the gated task's results, the next checkpoint) consumes
+    /// the claim in its own transaction. Otherwise only its evidence,
+    /// applied by the proxy's worker, does.
+    answer_in_write: bool,
 }
 
 /// One fault kind per search at small bounds (their state spaces add
-/// up instead of multiplying).
+/// up instead of multiplying): the default placement, evidence that may
+/// wait any time.
 const fn small(crashes: u8, kills: u8, drains: u8) -> Bounds {
     Bounds {
         proxies: 2,
@@ -85,7 +99,19 @@ const fn small(crashes: u8, kills: u8, drains: u8) -> Bounds {
         crashes,
         kills,
         drains,
-        relaxed: false,
+        evidence_waits: true,
+        slow_runs: false,
+        answer_in_write: true,
+    }
+}
+
+/// The claims schema in another database: the guarantees rest on the
+/// evidence of an answer being applied promptly.
+const fn elsewhere(b: Bounds) -> Bounds {
+    Bounds {
+        evidence_waits: false,
+        answer_in_write: false,
+        ..b
     }
 }
 
@@ -93,17 +119,17 @@ const fn small(crashes: u8, kills: u8, drains: u8) -> Bounds {
 const SMALL: [Bounds; 3] = [small(1, 0, 0), small(0, 1, 0), small(0, 0, 1)];
 
 /// The bounds of the full run: a fourth reader and a third proxy for each
-/// fault kind, and every fault kind together at the small size.
-const LARGE: [Bounds; 4] = [
+/// fault kind, and every fault kind together at the small size; the same
+/// for the claims schema in another database.
+const LARGE: [Bounds; 8] = [
     large(1, 0, 0),
     large(0, 1, 0),
     large(0, 0, 1),
-    Bounds {
-        crashes: 1,
-        kills: 1,
-        drains: 1,
-        ..small(0, 0, 0)
-    },
+    small(1, 1, 1),
+    elsewhere(large(1, 0, 0)),
+    elsewhere(large(0, 1, 0)),
+    elsewhere(large(0, 0, 1)),
+    elsewhere(small(1, 1, 1)),
 ];
 
 const fn large(crashes: u8, kills: u8, drains: u8) -> Bounds {
@@ -189,6 +215,11 @@ enum Evidence {
 }
 
 impl Evidence {
+    /// Whether it tells of an answer (rather than of a closed session).
+    fn answers(&self) -> bool {
+        !matches!(self, Evidence::HolderGone { .. })
+    }
+
     /// The session that sent it.
     fn session(&self) -> u64 {
         match *self {
@@ -413,11 +444,14 @@ fn keep_until(w: &mut World, epoch: i64, until: i64) -> bool {
     }
 }
 
-/// Whether a queue about to be lost holds evidence of an answer.
-fn lost_answer(queue: &[Evidence]) -> bool {
-    queue
-        .iter()
-        .any(|e| !matches!(e, Evidence::HolderGone { .. }))
+/// `move_on`: the thread put a checkpoint whose parent is the parked
+/// one: every held claim on it is consumed, its rows superseded.
+fn move_on(w: &mut World) {
+    consume(w, i64::MAX);
+    let now = w.now;
+    if let Some(c) = w.claim.as_mut() {
+        c.superseded_at_ms.get_or_insert(now);
+    }
 }
 
 /// `current_holder`: the held or consumed claim on the checkpoint.
@@ -432,13 +466,7 @@ fn apply(m: &ClaimsModel, w: &mut World, p: usize, ev: Evidence) {
     debug_assert_eq!(m.proxy_of(m.reader_of(ev.session())), p);
     match ev {
         Evidence::Consumed { written_at, .. } => consume(w, written_at),
-        Evidence::MovedOn { .. } => {
-            consume(w, i64::MAX);
-            let now = w.now;
-            if let Some(c) = w.claim.as_mut() {
-                c.superseded_at_ms.get_or_insert(now);
-            }
-        }
+        Evidence::MovedOn { .. } => move_on(w),
         Evidence::HolderGone { .. } => holder_gone(w, &h),
     }
 }
@@ -553,12 +581,12 @@ impl ClaimsModel {
         if next > T0 + self.bounds.horizon_ms {
             return false;
         }
-        if !self.bounds.relaxed && self.answer_pending(w) {
+        if !self.bounds.evidence_waits && self.answer_pending(w) {
             return false;
         }
         // A run of a live client reaches its next checkpoint within its
-        // lapse from its serve (relaxed: any time later).
-        let prompt = |r: &Reader| self.bounds.relaxed || next < r.served_at + LAPSE_MS;
+        // lapse from its serve (slow runs: any time later).
+        let prompt = |r: &Reader| self.bounds.slow_runs || next < r.served_at + LAPSE_MS;
         w.readers.iter().all(|r| {
             let live = r.client && r.session;
             match r.phase {
@@ -574,7 +602,13 @@ impl ClaimsModel {
         w.proxies
             .iter()
             .zip(&w.evidence)
-            .any(|(p, queue)| *p != ProxyState::Down && lost_answer(queue))
+            .any(|(p, queue)| *p != ProxyState::Down && self.lost_answer(queue))
+    }
+
+    /// Whether a queue about to be lost holds evidence of an answer that
+    /// only it would record (not when its write recorded it).
+    fn lost_answer(&self, queue: &[Evidence]) -> bool {
+        !self.bounds.answer_in_write && queue.iter().any(Evidence::answers)
     }
 
     /// Whether a reader arriving long after now, through a new proxy, with
@@ -687,7 +721,7 @@ impl Model for ClaimsModel {
                 }
                 // The exit flush applies what the store takes; answers are
                 // lost at exit only where they may wait.
-                ProxyState::Flushing if self.bounds.relaxed || !self.answer_pending(w) => {
+                ProxyState::Flushing if self.bounds.evidence_waits || !self.answer_pending(w) => {
                     steps.push(Step::Exit(p))
                 }
                 _ => {}
@@ -725,6 +759,10 @@ impl Model for ClaimsModel {
             Step::Commit(r) => {
                 self.commit(&mut w, r);
                 w.answered = true;
+                if self.bounds.answer_in_write {
+                    let now = w.now;
+                    consume(&mut w, now);
+                }
                 w.readers[r].phase = Phase::Answered;
                 let ev = Evidence::Consumed {
                     session: r as u64 + 1,
@@ -736,6 +774,9 @@ impl Model for ClaimsModel {
                 if self.fence(&mut w, r) {
                     self.commit(&mut w, r);
                     w.head_moved = true;
+                    if self.bounds.answer_in_write {
+                        move_on(&mut w);
+                    }
                     w.readers[r].phase = Phase::Done;
                     let ev = Evidence::MovedOn {
                         session: r as u64 + 1,
@@ -754,7 +795,7 @@ impl Model for ClaimsModel {
             Step::Kill(p) => {
                 w.kills += 1;
                 w.proxies[p] = ProxyState::Down;
-                w.answer_lost |= lost_answer(&w.evidence[p]);
+                w.answer_lost |= self.lost_answer(&w.evidence[p]);
                 w.evidence[p].clear();
                 for r in (0..w.readers.len()).filter(|r| self.proxy_of(*r) == p) {
                     if w.readers[r].session {
@@ -783,7 +824,7 @@ impl Model for ClaimsModel {
             }
             Step::Exit(p) => {
                 w.proxies[p] = ProxyState::Down;
-                w.answer_lost |= lost_answer(&w.evidence[p]);
+                w.answer_lost |= self.lost_answer(&w.evidence[p]);
                 w.evidence[p].clear();
             }
             Step::Apply(p) => {
@@ -822,7 +863,7 @@ impl Model for ClaimsModel {
             }),
             // Only a holder slower than its lapse is ever fenced.
             Property::sometimes("a racer is fenced", |m, w: &World| {
-                !m.bounds.relaxed || w.readers.iter().any(|r| r.phase == Phase::Fenced)
+                !m.bounds.slow_runs || w.readers.iter().any(|r| r.phase == Phase::Fenced)
             }),
         ]
     }
@@ -851,7 +892,11 @@ fn check(bounds: Bounds) {
 }
 
 /// Checks the bounds `RG_MODEL_BOUNDS` names (`crashes,kills,drains,
-/// proxies,readers,horizon_ms`), when set, instead of `default`.
+/// proxies,readers,horizon_ms`), when set, instead of `default`: the
+/// default placement with evidence that may wait, or with
+/// `RG_MODEL_ELSEWHERE=1` the claims schema in another database with its
+/// evidence applied promptly; `RG_MODEL_EVIDENCE_WAITS=1` and
+/// `RG_MODEL_SLOW_RUNS=1` drop those timing assumptions.
 fn check_all(default: &[Bounds]) {
     match std::env::var("RG_MODEL_BOUNDS") {
         Ok(spec) => {
@@ -864,14 +909,22 @@ fn check_all(default: &[Bounds]) {
                     "RG_MODEL_BOUNDS: six numbers: crashes,kills,drains,proxies,readers,horizon_ms"
                 );
             };
-            check(Bounds {
+            let set = |name| std::env::var_os(name).is_some();
+            let placed = Bounds {
                 proxies: proxies as usize,
                 readers: readers as usize,
                 horizon_ms,
-                crashes: crashes as u8,
-                kills: kills as u8,
-                drains: drains as u8,
-                relaxed: std::env::var_os("RG_MODEL_RELAXED").is_some(),
+                ..small(crashes as u8, kills as u8, drains as u8)
+            };
+            let placed = if set("RG_MODEL_ELSEWHERE") {
+                elsewhere(placed)
+            } else {
+                placed
+            };
+            check(Bounds {
+                evidence_waits: placed.evidence_waits || set("RG_MODEL_EVIDENCE_WAITS"),
+                slow_runs: set("RG_MODEL_SLOW_RUNS"),
+                ..placed
             });
         }
         Err(_) => default.iter().copied().for_each(check),
@@ -889,26 +942,64 @@ fn claims_protocol_holds_at_large_bounds() {
     check_all(&LARGE);
 }
 
-/// Without the timing assumptions the protocol still never commits a
-/// fenced write and never strands the thread, but a racer that read the
-/// parked head before the answer committed can run the node a second time:
-/// the answer's evidence waited past the claim's lapse (or the answering
-/// run's session closed before its next checkpoint, its run longer than
-/// its lapse), the racer took the claim over, and the gate served it the
-/// row it had read before the answer. The counterexample is printed.
+/// Prints a counterexample's steps.
+fn print_trace(what: &str, trace: stateright::Path<World, Step>) {
+    println!("{what}:");
+    for step in trace.into_actions() {
+        println!("  {step:?}");
+    }
+}
+
+/// The claims schema in another database, its evidence applied promptly:
+/// the protocol holds (the search is the same as the default placement's,
+/// with only the worker consuming claims).
 #[test]
-fn without_its_timing_assumptions_a_stale_read_runs_the_node_again() {
+fn with_the_claims_elsewhere_and_prompt_evidence_the_protocol_holds() {
+    check(Bounds {
+        readers: 2,
+        ..elsewhere(small(1, 0, 0))
+    });
+}
+
+/// Where only the evidence worker consumes a claim (the claims schema in
+/// another database), evidence that waits past the claim's lapse lets a
+/// racer that read the parked head before the answer committed run the
+/// node a second time: it waits, the claim lapses while the answer's
+/// evidence still waits in its proxy's queue, the racer takes the claim
+/// over and the gate serves it the row it had read before the answer.
+/// (The default placement's search, `claims_protocol_holds_at_small_bounds`,
+/// lets evidence wait as long and finds no such run.) The counterexample
+/// is printed.
+#[test]
+fn without_the_answer_in_its_write_late_evidence_runs_the_node_again() {
     let checker = search(Bounds {
         readers: 2,
-        relaxed: true,
+        evidence_waits: true,
+        ..elsewhere(small(0, 0, 0))
+    });
+    checker.assert_no_discovery("no fenced write commits");
+    checker.assert_no_discovery("no thread stranded once its holders are gone");
+    let trace = checker.assert_any_discovery("one gated run per answer");
+    print_trace("two gated runs, the answer's evidence late", trace);
+}
+
+/// A run slower than its lapse (from its serve to its next checkpoint)
+/// is the timing assumption left with the answer in its write: the
+/// protocol still never commits a fenced write and never strands the
+/// thread, but a racer takes over a claim that lapsed while the first
+/// run's node still ran (its writes are then fenced, its effect happened),
+/// or that its session left abandoned before its next checkpoint. The
+/// counterexample is printed.
+#[test]
+fn a_run_slower_than_its_lapse_can_run_the_node_again() {
+    let checker = search(Bounds {
+        readers: 2,
+        slow_runs: true,
         ..small(0, 0, 0)
     });
     checker.assert_no_discovery("no fenced write commits");
     checker.assert_no_discovery("no thread stranded once its holders are gone");
     checker.assert_any_discovery("a racer is fenced");
     let trace = checker.assert_any_discovery("one gated run per answer");
-    println!("two gated runs without the timing assumptions:");
-    for step in trace.into_actions() {
-        println!("  {step:?}");
-    }
+    print_trace("two gated runs, a run slower than its lapse", trace);
 }

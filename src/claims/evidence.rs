@@ -8,6 +8,10 @@
 //! applies them in order, so the relay never waits on the store for them;
 //! what the store cannot take now is retried until it is applied
 //! (`claims::evidence_retry`), and what is lost is counted and audited.
+//! Where the claims schema is in the sessions' database, an answering
+//! write has already consumed its claim in its own transaction
+//! (`claims::postgres::answer_in_write`): its evidence then only reports
+//! that consumption to the audit trail.
 
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;

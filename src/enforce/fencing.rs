@@ -19,6 +19,10 @@
 //!   round trip ([`crate::wire::injected`]): it decides on the claim row
 //!   and keeps it locked until the write's transaction ends, so a
 //!   takeover waits for that commit. Its RGF01 is the client's error.
+//!   For a write that answers (a gated task's results, a next
+//!   checkpoint) it also consumes the claim there: the answer and its
+//!   claim's consumption commit together, whenever the off-path evidence
+//!   is applied.
 //! - *A lookup* in the claim store at the Bind, before the write is
 //!   forwarded (claims in another database, `[claims] dsn` with no
 //!   `fence_database`): one round trip to the store per checkpoint
@@ -38,7 +42,7 @@ use super::claim_gate::{ClaimsLeg, InTransactionFence};
 use super::events::{fenced, FencedWrite};
 use super::evidence::{Continuation, Step};
 use crate::audit::{AuditEvent, SessionContext};
-use crate::claims::{ClaimKey, Holder, Now};
+use crate::claims::{ClaimKey, Holder, Now, NEXT_CHECKPOINT};
 use crate::log_text::shown;
 use crate::policy::claims::{
     commit_cover, decide_write, fenced_message, WriteVerdict, Writer, COMMIT_COVER_MS,
@@ -66,8 +70,9 @@ pub struct FenceGate {
     created: VecDeque<CheckpointRef>,
     /// Verdicts of the current transaction, by checkpoint continued.
     decided: Vec<(CheckpointRef, WriteVerdict)>,
-    /// Checkpoints the server checks in the current transaction.
-    checking: Vec<CheckpointRef>,
+    /// Checkpoints the server checks in the current transaction, and
+    /// whether an answer to them was recorded there.
+    checking: Vec<(CheckpointRef, bool)>,
 }
 
 /// What happens to a write continuing a checkpoint.
@@ -76,6 +81,26 @@ pub enum FenceStep {
     Refuse(Box<Fenced>),
     /// The server checks it first, in the write's transaction.
     InTransaction(Box<(Injection, FenceCheck)>),
+}
+
+/// An answer the server records on its claim in the write's transaction.
+struct Answer {
+    /// The claim's evidence text.
+    what: String,
+    /// A next checkpoint: the claims on its parent are superseded too.
+    moves_on: bool,
+    /// `claims.run_lease_ms` (0: none).
+    lease_ms: i64,
+}
+
+/// Whether a write continuing a checkpoint answers its interrupt: its
+/// evidence text, and whether it moves the thread on.
+fn answer_of(step: &Step) -> Option<(String, bool)> {
+    match step {
+        Step::TaskWrote(what) => Some((what.clone(), false)),
+        Step::Child => Some((NEXT_CHECKPOINT.to_owned(), true)),
+        Step::Progress => None,
+    }
 }
 
 /// A write the server checks in its transaction: what its audit record
@@ -216,7 +241,14 @@ impl FenceGate {
             crate::admin::metrics::fence_check("known");
             return FenceStep::Pass;
         }
-        if self.checking.contains(at) {
+        let answer = answer_of(&cont.step);
+        // Checked already in this transaction, and answered when this
+        // write answers.
+        if self
+            .checking
+            .iter()
+            .any(|(c, answered)| c == at && (*answered || answer.is_none()))
+        {
             return FenceStep::Pass;
         }
         if let Some(fence) = leg
@@ -224,7 +256,8 @@ impl FenceGate {
             .as_ref()
             .filter(|f| f.database == ctx.database)
         {
-            self.checking.push(at.clone());
+            self.checking.retain(|(c, _)| c != at);
+            self.checking.push((at.clone(), answer.is_some()));
             crate::admin::metrics::fence_check("in_transaction");
             let check = FenceCheck {
                 continues: at.clone(),
@@ -232,7 +265,12 @@ impl FenceGate {
                 record: Arc::clone(rec),
                 raised: None,
             };
-            let injection = self.injection(fence, leg.fence_cover_ms(), session, at);
+            let answer = answer.map(|(what, moves_on)| Answer {
+                what,
+                moves_on,
+                lease_ms: leg.timings.current().run_lease_ms,
+            });
+            let injection = self.injection(fence, leg.fence_cover_ms(), session, at, answer);
             return FenceStep::InTransaction(Box::new((injection, check)));
         }
         match self.lookup_step(leg, ctx, session, (cont, kind_label, rec)) {
@@ -242,14 +280,16 @@ impl FenceGate {
     }
 
     /// The server's check of a write continuing `at` from `session`, its
-    /// claim covered `cover_ms` past the check: the function's arguments,
-    /// every one a parameter.
+    /// claim covered `cover_ms` past the check, and for an answer the
+    /// claim's consumption: the function's arguments, every one a
+    /// parameter.
     fn injection(
         &self,
         fence: &InTransactionFence,
         cover_ms: i64,
         session: &Holder,
         at: &CheckpointRef,
+        answer: Option<Answer>,
     ) -> Injection {
         let took: Vec<String> = self
             .took
@@ -259,7 +299,8 @@ impl FenceGate {
             .collect();
         Injection {
             sql: format!(
-                "SELECT {}.fence_write($1, $2, $3, $4, $5::int8, $6, $7, $8, $9::int8)",
+                "SELECT {}.fence_write($1, $2, $3, $4, $5::int8, $6, $7, $8, $9::int8, $10, \
+                 $11::bool, $12::int8)",
                 fence.schema
             ),
             params: vec![
@@ -272,6 +313,9 @@ impl FenceGate {
                 Some(session.application_name.clone()),
                 Some(took.join(",")),
                 Some(cover_ms.to_string()),
+                answer.as_ref().map(|a| a.what.clone()),
+                Some(answer.as_ref().is_some_and(|a| a.moves_on).to_string()),
+                Some(answer.as_ref().map_or(0, |a| a.lease_ms).to_string()),
             ],
         }
     }

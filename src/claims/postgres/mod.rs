@@ -14,8 +14,10 @@
 //! - `fault`: which connect failures stop `serve` at start, and their fixes.
 //! - `db_clock`: every decision on the database's clock.
 //! - `key_digest`: keys of any length, by digest.
+//! - `answer_in_write`: an answer consumes its claim in its own transaction.
 //! - `pooler`: a claims target that is a transaction pooler, refused at start.
 
+mod answer_in_write;
 mod client;
 mod conn;
 mod credential;

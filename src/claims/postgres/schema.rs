@@ -10,6 +10,7 @@
 
 use postgres::Client;
 
+use super::answer_in_write::answer_in_write_migration;
 use super::db_clock::db_clock_migration;
 use super::key_digest::key_digest_migration;
 use super::liveness::{revival_migration, INSTANCE_DEAD};
@@ -414,6 +415,9 @@ $f$;
         db_clock_migration(s),
         // Keys of any length (see `key_digest`).
         key_digest_migration(s),
+        // An answer consumes its claim in its own transaction (see
+        // `answer_in_write`).
+        answer_in_write_migration(s),
     ]
 }
 

@@ -426,8 +426,8 @@ fn claims_and_leases_written_before_keys_were_digests_are_kept_and_found() {
         .config
         .connect(postgres::NoTls)
         .expect("connect");
-    let before = super::schema::current_version() - 1;
-    super::schema::migrate_to(&mut c, &s, before).expect("the schema an older build left");
+    // Version 8 made keys digests.
+    super::schema::migrate_to(&mut c, &s, 7).expect("the schema an older build left");
     // A held claim and a run lease as that build wrote them.
     let k = key("c1");
     c.execute(
@@ -620,4 +620,74 @@ fn the_models_claim_rule_decides_as_the_sql_claim_function() {
         };
         assert_eq!(label, expected, "{name}");
     }
+}
+
+/// The fence run in a write's transaction with the answer (see
+/// `answer_in_write`): `holder`'s write of `answer` continuing `k`'s
+/// checkpoint, committed or rolled back.
+fn answer_in_write(db: &PgSchema, k: &ClaimKey, holder: &Holder, answer: &str, commit: bool) {
+    let s = db.target().schema.clone();
+    let mut c = db
+        .target()
+        .config
+        .connect(postgres::NoTls)
+        .expect("connect");
+    let mut tx = c.transaction().expect("begin");
+    tx.execute(
+        &format!("SELECT {s}.fence_write($1, $2, $3, $4, $5, $6, $7, '', 2000, $8, false, 60000)"),
+        &[
+            &k.at.thread_id,
+            &k.at.checkpoint_ns,
+            &k.at.checkpoint_id,
+            &holder.proxy_id,
+            &(holder.session_id as i64),
+            &holder.client_addr,
+            &holder.application_name,
+            &answer,
+        ],
+    )
+    .expect("the holder's write passes its fence");
+    if commit {
+        tx.commit().expect("commit");
+    } else {
+        tx.rollback().expect("rollback");
+    }
+}
+
+#[test]
+fn an_answer_consumes_its_claim_in_its_own_transaction_and_is_reported_once() {
+    let db = PgSchema::new("answer-in-write");
+    let store = db.open();
+    let k = key("c1");
+    store
+        .try_claim(&k, &holder("p1", 1), T0, LAPSE)
+        .expect("taken");
+    // Rolled back: nothing was answered, the claim is still held.
+    answer_in_write(&db, &k, &holder("p1", 1), "task a wrote approved", false);
+    match store.try_claim(&k, &holder("p2", 2), T0 + 1, LAPSE) {
+        Ok(ClaimOutcome::Busy(r)) => assert_eq!(r.state, ClaimState::Held),
+        other => panic!("{other:?}"),
+    }
+    // Committed: the claim is consumed with the write, before any evidence
+    // of it is applied, and even after its lapse nobody takes it over.
+    answer_in_write(&db, &k, &holder("p1", 1), "task a wrote approved", true);
+    match store.try_claim(&k, &holder("p2", 2), T0 + 2 * LAPSE, LAPSE) {
+        Ok(ClaimOutcome::Consumed(r)) => {
+            assert_eq!(r.holder, holder("p1", 1));
+            assert_eq!(r.evidence.as_deref(), Some("task a wrote approved"));
+        }
+        other => panic!("{other:?}"),
+    }
+    // The write's evidence, applied late, reports that consumption once
+    // (for the audit trail); the same evidence again reports nothing.
+    let reported = store
+        .consume("t-1", "", "c1", "task a wrote approved", T0, T0 + 3)
+        .expect("consume");
+    assert_eq!(reported.len(), 1, "{reported:?}");
+    assert_eq!(reported[0].holder, holder("p1", 1));
+    assert!(reported[0].consumed_at_ms.is_some());
+    let again = store
+        .consume("t-1", "", "c1", "task a wrote approved", T0, T0 + 4)
+        .expect("consume");
+    assert!(again.is_empty(), "{again:?}");
 }

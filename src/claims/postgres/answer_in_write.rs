@@ -1,0 +1,104 @@
+//! The migration that records an interrupt's answer on its claim inside
+//! the answering write's own transaction, where the claims schema lives in
+//! the sessions' database: `fence_write` (the fence the server runs just
+//! ahead of a write continuing a claimed checkpoint, see
+//! `enforce::fencing`) also takes what the write is. A gated task's
+//! results consume the held claims on the checkpoint and start the run
+//! lease, a next checkpoint also supersedes them, in the transaction that
+//! commits the write. So the claim and the answer commit together: no
+//! takeover can ever find an answered interrupt's claim still held, however
+//! long the off-path evidence worker takes (a locked claims table, a store
+//! that is down, a proxy killed before it applied it).
+//!
+//! The rows a write consumed are marked (`consumed_in_write`) until the
+//! worker's evidence of the same write reaches `consume` / `move_on`,
+//! which return them once more, so the audit trail keeps its
+//! `claim_consumed` record. The fence's older signature stays, for
+//! replicas of an older build during a rolling upgrade.
+
+/// `p_answer` of the fence: what the write is, NULL for no answer (a
+/// progress write); `p_moves_on`: a next checkpoint.
+pub(super) fn answer_in_write_migration(s: &str) -> String {
+    format!(
+        r#"
+ALTER TABLE {s}.claims ADD COLUMN consumed_in_write boolean NOT NULL DEFAULT false;
+
+-- The fence, and for an answer its consumption, in the write's transaction.
+CREATE FUNCTION {s}.fence_write(
+    p_thread text, p_ns text, p_checkpoint text,
+    p_proxy text, p_session bigint, p_addr text, p_app text,
+    p_took text, p_cover_ms bigint, p_answer text, p_moves_on boolean, p_lease_ms bigint
+) RETURNS void LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $f$
+DECLARE
+    v_now bigint;
+    c {s}.claims%ROWTYPE;
+BEGIN
+    -- Raises RGF01 unless the writer holds the claim (its row stays locked).
+    PERFORM {s}.fence_write(p_thread, p_ns, p_checkpoint, p_proxy, p_session, p_addr, p_app,
+        p_took, p_cover_ms);
+    IF p_answer IS NULL THEN
+        RETURN;
+    END IF;
+    v_now := {s}.clock_ms();
+    FOR c IN SELECT * FROM {s}.consume_at(p_thread, p_ns, p_checkpoint, p_answer,
+        CASE WHEN p_moves_on THEN 9223372036854775807 ELSE v_now END, v_now,
+        greatest(p_lease_ms, 0))
+    LOOP
+        UPDATE {s}.claims SET consumed_in_write = true WHERE key_digest = c.key_digest;
+    END LOOP;
+    IF p_moves_on THEN
+        UPDATE {s}.claims SET superseded_at_ms = v_now
+         WHERE thread_id = p_thread AND checkpoint_ns = p_ns AND checkpoint_id = p_checkpoint
+           AND superseded_at_ms IS NULL;
+    END IF;
+END
+$f$;
+GRANT EXECUTE ON FUNCTION {s}.fence_write(text, text, text, text, bigint, text, text, text,
+    bigint, text, boolean, bigint) TO PUBLIC;
+
+-- The worker's evidence of a write: what it consumes now, and what the
+-- write consumed in its own transaction (reported once).
+CREATE FUNCTION {s}.consumed_in_write(p_thread text, p_ns text, p_checkpoint text)
+RETURNS SETOF {s}.claims LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $f$
+BEGIN
+    RETURN QUERY WITH reported AS (
+        UPDATE {s}.claims SET consumed_in_write = false
+         WHERE thread_id = p_thread AND checkpoint_ns = p_ns AND checkpoint_id = p_checkpoint
+           AND consumed_in_write
+        RETURNING *)
+    SELECT * FROM reported {ORDER};
+END
+$f$;
+
+ALTER FUNCTION {s}.consume(text, text, text, text, bigint, bigint) RENAME TO consume_now;
+CREATE FUNCTION {s}.consume(
+    p_thread text, p_ns text, p_checkpoint text, p_evidence text, p_sent_ago_ms bigint,
+    p_lease_ms bigint
+) RETURNS SETOF {s}.claims LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $f$
+BEGIN
+    RETURN QUERY SELECT * FROM {s}.consumed_in_write(p_thread, p_ns, p_checkpoint);
+    RETURN QUERY SELECT * FROM {s}.consume_now(p_thread, p_ns, p_checkpoint, p_evidence,
+        p_sent_ago_ms, p_lease_ms);
+END
+$f$;
+
+ALTER FUNCTION {s}.move_on(text, text, text, text, bigint, bigint, bigint)
+    RENAME TO move_on_now;
+CREATE FUNCTION {s}.move_on(
+    p_thread text, p_ns text, p_parent text, p_evidence text, p_lease_ms bigint,
+    p_superseded_grace_ms bigint, p_retain_ms bigint
+) RETURNS SETOF {s}.claims LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $f$
+BEGIN
+    RETURN QUERY SELECT * FROM {s}.consumed_in_write(p_thread, p_ns, p_parent);
+    RETURN QUERY SELECT * FROM {s}.move_on_now(p_thread, p_ns, p_parent, p_evidence,
+        p_lease_ms, p_superseded_grace_ms, p_retain_ms);
+END
+$f$;
+"#,
+        ORDER = super::rows::ORDER,
+    )
+}
