@@ -79,7 +79,7 @@ pub enum TargetError {
     #[error("upstream")]
     Upstream(#[source] Box<ConfigError>),
     #[error("claims.dsn's TLS settings")]
-    DsnTls(#[source] UpstreamTlsError),
+    DsnTls(#[source] Box<UpstreamTlsError>),
     #[error(
         "claims.password_command and claims.password_file are both set: keep the one \
          the password comes from"
@@ -159,7 +159,8 @@ impl PgTarget {
         }
         let target = PgTarget::finish(parsed.config)?;
         let addr = address_of(&target.config, dsn).map_err(unread)?;
-        let tls = UpstreamTls::build(&addr, &params).map_err(TargetError::DsnTls)?;
+        let tls =
+            UpstreamTls::build(&addr, &params).map_err(|e| TargetError::DsnTls(Box::new(e)))?;
         Ok(target.with_tls(tls.mode, tls.client_config()))
     }
 
@@ -434,13 +435,11 @@ mod tests {
         );
         assert!(matches!(
             PgTarget::from_dsn("postgres://rg@db/ck?sslmode=verify-ca&sslrootcert=system"),
-            Err(TargetError::DsnTls(
-                UpstreamTlsError::WeakModeWithSystemRoots(_)
-            ))
+            Err(TargetError::DsnTls(e)) if matches!(*e, UpstreamTlsError::WeakModeWithSystemRoots(_))
         ));
         assert!(matches!(
             PgTarget::from_dsn("postgres://rg@db/ck?sslmode=verify-full&sslrootcert=/no/ca.pem"),
-            Err(TargetError::DsnTls(UpstreamTlsError::Files(_)))
+            Err(TargetError::DsnTls(e)) if matches!(*e, UpstreamTlsError::Files(_))
         ));
         assert!(matches!(
             PgTarget::from_dsn("postgres://rg@db/ck?sslcrl=/x.crl"),
@@ -448,7 +447,7 @@ mod tests {
         ));
         assert!(matches!(
             PgTarget::from_dsn("postgres://rg@/ck?host=/run/pg&sslmode=require"),
-            Err(TargetError::DsnTls(UpstreamTlsError::UnixSocket { .. }))
+            Err(TargetError::DsnTls(e)) if matches!(*e, UpstreamTlsError::UnixSocket { .. })
         ));
         assert!(matches!(
             PgTarget::from_dsn("postgres//db/ck"),
