@@ -6,11 +6,11 @@
 //!
 //! A connection the server ended while the database stays up (an
 //! idle-session reaper's `pg_terminate_backend`, `idle_session_timeout`:
-//! 57P01, 57P05, or a closed socket found at once) is not an outage: the
+//! 57P01, 57P05, or its stream closed or reset) is not an outage: the
 //! decision that finds it reconnects and runs again at once (for as long
-//! as `reaped::REAPED_BUDGET` allows, see `reaped`; the statement did not commit
-//! on the ended backend), and the heartbeat re-takes a reaped lock connection's lock
-//! (the same instance id) at its next beat. Each replacement is counted
+//! as `reaped::REAPED_BUDGET` allows, see `reaped`; the statement did not
+//! commit on the ended backend), and the heartbeat re-takes a reaped lock
+//! connection's lock (the same instance id) at its next beat. Each replacement is counted
 //! (`resumeguard_claims_reconnects_total`).
 //!
 //! Liveness: the lock connection holds a session-level advisory lock keyed
@@ -193,7 +193,6 @@ pub(super) struct Tx<'a> {
     /// A statement of this decision found its connection ended
     /// ([`reaped`]).
     reaped: bool,
-    began: Instant,
 }
 
 impl Tx<'_> {
@@ -226,7 +225,7 @@ impl Tx<'_> {
     fn note<T>(&mut self, out: Result<T, postgres::Error>) -> Result<T, postgres::Error> {
         if let Err(e) = &out {
             self.row_locked |= is_row_locked(e);
-            self.reaped |= reaped(e, self.began);
+            self.reaped |= reaped(e);
         }
         out
     }
@@ -667,7 +666,6 @@ impl PgConn {
         }
         let mut replacing = Replacing::start();
         let (client, instance) = loop {
-            let began = Instant::now();
             let config = match target.config_now() {
                 Ok(c) => c,
                 Err(e) => {
@@ -684,7 +682,7 @@ impl PgConn {
                             at: target.shown.clone(),
                             reason: format!("taking the liveness lock: {}", describe(&e)),
                         },
-                        reaped: reaped(&e, began),
+                        reaped: reaped(&e),
                         fix: fix_for(&e, &target.schema),
                     };
                     if u.reaped && replacing.again() {
@@ -723,16 +721,10 @@ fn run<T>(
     single: bool,
     f: &mut impl FnMut(&mut Tx<'_>) -> Result<T, Fail>,
 ) -> Result<T, Failed> {
-    let began = Instant::now();
     let link = if single {
         Link::Single(&mut decision.client)
     } else {
-        Link::Tx(
-            decision
-                .client
-                .transaction()
-                .map_err(|e| failed(e, began))?,
-        )
+        Link::Tx(decision.client.transaction().map_err(failed)?)
     };
     let mut t = Tx {
         link,
@@ -741,7 +733,6 @@ fn run<T>(
         schema,
         row_locked: false,
         reaped: false,
-        began,
     };
     let out = f(&mut t);
     let (row_locked, was_reaped) = (t.row_locked, t.reaped);
@@ -752,15 +743,15 @@ fn run<T>(
         Err(e) => return Err(Failed::Other(e)),
     };
     if let Link::Tx(tx) = t.link {
-        tx.commit().map_err(|e| failed(e, began))?;
+        tx.commit().map_err(failed)?;
     }
     Ok(out)
 }
 
-fn failed(e: postgres::Error, began: Instant) -> Failed {
+fn failed(e: postgres::Error) -> Failed {
     if is_row_locked(&e) {
         Failed::RowLocked
-    } else if reaped(&e, began) {
+    } else if reaped(&e) {
         Failed::Reaped(Fail::from(e))
     } else {
         Failed::Other(Fail::from(e))
@@ -787,13 +778,12 @@ pub(super) fn connect(
 /// The decision connection, its schema migrated (proxy) or checked to
 /// exist (operators).
 fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, Unready> {
-    let began = Instant::now();
     let err = |reason: String, e: &postgres::Error| Unready {
         error: StoreError::PgOpen {
             at: target.shown.clone(),
             reason,
         },
-        reaped: reaped(e, began),
+        reaped: reaped(e),
         fix: fix_for(e, &target.schema),
     };
     let plain = |e: postgres::Error| err(describe(&e), &e);

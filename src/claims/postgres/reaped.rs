@@ -4,12 +4,13 @@
 //! decision keeps replacing connections ended under it.
 //!
 //! Only a connection that was open and then ended counts: the server's
-//! own word (57P01, 57P05, 57P02), its end of the stream (the client's
-//! `connection closed`: however long the statement took, the server's end
-//! is gone and a new connection is the mend), or the socket reset within
-//! [`REAPED_WITHIN`] of the statement. A connect that fails (refused,
-//! unreachable, timed out), a TLS handshake or a login the server refuses
-//! is never "reaped": retrying it at once mends nothing.
+//! own word (57P01, 57P05, 57P02), its end of the stream closed, reset or
+//! cut mid-message — however long the statement took (under load a
+//! decision can take over a second), the peer answered and a new
+//! connection is the mend. A silent database is not this (its statement
+//! fails by the keepalives' and user timeout's `timed out`), nor is a
+//! connect that fails (refused, unreachable, timed out), a TLS handshake
+//! or a login the server refuses: retrying those at once mends nothing.
 //!
 //! A reaper may end the proxy's connections faster than a loaded machine
 //! reconnects and runs a statement, so the replacing is bounded in time
@@ -21,12 +22,6 @@ use std::io::ErrorKind;
 use std::time::{Duration, Instant};
 
 use postgres::error::SqlState;
-
-/// A lost connection without the server's word (no 57P01 message read)
-/// counts as reaped when its statement failed this fast: it was dead
-/// when used. One that failed after waiting is a silent database, where
-/// another attempt would only add a connect timeout to the refusal.
-pub(super) const REAPED_WITHIN: Duration = Duration::from_millis(1_000);
 
 /// How long one decision (or one taking of the liveness lock) keeps
 /// replacing connections ended under it before it fails closed: above the
@@ -43,12 +38,9 @@ pub(super) const REAPED_MIN_ATTEMPTS: u32 = 3;
 const PAUSE: Duration = Duration::from_millis(20);
 
 /// Whether `e` says the connection was ended while the server stays up:
-/// the server's own word, the stream closed, or the open connection found
-/// cut within [`REAPED_WITHIN`] of `began`.
-pub(super) fn reaped(e: &postgres::Error, began: Instant) -> bool {
-    ended_by_server(e)
-        || e.is_closed()
-        || (cut_open_connection(e) && began.elapsed() < REAPED_WITHIN)
+/// the server's own word, or the open connection's stream closed or cut.
+pub(super) fn reaped(e: &postgres::Error) -> bool {
+    ended_by_server(e) || e.is_closed() || cut_open_connection(e)
 }
 
 /// Whether the server said it ended the connection: it is gone even
