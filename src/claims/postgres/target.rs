@@ -145,6 +145,11 @@ impl PgTarget {
         let parsed = connection_string(dsn).map_err(unread)?;
         let mut params = UpstreamTlsParams::default();
         match parsed.form {
+            // A short form (`host:port?sslmode=…`) is read as the URL it
+            // stands for.
+            Form::Url if !dsn.contains("://") => {
+                url_tls_params(&format!("postgres://{dsn}"), &mut params).map_err(unread)?
+            }
             Form::Url => url_tls_params(dsn, &mut params).map_err(unread)?,
             Form::KeyValue => {
                 params.sslmode = Some(
@@ -423,6 +428,12 @@ mod tests {
         // under verify-full; no TLS on a Unix socket).
         assert_eq!(
             PgTarget::from_dsn("postgres://rg@db/ck?sslmode=verify-full")
+                .unwrap()
+                .sslmode(),
+            "verify-full"
+        );
+        assert_eq!(
+            PgTarget::from_dsn("db:5433?sslmode=verify-full")
                 .unwrap()
                 .sslmode(),
             "verify-full"
