@@ -149,8 +149,10 @@ def upstream_url(port: int, **params: str) -> str:
 def started(workdir):
     proxies: list[Proxy] = []
 
-    def start(upstream: str, *extra: str) -> Proxy:
-        p = TlsProxy(upstream, workdir, f"proxy-tls-{len(proxies) + 1}", extra).start()
+    def start(upstream: str, *extra: str, env: dict[str, str] | None = None) -> Proxy:
+        p = TlsProxy(upstream, workdir, f"proxy-tls-{len(proxies) + 1}", extra)
+        p.env.update(env or {})
+        p.start()
         proxies.append(p)
         return p
 
@@ -339,10 +341,17 @@ def test_plaintext_client_of_a_tls_upstream_uses_scram(started, certs, tls_pg):
         assert c.execute("SELECT current_user").fetchone()[0] == TLS_USER
 
 
-def test_wrong_upstream_ca_is_refused_clearly(started, certs, tls_pg):
+def plain_claims(pg) -> dict[str, str]:
+    """The claims kept on the plaintext server: a claims connection refusing the
+    upstream's certificate would stop `serve` at start (test_tls_verify.py)."""
+    return {"RESUMEGUARD_CLAIMS_DSN":
+            f"postgres://{SUPERUSER}@{HOST}:{pg.port}/postgres?sslmode=disable"}
+
+
+def test_wrong_upstream_ca_is_refused_clearly(started, certs, tls_pg, pg):
     upstream = upstream_url(tls_pg.port, sslmode="verify-full",
                             sslrootcert=certs / "wrong_ca.crt")
-    p = started(upstream)
+    p = started(upstream, env=plain_claims(pg))
     with pytest.raises(psycopg.OperationalError) as e:
         connect(make_dsn(p.port, "postgres", TLS_USER, TLS_PASSWORD, sslmode="disable"))
     msg = str(e.value)
@@ -360,7 +369,7 @@ def test_wrong_client_ca_is_refused_by_the_client(tls_proxy, certs):
 
 
 def test_required_tls_on_a_plaintext_server_fails_the_session(started, pg):
-    p = started(upstream_url(pg.port, sslmode="require"))
+    p = started(upstream_url(pg.port, sslmode="require"), env=plain_claims(pg))
     with pytest.raises(psycopg.OperationalError) as e:
         connect(make_dsn(p.port, "postgres", sslmode="disable"))
     assert "does not accept TLS (sslmode=require requires it)" in str(e.value)

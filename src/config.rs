@@ -29,8 +29,7 @@ pub mod show;
 mod upstream_url;
 pub use error::ConfigError;
 pub use layers::{Flags, Layered, Loader, Source};
-pub use upstream_url::upstream_addr;
-use upstream_url::url_tls_params;
+pub use upstream_url::{address_of, upstream_addr, url_tls_params};
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]

@@ -25,7 +25,13 @@ pub fn upstream_addr(spec: &str) -> Result<UpstreamAddr, ConfigError> {
     if parsed.form == Form::KeyValue && spec.contains("ssl") {
         return Err(ConfigError::UpstreamKeyValueTls(masked(spec)));
     }
-    let c = &parsed.config;
+    address_of(&parsed.config, spec)
+}
+
+/// The one server `config` (read from `spec`) names: a TCP host and port,
+/// or a socket directory's socket.
+pub fn address_of(config: &postgres::Config, spec: &str) -> Result<UpstreamAddr, ConfigError> {
+    let c = config;
     let port = c.get_ports().first().copied().unwrap_or(5432);
     // A URL's empty host (`postgres://:6001/app?host=/tmp`) is no host.
     let hosts: Vec<&Host> = c
@@ -50,7 +56,7 @@ pub fn upstream_addr(spec: &str) -> Result<UpstreamAddr, ConfigError> {
 /// Reads the TLS parameters of a `postgres://` URL's query into `p`. An
 /// `ssl*` parameter the proxy does not implement is refused rather than
 /// ignored; other parameters (application_name, ...) belong to clients.
-pub(super) fn url_tls_params(spec: &str, p: &mut UpstreamTlsParams) -> Result<(), ConfigError> {
+pub fn url_tls_params(spec: &str, p: &mut UpstreamTlsParams) -> Result<(), ConfigError> {
     let Some((_, query)) = spec.split_once("://").and_then(|(_, r)| r.split_once('?')) else {
         return Ok(());
     };

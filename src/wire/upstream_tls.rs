@@ -73,7 +73,8 @@ impl SslMode {
         })
     }
 
-    fn name(self) -> &'static str {
+    /// As libpq spells it.
+    pub fn name(self) -> &'static str {
         match self {
             SslMode::Disable => "disable",
             SslMode::Prefer => "prefer",

@@ -6,11 +6,11 @@
 //!
 //! A connection the server ended while the database stays up (an
 //! idle-session reaper's `pg_terminate_backend`, `idle_session_timeout`:
-//! 57P01, 57P05, or a closed socket found at once) is not an outage: the
-//! decision that finds it reconnects and runs again at once (a few times
-//! in all, [`REAPED_ATTEMPTS`]; the statement did not commit on the ended
-//! backend), and the heartbeat re-takes a reaped lock connection's lock
-//! (the same instance id) at its next beat. Each replacement is counted
+//! 57P01, 57P05, or its stream closed or reset) is not an outage: the
+//! decision that finds it reconnects and runs again at once (for as long
+//! as `reaped::REAPED_BUDGET` allows, see `reaped`; the statement did not
+//! commit on the ended backend), and the heartbeat re-takes a reaped lock
+//! connection's lock (the same instance id) at its next beat. Each replacement is counted
 //! (`resumeguard_claims_reconnects_total`).
 //!
 //! Liveness: the lock connection holds a session-level advisory lock keyed
@@ -35,6 +35,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::credential::CredentialError;
 use super::fault::{credential_fix, fix_for, StartFault};
+use super::reaped::{reaped, Replacing};
 use super::schema;
 use super::target::{DeadPeer, PgTarget};
 use crate::admin::metrics;
@@ -52,18 +53,6 @@ const LOCK_TIMEOUT_MS: u64 = 1_000;
 
 const FIRST_RETRY: Duration = Duration::from_millis(100);
 const MAX_RETRY: Duration = Duration::from_secs(2);
-
-/// Attempts of a decision, or of taking the liveness lock, while each
-/// fails because the connection was ended under it: a reaper ending the
-/// proxy's connections again and again still leaves one attempt a
-/// connection that lives long enough.
-pub(super) const REAPED_ATTEMPTS: u32 = 3;
-
-/// A lost connection without the server's word (no 57P01 message read)
-/// counts as reaped when its statement failed this fast: it was dead
-/// when used. One that failed after waiting is a silent database, where
-/// another attempt would only add a connect timeout to the refusal.
-const REAPED_WITHIN: Duration = Duration::from_millis(1_000);
 
 /// How long re-taking this process's liveness lock waits for the ended
 /// backend that held it to exit (the server sends the client the
@@ -138,11 +127,10 @@ const HEARTBEAT: Duration = Duration::from_millis(400);
 pub(super) struct Fail(pub(super) String);
 
 /// Why a decision failed: it waited out its lock timeout on a row, its
-/// connection was ended under it (see [`reaped`]; true: the server said
-/// so), or anything else.
+/// connection was ended under it (see [`reaped`]), or anything else.
 enum Failed {
     RowLocked,
-    Reaped(Fail, bool),
+    Reaped(Fail),
     Other(Fail),
 }
 
@@ -178,25 +166,6 @@ impl Unready {
     }
 }
 
-/// Whether `e` says the connection was ended while the server stays up:
-/// the server's own word (terminated by an administrator, its idle
-/// session timed out, a crashed sibling backend), or the socket found
-/// closed within [`REAPED_WITHIN`] of `began`.
-fn reaped(e: &postgres::Error, began: Instant) -> bool {
-    ended_by_server(e) || (e.as_db_error().is_none() && began.elapsed() < REAPED_WITHIN)
-}
-
-/// Whether the server said it ended the connection: it is gone even
-/// while the client has not read the end of the stream yet.
-fn ended_by_server(e: &postgres::Error) -> bool {
-    use postgres::error::SqlState;
-    e.code().is_some_and(|c| {
-        *c == SqlState::ADMIN_SHUTDOWN
-            || *c == SqlState::IDLE_SESSION_TIMEOUT
-            || *c == SqlState::CRASH_SHUTDOWN
-    })
-}
-
 impl From<postgres::Error> for Fail {
     fn from(e: postgres::Error) -> Fail {
         Fail(describe(&e))
@@ -222,10 +191,8 @@ pub(super) struct Tx<'a> {
     /// A statement of this decision waited out its lock timeout.
     row_locked: bool,
     /// A statement of this decision found its connection ended
-    /// ([`reaped`]), and the server said so ([`ended_by_server`]).
+    /// ([`reaped`]).
     reaped: bool,
-    ended: bool,
-    began: Instant,
 }
 
 impl Tx<'_> {
@@ -258,8 +225,7 @@ impl Tx<'_> {
     fn note<T>(&mut self, out: Result<T, postgres::Error>) -> Result<T, postgres::Error> {
         if let Err(e) = &out {
             self.row_locked |= is_row_locked(e);
-            self.reaped |= reaped(e, self.began);
-            self.ended |= ended_by_server(e);
+            self.reaped |= reaped(e);
         }
         out
     }
@@ -471,8 +437,8 @@ impl PgConn {
     }
 
     /// Runs the decision `f`; when its connection was ended under it
-    /// (reaped) it runs again at once on a new one, up to
-    /// [`REAPED_ATTEMPTS`] in all: what ran on the ended backend did not
+    /// (reaped) it runs again at once on a new one, for as long as
+    /// `reaped::REAPED_BUDGET` allows: what ran on the ended backend did not
     /// commit. Anything else fails the decision, and a connection that is
     /// gone marks the store down.
     fn decide<T>(
@@ -485,20 +451,23 @@ impl PgConn {
             return Err(error);
         }
         let mut slot = self.slot();
-        let mut attempt = 1;
+        let mut replacing = Replacing::start();
         loop {
             let error = match self.attempt(&mut slot, op, single, &mut f) {
                 Ok(v) => return Ok(v),
                 Err((error, false)) => return Err(error),
                 Err((error, true)) => error,
             };
-            if attempt >= REAPED_ATTEMPTS {
-                tracing::error!(%error, attempts = attempt, "claims connection ended under \
-                    every attempt of a decision: failing it closed");
-                self.mark_down(error.clone());
+            if !replacing.again() {
+                // The server answers (it ended the connections): not an
+                // outage to back off from, so other decisions keep trying
+                // on their own; this one fails closed.
+                tracing::error!(%error, attempts = replacing.attempts(),
+                    elapsed_ms = replacing.elapsed().as_millis() as u64,
+                    "claims connection ended under every attempt of a decision: failing it \
+                    closed");
                 return Err(error);
             }
-            attempt += 1;
             tracing::warn!(%error, "claims connection ended by the server (an idle-session \
                 reaper?): reconnecting and deciding again at once");
             // The same reaper most likely ended the lock connection too:
@@ -550,8 +519,10 @@ impl PgConn {
         match run(decision, instance, &self.target.schema, single, f) {
             Ok(v) => Ok(v),
             Err(Failed::RowLocked) => Err((StoreError::RowLocked { at: at(), op }, false)),
-            Err(Failed::Reaped(Fail(reason), ended)) if ended || decision.client.is_closed() => {
-                // Counted here: the next attempt connects its replacement.
+            Err(Failed::Reaped(Fail(reason))) => {
+                // The connection is gone (the server said so, or its
+                // stream ended): counted here, the next attempt connects
+                // its replacement.
                 *slot = None;
                 metrics::claims_reconnected("decision");
                 Err((
@@ -563,7 +534,7 @@ impl PgConn {
                     true,
                 ))
             }
-            Err(Failed::Reaped(Fail(reason), _) | Failed::Other(Fail(reason))) => {
+            Err(Failed::Other(Fail(reason))) => {
                 let error = StoreError::Postgres {
                     at: at(),
                     op,
@@ -669,8 +640,8 @@ impl PgConn {
     /// This process's instance id, its lock held: the lock connection is
     /// asked whether it lives (one round trip), and a lock whose
     /// connection died is taken again (see [`lock_instance`]), the lock
-    /// connection ended under it tried again at once up to
-    /// [`REAPED_ATTEMPTS`] in all.
+    /// connection ended under it tried again at once while
+    /// `reaped::REAPED_BUDGET` allows.
     fn hold_lock(&self, liveness: &mut Option<Liveness>) -> Result<i64, Unready> {
         let target = &self.target;
         let mut lost = None;
@@ -693,9 +664,8 @@ impl PgConn {
         if let Some(error) = self.down_until_retry() {
             return Err(Unready::down(error));
         }
-        let mut attempt = 1;
+        let mut replacing = Replacing::start();
         let (client, instance) = loop {
-            let began = Instant::now();
             let config = match target.config_now() {
                 Ok(c) => c,
                 Err(e) => {
@@ -712,14 +682,15 @@ impl PgConn {
                             at: target.shown.clone(),
                             reason: format!("taking the liveness lock: {}", describe(&e)),
                         },
-                        reaped: reaped(&e, began),
+                        reaped: reaped(&e),
                         fix: fix_for(&e, &target.schema),
                     };
-                    if u.reaped && attempt < REAPED_ATTEMPTS {
-                        attempt += 1;
+                    if u.reaped && replacing.again() {
                         continue;
                     }
-                    self.mark_down(u.error.clone());
+                    if !u.reaped {
+                        self.mark_down(u.error.clone());
+                    }
                     return Err(u);
                 }
             }
@@ -750,16 +721,10 @@ fn run<T>(
     single: bool,
     f: &mut impl FnMut(&mut Tx<'_>) -> Result<T, Fail>,
 ) -> Result<T, Failed> {
-    let began = Instant::now();
     let link = if single {
         Link::Single(&mut decision.client)
     } else {
-        Link::Tx(
-            decision
-                .client
-                .transaction()
-                .map_err(|e| failed(e, began))?,
-        )
+        Link::Tx(decision.client.transaction().map_err(failed)?)
     };
     let mut t = Tx {
         link,
@@ -768,29 +733,26 @@ fn run<T>(
         schema,
         row_locked: false,
         reaped: false,
-        ended: false,
-        began,
     };
     let out = f(&mut t);
-    let (row_locked, was_reaped, ended) = (t.row_locked, t.reaped, t.ended);
+    let (row_locked, was_reaped) = (t.row_locked, t.reaped);
     let out = match out {
         Ok(v) => v,
         Err(_) if row_locked => return Err(Failed::RowLocked),
-        Err(e) if was_reaped => return Err(Failed::Reaped(e, ended)),
+        Err(e) if was_reaped => return Err(Failed::Reaped(e)),
         Err(e) => return Err(Failed::Other(e)),
     };
     if let Link::Tx(tx) = t.link {
-        tx.commit().map_err(|e| failed(e, began))?;
+        tx.commit().map_err(failed)?;
     }
     Ok(out)
 }
 
-fn failed(e: postgres::Error, began: Instant) -> Failed {
+fn failed(e: postgres::Error) -> Failed {
     if is_row_locked(&e) {
         Failed::RowLocked
-    } else if reaped(&e, began) {
-        let ended = ended_by_server(&e);
-        Failed::Reaped(Fail::from(e), ended)
+    } else if reaped(&e) {
+        Failed::Reaped(Fail::from(e))
     } else {
         Failed::Other(Fail::from(e))
     }
@@ -816,13 +778,12 @@ pub(super) fn connect(
 /// The decision connection, its schema migrated (proxy) or checked to
 /// exist (operators).
 fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, Unready> {
-    let began = Instant::now();
     let err = |reason: String, e: &postgres::Error| Unready {
         error: StoreError::PgOpen {
             at: target.shown.clone(),
             reason,
         },
-        reaped: reaped(e, began),
+        reaped: reaped(e),
         fix: fix_for(e, &target.schema),
     };
     let plain = |e: postgres::Error| err(describe(&e), &e);

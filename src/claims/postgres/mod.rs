@@ -8,7 +8,9 @@
 //! - `schema`: versioned migrations (claims, leases, the audit trail, the
 //!   decision functions the store and the fence call).
 //! - `client`: connections to the schema for the audit trail.
-//! - `conn`: the decision and liveness connections, fail closed.
+//! - `conn`: the decision and liveness connections, fail closed;
+//!   `reaped`: a connection the server ended while it stays up, replaced
+//!   within a time budget.
 //! - `store`: the operations, a decision one statement each; `rows`, `leases`.
 //! - `liveness`: holders whose proxy process is gone.
 //! - `fault`: which connect failures stop `serve` at start, and their fixes.
@@ -27,6 +29,7 @@ mod key_digest;
 mod leases;
 mod liveness;
 pub mod pooler;
+mod reaped;
 mod rows;
 mod schema;
 mod store;

@@ -12,11 +12,13 @@ use postgres::config::{Host, SslMode};
 use rustls::ClientConfig;
 
 use super::credential::{ConnectingTo, CredentialError, PasswordSource};
-use crate::config::connection_string::connection_string;
-use crate::config::ConfigError;
+use crate::config::connection_string::{connection_string, Form};
+use crate::config::{address_of, url_tls_params, ConfigError};
 use crate::wire::tls_config::{self, TlsConfigError, Verify};
 use crate::wire::upstream::UpstreamAddr;
-use crate::wire::upstream_tls::SslMode as UpstreamSslMode;
+use crate::wire::upstream_tls::{
+    SslMode as UpstreamSslMode, UpstreamTls, UpstreamTlsError, UpstreamTlsParams,
+};
 
 /// The schema every replica shares.
 pub const DEFAULT_SCHEMA: &str = "resumeguard";
@@ -76,12 +78,8 @@ pub enum TargetError {
     Dsn(#[source] Box<ConfigError>),
     #[error("upstream")]
     Upstream(#[source] Box<ConfigError>),
-    #[error(
-        "claims.dsn {key}={value}: a claims DSN's TLS is sslmode disable, prefer or \
-         require (unverified, as libpq's); without [claims] dsn the claims connections \
-         take the upstream's TLS settings, verification included"
-    )]
-    DsnTls { key: String, value: String },
+    #[error("claims.dsn's TLS settings")]
+    DsnTls(#[source] Box<UpstreamTlsError>),
     #[error(
         "claims.password_command and claims.password_file are both set: keep the one \
          the password comes from"
@@ -109,6 +107,9 @@ pub struct PgTarget {
     /// TLS for `sslmode` prefer and require (`config` says which); `None`:
     /// plaintext only.
     pub(super) tls: Option<Arc<ClientConfig>>,
+    /// The `sslmode` the TLS settings came from (`tls` verifies as it
+    /// says), as shown.
+    mode: UpstreamSslMode,
     /// `user@host:port/db`, as shown in errors (never the password).
     pub(super) shown: String,
     pub(super) schema: String,
@@ -133,23 +134,39 @@ impl std::fmt::Debug for PgTarget {
 
 impl PgTarget {
     /// A libpq-style DSN or `postgres://` URL (`[claims] dsn`); a password
-    /// it does not give comes from `PGPASSWORD` or the password file.
-    /// `sslmode` is `disable`, `prefer` or `require` (unverified, as
-    /// libpq's).
+    /// it does not give comes from `PGPASSWORD` or the password file. Its
+    /// TLS is read and checked as the upstream's: a URL's `sslmode`
+    /// (`disable`, `prefer`, `require`, `verify-ca`, `verify-full`),
+    /// `sslrootcert` (a PEM file, or `system`), `sslcert`/`sslkey`,
+    /// `sslsni`; a `key=value` DSN's `sslmode` is the postgres crate's
+    /// (`disable`, `prefer`, `require`).
     pub fn from_dsn(dsn: &str) -> Result<PgTarget, TargetError> {
-        // A URL's TLS parameters: sslmode read here, the others refused.
-        let parsed = connection_string(dsn).map_err(|e| TargetError::Dsn(Box::new(e)))?;
-        let mut config = parsed.config;
-        for (key, value) in parsed.tls_params {
-            let mode = match (key.as_str(), value.as_str()) {
-                ("sslmode", "disable") => SslMode::Disable,
-                ("sslmode", "prefer") => SslMode::Prefer,
-                ("sslmode", "require") => SslMode::Require,
-                _ => return Err(TargetError::DsnTls { key, value }),
-            };
-            config.ssl_mode(mode);
+        let unread = |e| TargetError::Dsn(Box::new(e));
+        let parsed = connection_string(dsn).map_err(unread)?;
+        let mut params = UpstreamTlsParams::default();
+        match parsed.form {
+            // A short form (`host:port?sslmode=…`) is read as the URL it
+            // stands for.
+            Form::Url if !dsn.contains("://") => {
+                url_tls_params(&format!("postgres://{dsn}"), &mut params).map_err(unread)?
+            }
+            Form::Url => url_tls_params(dsn, &mut params).map_err(unread)?,
+            Form::KeyValue => {
+                params.sslmode = Some(
+                    match parsed.config.get_ssl_mode() {
+                        SslMode::Disable => "disable",
+                        SslMode::Require => "require",
+                        _ => "prefer",
+                    }
+                    .to_owned(),
+                )
+            }
         }
-        PgTarget::finish(config)
+        let target = PgTarget::finish(parsed.config)?;
+        let addr = address_of(&target.config, dsn).map_err(unread)?;
+        let tls =
+            UpstreamTls::build(&addr, &params).map_err(|e| TargetError::DsnTls(Box::new(e)))?;
+        Ok(target.with_tls(tls.mode, tls.client_config()))
     }
 
     /// The upstream the proxy fronts: its address, and user, database and
@@ -241,9 +258,15 @@ impl PgTarget {
         let user = config.get_user().unwrap_or_default().to_owned();
         let db = config.get_dbname().unwrap_or_default().to_owned();
         let password = PasswordSource::choose(None, None, config.get_password());
+        let mode = match (config.get_ssl_mode(), &tls) {
+            (SslMode::Disable, _) | (_, None) => UpstreamSslMode::Disable,
+            (SslMode::Prefer, Some(_)) => UpstreamSslMode::Prefer,
+            (_, Some(_)) => UpstreamSslMode::Require,
+        };
         let target = PgTarget {
             shown: format!("postgres {user}@{host}:{port}/{db}"),
             config,
+            mode,
             tls,
             schema: DEFAULT_SCHEMA.into(),
             password,
@@ -307,6 +330,11 @@ impl PgTarget {
         };
         self.config.ssl_mode(ssl_mode);
         self.tls = client.filter(|_| ssl_mode != SslMode::Disable);
+        self.mode = if self.tls.is_some() {
+            mode
+        } else {
+            UpstreamSslMode::Disable
+        };
         self
     }
 
@@ -344,13 +372,10 @@ impl PgTarget {
         self
     }
 
-    /// Whether the connections use TLS: `disable`, `prefer` or `require`.
+    /// How the connections use TLS: `disable`, `prefer`, `require`,
+    /// `verify-ca` or `verify-full`.
     pub fn sslmode(&self) -> &'static str {
-        match (self.config.get_ssl_mode(), &self.tls) {
-            (SslMode::Disable, _) | (_, None) => "disable",
-            (SslMode::Prefer, Some(_)) => "prefer",
-            (_, Some(_)) => "require",
-        }
+        self.mode.name()
     }
 
     /// The database as shown in errors.
@@ -399,9 +424,41 @@ mod tests {
                 .sslmode(),
             "require"
         );
+        // The upstream's modes too, with its checks (system roots only
+        // under verify-full; no TLS on a Unix socket).
+        assert_eq!(
+            PgTarget::from_dsn("postgres://rg@db/ck?sslmode=verify-full")
+                .unwrap()
+                .sslmode(),
+            "verify-full"
+        );
+        assert_eq!(
+            PgTarget::from_dsn("db:5433?sslmode=verify-full")
+                .unwrap()
+                .sslmode(),
+            "verify-full"
+        );
+        assert_eq!(
+            PgTarget::from_dsn("postgres://rg@db/ck?sslrootcert=system")
+                .unwrap()
+                .sslmode(),
+            "verify-full"
+        );
         assert!(matches!(
-            PgTarget::from_dsn("postgres://rg@db/ck?sslmode=verify-full"),
-            Err(TargetError::DsnTls { .. })
+            PgTarget::from_dsn("postgres://rg@db/ck?sslmode=verify-ca&sslrootcert=system"),
+            Err(TargetError::DsnTls(e)) if matches!(*e, UpstreamTlsError::WeakModeWithSystemRoots(_))
+        ));
+        assert!(matches!(
+            PgTarget::from_dsn("postgres://rg@db/ck?sslmode=verify-full&sslrootcert=/no/ca.pem"),
+            Err(TargetError::DsnTls(e)) if matches!(*e, UpstreamTlsError::Files(_))
+        ));
+        assert!(matches!(
+            PgTarget::from_dsn("postgres://rg@db/ck?sslcrl=/x.crl"),
+            Err(TargetError::Dsn(_))
+        ));
+        assert!(matches!(
+            PgTarget::from_dsn("postgres://rg@/ck?host=/run/pg&sslmode=require"),
+            Err(TargetError::DsnTls(e)) if matches!(*e, UpstreamTlsError::UnixSocket { .. })
         ));
         assert!(matches!(
             PgTarget::from_dsn("postgres//db/ck"),
