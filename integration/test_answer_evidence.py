@@ -110,7 +110,7 @@ def ae(proxy_factory, direct_dsn, workdir, pg) -> Env:
     R.CTX["ledger_dsn"] = direct_dsn
     R.CTX["ledger"] = None
     R.main(["setup", "--dsn", direct_dsn])
-    env = Env(direct_dsn, a, b, a, 0, state / "unused", workdir)
+    env = Env(direct_dsn, a, b, a, 0, workdir)
     env.proxy_ids = {a.port: "ae-A", b.port: "ae-B"}
     env.relay = relay
     yield env
