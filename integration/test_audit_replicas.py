@@ -7,7 +7,6 @@ split over the two.
   A's configuration, and ``GET /threads/{id}`` on A's admin listener, show the claim
   taken through one proxy AND the refusal recorded by the other (both proxy ids),
   and say that the PostgreSQL table of every replica answered;
-- with the SQLite claims backend the trail still goes to the PostgreSQL table;
 - beside it the same race over two proxies with ``postgres = false`` (each replica's
   trail its own SQLite file): A's trail shows only A's events, the other proxy's
   decision on the same thread is missing (what operators had before).
@@ -43,11 +42,10 @@ def ledger_table(direct_dsn):
     R.CTX["ledger"] = None
 
 
-def replica(proxy_factory, pg, workdir, name: str, audit_pg: bool,
-            claims: str = "postgres") -> SimpleNamespace:
-    """A proxy with a state dir of its own, the given claims backend, its own admin
-    port, and ``[audit] postgres`` as given; its configuration names the upstream
-    and the SQLite trail it writes, so the audit command finds what it does."""
+def replica(proxy_factory, pg, workdir, name: str, audit_pg: bool) -> SimpleNamespace:
+    """A proxy with a state dir of its own, its own admin port, and ``[audit]
+    postgres`` as given; its configuration names the upstream and the SQLite trail it
+    writes, so the audit command finds what it does."""
     name = f"{name}-{uuid.uuid4().hex[:4]}"
     state = workdir / f"state-{name}"
     admin_port = free_port()
@@ -57,7 +55,7 @@ def replica(proxy_factory, pg, workdir, name: str, audit_pg: bool,
         f'[admin]\ntoken = "{TOKEN}"\n\n'
         f'[audit]\npostgres = {"true" if audit_pg else "false"}\n'
         f'sqlite = "{workdir / f"{name}-audit.sqlite"}"\n\n'
-        f'[claims]\nbackend = "{claims}"\nproxy_id = "{name}"\nlapse_ms = 3000\n')
+        f'[claims]\nproxy_id = "{name}"\nlapse_ms = 3000\n')
     proxy = proxy_factory("--config", str(cfg), "--state-dir", str(state), name=name)
     assert proxy.audit_db == workdir / f"{name}-audit.sqlite"
     return SimpleNamespace(name=name, proxy=proxy, cfg=cfg, admin=wait_admin(admin_port))
@@ -212,16 +210,3 @@ def test_without_it_each_replica_shows_only_its_own_events(proxy_factory, pg, wo
     status, body = http(a.admin, "GET", f"/threads/{thread}")
     assert status == 200, body
     assert json.loads(body)["replicas"] == [a.name]
-
-
-@pytest.mark.timeout(120)
-def test_the_table_is_written_with_the_sqlite_claims_backend_too(proxy_factory, pg, workdir,
-                                                                 dbname):
-    r = replica(proxy_factory, pg, workdir, "lite-claims", audit_pg=True, claims="sqlite")
-    thread = f"lite-{uuid.uuid4().hex[:8]}"
-    park(r.proxy.dsn(dbname), thread)
-    events = timeline(r, thread, {"interrupt_parked"})
-    assert "interrupt_parked" in {e["operation"] for e in events}, events
-    assert {e["proxy_id"] for e in events} == {r.name}
-    head = audit(r, "--thread", thread).stdout.splitlines()[0]
-    assert "(every replica)" in head, head
