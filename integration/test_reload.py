@@ -156,9 +156,11 @@ def test_sighup_puts_a_new_rule_in_effect_on_open_and_new_connections(
         assert isinstance(invalid_append(g, fresh), psycopg.errors.CheckViolation)
 
 
-def wait_for_reload_records(audit_db, at_least: int, part: str, timeout: float = 10.0) -> list[dict]:
-    """The `config_reloaded` audit records' details of `part`, once `at_least`
-    are written (the audit writer is asynchronous)."""
+def wait_for_reload_records(audit_db, part: str, ending: list[str],
+                            timeout: float = 10.0) -> list[dict]:
+    """The `config_reloaded` audit records' details of `part`, once the last of them
+    have the results `ending` (the audit writer is asynchronous, and the same proxy's
+    earlier reloads are in the trail too)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -171,7 +173,8 @@ def wait_for_reload_records(audit_db, at_least: int, part: str, timeout: float =
         except sqlite3.Error:
             rows = []
         details = [d for d in (json.loads(r[0]) for r in rows) if d["part"] == part]
-        if len(details) >= at_least or time.monotonic() > deadline:
+        if ([d["result"] for d in details[-len(ending):]] == ending
+                or time.monotonic() > deadline):
             return details
         time.sleep(0.1)
 
@@ -188,7 +191,7 @@ def test_a_broken_rule_file_keeps_the_rules_in_effect(rproxy, rules_dir, admin_p
     errors = error_lines(rproxy, "rules")
     assert errors and "zz-broken.toml" in errors[-1], errors
     # each reload is in the audit trail, with its outcome and why it failed
-    reloads_audited = wait_for_reload_records(rproxy.audit_db, 2, "rules")
+    reloads_audited = wait_for_reload_records(rproxy.audit_db, "rules", ["ok", "failed"])
     assert [(d["part"], d["result"]) for d in reloads_audited[-2:]] == [
         ("rules", "ok"), ("rules", "failed")], reloads_audited
     assert "zz-broken.toml" in reloads_audited[-1]["reason"], reloads_audited[-1]
