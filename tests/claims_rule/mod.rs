@@ -51,16 +51,16 @@ pub fn retaken(
     takeover: i64,
 ) -> ClaimRecord {
     ClaimRecord {
-        holder: holder.clone(),
-        state: ClaimState::Held,
-        claimed_at_ms: now_ms,
-        lapse_at_ms,
-        consumed_at_ms: None,
-        evidence: None,
         takeovers: prev.takeovers + takeover,
-        abandon_at_ms: None,
-        epoch: prev.epoch.saturating_add(1),
-        ..prev.clone()
+        refusals: prev.refusals,
+        superseded_at_ms: prev.superseded_at_ms,
+        ..ClaimRecord::taken(
+            &prev.key,
+            holder,
+            now_ms,
+            lapse_at_ms,
+            prev.epoch.saturating_add(1),
+        )
     }
 }
 

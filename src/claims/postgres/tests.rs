@@ -168,11 +168,7 @@ fn proxies_starting_together_migrate_once() {
     let instances: std::collections::HashSet<i64> =
         stores.iter().filter_map(ClaimStore::instance).collect();
     assert_eq!(instances.len(), N, "each process its own liveness instance");
-    let mut c = db
-        .target()
-        .config
-        .connect(postgres::NoTls)
-        .expect("connect");
+    let mut c = db.admin();
     let versions: i64 = c
         .query_one(
             &format!("SELECT count(*) FROM {}.schema_version", db.target().schema),
@@ -423,11 +419,7 @@ fn a_closed_holder_session_is_not_revived_by_a_lock_taken_again() {
 fn claims_and_leases_written_before_keys_were_digests_are_kept_and_found() {
     let db = PgSchema::new("digest-migration");
     let s = db.target().schema.clone();
-    let mut c = db
-        .target()
-        .config
-        .connect(postgres::NoTls)
-        .expect("connect");
+    let mut c = db.admin();
     // Version 8 made keys digests.
     super::schema::migrate_to(&mut c, &s, 7).expect("the schema an older build left");
     // A held claim and a run lease as that build wrote them.
@@ -629,11 +621,7 @@ fn the_models_claim_rule_decides_as_the_sql_claim_function() {
 /// checkpoint, committed or rolled back.
 fn answer_in_write(db: &PgSchema, k: &ClaimKey, holder: &Holder, answer: &str, commit: bool) {
     let s = db.target().schema.clone();
-    let mut c = db
-        .target()
-        .config
-        .connect(postgres::NoTls)
-        .expect("connect");
+    let mut c = db.admin();
     let mut tx = c.transaction().expect("begin");
     tx.execute(
         &format!("SELECT {s}.fence_write($1, $2, $3, $4, $5, $6, $7, '', 2000, $8, false, 60000)"),
