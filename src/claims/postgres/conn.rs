@@ -14,7 +14,8 @@
 //! (`resumeguard_claims_reconnects_total`).
 //!
 //! Liveness: the lock connection holds a session-level advisory lock keyed
-//! by this process's instance id (from the `holder_instances` sequence),
+//! by this process's instance id (the schema's OID and a number from its
+//! `holder_instances` sequence, see `next_instance`),
 //! and every claim and run lease records that id. Another proxy that finds
 //! the lock gone (pg_locks) treats the holder as gone. The server ends the
 //! lock when the connection dies: at once when the process is killed (the
@@ -900,9 +901,22 @@ fn ping(client: &mut Client) -> Result<(), postgres::Error> {
     client.batch_execute("SELECT 1")
 }
 
+/// A fresh instance id: the schema's OID in the high half and the next
+/// number of its `holder_instances` in the low. Advisory locks are keyed
+/// per database, not per schema: another schema's proxies (another
+/// deployment's, or a test's) draw the same numbers from their own
+/// sequence, and a bare number held by one of them would keep this
+/// schema's gone holder of that number alive. The schema's half also
+/// keeps the keys clear of the small integers applications lock.
 fn next_instance(client: &mut Client, schema: &str) -> Result<i64, postgres::Error> {
     client
-        .query_one(&format!("SELECT nextval('{schema}.holder_instances')"), &[])
+        .query_one(
+            &format!(
+                "SELECT ('{schema}'::regnamespace::oid::bigint << 32) \
+                 | (nextval('{schema}.holder_instances') & 4294967295)"
+            ),
+            &[],
+        )
         .map(|r| r.get(0))
 }
 

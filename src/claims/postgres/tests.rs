@@ -123,6 +123,41 @@ fn a_held_claim_of_a_proxy_process_that_is_gone_lapses_after_the_grace() {
 }
 
 #[test]
+fn a_gone_holder_stays_gone_when_another_schemas_proxy_draws_its_number() {
+    let (mine, theirs) = (
+        PgSchema::new("neighbour_mine"),
+        PgSchema::new("neighbour_theirs"),
+    );
+    let b = mine.open().with_holder_gone_grace(GRACE);
+    let k = key("c1");
+    let gone = {
+        let a = mine.open();
+        a.try_claim(&k, &holder("p1", 1), T0, LAPSE).expect("claim");
+        a.instance().expect("instance")
+    };
+    until_gone(|| lock_holders(&mine, gone) == 0);
+    // A proxy of another schema in the same database draws the same
+    // number from its own sequence and holds its liveness lock.
+    drop(theirs.open());
+    theirs
+        .admin()
+        .execute(
+            &format!(
+                "SELECT setval('{}.holder_instances', $1 & 4294967295, false)",
+                theirs.target().schema
+            ),
+            &[&gone],
+        )
+        .expect("setval");
+    let _neighbour = theirs.open();
+    // That lock is not `a`'s: its claim is still seen as a gone holder's.
+    until_gone(|| {
+        matches!(b.try_claim(&k, &holder("p2", 2), T0 + 10, LAPSE),
+            Ok(ClaimOutcome::Busy(r)) if r.lapse_at_ms == T0 + 10 + GRACE)
+    });
+}
+
+#[test]
 fn an_answered_run_of_a_proxy_process_that_is_gone_is_taken_over() {
     let db = PgSchema::new("liveness_answered");
     let b = db.open().with_holder_gone_grace(GRACE).with_run_lease(0);
@@ -232,7 +267,7 @@ fn terminate(db: &PgSchema, pids: &str, params: &[&(dyn postgres::types::ToSql +
 
 /// The backend holding the advisory lock of `instance`.
 const LOCK_HOLDER: &str = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' \
-    AND objsubid = 1 AND granted AND objid::text::bigint = $1";
+    AND objsubid = 1 AND granted AND ((classid::bigint << 32) | objid::bigint) = $1";
 
 #[test]
 fn a_reaped_decision_connection_is_replaced_and_the_decision_runs_again() {
