@@ -252,12 +252,7 @@ fn an_unreachable_database_fails_closed_and_says_which() {
 /// exited: a backend being ended still holds its locks until it exits,
 /// so a lock counted after this is a new one; how many.
 fn terminate(db: &PgSchema, pids: &str, params: &[&(dyn postgres::types::ToSql + Sync)]) -> u64 {
-    let mut admin = db
-        .target()
-        .config
-        .connect(postgres::NoTls)
-        .expect("connect");
-    admin
+    db.admin()
         .execute(
             &format!("SELECT pg_terminate_backend(pid, 5000) FROM ({pids}) p"),
             params,
@@ -340,12 +335,7 @@ fn until_locked(db: &PgSchema, instance: i64) {
 
 /// How many backends hold the advisory lock of `instance` (0 or 1).
 fn lock_holders(db: &PgSchema, instance: i64) -> i64 {
-    let mut admin = db
-        .target()
-        .config
-        .connect(postgres::NoTls)
-        .expect("connect");
-    admin
+    db.admin()
         .query_one(
             &format!("SELECT count(*) FROM ({LOCK_HOLDER}) p"),
             &[&instance],
