@@ -6,6 +6,7 @@
 //! the thread on, a deleted thread forgets its claims, a closed holder
 //! session lets its claims lapse sooner. One worker thread per proxy
 //! applies them in order, so the relay never waits on the store for them;
+//! what arrives together is applied in one statement (`evidence_gather`);
 //! what the store cannot take now is retried until it is applied
 //! (`claims::evidence_retry`), and what is lost is counted and audited.
 //! Where the claims schema is in the sessions' database, an answering
@@ -19,8 +20,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use super::evidence_gather::Gathered;
 use super::evidence_retry::RetryQueue;
-use super::{ClaimRecord, ClaimStore, Now, StoreError, WrittenAt};
+use super::postgres::{EvidenceItem, WriteEvidence};
+use super::{ClaimRecord, ClaimStore, Now, StoreError, WrittenAt, NEXT_CHECKPOINT};
 use crate::audit::{AuditEvent, AuditSink, Operation, SessionContext};
 use crate::config::live::LiveClaimsTimings;
 use crate::saver::checkpoint_ref::CheckpointRef;
@@ -133,6 +136,7 @@ pub fn start(
         timings,
         audit,
         pending: RetryQueue::new(MAX_PENDING),
+        gathered: Gathered::new(),
         failing: false,
         lost_since_failing: 0,
     };
@@ -153,6 +157,8 @@ struct Worker {
     timings: Arc<LiveClaimsTimings>,
     audit: AuditSink,
     pending: RetryQueue<(SessionContext, Evidence)>,
+    /// Write evidence arrived together, applied in one statement when due.
+    gathered: Gathered<(SessionContext, Evidence)>,
     /// Evidence has failed since the queue was last empty (logged once).
     failing: bool,
     lost_since_failing: u64,
@@ -161,7 +167,12 @@ struct Worker {
 impl Worker {
     fn run(mut self, rx: Receiver<Msg>) {
         loop {
-            let next = match self.pending.due_in(Instant::now()) {
+            let now = Instant::now();
+            let wait = [self.pending.due_in(now), self.gathered.due_in(now)]
+                .into_iter()
+                .flatten()
+                .min();
+            let next = match wait {
                 None => match rx.recv() {
                     Ok(item) => Some(item),
                     Err(_) => break,
@@ -175,15 +186,20 @@ impl Worker {
             match next {
                 Some(Msg::Apply(ctx, ev)) => self.take(ctx, ev),
                 Some(Msg::Finish { deadline, done }) => {
+                    self.apply_gathered();
                     self.finish(deadline);
                     let _ = done.send(());
                 }
                 None => {}
             }
+            if self.gathered.due_in(Instant::now()) == Some(Duration::ZERO) {
+                self.apply_gathered();
+            }
             if self.pending.due_in(Instant::now()) == Some(Duration::ZERO) {
                 self.retry();
             }
         }
+        self.apply_gathered();
         self.finish(Instant::now());
     }
 
@@ -210,20 +226,76 @@ impl Worker {
         metrics::gauge!("resumeguard_evidence_pending").set(0.0);
     }
 
-    /// New evidence: applied now, unless earlier evidence of its session
-    /// waits (order is kept) or the store cannot take it.
+    /// New evidence: a write's is gathered with what arrives with it,
+    /// anything else applied now (after what was gathered), unless earlier
+    /// evidence of its session waits (order is kept) or the store cannot
+    /// take it.
     fn take(&mut self, ctx: SessionContext, ev: Evidence) {
         let lane = ctx.session_id;
         if self.pending.holds_lane(lane) {
             self.queue(lane, ctx, ev);
             return;
         }
-        if let Err(e) = self.apply(&ctx, &ev) {
-            if !self.failing {
-                self.failing = true;
-                tracing::warn!(error = %e, ?ev, "claim evidence not applied: retrying until the claim store takes it");
+        if item(&ev).is_some() {
+            if self.gathered.push((ctx, ev), Instant::now()) {
+                self.apply_gathered();
             }
-            self.queue(lane, ctx, ev);
+            return;
+        }
+        self.apply_gathered();
+        self.apply_or_queue(ctx, ev);
+    }
+
+    fn apply_or_queue(&mut self, ctx: SessionContext, ev: Evidence) {
+        if let Err(e) = self.apply(&ctx, &ev) {
+            self.failed(&e, &ev);
+            self.queue(ctx.session_id, ctx, ev);
+        }
+    }
+
+    fn failed(&mut self, e: &StoreError, ev: &Evidence) {
+        if !self.failing {
+            self.failing = true;
+            tracing::warn!(error = %e, ?ev, "claim evidence not applied: retrying until the claim store takes it");
+        }
+    }
+
+    /// What was gathered, in one statement (one item alone as it is);
+    /// when the store cannot take it, every item is retried in order.
+    fn apply_gathered(&mut self) {
+        let mut gathered = self.gathered.take();
+        if gathered.len() <= 1 {
+            if let Some((ctx, ev)) = gathered.pop() {
+                self.apply_or_queue(ctx, ev);
+            }
+            return;
+        }
+        let items: Option<Vec<_>> = gathered.iter().map(|(_, ev)| item(ev)).collect();
+        let Some(items) = items else {
+            // Only a write's evidence is gathered (see `take`).
+            for (ctx, ev) in gathered {
+                self.apply_or_queue(ctx, ev);
+            }
+            return;
+        };
+        let hold_ms = self.timings.current().progress_hold_ms;
+        match self.store.apply_evidence(&items, Now::STORE, hold_ms) {
+            Ok(consumed) => {
+                crate::admin::metrics::claims_consumed(consumed.len());
+                for (i, record) in consumed {
+                    if let Some((ctx, ev)) = gathered.get(i) {
+                        self.audit.record(consumed_event(ctx, ev, &record));
+                    }
+                }
+            }
+            Err(e) => {
+                if let Some((_, ev)) = gathered.first() {
+                    self.failed(&e, ev);
+                }
+                for (ctx, ev) in gathered {
+                    self.queue(ctx.session_id, ctx, ev);
+                }
+            }
         }
     }
 
@@ -275,7 +347,7 @@ impl Worker {
             Evidence::Progress { at, written_at } => store
                 .note_progress(
                     (&at.thread_id, &at.checkpoint_ns, &at.checkpoint_id),
-                    "run-level __resume__ recorded",
+                    PROGRESS,
                     *written_at,
                     now,
                     timing.progress_hold_ms,
@@ -318,6 +390,39 @@ impl Worker {
         Ok(())
     }
 }
+
+/// A write's evidence as one item of a gathered statement; `None` for
+/// evidence that is not a write's (applied alone).
+fn item(ev: &Evidence) -> Option<EvidenceItem<'_>> {
+    Some(match ev {
+        Evidence::Progress { at, written_at } => EvidenceItem {
+            kind: WriteEvidence::Progress,
+            at,
+            what: PROGRESS,
+            written_at: Some(*written_at),
+        },
+        Evidence::Consumed {
+            at,
+            what,
+            written_at,
+        } => EvidenceItem {
+            kind: WriteEvidence::Consumed,
+            at,
+            what,
+            written_at: Some(*written_at),
+        },
+        Evidence::MovedOn { parent } => EvidenceItem {
+            kind: WriteEvidence::MovedOn,
+            at: parent,
+            what: NEXT_CHECKPOINT,
+            written_at: None,
+        },
+        Evidence::ThreadDeleted { .. } | Evidence::HolderGone { .. } => return None,
+    })
+}
+
+/// What progress evidence records on a claim.
+const PROGRESS: &str = "run-level __resume__ recorded";
 
 /// Evidence that will never be applied: counted and audited
 /// (`evidence_lost`), so the trail shows which thread's claim lapses
@@ -390,4 +495,78 @@ fn consumed_event(ctx: &SessionContext, ev: &Evidence, record: &ClaimRecord) -> 
         "after_lapse": late,
     });
     e
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::claims::postgres::test_server::PgSchema;
+    use crate::claims::postgres::tests::{holder, key};
+    use crate::claims::{ClaimKey, ClaimState};
+    use crate::config::live::ClaimsTimings;
+
+    #[test]
+    fn a_runs_writes_sent_together_are_all_applied_by_shutdown() {
+        let db = PgSchema::new("gathered_worker");
+        let store = Arc::new(db.open());
+        let holder = holder("p1", 7);
+        let (progressed, answered, moved) = (key("c1"), key("c2"), key("c3"));
+        for k in [&progressed, &answered, &moved] {
+            store
+                .try_claim(k, &holder, Now::STORE, 600_000)
+                .expect("claim");
+        }
+        let timings = LiveClaimsTimings::new(ClaimsTimings::default());
+        let sender = start(store.clone(), "p1".into(), timings, AuditSink::disabled());
+        let ctx = SessionContext {
+            session_id: 7,
+            ..SessionContext::default()
+        };
+        let sent = WrittenAt::Sent(Instant::now());
+        sender.send(
+            &ctx,
+            Evidence::Progress {
+                at: progressed.at.clone(),
+                written_at: sent,
+            },
+        );
+        sender.send(
+            &ctx,
+            Evidence::Consumed {
+                at: answered.at.clone(),
+                what: "task a wrote approved".into(),
+                written_at: sent,
+            },
+        );
+        sender.send(
+            &ctx,
+            Evidence::MovedOn {
+                parent: moved.at.clone(),
+            },
+        );
+        // Shutdown applies what is still gathered.
+        sender.finish(Duration::from_secs(10));
+        let state = |k: &ClaimKey| {
+            let r = store.get(k).expect("get").expect("row");
+            (r.state, r.evidence)
+        };
+        assert_eq!(
+            state(&progressed),
+            (ClaimState::Held, Some(PROGRESS.to_owned()))
+        );
+        assert_eq!(
+            state(&answered),
+            (
+                ClaimState::Consumed,
+                Some("task a wrote approved".to_owned())
+            )
+        );
+        assert_eq!(
+            state(&moved),
+            (ClaimState::Consumed, Some(NEXT_CHECKPOINT.to_owned()))
+        );
+    }
 }

@@ -20,6 +20,7 @@
 pub mod clock;
 mod error;
 pub mod evidence;
+mod evidence_gather;
 mod evidence_retry;
 pub mod location;
 mod model;

@@ -24,6 +24,7 @@ mod client;
 mod conn;
 mod credential;
 mod db_clock;
+mod evidence_batch;
 mod fault;
 mod key_digest;
 mod leases;
@@ -37,11 +38,12 @@ mod target;
 #[cfg(test)]
 pub(crate) mod test_server;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use client::{connect_schema, error_text, schema_name, SchemaAccess};
 pub use conn::check_once;
 pub use credential::PASSWORD_COMMAND_TIMEOUT;
+pub use evidence_batch::{EvidenceItem, WriteEvidence};
 pub use fault::StartFault;
 pub use schema::{AUDIT_CHAIN_VERSION, AUDIT_VERSION};
 pub use store::{

@@ -12,6 +12,7 @@ use postgres::Client;
 
 use super::answer_in_write::answer_in_write_migration;
 use super::db_clock::db_clock_migration;
+use super::evidence_batch::evidence_batch_migration;
 use super::key_digest::key_digest_migration;
 use super::liveness::{revival_migration, INSTANCE_DEAD};
 use super::rows::ORDER;
@@ -418,6 +419,8 @@ $f$;
         // An answer consumes its claim in its own transaction (see
         // `answer_in_write`).
         answer_in_write_migration(s),
+        // Several writes' evidence in one statement (see `evidence_batch`).
+        evidence_batch_migration(s),
     ]
 }
 

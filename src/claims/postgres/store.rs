@@ -16,6 +16,7 @@
 use std::sync::Arc;
 
 use super::conn::{Fail, PgConn, Role, Tx};
+use super::evidence_batch::EvidenceItem;
 use super::fault::StartFault;
 use super::leases::{last_lease, live_lease};
 use super::rows::{select_key, select_where, CHECKPOINT_MATCH, COLUMNS, KEY_MATCH};
@@ -297,6 +298,60 @@ impl ClaimStore {
                     &written_at.ago_ms(now),
                 ],
             )?)
+        })
+    }
+
+    /// Evidence of several writes in one statement (see
+    /// `evidence_batch`): each item applied as alone, in order; the claims
+    /// consumed are returned with the index of the item that consumed them.
+    pub fn apply_evidence(
+        &self,
+        items: &[EvidenceItem<'_>],
+        now: impl Into<Now>,
+        hold_ms: i64,
+    ) -> Result<Vec<(usize, ClaimRecord)>, StoreError> {
+        let now = now.into();
+        let column = |f: &dyn Fn(&EvidenceItem<'_>) -> String| items.iter().map(f).collect();
+        let kinds: Vec<String> = column(&|i| i.kind.sql_name().to_owned());
+        let threads: Vec<String> = column(&|i| i.at.thread_id.clone());
+        let namespaces: Vec<String> = column(&|i| i.at.checkpoint_ns.clone());
+        let checkpoints: Vec<String> = column(&|i| i.at.checkpoint_id.clone());
+        let evidence: Vec<String> = column(&|i| i.what.to_owned());
+        self.on_clock("applying evidence", now, |tx| {
+            let s = tx.schema;
+            let ago: Vec<i64> = items
+                .iter()
+                .map(|i| i.written_at.map_or(0, |w| w.ago_ms(now)))
+                .collect();
+            let rows = tx.query(
+                &format!(
+                    "SELECT {COLUMNS}, item FROM (SELECT f.item, (f.claim).* FROM \
+                     {s}.apply_evidence($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) f) x"
+                ),
+                &[
+                    &kinds,
+                    &threads,
+                    &namespaces,
+                    &checkpoints,
+                    &evidence,
+                    &ago,
+                    &hold_ms.max(0),
+                    &self.run_lease_ms(),
+                    &self.superseded_grace_ms,
+                    &self.retain_ms,
+                ],
+            )?;
+            rows.iter()
+                .map(|r| {
+                    let item: i32 = r.try_get(18)?;
+                    let index = usize::try_from(item)
+                        .ok()
+                        .and_then(|i| i.checked_sub(1))
+                        .filter(|i| *i < items.len())
+                        .ok_or_else(|| Fail(format!("apply_evidence named item {item}")))?;
+                    Ok((index, super::rows::record(r)?))
+                })
+                .collect()
         })
     }
 

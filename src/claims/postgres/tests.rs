@@ -17,7 +17,7 @@ const LAPSE: i64 = 600_000;
 const T0: i64 = 1_700_000_000_000;
 const GRACE: i64 = 1_000;
 
-fn key(checkpoint_id: &str) -> ClaimKey {
+pub(crate) fn key(checkpoint_id: &str) -> ClaimKey {
     ClaimKey {
         at: CheckpointRef {
             thread_id: "t-1".into(),
@@ -28,7 +28,7 @@ fn key(checkpoint_id: &str) -> ClaimKey {
     }
 }
 
-fn holder(proxy: &str, session: u64) -> Holder {
+pub(crate) fn holder(proxy: &str, session: u64) -> Holder {
     Holder {
         proxy_id: proxy.into(),
         session_id: session,
@@ -705,4 +705,95 @@ fn an_answer_consumes_its_claim_in_its_own_transaction_and_is_reported_once() {
         .consume("t-1", "", "c1", "task a wrote approved", T0, T0 + 4)
         .expect("consume");
     assert!(again.is_empty(), "{again:?}");
+}
+
+#[test]
+fn evidence_applied_together_does_in_order_what_each_piece_does_alone() {
+    use super::{EvidenceItem, WriteEvidence};
+    use crate::claims::WrittenAt;
+
+    let db = PgSchema::new("gathered");
+    let store = db.open();
+    let (progressed, answered, moved) = (key("c1"), key("c2"), key("c3"));
+    for (k, h) in [(&progressed, 1), (&answered, 2), (&moved, 3)] {
+        store.try_claim(k, &holder("p1", h), T0, 10).expect("claim");
+    }
+    let nothing_claimed = key("c9");
+    fn item<'a>(
+        kind: WriteEvidence,
+        k: &'a ClaimKey,
+        what: &'a str,
+        written_at: Option<i64>,
+    ) -> EvidenceItem<'a> {
+        EvidenceItem {
+            kind,
+            at: &k.at,
+            what,
+            written_at: written_at.map(WrittenAt::from),
+        }
+    }
+    let items = [
+        item(
+            WriteEvidence::Progress,
+            &progressed,
+            "run-level __resume__ recorded",
+            Some(T0 + 4),
+        ),
+        item(
+            WriteEvidence::Consumed,
+            &nothing_claimed,
+            "task a wrote x",
+            Some(T0 + 4),
+        ),
+        item(
+            WriteEvidence::Consumed,
+            &answered,
+            "task a wrote approved",
+            Some(T0 + 4),
+        ),
+        item(WriteEvidence::MovedOn, &moved, super::NEXT_CHECKPOINT, None),
+        // The same write's evidence again consumes nothing more.
+        item(
+            WriteEvidence::Consumed,
+            &answered,
+            "task a wrote approved",
+            Some(T0 + 4),
+        ),
+    ];
+    let consumed = store
+        .apply_evidence(&items, T0 + 5, 1_000)
+        .expect("applied");
+    // Each consumed claim as it was, with the item that consumed it.
+    let shown: Vec<(usize, &str)> = consumed
+        .iter()
+        .map(|(i, r)| (*i, r.key.at.checkpoint_id.as_str()))
+        .collect();
+    assert_eq!(shown, [(2, "c2"), (3, "c3")]);
+    assert!(consumed
+        .iter()
+        .all(|(_, r)| r.consumed_at_ms == Some(T0 + 5)));
+    let answered = store.get(&answered).expect("get").expect("row");
+    assert_eq!(
+        (answered.state, answered.evidence.as_deref()),
+        (ClaimState::Consumed, Some("task a wrote approved"))
+    );
+    // Progress held its claim past its lapse, on the server's clock.
+    let held = store.get(&progressed).expect("get").expect("row");
+    assert_eq!(held.state, ClaimState::Held);
+    assert_eq!(held.lapse_at_ms, T0 + 5 + 1_000);
+    assert_eq!(
+        held.evidence.as_deref(),
+        Some("run-level __resume__ recorded")
+    );
+    let superseded = store.get(&moved).expect("get").expect("row");
+    assert_eq!(
+        (superseded.state, superseded.superseded_at_ms),
+        (ClaimState::Consumed, Some(T0 + 5))
+    );
+    assert_eq!(superseded.evidence.as_deref(), Some(super::NEXT_CHECKPOINT));
+    // Nothing at all is one statement that does nothing.
+    assert!(store
+        .apply_evidence(&[], T0 + 6, 1_000)
+        .expect("empty")
+        .is_empty());
 }
