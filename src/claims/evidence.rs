@@ -232,17 +232,19 @@ impl Worker {
     /// take it.
     fn take(&mut self, ctx: SessionContext, ev: Evidence) {
         let lane = ctx.session_id;
-        if self.pending.holds_lane(lane) {
-            self.queue(lane, ctx, ev);
-            return;
-        }
-        if item(&ev).is_some() {
+        if item(&ev).is_some() && !self.pending.holds_lane(lane) {
             if self.gathered.push((ctx, ev), Instant::now()) {
                 self.apply_gathered();
             }
             return;
         }
+        // What was gathered comes first; if it could not be applied, its
+        // session's later evidence waits behind it.
         self.apply_gathered();
+        if self.pending.holds_lane(lane) {
+            self.queue(lane, ctx, ev);
+            return;
+        }
         self.apply_or_queue(ctx, ev);
     }
 
