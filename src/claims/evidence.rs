@@ -262,41 +262,18 @@ impl Worker {
         }
     }
 
-    /// What was gathered, in one statement (one item alone as it is);
-    /// when the store cannot take it, every item is retried in order.
+    /// What was gathered, in one statement; when the store cannot take
+    /// it, every item is retried in order.
     fn apply_gathered(&mut self) {
-        let mut gathered = self.gathered.take();
-        if gathered.len() <= 1 {
-            if let Some((ctx, ev)) = gathered.pop() {
-                self.apply_or_queue(ctx, ev);
-            }
-            return;
-        }
-        let items: Option<Vec<_>> = gathered.iter().map(|(_, ev)| item(ev)).collect();
-        let Some(items) = items else {
-            // Only a write's evidence is gathered (see `take`).
-            for (ctx, ev) in gathered {
-                self.apply_or_queue(ctx, ev);
-            }
+        let gathered = self.gathered.take();
+        let batch: Vec<_> = gathered.iter().map(|(ctx, ev)| (ctx, ev)).collect();
+        let Some(&(_, first)) = batch.first() else {
             return;
         };
-        let hold_ms = self.timings.current().progress_hold_ms;
-        match self.store.apply_evidence(&items, Now::STORE, hold_ms) {
-            Ok(consumed) => {
-                crate::admin::metrics::claims_consumed(consumed.len());
-                for (i, record) in consumed {
-                    if let Some((ctx, ev)) = gathered.get(i) {
-                        self.audit.record(consumed_event(ctx, ev, &record));
-                    }
-                }
-            }
-            Err(e) => {
-                if let Some((_, ev)) = gathered.first() {
-                    self.failed(&e, ev);
-                }
-                for (ctx, ev) in gathered {
-                    self.queue(ctx.session_id, ctx, ev);
-                }
+        if let Err(e) = self.apply_writes(&batch) {
+            self.failed(&e, first);
+            for (ctx, ev) in gathered {
+                self.queue(ctx.session_id, ctx, ev);
             }
         }
     }
@@ -343,51 +320,37 @@ impl Worker {
     }
 
     fn apply(&self, ctx: &SessionContext, ev: &Evidence) -> Result<(), StoreError> {
-        let (store, timing) = (&self.store, self.timings.current());
-        let now = Now::STORE;
-        let consumed = match ev {
-            Evidence::Progress { at, written_at } => store
-                .note_progress(
-                    (&at.thread_id, &at.checkpoint_ns, &at.checkpoint_id),
-                    PROGRESS,
-                    *written_at,
-                    now,
-                    timing.progress_hold_ms,
-                )
-                .map(|_| Vec::new()),
-            Evidence::Consumed {
-                at,
-                what,
-                written_at,
-            } => store.consume(
-                &at.thread_id,
-                &at.checkpoint_ns,
-                &at.checkpoint_id,
-                what,
-                *written_at,
-                now,
-            ),
-            Evidence::MovedOn { parent } => store.move_on(
-                &parent.thread_id,
-                &parent.checkpoint_ns,
-                &parent.checkpoint_id,
-                now,
-            ),
-            Evidence::ThreadDeleted { thread_id } => {
-                store.forget_thread(thread_id).map(|_| Vec::new())
-            }
-            Evidence::HolderGone { session_id } => store
+        match ev {
+            Evidence::ThreadDeleted { thread_id } => self.store.forget_thread(thread_id).map(drop),
+            Evidence::HolderGone { session_id } => self
+                .store
                 .holder_gone(
                     &self.proxy_id,
                     *session_id,
-                    now,
-                    timing.holder_gone_grace_ms,
+                    Now::STORE,
+                    self.timings.current().holder_gone_grace_ms,
                 )
-                .map(|_| Vec::new()),
-        }?;
+                .map(drop),
+            _ => self.apply_writes(&[(ctx, ev)]),
+        }
+    }
+
+    /// Writes' evidence in one statement (`apply_evidence`), in order; the
+    /// claims it consumed are audited with the session whose write
+    /// consumed them. Only writes' evidence is passed here (see `take`).
+    fn apply_writes(&self, batch: &[(&SessionContext, &Evidence)]) -> Result<(), StoreError> {
+        let writes: Vec<_> = batch
+            .iter()
+            .filter_map(|&(ctx, ev)| Some((ctx, ev, item(ev)?)))
+            .collect();
+        let items: Vec<_> = writes.iter().map(|&(_, _, item)| item).collect();
+        let hold_ms = self.timings.current().progress_hold_ms;
+        let consumed = self.store.apply_evidence(&items, Now::STORE, hold_ms)?;
         crate::admin::metrics::claims_consumed(consumed.len());
-        for record in consumed {
-            self.audit.record(consumed_event(ctx, ev, &record));
+        for (i, record) in consumed {
+            if let Some(&(ctx, ev, _)) = writes.get(i) {
+                self.audit.record(consumed_event(ctx, ev, &record));
+            }
         }
         Ok(())
     }

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use super::conn::{Fail, PgConn, Role, Tx};
-use super::evidence_batch::EvidenceItem;
+use super::evidence_batch::{EvidenceItem, WriteEvidence};
 use super::fault::StartFault;
 use super::leases::{last_lease, live_lease};
 use super::rows::{select_key, select_where, CHECKPOINT_MATCH, COLUMNS, KEY_MATCH};
@@ -26,6 +26,7 @@ use crate::claims::error::StoreError;
 use crate::claims::model::{ClaimKey, ClaimRecord, Holder, RunLease};
 use crate::claims::outcome::ClaimOutcome;
 use crate::config::live::{ClaimsTimings, LiveClaimsTimings};
+use crate::saver::checkpoint_ref::CheckpointRef;
 
 /// Default retention of finished rows (consumed, released, long-lapsed):
 /// long enough that a thread parked for hours still refuses a stray
@@ -234,6 +235,8 @@ impl ClaimStore {
         })
     }
 
+    /// A task's write on a checkpoint: its held claims taken by the time
+    /// the write passed are consumed (returned as they were).
     pub fn consume(
         &self,
         thread_id: &str,
@@ -243,21 +246,14 @@ impl ClaimStore {
         written_at: impl Into<WrittenAt>,
         now: impl Into<Now>,
     ) -> Result<Vec<ClaimRecord>, StoreError> {
-        let (written_at, now) = (written_at.into(), now.into());
-        self.on_clock("consuming claims", now, |tx| {
-            let s = tx.schema;
-            records(tx.query(
-                &format!("SELECT {COLUMNS} FROM {s}.consume($1, $2, $3, $4, $5, $6)"),
-                &[
-                    &thread_id,
-                    &checkpoint_ns,
-                    &checkpoint_id,
-                    &evidence,
-                    &written_at.ago_ms(now),
-                    &self.run_lease_ms(),
-                ],
-            )?)
-        })
+        let at = checkpoint(thread_id, checkpoint_ns, checkpoint_id);
+        let item = EvidenceItem {
+            kind: WriteEvidence::Consumed,
+            at: &at,
+            what: evidence,
+            written_at: Some(written_at.into()),
+        };
+        self.apply_one(item, now)
     }
 
     pub fn note_refusal(&self, key: &ClaimKey) -> Result<(), StoreError> {
@@ -311,12 +307,11 @@ impl ClaimStore {
         hold_ms: i64,
     ) -> Result<Vec<(usize, ClaimRecord)>, StoreError> {
         let now = now.into();
-        let column = |f: &dyn Fn(&EvidenceItem<'_>) -> String| items.iter().map(f).collect();
-        let kinds: Vec<String> = column(&|i| i.kind.sql_name().to_owned());
-        let threads: Vec<String> = column(&|i| i.at.thread_id.clone());
-        let namespaces: Vec<String> = column(&|i| i.at.checkpoint_ns.clone());
-        let checkpoints: Vec<String> = column(&|i| i.at.checkpoint_id.clone());
-        let evidence: Vec<String> = column(&|i| i.what.to_owned());
+        let kinds: Vec<&str> = items.iter().map(|i| i.kind.sql_name()).collect();
+        let threads: Vec<&str> = items.iter().map(|i| i.at.thread_id.as_str()).collect();
+        let namespaces: Vec<&str> = items.iter().map(|i| i.at.checkpoint_ns.as_str()).collect();
+        let checkpoints: Vec<&str> = items.iter().map(|i| i.at.checkpoint_id.as_str()).collect();
+        let evidence: Vec<&str> = items.iter().map(|i| i.what).collect();
         self.on_clock("applying evidence", now, |tx| {
             let s = tx.schema;
             let ago: Vec<i64> = items
@@ -377,6 +372,8 @@ impl ClaimStore {
         })
     }
 
+    /// A checkpoint whose parent this is was written: the parent's claims
+    /// are consumed (returned as they were) and superseded.
     pub fn move_on(
         &self,
         thread_id: &str,
@@ -384,22 +381,25 @@ impl ClaimStore {
         parent_checkpoint_id: &str,
         now: impl Into<Now>,
     ) -> Result<Vec<ClaimRecord>, StoreError> {
-        let now = now.into();
-        self.on_clock("moving claims on", now, |tx| {
-            let s = tx.schema;
-            records(tx.query(
-                &format!("SELECT {COLUMNS} FROM {s}.move_on($1, $2, $3, $4, $5, $6, $7)"),
-                &[
-                    &thread_id,
-                    &checkpoint_ns,
-                    &parent_checkpoint_id,
-                    &NEXT_CHECKPOINT,
-                    &self.run_lease_ms(),
-                    &self.superseded_grace_ms,
-                    &self.retain_ms,
-                ],
-            )?)
-        })
+        let at = checkpoint(thread_id, checkpoint_ns, parent_checkpoint_id);
+        let item = EvidenceItem {
+            kind: WriteEvidence::MovedOn,
+            at: &at,
+            what: NEXT_CHECKPOINT,
+            written_at: None,
+        };
+        self.apply_one(item, now)
+    }
+
+    /// One write's evidence, through the same statement as a gathered batch.
+    fn apply_one(
+        &self,
+        item: EvidenceItem<'_>,
+        now: impl Into<Now>,
+    ) -> Result<Vec<ClaimRecord>, StoreError> {
+        let hold_ms = self.timings.current().progress_hold_ms;
+        let consumed = self.apply_evidence(&[item], now, hold_ms)?;
+        Ok(consumed.into_iter().map(|(_, record)| record).collect())
     }
 
     pub fn purge(&self, older_than_ms: i64) -> Result<usize, StoreError> {
@@ -626,4 +626,13 @@ fn purge_before(tx: &mut Tx<'_>, cutoff: i64) -> Result<usize, Fail> {
         &[&cutoff],
     )?;
     Ok((consumed + stale) as usize)
+}
+
+/// The checkpoint named by its three parts.
+fn checkpoint(thread_id: &str, checkpoint_ns: &str, checkpoint_id: &str) -> CheckpointRef {
+    CheckpointRef {
+        thread_id: thread_id.to_owned(),
+        checkpoint_ns: checkpoint_ns.to_owned(),
+        checkpoint_id: checkpoint_id.to_owned(),
+    }
 }
