@@ -24,12 +24,7 @@ pub(super) fn answer_in_write_migration(s: &str) -> String {
 ALTER TABLE {s}.claims ADD COLUMN consumed_in_write boolean NOT NULL DEFAULT false;
 
 -- The fence, and for an answer its consumption, in the write's transaction.
-CREATE FUNCTION {s}.fence_write(
-    p_thread text, p_ns text, p_checkpoint text,
-    p_proxy text, p_session bigint, p_addr text, p_app text,
-    p_took text, p_cover_ms bigint, p_answer text, p_moves_on boolean, p_lease_ms bigint
-) RETURNS void LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp AS $f$
+CREATE FUNCTION {s}.fence_write({CHECK_PARAMS}, {ANSWER_PARAMS}) {FENCE_RUNS} AS $f$
 DECLARE
     v_now bigint;
     c {s}.claims%ROWTYPE;
@@ -37,22 +32,7 @@ BEGIN
     -- Raises RGF01 unless the writer holds the claim (its row stays locked).
     PERFORM {s}.fence_write(p_thread, p_ns, p_checkpoint, p_proxy, p_session, p_addr, p_app,
         p_took, p_cover_ms);
-    IF p_answer IS NULL THEN
-        RETURN;
-    END IF;
-    v_now := {s}.clock_ms();
-    FOR c IN SELECT * FROM {s}.consume_at(p_thread, p_ns, p_checkpoint, p_answer,
-        CASE WHEN p_moves_on THEN 9223372036854775807 ELSE v_now END, v_now,
-        greatest(p_lease_ms, 0))
-    LOOP
-        UPDATE {s}.claims SET consumed_in_write = true WHERE key_digest = c.key_digest;
-    END LOOP;
-    IF p_moves_on THEN
-        UPDATE {s}.claims SET superseded_at_ms = v_now
-         WHERE thread_id = p_thread AND checkpoint_ns = p_ns AND checkpoint_id = p_checkpoint
-           AND superseded_at_ms IS NULL;
-    END IF;
-END
+{answer}END
 $f$;
 GRANT EXECUTE ON FUNCTION {s}.fence_write(text, text, text, text, bigint, text, text, text,
     bigint, text, boolean, bigint) TO PUBLIC;
@@ -100,5 +80,9 @@ END
 $f$;
 "#,
         ORDER = super::rows::ORDER,
+        answer = super::fence::consume_answer(s),
+        CHECK_PARAMS = super::fence::CHECK_PARAMS,
+        ANSWER_PARAMS = super::fence::ANSWER_PARAMS,
+        FENCE_RUNS = super::fence::FENCE_RUNS,
     )
 }

@@ -26,6 +26,7 @@ mod credential;
 mod db_clock;
 mod evidence_batch;
 mod fault;
+mod fence;
 mod key_digest;
 mod leases;
 mod liveness;

@@ -13,6 +13,9 @@ use postgres::Client;
 use super::answer_in_write::answer_in_write_migration;
 use super::db_clock::db_clock_migration;
 use super::evidence_batch::evidence_batch_migration;
+use super::fence::{
+    check_holder, check_holder_variables, fence_one_call_migration, CHECK_PARAMS, FENCE_RUNS,
+};
 use super::key_digest::key_digest_migration;
 use super::liveness::{revival_migration, INSTANCE_DEAD};
 use super::rows::ORDER;
@@ -113,73 +116,17 @@ CREATE TRIGGER audit_events_no_truncate BEFORE TRUNCATE ON {s}.audit_events
         // the tables.
         format!(
             r#"
-CREATE FUNCTION {s}.fence_write(
-    p_thread text, p_ns text, p_checkpoint text,
-    p_proxy text, p_session bigint, p_addr text, p_app text,
-    p_took text, p_cover_ms bigint
-) RETURNS void LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp AS $f$
+CREATE FUNCTION {s}.fence_write({CHECK_PARAMS}) {FENCE_RUNS} AS $f$
 DECLARE
-    c {s}.claims%ROWTYPE;
-    until_ms bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint + p_cover_ms;
-    took_epoch bigint;
-    reason text;
-    why text;
-BEGIN
-    SELECT * INTO c FROM {s}.claims
-     WHERE thread_id = p_thread AND checkpoint_ns = p_ns AND checkpoint_id = p_checkpoint
-       AND state IN ('held', 'consumed')
-     ORDER BY claimed_at_ms DESC, epoch DESC LIMIT 1
-     FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
-        RETURN;
-    END IF;
-    IF c.proxy_id = p_proxy AND (c.session_id = p_session OR (
-        regexp_replace(c.client_addr, ':[0-9]+$', '') = regexp_replace(p_addr, ':[0-9]+$', '')
-        AND c.application_name = p_app)) THEN
-        IF (c.state = 'held' AND c.lapse_at_ms < until_ms) OR c.abandon_at_ms < until_ms THEN
-            UPDATE {s}.claims SET
-                lapse_at_ms = CASE WHEN state = 'held'
-                    THEN greatest(lapse_at_ms, until_ms) ELSE lapse_at_ms END,
-                abandon_at_ms = CASE WHEN abandon_at_ms IS NULL
-                    THEN NULL ELSE greatest(abandon_at_ms, until_ms) END
-             WHERE thread_id = c.thread_id AND checkpoint_ns = c.checkpoint_ns
-               AND checkpoint_id = c.checkpoint_id AND fingerprint = c.fingerprint;
-        END IF;
-        RETURN;
-    END IF;
-    -- p_took: the writer's generations of claims on this checkpoint, as
-    -- 'fingerprint:epoch' entries separated by commas.
-    SELECT max(split_part(t, ':', 2)::bigint) INTO took_epoch
-      FROM unnest(string_to_array(p_took, ',')) AS t
-     WHERE split_part(t, ':', 1) = c.fingerprint
-       AND split_part(t, ':', 2)::bigint < c.epoch;
-    IF took_epoch IS NOT NULL THEN
-        reason := 'superseded_holder';
-        why := format('this session (proxy %s, session %s) held epoch %s, which was taken over',
-            p_proxy, p_session, took_epoch);
-    ELSIF c.proxy_id <> p_proxy THEN
-        reason := 'other_proxy';
-        why := format('this session is on proxy %s, not the holder''s', p_proxy);
-    ELSE
-        reason := 'other_client';
-        why := format('this session is another client (%s, application_name "%s")', p_addr, p_app);
-    END IF;
-    RAISE EXCEPTION USING ERRCODE = 'RGF01',
-        MESSAGE = format('resumeguard: write fenced: thread "%s", checkpoint_ns "%s", '
-            'checkpoint "%s" is held by client %s (application_name "%s", proxy %s, '
-            'session %s) at epoch %s (interrupt %s); %s; nothing of this write was committed',
-            p_thread, p_ns, p_checkpoint, c.client_addr, c.application_name, c.proxy_id,
-            c.session_id, c.epoch, left(c.fingerprint, 12), why),
-        DETAIL = format('the claim''s holder: proxy %s, session %s, epoch %s',
-            c.proxy_id, c.session_id, c.epoch),
-        HINT = reason;
-END
+{variables}BEGIN
+{check}END
 $f$;
 GRANT USAGE ON SCHEMA {s} TO PUBLIC;
 GRANT EXECUTE ON FUNCTION {s}.fence_write(text, text, text, text, bigint, text, text, text, bigint)
     TO PUBLIC;
-"#
+"#,
+            variables = check_holder_variables(s),
+            check = check_holder(s),
         ),
         // Each audit record carries the hash of its replica's record before
         // it (`audit::chain`); rows written before stay unhashed.
@@ -421,6 +368,8 @@ $f$;
         answer_in_write_migration(s),
         // Several writes' evidence in one statement (see `evidence_batch`).
         evidence_batch_migration(s),
+        // The fence in one function call (see `fence`).
+        fence_one_call_migration(s),
     ]
 }
 

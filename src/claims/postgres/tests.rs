@@ -797,3 +797,58 @@ fn evidence_applied_together_does_in_order_what_each_piece_does_alone() {
         .expect("empty")
         .is_empty());
 }
+
+/// The fence by either signature (the older one is what replicas of an
+/// older build call): the holder's write passes and keeps its claim past
+/// the commit cover, measured on the server's clock; another proxy's write
+/// is refused with RGF01, naming why.
+#[test]
+fn the_fence_passes_the_holder_and_refuses_another_proxy_by_either_signature() {
+    let db = PgSchema::new("fence-one-call");
+    let store = db.open();
+    let k = key("c1");
+    store
+        .try_claim(&k, &holder("p1", 1), T0, LAPSE)
+        .expect("taken");
+    let s = db.target().schema.clone();
+    let older = format!("SELECT {s}.fence_write($1, $2, $3, $4, $5, $6, $7, '', 2000)");
+    let newer =
+        format!("SELECT {s}.fence_write($1, $2, $3, $4, $5, $6, $7, '', 2000, NULL, false, 0)");
+    for sql in [older, newer] {
+        let mut c = db.admin();
+        let mut fence = |h: &Holder| {
+            let mut tx = c.transaction().expect("begin");
+            let server_ms: i64 = tx
+                .query_one(
+                    "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+                    &[],
+                )
+                .expect("clock")
+                .get(0);
+            let out = tx.execute(
+                sql.as_str(),
+                &[
+                    &k.at.thread_id,
+                    &k.at.checkpoint_ns,
+                    &k.at.checkpoint_id,
+                    &h.proxy_id,
+                    &(h.session_id as i64),
+                    &h.client_addr,
+                    &h.application_name,
+                ],
+            );
+            if out.is_ok() {
+                tx.commit().expect("commit");
+            }
+            out.map(|_| server_ms)
+        };
+        let checked_at = fence(&holder("p1", 1)).expect("the holder's write passes");
+        let kept = store.get(&k).expect("read").expect("the claim");
+        assert_eq!(kept.state, ClaimState::Held, "{sql}");
+        assert!(kept.lapse_at_ms >= checked_at + 2000, "{sql}: {kept:?}");
+        let refused = fence(&holder("p2", 2)).expect_err("another proxy's write is fenced");
+        let db_error = refused.as_db_error().expect("a server error");
+        assert_eq!(db_error.code().code(), "RGF01", "{sql}");
+        assert_eq!(db_error.hint(), Some("other_proxy"), "{sql}");
+    }
+}
