@@ -641,6 +641,32 @@ fn the_models_claim_rule_decides_as_the_sql_claim_function() {
     }
 }
 
+/// `sql`, a call of the fence, for `holder`'s write continuing `k`'s
+/// checkpoint: the writer's seven parameters, then `answer` as `$8` if
+/// given.
+fn fence_call(
+    tx: &mut postgres::Transaction<'_>,
+    sql: &str,
+    k: &ClaimKey,
+    holder: &Holder,
+    answer: Option<&str>,
+) -> Result<u64, postgres::Error> {
+    let session = holder.session_id as i64;
+    let mut params: Vec<&(dyn postgres::types::ToSql + Sync)> = vec![
+        &k.at.thread_id,
+        &k.at.checkpoint_ns,
+        &k.at.checkpoint_id,
+        &holder.proxy_id,
+        &session,
+        &holder.client_addr,
+        &holder.application_name,
+    ];
+    if let Some(answer) = &answer {
+        params.push(answer);
+    }
+    tx.execute(sql, &params)
+}
+
 /// The fence run in a write's transaction with the answer (see
 /// `answer_in_write`): `holder`'s write of `answer` continuing `k`'s
 /// checkpoint, committed or rolled back.
@@ -648,20 +674,10 @@ fn answer_in_write(db: &PgSchema, k: &ClaimKey, holder: &Holder, answer: &str, c
     let s = db.target().schema.clone();
     let mut c = db.admin();
     let mut tx = c.transaction().expect("begin");
-    tx.execute(
-        &format!("SELECT {s}.fence_write($1, $2, $3, $4, $5, $6, $7, '', 2000, $8, false, 60000)"),
-        &[
-            &k.at.thread_id,
-            &k.at.checkpoint_ns,
-            &k.at.checkpoint_id,
-            &holder.proxy_id,
-            &(holder.session_id as i64),
-            &holder.client_addr,
-            &holder.application_name,
-            &answer,
-        ],
-    )
-    .expect("the holder's write passes its fence");
+    let sql =
+        format!("SELECT {s}.fence_write($1, $2, $3, $4, $5, $6, $7, '', 2000, $8, false, 60000)");
+    fence_call(&mut tx, &sql, k, holder, Some(answer))
+        .expect("the holder's write passes its fence");
     if commit {
         tx.commit().expect("commit");
     } else {
@@ -825,18 +841,7 @@ fn the_fence_passes_the_holder_and_refuses_another_proxy_by_either_signature() {
                 )
                 .expect("clock")
                 .get(0);
-            let out = tx.execute(
-                sql.as_str(),
-                &[
-                    &k.at.thread_id,
-                    &k.at.checkpoint_ns,
-                    &k.at.checkpoint_id,
-                    &h.proxy_id,
-                    &(h.session_id as i64),
-                    &h.client_addr,
-                    &h.application_name,
-                ],
-            );
+            let out = fence_call(&mut tx, &sql, &k, h, None);
             if out.is_ok() {
                 tx.commit().expect("commit");
             }
