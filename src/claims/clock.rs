@@ -19,6 +19,12 @@ pub fn elapsed_ms(at: Instant) -> i64 {
     i64::try_from(at.elapsed().as_millis()).unwrap_or(i64::MAX)
 }
 
+/// Milliseconds since `at`, rounded up, on this process's monotonic clock.
+fn elapsed_ms_ceil(at: Instant) -> i64 {
+    let micros = at.elapsed().as_micros();
+    i64::try_from(micros.div_ceil(1000)).unwrap_or(i64::MAX)
+}
+
 /// This host's wall clock, ms since the Unix epoch: tests place instants
 /// of the test server's clock with it (it runs on this host).
 #[cfg(test)]
@@ -76,6 +82,22 @@ impl WrittenAt {
             WrittenAt::Store(ms) => now.fixed().unwrap_or_else(wall_clock_ms).saturating_sub(ms),
         }
     }
+
+    /// How many ms before `now` the write passed, for a consumption: the
+    /// elapsed time rounded up and one ms more, so the store's whole-ms
+    /// clock never places a claim taken after the write (a newer interrupt
+    /// of the same checkpoint, read a fraction of a ms after the write
+    /// committed) at or before it. The claim taken by the resume the write
+    /// belongs to came a client's round trip before it; one taken within
+    /// those 3 ms is consumed by the next checkpoint instead.
+    #[cfg_attr(not(test), allow(unused_variables))]
+    pub fn consumed_ago_ms(self, now: Now) -> i64 {
+        match self {
+            WrittenAt::Sent(at) => elapsed_ms_ceil(at).saturating_add(1),
+            #[cfg(test)]
+            WrittenAt::Store(_) => self.ago_ms(now),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -95,5 +117,16 @@ mod tests {
         assert!(sent.ago_ms(Now::STORE) >= 0);
         assert_eq!(WrittenAt::from(900).ago_ms(Now::from(1_000)), 100);
         assert!(WrittenAt::from(i64::MAX).ago_ms(Now::from(1_000)) < 0);
+    }
+
+    #[test]
+    fn a_consumption_is_placed_a_whole_ms_before_the_write_passed() {
+        let at = Instant::now();
+        let sent = WrittenAt::Sent(at);
+        // measured first: at most the elapsed time the placement sees
+        let elapsed = at.elapsed().as_micros() as i64;
+        let ago = sent.consumed_ago_ms(Now::STORE);
+        // rounded up and one ms more: more than a whole ms before the write
+        assert!(ago * 1000 >= elapsed + 1000, "{ago} ms for {elapsed} µs");
     }
 }

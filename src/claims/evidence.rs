@@ -490,6 +490,8 @@ mod tests {
             session_id: 7,
             ..SessionContext::default()
         };
+        // The writes come a client's round trip after the claims.
+        std::thread::sleep(Duration::from_millis(5));
         let sent = WrittenAt::Sent(Instant::now());
         sender.send(
             &ctx,

@@ -316,7 +316,12 @@ impl ClaimStore {
             let s = tx.schema;
             let ago: Vec<i64> = items
                 .iter()
-                .map(|i| i.written_at.map_or(0, |w| w.ago_ms(now)))
+                .map(|i| {
+                    i.written_at.map_or(0, |w| match i.kind {
+                        WriteEvidence::Consumed => w.consumed_ago_ms(now),
+                        _ => w.ago_ms(now),
+                    })
+                })
                 .collect();
             let rows = tx.query(
                 &format!(
