@@ -68,6 +68,9 @@ pub struct EvidenceSender {
 /// What the worker is sent.
 enum Msg {
     Apply(SessionContext, Evidence),
+    /// Apply what is gathered now, then answer: a decision that reads what
+    /// earlier evidence leaves in the store waits for it.
+    Flush(SyncSender<()>),
     /// Shutdown: apply (retrying) what is queued until the deadline, report
     /// the rest lost, then answer.
     Finish {
@@ -96,6 +99,27 @@ impl EvidenceSender {
                 lost(&self.audit, &ev, "worker_gone");
             }
             Err(_) => {}
+        }
+    }
+
+    /// Waits (at most `within`) until the write evidence sent so far has
+    /// gone to the store, gathered or not: a decision that reads its
+    /// result must not race the gathering. Evidence the store could not
+    /// take waits for its retry as before; what is still queued when
+    /// `within` passes is said (WARN) and the decision reads the store as
+    /// it is.
+    pub fn flush(&self, within: Duration) {
+        let (done, flushed) = sync_channel(1);
+        let answered = match self.tx.try_send(Msg::Flush(done)) {
+            Ok(()) => flushed.recv_timeout(within).is_ok(),
+            Err(_) => false,
+        };
+        if !answered {
+            metrics::counter!("resumeguard_evidence_flush_timeouts_total").increment(1);
+            tracing::warn!(
+                within_ms = within.as_millis() as u64,
+                "claim evidence not flushed in time: the decision reads the claim store as it is"
+            );
         }
     }
 
@@ -185,6 +209,10 @@ impl Worker {
             };
             match next {
                 Some(Msg::Apply(ctx, ev)) => self.take(ctx, ev),
+                Some(Msg::Flush(done)) => {
+                    self.apply_gathered();
+                    let _ = done.send(());
+                }
                 Some(Msg::Finish { deadline, done }) => {
                     self.apply_gathered();
                     self.finish(deadline);
@@ -535,5 +563,37 @@ mod tests {
             state(&moved),
             (ClaimState::Consumed, Some(NEXT_CHECKPOINT.to_owned()))
         );
+    }
+
+    #[test]
+    fn a_flush_applies_what_is_gathered_before_it_answers() {
+        let db = PgSchema::new("flushed_worker");
+        let store = Arc::new(db.open());
+        let answered = key("c1");
+        store
+            .try_claim(&answered, &holder("p1", 7), Now::STORE, 600_000)
+            .expect("claim");
+        let timings = LiveClaimsTimings::new(ClaimsTimings::default());
+        let sender = start(store.clone(), "p1".into(), timings, AuditSink::disabled());
+        let ctx = SessionContext {
+            session_id: 7,
+            ..SessionContext::default()
+        };
+        // The write comes a client's round trip after the claim.
+        std::thread::sleep(Duration::from_millis(5));
+        let sent = WrittenAt::Sent(Instant::now());
+        sender.send(
+            &ctx,
+            Evidence::Consumed {
+                at: answered.at.clone(),
+                what: "task a wrote approved".into(),
+                written_at: sent,
+            },
+        );
+        // Gathered, not yet due; the flush applies it at once.
+        sender.flush(Duration::from_secs(10));
+        let r = store.get(&answered).expect("get").expect("row");
+        assert_eq!(r.state, ClaimState::Consumed);
+        sender.finish(Duration::from_secs(10));
     }
 }

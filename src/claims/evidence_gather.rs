@@ -5,14 +5,26 @@
 //! when nothing more arrived for [`QUIET`], when the first item has waited
 //! [`MAX_WAIT`], or at [`MAX_ITEMS`]: evidence is never held back longer
 //! than that.
+//!
+//! The quiet time is longer than the gap between an operation's writes
+//! (1–5 ms near the database, a round trip at a distance), so an
+//! operation's evidence is applied once it has ended, in one statement,
+//! rather than part-way through it, where its statement would compete
+//! with the operation's own for the host's cores. Holding it back costs
+//! nothing a decision needs: in the fronted placement an answering write
+//! consumes its claim, and a progress write keeps its claim, inside its
+//! own transaction; elsewhere the longest wait is far below every lapse
+//! and lease. A decision that reads what evidence leaves behind (a late
+//! duplicate's first answer) has the worker apply what it gathered first
+//! (`EvidenceSender::flush`).
 
 use std::time::{Duration, Instant};
 
 /// Gathering ends once nothing more arrived for this long.
-pub const QUIET: Duration = Duration::from_millis(3);
+pub const QUIET: Duration = Duration::from_millis(10);
 
 /// The longest the first gathered item waits.
-pub const MAX_WAIT: Duration = Duration::from_millis(20);
+pub const MAX_WAIT: Duration = Duration::from_millis(50);
 
 /// The most items one statement applies.
 pub const MAX_ITEMS: usize = 128;

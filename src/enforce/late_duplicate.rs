@@ -13,6 +13,7 @@
 //! writes no run-level `__resume__`) is served as it always was.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use serde::Serialize;
 
@@ -36,6 +37,10 @@ use crate::wire::tracker::Refusal;
 /// How many finished heads a session remembers: a resume writes within
 /// milliseconds of its read.
 const REMEMBERED: usize = 8;
+
+/// The longest a late-duplicate check waits for this proxy's evidence
+/// to reach the store.
+const FLUSH_WITHIN: Duration = Duration::from_secs(1);
 
 /// The finished heads one session read, with their metadata (the
 /// answering run's, which names its approver).
@@ -89,6 +94,11 @@ impl LateGate {
         }
         let at = &cont.at;
         let (_, metadata) = self.finished.iter().find(|(c, _)| c == at)?;
+        // The answering run's evidence may still be gathering in this
+        // proxy's worker: the store is read after it.
+        if let Some(evidence) = &leg.evidence {
+            evidence.flush(FLUSH_WITHIN);
+        }
         let first = match first_answer(leg, at) {
             Ok(first) => first?,
             Err(why) => return Some(store_unavailable(ctx, at, kind, rec, &why)),
