@@ -88,8 +88,10 @@ impl WrittenAt {
     /// clock never places a claim taken after the write (a newer interrupt
     /// of the same checkpoint, read a fraction of a ms after the write
     /// committed) at or before it. The claim taken by the resume the write
-    /// belongs to came a client's round trip before it; one taken within
-    /// those 3 ms is consumed by the next checkpoint instead.
+    /// belongs to came a client's round trip before it; one taken less
+    /// than about 3 ms before (the rounding up, the extra ms, the store's
+    /// rounding of its own clock) is consumed by the next checkpoint
+    /// instead.
     #[cfg_attr(not(test), allow(unused_variables))]
     pub fn consumed_ago_ms(self, now: Now) -> i64 {
         match self {
