@@ -501,13 +501,22 @@ mod tests {
     use crate::claims::{ClaimKey, ClaimState};
     use crate::config::live::ClaimsTimings;
 
-    #[test]
-    fn a_runs_writes_sent_together_are_all_applied_by_shutdown() {
-        let db = PgSchema::new("gathered_worker");
+    /// A worker over a fresh store where session 7 of proxy `p1` holds a
+    /// claim on each of `keys`, and the instant its writes passed: a
+    /// client's round trip after the claims.
+    struct Claimed {
+        _db: PgSchema,
+        store: Arc<ClaimStore>,
+        sender: EvidenceSender,
+        ctx: SessionContext,
+        sent: WrittenAt,
+    }
+
+    fn claimed(schema: &str, keys: &[&ClaimKey]) -> Claimed {
+        let db = PgSchema::new(schema);
         let store = Arc::new(db.open());
         let holder = holder("p1", 7);
-        let (progressed, answered, moved) = (key("c1"), key("c2"), key("c3"));
-        for k in [&progressed, &answered, &moved] {
+        for k in keys {
             store
                 .try_claim(k, &holder, Now::STORE, 600_000)
                 .expect("claim");
@@ -518,34 +527,43 @@ mod tests {
             session_id: 7,
             ..SessionContext::default()
         };
-        // The writes come a client's round trip after the claims.
         std::thread::sleep(Duration::from_millis(5));
-        let sent = WrittenAt::Sent(Instant::now());
-        sender.send(
-            &ctx,
-            Evidence::Progress {
-                at: progressed.at.clone(),
-                written_at: sent,
-            },
-        );
-        sender.send(
-            &ctx,
-            Evidence::Consumed {
-                at: answered.at.clone(),
-                what: "task a wrote approved".into(),
-                written_at: sent,
-            },
-        );
-        sender.send(
-            &ctx,
-            Evidence::MovedOn {
-                parent: moved.at.clone(),
-            },
-        );
+        Claimed {
+            _db: db,
+            store,
+            sender,
+            ctx,
+            sent: WrittenAt::Sent(Instant::now()),
+        }
+    }
+
+    impl Claimed {
+        /// Sends `ev` as session 7's.
+        fn send(&self, ev: Evidence) {
+            self.sender.send(&self.ctx, ev);
+        }
+    }
+
+    #[test]
+    fn a_runs_writes_sent_together_are_all_applied_by_shutdown() {
+        let (progressed, answered, moved) = (key("c1"), key("c2"), key("c3"));
+        let w = claimed("gathered_worker", &[&progressed, &answered, &moved]);
+        w.send(Evidence::Progress {
+            at: progressed.at.clone(),
+            written_at: w.sent,
+        });
+        w.send(Evidence::Consumed {
+            at: answered.at.clone(),
+            what: "task a wrote approved".into(),
+            written_at: w.sent,
+        });
+        w.send(Evidence::MovedOn {
+            parent: moved.at.clone(),
+        });
         // Shutdown applies what is still gathered.
-        sender.finish(Duration::from_secs(10));
+        w.sender.finish(Duration::from_secs(10));
         let state = |k: &ClaimKey| {
-            let r = store.get(k).expect("get").expect("row");
+            let r = w.store.get(k).expect("get").expect("row");
             (r.state, r.evidence)
         };
         assert_eq!(
@@ -567,33 +585,17 @@ mod tests {
 
     #[test]
     fn a_flush_applies_what_is_gathered_before_it_answers() {
-        let db = PgSchema::new("flushed_worker");
-        let store = Arc::new(db.open());
         let answered = key("c1");
-        store
-            .try_claim(&answered, &holder("p1", 7), Now::STORE, 600_000)
-            .expect("claim");
-        let timings = LiveClaimsTimings::new(ClaimsTimings::default());
-        let sender = start(store.clone(), "p1".into(), timings, AuditSink::disabled());
-        let ctx = SessionContext {
-            session_id: 7,
-            ..SessionContext::default()
-        };
-        // The write comes a client's round trip after the claim.
-        std::thread::sleep(Duration::from_millis(5));
-        let sent = WrittenAt::Sent(Instant::now());
-        sender.send(
-            &ctx,
-            Evidence::Consumed {
-                at: answered.at.clone(),
-                what: "task a wrote approved".into(),
-                written_at: sent,
-            },
-        );
+        let w = claimed("flushed_worker", &[&answered]);
+        w.send(Evidence::Consumed {
+            at: answered.at.clone(),
+            what: "task a wrote approved".into(),
+            written_at: w.sent,
+        });
         // Gathered, not yet due; the flush applies it at once.
-        sender.flush(Duration::from_secs(10));
-        let r = store.get(&answered).expect("get").expect("row");
+        w.sender.flush(Duration::from_secs(10));
+        let r = w.store.get(&answered).expect("get").expect("row");
         assert_eq!(r.state, ClaimState::Consumed);
-        sender.finish(Duration::from_secs(10));
+        w.sender.finish(Duration::from_secs(10));
     }
 }
