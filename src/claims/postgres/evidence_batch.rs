@@ -45,19 +45,27 @@ pub struct EvidenceItem<'a> {
     pub written_at: Option<WrittenAt>,
 }
 
+/// `CREATE FUNCTION` of `apply_evidence`, up to its body.
+pub(super) fn apply_evidence_head(s: &str) -> String {
+    format!(
+        r#"CREATE FUNCTION {s}.apply_evidence(
+    p_kind text[], p_thread text[], p_ns text[], p_checkpoint text[], p_evidence text[],
+    p_sent_ago_ms bigint[], p_hold_ms bigint, p_lease_ms bigint,
+    p_superseded_grace_ms bigint, p_retain_ms bigint
+) RETURNS TABLE (item integer, claim {s}.claims) LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $f$"#
+    )
+}
+
 /// The migration adding `apply_evidence`.
 pub(super) fn evidence_batch_migration(s: &str) -> String {
+    let head = apply_evidence_head(s);
     format!(
         r#"
 -- Item i of the arrays is one write's evidence, applied as its own
 -- function applies it alone, in order; the claims it consumed are
 -- returned with i.
-CREATE FUNCTION {s}.apply_evidence(
-    p_kind text[], p_thread text[], p_ns text[], p_checkpoint text[], p_evidence text[],
-    p_sent_ago_ms bigint[], p_hold_ms bigint, p_lease_ms bigint,
-    p_superseded_grace_ms bigint, p_retain_ms bigint
-) RETURNS TABLE (item integer, claim {s}.claims) LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp AS $f$
+{head}
 DECLARE
     i integer;
     r {s}.claims%ROWTYPE;

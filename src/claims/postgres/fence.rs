@@ -124,21 +124,30 @@ pub(super) fn consume_answer(s: &str) -> String {
     )
 }
 
-/// The fence and its older signature redefined as one call each.
-pub(super) fn fence_one_call_migration(s: &str) -> String {
+/// The fence as one function: `lead` (statements run first), the check,
+/// and for an answer its consumption.
+pub(super) fn fence_definition(s: &str, lead: &str) -> String {
     let variables = check_holder_variables(s);
     let check = check_holder(s);
     let answer = consume_answer(s);
     format!(
-        r#"
--- The fence: the check, and for an answer its consumption, in one call.
-CREATE OR REPLACE FUNCTION {s}.fence_write({CHECK_PARAMS}, {ANSWER_PARAMS}) {FENCE_RUNS} AS $f$
+        r#"CREATE OR REPLACE FUNCTION {s}.fence_write({CHECK_PARAMS}, {ANSWER_PARAMS}) {FENCE_RUNS} AS $f$
 DECLARE
 {variables}    v_now bigint;
 BEGIN
-{check}{answer}END
+{lead}{check}{answer}END
 $f$;
+"#
+    )
+}
 
+/// The fence and its older signature redefined as one call each.
+pub(super) fn fence_one_call_migration(s: &str) -> String {
+    let fence = fence_definition(s, "");
+    format!(
+        r#"
+-- The fence: the check, and for an answer its consumption, in one call.
+{fence}
 -- The older signature: the same fence, with no answer.
 CREATE OR REPLACE FUNCTION {s}.fence_write({CHECK_PARAMS}) {FENCE_RUNS} AS $f$
 BEGIN

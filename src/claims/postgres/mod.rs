@@ -17,6 +17,7 @@
 //! - `db_clock`: every decision on the database's clock.
 //! - `key_digest`: keys of any length, by digest.
 //! - `answer_in_write`: an answer consumes its claim in its own transaction.
+//! - `thread_lock`: one writer of a thread's claims and leases at a time.
 //! - `pooler`: a claims target that is a transaction pooler, refused at start.
 
 mod answer_in_write;
@@ -40,6 +41,7 @@ mod target;
 pub(crate) mod test_server;
 #[cfg(test)]
 pub(crate) mod tests;
+mod thread_lock;
 
 pub use client::{connect_schema, error_text, schema_name, SchemaAccess};
 pub use conn::check_once;

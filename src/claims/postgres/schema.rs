@@ -19,6 +19,7 @@ use super::fence::{
 use super::key_digest::key_digest_migration;
 use super::liveness::{revival_migration, INSTANCE_DEAD};
 use super::rows::ORDER;
+use super::thread_lock::thread_lock_migration;
 
 /// The migrations, in order; version = index + 1.
 fn migrations(s: &str) -> Vec<String> {
@@ -370,6 +371,9 @@ $f$;
         evidence_batch_migration(s),
         // The fence in one function call (see `fence`).
         fence_one_call_migration(s),
+        // One writer of a thread's claims and leases at a time (see
+        // `thread_lock`).
+        thread_lock_migration(s),
     ]
 }
 

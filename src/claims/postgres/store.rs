@@ -21,6 +21,7 @@ use super::fault::StartFault;
 use super::leases::{last_lease, live_lease};
 use super::rows::{select_key, select_where, CHECKPOINT_MATCH, COLUMNS, KEY_MATCH};
 use super::target::PgTarget;
+use super::thread_lock::THREAD_CLASS;
 use crate::claims::clock::{Now, WrittenAt};
 use crate::claims::error::StoreError;
 use crate::claims::model::{ClaimKey, ClaimRecord, Holder, RunLease};
@@ -421,6 +422,12 @@ impl ClaimStore {
     pub fn forget_thread(&self, thread_id: &str) -> Result<usize, StoreError> {
         self.conn.with_tx("forgetting a thread", |tx| {
             let s = tx.schema;
+            // The thread's lock first, as every writer of its claims and
+            // leases takes it (see `thread_lock`).
+            tx.execute(
+                &format!("SELECT pg_advisory_xact_lock({THREAD_CLASS}, hashtext($1))"),
+                &[&thread_id],
+            )?;
             tx.execute(
                 &format!("DELETE FROM {s}.run_leases WHERE thread_id = $1"),
                 &[&thread_id],
@@ -617,17 +624,18 @@ fn records(rows: Vec<postgres::Row>) -> Result<Vec<ClaimRecord>, Fail> {
 
 fn purge_before(tx: &mut Tx<'_>, cutoff: i64) -> Result<usize, Fail> {
     let s = tx.schema;
-    // Run leases ended by then go too; they are not claims, so not counted.
-    tx.execute(
-        &format!("DELETE FROM {s}.run_leases WHERE until_ms < $1"),
-        &[&cutoff],
-    )?;
     let consumed = tx.execute(
         &format!("DELETE FROM {s}.claims WHERE consumed_at_ms < $1 AND state = 'consumed'"),
         &[&cutoff],
     )?;
     let stale = tx.execute(
         &format!("DELETE FROM {s}.claims WHERE lapse_at_ms < $1 AND state IN ('held', 'released')"),
+        &[&cutoff],
+    )?;
+    // Run leases ended by then go too, after the claims (the order the
+    // fence takes them in); they are not claims, so not counted.
+    tx.execute(
+        &format!("DELETE FROM {s}.run_leases WHERE until_ms < $1"),
         &[&cutoff],
     )?;
     Ok((consumed + stale) as usize)

@@ -857,3 +857,103 @@ fn the_fence_passes_the_holder_and_refuses_another_proxy_by_either_signature() {
         assert_eq!(db_error.hint(), Some("other_proxy"), "{sql}");
     }
 }
+
+/// A write's transaction fences twice on a thread (its progress, then its
+/// answer) while the evidence worker applies a batch that renews the
+/// thread's run lease and then records progress on the claim the write
+/// holds: the batch waits for the write's commit, and neither is aborted
+/// as a deadlock.
+#[test]
+fn evidence_on_a_thread_waits_for_a_write_fencing_on_it_instead_of_deadlocking() {
+    use super::{EvidenceItem, WriteEvidence};
+    use crate::claims::WrittenAt;
+
+    let db = PgSchema::new("thread-lock");
+    let store = Arc::new(db.open());
+    let (earlier, parked) = (key("c0"), key("c1"));
+    // An earlier answer on the thread: its run lease is live.
+    store
+        .try_claim(&earlier, &holder("p1", 1), T0, LAPSE)
+        .expect("claim");
+    store
+        .consume("t-1", "", "c0", "task a wrote x", T0 + 1, T0 + 2)
+        .expect("consume");
+    store
+        .try_claim(&parked, &holder("p1", 1), T0 + 3, LAPSE)
+        .expect("claim");
+
+    let s = db.target().schema.clone();
+    let mut c = db.admin();
+    let mut tx = c.transaction().expect("begin");
+    tx.execute(
+        "SELECT set_config($1, $2, true)",
+        &[&super::db_clock::TEST_CLOCK_SETTING, &(T0 + 10).to_string()],
+    )
+    .expect("the write's clock");
+    let progress =
+        format!("SELECT {s}.fence_write($1, $2, $3, $4, $5, $6, $7, '', 2000, NULL, false, 0)");
+    fence_call(&mut tx, &progress, &parked, &holder("p1", 1), None)
+        .expect("the holder's progress passes its fence");
+
+    let worker = {
+        let store = Arc::clone(&store);
+        let (earlier, parked) = (earlier.clone(), parked.clone());
+        std::thread::spawn(move || {
+            let written_at = Some(WrittenAt::from(T0 + 4));
+            let items = [
+                EvidenceItem {
+                    kind: WriteEvidence::Consumed,
+                    at: &earlier.at,
+                    what: "task a wrote x",
+                    written_at,
+                },
+                EvidenceItem {
+                    kind: WriteEvidence::Progress,
+                    at: &parked.at,
+                    what: "run-level __resume__ recorded",
+                    written_at,
+                },
+            ];
+            store.apply_evidence(&items, T0 + 5, 1_000).map(|_| ())
+        })
+    };
+    // The batch is waiting for the write's transaction.
+    let mut watch = db.admin();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = watch
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .expect("activity")
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the batch never waited");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    let answer =
+        format!("SELECT {s}.fence_write($1, $2, $3, $4, $5, $6, $7, '', 2000, $8, false, 60000)");
+    fence_call(
+        &mut tx,
+        &answer,
+        &parked,
+        &holder("p1", 1),
+        Some("task a wrote approved"),
+    )
+    .expect("the holder's answer passes its fence");
+    tx.commit().expect("the write commits");
+    worker
+        .join()
+        .expect("the worker thread")
+        .expect("the batch applies after the write's commit");
+    let answered = store.get(&parked).expect("get").expect("row");
+    assert_eq!(
+        (answered.state, answered.evidence.as_deref()),
+        (ClaimState::Consumed, Some("task a wrote approved"))
+    );
+}
