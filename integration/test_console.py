@@ -252,10 +252,13 @@ def test_the_console_follows_approvals_through_a_browser(console, browser):
         d.get(f"{base}/ui/claims?thread={raced}")
         assert raced in live_text(d) and "claimed" in live_text(d), live_text(d)
         shot(d, "claims")
+        # A click returns before the page it loads is there: wait for it.
         d.find_element(By.LINK_TEXT, "Release…").click()
-        assert "Release the claim of thread" in d.page_source
+        wait_until(d, lambda d: "Release the claim of thread" in d.page_source, 10,
+                   "no confirmation page")
         d.find_element(By.ID, "confirm-release").click()
-        assert "Released 1 claim(s)" in d.page_source, d.page_source[-2000:]
+        wait_until(d, lambda d: "Released 1 claim(s)" in d.page_source, 10,
+                   "no release reported")
     # Released: the racer's answer now goes through.
     assert answer(dsn, raced, "mallory")["approved"]["by"] == "mallory"
     released = [e for e in console.proxy.audit(raced) if e["operation"] == "claim_released"]
