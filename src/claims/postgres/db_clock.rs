@@ -32,6 +32,9 @@ fn clock_body() -> &'static str {
 
 pub(super) fn db_clock_migration(s: &str) -> String {
     let clock = clock_body();
+    let (first_insert, own_reread) = (claim_insert(s), claim_own_reread(s));
+    let contested = claim_contested(s);
+    let claim_head = claim_head(s, "CREATE");
     format!(
         r#"
 -- The database's clock, in ms since the Unix epoch: the time base of
@@ -52,95 +55,13 @@ DROP FUNCTION {s}.run_lease(text, text, bigint, bigint, bigint);
 -- handed over, decided on the server's clock (read again once the row
 -- is locked: a wait for another decision's commit does not age it).
 -- `decided_at_ms` is that clock, for the proxy's local waits.
-CREATE FUNCTION {s}.claim(
-    p_thread text, p_ns text, p_checkpoint text, p_fingerprint text,
-    p_proxy text, p_session bigint, p_addr text, p_app text, p_instance bigint,
-    p_lapse_ms bigint, p_superseded_grace_ms bigint, p_gone_grace_ms bigint,
-    p_lease_ms bigint
-) RETURNS TABLE (outcome text, c {s}.claims, decided_at_ms bigint) LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp AS $f$
-DECLARE
-    r {s}.claims%ROWTYPE;
-    writing boolean;
-    v_now bigint := {s}.clock_ms();
-BEGIN
-    decided_at_ms := v_now;
-    -- A first reader takes it; the second pass follows the sweep (the row
+{claim_head}    -- A first reader takes it; the second pass follows the sweep (the row
     -- may also have gone since: purged, thread forgotten).
     FOR pass IN 1..2 LOOP
-        INSERT INTO {s}.claims (thread_id, checkpoint_ns, checkpoint_id, fingerprint, state,
-            proxy_id, session_id, client_addr, application_name, claimed_at_ms, lapse_at_ms,
-            epoch, holder_instance)
-        VALUES (p_thread, p_ns, p_checkpoint, p_fingerprint, 'held', p_proxy, p_session,
-            p_addr, p_app, v_now, v_now + greatest(p_lapse_ms, 0), 1, p_instance)
-        ON CONFLICT DO NOTHING RETURNING * INTO r;
-        IF FOUND THEN
-            RETURN QUERY SELECT 'taken', r, v_now;
-            RETURN;
-        END IF;
-        EXIT WHEN pass = 2;
-        -- The holder's own session reading again: no lock, no sweep.
-        SELECT * INTO r FROM {s}.claims WHERE thread_id = p_thread AND checkpoint_ns = p_ns
-            AND checkpoint_id = p_checkpoint AND fingerprint = p_fingerprint;
-        IF FOUND AND r.state = 'held' AND r.proxy_id = p_proxy AND r.session_id = p_session
-            AND (r.superseded_at_ms IS NULL
-                 OR r.superseded_at_ms > v_now - p_superseded_grace_ms) THEN
-            RETURN QUERY SELECT 'already_held', r, v_now;
-            RETURN;
-        END IF;
-        PERFORM {s}.sweep(p_thread, p_ns, p_instance, v_now + p_gone_grace_ms);
+{first_insert}        EXIT WHEN pass = 2;
+{own_reread}        PERFORM {s}.sweep(p_thread, p_ns, p_instance, v_now + p_gone_grace_ms);
     END LOOP;
-    SELECT * INTO r FROM {s}.claims WHERE thread_id = p_thread AND checkpoint_ns = p_ns
-        AND checkpoint_id = p_checkpoint AND fingerprint = p_fingerprint FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'the claim row was deleted while it was being taken; the reader retries';
-    END IF;
-    v_now := {s}.clock_ms();
-    decided_at_ms := v_now;
-    -- A row on a checkpoint superseded longer than the grace ago is as
-    -- good as purged (the thread was rewound to it); its epoch counts on.
-    IF r.superseded_at_ms <= v_now - p_superseded_grace_ms THEN
-        UPDATE {s}.claims SET state = 'held', proxy_id = p_proxy, session_id = p_session,
-            client_addr = p_addr, application_name = p_app, claimed_at_ms = v_now,
-            lapse_at_ms = v_now + greatest(p_lapse_ms, 0), consumed_at_ms = NULL,
-            evidence = NULL, refusals = 0, takeovers = 0, superseded_at_ms = NULL,
-            abandon_at_ms = NULL, epoch = r.epoch + 1, holder_instance = p_instance
-         WHERE thread_id = p_thread AND checkpoint_ns = p_ns AND checkpoint_id = p_checkpoint
-           AND fingerprint = p_fingerprint
-        RETURNING * INTO r;
-        RETURN QUERY SELECT 'taken', r, v_now;
-        RETURN;
-    END IF;
-    -- The claim rule (restated for the model check: tests/claims_rule).
-    writing := r.state = 'consumed' AND p_lease_ms > 0 AND EXISTS (SELECT 1 FROM {s}.run_leases
-        WHERE thread_id = p_thread AND checkpoint_ns = p_ns AND until_ms > v_now);
-    IF r.state = 'consumed' AND NOT (r.superseded_at_ms IS NULL
-        AND r.abandon_at_ms IS NOT NULL AND v_now >= r.abandon_at_ms AND NOT writing) THEN
-        RETURN QUERY SELECT 'consumed', r, v_now;
-        RETURN;
-    END IF;
-    IF r.state = 'held' AND r.proxy_id = p_proxy AND r.session_id = p_session THEN
-        RETURN QUERY SELECT 'already_held', r, v_now;
-        RETURN;
-    END IF;
-    IF r.state = 'held' AND v_now < r.lapse_at_ms THEN
-        RETURN QUERY SELECT 'busy', r, v_now;
-        RETURN;
-    END IF;
-    -- Taken over (a lapsed held claim, an abandoned consumed one) or,
-    -- released, taken afresh: the next generation.
-    RETURN QUERY SELECT CASE WHEN r.state = 'released' THEN 'taken_from' ELSE 'taken_over_from'
-        END, r, v_now;
-    UPDATE {s}.claims SET state = 'held', proxy_id = p_proxy, session_id = p_session,
-        client_addr = p_addr, application_name = p_app, claimed_at_ms = v_now,
-        lapse_at_ms = v_now + greatest(p_lapse_ms, 0), consumed_at_ms = NULL, evidence = NULL,
-        takeovers = takeovers + CASE WHEN r.state = 'released' THEN 0 ELSE 1 END,
-        abandon_at_ms = NULL, epoch = epoch + 1, holder_instance = p_instance
-     WHERE thread_id = p_thread AND checkpoint_ns = p_ns AND checkpoint_id = p_checkpoint
-       AND fingerprint = p_fingerprint
-    RETURNING * INTO r;
-    RETURN QUERY SELECT 'now', r, v_now;
-END
+{contested}END
 $f$;
 
 -- Held claims on a checkpoint taken by p_taken_by become consumed at
@@ -296,6 +217,121 @@ END
 $f$;
 "#,
         ORDER = ORDER,
+    )
+}
+
+/// `claim`'s signature and declarations, up to the first statement of
+/// its body: `create` is `CREATE` or `CREATE OR REPLACE`.
+pub(super) fn claim_head(s: &str, create: &str) -> String {
+    format!(
+        r#"{create} FUNCTION {s}.claim(
+    p_thread text, p_ns text, p_checkpoint text, p_fingerprint text,
+    p_proxy text, p_session bigint, p_addr text, p_app text, p_instance bigint,
+    p_lapse_ms bigint, p_superseded_grace_ms bigint, p_gone_grace_ms bigint,
+    p_lease_ms bigint
+) RETURNS TABLE (outcome text, c {s}.claims, decided_at_ms bigint) LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $f$
+DECLARE
+    r {s}.claims%ROWTYPE;
+    writing boolean;
+    v_now bigint := {s}.clock_ms();
+BEGIN
+    decided_at_ms := v_now;
+"#
+    )
+}
+
+/// A claim's first step, taking it: a first reader inserts the row, as
+/// held, at epoch 1, as of `v_now`.
+pub(super) fn claim_insert(s: &str) -> String {
+    format!(
+        r#"        INSERT INTO {s}.claims (thread_id, checkpoint_ns, checkpoint_id, fingerprint, state,
+            proxy_id, session_id, client_addr, application_name, claimed_at_ms, lapse_at_ms,
+            epoch, holder_instance)
+        VALUES (p_thread, p_ns, p_checkpoint, p_fingerprint, 'held', p_proxy, p_session,
+            p_addr, p_app, v_now, v_now + greatest(p_lapse_ms, 0), 1, p_instance)
+        ON CONFLICT DO NOTHING RETURNING * INTO r;
+        IF FOUND THEN
+            RETURN QUERY SELECT 'taken', r, v_now;
+            RETURN;
+        END IF;
+"#
+    )
+}
+
+/// A claim's first step, reading it: the holder's own session reading its
+/// held claim again (the row not locked, nothing changed).
+pub(super) fn claim_own_reread(s: &str) -> String {
+    format!(
+        r#"        -- The holder's own session reading again: no lock, no sweep.
+        SELECT * INTO r FROM {s}.claims WHERE thread_id = p_thread AND checkpoint_ns = p_ns
+            AND checkpoint_id = p_checkpoint AND fingerprint = p_fingerprint;
+        IF FOUND AND r.state = 'held' AND r.proxy_id = p_proxy AND r.session_id = p_session
+            AND (r.superseded_at_ms IS NULL
+                 OR r.superseded_at_ms > v_now - p_superseded_grace_ms) THEN
+            RETURN QUERY SELECT 'already_held', r, v_now;
+            RETURN;
+        END IF;
+"#
+    )
+}
+
+/// The claim rule past its first step (see `claim_first`): the row is
+/// there and neither free nor this holder's, so it is locked and decided
+/// on the server's clock. The body's end in every version of `claim`.
+pub(super) fn claim_contested(s: &str) -> String {
+    format!(
+        r#"    SELECT * INTO r FROM {s}.claims WHERE thread_id = p_thread AND checkpoint_ns = p_ns
+        AND checkpoint_id = p_checkpoint AND fingerprint = p_fingerprint FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'the claim row was deleted while it was being taken; the reader retries';
+    END IF;
+    v_now := {s}.clock_ms();
+    decided_at_ms := v_now;
+    -- A row on a checkpoint superseded longer than the grace ago is as
+    -- good as purged (the thread was rewound to it); its epoch counts on.
+    IF r.superseded_at_ms <= v_now - p_superseded_grace_ms THEN
+        UPDATE {s}.claims SET state = 'held', proxy_id = p_proxy, session_id = p_session,
+            client_addr = p_addr, application_name = p_app, claimed_at_ms = v_now,
+            lapse_at_ms = v_now + greatest(p_lapse_ms, 0), consumed_at_ms = NULL,
+            evidence = NULL, refusals = 0, takeovers = 0, superseded_at_ms = NULL,
+            abandon_at_ms = NULL, epoch = r.epoch + 1, holder_instance = p_instance
+         WHERE thread_id = p_thread AND checkpoint_ns = p_ns AND checkpoint_id = p_checkpoint
+           AND fingerprint = p_fingerprint
+        RETURNING * INTO r;
+        RETURN QUERY SELECT 'taken', r, v_now;
+        RETURN;
+    END IF;
+    -- The claim rule (restated for the model check: tests/claims_rule).
+    writing := r.state = 'consumed' AND p_lease_ms > 0 AND EXISTS (SELECT 1 FROM {s}.run_leases
+        WHERE thread_id = p_thread AND checkpoint_ns = p_ns AND until_ms > v_now);
+    IF r.state = 'consumed' AND NOT (r.superseded_at_ms IS NULL
+        AND r.abandon_at_ms IS NOT NULL AND v_now >= r.abandon_at_ms AND NOT writing) THEN
+        RETURN QUERY SELECT 'consumed', r, v_now;
+        RETURN;
+    END IF;
+    IF r.state = 'held' AND r.proxy_id = p_proxy AND r.session_id = p_session THEN
+        RETURN QUERY SELECT 'already_held', r, v_now;
+        RETURN;
+    END IF;
+    IF r.state = 'held' AND v_now < r.lapse_at_ms THEN
+        RETURN QUERY SELECT 'busy', r, v_now;
+        RETURN;
+    END IF;
+    -- Taken over (a lapsed held claim, an abandoned consumed one) or,
+    -- released, taken afresh: the next generation.
+    RETURN QUERY SELECT CASE WHEN r.state = 'released' THEN 'taken_from' ELSE 'taken_over_from'
+        END, r, v_now;
+    UPDATE {s}.claims SET state = 'held', proxy_id = p_proxy, session_id = p_session,
+        client_addr = p_addr, application_name = p_app, claimed_at_ms = v_now,
+        lapse_at_ms = v_now + greatest(p_lapse_ms, 0), consumed_at_ms = NULL, evidence = NULL,
+        takeovers = takeovers + CASE WHEN r.state = 'released' THEN 0 ELSE 1 END,
+        abandon_at_ms = NULL, epoch = epoch + 1, holder_instance = p_instance
+     WHERE thread_id = p_thread AND checkpoint_ns = p_ns AND checkpoint_id = p_checkpoint
+       AND fingerprint = p_fingerprint
+    RETURNING * INTO r;
+    RETURN QUERY SELECT 'now', r, v_now;
+"#
     )
 }
 

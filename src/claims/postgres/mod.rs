@@ -14,13 +14,15 @@
 //! - `store`: the operations, a decision one statement each; `rows`, `leases`.
 //! - `liveness`: holders whose proxy process is gone.
 //! - `fault`: which connect failures stop `serve` at start, and their fixes.
-//! - `db_clock`: every decision on the database's clock.
+//! - `db_clock`: every decision on the database's clock; `claim_first`: a
+//!   claim's first step, askable before the head is known.
 //! - `key_digest`: keys of any length, by digest.
 //! - `answer_in_write`: an answer consumes its claim in its own transaction.
 //! - `thread_lock`: one writer of a thread's claims and leases at a time.
 //! - `pooler`: a claims target that is a transaction pooler, refused at start.
 
 mod answer_in_write;
+mod claim_first;
 mod client;
 mod conn;
 mod credential;

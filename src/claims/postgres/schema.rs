@@ -11,6 +11,7 @@
 use postgres::Client;
 
 use super::answer_in_write::answer_in_write_migration;
+use super::claim_first::claim_first_migration;
 use super::db_clock::db_clock_migration;
 use super::evidence_batch::evidence_batch_migration;
 use super::fence::{
@@ -374,6 +375,9 @@ $f$;
         // One writer of a thread's claims and leases at a time (see
         // `thread_lock`).
         thread_lock_migration(s),
+        // A claim's first step on its own, askable ahead (see
+        // `claim_first`).
+        claim_first_migration(s),
     ]
 }
 

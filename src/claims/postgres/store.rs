@@ -186,37 +186,101 @@ impl ClaimStore {
     ) -> Result<(ClaimOutcome, i64), StoreError> {
         let now = now.into();
         let gone_grace_ms = self.timings.current().holder_gone_grace_ms;
+        let lease_ms = self.run_lease_ms();
         self.on_clock("taking a claim", now, |tx| {
-            let s = tx.schema;
-            let mine = tx.instance;
-            let rows = tx.query(
-                &format!(
-                    "SELECT {COLUMNS}, outcome, decided_at_ms FROM (SELECT (f.c).*, f.outcome, \
-                     f.decided_at_ms FROM \
-                     {s}.claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) f) x"
-                ),
-                &[
-                    &key.at.thread_id,
-                    &key.at.checkpoint_ns,
-                    &key.at.checkpoint_id,
-                    &key.fingerprint,
-                    &holder.proxy_id,
-                    &(holder.session_id as i64),
-                    &holder.client_addr,
-                    &holder.application_name,
-                    &mine,
-                    &lapse_ms.max(0),
-                    &self.superseded_grace_ms,
-                    &gone_grace_ms,
-                    &self.run_lease_ms(),
-                ],
+            let rows = self.claim_call(
+                tx,
+                "claim",
+                (key, holder, lapse_ms),
+                &[&gone_grace_ms, &lease_ms],
             )?;
-            let decided_at: i64 = match rows.first() {
-                Some(r) => r.try_get(19)?,
-                None => return Err(Fail("the claim function returned no outcome".into())),
-            };
-            Ok((outcome_of(&rows)?, decided_at))
+            match rows.first() {
+                Some(r) => Ok((outcome_of(&rows)?, r.try_get(19)?)),
+                None => Err(Fail("the claim function returned no outcome".into())),
+            }
         })
+    }
+
+    /// A claim's first step alone, `<schema>.claim_first(...)`: the claim
+    /// if a first reader takes it or `holder` already holds it (with the
+    /// server's clock when it decided), else `None` and nothing changed.
+    pub fn try_claim_first(
+        &self,
+        key: &ClaimKey,
+        holder: &Holder,
+        now: impl Into<Now>,
+        lapse_ms: i64,
+    ) -> Result<Option<(ClaimOutcome, i64)>, StoreError> {
+        self.on_clock("taking a free claim", now.into(), |tx| {
+            let rows = self.claim_call(tx, "claim_first", (key, holder, lapse_ms), &[])?;
+            match rows.first() {
+                Some(r) => Ok(Some((outcome_of(&rows)?, r.try_get(19)?))),
+                None => Ok(None),
+            }
+        })
+    }
+
+    /// Calls the claim function `function` (`claim` or `claim_first`) for
+    /// `key` and `holder`: the parameters both take, then `more`.
+    fn claim_call(
+        &self,
+        tx: &mut Tx<'_>,
+        function: &str,
+        (key, holder, lapse_ms): (&ClaimKey, &Holder, i64),
+        more: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<postgres::Row>, Fail> {
+        let s = tx.schema;
+        let mine = tx.instance;
+        let session = holder.session_id as i64;
+        let lapse_ms = lapse_ms.max(0);
+        let mut params = key_params(key);
+        params.extend_from_slice(&[
+            &holder.proxy_id,
+            &session,
+            &holder.client_addr,
+            &holder.application_name,
+            &mine,
+            &lapse_ms,
+            &self.superseded_grace_ms,
+        ]);
+        params.extend_from_slice(more);
+        let placeholders: Vec<String> = (1..=params.len()).map(|i| format!("${i}")).collect();
+        Ok(tx.query(
+            &format!(
+                "SELECT {COLUMNS}, outcome, decided_at_ms FROM (SELECT (f.c).*, f.outcome, \
+                 f.decided_at_ms FROM {s}.{function}({}) f) x",
+                placeholders.join(", ")
+            ),
+            &params,
+        )?)
+    }
+
+    /// Deletes the claim `holder` took on `key` at `epoch` if it still
+    /// holds it there: a claim taken for a head that was not the one read
+    /// (see `enforce::claim_ahead`), undone as if never taken. Whether it
+    /// was there to delete.
+    pub fn withdraw(
+        &self,
+        key: &ClaimKey,
+        holder: &Holder,
+        epoch: i64,
+    ) -> Result<bool, StoreError> {
+        let session = holder.session_id as i64;
+        self.conn
+            .with_single("withdrawing a claim", |tx| {
+                let s = tx.schema;
+                let mut params = key_params(key);
+                params.extend_from_slice(&[&holder.proxy_id, &session, &epoch]);
+                tx.execute(
+                    &format!(
+                        "DELETE FROM {s}.claims WHERE {KEY_MATCH} AND state = 'held' \
+                         AND proxy_id = $5 AND session_id = $6 AND epoch = $7"
+                    ),
+                    &params,
+                )
+                .map_err(Fail::from)
+            })
+            .map(|n| n == 1)
     }
 
     /// Runs one decision on the server's clock; in a test build, at the
@@ -585,6 +649,16 @@ impl ClaimStore {
 /// The rows `<schema>.claim(...)` returned, as the reader's outcome: one
 /// row labelled with it, or for a row handed over, the row as it was
 /// (`taken_over_from`, `taken_from`: released) and as it is now (`now`).
+/// A claim key's four columns as the first four parameters ([`KEY_MATCH`]).
+fn key_params(key: &ClaimKey) -> Vec<&(dyn postgres::types::ToSql + Sync)> {
+    vec![
+        &key.at.thread_id,
+        &key.at.checkpoint_ns,
+        &key.at.checkpoint_id,
+        &key.fingerprint,
+    ]
+}
+
 fn outcome_of(rows: &[postgres::Row]) -> Result<ClaimOutcome, Fail> {
     let mut labelled = Vec::with_capacity(rows.len());
     for r in rows {
