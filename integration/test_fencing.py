@@ -41,6 +41,8 @@ from test_consume_once import Env, audit_ops, ledger, one_resumer, ops, park
 LAPSE_MS = 1000
 SLOW_GATE_MS = LAPSE_MS + 3000
 FENCED = "RGF01"
+# The application_name whose reads fx-A and fx-B take as inspection.
+INSPECTOR = "fx-inspect"
 
 
 @pytest.fixture(scope="module", params=["lookup", "in_transaction"])
@@ -53,7 +55,8 @@ def fx(proxy_factory, direct_dsn, workdir, pg, request) -> Env:
                 if place == "in_transaction" else None)
     cfg = workdir / "fx.toml"
     cfg.write_text(f'[enforce]\nconsume_once = true\n\n[claims]\n'
-                   f'lapse_ms = {LAPSE_MS}\npolicy = "wait"\nholder_gone_grace_ms = 1000\n')
+                   f'lapse_ms = {LAPSE_MS}\npolicy = "wait"\nholder_gone_grace_ms = 1000\n'
+                   f'inspection_application_names = ["^{INSPECTOR}$"]\n')
     state = workdir / f"fx-state-{uuid.uuid4().hex[:6]}"
     admin = free_port()
     a = proxy_factory("--config", str(cfg), "--proxy-id", "fx-A", "--admin-listen",
@@ -240,7 +243,15 @@ def test_a_replayed_write_from_a_session_that_never_held_the_claim_is_fenced(fx)
 
 def metric(env: Env, name: str, label: str) -> dict[str, float]:
     """fx-A's metric `name` (a counter, or a histogram's _count), by `label`."""
-    text = urllib.request.urlopen(f"{env.admin}/metrics", timeout=10).read().decode()
+    deadline = time.time() + 10
+    while True:  # the admin listener comes up just after the proxy's own
+        try:
+            text = urllib.request.urlopen(f"{env.admin}/metrics", timeout=10).read().decode()
+            break
+        except urllib.error.URLError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.05)
     out = {}
     for line in text.splitlines():
         if line.startswith(name + "{"):
@@ -407,3 +418,74 @@ def test_a_holders_re_read_of_its_claim_asks_the_store_nothing(fx):
                 (known_after, after_second)
     assert outcome["A"] == outcome["direct"] == {"items": ["prep", "gate:yes", "after"],
                                                  "approved": "yes"}, outcome
+
+
+def claims_db(env: Env) -> str:
+    """Where the proxies keep their claims: beside the checkpoints, or in ``postgres``."""
+    if env.place == "in_transaction":
+        return env.direct
+    head, tail = env.direct.rsplit("/", 1)
+    query = tail.split("?", 1)[1:]
+    return f"{head}/postgres" + (f"?{query[0]}" if query else "")
+
+
+def test_a_parked_heads_claim_is_asked_beside_the_read_that_returns_it(fx):
+    """Sync saver through fx-A: a thread parks, a marked get_state reads its parked
+    head, and a resume on a new connection reads that head again. Its claim was asked
+    beside the read (``claims_ahead`` used, one ``claim_ahead`` store call, no ``claim``
+    call after the head came back); the gate fires once and the run ends as straight
+    to PostgreSQL. Then a thread fx-A saw parked is resumed straight to PostgreSQL
+    (no claim): fx-A's next read of its head asks the old head's claim ahead, takes
+    it, finds another head and withdraws it, leaving no claim row behind."""
+    outcome = {}
+    for via in ("direct", "A"):
+        dsn = fx.direct if via == "direct" else fx.dsn("A")
+        look = fx.direct if via == "direct" else fx.dsn("A", app=INSPECTOR)
+        thread = tid(f"ahead-{via}")
+        R.CTX["racer"] = f"ahead{via}"
+        R.CTX["thread"] = thread
+        with R.Runner("conn", dsn) as r:
+            r.invoke("one", dict(R.INITIAL), thread)
+        with R.Runner("conn", look) as r:
+            assert r.get_state("one", thread).interrupts
+        calls = store_calls(fx)
+        ahead = metric(fx, "resumeguard_claims_ahead_total", "result")
+        with R.Runner("conn", dsn) as r:
+            res = r.invoke("one", R.Command(resume="yes"), thread)
+        after_calls = store_calls(fx)
+        after_ahead = metric(fx, "resumeguard_claims_ahead_total", "result")
+        outcome[via] = R.plain(res)
+        gates = [row for row in ledger(fx, thread) if row[1] == "gate"]
+        assert len(gates) == 1, gates
+        if via == "A":
+            assert after_ahead.get("used", 0) - ahead.get("used", 0) == 1, (ahead, after_ahead)
+            assert after_calls.get("claim_ahead", 0) - calls.get("claim_ahead", 0) == 1, \
+                (calls, after_calls)
+            assert after_calls.get("claim", 0) == calls.get("claim", 0), (calls, after_calls)
+    assert outcome["A"] == outcome["direct"] == {"items": ["prep", "gate:yes", "after"],
+                                                 "approved": "yes"}, outcome
+
+    thread = tid("ahead-stale")
+    R.CTX["racer"] = "aheadstale"
+    R.CTX["thread"] = thread
+    with R.Runner("conn", fx.dsn("A")) as r:
+        r.invoke("one", dict(R.INITIAL), thread)
+    with R.Runner("conn", fx.dsn("A", app=INSPECTOR)) as r:
+        assert r.get_state("one", thread).interrupts
+    with R.Runner("conn", fx.direct) as r:
+        r.invoke("one", R.Command(resume="yes"), thread)
+    ahead = metric(fx, "resumeguard_claims_ahead_total", "result")
+    with R.Runner("conn", fx.dsn("A")) as r:
+        assert not r.get_state("one", thread).interrupts
+    # Withdrawn by the read's end, or by the asking thread once the store answers.
+    deadline = time.time() + 10
+    while True:
+        after_ahead = metric(fx, "resumeguard_claims_ahead_total", "result")
+        if after_ahead.get("withdrawn", 0) > ahead.get("withdrawn", 0) or time.time() > deadline:
+            break
+        time.sleep(0.05)
+    assert after_ahead.get("withdrawn", 0) - ahead.get("withdrawn", 0) == 1, (ahead, after_ahead)
+    with psycopg.connect(claims_db(fx), autocommit=True) as c:
+        left = c.execute("select state from resumeguard.claims where thread_id = %s",
+                         (thread,)).fetchall()
+    assert left == [], left

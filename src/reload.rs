@@ -316,6 +316,7 @@ impl Reloader {
                     inspection_sql_hint: s.inspection_sql_hint,
                     evidence: leg.evidence.clone(),
                     held: Arc::clone(&leg.held),
+                    parked: Arc::clone(&leg.parked),
                     draining: leg.draining.clone(),
                     fence_in_transaction: leg.fence_in_transaction.clone(),
                 })),
@@ -484,6 +485,7 @@ mod tests {
                 inspection_sql_hint: s.inspection_sql_hint,
                 evidence: None,
                 held: Arc::default(),
+                parked: Arc::default(),
                 draining: Default::default(),
                 fence_in_transaction: None,
             })

@@ -447,6 +447,7 @@ fn legs(
                 inspection_sql_hint: c.inspection_sql_hint,
                 evidence: Some(evidence),
                 held: Arc::default(),
+                parked: Arc::default(),
                 draining: draining.clone(),
             }))
         }

@@ -14,8 +14,10 @@ use bytes::Bytes;
 use regex::Regex;
 use serde::Serialize;
 
+use super::claim_ahead::AheadClaim;
 use super::events::detail;
 use super::held_claims::HeldClaims;
+use super::parked_heads::ParkedHeads;
 use crate::admin::metrics::claims_store_call;
 use crate::audit::{AuditEvent, Operation, SessionContext};
 use crate::log_text::shown;
@@ -55,6 +57,9 @@ pub struct ClaimsLeg {
     /// The claims this proxy's sessions hold, as last answered (shared by
     /// the legs a reload makes).
     pub held: Arc<HeldClaims>,
+    /// The parked heads this proxy's sessions last read, whose claims are
+    /// asked beside the next read (shared by the legs a reload makes).
+    pub parked: Arc<ParkedHeads>,
     /// Set when the proxy begins shutting down: from then on no claim,
     /// takeover or run is granted, and waiting readers are refused.
     pub draining: Draining,
@@ -127,13 +132,23 @@ impl ClaimsLeg {
     /// session: such a reader is never served a parked head, since its
     /// node would run with nothing it writes able to commit (a claim it
     /// took is then its session's to lose, as a crash's is).
-    pub fn resolve(&self, req: &ClaimRequest, server_closed: &dyn Fn() -> bool) -> Resolution {
+    /// `ahead` is the claim asked beside the read, if it was.
+    pub fn resolve(
+        &self,
+        req: &ClaimRequest,
+        ahead: Option<AheadClaim>,
+        server_closed: &dyn Fn() -> bool,
+    ) -> Resolution {
         if req.head == Head::Running {
             return self.check_run_lease(req);
         }
-        let mut resolution = match self.known_held(req) {
+        let known = match ahead {
+            Some(_) => None,
+            None => self.known_held(req),
+        };
+        let mut resolution = match known {
             Some(held) => held,
-            None => self.wait_for_claim(req, server_closed),
+            None => self.wait_for_claim(req, ahead, server_closed),
         };
         if matches!(resolution.decision, ClaimDecision::Serve { .. }) && server_closed() {
             resolution.decision = session_ended();
@@ -141,8 +156,14 @@ impl ClaimsLeg {
         resolution
     }
 
-    /// Asks the store until it decides (see [`Self::resolve`]).
-    fn wait_for_claim(&self, req: &ClaimRequest, server_closed: &dyn Fn() -> bool) -> Resolution {
+    /// Asks the store until it decides (see [`Self::resolve`]); the claim
+    /// asked ahead, if it answers for this head, is the first answer.
+    fn wait_for_claim(
+        &self,
+        req: &ClaimRequest,
+        mut ahead: Option<AheadClaim>,
+        server_closed: &dyn Fn() -> bool,
+    ) -> Resolution {
         // A local wait: the monotonic clock, not the claims clock.
         let started = Instant::now();
         let mut waited_ms = 0;
@@ -167,10 +188,16 @@ impl ClaimsLeg {
                     epoch: None,
                 };
             }
-            let asked_at = Instant::now();
-            let (outcome, decided_at_ms) = match self.try_claim(req) {
-                Ok((outcome, at)) => (Ok(outcome), at),
-                Err(e) => (Err(e), 0),
+            let answered_ahead = ahead.take().and_then(|a| a.answer_for(&req.key));
+            let (outcome, decided_at_ms, asked_at) = match answered_ahead {
+                Some((outcome, at, asked_at)) => (Ok(outcome), at, asked_at),
+                None => {
+                    let asked_at = Instant::now();
+                    match self.try_claim(req) {
+                        Ok((outcome, at)) => (Ok(outcome), at, asked_at),
+                        Err(e) => (Err(e), 0, asked_at),
+                    }
+                }
             };
             let (displaced, takeover) = match &outcome {
                 Ok(ClaimOutcome::TakenOver { previous, .. }) => {
@@ -293,14 +320,17 @@ fn session_ended() -> ClaimDecision {
 pub struct ClaimTicket {
     leg: Arc<ClaimsLeg>,
     pub request: ClaimRequest,
+    /// The claim asked beside the read, if it was.
+    ahead: Option<AheadClaim>,
     pub resolution: Option<Resolution>,
 }
 
 impl ClaimTicket {
-    pub fn new(leg: Arc<ClaimsLeg>, request: ClaimRequest) -> Self {
+    pub fn new(leg: Arc<ClaimsLeg>, request: ClaimRequest, ahead: Option<AheadClaim>) -> Self {
         ClaimTicket {
             leg,
             request,
+            ahead,
             resolution: None,
         }
     }
@@ -316,7 +346,8 @@ impl std::fmt::Debug for ClaimsLeg {
 
 impl Ticket for ClaimTicket {
     fn decide(&mut self, server_closed: &dyn Fn() -> bool) {
-        self.resolution = Some(self.leg.resolve(&self.request, server_closed));
+        let ahead = self.ahead.take();
+        self.resolution = Some(self.leg.resolve(&self.request, ahead, server_closed));
     }
 
     fn into_any(self: Box<Self>) -> Box<dyn Any> {

@@ -10,7 +10,9 @@
 //! - `validity`, `claim_gate`, `fencing`: the validity gate, the
 //!   consume-once gate, and the fencing of writes continuing a claimed
 //!   checkpoint from sessions other than its holder; `held_claims`: the
-//!   claims this proxy's sessions hold, for a holder's own re-read.
+//!   claims this proxy's sessions hold, for a holder's own re-read;
+//!   `parked_heads`, `claim_ahead`: a parked head's claim asked beside
+//!   the read that returns it.
 //! - `history`: the delta-channel history read never returns the writes
 //!   the legs guard.
 //! - `reload`: the rule set a running proxy replaces (SIGHUP).
@@ -18,6 +20,7 @@
 //! - `shared_session`: a session carrying several clients (a transaction
 //!   pooler in front), said loudly.
 
+pub mod claim_ahead;
 pub mod claim_gate;
 mod events;
 mod evidence;
@@ -26,6 +29,7 @@ pub mod held_claims;
 mod history;
 mod late_duplicate;
 pub mod own_schema;
+pub mod parked_heads;
 pub mod reload;
 pub mod session;
 pub mod shared_session;

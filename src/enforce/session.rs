@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
+use super::claim_ahead::AheadClaim;
 use super::claim_gate::{apply_claim, ClaimRequest, ClaimTicket, Head, Resolution};
 use super::events::rejected;
 use super::evidence::continuation;
@@ -204,6 +205,23 @@ impl SessionEnforcer {
         })
     }
 
+    /// For a read of a head this proxy last saw parked, and whose claim
+    /// this session is not known to hold: that claim, asked now, beside
+    /// the read (see `claim_ahead`).
+    fn claim_ahead(&self, watch: &Watch) -> Option<AheadClaim> {
+        let leg = self.shared.legs.claims.as_ref()?;
+        if leg.draining.is_set() || !leg.store.live() {
+            return None;
+        }
+        let (thread, ns) = watch.head_address()?;
+        let key = leg.parked.expected(&thread, &ns)?;
+        let holder = self.holder(&leg.proxy_id);
+        if leg.held.answer(&key, &holder, Instant::now()).is_some() {
+            return None;
+        }
+        AheadClaim::ask(Arc::clone(&leg.store), key, holder, leg.lapse_ms)
+    }
+
     /// A held head row's claim was decided: what this session now holds
     /// is remembered for fencing, the decision audited; returns the
     /// refusal the client gets instead of the row, if any.
@@ -244,6 +262,10 @@ impl SessionEnforcer {
         let Some(Ok(rec)) = record else {
             return FenceStep::Pass;
         };
+        if let (Some(thread), Some(ns)) = (&rec.thread_id, &rec.checkpoint_ns) {
+            // The namespace's head is about to move.
+            leg.parked.forget(thread, ns);
+        }
         if let (StatementKind::WritesUpsert(_) | StatementKind::WritesInsertIgnore(_), Some(at)) =
             (kind, parked_on(rec))
         {
@@ -465,6 +487,9 @@ impl Hooks for SessionEnforcer {
         w.record = b.record.clone();
         w.inspect = self.inspecting() || b.inspect_hint;
         w.executed_at = Some(Instant::now());
+        if !w.inspect {
+            w.ahead = self.claim_ahead(&w);
+        }
         if self.shared.legs.claims.is_some() && !matches!(b.class.kind, StatementKind::Read(_)) {
             w.sent_at = w.executed_at;
         }
@@ -509,6 +534,7 @@ impl Hooks for SessionEnforcer {
                 step.hold = Some(HeldTicket(Box::new(ClaimTicket::new(
                     Arc::clone(leg),
                     request,
+                    watch.ahead.take(),
                 ))));
             }
         }
@@ -535,9 +561,12 @@ impl Hooks for SessionEnforcer {
         }
         crate::admin::metrics::forks_served(watch.forks.len());
         let events = watch.events(&self.ctx);
-        if self.shared.legs.claims.is_some() {
+        if let Some(leg) = &self.shared.legs.claims {
             if let Some(row) = watch.finished_head() {
                 self.late.read_finished(&row.at, &row.metadata);
+            }
+            if let (Some(parked), Some((thread, ns))) = (watch.head_seen(), watch.head_address()) {
+                leg.parked.read(&thread, &ns, parked);
             }
         }
         if matches!(watch.class.kind, StatementKind::Read(_)) {

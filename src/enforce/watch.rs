@@ -46,6 +46,8 @@ pub struct Watch {
     pub(super) forks: Vec<ForkServed>,
     /// The answer is the proxy's own fence check ahead of this write.
     pub fence: Option<super::fencing::FenceCheck>,
+    /// For a read of a head expected parked: its claim, asked beside it.
+    pub ahead: Option<super::claim_ahead::AheadClaim>,
 }
 
 /// A write's row as decoded from its Bind, shared by the validity gate,
@@ -74,6 +76,7 @@ impl Watch {
             row_errors: 0,
             forks: Vec::new(),
             fence: None,
+            ahead: None,
         }
     }
 
@@ -212,20 +215,32 @@ impl Watch {
     /// For a read of a namespace's head whose last row is parked (carries
     /// an `__interrupt__` write): the claim key of that interrupt.
     pub fn parked_claim_key(&self) -> Option<ClaimKey> {
-        let row = self.gated_head()?;
-        let interrupts: Vec<(&str, Option<&[u8]>)> = row
-            .pending_writes
-            .iter()
-            .filter(|w| w.channel == INTERRUPT)
-            .map(|w| (w.task_id.as_str(), w.blob.as_deref()))
-            .collect();
-        if interrupts.is_empty() {
+        parked_key(self.gated_head()?)
+    }
+
+    /// The thread and namespace a read of a namespace's head addresses,
+    /// from its parameters.
+    pub fn head_address(&self) -> Option<(String, String)> {
+        let StatementKind::Read(shape) = &self.class.kind else {
+            return None;
+        };
+        if shape.mode != ReadMode::Latest {
             return None;
         }
-        Some(ClaimKey {
-            at: row.at.clone(),
-            fingerprint: interrupt_fingerprint(&interrupts),
-        })
+        let bound = self.bound.as_ref()?;
+        let text = |param: Option<usize>| -> Option<String> {
+            let value = bound.value(param?, ColumnKind::Text).ok()?;
+            value.as_str().map(str::to_owned)
+        };
+        Some((text(shape.thread_param)?, text(shape.ns_param)?))
+    }
+
+    /// For a completed read of a namespace's head, inspection or not: the
+    /// head's claim key if it is parked, `None` if it is not or there was
+    /// none (`None` altogether for any other statement).
+    pub fn head_seen(&self) -> Option<Option<ClaimKey>> {
+        self.head_address()?;
+        Some(self.rows.last().and_then(parked_key))
     }
 
     /// For a read of a namespace's head that is not parked but has tasks
@@ -269,4 +284,21 @@ impl Watch {
             _ => Ok(Vec::new()),
         }
     }
+}
+
+/// The claim key of a head row parked on its `__interrupt__` writes.
+fn parked_key(row: &CheckpointRow) -> Option<ClaimKey> {
+    let interrupts: Vec<(&str, Option<&[u8]>)> = row
+        .pending_writes
+        .iter()
+        .filter(|w| w.channel == INTERRUPT)
+        .map(|w| (w.task_id.as_str(), w.blob.as_deref()))
+        .collect();
+    if interrupts.is_empty() {
+        return None;
+    }
+    Some(ClaimKey {
+        at: row.at.clone(),
+        fingerprint: interrupt_fingerprint(&interrupts),
+    })
 }

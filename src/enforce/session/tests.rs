@@ -572,6 +572,7 @@ fn claiming_state_on(
         inspection_sql_hint: false,
         evidence: None,
         held: Arc::default(),
+        parked: Arc::default(),
         draining: Default::default(),
         fence_in_transaction: None,
     };
