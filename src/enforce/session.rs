@@ -565,7 +565,7 @@ impl Hooks for SessionEnforcer {
             if let Some(row) = watch.finished_head() {
                 self.late.read_finished(&row.at, &row.metadata);
             }
-            if let (Some(parked), Some((thread, ns))) = (watch.head_seen(), watch.head_address()) {
+            if let Some((thread, ns, parked)) = watch.head_seen() {
                 leg.parked.read(&thread, &ns, parked);
             }
         }

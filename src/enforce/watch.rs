@@ -235,12 +235,13 @@ impl Watch {
         Some((text(shape.thread_param)?, text(shape.ns_param)?))
     }
 
-    /// For a completed read of a namespace's head, inspection or not: the
-    /// head's claim key if it is parked, `None` if it is not or there was
-    /// none (`None` altogether for any other statement).
-    pub fn head_seen(&self) -> Option<Option<ClaimKey>> {
-        self.head_address()?;
-        Some(self.rows.last().and_then(parked_key))
+    /// For a completed read of a namespace's head, inspection or not: its
+    /// thread and namespace, and the head's claim key if it is parked
+    /// (`None` if it is not or there was none; `None` altogether for any
+    /// other statement).
+    pub fn head_seen(&self) -> Option<(String, String, Option<ClaimKey>)> {
+        let (thread, ns) = self.head_address()?;
+        Some((thread, ns, self.rows.last().and_then(parked_key)))
     }
 
     /// For a read of a namespace's head that is not parked but has tasks
