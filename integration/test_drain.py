@@ -216,11 +216,13 @@ def test_sigterm_during_a_gated_node_fires_once_and_the_run_is_continued_once(db
         # LangGraph's saver writes in psycopg pipeline mode, and a pipeline on a
         # connection the server ended reports it lost, without the FATAL's SQLSTATE:
         # the same as on a backend PostgreSQL itself terminated (beside it)
-        # (which of psycopg's two lost-connection messages depends on when it
-        # notices the close: at the next send, or reading the result)
+        # (which of psycopg's lost-connection messages depends on when it notices
+        # the close: flushing the next send, reading the result, or after either)
         stock = pipeline_on_a_terminated_backend(db)
+        lost = ("server closed the connection unexpectedly", "the connection is closed")
+        assert any(m in stock for m in lost), stock
         assert h["error"]["class"] == "OperationalError", (h, stock)
-        assert h["error"]["message"] in {stock, "the connection is closed"}, (h, stock)
+        assert any(m in h["error"]["message"] for m in lost), (h, stock)
     else:
         assert h["ok"] or h["error"]["sqlstate"] == ADMIN_SHUTDOWN, h
     assert ledger(db, thread) == [("holder", "gate")]
