@@ -384,7 +384,7 @@ def claims_outcomes(env: Env) -> dict[str, float]:
 
 def test_a_holders_re_read_of_its_claim_asks_the_store_nothing(fx):
     """Sync saver, one connection through fx-A: an unmarked get_state claims the
-    parked head (one claim store call), the resume on the same connection reads the
+    parked head (one claim store call: ``claim_ahead``, fx-A parked it), the resume on the same connection reads the
     head again: answered from what the proxy remembers of its session's claim
     (claims outcome held_known), no second claim store call; the gate fires once and
     the run ends as it does straight to PostgreSQL. A second get_state after the
@@ -409,8 +409,10 @@ def test_a_holders_re_read_of_its_claim_asks_the_store_nothing(fx):
         gates = [row for row in ledger(fx, thread) if row[1] == "gate"]
         assert len(gates) == 1, gates
         if via == "A":
-            assert after_state.get("claim", 0) - calls.get("claim", 0) == 1, (calls, after_state)
-            assert after_resume.get("claim", 0) == after_state.get("claim", 0), \
+            def claim_calls(c: dict) -> float:
+                return c.get("claim", 0) + c.get("claim_ahead", 0)
+            assert claim_calls(after_state) - claim_calls(calls) == 1, (calls, after_state)
+            assert claim_calls(after_resume) == claim_calls(after_state), \
                 (after_state, after_resume)
             assert known_after.get("held_known", 0) - known.get("held_known", 0) == 1, \
                 (known, known_after)
@@ -489,3 +491,35 @@ def test_a_parked_heads_claim_is_asked_beside_the_read_that_returns_it(fx):
         left = c.execute("select state from resumeguard.claims where thread_id = %s",
                          (thread,)).fetchall()
     assert left == [], left
+
+
+def test_a_thread_parked_through_the_proxy_is_claimed_beside_its_first_read(fx):
+    """Sync saver: a thread parked through fx-A is resumed through fx-A on a new
+    connection with no read between. fx-A learned the parked head from the park's
+    committed ``__interrupt__`` write, so the resume's read asks its claim ahead and
+    uses it (no ``claim`` call after the head came back). A thread parked straight to
+    PostgreSQL is unknown to fx-A: its resume claims after the read. Both fire the gate
+    once and end as straight to PostgreSQL."""
+    outcome = {}
+    for parked_via in ("direct", "A"):
+        thread = tid(f"park-ahead-{parked_via}")
+        R.CTX["racer"] = f"parkahead{parked_via}"
+        R.CTX["thread"] = thread
+        with R.Runner("conn", fx.direct if parked_via == "direct" else fx.dsn("A")) as r:
+            r.invoke("one", dict(R.INITIAL), thread)
+        calls = store_calls(fx)
+        ahead = metric(fx, "resumeguard_claims_ahead_total", "result")
+        with R.Runner("conn", fx.dsn("A")) as r:
+            outcome[parked_via] = R.plain(r.invoke("one", R.Command(resume="yes"), thread))
+        after_calls = store_calls(fx)
+        after_ahead = metric(fx, "resumeguard_claims_ahead_total", "result")
+        gates = [row for row in ledger(fx, thread) if row[1] == "gate"]
+        assert len(gates) == 1, gates
+        used = after_ahead.get("used", 0) - ahead.get("used", 0)
+        claims = after_calls.get("claim", 0) - calls.get("claim", 0)
+        asked = after_calls.get("claim_ahead", 0) - calls.get("claim_ahead", 0)
+        expected = (1, 0, 1) if parked_via == "A" else (0, 1, 0)
+        assert (used, claims, asked) == expected, (parked_via, calls, after_calls, after_ahead)
+    assert outcome["A"] == outcome["direct"] == {"items": ["prep", "gate:yes", "after"],
+                                                 "approved": "yes"}, outcome
+

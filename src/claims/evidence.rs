@@ -440,6 +440,14 @@ impl Evidence {
         }
     }
 
+    /// The thread a deletion removed, for thread deletion evidence.
+    pub fn deleted_thread(&self) -> Option<&str> {
+        match self {
+            Evidence::ThreadDeleted { thread_id } => Some(thread_id),
+            _ => None,
+        }
+    }
+
     /// Its kind, as the audit trail names it.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -16,9 +16,10 @@ use super::evidence::continuation;
 use super::fencing::{FenceCheck, FenceGate, FenceStep, Fenced};
 use super::history::history_refusal;
 use super::late_duplicate::{LateDuplicate, LateGate};
+use super::parked_heads::Interrupt;
 use super::shared_session::SharedSessionWatch;
 use super::validity::{ValidityGate, CHECK_VIOLATION};
-use super::watch::{Watch, WriteDecode};
+use super::watch::{parked_on, Watch, WriteDecode};
 use super::Enforcement;
 use crate::audit::{AuditEvent, SessionContext};
 use crate::claims::evidence::{Evidence, EvidenceSender};
@@ -30,7 +31,6 @@ use crate::policy::claims::{
 use crate::saver::bind::BoundParams;
 use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::classify::{Classified, StatementKind};
-use crate::saver::reserved::INTERRUPT;
 use crate::saver::write_record::WriteRecord;
 use crate::wire::backend::error_fields;
 use crate::wire::guard::{ClientError, HeldTicket, ServerStep};
@@ -71,6 +71,9 @@ pub struct SessionEnforcer {
     pub ready_evidence: Vec<Evidence>,
     /// Checkpoints this session put that have not committed yet.
     uncommitted_created: Vec<CheckpointRef>,
+    /// `__interrupt__` writes of the open transaction: once committed,
+    /// the heads they park (see `parked_heads`).
+    uncommitted_parks: Vec<(CheckpointRef, Interrupt)>,
     /// Events ready for the audit sink.
     pub ready_events: Vec<AuditEvent>,
     segment_failed: bool,
@@ -98,6 +101,7 @@ impl SessionEnforcer {
             uncommitted_evidence: Vec::new(),
             ready_evidence: Vec::new(),
             uncommitted_created: Vec::new(),
+            uncommitted_parks: Vec::new(),
             ready_events: Vec::new(),
             segment_failed: false,
             validity: ValidityGate::new(show_values),
@@ -262,15 +266,18 @@ impl SessionEnforcer {
         let Some(Ok(rec)) = record else {
             return FenceStep::Pass;
         };
-        if let (Some(thread), Some(ns)) = (&rec.thread_id, &rec.checkpoint_ns) {
-            // The namespace's head is about to move.
-            leg.parked.forget(thread, ns);
-        }
-        if let (StatementKind::WritesUpsert(_) | StatementKind::WritesInsertIgnore(_), Some(at)) =
-            (kind, parked_on(rec))
-        {
+        let address = (&rec.thread_id, &rec.checkpoint_ns, &rec.checkpoint_id);
+        match (kind, parked_on(rec), address) {
             // From now on a reader may claim this checkpoint.
-            self.fencing.parks(&at);
+            (kind, Some(at), _) if kind.is_pending_write() => self.fencing.parks(&at),
+            // The namespace's head is about to move.
+            (StatementKind::CheckpointUpsert(_), _, (Some(thread), Some(ns), Some(id))) => {
+                leg.parked.put(thread, ns, id)
+            }
+            (kind, _, (Some(thread), Some(ns), Some(id))) if kind.is_pending_write() => {
+                leg.parked.written_on(thread, ns, id)
+            }
+            _ => {}
         }
         let Some(cont) = continuation(kind, rec) else {
             return FenceStep::Pass;
@@ -573,10 +580,17 @@ impl Hooks for SessionEnforcer {
             self.ready_events.extend(events);
         } else {
             self.uncommitted.extend(events);
-            if self.shared.legs.claims.is_some() {
-                self.uncommitted_evidence.extend(watch.evidence());
+            if let Some(leg) = &self.shared.legs.claims {
+                let evidence = watch.evidence();
+                for gone in evidence.iter().filter_map(Evidence::deleted_thread) {
+                    leg.parked.thread_deleted(gone);
+                }
+                self.uncommitted_evidence.extend(evidence);
                 if let Some(at) = watch.created_checkpoint() {
                     self.uncommitted_created.push(at);
+                }
+                if let Some(parks) = watch.interrupt_written() {
+                    self.uncommitted_parks.push(parks);
                 }
             }
         }
@@ -614,11 +628,17 @@ impl Hooks for SessionEnforcer {
                 for at in self.uncommitted_created.drain(..) {
                     self.fencing.created(at);
                 }
+                if let Some(leg) = &self.shared.legs.claims {
+                    for (at, interrupt) in self.uncommitted_parks.drain(..) {
+                        leg.parked.interrupt_written(&at, interrupt);
+                    }
+                }
             }
             TxnStatus::Idle | TxnStatus::Failed => {
                 self.uncommitted.clear();
                 self.uncommitted_evidence.clear();
                 self.uncommitted_created.clear();
+                self.uncommitted_parks.clear();
             }
             TxnStatus::InBlock => {}
         }
@@ -632,6 +652,7 @@ impl Hooks for SessionEnforcer {
         self.uncommitted.clear();
         self.uncommitted_evidence.clear();
         self.uncommitted_created.clear();
+        self.uncommitted_parks.clear();
         self.fencing.end_transaction();
     }
 
@@ -645,16 +666,6 @@ impl Hooks for SessionEnforcer {
             self.ctx.application_name = to;
         }
     }
-}
-
-/// The checkpoint a pending write parks on (an `__interrupt__` write).
-fn parked_on(rec: &WriteRecord) -> Option<CheckpointRef> {
-    (rec.channel.as_deref() == Some(INTERRUPT)).then_some(())?;
-    Some(CheckpointRef {
-        thread_id: rec.thread_id.clone()?,
-        checkpoint_ns: rec.checkpoint_ns.clone()?,
-        checkpoint_id: rec.checkpoint_id.clone()?,
-    })
 }
 
 /// Under `[enforce] unknown_saver = "refuse"`: the refusal of a

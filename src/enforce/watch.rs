@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
+use super::parked_heads::Interrupt;
 use crate::claims::{interrupt_fingerprint, ClaimKey};
 use crate::policy::fork::{fork_filter, ForkVerdict};
 use crate::saver::bind::BoundParams;
@@ -78,6 +79,19 @@ impl Watch {
             fence: None,
             ahead: None,
         }
+    }
+
+    /// For a completed `__interrupt__` write: the checkpoint it parks and
+    /// the interrupt (its task and value).
+    pub fn interrupt_written(&self) -> Option<(CheckpointRef, Interrupt)> {
+        if !self.class.kind.is_pending_write() {
+            return None;
+        }
+        let Some(Ok(rec)) = &self.record else {
+            return None;
+        };
+        let at = parked_on(rec)?;
+        Some((at, (rec.task_id.clone()?, rec.blob.clone())))
     }
 
     /// The checkpoint a completed put created.
@@ -288,6 +302,16 @@ impl Watch {
 }
 
 /// The claim key of a head row parked on its `__interrupt__` writes.
+/// The checkpoint a pending write parks on (an `__interrupt__` write).
+pub(super) fn parked_on(rec: &WriteRecord) -> Option<CheckpointRef> {
+    (rec.channel.as_deref() == Some(INTERRUPT)).then_some(())?;
+    Some(CheckpointRef {
+        thread_id: rec.thread_id.clone()?,
+        checkpoint_ns: rec.checkpoint_ns.clone()?,
+        checkpoint_id: rec.checkpoint_id.clone()?,
+    })
+}
+
 fn parked_key(row: &CheckpointRow) -> Option<ClaimKey> {
     let interrupts: Vec<(&str, Option<&[u8]>)> = row
         .pending_writes

@@ -102,6 +102,14 @@ impl StatementKind {
         !matches!(self, StatementKind::Other)
     }
 
+    /// A pending write's INSERT (`checkpoint_writes`), upsert or not.
+    pub fn is_pending_write(&self) -> bool {
+        matches!(
+            self,
+            StatementKind::WritesUpsert(_) | StatementKind::WritesInsertIgnore(_)
+        )
+    }
+
     /// The column ↔ parameter shape of a blob, checkpoint or pending-write
     /// INSERT.
     pub fn insert_shape(&self) -> Option<&InsertShape> {

@@ -123,6 +123,11 @@ fn ready(status: u8) -> Vec<u8> {
 }
 
 fn interrupt_bind(stmt: &str) -> Vec<u8> {
+    interrupt_bind_of(stmt, &[0x90])
+}
+
+/// The `__interrupt__` write of task-1 on t1/""/ck1 with this value.
+fn interrupt_bind_of(stmt: &str, value: &[u8]) -> Vec<u8> {
     bind(
         stmt,
         &[0, 0, 0, 0, 0, 1, 0, 0, 1],
@@ -135,7 +140,7 @@ fn interrupt_bind(stmt: &str) -> Vec<u8> {
             Some(&[0xff, 0xfd]),
             Some(b"__interrupt__"),
             Some(b"msgpack"),
-            Some(&[0x90]),
+            Some(value),
         ],
         &[],
     )
@@ -440,13 +445,18 @@ fn blob_bind(blob: &[u8]) -> Vec<u8> {
 }
 
 fn put_bind() -> Vec<u8> {
+    put_bind_at(b"ck-42")
+}
+
+/// A put of checkpoint `id` of t1/"" with no parent.
+fn put_bind_at(id: &[u8]) -> Vec<u8> {
     bind(
         "c",
         &[],
         &[
             Some(b"t1"),
             Some(b""),
-            Some(b"ck-42"),
+            Some(id),
             None,
             Some(br#"{"v": 4, "channel_values": {}}"#),
             Some(b"{}"),
@@ -755,6 +765,60 @@ fn a_parked_head_asks_for_a_claim_keyed_by_its_interrupt() {
         (req.holder.proxy_id.as_str(), req.holder.session_id),
         ("proxy-a", 7)
     );
+}
+
+#[test]
+fn a_committed_interrupt_write_parks_its_head_under_the_key_its_read_claims() {
+    let mut st = claiming_state(&[], "worker");
+    let parked = match &st.shared.legs.claims {
+        Some(leg) => Arc::clone(&leg.parked),
+        None => panic!("the claims leg is on"),
+    };
+    client(
+        &mut st,
+        &[
+            parse("_pg3_1", WRITE_SQL),
+            interrupt_bind_of("_pg3_1", b"\x91\xa1q"),
+            msg(b'D', b"P\0"),
+            execute(),
+            msg(b'S', b""),
+        ],
+    );
+    server(&mut st, &[msg(b'1', b""), msg(b'2', b""), msg(b'n', b"")]);
+    server(&mut st, &[msg(b'C', b"INSERT 0 1\0")]);
+    assert_eq!(parked.expected("t1", ""), None, "not before it committed");
+    server(&mut st, &[ready(b'I')]);
+    let expected = parked.expected("t1", "").expect("parked once committed");
+    // A saver may put the checkpoint after its interrupts: that moves nothing.
+    client(
+        &mut st,
+        &[
+            parse("b", BLOB_SQL),
+            parse("c", PUT_SQL),
+            blob_bind(b"\x91\xc0"),
+            execute(),
+            put_bind_at(b"ck1"),
+            execute(),
+            msg(b'S', b""),
+        ],
+    );
+    let (parsed, bound) = (msg(b'1', b""), msg(b'2', b""));
+    let done = msg(b'C', b"INSERT 0 1\0");
+    let answers = [
+        parsed.clone(),
+        parsed,
+        bound.clone(),
+        done.clone(),
+        bound,
+        done,
+    ];
+    server(&mut st, &answers);
+    server(&mut st, &[ready(b'I')]);
+    assert_eq!(parked.expected("t1", ""), Some(expected.clone()));
+    let req = read_parked_head(&mut st)
+        .claim
+        .expect("a claim is requested");
+    assert_eq!(expected, req.key, "the key the read of that head claims");
 }
 
 #[test]
