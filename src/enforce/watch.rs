@@ -301,7 +301,6 @@ impl Watch {
     }
 }
 
-/// The claim key of a head row parked on its `__interrupt__` writes.
 /// The checkpoint a pending write parks on (an `__interrupt__` write).
 pub(super) fn parked_on(rec: &WriteRecord) -> Option<CheckpointRef> {
     (rec.channel.as_deref() == Some(INTERRUPT)).then_some(())?;
@@ -312,6 +311,7 @@ pub(super) fn parked_on(rec: &WriteRecord) -> Option<CheckpointRef> {
     })
 }
 
+/// The claim key of a head row parked on its `__interrupt__` writes.
 fn parked_key(row: &CheckpointRow) -> Option<ClaimKey> {
     let interrupts: Vec<(&str, Option<&[u8]>)> = row
         .pending_writes
