@@ -18,6 +18,8 @@ use bytes::Bytes;
 
 use crate::claims::{interrupt_fingerprint, ClaimKey};
 use crate::saver::checkpoint_ref::CheckpointRef;
+use crate::saver::classify::StatementKind;
+use crate::saver::write_record::WriteRecord;
 
 /// Heads remembered at once; past this an arbitrary one is forgotten.
 const REMEMBERED: usize = 4096;
@@ -88,12 +90,28 @@ impl ParkedHeads {
         remember(&mut heads, place, Head { key, written });
     }
 
+    /// A write other than an `__interrupt__` passed: a put, or a pending
+    /// write, may move its namespace's head on (a channel value's blob
+    /// moves nothing).
+    pub fn write_passed(&self, kind: &StatementKind, rec: &WriteRecord) {
+        let (Some(thread), Some(ns), Some(id)) =
+            (&rec.thread_id, &rec.checkpoint_ns, &rec.checkpoint_id)
+        else {
+            return;
+        };
+        match kind {
+            StatementKind::CheckpointUpsert(_) => self.put(thread, ns, id),
+            kind if kind.is_pending_write() => self.written_on(thread, ns, id),
+            _ => {}
+        }
+    }
+
     /// A put of checkpoint `id` on `thread`/`ns` passed: the head moves
     /// on if `id` sorts after the remembered checkpoint (the head is the
     /// greatest id: savers' ids are time-ordered). Putting the remembered
     /// checkpoint itself or an older one moves nothing: a saver may put a
     /// step's checkpoints after the interrupts written on the next one.
-    pub fn put(&self, thread: &str, ns: &str, id: &str) {
+    fn put(&self, thread: &str, ns: &str, id: &str) {
         self.forget_where(thread, ns, |head| {
             id.as_bytes() > head.key.at.checkpoint_id.as_bytes()
         });
@@ -104,7 +122,7 @@ impl ParkedHeads {
     /// about to move on if it is the remembered one. A write on an older
     /// checkpoint (a previous step's writes, which a saver may send after
     /// the next checkpoint's interrupts) moves nothing.
-    pub fn written_on(&self, thread: &str, ns: &str, id: &str) {
+    fn written_on(&self, thread: &str, ns: &str, id: &str) {
         self.forget_where(thread, ns, |head| head.key.at.checkpoint_id == id);
     }
 

@@ -58,22 +58,39 @@ pub struct Binding {
     inspect_hint: bool,
 }
 
+/// What the writes of the open transaction did: acted on once it commits,
+/// dropped if it ends otherwise.
+#[derive(Debug, Default)]
+struct Uncommitted {
+    /// Their audit events.
+    events: Vec<AuditEvent>,
+    /// Their claim evidence.
+    evidence: Vec<Evidence>,
+    /// The checkpoints they put.
+    created: Vec<CheckpointRef>,
+    /// Their `__interrupt__` writes: the heads they park (see
+    /// `parked_heads`).
+    parks: Vec<(CheckpointRef, Interrupt)>,
+}
+
+impl Uncommitted {
+    fn clear(&mut self) {
+        self.events.clear();
+        self.evidence.clear();
+        self.created.clear();
+        self.parks.clear();
+    }
+}
+
 pub struct SessionEnforcer {
     shared: Arc<Enforcement>,
     pub ctx: SessionContext,
     /// Sessions of the inspection listener never claim.
     pub inspection_listener: bool,
-    /// Events of writes that have not committed yet.
-    uncommitted: Vec<AuditEvent>,
-    /// Claim evidence of writes that have not committed yet.
-    uncommitted_evidence: Vec<Evidence>,
+    /// What writes that have not committed yet did.
+    uncommitted: Uncommitted,
     /// Claim evidence of committed writes, for the claims worker.
     pub ready_evidence: Vec<Evidence>,
-    /// Checkpoints this session put that have not committed yet.
-    uncommitted_created: Vec<CheckpointRef>,
-    /// `__interrupt__` writes of the open transaction: once committed,
-    /// the heads they park (see `parked_heads`).
-    uncommitted_parks: Vec<(CheckpointRef, Interrupt)>,
     /// Events ready for the audit sink.
     pub ready_events: Vec<AuditEvent>,
     segment_failed: bool,
@@ -97,11 +114,8 @@ impl SessionEnforcer {
             shared,
             ctx,
             inspection_listener: false,
-            uncommitted: Vec::new(),
-            uncommitted_evidence: Vec::new(),
+            uncommitted: Uncommitted::default(),
             ready_evidence: Vec::new(),
-            uncommitted_created: Vec::new(),
-            uncommitted_parks: Vec::new(),
             ready_events: Vec::new(),
             segment_failed: false,
             validity: ValidityGate::new(show_values),
@@ -266,18 +280,10 @@ impl SessionEnforcer {
         let Some(Ok(rec)) = record else {
             return FenceStep::Pass;
         };
-        let address = (&rec.thread_id, &rec.checkpoint_ns, &rec.checkpoint_id);
-        match (kind, parked_on(rec), address) {
+        match parked_on(rec) {
             // From now on a reader may claim this checkpoint.
-            (kind, Some(at), _) if kind.is_pending_write() => self.fencing.parks(&at),
-            // The namespace's head is about to move.
-            (StatementKind::CheckpointUpsert(_), _, (Some(thread), Some(ns), Some(id))) => {
-                leg.parked.put(thread, ns, id)
-            }
-            (kind, _, (Some(thread), Some(ns), Some(id))) if kind.is_pending_write() => {
-                leg.parked.written_on(thread, ns, id)
-            }
-            _ => {}
+            Some(at) if kind.is_pending_write() => self.fencing.parks(&at),
+            _ => leg.parked.write_passed(kind, rec),
         }
         let Some(cont) = continuation(kind, rec) else {
             return FenceStep::Pass;
@@ -579,18 +585,18 @@ impl Hooks for SessionEnforcer {
         if matches!(watch.class.kind, StatementKind::Read(_)) {
             self.ready_events.extend(events);
         } else {
-            self.uncommitted.extend(events);
+            self.uncommitted.events.extend(events);
             if let Some(leg) = &self.shared.legs.claims {
                 let evidence = watch.evidence();
                 for gone in evidence.iter().filter_map(Evidence::deleted_thread) {
                     leg.parked.thread_deleted(gone);
                 }
-                self.uncommitted_evidence.extend(evidence);
+                self.uncommitted.evidence.extend(evidence);
                 if let Some(at) = watch.created_checkpoint() {
-                    self.uncommitted_created.push(at);
+                    self.uncommitted.created.push(at);
                 }
                 if let Some(parks) = watch.interrupt_written() {
-                    self.uncommitted_parks.push(parks);
+                    self.uncommitted.parks.push(parks);
                 }
             }
         }
@@ -621,25 +627,21 @@ impl Hooks for SessionEnforcer {
         match status {
             // Committed (or never in a transaction): writes are durable.
             TxnStatus::Idle if !self.segment_failed => {
-                self.ready_events.append(&mut self.uncommitted);
-                self.ready_evidence.append(&mut self.uncommitted_evidence);
+                let done = &mut self.uncommitted;
+                self.ready_events.append(&mut done.events);
+                self.ready_evidence.append(&mut done.evidence);
                 // The granted run reached a durable checkpoint.
-                self.run_open &= self.uncommitted_created.is_empty();
-                for at in self.uncommitted_created.drain(..) {
+                self.run_open &= done.created.is_empty();
+                for at in done.created.drain(..) {
                     self.fencing.created(at);
                 }
                 if let Some(leg) = &self.shared.legs.claims {
-                    for (at, interrupt) in self.uncommitted_parks.drain(..) {
+                    for (at, interrupt) in done.parks.drain(..) {
                         leg.parked.interrupt_written(&at, interrupt);
                     }
                 }
             }
-            TxnStatus::Idle | TxnStatus::Failed => {
-                self.uncommitted.clear();
-                self.uncommitted_evidence.clear();
-                self.uncommitted_created.clear();
-                self.uncommitted_parks.clear();
-            }
+            TxnStatus::Idle | TxnStatus::Failed => self.uncommitted.clear(),
             TxnStatus::InBlock => {}
         }
         if status != TxnStatus::InBlock {
@@ -650,9 +652,6 @@ impl Hooks for SessionEnforcer {
 
     fn rollback(&mut self) {
         self.uncommitted.clear();
-        self.uncommitted_evidence.clear();
-        self.uncommitted_created.clear();
-        self.uncommitted_parks.clear();
         self.fencing.end_transaction();
     }
 
