@@ -45,10 +45,11 @@ pub struct EvidenceItem<'a> {
     pub written_at: Option<WrittenAt>,
 }
 
-/// `CREATE FUNCTION` of `apply_evidence`, up to its body.
-pub(super) fn apply_evidence_head(s: &str) -> String {
+/// `CREATE FUNCTION` of `apply_evidence`, up to its body: `create` is
+/// `CREATE` or `CREATE OR REPLACE`.
+pub(super) fn apply_evidence_head(s: &str, create: &str) -> String {
     format!(
-        r#"CREATE FUNCTION {s}.apply_evidence(
+        r#"{create} FUNCTION {s}.apply_evidence(
     p_kind text[], p_thread text[], p_ns text[], p_checkpoint text[], p_evidence text[],
     p_sent_ago_ms bigint[], p_hold_ms bigint, p_lease_ms bigint,
     p_superseded_grace_ms bigint, p_retain_ms bigint
@@ -59,7 +60,7 @@ SET search_path = pg_catalog, pg_temp AS $f$"#
 
 /// The migration adding `apply_evidence`.
 pub(super) fn evidence_batch_migration(s: &str) -> String {
-    let head = apply_evidence_head(s);
+    let head = apply_evidence_head(s, "CREATE");
     format!(
         r#"
 -- Item i of the arrays is one write's evidence, applied as its own

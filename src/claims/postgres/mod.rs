@@ -19,6 +19,7 @@
 //! - `key_digest`: keys of any length, by digest.
 //! - `answer_in_write`: an answer consumes its claim in its own transaction.
 //! - `thread_lock`: one writer of a thread's claims and leases at a time.
+//! - `unclaimed_evidence`: evidence of a thread with nothing claimed skipped.
 //! - `pooler`: a claims target that is a transaction pooler, refused at start.
 
 mod answer_in_write;
@@ -44,6 +45,7 @@ pub(crate) mod test_server;
 #[cfg(test)]
 pub(crate) mod tests;
 mod thread_lock;
+mod unclaimed_evidence;
 
 pub use client::{connect_schema, error_text, schema_name, SchemaAccess};
 pub use conn::check_once;

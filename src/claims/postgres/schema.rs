@@ -12,7 +12,7 @@ use postgres::Client;
 
 use super::answer_in_write::answer_in_write_migration;
 use super::claim_first::claim_first_migration;
-use super::db_clock::db_clock_migration;
+use super::db_clock::{clock_inlined_migration, db_clock_migration};
 use super::evidence_batch::evidence_batch_migration;
 use super::fence::{
     check_holder, check_holder_variables, fence_one_call_migration, CHECK_PARAMS, FENCE_RUNS,
@@ -21,6 +21,7 @@ use super::key_digest::key_digest_migration;
 use super::liveness::{revival_migration, INSTANCE_DEAD};
 use super::rows::ORDER;
 use super::thread_lock::thread_lock_migration;
+use super::unclaimed_evidence::unclaimed_evidence_migration;
 
 /// The migrations, in order; version = index + 1.
 fn migrations(s: &str) -> Vec<String> {
@@ -378,6 +379,11 @@ $f$;
         // A claim's first step on its own, askable ahead (see
         // `claim_first`).
         claim_first_migration(s),
+        // Evidence of a thread with no claim and no run lease skipped
+        // (see `unclaimed_evidence`).
+        unclaimed_evidence_migration(s),
+        // The database's clock inlined into its callers (see `db_clock`).
+        clock_inlined_migration(s),
     ]
 }
 

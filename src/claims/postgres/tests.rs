@@ -814,6 +814,118 @@ fn evidence_applied_together_does_in_order_what_each_piece_does_alone() {
         .is_empty());
 }
 
+/// The database's clock is planned into the statement that reads it, not
+/// called through the function manager (a search path of its own would
+/// prevent that); a test build's held clock still applies.
+#[test]
+fn the_database_clock_is_inlined_into_its_caller() {
+    let db = PgSchema::new("clock-inlined");
+    let _store = db.open();
+    let s = db.target().schema.clone();
+    let mut admin = db.admin();
+    let plan: Vec<String> = admin
+        .query(&format!("EXPLAIN (VERBOSE) SELECT {s}.clock_ms()"), &[])
+        .expect("explain")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let plan = plan.join("\n");
+    assert!(
+        plan.contains("clock_timestamp()") && !plan.contains(&format!("{s}.clock_ms")),
+        "{plan}"
+    );
+    let mut tx = admin.transaction().expect("begin");
+    tx.execute(
+        "SELECT set_config($1, $2, true)",
+        &[&super::db_clock::TEST_CLOCK_SETTING, &T0.to_string()],
+    )
+    .expect("hold the clock");
+    let held: i64 = tx
+        .query_one(&format!("SELECT {s}.clock_ms()"), &[])
+        .expect("read the clock")
+        .get(0);
+    assert_eq!(held, T0);
+}
+
+/// Evidence of a thread with no claim and no run lease runs no decision
+/// function: with every per-item function of the batch gone, a batch on
+/// such a thread still applies. Beside a claimed thread's evidence, the
+/// claim it consumed comes back under its own item's index.
+#[test]
+fn evidence_of_a_thread_with_nothing_claimed_runs_no_decision() {
+    use super::{EvidenceItem, WriteEvidence};
+    use crate::claims::WrittenAt;
+
+    let db = PgSchema::new("unclaimed-evidence");
+    let store = db.open();
+    let claimed = key("c1");
+    store
+        .try_claim(&claimed, &holder("p1", 1), T0, LAPSE)
+        .expect("claim");
+    let mut unclaimed = key("c1");
+    unclaimed.at.thread_id = "t-never-parked".into();
+    fn item(kind: WriteEvidence, k: &ClaimKey) -> EvidenceItem<'_> {
+        EvidenceItem {
+            kind,
+            at: &k.at,
+            what: "task a wrote x",
+            written_at: Some(WrittenAt::from(T0 + 4)),
+        }
+    }
+    let never_parked = [
+        item(WriteEvidence::Progress, &unclaimed),
+        item(WriteEvidence::Consumed, &unclaimed),
+        item(WriteEvidence::MovedOn, &unclaimed),
+    ];
+    let s = db.target().schema.clone();
+    let functions = [
+        "note_progress(text, text, text, text, bigint, bigint)",
+        "consume(text, text, text, text, bigint, bigint)",
+        "move_on(text, text, text, text, bigint, bigint, bigint)",
+    ];
+    let mut admin = db.admin();
+    let rename = |admin: &mut postgres::Client, from: &str, to: &str| {
+        for f in functions {
+            let name = f.split('(').next().unwrap_or(f);
+            let (from, to) = (format!("{name}{from}"), format!("{name}{to}"));
+            let args = &f[name.len()..];
+            admin
+                .batch_execute(&format!("ALTER FUNCTION {s}.{from}{args} RENAME TO {to}"))
+                .expect("rename");
+        }
+    };
+    rename(&mut admin, "", "_gone");
+    let applied = store.apply_evidence(&never_parked, T0 + 5, 1_000);
+    assert!(
+        applied.as_ref().is_ok_and(Vec::is_empty),
+        "a thread with nothing claimed ran a decision: {applied:?}"
+    );
+    // The same batch on the claimed thread does run them.
+    let claimed_batch = [item(WriteEvidence::Consumed, &claimed)];
+    assert!(store.apply_evidence(&claimed_batch, T0 + 5, 1_000).is_err());
+    rename(&mut admin, "_gone", "");
+
+    let mixed = [
+        item(WriteEvidence::Consumed, &unclaimed),
+        item(WriteEvidence::MovedOn, &unclaimed),
+        item(WriteEvidence::Consumed, &claimed),
+    ];
+    let consumed = store
+        .apply_evidence(&mixed, T0 + 5, 1_000)
+        .expect("applied");
+    let shown: Vec<(usize, &str, &str)> = consumed
+        .iter()
+        .map(|(i, r)| {
+            (
+                *i,
+                r.key.at.thread_id.as_str(),
+                r.key.at.checkpoint_id.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(shown, [(2, "t-1", "c1")]);
+}
+
 /// The fence by either signature (the older one is what replicas of an
 /// older build call): the holder's write passes and keeps its claim past
 /// the commit cover, measured on the server's clock; another proxy's write

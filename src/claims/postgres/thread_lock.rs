@@ -31,12 +31,24 @@ pub(super) fn lock_thread(param: &str) -> String {
     format!("PERFORM pg_advisory_xact_lock({THREAD_CLASS}, hashtext({param}));\n")
 }
 
+/// Statements that take the lock of every thread the array `param` names
+/// (an SQL expression of type text[]), in key order, until the
+/// transaction ends; they need an integer variable `k`.
+pub(super) fn lock_threads(param: &str) -> String {
+    format!(
+        "    FOR k IN SELECT DISTINCT hashtext(t) FROM unnest({param}) AS t ORDER BY 1 LOOP
+        PERFORM pg_advisory_xact_lock({THREAD_CLASS}, k);
+    END LOOP;\n"
+    )
+}
+
 /// The migration that makes the fence, a batch of evidence and a closed
 /// holder's update take the thread locks (forgetting a thread takes its
 /// lock in the store's own transaction).
 pub(super) fn thread_lock_migration(s: &str) -> String {
     let fence = super::fence::fence_definition(s, &format!("    {}", lock_thread("p_thread")));
-    let apply_evidence = super::evidence_batch::apply_evidence_head(s);
+    let apply_evidence = super::evidence_batch::apply_evidence_head(s, "CREATE");
+    let lock_batch = lock_threads("p_thread");
     format!(
         r#"
 -- The fence: the thread's lock, the check, and for an answer its
@@ -50,10 +62,7 @@ ALTER FUNCTION {s}.apply_evidence(text[], text[], text[], text[], text[], bigint
 DECLARE
     k integer;
 BEGIN
-    FOR k IN SELECT DISTINCT hashtext(t) FROM unnest(p_thread) AS t ORDER BY 1 LOOP
-        PERFORM pg_advisory_xact_lock({THREAD_CLASS}, k);
-    END LOOP;
-    RETURN QUERY SELECT * FROM {s}.apply_evidence_unlocked(p_kind, p_thread, p_ns,
+{lock_batch}    RETURN QUERY SELECT * FROM {s}.apply_evidence_unlocked(p_kind, p_thread, p_ns,
         p_checkpoint, p_evidence, p_sent_ago_ms, p_hold_ms, p_lease_ms,
         p_superseded_grace_ms, p_retain_ms);
 END
