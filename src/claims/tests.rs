@@ -240,15 +240,27 @@ fn moving_on_consumes_the_parent_and_old_rows_are_purged() {
         store.try_claim(&parent, &holder("p2", 3), T0 + 30, LAPSE),
         Ok(ClaimOutcome::Consumed(_))
     ));
-    // After the grace, the next move_on of a thread with claims (here
-    // from another checkpoint of t-2) deletes the parent's rows.
-    store.move_on("t-2", "", "x", T0 + 60_021).expect("move on");
+    // After the grace, the next move_on from a claimed checkpoint (any
+    // thread) deletes the parent's rows.
+    let mut mover = key("x", b"q");
+    mover.at.thread_id = "t-3".into();
+    store
+        .try_claim(&mover, &holder("p1", 3), T0, LAPSE)
+        .expect("claim");
+    store.move_on("t-3", "", "x", T0 + 60_021).expect("move on");
     assert_eq!(store.get(&parent).expect("get"), None);
     // The other thread's claim is still held (not lapsed past retention).
     assert!(store.get(&other).expect("get").is_some());
-    // Purge by absolute time: a held row lapsed before the cutoff goes.
+    // Purge by absolute time: a held row lapsed before the cutoff goes; the
+    // row consumed after it stays.
     assert_eq!(store.purge(T0 + LAPSE + 1).expect("purge"), 1);
-    assert_eq!(store.list(None).expect("list"), vec![]);
+    let left: Vec<ClaimKey> = store
+        .list(None)
+        .expect("list")
+        .into_iter()
+        .map(|r| r.key)
+        .collect();
+    assert_eq!(left, vec![mover]);
 }
 
 #[test]

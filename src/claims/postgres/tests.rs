@@ -847,12 +847,13 @@ fn the_database_clock_is_inlined_into_its_caller() {
     assert_eq!(held, T0);
 }
 
-/// Evidence of a thread with no claim and no run lease runs no decision
-/// function: with every per-item function of the batch gone, a batch on
-/// such a thread still applies. Beside a claimed thread's evidence, the
-/// claim it consumed comes back under its own item's index.
+/// Evidence on a checkpoint with no claim, of a thread with no live run
+/// lease, runs no decision function: with every per-item function of the
+/// batch gone, such a batch still applies, on a thread never claimed and
+/// on another checkpoint of a claimed one. Beside a claimed checkpoint's
+/// evidence, the claim it consumed comes back under its own item's index.
 #[test]
-fn evidence_of_a_thread_with_nothing_claimed_runs_no_decision() {
+fn evidence_where_nothing_is_claimed_runs_no_decision() {
     use super::{EvidenceItem, WriteEvidence};
     use crate::claims::WrittenAt;
 
@@ -864,6 +865,7 @@ fn evidence_of_a_thread_with_nothing_claimed_runs_no_decision() {
         .expect("claim");
     let mut unclaimed = key("c1");
     unclaimed.at.thread_id = "t-never-parked".into();
+    let earlier = key("c0");
     fn item(kind: WriteEvidence, k: &ClaimKey) -> EvidenceItem<'_> {
         EvidenceItem {
             kind,
@@ -872,10 +874,12 @@ fn evidence_of_a_thread_with_nothing_claimed_runs_no_decision() {
             written_at: Some(WrittenAt::from(T0 + 4)),
         }
     }
-    let never_parked = [
+    let nothing_claimed = [
         item(WriteEvidence::Progress, &unclaimed),
         item(WriteEvidence::Consumed, &unclaimed),
         item(WriteEvidence::MovedOn, &unclaimed),
+        item(WriteEvidence::Consumed, &earlier),
+        item(WriteEvidence::MovedOn, &earlier),
     ];
     let s = db.target().schema.clone();
     let functions = [
@@ -895,10 +899,10 @@ fn evidence_of_a_thread_with_nothing_claimed_runs_no_decision() {
         }
     };
     rename(&mut admin, "", "_gone");
-    let applied = store.apply_evidence(&never_parked, T0 + 5, 1_000);
+    let applied = store.apply_evidence(&nothing_claimed, T0 + 5, 1_000);
     assert!(
         applied.as_ref().is_ok_and(Vec::is_empty),
-        "a thread with nothing claimed ran a decision: {applied:?}"
+        "evidence where nothing is claimed ran a decision: {applied:?}"
     );
     // The same batch on the claimed thread does run them.
     let claimed_batch = [item(WriteEvidence::Consumed, &claimed)];

@@ -1,16 +1,17 @@
-//! The migration that makes the evidence of a thread the store keeps
-//! nothing for cost one index probe. Every committed checkpoint write
-//! through the proxy becomes evidence, and most threads never park: a
+//! The migration that makes evidence the store has nothing to apply to
+//! cost one index probe. Every committed checkpoint write through the
+//! proxy becomes evidence, and most checkpoints are never claimed: a
 //! park's six items each ran their decision function (consume, move on,
 //! each reading the clock, the claims and the leases) to change nothing,
 //! about 2 ms of the database's CPU per park on an idle server, and more
-//! beside the run it slows. A thread with no claim and no run lease has
-//! nothing for evidence to consume, supersede or renew, so its items are
-//! skipped after its lock is taken (a fence's transaction on it has
-//! committed by then); the rest run as before, and the claims they consume
-//! come back under their own item's index. A consequence: the retention
-//! purge a thread's move-on runs now runs only on threads that were
-//! claimed, which are the only ones that leave rows behind.
+//! beside the run it slows. An item changes the claims on its own
+//! checkpoint and renews its thread's live run lease, nothing else; with
+//! neither there, it is skipped, after its thread's lock is taken (a
+//! fence's transaction on the thread has committed by then). The rest run
+//! as before, and the claims they consume come back under their own item's
+//! index. A consequence: the retention purge a move-on runs now runs when a
+//! claimed checkpoint (or a thread with a live run lease) moves on; only
+//! claims leave rows behind.
 
 use super::evidence_batch::apply_evidence_head;
 use super::thread_lock::lock_threads;
@@ -35,12 +36,20 @@ pub(super) fn unclaimed_evidence_migration(s: &str) -> String {
 {head}
 DECLARE
     k integer;
-    keep integer[];
+    i integer;
+    keep integer[] := '{{}}';
 BEGIN
-{lock}    SELECT array_agg(i ORDER BY i) INTO keep FROM generate_subscripts(p_kind, 1) AS i
-     WHERE EXISTS (SELECT 1 FROM {s}.claims c WHERE c.thread_id = p_thread[i])
-        OR EXISTS (SELECT 1 FROM {s}.run_leases l WHERE l.thread_id = p_thread[i]);
-    IF keep IS NULL THEN
+{lock}    -- Item by item, so each probe is an index lookup of its thread (one
+    -- statement over all items is planned as a scan of every claim).
+    FOR i IN 1 .. coalesce(array_length(p_kind, 1), 0) LOOP
+        IF EXISTS (SELECT 1 FROM {s}.claims c WHERE c.thread_id = p_thread[i]
+                AND c.checkpoint_ns = p_ns[i] AND c.checkpoint_id = p_checkpoint[i])
+            OR EXISTS (SELECT 1 FROM {s}.run_leases l WHERE l.thread_id = p_thread[i]
+                AND l.until_ms > {s}.clock_ms()) THEN
+            keep := keep || i;
+        END IF;
+    END LOOP;
+    IF cardinality(keep) = 0 THEN
         RETURN;
     END IF;
     RETURN QUERY SELECT keep[f.item], f.claim FROM {s}.apply_evidence_unlocked(
