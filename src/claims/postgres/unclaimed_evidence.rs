@@ -1,10 +1,9 @@
 //! The migration that makes evidence the store has nothing to apply to
-//! cost one index probe. Every committed checkpoint write through the
+//! cost two index probes. Every committed checkpoint write through the
 //! proxy becomes evidence, and most checkpoints are never claimed: a
 //! park's six items each ran their decision function (consume, move on,
 //! each reading the clock, the claims and the leases) to change nothing,
-//! about 2 ms of the database's CPU per park on an idle server, and more
-//! beside the run it slows. An item changes the claims on its own
+//! about 3 ms of the database's CPU per park, beside the run it slows. An item changes the claims on its own
 //! checkpoint and renews its thread's live run lease, nothing else; with
 //! neither there, it is skipped, after its thread's lock is taken (a
 //! fence's transaction on the thread has committed by then). The rest run
@@ -31,8 +30,9 @@ pub(super) fn unclaimed_evidence_migration(s: &str) -> String {
     format!(
         r#"
 -- A batch of evidence: the lock of every thread it names, in key order;
--- then the items of threads with a claim or a run lease, in order, each
--- consumed claim returned with its item's index in the whole batch.
+-- then the items on a claimed checkpoint or of a thread with a live run
+-- lease, in order, each consumed claim returned with its item's index in
+-- the whole batch.
 {head}
 DECLARE
     k integer;
