@@ -49,9 +49,9 @@ fn inlinable_clock_body() -> &'static str {
 /// the statement that reads it. A function with its own `SET search_path`
 /// is called through the function manager, which plans its body again in
 /// each transaction that calls it: about 80 µs a call on a 2-core host,
-/// and a park and resume's evidence and fences read it about ten times. Without the setting (every name
-/// in the body qualified, so no caller's path changes what it means) it
-/// is part of its caller's plan.
+/// and a park and resume's evidence and fences read it about ten times.
+/// Without the setting (every name in the body qualified, so no caller's
+/// path changes what it means) it is part of its caller's plan.
 pub(super) fn clock_inlined_migration(s: &str) -> String {
     let clock = inlinable_clock_body();
     format!(

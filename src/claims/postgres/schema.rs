@@ -379,8 +379,8 @@ $f$;
         // A claim's first step on its own, askable ahead (see
         // `claim_first`).
         claim_first_migration(s),
-        // Evidence of a thread with no claim and no run lease skipped
-        // (see `unclaimed_evidence`).
+        // Evidence on a checkpoint with no claim, of a thread with no live
+        // run lease, skipped (see `unclaimed_evidence`).
         unclaimed_evidence_migration(s),
         // The database's clock inlined into its callers (see `db_clock`).
         clock_inlined_migration(s),
