@@ -7,9 +7,9 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use super::test_server::PgSchema;
-use super::{ClaimStore, PgTarget};
+use super::{ClaimStore, EvidenceItem, PgTarget, WriteEvidence};
 use crate::claims::{
-    interrupt_fingerprint, ClaimKey, ClaimOutcome, ClaimRecord, ClaimState, Holder,
+    interrupt_fingerprint, ClaimKey, ClaimOutcome, ClaimRecord, ClaimState, Holder, WrittenAt,
 };
 use crate::saver::checkpoint_ref::CheckpointRef;
 
@@ -723,11 +723,24 @@ fn an_answer_consumes_its_claim_in_its_own_transaction_and_is_reported_once() {
     assert!(again.is_empty(), "{again:?}");
 }
 
+/// One write's evidence on `k`'s checkpoint, passed the proxy at
+/// `written_at`.
+fn evidence_item<'a>(
+    kind: WriteEvidence,
+    k: &'a ClaimKey,
+    what: &'a str,
+    written_at: Option<i64>,
+) -> EvidenceItem<'a> {
+    EvidenceItem {
+        kind,
+        at: &k.at,
+        what,
+        written_at: written_at.map(WrittenAt::from),
+    }
+}
+
 #[test]
 fn evidence_applied_together_does_in_order_what_each_piece_does_alone() {
-    use super::{EvidenceItem, WriteEvidence};
-    use crate::claims::WrittenAt;
-
     let db = PgSchema::new("gathered");
     let store = db.open();
     let (progressed, answered, moved) = (key("c1"), key("c2"), key("c3"));
@@ -735,41 +748,28 @@ fn evidence_applied_together_does_in_order_what_each_piece_does_alone() {
         store.try_claim(k, &holder("p1", h), T0, 10).expect("claim");
     }
     let nothing_claimed = key("c9");
-    fn item<'a>(
-        kind: WriteEvidence,
-        k: &'a ClaimKey,
-        what: &'a str,
-        written_at: Option<i64>,
-    ) -> EvidenceItem<'a> {
-        EvidenceItem {
-            kind,
-            at: &k.at,
-            what,
-            written_at: written_at.map(WrittenAt::from),
-        }
-    }
     let items = [
-        item(
+        evidence_item(
             WriteEvidence::Progress,
             &progressed,
             "run-level __resume__ recorded",
             Some(T0 + 4),
         ),
-        item(
+        evidence_item(
             WriteEvidence::Consumed,
             &nothing_claimed,
             "task a wrote x",
             Some(T0 + 4),
         ),
-        item(
+        evidence_item(
             WriteEvidence::Consumed,
             &answered,
             "task a wrote approved",
             Some(T0 + 4),
         ),
-        item(WriteEvidence::MovedOn, &moved, super::NEXT_CHECKPOINT, None),
+        evidence_item(WriteEvidence::MovedOn, &moved, super::NEXT_CHECKPOINT, None),
         // The same write's evidence again consumes nothing more.
-        item(
+        evidence_item(
             WriteEvidence::Consumed,
             &answered,
             "task a wrote approved",
@@ -854,9 +854,6 @@ fn the_database_clock_is_inlined_into_its_caller() {
 /// evidence, the claim it consumed comes back under its own item's index.
 #[test]
 fn evidence_where_nothing_is_claimed_runs_no_decision() {
-    use super::{EvidenceItem, WriteEvidence};
-    use crate::claims::WrittenAt;
-
     let db = PgSchema::new("unclaimed-evidence");
     let store = db.open();
     let claimed = key("c1");
@@ -866,14 +863,7 @@ fn evidence_where_nothing_is_claimed_runs_no_decision() {
     let mut unclaimed = key("c1");
     unclaimed.at.thread_id = "t-never-parked".into();
     let earlier = key("c0");
-    fn item(kind: WriteEvidence, k: &ClaimKey) -> EvidenceItem<'_> {
-        EvidenceItem {
-            kind,
-            at: &k.at,
-            what: "task a wrote x",
-            written_at: Some(WrittenAt::from(T0 + 4)),
-        }
-    }
+    let item = |kind, k| evidence_item(kind, k, "task a wrote x", Some(T0 + 4));
     let nothing_claimed = [
         item(WriteEvidence::Progress, &unclaimed),
         item(WriteEvidence::Consumed, &unclaimed),
@@ -883,18 +873,17 @@ fn evidence_where_nothing_is_claimed_runs_no_decision() {
     ];
     let s = db.target().schema.clone();
     let functions = [
-        "note_progress(text, text, text, text, bigint, bigint)",
-        "consume(text, text, text, text, bigint, bigint)",
-        "move_on(text, text, text, text, bigint, bigint, bigint)",
+        ("note_progress", "text, text, text, text, bigint, bigint"),
+        ("consume", "text, text, text, text, bigint, bigint"),
+        ("move_on", "text, text, text, text, bigint, bigint, bigint"),
     ];
     let mut admin = db.admin();
     let rename = |admin: &mut postgres::Client, from: &str, to: &str| {
-        for f in functions {
-            let name = f.split('(').next().unwrap_or(f);
-            let (from, to) = (format!("{name}{from}"), format!("{name}{to}"));
-            let args = &f[name.len()..];
+        for (name, args) in functions {
             admin
-                .batch_execute(&format!("ALTER FUNCTION {s}.{from}{args} RENAME TO {to}"))
+                .batch_execute(&format!(
+                    "ALTER FUNCTION {s}.{name}{from}({args}) RENAME TO {name}{to}"
+                ))
                 .expect("rename");
         }
     };
@@ -981,9 +970,6 @@ fn the_fence_passes_the_holder_and_refuses_another_proxy_by_either_signature() {
 /// as a deadlock.
 #[test]
 fn evidence_on_a_thread_waits_for_a_write_fencing_on_it_instead_of_deadlocking() {
-    use super::{EvidenceItem, WriteEvidence};
-    use crate::claims::WrittenAt;
-
     let db = PgSchema::new("thread-lock");
     let store = Arc::new(db.open());
     let (earlier, parked) = (key("c0"), key("c1"));
@@ -1015,20 +1001,19 @@ fn evidence_on_a_thread_waits_for_a_write_fencing_on_it_instead_of_deadlocking()
         let store = Arc::clone(&store);
         let (earlier, parked) = (earlier.clone(), parked.clone());
         std::thread::spawn(move || {
-            let written_at = Some(WrittenAt::from(T0 + 4));
             let items = [
-                EvidenceItem {
-                    kind: WriteEvidence::Consumed,
-                    at: &earlier.at,
-                    what: "task a wrote x",
-                    written_at,
-                },
-                EvidenceItem {
-                    kind: WriteEvidence::Progress,
-                    at: &parked.at,
-                    what: "run-level __resume__ recorded",
-                    written_at,
-                },
+                evidence_item(
+                    WriteEvidence::Consumed,
+                    &earlier,
+                    "task a wrote x",
+                    Some(T0 + 4),
+                ),
+                evidence_item(
+                    WriteEvidence::Progress,
+                    &parked,
+                    "run-level __resume__ recorded",
+                    Some(T0 + 4),
+                ),
             ];
             store.apply_evidence(&items, T0 + 5, 1_000).map(|_| ())
         })

@@ -18,15 +18,6 @@ use super::thread_lock::lock_threads;
 pub(super) fn unclaimed_evidence_migration(s: &str) -> String {
     let head = apply_evidence_head(s, "CREATE OR REPLACE");
     let lock = lock_threads("p_thread");
-    let kept = |a: &str| {
-        format!("ARRAY(SELECT {a}[j] FROM unnest(keep) WITH ORDINALITY AS u(j, n) ORDER BY n)")
-    };
-    let (kind, thread, ns) = (kept("p_kind"), kept("p_thread"), kept("p_ns"));
-    let (checkpoint, evidence, ago) = (
-        kept("p_checkpoint"),
-        kept("p_evidence"),
-        kept("p_sent_ago_ms"),
-    );
     format!(
         r#"
 -- A batch of evidence: the lock of every thread it names, in key order;
@@ -37,7 +28,14 @@ pub(super) fn unclaimed_evidence_migration(s: &str) -> String {
 DECLARE
     k integer;
     i integer;
+    -- The kept items' indexes in the batch, and their arrays.
     keep integer[] := '{{}}';
+    v_kind text[] := '{{}}';
+    v_thread text[] := '{{}}';
+    v_ns text[] := '{{}}';
+    v_checkpoint text[] := '{{}}';
+    v_evidence text[] := '{{}}';
+    v_ago bigint[] := '{{}}';
 BEGIN
 {lock}    -- Item by item, so each probe is an index lookup of its thread (one
     -- statement over all items is planned as a scan of every claim).
@@ -47,19 +45,20 @@ BEGIN
             OR EXISTS (SELECT 1 FROM {s}.run_leases l WHERE l.thread_id = p_thread[i]
                 AND l.until_ms > {s}.clock_ms()) THEN
             keep := keep || i;
+            v_kind := v_kind || p_kind[i];
+            v_thread := v_thread || p_thread[i];
+            v_ns := v_ns || p_ns[i];
+            v_checkpoint := v_checkpoint || p_checkpoint[i];
+            v_evidence := v_evidence || p_evidence[i];
+            v_ago := v_ago || p_sent_ago_ms[i];
         END IF;
     END LOOP;
     IF cardinality(keep) = 0 THEN
         RETURN;
     END IF;
-    RETURN QUERY SELECT keep[f.item], f.claim FROM {s}.apply_evidence_unlocked(
-        {kind},
-        {thread},
-        {ns},
-        {checkpoint},
-        {evidence},
-        {ago},
-        p_hold_ms, p_lease_ms, p_superseded_grace_ms, p_retain_ms) f;
+    RETURN QUERY SELECT keep[f.item], f.claim FROM {s}.apply_evidence_unlocked(v_kind,
+        v_thread, v_ns, v_checkpoint, v_evidence, v_ago, p_hold_ms, p_lease_ms,
+        p_superseded_grace_ms, p_retain_ms) f;
 END
 $f$;
 "#
