@@ -19,7 +19,8 @@
 //! - `key_digest`: keys of any length, by digest.
 //! - `answer_in_write`: an answer consumes its claim in its own transaction.
 //! - `thread_lock`: one writer of a thread's claims and leases at a time.
-//! - `unclaimed_evidence`: evidence on a checkpoint nothing claims skipped.
+//! - `unclaimed_evidence`: evidence on a checkpoint nothing claims skipped,
+//!   or reduced to its thread's lease renewal.
 //! - `pooler`: a claims target that is a transaction pooler, refused at start.
 
 mod answer_in_write;

@@ -21,7 +21,7 @@ use super::key_digest::key_digest_migration;
 use super::liveness::{revival_migration, INSTANCE_DEAD};
 use super::rows::ORDER;
 use super::thread_lock::thread_lock_migration;
-use super::unclaimed_evidence::unclaimed_evidence_migration;
+use super::unclaimed_evidence::{lease_only_evidence_migration, unclaimed_evidence_migration};
 
 /// The migrations, in order; version = index + 1.
 fn migrations(s: &str) -> Vec<String> {
@@ -384,6 +384,9 @@ $f$;
         unclaimed_evidence_migration(s),
         // The database's clock inlined into its callers (see `db_clock`).
         clock_inlined_migration(s),
+        // Evidence on an unclaimed checkpoint only renews its thread's
+        // live run lease, once per batch (see `unclaimed_evidence`).
+        lease_only_evidence_migration(s),
     ]
 }
 

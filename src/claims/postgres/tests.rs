@@ -847,11 +847,49 @@ fn the_database_clock_is_inlined_into_its_caller() {
     assert_eq!(held, T0);
 }
 
-/// Evidence on a checkpoint with no claim, of a thread with no live run
-/// lease, runs no decision function: with every per-item function of the
-/// batch gone, such a batch still applies, on a thread never claimed and
-/// on another checkpoint of a claimed one. Beside a claimed checkpoint's
-/// evidence, the claim it consumed comes back under its own item's index.
+/// `k` claimed by p1's session 1 at T0 and answered at T0 + 2 (written
+/// at T0 + 1): its thread's run lease starts then.
+fn answer(store: &ClaimStore, k: &ClaimKey) {
+    store
+        .try_claim(k, &holder("p1", 1), T0, LAPSE)
+        .expect("claim");
+    let at = &k.at;
+    store
+        .consume(
+            &at.thread_id,
+            &at.checkpoint_ns,
+            &at.checkpoint_id,
+            "task a wrote x",
+            T0 + 1,
+            T0 + 2,
+        )
+        .expect("consume");
+}
+
+/// Renames the functions a batch runs per item on a claimed checkpoint
+/// from `<name><from>` to `<name><to>`.
+fn rename_item_functions(db: &PgSchema, from: &str, to: &str) {
+    let s = db.target().schema.clone();
+    let mut admin = db.admin();
+    let functions = [
+        ("note_progress", "text, text, text, text, bigint, bigint"),
+        ("consume", "text, text, text, text, bigint, bigint"),
+        ("move_on", "text, text, text, text, bigint, bigint, bigint"),
+    ];
+    for (name, args) in functions {
+        admin
+            .batch_execute(&format!(
+                "ALTER FUNCTION {s}.{name}{from}({args}) RENAME TO {name}{to}"
+            ))
+            .expect("rename");
+    }
+}
+
+/// Evidence on a checkpoint with no claim runs no decision function: with
+/// every per-item function of the batch gone, such a batch still applies,
+/// on a thread never claimed and on another checkpoint of a claimed one.
+/// Beside a claimed checkpoint's evidence, the claim it consumed comes back
+/// under its own item's index.
 #[test]
 fn evidence_where_nothing_is_claimed_runs_no_decision() {
     let db = PgSchema::new("unclaimed-evidence");
@@ -871,23 +909,7 @@ fn evidence_where_nothing_is_claimed_runs_no_decision() {
         item(WriteEvidence::Consumed, &earlier),
         item(WriteEvidence::MovedOn, &earlier),
     ];
-    let s = db.target().schema.clone();
-    let functions = [
-        ("note_progress", "text, text, text, text, bigint, bigint"),
-        ("consume", "text, text, text, text, bigint, bigint"),
-        ("move_on", "text, text, text, text, bigint, bigint, bigint"),
-    ];
-    let mut admin = db.admin();
-    let rename = |admin: &mut postgres::Client, from: &str, to: &str| {
-        for (name, args) in functions {
-            admin
-                .batch_execute(&format!(
-                    "ALTER FUNCTION {s}.{name}{from}({args}) RENAME TO {name}{to}"
-                ))
-                .expect("rename");
-        }
-    };
-    rename(&mut admin, "", "_gone");
+    rename_item_functions(&db, "", "_gone");
     let applied = store.apply_evidence(&nothing_claimed, T0 + 5, 1_000);
     assert!(
         applied.as_ref().is_ok_and(Vec::is_empty),
@@ -896,7 +918,7 @@ fn evidence_where_nothing_is_claimed_runs_no_decision() {
     // The same batch on the claimed thread does run them.
     let claimed_batch = [item(WriteEvidence::Consumed, &claimed)];
     assert!(store.apply_evidence(&claimed_batch, T0 + 5, 1_000).is_err());
-    rename(&mut admin, "_gone", "");
+    rename_item_functions(&db, "_gone", "");
 
     let mixed = [
         item(WriteEvidence::Consumed, &unclaimed),
@@ -917,6 +939,44 @@ fn evidence_where_nothing_is_claimed_runs_no_decision() {
         })
         .collect();
     assert_eq!(shown, [(2, "t-1", "c1")]);
+}
+
+/// Evidence on unclaimed checkpoints of a thread whose run lease is live
+/// (a resumed run's next checkpoints) runs no decision function either:
+/// it renews the lease, once, from the batch's time, and a batch of
+/// progress alone renews nothing.
+#[test]
+fn evidence_of_a_leased_thread_on_unclaimed_checkpoints_only_renews_its_lease() {
+    let db = PgSchema::new("lease-only-evidence");
+    let store = db.open().with_run_lease(2_000);
+    let (answered, next, after) = (key("c1"), key("c2"), key("c3"));
+    answer(&store, &answered);
+    let lease_until = |at: i64| {
+        let lease = store.run_lease("t-1", "", at).expect("read");
+        lease.map(|l| (l.last_write_ms, l.until_ms))
+    };
+    assert_eq!(lease_until(T0 + 3), Some((T0 + 2, T0 + 2_002)));
+
+    rename_item_functions(&db, "", "_gone");
+    let item = |kind, k| evidence_item(kind, k, "task b wrote y", Some(T0 + 900));
+    let progress_only = [item(WriteEvidence::Progress, &next)];
+    let applied = store.apply_evidence(&progress_only, T0 + 500, 1_000);
+    assert!(applied.is_ok_and(|a| a.is_empty()), "progress alone");
+    assert_eq!(lease_until(T0 + 600), Some((T0 + 2, T0 + 2_002)));
+
+    let run_went_on = [
+        item(WriteEvidence::Consumed, &next),
+        item(WriteEvidence::MovedOn, &next),
+        item(WriteEvidence::Progress, &after),
+        item(WriteEvidence::Consumed, &after),
+    ];
+    let applied = store.apply_evidence(&run_went_on, T0 + 1_000, 1_000);
+    assert!(
+        applied.as_ref().is_ok_and(Vec::is_empty),
+        "the run's next checkpoints ran a decision: {applied:?}"
+    );
+    assert_eq!(lease_until(T0 + 1_100), Some((T0 + 1_000, T0 + 3_000)));
+    rename_item_functions(&db, "_gone", "");
 }
 
 /// The fence by either signature (the older one is what replicas of an
@@ -974,12 +1034,7 @@ fn evidence_on_a_thread_waits_for_a_write_fencing_on_it_instead_of_deadlocking()
     let store = Arc::new(db.open());
     let (earlier, parked) = (key("c0"), key("c1"));
     // An earlier answer on the thread: its run lease is live.
-    store
-        .try_claim(&earlier, &holder("p1", 1), T0, LAPSE)
-        .expect("claim");
-    store
-        .consume("t-1", "", "c0", "task a wrote x", T0 + 1, T0 + 2)
-        .expect("consume");
+    answer(&store, &earlier);
     store
         .try_claim(&parked, &holder("p1", 1), T0 + 3, LAPSE)
         .expect("claim");
