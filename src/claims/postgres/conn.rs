@@ -550,17 +550,20 @@ impl PgConn {
         }
     }
 
-    /// A free decision connection's slot, else the next one's (waited for).
+    /// The first free decision connection's slot, else the next one's in
+    /// turn (waited for). The first free one, not the next in turn: a
+    /// backend used a moment ago answers faster than one idle since the
+    /// decision before last (its caches are warm), so the decisions of a
+    /// quiet proxy go to one connection.
     fn slot(&self) -> MutexGuard<'_, Option<Decision>> {
-        let n = self.slots.len();
-        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
-        for i in 0..n {
-            match self.slots[(start + i) % n].try_lock() {
+        for slot in &self.slots {
+            match slot.try_lock() {
                 Ok(g) => return g,
                 Err(TryLockError::Poisoned(p)) => return p.into_inner(),
                 Err(TryLockError::WouldBlock) => {}
             }
         }
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
         self.slots[start]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

@@ -281,7 +281,7 @@ fn a_reaped_decision_connection_is_replaced_and_the_decision_runs_again() {
     );
     assert!(ended >= 1, "the store's decision connections");
     std::thread::sleep(Duration::from_millis(50));
-    // Every decision connection was ended while idle: each next decision
+    // Every decision connection was ended while idle: the next decision
     // finds its own dead (57P01), reconnects and runs again at once.
     for _ in 0..4 {
         let r = store.get(&k).expect("read after the reaper").expect("row");
@@ -291,6 +291,37 @@ fn a_reaped_decision_connection_is_replaced_and_the_decision_runs_again() {
         .consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 5)
         .expect("evidence after the reaper");
     assert_eq!(consumed.len(), 1);
+}
+
+/// A store's decisions one after another go to one connection, the
+/// first free one: its backend answers from warm caches, where the next
+/// in turn has been idle since the decision before last.
+#[test]
+fn decisions_one_after_another_go_to_one_connection() {
+    let db = PgSchema::new("first-free");
+    let mut target = db.target().clone();
+    target.config.application_name("rgtest-first-free");
+    let store = ClaimStore::open(target).expect("open");
+    let mut admin = db.admin();
+    let since: std::time::SystemTime = admin
+        .query_one("SELECT clock_timestamp()", &[])
+        .expect("the server's clock")
+        .get(0);
+    for n in 0..6 {
+        let k = key(&format!("c{n}"));
+        store
+            .try_claim(&k, &holder("p1", 1), T0, LAPSE)
+            .expect("claim");
+    }
+    let used: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'rgtest-first-free' \
+             AND query_start >= $1",
+            &[&since],
+        )
+        .expect("the store's connections")
+        .get(0);
+    assert_eq!(used, 1, "connections that decided");
 }
 
 /// Two proxies on the schema `name` (the second with the holder-gone
