@@ -10,6 +10,7 @@
 //! its connection (`resumeguard.test_clock_ms`), so store tests replay
 //! histories without sleeping; a release build's reads the clock only.
 
+use super::leases::renew_live_leases;
 use super::rows::ORDER;
 
 /// The setting a test build's `clock_ms()` reads first (ms since the Unix
@@ -134,10 +135,7 @@ BEGIN
         RETURN NEXT r;
     END LOOP;
     IF p_lease_ms > 0 THEN
-        UPDATE {s}.run_leases SET last_write_ms = p_now,
-            until_ms = GREATEST(until_ms, p_now + p_lease_ms)
-         WHERE thread_id = p_thread AND until_ms > p_now;
-    END IF;
+{renew}    END IF;
 END
 $f$;
 
@@ -249,6 +247,7 @@ END
 $f$;
 "#,
         ORDER = ORDER,
+        renew = renew_live_leases(s, "p_thread", "p_now"),
     )
 }
 

@@ -1,12 +1,26 @@
 //! Run leases in the PostgreSQL store: as `claims::leases` (an answered
 //! interrupt's run holds its thread until `run_lease_ms` after its latest
 //! write), with each lease recording its holder's instance. The server
-//! starts and extends them (`<schema>.consume`, see `schema`); the store
-//! reads them here.
+//! starts and extends them (`<schema>.consume`, see `schema`, and a batch
+//! of evidence, see `unclaimed_evidence`), with the statement written
+//! here; the store reads them here.
 
 use super::conn::{Fail, Tx};
 use super::rows::holder_at;
 use crate::claims::model::RunLease;
+
+/// The statement that extends the live run leases of the thread `thread`
+/// to `p_lease_ms` past `now` (SQL expressions of the functions that run
+/// it), recording a write at `now`: what every write of a leased thread
+/// does to its lease.
+pub(super) fn renew_live_leases(s: &str, thread: &str, now: &str) -> String {
+    format!(
+        "        UPDATE {s}.run_leases SET last_write_ms = {now},
+            until_ms = GREATEST(until_ms, {now} + p_lease_ms)
+         WHERE thread_id = {thread} AND until_ms > {now};
+"
+    )
+}
 
 /// The live lease on a namespace of a thread, in one statement, after
 /// the server marked the thread's holders whose process is gone (gone

@@ -18,6 +18,7 @@ use super::fence::{
     check_holder, check_holder_variables, fence_one_call_migration, CHECK_PARAMS, FENCE_RUNS,
 };
 use super::key_digest::key_digest_migration;
+use super::leases::renew_live_leases;
 use super::liveness::{revival_migration, INSTANCE_DEAD};
 use super::rows::ORDER;
 use super::thread_lock::thread_lock_migration;
@@ -281,10 +282,7 @@ BEGIN
         RETURN NEXT r;
     END LOOP;
     IF p_lease_ms > 0 THEN
-        UPDATE {s}.run_leases SET last_write_ms = p_now,
-            until_ms = GREATEST(until_ms, p_now + p_lease_ms)
-         WHERE thread_id = p_thread AND until_ms > p_now;
-    END IF;
+{renew}    END IF;
 END
 $f$;
 
@@ -358,6 +356,7 @@ $f$;
 "#,
             INSTANCE_DEAD = INSTANCE_DEAD,
             ORDER = ORDER,
+            renew = renew_live_leases(s, "p_thread", "p_now"),
         ),
         // A sweep its live holder can undo: a liveness lock re-taken after
         // its connection was ended keeps its claims (see `liveness`).

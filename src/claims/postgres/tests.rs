@@ -264,12 +264,18 @@ fn terminate(db: &PgSchema, pids: &str, params: &[&(dyn postgres::types::ToSql +
 const LOCK_HOLDER: &str = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' \
     AND objsubid = 1 AND granted AND ((classid::bigint << 32) | objid::bigint) = $1";
 
+/// A store on `db` whose connections carry `application_name`, so the
+/// test can find its backends.
+fn named_store(db: &PgSchema, application_name: &str) -> ClaimStore {
+    let mut target = db.target().clone();
+    target.config.application_name(application_name);
+    ClaimStore::open(target).expect("open")
+}
+
 #[test]
 fn a_reaped_decision_connection_is_replaced_and_the_decision_runs_again() {
     let db = PgSchema::new("reconnect");
-    let mut target = db.target().clone();
-    target.config.application_name("rgtest-reconnect");
-    let store = ClaimStore::open(target).expect("open");
+    let store = named_store(&db, "rgtest-reconnect");
     let k = key("c1");
     store
         .try_claim(&k, &holder("p1", 1), T0, LAPSE)
@@ -299,9 +305,7 @@ fn a_reaped_decision_connection_is_replaced_and_the_decision_runs_again() {
 #[test]
 fn decisions_one_after_another_go_to_one_connection() {
     let db = PgSchema::new("first-free");
-    let mut target = db.target().clone();
-    target.config.application_name("rgtest-first-free");
-    let store = ClaimStore::open(target).expect("open");
+    let store = named_store(&db, "rgtest-first-free");
     let mut admin = db.admin();
     let since: std::time::SystemTime = admin
         .query_one("SELECT clock_timestamp()", &[])

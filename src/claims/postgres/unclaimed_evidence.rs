@@ -16,6 +16,7 @@
 //! checkpoint moves on; only claims leave rows behind.
 
 use super::evidence_batch::apply_evidence_head;
+use super::leases::renew_live_leases;
 use super::thread_lock::lock_threads;
 
 /// Items on a checkpoint with no claim, of a thread with no live run
@@ -27,13 +28,13 @@ pub(super) fn unclaimed_evidence_migration(s: &str) -> String {
             what: "the items on a claimed checkpoint or of a thread with a live run
 -- lease, in order, each consumed claim returned with its item's index in
 -- the whole batch.",
-            declare: String::new(),
+            declare: "",
             or_kept: format!(
                 "
             OR EXISTS (SELECT 1 FROM {s}.run_leases l WHERE l.thread_id = p_thread[i]
                 AND l.until_ms > {s}.clock_ms())"
             ),
-            otherwise: String::new(),
+            otherwise: "",
             then: String::new(),
         },
     )
@@ -58,25 +59,21 @@ pub(super) fn lease_only_evidence_migration(s: &str) -> String {
     v_now bigint;
     -- The threads whose live lease the items on unclaimed checkpoints renew.
     renew text[] := '{}';
-"
-            .to_owned(),
+",
             or_kept: String::new(),
             otherwise: "        ELSIF p_kind[i] IN ('consumed', 'moved_on') AND NOT p_thread[i] = ANY (renew) THEN
             renew := renew || p_thread[i];
         ELSIF p_kind[i] NOT IN ('progress', 'consumed', 'moved_on') THEN
             RAISE EXCEPTION 'resumeguard: unknown evidence kind %', p_kind[i];
-"
-            .to_owned(),
+",
             then: format!(
                 "    IF p_lease_ms > 0 AND cardinality(renew) > 0 THEN
         v_now := {s}.clock_ms();
         FOREACH v_renewed IN ARRAY renew LOOP
-            UPDATE {s}.run_leases SET last_write_ms = v_now,
-                until_ms = GREATEST(until_ms, v_now + p_lease_ms)
-             WHERE thread_id = v_renewed AND until_ms > v_now;
-        END LOOP;
+{renew}        END LOOP;
     END IF;
-"
+",
+                renew = renew_live_leases(s, "v_renewed", "v_now")
             ),
         },
     )
@@ -88,11 +85,11 @@ struct Keeping {
     /// What it does, after the thread locks, for its comment.
     what: &'static str,
     /// Its own variables.
-    declare: String,
+    declare: &'static str,
     /// A condition that keeps item `i` beside its checkpoint's claim row.
     or_kept: String,
     /// `ELSIF` branches for the items not kept.
-    otherwise: String,
+    otherwise: &'static str,
     /// Statements after the kept items ran.
     then: String,
 }
