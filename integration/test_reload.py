@@ -499,7 +499,9 @@ def test_sighup_reopens_the_jsonl_file_after_logrotate_moved_it(proxy_factory, d
     first = f"rl-jsonl-{uuid.uuid4().hex[:8]}"
     lg_scenarios.park("conn", dsn, first)
     jsonl = proxy.audit_jsonl
-    wait_for_thread(jsonl, first)
+    # The park's last statement is its get_state's read of the parked head:
+    # its record may reach the file after the client had its answer.
+    wait_for_thread(jsonl, first, operation="read_latest")
     rotated = jsonl.with_name(jsonl.name + ".1")
     jsonl.rename(rotated)
     sighup_and_wait(proxy, "audit_jsonl", "ok")
@@ -513,8 +515,20 @@ def test_sighup_reopens_the_jsonl_file_after_logrotate_moved_it(proxy_factory, d
     assert "config_reloaded" in ops, ops
 
 
-def wait_for_thread(path: Path, thread: str, timeout: float = 10.0) -> None:
+def wait_for_thread(path: Path, thread: str, operation: str | None = None,
+                    timeout: float = 10.0) -> None:
+    """Until `path` holds a record of `thread` (its `operation`, if given)."""
+    def there() -> bool:
+        if not path.exists():
+            return False
+        # Whole lines only: the writer may be part-way through the last.
+        lines = path.read_text().split("\n")[:-1]
+        records = (json.loads(line) for line in lines if line)
+        return any(r.get("thread_id") == thread
+                   and (operation is None or r.get("operation") == operation)
+                   for r in records)
+
     deadline = time.monotonic() + timeout
-    while not (path.exists() and thread in path.read_text()):
-        assert time.monotonic() < deadline, f"no events of {thread} in {path}"
+    while not there():
+        assert time.monotonic() < deadline, f"no {operation or 'event'} of {thread} in {path}"
         time.sleep(0.1)
