@@ -98,6 +98,15 @@ def pg_env() -> dict[str, str]:
     return env
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process `pid`, from /proc/<pid>/stat (in
+    the kernel's clock ticks)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    # Fields 14 and 15 (utime, stime), counted after the command's ")".
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def tail(path: Path, n: int = 40) -> str:
     try:
         lines = path.read_text(errors="replace").splitlines()

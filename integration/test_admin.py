@@ -30,8 +30,8 @@ import pytest
 
 import lg_enforce as E
 import racer as R
-from conftest import (HOST, PG_CLIENT_BIN, PgServer, Proxy, free_port, pg_env, port_accepts,
-                      proxy_binary)
+from conftest import (HOST, PG_CLIENT_BIN, PgServer, Proxy, cpu_seconds, free_port, pg_env,
+                      port_accepts, proxy_binary)
 from test_consume_once import Racers, park, racer_cli
 from test_validity import ITEMS_RULE, write_rules_dir
 
@@ -431,14 +431,6 @@ def test_admin_listen_off_starts_no_listener(pg, workdir):
 # ----------------------------------------------------------------- metric names
 DOCS_METRICS = HERE.parent / "docs" / "metrics.md"
 _TYPE = re.compile(r"^# TYPE (\S+) (\S+)$", re.M)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU time of process `pid`, from /proc/<pid>/stat."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()
-    # Fields 14 and 15 (utime, stime); the list starts at field 3.
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def test_a_fresh_proxys_metrics_follow_the_prometheus_conventions(pg, workdir):

@@ -13,18 +13,15 @@ and psycopg's pipelined `executemany` stores every row.
 
 from __future__ import annotations
 
-import os
 import socket
 import statistics
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import pgraw as R
-from conftest import HOST, SUPERUSER, connect
+from conftest import HOST, SUPERUSER, connect, cpu_seconds
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 # Generous on a loaded 2-core machine: the direct run takes ~1 s.
 DEEP_PIPELINE_DEADLINE_S = 120.0
 # CPU below this is clock-tick noise: the shallow run's CPU is counted as at
@@ -34,11 +31,6 @@ CPU_FLOOR_S = 0.05
 PARSE = R.parse("pd", "SELECT $1::int4")
 GROUP = R.bind("", "pd", [b"7"]) + R.execute("")
 BAD_GROUP = R.bind("", "pd", [b"not a number"]) + R.execute("")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def tags_of(data: bytes) -> dict[str, int]:
