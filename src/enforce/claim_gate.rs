@@ -6,8 +6,7 @@
 //! same way while the store is asked whether another session's answering
 //! run holds the thread's run lease.
 
-use std::any::Any;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -320,9 +319,10 @@ fn session_ended() -> ClaimDecision {
 pub struct ClaimTicket {
     leg: Arc<ClaimsLeg>,
     pub request: ClaimRequest,
-    /// The claim asked beside the read, if it was.
-    ahead: Option<AheadClaim>,
-    pub resolution: Option<Resolution>,
+    /// The claim asked beside the read, if it was; taken when deciding.
+    ahead: Mutex<Option<AheadClaim>>,
+    /// Set once decided.
+    pub resolution: OnceLock<Resolution>,
 }
 
 impl ClaimTicket {
@@ -330,8 +330,8 @@ impl ClaimTicket {
         ClaimTicket {
             leg,
             request,
-            ahead,
-            resolution: None,
+            ahead: Mutex::new(ahead),
+            resolution: OnceLock::new(),
         }
     }
 }
@@ -345,13 +345,15 @@ impl std::fmt::Debug for ClaimsLeg {
 }
 
 impl Ticket for ClaimTicket {
-    fn decide(&mut self, server_closed: &dyn Fn() -> bool) {
-        let ahead = self.ahead.take();
-        self.resolution = Some(self.leg.resolve(&self.request, ahead, server_closed));
-    }
-
-    fn into_any(self: Box<Self>) -> Box<dyn Any> {
-        self
+    /// Decides once; a ticket already decided keeps its decision.
+    fn decide(&self, server_closed: &dyn Fn() -> bool) {
+        self.resolution.get_or_init(|| {
+            let ahead = match self.ahead.lock() {
+                Ok(mut ahead) => ahead.take(),
+                Err(poisoned) => poisoned.into_inner().take(),
+            };
+            self.leg.resolve(&self.request, ahead, server_closed)
+        });
     }
 }
 

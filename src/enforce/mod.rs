@@ -38,19 +38,13 @@ pub mod watch;
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-
 use crate::audit::{AuditSink, SessionContext};
-use crate::claims::evidence::Evidence;
 use crate::policy::ChannelRules;
 use crate::saver::classify::Classifier;
-use crate::wire::guard::{
-    ClientError, ClientStep, Guard, GuardFactory, ServerStep, SessionInfo, Ticket,
-};
+use crate::wire::guard::{Guard, GuardFactory, SessionInfo};
 use crate::wire::hooks::Refusal;
-use crate::wire::response_queue::Desync;
 use crate::wire::tracker::Tracker;
-use claim_gate::{ClaimTicket, ClaimsLeg};
+use claim_gate::ClaimsLeg;
 use own_schema::OwnSchema;
 use session::SessionEnforcer;
 
@@ -135,85 +129,5 @@ impl GuardFactory for Arc<Enforcement> {
         let own = &self.legs.own_schema;
         let breach = own.check_startup(params).err()?;
         Some(own.refusal(&breach))
-    }
-}
-
-impl Guard for SessionGuard {
-    fn on_client(&mut self, frame: &[u8]) -> Result<ClientStep, ClientError> {
-        Tracker::on_client(self, frame)
-    }
-
-    fn on_server(&mut self, frame: &[u8]) -> Result<ServerStep, Desync> {
-        Tracker::on_server(self, frame)
-    }
-
-    fn client_streams(&mut self, prefix: &[u8]) -> bool {
-        // The enforcer decodes the parameters of checkpoint statements only
-        // (`SessionEnforcer::bind`).
-        Tracker::client_streams(self, prefix, |s| s.class.kind.is_checkpoint_traffic())
-    }
-
-    fn server_streams(&mut self, tag: u8) -> bool {
-        Tracker::server_streams(self, tag)
-    }
-
-    fn release(&mut self, ticket: Box<dyn Ticket>) -> Option<Bytes> {
-        let Ok(ticket) = ticket.into_any().downcast::<ClaimTicket>() else {
-            return None;
-        };
-        let resolution = ticket.resolution.as_ref()?;
-        let refusal = self.hooks.claim_resolved(&ticket.request, resolution);
-        if refusal.is_some() {
-            // The reader's node must not run: the rest of that statement's
-            // answer is swallowed.
-            self.swallow_front();
-        }
-        refusal
-    }
-
-    fn is_idle(&self) -> bool {
-        Tracker::is_idle(self)
-    }
-
-    fn holds_work(&self) -> bool {
-        self.hooks.run_open()
-    }
-
-    fn settled(&self) -> bool {
-        Tracker::settled(self)
-    }
-
-    fn started(&self) -> bool {
-        Tracker::started(self)
-    }
-
-    fn flush(&mut self) {
-        let e = &mut self.hooks;
-        let events = std::mem::take(&mut e.ready_events);
-        for ev in events {
-            e.shared().audit.record(ev);
-        }
-        if e.ready_evidence.is_empty() {
-            return;
-        }
-        let evidence = std::mem::take(&mut e.ready_evidence);
-        if let Some(sender) = e.evidence_sender() {
-            for ev in evidence {
-                sender.send(&e.ctx, ev);
-            }
-        }
-    }
-
-    fn closed(&mut self) {
-        // A holder that goes away mid-gate must not strand its thread.
-        let e = &self.hooks;
-        if let Some(sender) = e.evidence_sender() {
-            sender.send(
-                &e.ctx,
-                Evidence::HolderGone {
-                    session_id: e.ctx.session_id,
-                },
-            );
-        }
     }
 }

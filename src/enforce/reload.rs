@@ -13,9 +13,7 @@ use bytes::Bytes;
 use super::{Enforcement, Legs, SessionGuard};
 use crate::policy::ChannelRules;
 use crate::saver::classify::Classifier;
-use crate::wire::guard::{
-    ClientError, ClientStep, Guard, GuardFactory, ServerStep, SessionInfo, Ticket,
-};
+use crate::wire::guard::{ClientError, ClientStep, Guard, GuardFactory, ServerStep, SessionInfo};
 use crate::wire::hooks::Refusal;
 use crate::wire::response_queue::Desync;
 
@@ -122,8 +120,8 @@ impl Guard for ReloadingGuard {
         Guard::server_streams(&mut self.guard, tag)
     }
 
-    fn release(&mut self, ticket: Box<dyn Ticket>) -> Option<Bytes> {
-        Guard::release(&mut self.guard, ticket)
+    fn release(&mut self) -> Option<Bytes> {
+        Guard::release(&mut self.guard)
     }
 
     fn is_idle(&self) -> bool {

@@ -105,6 +105,9 @@ pub struct SessionEnforcer {
     late: LateGate,
     /// Whether this session was seen carrying more than one client.
     shared_session: SharedSessionWatch,
+    /// The claim of the head row held back from the client, until the
+    /// relay releases it decided.
+    held: Option<Arc<ClaimTicket>>,
 }
 
 impl SessionEnforcer {
@@ -123,6 +126,7 @@ impl SessionEnforcer {
             run_open: false,
             late: LateGate::default(),
             shared_session: SharedSessionWatch::default(),
+            held: None,
         }
     }
 
@@ -132,10 +136,6 @@ impl SessionEnforcer {
         self.run_open
     }
 
-    pub fn shared(&self) -> &Enforcement {
-        &self.shared
-    }
-
     /// Takes a reloaded rule set for the statements to come (see
     /// `enforce::reload`: only while the session is idle).
     pub fn rebase(&mut self, shared: Arc<Enforcement>) {
@@ -143,7 +143,7 @@ impl SessionEnforcer {
     }
 
     /// Where committed writes' claim evidence goes, with consume-once on.
-    pub fn evidence_sender(&self) -> Option<&EvidenceSender> {
+    fn evidence_sender(&self) -> Option<&EvidenceSender> {
         self.shared.legs.claims.as_ref()?.evidence.as_ref()
     }
 
@@ -544,11 +544,13 @@ impl Hooks for SessionEnforcer {
         step.replace = watch.on_data_row(frame);
         if let Some(request) = self.claim_request(watch) {
             if let Some(leg) = &self.shared.legs.claims {
-                step.hold = Some(HeldTicket(Box::new(ClaimTicket::new(
+                let ticket = Arc::new(ClaimTicket::new(
                     Arc::clone(leg),
                     request,
                     watch.ahead.take(),
-                ))));
+                ));
+                step.hold = Some(HeldTicket(Arc::clone(&ticket) as _));
+                self.held = Some(ticket);
             }
         }
     }
@@ -663,6 +665,49 @@ impl Hooks for SessionEnforcer {
                     .application_name(&self.ctx.application_name, &to);
             }
             self.ctx.application_name = to;
+        }
+    }
+
+    /// Only the parameters of checkpoint statements are decoded (see
+    /// `bind`).
+    fn reads_bind(&self, statement: &Prepared) -> bool {
+        statement.class.kind.is_checkpoint_traffic()
+    }
+
+    fn release(&mut self) -> Option<Bytes> {
+        let ticket = self.held.take()?;
+        let resolution = ticket.resolution.get()?;
+        self.claim_resolved(&ticket.request, resolution)
+    }
+
+    fn holds_work(&self) -> bool {
+        self.run_open
+    }
+
+    fn flush(&mut self) {
+        for event in std::mem::take(&mut self.ready_events) {
+            self.shared.audit.record(event);
+        }
+        if self.ready_evidence.is_empty() {
+            return;
+        }
+        let evidence = std::mem::take(&mut self.ready_evidence);
+        if let Some(sender) = self.evidence_sender() {
+            for ev in evidence {
+                sender.send(&self.ctx, ev);
+            }
+        }
+    }
+
+    /// A holder that goes away mid-gate must not strand its thread.
+    fn closed(&mut self) {
+        if let Some(sender) = self.evidence_sender() {
+            sender.send(
+                &self.ctx,
+                Evidence::HolderGone {
+                    session_id: self.ctx.session_id,
+                },
+            );
         }
     }
 }

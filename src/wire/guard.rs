@@ -3,7 +3,7 @@
 //! it is told (forward, replace, hold, wait). It knows nothing of what the
 //! guard enforces.
 
-use std::any::Any;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -44,18 +44,20 @@ pub struct ServerStep {
 }
 
 /// A decision the guard takes outside the session's lock, because it may
-/// block (a claim in a shared store, waiting for another holder).
-pub trait Ticket: Send + std::fmt::Debug {
+/// block (a claim in a shared store, waiting for another holder). The
+/// guard keeps the ticket too, and reads the decision from it when the
+/// relay calls [`Guard::release`].
+pub trait Ticket: Send + Sync + std::fmt::Debug {
     /// Decides; may block the calling relay thread (only it).
     /// `server_closed` tells, without reading, whether the server has
     /// ended this session meanwhile.
-    fn decide(&mut self, server_closed: &dyn Fn() -> bool);
-    fn into_any(self: Box<Self>) -> Box<dyn Any>;
+    fn decide(&self, server_closed: &dyn Fn() -> bool);
 }
 
-/// A boxed ticket; compares by identity only, so steps stay comparable.
+/// The relay's share of a ticket; compares by identity only, so steps
+/// stay comparable.
 #[derive(Debug)]
-pub struct HeldTicket(pub Box<dyn Ticket>);
+pub struct HeldTicket(pub Arc<dyn Ticket>);
 
 impl PartialEq for HeldTicket {
     fn eq(&self, _: &Self) -> bool {
@@ -82,10 +84,10 @@ pub trait Guard: Send {
     /// replace it; the rest goes to the client as it arrives (or is
     /// dropped, when its route is [`Route::Swallow`]).
     fn server_streams(&mut self, tag: u8) -> bool;
-    /// Applies a decided ticket of a held message: `None` lets the message
-    /// through, `Some` is what the client gets instead (the rest of that
-    /// statement's answer is then swallowed).
-    fn release(&mut self, ticket: Box<dyn Ticket>) -> Option<Bytes>;
+    /// Applies the decided ticket of the held message: `None` lets the
+    /// message through, `Some` is what the client gets instead (the rest
+    /// of that statement's answer is then swallowed).
+    fn release(&mut self) -> Option<Bytes>;
     /// Nothing outstanding and no transaction open: the session can close
     /// without losing work.
     fn is_idle(&self) -> bool;

@@ -109,4 +109,25 @@ pub trait Hooks {
     /// ROLLBACK (or a failed COMMIT) completed.
     fn rollback(&mut self);
     fn parameter_status(&mut self, name: &[u8], value: &[u8]);
+
+    /// Whether a Bind of a statement with this annotation is read past its
+    /// names (for its parameters); one that is not may stream past.
+    fn reads_bind(&self, _statement: &Self::Statement) -> bool {
+        true
+    }
+    /// The ticket of the message held last was decided: what the client
+    /// gets instead of that message, if anything (see
+    /// [`super::guard::Guard::release`]).
+    fn release(&mut self) -> Option<Bytes> {
+        None
+    }
+    /// Work granted outlasts the exchanges in flight (see
+    /// [`super::guard::Guard::holds_work`]).
+    fn holds_work(&self) -> bool {
+        false
+    }
+    /// Hands what was recorded to its stores; never blocks.
+    fn flush(&mut self) {}
+    /// The client connection is gone.
+    fn closed(&mut self) {}
 }

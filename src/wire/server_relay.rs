@@ -111,7 +111,7 @@ pub(super) fn server_to_client(
             let Some(Held {
                 frame,
                 replace,
-                ticket: HeldTicket(mut ticket),
+                ticket: HeldTicket(ticket),
             }) = held
             else {
                 break;
@@ -126,7 +126,7 @@ pub(super) fn server_to_client(
             ticket.decide(&|| handle.server.peer_closed());
             let refusal = match state.lock() {
                 Ok(mut st) => {
-                    let refusal = st.release(ticket);
+                    let refusal = st.release();
                     st.flush();
                     refusal
                 }

@@ -15,7 +15,6 @@
 use std::sync::Arc;
 
 use super::backend::Backend;
-use super::frame::{cstr, HEADER_LEN};
 use super::frontend::{parse_frame, Frontend, Target};
 use super::guard::{ClientError, ClientStep, ServerStep};
 use super::injected::{Answer, Injection, ANSWERS};
@@ -23,6 +22,7 @@ use super::reject::{raising_query, raising_statement};
 use super::response_queue::{Desync, Expect, Progress, ResponseQueue, Route};
 use super::sql_commands::{scan, SqlCommand};
 
+mod as_guard;
 mod name_changes;
 mod names;
 mod sql_changes;
@@ -36,9 +36,6 @@ use names::{
 };
 use sql_changes::SqlChanges;
 use unanswered::Unanswered;
-
-/// How much of a Bind's body may hold its portal and statement names.
-const BIND_NAMES_WITHIN: usize = 64 * 1024;
 
 pub struct Tracker<H: Hooks> {
     pub hooks: H,
@@ -101,55 +98,6 @@ impl<H: Hooks> Tracker<H> {
     fn portal(&self, name: &[u8]) -> Lookup<Portal<H::Portal, H::Statement>> {
         self.unanswered
             .portal(name, self.portals.get(name), self.segment)
-    }
-
-    /// Whether a client message may stream past the tracker, decided from
-    /// its front (`prefix`, header included; see `Guard::client_streams`).
-    /// CopyData and FunctionCall bodies are never read; a Bind's only when
-    /// `bind_reads` says the hooks read the parameters of the statement it
-    /// names (a Bind that waits for earlier answers is asked again after
-    /// them); anything else (Parse, Query: their text) is read whole.
-    pub fn client_streams(
-        &mut self,
-        prefix: &[u8],
-        bind_reads: impl Fn(&H::Statement) -> bool,
-    ) -> bool {
-        match prefix.first() {
-            Some(b'd' | b'F') => true,
-            Some(b'B') => {
-                // The names open the body; longer ones than this are
-                // offered whole.
-                let front = prefix.get(HEADER_LEN..).unwrap_or_default();
-                let front = &front[..front.len().min(BIND_NAMES_WITHIN)];
-                let Some((_, rest)) = cstr(front) else {
-                    return false;
-                };
-                let Some((name, _)) = cstr(rest) else {
-                    return false;
-                };
-                match self.statement(name) {
-                    Lookup::Ambiguous => true,
-                    Lookup::Known(Some(s)) => !bind_reads(&s.annotation),
-                    Lookup::Known(None) if name.is_empty() => !bind_reads(&self.hooks.plain()),
-                    // Never prepared: refused without reading it.
-                    Lookup::Known(None) => true,
-                }
-            }
-            _ => false,
-        }
-    }
-
-    /// Whether a server message with this type byte may stream past the
-    /// tracker: a DataRow or CopyData of an answer nobody watches.
-    pub fn server_streams(&mut self, tag: u8) -> bool {
-        let watched = matches!(
-            self.queue.front_payload_mut(),
-            Some(Pending {
-                change: Change::Answer { watch: Some(_), .. },
-                ..
-            })
-        );
-        matches!(tag, b'D' | b'd') && !watched
     }
 
     /// Routes the rest of the front statement's answer away from the

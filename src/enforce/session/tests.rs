@@ -49,12 +49,9 @@ impl SessionState {
 
     fn on_server(&mut self, frame: &[u8]) -> Result<ServerVerdict, Desync> {
         let step = self.0.on_server(frame)?;
-        let claim = step.hold.map(|HeldTicket(t)| {
-            let ticket = t
-                .into_any()
-                .downcast::<ClaimTicket>()
-                .expect("a claim ticket");
-            ticket.request
+        let claim = step.hold.map(|_| {
+            let ticket = self.0.hooks.held.as_ref().expect("a claim ticket");
+            ticket.request.clone()
         });
         Ok(ServerVerdict {
             route: step.route,

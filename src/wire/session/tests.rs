@@ -12,7 +12,6 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::serve_client;
-use crate::wire::guard::Ticket;
 use crate::wire::guard::{ClientError, ClientStep, Guard, GuardFactory, ServerStep, SessionInfo};
 use crate::wire::proxy::{Proxy, RelayConfig};
 use crate::wire::response_queue::Desync;
@@ -36,7 +35,7 @@ impl Guard for PassThrough {
     fn server_streams(&mut self, _: u8) -> bool {
         false
     }
-    fn release(&mut self, _: Box<dyn Ticket>) -> Option<Bytes> {
+    fn release(&mut self) -> Option<Bytes> {
         None
     }
     fn is_idle(&self) -> bool {
