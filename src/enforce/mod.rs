@@ -46,6 +46,7 @@ use crate::wire::hooks::Refusal;
 use crate::wire::tracker::Tracker;
 use claim_gate::ClaimsLeg;
 use own_schema::OwnSchema;
+use reload::FollowedRules;
 use session::SessionEnforcer;
 
 /// Which enforcement legs run. Off, the proxy is a transparent relay that
@@ -107,8 +108,13 @@ impl Enforcement {
         tracker
     }
 
-    /// The guard of the session the relay describes.
-    fn session_for(self: &Arc<Self>, info: SessionInfo) -> SessionGuard {
+    /// The guard of the session the relay describes; with `rules`, it
+    /// moves to a replaced rule set at its idle points.
+    fn session_for(
+        self: &Arc<Self>,
+        info: SessionInfo,
+        rules: Option<FollowedRules>,
+    ) -> SessionGuard {
         let ctx = SessionContext {
             session_id: info.session_id,
             client_addr: info.client_addr,
@@ -116,13 +122,15 @@ impl Enforcement {
             database: info.database,
             application_name: info.application_name,
         };
-        self.session(ctx, info.inspection_listener)
+        let mut tracker = self.session(ctx, info.inspection_listener);
+        tracker.hooks.rules = rules;
+        tracker
     }
 }
 
 impl GuardFactory for Arc<Enforcement> {
     fn guard(&self, info: SessionInfo) -> Box<dyn Guard> {
-        Box::new(self.session_for(info))
+        Box::new(self.session_for(info, None))
     }
 
     fn refuse_startup(&self, params: &[(String, String)]) -> Option<Refusal> {

@@ -7,15 +7,12 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
-use bytes::Bytes;
-
-use super::{Enforcement, Legs, SessionGuard};
+use super::{Enforcement, Legs};
 use crate::policy::ChannelRules;
 use crate::saver::classify::Classifier;
-use crate::wire::guard::{ClientError, ClientStep, Guard, GuardFactory, ServerStep, SessionInfo};
+use crate::wire::guard::{Guard, GuardFactory, SessionInfo};
 use crate::wire::hooks::Refusal;
-use crate::wire::response_queue::Desync;
+use arc_swap::ArcSwap;
 
 /// The enforcement every session shares, with rules that can be replaced.
 pub struct Reloadable {
@@ -70,12 +67,11 @@ impl Reloadable {
 
 impl GuardFactory for Arc<Reloadable> {
     fn guard(&self, info: SessionInfo) -> Box<dyn Guard> {
-        let generation = self.generation.load(Ordering::Acquire);
-        Box::new(ReloadingGuard {
-            guard: self.current().session_for(info),
+        let rules = FollowedRules {
+            generation: self.generation.load(Ordering::Acquire),
             source: Arc::clone(self),
-            generation,
-        })
+        };
+        Box::new(self.current().session_for(info, Some(rules)))
     }
 
     fn refuse_startup(&self, params: &[(String, String)]) -> Option<Refusal> {
@@ -83,69 +79,24 @@ impl GuardFactory for Arc<Reloadable> {
     }
 }
 
-/// A session's guard that moves to a replaced rule set when idle.
-struct ReloadingGuard {
-    guard: SessionGuard,
+/// A session's place in the replaceable rule set: where replacements
+/// come from, and the generation of the set the session uses.
+pub struct FollowedRules {
     source: Arc<Reloadable>,
-    /// The generation of the set the session uses.
     generation: u64,
 }
 
-impl ReloadingGuard {
-    /// Adopts the current set if it was replaced and the session is idle.
-    fn adopt(&mut self) {
+impl FollowedRules {
+    /// The current set, when it was replaced since the session took its
+    /// own and the session is `idle`; the session uses it from now on.
+    /// One atomic load when nothing was replaced.
+    pub fn replaced(&mut self, idle: bool) -> Option<Arc<Enforcement>> {
         let generation = self.source.generation.load(Ordering::Acquire);
-        if generation != self.generation && Guard::is_idle(&self.guard) {
-            self.guard.hooks.rebase(self.source.current());
-            self.generation = generation;
+        if generation == self.generation || !idle {
+            return None;
         }
-    }
-}
-
-impl Guard for ReloadingGuard {
-    fn on_client(&mut self, frame: &[u8]) -> Result<ClientStep, ClientError> {
-        self.adopt();
-        Guard::on_client(&mut self.guard, frame)
-    }
-
-    fn on_server(&mut self, frame: &[u8]) -> Result<ServerStep, Desync> {
-        Guard::on_server(&mut self.guard, frame)
-    }
-
-    fn client_streams(&mut self, prefix: &[u8]) -> bool {
-        Guard::client_streams(&mut self.guard, prefix)
-    }
-
-    fn server_streams(&mut self, tag: u8) -> bool {
-        Guard::server_streams(&mut self.guard, tag)
-    }
-
-    fn release(&mut self) -> Option<Bytes> {
-        Guard::release(&mut self.guard)
-    }
-
-    fn is_idle(&self) -> bool {
-        Guard::is_idle(&self.guard)
-    }
-
-    fn holds_work(&self) -> bool {
-        Guard::holds_work(&self.guard)
-    }
-
-    fn settled(&self) -> bool {
-        Guard::settled(&self.guard)
-    }
-
-    fn started(&self) -> bool {
-        Guard::started(&self.guard)
-    }
-
-    fn flush(&mut self) {
-        Guard::flush(&mut self.guard)
-    }
-
-    fn closed(&mut self) {
-        Guard::closed(&mut self.guard)
+        self.generation = generation;
+        Some(self.source.current())
     }
 }
 
@@ -155,6 +106,7 @@ mod tests {
     use crate::audit::AuditSink;
     use crate::saver::profile::SaverProfile;
     use crate::wire::frame::message as msg;
+    use crate::wire::guard::ClientStep;
 
     const WRITE_SQL: &str = "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET channel = EXCLUDED.channel, type = EXCLUDED.type, blob = EXCLUDED.blob";
 

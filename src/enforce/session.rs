@@ -17,6 +17,7 @@ use super::fencing::{FenceCheck, FenceGate, FenceStep, Fenced};
 use super::history::history_refusal;
 use super::late_duplicate::{LateDuplicate, LateGate};
 use super::parked_heads::Interrupt;
+use super::reload::FollowedRules;
 use super::shared_session::SharedSessionWatch;
 use super::validity::{ValidityGate, CHECK_VIOLATION};
 use super::watch::{parked_on, Watch, WriteDecode};
@@ -87,6 +88,10 @@ pub struct SessionEnforcer {
     pub ctx: SessionContext,
     /// Sessions of the inspection listener never claim.
     pub inspection_listener: bool,
+    /// Where a replaced rule set comes from (SIGHUP), if it can be; the
+    /// session takes it at its next idle point, so a transaction is
+    /// judged by one set from its first statement to its last.
+    pub rules: Option<FollowedRules>,
     /// What writes that have not committed yet did.
     uncommitted: Uncommitted,
     /// Claim evidence of committed writes, for the claims worker.
@@ -117,6 +122,7 @@ impl SessionEnforcer {
             shared,
             ctx,
             inspection_listener: false,
+            rules: None,
             uncommitted: Uncommitted::default(),
             ready_evidence: Vec::new(),
             ready_events: Vec::new(),
@@ -134,12 +140,6 @@ impl SessionEnforcer {
     /// checkpoint (see [`crate::wire::guard::Guard::holds_work`]).
     pub fn run_open(&self) -> bool {
         self.run_open
-    }
-
-    /// Takes a reloaded rule set for the statements to come (see
-    /// `enforce::reload`: only while the session is idle).
-    pub fn rebase(&mut self, shared: Arc<Enforcement>) {
-        self.shared = shared;
     }
 
     /// Where committed writes' claim evidence goes, with consume-once on.
@@ -665,6 +665,12 @@ impl Hooks for SessionEnforcer {
                     .application_name(&self.ctx.application_name, &to);
             }
             self.ctx.application_name = to;
+        }
+    }
+
+    fn next_client_message(&mut self, idle: bool) {
+        if let Some(shared) = self.rules.as_mut().and_then(|r| r.replaced(idle)) {
+            self.shared = shared;
         }
     }
 

@@ -110,6 +110,9 @@ pub trait Hooks {
     fn rollback(&mut self);
     fn parameter_status(&mut self, name: &[u8], value: &[u8]);
 
+    /// A client message is about to be tracked; `idle`: nothing is
+    /// outstanding and no transaction is open before it.
+    fn next_client_message(&mut self, _idle: bool) {}
     /// Whether a Bind of a statement with this annotation is read past its
     /// names (for its parameters); one that is not may stream past.
     fn reads_bind(&self, _statement: &Self::Statement) -> bool {

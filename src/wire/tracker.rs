@@ -120,6 +120,7 @@ impl<H: Hooks> Tracker<H> {
 
     /// Tracks one client message on its way to the server.
     pub fn on_client(&mut self, frame: &[u8]) -> Result<ClientStep, ClientError> {
+        self.hooks.next_client_message(self.is_idle());
         match Frontend::read(frame) {
             Frontend::Parse {
                 name,
