@@ -5,7 +5,7 @@ use std::ops::{Deref, DerefMut};
 
 use super::*;
 use crate::audit::Operation;
-use crate::enforce::claim_gate::{ClaimsLeg, Resolution};
+use crate::enforce::claim_gate::{ClaimRequest, ClaimsLeg, Head, Resolution};
 use crate::enforce::{Enforcement, Legs};
 use crate::saver::classify::Classifier;
 use crate::saver::pg_array::ByteaArray;

@@ -1,0 +1,145 @@
+//! What a Bind of a checkpoint statement may do: its parameters decoded,
+//! its write checked by the validity gate, the late-duplicate gate and the
+//! fence, and refused, guarded by the proxy's own statement, rewritten or
+//! forwarded.
+
+use std::sync::Arc;
+
+use super::{unknown_refusal, Binding, Prepared, SessionEnforcer};
+use crate::enforce::evidence::continuation;
+use crate::enforce::fencing::{FenceStep, Fenced};
+use crate::enforce::history::history_refusal;
+use crate::enforce::late_duplicate::LateDuplicate;
+use crate::enforce::watch::{parked_on, Watch, WriteDecode};
+use crate::saver::bind::BoundParams;
+use crate::saver::classify::StatementKind;
+use crate::saver::write_record::WriteRecord;
+use crate::wire::guard::ClientError;
+use crate::wire::tracker::Bound;
+
+pub(super) fn handle(
+    session: &mut SessionEnforcer,
+    statement: &Prepared,
+    frame: &[u8],
+) -> Result<Bound<Binding, Watch>, ClientError> {
+    if !statement.class.kind.is_checkpoint_traffic() {
+        return Ok(Bound::Forward(None));
+    }
+    // [enforce] unknown_saver = "refuse": a checkpoint statement no
+    // profile recognizes fails here, before anything of it runs.
+    if let Some(refusal) = unknown_refusal(&statement.class) {
+        return Ok(Bound::Refuse(refusal));
+    }
+    // A checkpoint Bind that does not decode would leave enforcement
+    // blind: the session fails closed.
+    let mut bound = BoundParams::decode(frame)
+        .map_err(|e| ClientError(format!("malformed Bind for a checkpoint statement: {e}")))?;
+    if let Some(refusal) = history_refusal(&statement.class.kind, &bound) {
+        return Ok(Bound::Refuse(refusal));
+    }
+    let record: Option<WriteDecode> = statement.class.kind.insert_shape().map(|shape| {
+        WriteRecord::decode(shape, &bound)
+            .map(Arc::new)
+            .map_err(|e| e.to_string())
+    });
+    if let Some(decoded) = &record {
+        let rules = Arc::clone(&session.shared.legs.validity);
+        let checked = decoded.as_deref().map_err(String::as_str);
+        if let Some(rejection) = session
+            .validity
+            .check(&rules, &statement.class.kind, checked)
+        {
+            return Ok(Bound::Refuse(session.refuse_write(rejection)));
+        }
+    }
+    if let Some(late) = session.late_duplicate(&statement.class.kind, record.as_ref()) {
+        let LateDuplicate { refusal, event } = late;
+        session.ready_events.push(event);
+        return Ok(Bound::Refuse(refusal));
+    }
+    let guard = match session.fence(&statement.class.kind, record.as_ref()) {
+        FenceStep::Pass => None,
+        FenceStep::Refuse(fenced) => {
+            let Fenced { refusal, event } = *fenced;
+            session.ready_events.push(event);
+            return Ok(Bound::Refuse(refusal));
+        }
+        FenceStep::InTransaction(guarded) => Some(*guarded),
+    };
+    let mut replacement = None;
+    if statement.rewritten && bound.result_formats.len() > 1 {
+        // Per-column formats must cover the head column too.
+        bound.result_formats.push(0);
+        replacement = Some(bound.encode());
+    }
+    let binding = Binding {
+        class: Arc::clone(&statement.class),
+        bound: Arc::new(bound),
+        record,
+        rewritten: statement.rewritten,
+        inspect_hint: statement.inspect_hint,
+    };
+    Ok(match (guard, replacement) {
+        (Some((injection, check)), _) => {
+            // Writes are never rewritten: only reads by id are.
+            let mut watch = Watch::new(session.shared.classifier.other(), None, false);
+            watch.fence = Some(check);
+            Bound::Guarded {
+                injection,
+                watch,
+                portal: Some(binding),
+            }
+        }
+        (None, Some(bytes)) => Bound::Replace(bytes, Some(binding)),
+        (None, None) => Bound::Forward(Some(binding)),
+    })
+}
+
+/// Only the parameters of checkpoint statements are decoded (see
+/// `bind`).
+pub(super) fn reads(_session: &SessionEnforcer, statement: &Prepared) -> bool {
+    statement.class.kind.is_checkpoint_traffic()
+}
+
+impl SessionEnforcer {
+    /// With consume-once on: a write continuing a claimed checkpoint from
+    /// a session other than its holder is refused (see `fencing`).
+    fn fence(&mut self, kind: &StatementKind, record: Option<&WriteDecode>) -> FenceStep {
+        let Some(leg) = self.shared.legs.claims.as_ref().map(Arc::clone) else {
+            return FenceStep::Pass;
+        };
+        let Some(Ok(rec)) = record else {
+            return FenceStep::Pass;
+        };
+        match parked_on(rec) {
+            // From now on a reader may claim this checkpoint.
+            Some(at) if kind.is_pending_write() => self.fencing.parks(&at),
+            _ => leg.parked.write_passed(kind, rec),
+        }
+        let Some(cont) = continuation(kind, rec) else {
+            return FenceStep::Pass;
+        };
+        // Claims on it may change with this write: asked of the store again.
+        leg.held.forget(&cont.at);
+        let session = self.holder(&leg.proxy_id);
+        self.fencing
+            .check(&leg, &self.ctx, &session, (&cont, kind.label(), rec))
+    }
+
+    /// With consume-once on: a bare resume's `__resume__` write onto a
+    /// finished head this session read, of an answered interrupt, is
+    /// refused (see `late_duplicate`).
+    fn late_duplicate(
+        &self,
+        kind: &StatementKind,
+        record: Option<&WriteDecode>,
+    ) -> Option<LateDuplicate> {
+        let leg = self.shared.legs.claims.as_ref()?;
+        let Some(Ok(rec)) = record else {
+            return None;
+        };
+        let audit = &self.shared.audit;
+        self.late
+            .check(leg, &self.ctx, |m| audit.approver_in(m), (kind, rec))
+    }
+}

@@ -1,0 +1,108 @@
+//! A watched statement's end: its audit events and claim evidence, kept
+//! until the transaction commits, and the error of a write the server
+//! fenced in its transaction.
+
+use super::SessionEnforcer;
+use crate::claims::evidence::Evidence;
+use crate::enforce::fencing::FenceCheck;
+use crate::enforce::watch::Watch;
+use crate::log_text::shown;
+use crate::saver::classify::StatementKind;
+use crate::wire::backend::error_fields;
+
+pub(super) fn handle(session: &mut SessionEnforcer, watch: Watch, ok: bool) {
+    if let Some(check) = &watch.fence {
+        if !ok {
+            session.fenced_in_transaction(check);
+        }
+        return;
+    }
+    crate::admin::metrics::statement_completed(&watch.class.kind, watch.executed_at);
+    if !ok {
+        return;
+    }
+    crate::admin::metrics::forks_served(watch.forks.len());
+    let events = watch.events(&session.ctx);
+    if let Some(leg) = &session.shared.legs.claims {
+        if let Some(row) = watch.finished_head() {
+            session.late.read_finished(&row.at, &row.metadata);
+        }
+        if let Some((thread, ns, parked)) = watch.head_seen() {
+            leg.parked.read(&thread, &ns, parked);
+        }
+    }
+    if matches!(watch.class.kind, StatementKind::Read(_)) {
+        session.ready_events.extend(events);
+    } else {
+        session.uncommitted.events.extend(events);
+        if let Some(leg) = &session.shared.legs.claims {
+            let evidence = watch.evidence();
+            for gone in evidence.iter().filter_map(Evidence::deleted_thread) {
+                leg.parked.thread_deleted(gone);
+            }
+            session.uncommitted.evidence.extend(evidence);
+            if let Some(at) = watch.created_checkpoint() {
+                session.uncommitted.created.push(at);
+            }
+            if let Some(parks) = watch.interrupt_written() {
+                session.uncommitted.parks.push(parks);
+            }
+        }
+    }
+}
+
+pub(super) fn answer_error(_session: &mut SessionEnforcer, watch: &mut Watch, frame: &[u8]) {
+    let Some(check) = watch.fence.as_mut() else {
+        return;
+    };
+    let (mut message, mut detail, mut hint) = (String::new(), String::new(), String::new());
+    for (code, value) in error_fields(frame) {
+        let text = String::from_utf8_lossy(value).into_owned();
+        match code {
+            b'M' => message = text,
+            b'D' => detail = text,
+            b'H' => hint = text,
+            _ => {}
+        }
+    }
+    check.raised = Some((message, detail, hint));
+}
+
+impl SessionEnforcer {
+    /// The audit record of a write the server fenced in its transaction.
+    fn fenced_in_transaction(&mut self, check: &FenceCheck) {
+        let (message, detail, reason) = check.raised.clone().unwrap_or_default();
+        tracing::warn!(thread = %shown(&check.continues.thread_id),
+            checkpoint = %shown(&check.continues.checkpoint_id), "{}", shown(&message));
+        crate::admin::metrics::fenced_in_transaction(&reason);
+        let fence = match reason.as_str() {
+            "superseded_holder" | "other_proxy" | "other_client" => reason.as_str(),
+            _ => "in_transaction",
+        };
+        // The audit names the holder the server found: asked of the store
+        // only now, on this rare path.
+        let at = &check.continues;
+        let current = self.shared.legs.claims.as_ref().and_then(|leg| {
+            leg.store
+                .current_holder(&at.thread_id, &at.checkpoint_ns, &at.checkpoint_id)
+                .ok()
+                .flatten()
+        });
+        if current.is_none() {
+            tracing::debug!(%detail, "fenced write's holder not found again for the audit");
+        }
+        let event = super::super::events::fenced(
+            &self.ctx,
+            &super::super::events::FencedWrite {
+                record: &check.record,
+                continues: at,
+                statement: check.statement,
+                sqlstate: crate::policy::claims::SQLSTATE_WRITE_FENCED,
+                message: &message,
+                fence,
+                current: current.as_ref(),
+            },
+        );
+        self.ready_events.push(event);
+    }
+}

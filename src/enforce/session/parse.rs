@@ -1,0 +1,27 @@
+//! What a Parse prepares: the statement's class, and the fork rewrite the
+//! server gets in its place when the fork filter is on.
+
+use super::{Prepared, SessionEnforcer};
+use crate::policy::claims::has_inspection_hint;
+
+pub(super) fn handle(session: &mut SessionEnforcer, sql: &str) -> (Prepared, Option<String>) {
+    let class = session.shared.classifier.classify(sql);
+    let replacement = match (&class.fork_sql, session.shared.legs.fork_filter) {
+        (Some(sql), true) => Some(sql.clone()),
+        _ => None,
+    };
+    let inspect_hint = session
+        .shared
+        .legs
+        .claims
+        .as_ref()
+        .is_some_and(|l| l.inspection_sql_hint)
+        && class.kind.is_checkpoint_traffic()
+        && has_inspection_hint(sql);
+    let prepared = Prepared {
+        class,
+        rewritten: replacement.is_some(),
+        inspect_hint,
+    };
+    (prepared, replacement)
+}

@@ -1,0 +1,64 @@
+//! The rows of a watched answer: a head row's rewrite and the claim it is
+//! held for, and the RowDescription that loses the head column.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::SessionEnforcer;
+use crate::enforce::claim_gate::{ClaimRequest, ClaimTicket, Head};
+use crate::enforce::watch::Watch;
+use crate::wire::guard::{HeldTicket, ServerStep};
+use crate::wire::row_rewrite::drop_last_column_description;
+
+pub(super) fn row(
+    session: &mut SessionEnforcer,
+    watch: &mut Watch,
+    frame: &[u8],
+    step: &mut ServerStep,
+) {
+    if watch.fence.is_some() {
+        return;
+    }
+    step.replace = watch.on_data_row(frame);
+    if let Some(request) = session.claim_request(watch) {
+        if let Some(leg) = &session.shared.legs.claims {
+            let ticket = Arc::new(ClaimTicket::new(
+                Arc::clone(leg),
+                request,
+                watch.ahead.take(),
+            ));
+            step.hold = Some(HeldTicket(Arc::clone(&ticket) as _));
+            session.held = Some(ticket);
+        }
+    }
+}
+
+pub(super) fn description(
+    _session: &mut SessionEnforcer,
+    watch: &Watch,
+    frame: &[u8],
+) -> Option<Bytes> {
+    if watch.head_column {
+        drop_last_column_description(frame)
+    } else {
+        None
+    }
+}
+
+impl SessionEnforcer {
+    /// The claim request a decoded head row asks for, if any.
+    fn claim_request(&self, watch: &Watch) -> Option<ClaimRequest> {
+        let leg = self.shared.legs.claims.as_ref()?;
+        let (key, head) = match watch.parked_claim_key() {
+            Some(key) => (key, Head::Parked),
+            None if leg.run_lease() => (watch.running_head_key()?, Head::Running),
+            None => return None,
+        };
+        Some(ClaimRequest {
+            key,
+            holder: self.holder(&leg.proxy_id),
+            head,
+        })
+    }
+}

@@ -1,0 +1,42 @@
+//! SQL PREPARE, EXECUTE and DECLARE: checkpoint statements in forms the
+//! proxy cannot watch are refused while any leg is on.
+
+use super::{Prepared, SessionEnforcer};
+use crate::saver::classify::Classified;
+use crate::wire::tracker::{Refusal, FEATURE_NOT_SUPPORTED};
+
+pub(super) fn prepare(session: &mut SessionEnforcer, inner: &str) -> Result<Prepared, Refusal> {
+    // Bound through the protocol, a statement prepared in SQL is
+    // watched like any other, except a read by id: its fork rewrite
+    // happens at Parse, which SQL PREPARE does not pass through.
+    let class = session.shared.classifier.classify(inner);
+    if class.fork_sql.is_some() && session.shared.legs.fork_filter {
+        session.unwatchable(&class, "SQL PREPARE")?;
+    }
+    Ok(session.prepared(class))
+}
+
+pub(super) fn execute(session: &mut SessionEnforcer, statement: &Prepared) -> Result<(), Refusal> {
+    session.unwatchable(&statement.class, "SQL EXECUTE")
+}
+
+pub(super) fn declare(session: &mut SessionEnforcer, inner: &str) -> Result<(), Refusal> {
+    let class = session.shared.classifier.classify(inner);
+    session.unwatchable(&class, "a cursor")
+}
+
+impl SessionEnforcer {
+    /// A checkpoint statement in a form the proxy cannot watch: refused
+    /// while any leg is on.
+    fn unwatchable(&self, class: &Classified, form: &str) -> Result<(), Refusal> {
+        if !class.kind.is_checkpoint_traffic() || !self.shared.legs.any() {
+            return Ok(());
+        }
+        Err(Refusal {
+            sqlstate: FEATURE_NOT_SUPPORTED,
+            message: format!("resumeguard: checkpoint statements cannot run through {form}"),
+            detail: "prepare checkpoint statements with the protocol's Parse, as the savers do"
+                .into(),
+        })
+    }
+}
