@@ -1,0 +1,279 @@
+//! Reads of checkpoint heads under the consume-once leg: which rows are
+//! held for a claim, what a claim's decision does to the answer, and who
+//! never claims.
+
+use super::*;
+
+#[test]
+fn a_read_of_a_parked_head_is_seen_as_parked() {
+    let mut st = state();
+    client(&mut st, &[parse("_pg3_0", READ_SQL), msg(b'S', b"")]);
+    server(&mut st, &[msg(b'1', b""), ready(b'I')]);
+    client(
+        &mut st,
+        &[
+            bind("_pg3_0", &[], &[Some(b"t1"), Some(b"")], &[1]),
+            msg(b'D', b"P\0"),
+            execute(),
+            msg(b'S', b""),
+        ],
+    );
+    let pending = bytea_2d(&[&[
+        b"task-1",
+        b"__interrupt__",
+        b"msgpack",
+        b"\x90",
+        b"~__pregel_pull, gate",
+        b"-3",
+    ]]);
+    let row = crate::wire::row_rewrite::data_row(&[
+        Some(b"t1"),
+        Some(b"\x01{\"v\": 4}"),
+        Some(b""),
+        Some(b"ck1"),
+        Some(b"ck0"),
+        Some(b"\x01{}"),
+        None,
+        Some(&pending),
+    ]);
+    let verdicts = server(
+        &mut st,
+        &[
+            msg(b'2', b""),
+            msg(b'T', b"\0\0"),
+            row.to_vec(),
+            msg(b'C', b"SELECT 1\0"),
+            ready(b'I'),
+        ],
+    );
+    assert!(verdicts.iter().all(|v| v.route == Route::Forward));
+    let events = std::mem::take(&mut st.ready_events);
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].operation, Operation::ReadLatest);
+    assert_eq!(events[0].checkpoint_id.as_deref(), Some("ck1"));
+    assert_eq!(events[0].detail["parked"], true);
+    assert_eq!(events[0].detail["rows"], 1);
+}
+
+#[test]
+fn a_head_with_tasks_to_run_asks_for_the_run_lease_and_a_finished_one_does_not() {
+    let mut st = claiming_state(&[], "worker");
+    let running = read_head(
+        &mut st,
+        br#"{"v": 4, "updated_channels": ["items", "branch:to:after"]}"#,
+        None,
+    );
+    let req = running.claim.expect("the run lease is asked");
+    assert_eq!(req.head, Head::Running);
+    assert_eq!(
+        (
+            req.key.at.thread_id.as_str(),
+            req.key.at.checkpoint_id.as_str()
+        ),
+        ("t1", "ck1")
+    );
+    assert!(req.key.fingerprint.is_empty());
+    server(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
+    for finished in [
+        &br#"{"v": 4, "updated_channels": ["items"]}"#[..],
+        br#"{"v": 4}"#,
+    ] {
+        assert!(read_head(&mut st, finished, None).claim.is_none());
+        server(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
+    }
+    // A parked head is a claim even if its last step wrote a trigger.
+    assert_eq!(
+        read_parked_head(&mut st).claim.map(|r| r.head),
+        Some(Head::Parked)
+    );
+    // Inspection never asks.
+    let mut st = claiming_state(&["^inspect"], "inspector-ui");
+    let cp = br#"{"updated_channels": ["branch:to:after"]}"#;
+    assert!(read_head(&mut st, cp, None).claim.is_none());
+}
+
+/// A refusal replaced the held row with a 55000 ErrorResponse, and the
+/// rest of that statement's answer is swallowed up to ReadyForQuery.
+fn assert_refused_and_rest_swallowed(st: &mut SessionState, error: Option<Bytes>) {
+    let error = error.expect("an error replaces the row");
+    let fields: Vec<_> = crate::wire::backend::error_fields(&error).collect();
+    assert!(fields.contains(&(b'C', &b"55000"[..])));
+    let routes = server_routes(st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
+    assert_eq!(routes, [Route::Answered, Route::Forward]);
+}
+
+#[test]
+fn a_refused_running_head_names_the_run_and_a_served_one_records_nothing() {
+    use crate::claims::{Holder, RunLease};
+    use crate::policy::claims::{ClaimDecision, Refusal};
+    let cp = br#"{"updated_channels": ["branch:to:after"]}"#;
+    let mut st = claiming_state(&[], "worker");
+    let req = read_head(&mut st, cp, None).claim.unwrap();
+    let served = Resolution {
+        decision: ClaimDecision::Serve { takeover: false },
+        waited_ms: 0,
+        displaced: None,
+        epoch: None,
+        takeover: None,
+    };
+    assert!(st.apply_claim(&req, &served).is_none());
+    assert!(st.ready_events.is_empty(), "{:?}", st.ready_events);
+    server(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
+
+    let req = read_head(&mut st, cp, None).claim.unwrap();
+    let lease = RunLease {
+        thread_id: "t1".into(),
+        checkpoint_ns: String::new(),
+        answered_checkpoint_id: "ck0".into(),
+        fingerprint: "0123456789abcdef".repeat(4),
+        holder: Holder {
+            proxy_id: "proxy-b".into(),
+            session_id: 3,
+            client_addr: "10.0.0.9:5000".into(),
+            application_name: "approver".into(),
+        },
+        answered_at_ms: 0,
+        last_write_ms: 5,
+        until_ms: 10_005,
+    };
+    let refused = Resolution {
+        decision: ClaimDecision::Refuse {
+            reason: Refusal::RunInProgress { lease },
+        },
+        waited_ms: 0,
+        displaced: None,
+        epoch: None,
+        takeover: None,
+    };
+    let error = st.apply_claim(&req, &refused);
+    assert_refused_and_rest_swallowed(&mut st, error);
+    let refusal = st
+        .ready_events
+        .iter()
+        .find(|e| e.operation == Operation::ClaimRefused)
+        .expect("claim_refused");
+    assert_eq!(refusal.detail["head"], "running");
+    assert_eq!(refusal.detail["interrupt"], "0123456789ab");
+}
+
+#[test]
+fn a_parked_head_asks_for_a_claim_keyed_by_its_interrupt() {
+    let mut st = claiming_state(&[], "worker");
+    let verdict = read_parked_head(&mut st);
+    let req = verdict.claim.expect("a claim is requested");
+    assert_eq!(
+        (
+            req.key.at.thread_id.as_str(),
+            req.key.at.checkpoint_ns.as_str(),
+            req.key.at.checkpoint_id.as_str()
+        ),
+        ("t1", "", "ck1")
+    );
+    assert_eq!(
+        req.key.fingerprint,
+        crate::claims::interrupt_fingerprint(&[("task-1", Some(&b"\x91\xa1q"[..]))])
+    );
+    assert_eq!(
+        (req.holder.proxy_id.as_str(), req.holder.session_id),
+        ("proxy-a", 7)
+    );
+}
+
+#[test]
+fn a_committed_interrupt_write_parks_its_head_under_the_key_its_read_claims() {
+    let mut st = claiming_state(&[], "worker");
+    let parked = match &st.shared.legs.claims {
+        Some(leg) => Arc::clone(&leg.parked),
+        None => panic!("the claims leg is on"),
+    };
+    client(
+        &mut st,
+        &[
+            parse("_pg3_1", WRITE_SQL),
+            interrupt_bind_of("_pg3_1", b"\x91\xa1q"),
+            msg(b'D', b"P\0"),
+            execute(),
+            msg(b'S', b""),
+        ],
+    );
+    server(&mut st, &[msg(b'1', b""), msg(b'2', b""), msg(b'n', b"")]);
+    server(&mut st, &[msg(b'C', b"INSERT 0 1\0")]);
+    assert_eq!(parked.expected("t1", ""), None, "not before it committed");
+    server(&mut st, &[ready(b'I')]);
+    let expected = parked.expected("t1", "").expect("parked once committed");
+    // A saver may put the checkpoint after its interrupts: that moves nothing.
+    client(
+        &mut st,
+        &[
+            parse("b", BLOB_SQL),
+            parse("c", PUT_SQL),
+            blob_bind(b"\x91\xc0"),
+            execute(),
+            put_bind_at(b"ck1"),
+            execute(),
+            msg(b'S', b""),
+        ],
+    );
+    let (parsed, bound) = (msg(b'1', b""), msg(b'2', b""));
+    let done = msg(b'C', b"INSERT 0 1\0");
+    let answers = [
+        parsed.clone(),
+        parsed,
+        bound.clone(),
+        done.clone(),
+        bound,
+        done,
+    ];
+    server(&mut st, &answers);
+    server(&mut st, &[ready(b'I')]);
+    assert_eq!(parked.expected("t1", ""), Some(expected.clone()));
+    let req = read_parked_head(&mut st)
+        .claim
+        .expect("a claim is requested");
+    assert_eq!(expected, req.key, "the key the read of that head claims");
+}
+
+#[test]
+fn inspection_sessions_never_claim() {
+    let mut st = claiming_state(&["^inspect"], "inspector-ui");
+    assert!(read_parked_head(&mut st).claim.is_none());
+    let mut st = claiming_state(&["^inspect"], "worker");
+    st.inspection_listener = true;
+    assert!(read_parked_head(&mut st).claim.is_none());
+}
+
+#[test]
+fn a_refused_claim_replaces_the_row_and_swallows_the_rest_of_its_answer() {
+    use crate::claims::Holder;
+    use crate::policy::claims::{ClaimDecision, Refusal};
+    let mut st = claiming_state(&[], "worker");
+    let req = read_parked_head(&mut st).claim.unwrap();
+    let winner = Holder {
+        proxy_id: "proxy-b".into(),
+        session_id: 3,
+        client_addr: "10.0.0.9:5000".into(),
+        application_name: "approver".into(),
+    };
+    let refusal = st.apply_claim(
+        &req,
+        &Resolution {
+            decision: ClaimDecision::Refuse {
+                reason: Refusal::Answered {
+                    by: winner,
+                    at_ms: 0,
+                },
+            },
+            waited_ms: 0,
+            displaced: None,
+            epoch: None,
+            takeover: None,
+        },
+    );
+    assert_refused_and_rest_swallowed(&mut st, refusal);
+    let ops: Vec<_> = std::mem::take(&mut st.ready_events)
+        .into_iter()
+        .map(|e| e.operation)
+        .collect();
+    assert!(ops.contains(&Operation::ClaimRefused), "{ops:?}");
+    assert!(st.is_idle());
+}

@@ -1,0 +1,128 @@
+//! What a session's writes leave for the audit and the claims store:
+//! only what commits, at the ReadyForQuery that says so.
+
+use super::*;
+
+#[test]
+fn a_committed_interrupt_write_is_audited_at_ready_for_query() {
+    let mut st = state();
+    client(
+        &mut st,
+        &[
+            parse("_pg3_1", WRITE_SQL),
+            interrupt_bind("_pg3_1"),
+            msg(b'D', b"P\0"),
+            execute(),
+            msg(b'S', b""),
+        ],
+    );
+    server(&mut st, &[msg(b'1', b""), msg(b'2', b""), msg(b'n', b"")]);
+    server(&mut st, &[msg(b'C', b"INSERT 0 1\0")]);
+    assert!(
+        ops(&mut st).is_empty(),
+        "not durable before the Sync's answer"
+    );
+    server(&mut st, &[ready(b'I')]);
+    let events = std::mem::take(&mut st.ready_events);
+    let kinds: Vec<_> = events.iter().map(|e| e.operation).collect();
+    assert_eq!(kinds, [Operation::WritesPut, Operation::InterruptParked]);
+    assert_eq!(events[0].thread_id.as_deref(), Some("t1"));
+    assert_eq!(events[0].task_id.as_deref(), Some("task-1"));
+    assert_eq!(events[0].blob_sha256.len(), 1);
+    assert!(st.is_idle());
+}
+
+#[test]
+fn a_failed_segment_records_no_write() {
+    let mut st = state();
+    client(
+        &mut st,
+        &[
+            parse("_pg3_1", WRITE_SQL),
+            interrupt_bind("_pg3_1"),
+            msg(b'D', b"P\0"),
+            execute(),
+            interrupt_bind("_pg3_1"),
+            msg(b'D', b"P\0"),
+            execute(),
+            msg(b'S', b""),
+        ],
+    );
+    server(
+        &mut st,
+        &[
+            msg(b'1', b""),
+            msg(b'2', b""),
+            msg(b'n', b""),
+            msg(b'C', b"INSERT 0 1\0"),
+            msg(b'E', b"SERROR\0C23505\0Mduplicate\0\0"),
+            ready(b'I'),
+        ],
+    );
+    assert!(
+        ops(&mut st).is_empty(),
+        "the first write rolled back with the segment"
+    );
+    assert!(st.is_idle());
+}
+
+#[test]
+fn writes_in_an_explicit_transaction_wait_for_commit() {
+    let mut st = state();
+    client(&mut st, &[msg(b'Q', b"BEGIN\0")]);
+    server(&mut st, &[msg(b'C', b"BEGIN\0"), ready(b'T')]);
+    client(
+        &mut st,
+        &[
+            parse("", WRITE_SQL),
+            interrupt_bind(""),
+            execute(),
+            msg(b'S', b""),
+        ],
+    );
+    server(
+        &mut st,
+        &[
+            msg(b'1', b""),
+            msg(b'2', b""),
+            msg(b'C', b"INSERT 0 1\0"),
+            ready(b'T'),
+        ],
+    );
+    assert!(ops(&mut st).is_empty());
+    assert!(!st.is_idle(), "a transaction is open");
+    client(&mut st, &[msg(b'Q', b"COMMIT\0")]);
+    server(&mut st, &[msg(b'C', b"COMMIT\0"), ready(b'I')]);
+    assert_eq!(
+        ops(&mut st),
+        [Operation::WritesPut, Operation::InterruptParked]
+    );
+}
+
+#[test]
+fn rolled_back_transaction_records_nothing() {
+    let mut st = state();
+    client(&mut st, &[msg(b'Q', b"BEGIN\0")]);
+    server(&mut st, &[msg(b'C', b"BEGIN\0"), ready(b'T')]);
+    client(
+        &mut st,
+        &[
+            parse("", WRITE_SQL),
+            interrupt_bind(""),
+            execute(),
+            msg(b'S', b""),
+        ],
+    );
+    server(
+        &mut st,
+        &[
+            msg(b'1', b""),
+            msg(b'2', b""),
+            msg(b'C', b"INSERT 0 1\0"),
+            ready(b'T'),
+        ],
+    );
+    client(&mut st, &[msg(b'Q', b"ROLLBACK\0")]);
+    server(&mut st, &[msg(b'C', b"ROLLBACK\0"), ready(b'I')]);
+    assert!(ops(&mut st).is_empty());
+}

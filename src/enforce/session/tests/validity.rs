@@ -1,0 +1,115 @@
+//! The validity gate in a session: invalid writes refused where the
+//! client expects their answer, and the injected statement's answers
+//! swallowed.
+
+use super::*;
+
+/// A session whose validity leg has one rule: `items` is a list of strings.
+fn validating_state() -> SessionState {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("rg-session-rules-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(dir.join("channels")).unwrap();
+    std::fs::write(
+        dir.join("channels/items.toml"),
+        "[[channel]]\nname = \"items\"\nschema = { type = \"array\", items = { type = \"string\" } }\n",
+    )
+    .unwrap();
+    let rules = crate::policy::ChannelRules::load(&dir).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    let classifier = Arc::new(Classifier::new(vec![SaverProfile::langgraph_python()]));
+    let legs = Legs {
+        validity: Arc::new(rules),
+        ..Legs::default()
+    };
+    SessionState::new(classifier, legs, SessionContext::default())
+}
+
+fn put_bind() -> Vec<u8> {
+    put_bind_at(b"ck-42")
+}
+
+#[test]
+fn an_invalid_blob_is_refused_at_the_checkpoint_row_that_names_it() {
+    let mut st = validating_state();
+    client(&mut st, &[parse("b", BLOB_SQL), parse("c", PUT_SQL)]);
+    // msgpack [None]: the blob itself passes through (it runs in the
+    // transaction the rejection aborts) ...
+    assert_eq!(st.on_client(&blob_bind(b"\x91\xc0")).unwrap(), None);
+    client(&mut st, &[msg(b'D', b"P\0"), execute()]);
+    // ... and the checkpoint row of the same put carries the rejection.
+    let injected = st.on_client(&put_bind()).unwrap().expect("rejected");
+    assert!(is_raise(&injected));
+    let text = crate::wire::reject::readable(&injected);
+    assert!(text.contains("23514"), "{text}");
+    assert!(text.contains("checkpoint ck-42"), "{text}");
+    assert!(text.contains("/items/type"), "{text}");
+    let events = std::mem::take(&mut st.ready_events);
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].operation, Operation::WriteRejected);
+    assert_eq!(events[0].checkpoint_id.as_deref(), Some("ck-42"));
+    // The Sync passes unchanged: nothing is left waiting.
+    assert_eq!(st.on_client(&msg(b'S', b"")).unwrap(), None);
+}
+
+#[test]
+fn an_invalid_blob_without_its_checkpoint_row_is_refused_before_sync() {
+    let mut st = validating_state();
+    client(&mut st, &[parse("b", BLOB_SQL)]);
+    assert_eq!(st.on_client(&blob_bind(b"\x91\xc0")).unwrap(), None);
+    let sync = msg(b'S', b"");
+    let injected = st.on_client(&sync).unwrap().expect("rejected at Sync");
+    assert!(is_raise(&injected));
+    assert!(injected.ends_with(&sync), "the Sync still follows");
+}
+
+#[test]
+fn the_injected_answers_are_swallowed_and_the_error_forwarded() {
+    let mut st = validating_state();
+    client(&mut st, &[parse("b", BLOB_SQL), msg(b'S', b"")]);
+    server(&mut st, &[msg(b'1', b""), ready(b'I')]);
+    st.on_client(&blob_bind(b"\x91\xa1a")).unwrap();
+    client(&mut st, &[msg(b'D', b"P\0"), execute()]);
+    st.on_client(&msg(b'S', b"")).unwrap();
+    // Valid blob: its own answers, then the Sync's.
+    let routes = server_routes(
+        &mut st,
+        &[
+            msg(b'2', b""),
+            msg(b'n', b""),
+            msg(b'C', b"INSERT 0 1\0"),
+            ready(b'I'),
+        ],
+    );
+    assert!(routes.iter().all(|r| *r == Route::Forward));
+    // Invalid blob, refused at Sync: the injected Parse/Bind answers are
+    // the proxy's, the raised error reaches the client, then ReadyForQuery.
+    st.on_client(&blob_bind(b"\x91\xc0")).unwrap();
+    client(&mut st, &[msg(b'D', b"P\0"), execute()]);
+    st.on_client(&msg(b'S', b"")).unwrap();
+    let routes = server_routes(
+        &mut st,
+        &[
+            msg(b'2', b""),
+            msg(b'n', b""),
+            msg(b'C', b"INSERT 0 1\0"),
+            msg(b'1', b""),
+            msg(b'2', b""),
+            msg(b'E', b"SERROR\0C23514\0Mrejected\0\0"),
+            ready(b'I'),
+        ],
+    );
+    assert_eq!(
+        routes,
+        [
+            Route::Forward,
+            Route::Forward,
+            Route::Forward,
+            Route::Swallow,
+            Route::Swallow,
+            Route::Forward,
+            Route::Forward
+        ]
+    );
+    assert!(st.is_idle());
+}
