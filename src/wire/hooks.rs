@@ -95,7 +95,9 @@ pub trait Hooks {
     fn query(&mut self, sql: &str) -> Result<Option<Self::Watch>, Refusal>;
     /// A Sync: a refusal to raise before it.
     fn sync(&mut self) -> Option<Refusal>;
-    /// A DataRow of a watched answer.
+    /// A DataRow of a watched answer. A row held for a decision carries
+    /// the relay's share of a ticket the hooks keep themselves, and read
+    /// back once it is decided (see [`Hooks::release`]).
     fn row(&mut self, watch: &mut Self::Watch, frame: &[u8], step: &mut ServerStep);
     /// A RowDescription of a watched answer: its replacement.
     fn row_description(&mut self, watch: &Self::Watch, frame: &[u8]) -> Option<Bytes>;

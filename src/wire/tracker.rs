@@ -11,6 +11,8 @@
 //!
 //! The tracker knows nothing of what the layer above watches for: it asks
 //! its [`Hooks`] to annotate statements and portals and to watch responses.
+//! It is itself the session's guard (`as_guard`): the relay drives it,
+//! and the hooks supply what only the layer above can decide.
 
 use std::sync::Arc;
 
