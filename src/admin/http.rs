@@ -96,7 +96,7 @@ async fn readyz(State(s): State<Shared>) -> Response {
     let shown = s.proxy.config.upstream.to_string();
     let upstream = blocking(move || {
         let user = std::env::var("PGUSER").unwrap_or_else(|_| "postgres".into());
-        probe_upstream(&proxy.config, &user, timeout)
+        probe_upstream(&proxy.config, &user, timeout).map_err(|e| e.to_string())
     });
     let store = s.claims.clone();
     let claims = async move {
