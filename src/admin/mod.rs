@@ -11,6 +11,7 @@
 //! - `http`: the routes, readiness, and the listener's connection limits
 //!   and deadlines.
 //! - `ledger`: a thread's approvals as a state machine, from its audit trail.
+//! - `request_error`: why a request has no answer (the answer's error text).
 //! - `views`: claims and sessions as JSON.
 
 mod auth;
@@ -18,6 +19,7 @@ mod console;
 mod http;
 mod ledger;
 pub mod metrics;
+mod request_error;
 mod views;
 
 use std::net::SocketAddr;
