@@ -267,7 +267,7 @@ pub(super) fn with_store<T>(
             let at = s
                 .claims_at
                 .as_ref()
-                .map_err(|why| RequestError::NoStore(why.clone()))?;
+                .map_err(|why| RequestError::NoStore(Arc::clone(why)))?;
             let store = ClaimStore::open_existing(at.clone())?;
             Ok(f(&store)?)
         }

@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
 use crate::audit::AuditSink;
+use crate::claims::location::LocationError;
 use crate::claims::ClaimStore;
 use crate::wire::proxy::Proxy;
 
@@ -144,7 +145,7 @@ pub struct AdminState {
     /// `claims_at` is opened per request, as `resumeguard claims` does).
     pub claims: Option<Arc<ClaimStore>>,
     /// Where the claims are, or why no store is configured.
-    pub claims_at: Result<crate::claims::postgres::PgTarget, String>,
+    pub claims_at: Result<crate::claims::postgres::PgTarget, Arc<LocationError>>,
     /// The token of every guarded route (a reload may change it).
     pub token: AdminToken,
     /// Console sessions and failed logins.
