@@ -92,8 +92,14 @@ pub struct Outcome {
     /// `config`, `rules`, `client_tls`, `upstream_tls` or `audit_jsonl`.
     pub part: &'static str,
     /// What is in effect now, or why the old one stays.
-    pub result: Result<String, String>,
+    pub result: Result<String, ReloadFailure>,
 }
+
+/// Why a part of a reload keeps what it had: the failure and its causes,
+/// shown on one line.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", one_line(&format!("{:#}", .0)))]
+pub struct ReloadFailure(anyhow::Error);
 
 /// The configuration in effect and what a reload found it cannot apply.
 struct InEffect {
@@ -193,7 +199,7 @@ impl Reloader {
             let result = self.reload_config(&mut in_effect);
             outcomes.push(Outcome {
                 part: "config",
-                result: result.map_err(|e| one_line(&format!("{e:#}"))),
+                result: result.map_err(ReloadFailure),
             });
         }
         let cfg = in_effect.layered.config.clone();
@@ -212,7 +218,7 @@ impl Reloader {
             }
             outcomes.push(Outcome {
                 part: part.name(),
-                result: result.map_err(|e| one_line(&format!("{e:#}"))),
+                result: result.map_err(ReloadFailure),
             });
         }
         drop(in_effect);
@@ -234,7 +240,7 @@ impl Reloader {
         counter!(RELOADS, "part" => o.part, "result" => result).increment(1);
         let (now, reason) = match &o.result {
             Ok(now) => (Some(now.as_str()), None),
-            Err(why) => (None, Some(why.as_str())),
+            Err(why) => (None, Some(why.to_string())),
         };
         self.audit.record(
             AuditEvent::new(&SessionContext::internal(), Operation::ConfigReloaded).with_detail(
@@ -394,7 +400,7 @@ impl AdminControl for Reloader {
             .iter()
             .map(|o| match &o.result {
                 Ok(now) => json!({"part": o.part, "result": "ok", "loaded": now}),
-                Err(why) => json!({"part": o.part, "result": "failed", "reason": why}),
+                Err(why) => json!({"part": o.part, "result": "failed", "reason": why.to_string()}),
             })
             .collect();
         let awaiting = self.lock().awaiting_restart.clone();
@@ -537,7 +543,7 @@ mod tests {
         let before = r.rules.current();
         std::fs::write(dir.join("channels/count.toml"), "[[channel]\nname = ").unwrap();
         let outcomes = r.reload("SIGHUP");
-        let why = outcomes[0].result.as_ref().unwrap_err();
+        let why = outcomes[0].result.as_ref().unwrap_err().to_string();
         assert!(why.contains("count.toml"), "{why}");
         assert!(
             Arc::ptr_eq(&before, &r.rules.current()),
@@ -548,7 +554,7 @@ mod tests {
         std::fs::remove_file(dir.join("channels/count.toml")).unwrap();
         std::fs::write(dir.join("channels/count.toml"), COUNT).unwrap();
         std::fs::write(dir.join("custom.toml"), "not = [a profile").unwrap();
-        let why = r.reload("SIGHUP").remove(0).result.unwrap_err();
+        let why = r.reload("SIGHUP").remove(0).result.unwrap_err().to_string();
         assert!(why.contains("custom.toml"), "{why}");
         assert_eq!(channels(&r), 1);
         std::fs::remove_dir_all(&dir).ok();
@@ -642,7 +648,7 @@ mod tests {
         // A file that does not load changes nothing.
         std::fs::write(&file, "[claims]\nlapse_ms = 'soon'\n").unwrap();
         let outcomes = r.reload("SIGHUP");
-        let why = outcomes[0].result.as_ref().unwrap_err();
+        let why = outcomes[0].result.as_ref().unwrap_err().to_string();
         assert!(why.contains("rg.toml"), "{why}");
         assert_eq!(lapse_ms(&r), 300);
         assert_eq!(outcomes[1].part, "rules", "the rules are read all the same");

@@ -150,7 +150,7 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
         });
     // With consume-once off, the admin API opens the store per request, if
     // one is configured.
-    let claims_at = claims_at.map_err(|e| resumeguard::error_chain::chain(&e).to_string());
+    let claims_at = claims_at.map_err(Arc::new);
     let result = match ready {
         Ok((upstream, legs)) => runtime.block_on(async {
             let claims_store = legs.claims.as_ref().map(|leg| Arc::clone(&leg.store));

@@ -32,6 +32,7 @@ pub use thread_page::ChainCheck;
 
 use super::auth::{self, ConsoleSession};
 use super::http::blocking;
+use super::request_error::RequestError;
 use super::AdminState;
 use crate::audit::{ConsoleFilter, ConsoleList, EventFilter, TrailSource};
 use crate::error_chain::chain;
@@ -200,9 +201,10 @@ async fn list_page(
             blocking(move || {
                 trail
                     .console_list(list, &filter)
-                    .map_err(|e| chain(&e).to_string())
+                    .map_err(RequestError::Trail)
             })
             .await
+            .map_err(|e| e.to_string())
         }
         (None, _) => Err("no audit trail is configured ([audit] sqlite or postgres)".to_owned()),
         (_, Err(e)) => Err(e),

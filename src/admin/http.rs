@@ -20,11 +20,11 @@ use super::auth;
 use super::console;
 use super::ledger::thread_ledger;
 use super::metrics::scrape_time;
+use super::request_error::RequestError;
 use super::views::{ClaimView, SessionView};
 use super::AdminState;
 use crate::audit::{AuditEvent, Operation, SessionContext};
 use crate::claims::{ClaimStore, Now, StoreError};
-use crate::error_chain::chain;
 use crate::log_text::shown;
 use crate::wire::upstream_probe::probe_upstream;
 
@@ -96,19 +96,14 @@ async fn readyz(State(s): State<Shared>) -> Response {
     let shown = s.proxy.config.upstream.to_string();
     let upstream = blocking(move || {
         let user = std::env::var("PGUSER").unwrap_or_else(|_| "postgres".into());
-        probe_upstream(&proxy.config, &user, timeout)
+        Ok(probe_upstream(&proxy.config, &user, timeout)?)
     });
     let store = s.claims.clone();
     let claims = async move {
         match store {
-            Some(st) => Some(
-                blocking(move || {
-                    st.run_lease("", "", Now::STORE)
-                        .map(drop)
-                        .map_err(|e| e.to_string())
-                })
-                .await,
-            ),
+            Some(st) => {
+                Some(blocking(move || Ok(st.run_lease("", "", Now::STORE).map(drop)?)).await)
+            }
             None => None,
         }
     };
@@ -116,10 +111,8 @@ async fn readyz(State(s): State<Shared>) -> Response {
     let (upstream, claims) = match tokio::time::timeout(READY_DEADLINE, checks).await {
         Ok(done) => done,
         Err(_) => (
-            Err("no answer in time".to_owned()),
-            s.claims
-                .as_ref()
-                .map(|_| Err("no answer in time".to_owned())),
+            Err(RequestError::Timeout),
+            s.claims.as_ref().map(|_| Err(RequestError::Timeout)),
         ),
     };
     let ready = !draining && upstream.is_ok() && claims.as_ref().is_none_or(|c| c.is_ok());
@@ -137,10 +130,10 @@ async fn readyz(State(s): State<Shared>) -> Response {
     (status, Json(body)).into_response()
 }
 
-fn check_json(r: &Result<(), String>, address: Option<&str>) -> serde_json::Value {
+fn check_json(r: &Result<(), RequestError>, address: Option<&str>) -> serde_json::Value {
     let mut v = match r {
         Ok(()) => json!({"ok": true}),
-        Err(e) => json!({"ok": false, "error": e}),
+        Err(e) => json!({"ok": false, "error": e.to_string()}),
     };
     if let Some(a) = address {
         v["address"] = json!(a);
@@ -170,7 +163,7 @@ async fn claims(State(s): State<Shared>, Query(q): Query<ClaimsQuery>) -> Respon
         Ok(records) => {
             Json(records.iter().map(ClaimView::from).collect::<Vec<_>>()).into_response()
         }
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
     }
 }
 
@@ -193,7 +186,7 @@ async fn release(State(s): State<Shared>, body: Bytes) -> Response {
     };
     match release_claims(s, req.thread, req.checkpoint, "admin_api").await {
         Ok(n) => Json(json!({"released": n})).into_response(),
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
     }
 }
 
@@ -205,7 +198,7 @@ pub(super) async fn release_claims(
     thread: String,
     checkpoint: Option<String>,
     via: &'static str,
-) -> Result<usize, String> {
+) -> Result<usize, RequestError> {
     let (t, c) = (thread.clone(), checkpoint.clone());
     let audit = s.audit.clone();
     let n = blocking(move || with_store(&s, |st| st.release(&t, c.as_deref()))).await?;
@@ -224,12 +217,8 @@ async fn thread(State(s): State<Shared>, Path(id): Path<String>) -> Response {
     };
     let source = trail.describe();
     let thread_id = id.clone();
-    let events = blocking(move || {
-        trail
-            .thread_events(&thread_id)
-            .map_err(|e| chain(&e).to_string())
-    })
-    .await;
+    let events =
+        blocking(move || trail.thread_events(&thread_id).map_err(RequestError::Trail)).await;
     match events {
         Ok(events) if events.iter().any(|e| e.thread_id.as_deref() == Some(&id)) => {
             let mut ledger = thread_ledger(&id, events);
@@ -237,7 +226,7 @@ async fn thread(State(s): State<Shared>, Path(id): Path<String>) -> Response {
             Json(ledger).into_response()
         }
         Ok(_) => error(StatusCode::NOT_FOUND, "no audit events for this thread"),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
 }
 
@@ -249,7 +238,7 @@ async fn config(State(s): State<Shared>) -> Response {
     };
     match blocking(move || Ok(control.config())).await {
         Ok(text) => ([(CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response(),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
 }
 
@@ -262,7 +251,7 @@ async fn reload(State(s): State<Shared>) -> Response {
     tracing::info!("reload requested through the admin API");
     match blocking(move || Ok(control.reload())).await {
         Ok(outcome) => Json(outcome).into_response(),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
 }
 
@@ -271,24 +260,27 @@ async fn reload(State(s): State<Shared>) -> Response {
 pub(super) fn with_store<T>(
     s: &AdminState,
     f: impl FnOnce(&ClaimStore) -> Result<T, StoreError>,
-) -> Result<T, String> {
+) -> Result<T, RequestError> {
     match &s.claims {
-        Some(store) => f(store).map_err(|e| e.to_string()),
+        Some(store) => Ok(f(store)?),
         None => {
-            let at = s.claims_at.as_ref().map_err(String::clone)?;
-            let store = ClaimStore::open_existing(at.clone()).map_err(|e| e.to_string())?;
-            f(&store).map_err(|e| e.to_string())
+            let at = s
+                .claims_at
+                .as_ref()
+                .map_err(|why| RequestError::NoStore(Arc::clone(why)))?;
+            let store = ClaimStore::open_existing(at.clone())?;
+            Ok(f(&store)?)
         }
     }
 }
 
 /// Runs `f` on the blocking pool.
 pub(super) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> Result<T, String> {
+    f: impl FnOnce() -> Result<T, RequestError> + Send + 'static,
+) -> Result<T, RequestError> {
     tokio::task::spawn_blocking(f)
         .await
-        .unwrap_or_else(|e| Err(format!("admin task failed: {e}")))
+        .unwrap_or_else(|e| Err(RequestError::Task(e)))
 }
 
 pub(super) fn error(status: StatusCode, message: &str) -> Response {

@@ -11,6 +11,7 @@
 //! - `http`: the routes, readiness, and the listener's connection limits
 //!   and deadlines.
 //! - `ledger`: a thread's approvals as a state machine, from its audit trail.
+//! - `request_error`: why a request has no answer (the answer's error text).
 //! - `views`: claims and sessions as JSON.
 
 mod auth;
@@ -18,6 +19,7 @@ mod console;
 mod http;
 mod ledger;
 pub mod metrics;
+mod request_error;
 mod views;
 
 use std::net::SocketAddr;
@@ -28,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
 use crate::audit::AuditSink;
+use crate::claims::location::LocationError;
 use crate::claims::ClaimStore;
 use crate::wire::proxy::Proxy;
 
@@ -142,7 +145,7 @@ pub struct AdminState {
     /// `claims_at` is opened per request, as `resumeguard claims` does).
     pub claims: Option<Arc<ClaimStore>>,
     /// Where the claims are, or why no store is configured.
-    pub claims_at: Result<crate::claims::postgres::PgTarget, String>,
+    pub claims_at: Result<crate::claims::postgres::PgTarget, Arc<LocationError>>,
     /// The token of every guarded route (a reload may change it).
     pub token: AdminToken,
     /// Console sessions and failed logins.

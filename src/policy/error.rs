@@ -1,13 +1,13 @@
 //! Rule-loading errors: always the file, the line when one is known, and
 //! what is wrong, so `rules check` and startup point at the exact entry.
 
-use std::fmt;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 /// A rule file that cannot be used. The proxy refuses to start on one
 /// rather than run without a rule it was given.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {message}", place(.file, .line))]
 pub struct RuleError {
     pub file: PathBuf,
     /// 1-based line in `file`.
@@ -40,16 +40,13 @@ impl RuleError {
     }
 }
 
-impl fmt::Display for RuleError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.line {
-            Some(line) => write!(f, "{}:{}: {}", self.file.display(), line, self.message),
-            None => write!(f, "{}: {}", self.file.display(), self.message),
-        }
+/// `file:line`, or the file alone when no line is known.
+fn place(file: &Path, line: &Option<usize>) -> String {
+    match line {
+        Some(line) => format!("{}:{line}", file.display()),
+        None => file.display().to_string(),
     }
 }
-
-impl std::error::Error for RuleError {}
 
 /// The 1-based line holding byte `offset` of `src`.
 pub(crate) fn line_of(src: &str, offset: usize) -> usize {

@@ -169,7 +169,7 @@ impl FileCx<'_> {
     }
 
     fn inline(&self, v: &Spanned<toml::Value>) -> Result<Schema, RuleError> {
-        let json = inline_schema(v.get_ref()).or_else(|e| self.err(v.span(), e))?;
+        let json = inline_schema(v.get_ref()).or_else(|e| self.err(v.span(), e.to_string()))?;
         self.compile(v.span(), &json, "inline".into())
     }
 
@@ -181,7 +181,7 @@ impl FileCx<'_> {
     fn selector(&self, s: &Selectors<'_>) -> Result<Selector, RuleError> {
         let pattern = |p: &Option<Spanned<String>>| {
             p.as_ref()
-                .map(|p| Pattern::new(p.get_ref()).or_else(|e| self.err(p.span(), e)))
+                .map(|p| Pattern::new(p.get_ref()).or_else(|e| self.err(p.span(), e.to_string())))
                 .transpose()
         };
         let metadata = match s.metadata {

@@ -7,6 +7,21 @@ use serde_json::{Map, Value};
 
 use crate::saver::msgpack::MsgpackError;
 
+/// A rule's schema that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    /// jsonschema refused it: where in the schema, and its reason.
+    #[error("invalid JSON Schema at {at}: {reason}")]
+    Invalid { at: String, reason: String },
+    #[error("{0} is not a JSON number")]
+    NotANumber(f64),
+    #[error("schema string is not JSON: {0}")]
+    NotJson(serde_json::Error),
+    /// The TOML type of a value that is no schema.
+    #[error("schema must be a table, a JSON string or a boolean, got {0}")]
+    NotASchema(&'static str),
+}
+
 /// One compiled schema and where it came from.
 #[derive(Debug)]
 pub struct Schema {
@@ -21,11 +36,13 @@ impl Schema {
     /// Compiles `schema` (Draft 2020-12 unless it names a `$schema`).
     /// `format` is an annotation, as the draft's default says: pydantic
     /// emits `date-time` for naive datetimes too, which RFC 3339 rejects.
-    pub fn compile(schema: &Value, source: String) -> Result<Schema, String> {
+    pub fn compile(schema: &Value, source: String) -> Result<Schema, SchemaError> {
         let validator = jsonschema::validator_for(schema).map_err(|e| {
             let at = e.instance_path().as_str();
-            let at = if at.is_empty() { "/" } else { at };
-            format!("invalid JSON Schema at {at}: {e}")
+            SchemaError::Invalid {
+                at: if at.is_empty() { "/" } else { at }.to_owned(),
+                reason: e.to_string(),
+            }
         })?;
         Ok(Schema {
             validator,
@@ -66,13 +83,13 @@ fn summarize(schema: &Value) -> String {
 
 /// A TOML schema table as JSON. Datetimes become their text; TOML has no
 /// null, so every JSON Schema keyword value is representable.
-pub fn toml_to_json(v: &toml::Value) -> Result<Value, String> {
+pub fn toml_to_json(v: &toml::Value) -> Result<Value, SchemaError> {
     Ok(match v {
         toml::Value::String(s) => Value::String(s.clone()),
         toml::Value::Integer(i) => Value::from(*i),
         toml::Value::Float(f) => serde_json::Number::from_f64(*f)
             .map(Value::Number)
-            .ok_or_else(|| format!("{f} is not a JSON number"))?,
+            .ok_or(SchemaError::NotANumber(*f))?,
         toml::Value::Boolean(b) => Value::Bool(*b),
         toml::Value::Datetime(d) => Value::String(d.to_string()),
         toml::Value::Array(items) => {
@@ -81,22 +98,17 @@ pub fn toml_to_json(v: &toml::Value) -> Result<Value, String> {
         toml::Value::Table(t) => Value::Object(
             t.iter()
                 .map(|(k, v)| Ok((k.clone(), toml_to_json(v)?)))
-                .collect::<Result<_, String>>()?,
+                .collect::<Result<_, SchemaError>>()?,
         ),
     })
 }
 
 /// An inline `schema`: a TOML table, a JSON string, or a boolean schema.
-pub fn inline_schema(v: &toml::Value) -> Result<Value, String> {
+pub fn inline_schema(v: &toml::Value) -> Result<Value, SchemaError> {
     match v {
         toml::Value::Table(_) | toml::Value::Boolean(_) => toml_to_json(v),
-        toml::Value::String(text) => {
-            serde_json::from_str(text).map_err(|e| format!("schema string is not JSON: {e}"))
-        }
-        other => Err(format!(
-            "schema must be a table, a JSON string or a boolean, got {}",
-            other.type_str()
-        )),
+        toml::Value::String(text) => serde_json::from_str(text).map_err(SchemaError::NotJson),
+        other => Err(SchemaError::NotASchema(other.type_str())),
     }
 }
 
@@ -169,7 +181,9 @@ mod tests {
 
     #[test]
     fn rejects_invalid_schemas() {
-        let e = Schema::compile(&json!({"type": "strin"}), "inline".into()).unwrap_err();
+        let e = Schema::compile(&json!({"type": "strin"}), "inline".into())
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("invalid JSON Schema at /type"), "{e}");
         assert!(Schema::compile(&json!({"type": "string"}), "inline".into()).is_ok());
     }
@@ -245,9 +259,11 @@ mod tests {
         );
         assert!(inline_schema(&toml::Value::String("{".into()))
             .unwrap_err()
+            .to_string()
             .contains("not JSON"));
         assert!(inline_schema(&toml::Value::Integer(1))
             .unwrap_err()
+            .to_string()
             .contains("got integer"));
     }
 

@@ -6,6 +6,15 @@ use serde_json::Value;
 
 use super::write_context::WriteContext;
 
+/// A selector pattern that is no regex: the pattern as written, and the
+/// last line of regex's error (`unclosed group`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("bad regex `{pattern}`: {reason}")]
+pub struct PatternError {
+    pub pattern: String,
+    pub reason: String,
+}
+
 /// A whole-string regex (`cv-.*` matches `cv-1`, not `xcv-1`): anchoring
 /// implicitly keeps a short pattern from silently selecting more threads.
 #[derive(Debug, Clone)]
@@ -15,7 +24,7 @@ pub struct Pattern {
 }
 
 impl Pattern {
-    pub fn new(source: &str) -> Result<Pattern, String> {
+    pub fn new(source: &str) -> Result<Pattern, PatternError> {
         // Compile the user's text first so the error quotes what they wrote.
         Regex::new(source).map_err(|e| regex_error(source, &e))?;
         let re = Regex::new(&format!("^(?:{source})$")).map_err(|e| regex_error(source, &e))?;
@@ -36,11 +45,14 @@ impl Pattern {
 
 /// regex's parse errors draw a caret diagram over several lines; a rule
 /// error is one line, so keep its last line (`error: unclosed group`).
-fn regex_error(source: &str, e: &regex::Error) -> String {
+fn regex_error(source: &str, e: &regex::Error) -> PatternError {
     let text = e.to_string();
     let last = text.lines().last().unwrap_or_default().trim();
     let last = last.strip_prefix("error: ").unwrap_or(last);
-    format!("bad regex `{source}`: {last}")
+    PatternError {
+        pattern: source.to_owned(),
+        reason: last.to_owned(),
+    }
 }
 
 /// The optional selectors of one rule.
@@ -126,7 +138,7 @@ mod tests {
         let p = Pattern::new("a|b").unwrap();
         assert!(p.is_match("a") && !p.is_match("ab"));
         assert_eq!(
-            Pattern::new("(").unwrap_err(),
+            Pattern::new("(").unwrap_err().to_string(),
             "bad regex `(`: unclosed group"
         );
     }

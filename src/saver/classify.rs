@@ -538,10 +538,6 @@ fn insert_shape(insert: &sqlparser::ast::Insert) -> Option<InsertShape> {
 #[cfg(test)]
 pub(crate) mod housekeeping_sql;
 #[cfg(test)]
-mod housekeeping_tests;
-#[cfg(test)]
-pub(crate) mod other_savers_sql;
-#[cfg(test)]
 pub(crate) mod saver_sql;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

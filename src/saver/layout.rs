@@ -48,6 +48,17 @@ pub struct DeclaredLayout {
     pub elements: Vec<Element>,
 }
 
+/// An element list that is no layout of its array.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    #[error("element {0:?} does not belong in this array")]
+    Foreign(Element),
+    #[error("element {0:?} listed twice")]
+    Twice(Element),
+    #[error("element {0:?} is missing")]
+    Missing(Element),
+}
+
 /// Where each element sits in one `channel_values` row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChannelValuesLayout {
@@ -68,7 +79,7 @@ impl ChannelValuesLayout {
 
     /// The positions of a declared element list: exactly `channel`,
     /// `type` and `blob`, in any order.
-    pub fn from_elements(elements: &[Element]) -> Result<Self, String> {
+    pub fn from_elements(elements: &[Element]) -> Result<Self, LayoutError> {
         let at = Positions::of(elements, &[Element::Channel, Element::Type, Element::Blob])?;
         Ok(ChannelValuesLayout {
             width: elements.len(),
@@ -117,7 +128,7 @@ impl PendingWritesLayout {
 
     /// The positions of a declared element list: `task_id`, `channel`,
     /// `type` and `blob`, optionally `task_path` and `idx`, in any order.
-    pub fn from_elements(elements: &[Element]) -> Result<Self, String> {
+    pub fn from_elements(elements: &[Element]) -> Result<Self, LayoutError> {
         use Element::*;
         let at = Positions::of(elements, &[TaskId, Channel, Type, Blob, TaskPath, Idx])?;
         Ok(PendingWritesLayout {
@@ -136,13 +147,13 @@ impl PendingWritesLayout {
 struct Positions<'a>(&'a [Element]);
 
 impl<'a> Positions<'a> {
-    fn of(elements: &'a [Element], allowed: &[Element]) -> Result<Self, String> {
+    fn of(elements: &'a [Element], allowed: &[Element]) -> Result<Self, LayoutError> {
         for (i, e) in elements.iter().enumerate() {
             if !allowed.contains(e) {
-                return Err(format!("element {e:?} does not belong in this array"));
+                return Err(LayoutError::Foreign(*e));
             }
             if elements[..i].contains(e) {
-                return Err(format!("element {e:?} listed twice"));
+                return Err(LayoutError::Twice(*e));
             }
         }
         Ok(Positions(elements))
@@ -152,9 +163,8 @@ impl<'a> Positions<'a> {
         self.0.iter().position(|x| *x == e)
     }
 
-    fn required(&self, e: Element) -> Result<usize, String> {
-        self.get(e)
-            .ok_or_else(|| format!("element {e:?} is missing"))
+    fn required(&self, e: Element) -> Result<usize, LayoutError> {
+        self.get(e).ok_or(LayoutError::Missing(e))
     }
 }
 
@@ -186,11 +196,17 @@ mod tests {
             (l.width, l.idx, l.blob, l.task_id, l.task_path),
             (5, Some(0), 1, 3, None)
         );
-        let missing = PendingWritesLayout::from_elements(&[TaskId, Channel, Type]).unwrap_err();
+        let missing = PendingWritesLayout::from_elements(&[TaskId, Channel, Type])
+            .unwrap_err()
+            .to_string();
         assert!(missing.contains("Blob"), "{missing}");
-        let twice = ChannelValuesLayout::from_elements(&[Channel, Type, Blob, Blob]).unwrap_err();
+        let twice = ChannelValuesLayout::from_elements(&[Channel, Type, Blob, Blob])
+            .unwrap_err()
+            .to_string();
         assert!(twice.contains("twice"), "{twice}");
-        let foreign = ChannelValuesLayout::from_elements(&[Channel, Type, Blob, Idx]).unwrap_err();
+        let foreign = ChannelValuesLayout::from_elements(&[Channel, Type, Blob, Idx])
+            .unwrap_err()
+            .to_string();
         assert!(foreign.contains("Idx"), "{foreign}");
     }
 

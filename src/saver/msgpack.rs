@@ -31,6 +31,7 @@
 
 use std::fmt::Write as _;
 
+use base64::Engine as _;
 use rmpv::decode::read_value_ref_with_max_depth;
 use rmpv::ValueRef;
 use serde_json::{Map, Number, Value};
@@ -423,23 +424,9 @@ pub(super) fn bytes_to_string(b: &[u8]) -> String {
     }
 }
 
+/// Standard base64 (RFC 4648 alphabet, padded), as Python's `base64.b64encode`.
 fn base64(b: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(b.len().div_ceil(3) * 4);
-    for chunk in b.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |acc, (i, &x)| acc | (u32::from(x) << (16 - 8 * i)));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    base64::engine::general_purpose::STANDARD.encode(b)
 }
 
 #[cfg(test)]

@@ -156,6 +156,8 @@ impl ByteaArray {
 /// The binary array format: int32 ndim, int32 has-null flag, uint32
 /// element OID (one `element` accepts), per dimension int32 size and int32
 /// lower bound, then each element as int32 length (-1 = NULL) + bytes.
+/// Not postgres-protocol's `array_from_sql`, which takes any negative
+/// length as NULL and reserves the declared element count up front.
 fn decode_binary_of(raw: &[u8], element: Element) -> Result<ByteaArray, DecodeError> {
     let mut buf = raw;
     let ndim = read_i32(&mut buf, "array ndim")?;

@@ -7,16 +7,25 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::layout::{ChannelValuesLayout, DeclaredLayout, Element, PendingWritesLayout};
+use super::layout::{
+    ChannelValuesLayout, DeclaredLayout, Element, LayoutError, PendingWritesLayout,
+};
 
 /// A saver profile that does not load, with the file it came from.
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
     #[error(transparent)]
     Toml(#[from] toml::de::Error),
-    /// A row layout that cannot decode the saver's rows.
-    #[error("{0}")]
-    Layout(String),
+    /// A row array with no layout declared for it.
+    #[error("rows.{column}: no layout declared")]
+    NoLayout { column: &'static str },
+    /// A declared row layout that cannot decode the saver's rows.
+    #[error("rows.{column} (saver {saver}): {layout}")]
+    Layout {
+        column: &'static str,
+        saver: String,
+        layout: LayoutError,
+    },
     #[error("reading saver profile {}", .path.display())]
     Read {
         path: PathBuf,
@@ -89,20 +98,28 @@ pub struct RowLayouts {
 }
 
 impl RowLayouts {
-    fn from_declared(rows: DeclaredRows) -> Result<Self, String> {
+    fn from_declared(rows: DeclaredRows) -> Result<Self, ProfileError> {
         fn known<L>(
             declared: Vec<DeclaredLayout>,
-            column: &str,
-            positions: fn(&[Element]) -> Result<L, String>,
-        ) -> Result<Vec<KnownLayout<L>>, String> {
+            column: &'static str,
+            positions: fn(&[Element]) -> Result<L, LayoutError>,
+        ) -> Result<Vec<KnownLayout<L>>, ProfileError> {
             if declared.is_empty() {
-                return Err(format!("rows.{column}: no layout declared"));
+                return Err(ProfileError::NoLayout { column });
             }
             declared
                 .into_iter()
                 .map(|d| {
-                    let layout = positions(&d.elements)
-                        .map_err(|e| format!("rows.{column} (saver {}): {e}", d.saver))?;
+                    let layout = match positions(&d.elements) {
+                        Ok(layout) => layout,
+                        Err(layout) => {
+                            return Err(ProfileError::Layout {
+                                column,
+                                saver: d.saver,
+                                layout,
+                            })
+                        }
+                    };
                     Ok(KnownLayout {
                         saver: d.saver,
                         elements: d.elements,
@@ -160,7 +177,7 @@ const BUILT_IN: [(&str, &str); 2] = [
 impl SaverProfile {
     pub fn from_toml(text: &str) -> Result<Self, ProfileError> {
         let file: ProfileFile = toml::from_str(text)?;
-        let rows = RowLayouts::from_declared(file.rows).map_err(ProfileError::Layout)?;
+        let rows = RowLayouts::from_declared(file.rows)?;
         Ok(SaverProfile {
             name: file.profile.name,
             schema: file.profile.schema,

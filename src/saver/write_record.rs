@@ -216,7 +216,7 @@ mod tests {
 
     #[test]
     fn decodes_a_js_resume_write_as_node_postgres_binds_it() {
-        use crate::saver::classify::other_savers_sql::JS_UPSERT_WRITES;
+        use crate::saver::classify::tests::other_savers_sql::JS_UPSERT_WRITES;
         use crate::saver::classify::Classifier;
         use crate::saver::profile::SaverProfile;
         let class = Classifier::new(SaverProfile::built_in()).classify(JS_UPSERT_WRITES);

@@ -12,7 +12,6 @@
 //! shallow one.
 
 use std::collections::VecDeque;
-use std::fmt;
 
 /// Whether a response reaches the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -83,24 +82,15 @@ pub enum Progress<T> {
 
 /// The server sent something the queue did not expect: the session's view
 /// of the protocol is no longer trustworthy.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "protocol out of sync: server sent '{}' while expecting {expected:?}",
+    .got.escape_ascii()
+)]
 pub struct Desync {
     pub got: u8,
     pub expected: Option<Expect>,
 }
-
-impl fmt::Display for Desync {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "protocol out of sync: server sent '{}' while expecting {:?}",
-            self.got.escape_ascii(),
-            self.expected
-        )
-    }
-}
-
-impl std::error::Error for Desync {}
 
 /// Entries kept allocated once the queue drains; a deep pipeline's larger
 /// buffer is let go.

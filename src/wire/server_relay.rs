@@ -11,12 +11,12 @@ use bytes::BytesMut;
 use super::backend::{error_response, sqlstate, Severity};
 use super::client_stream::ClientStream;
 use super::connection::Connection;
-use super::frame::peek_header;
+use super::frame::{peek_header, FrameError};
 use super::guard::{Guard, HeldTicket};
 use super::proxy::Proxy;
 use super::read_buffer::{Passing, STREAM_ABOVE};
 use super::registry::{closable, SessionHandle, StopReason};
-use super::response_queue::Route;
+use super::response_queue::{Desync, Route};
 use super::sasl_plus;
 use super::session::End;
 
@@ -103,9 +103,9 @@ pub(super) fn server_to_client(
                     conn.stream_on(tracked.passing);
                     tracked.held
                 }
-                Err(msg) => {
-                    tracing::error!(error = %msg, "closing session");
-                    return fail_session(client, &msg);
+                Err(lost) => {
+                    tracing::error!(error = %lost, "closing session");
+                    return fail_session(client, &lost.to_string());
                 }
             };
             let Some(Held {
@@ -169,6 +169,17 @@ struct Held {
     ticket: HeldTicket,
 }
 
+/// Why the server's side of a session can no longer be followed.
+#[derive(Debug, thiserror::Error)]
+enum LostTrack {
+    #[error("upstream protocol violation: {0}")]
+    Framing(FrameError),
+    #[error(transparent)]
+    Desync(#[from] Desync),
+    #[error("the guard acted on a message it let stream")]
+    GuardActedOnStream,
+}
+
 /// Frames, tracks and routes the complete server messages in `buf` into
 /// `out`, and a large incomplete one the guard lets stream (see
 /// [`Guard::server_streams`]). An error means the session can no longer
@@ -180,12 +191,12 @@ fn track_server(
     keys: &Mutex<Vec<(i32, Vec<u8>)>>,
     (buf, out): (&mut BytesMut, &mut BytesMut),
     plaintext_client: bool,
-) -> Result<Tracked, String> {
+) -> Result<Tracked, LostTrack> {
     let mut fatal = false;
     let mut held = None;
     let mut passing = None;
-    while let Some(h) = peek_header(buf, proxy.config.max_backend_message_bytes)
-        .map_err(|e| format!("upstream protocol violation: {e}"))?
+    while let Some(h) =
+        peek_header(buf, proxy.config.max_backend_message_bytes).map_err(LostTrack::Framing)?
     {
         if buf.len() < h.total_len {
             if h.total_len > STREAM_ABOVE && guard.server_streams(h.tag) {
@@ -194,7 +205,7 @@ fn track_server(
             break;
         }
         let frame = buf.split_to(h.total_len);
-        let mut step = guard.on_server(&frame).map_err(|d| d.to_string())?;
+        let mut step = guard.on_server(&frame)?;
         if plaintext_client && h.tag == b'R' && !guard.started() {
             if let Some(offer) = sasl_plus::without_plus(&frame) {
                 step.replace = Some(offer);
@@ -233,11 +244,11 @@ fn stream_server(
     buf: &mut BytesMut,
     out: &mut BytesMut,
     total_len: usize,
-) -> Result<Passing, String> {
+) -> Result<Passing, LostTrack> {
     let prefix = buf.split();
-    let step = guard.on_server(&prefix).map_err(|d| d.to_string())?;
+    let step = guard.on_server(&prefix)?;
     if step.hold.is_some() || step.replace.is_some() || step.fatal || step.backend_key.is_some() {
-        return Err("the guard acted on a message it let stream".into());
+        return Err(LostTrack::GuardActedOnStream);
     }
     let forward = step.route == Route::Forward;
     if forward {

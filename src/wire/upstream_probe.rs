@@ -3,10 +3,34 @@
 //! sessions would refuse fails here too), send a startup message and read
 //! the server's first answer. A TCP port that accepts is not enough.
 
-use std::io::Read;
+use std::io::{self, Read};
 use std::time::Duration;
 
 use super::proxy::RelayConfig;
+
+/// The step of the probe that failed, and why.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("connect: {0}")]
+    Connect(io::Error),
+    /// TLS negotiation, in the words of the sessions' own negotiation.
+    #[error("{0}")]
+    Tls(io::Error),
+    #[error("startup: {0}")]
+    Startup(io::Error),
+    #[error("no answer to the startup: {0}")]
+    NoAnswer(io::Error),
+    /// An ErrorResponse other than a login refusal: its message and
+    /// SQLSTATE, escaped.
+    #[error("the server refused the startup: {message} ({code})")]
+    Refused { message: String, code: String },
+    /// The tag of a first answer that is neither an authentication request
+    /// nor an error, escaped.
+    #[error("the server answered the startup with message {0:?}, not an authentication request")]
+    Unexpected(String),
+    #[error("the server answered nothing")]
+    Nothing,
+}
 
 /// The login the probe's startup names. Any authentication request is an
 /// answer (the probe then closes, as libpq does when it has no password
@@ -22,18 +46,22 @@ const MAX_ANSWER: usize = 64 * 1024;
 
 /// Checks the upstream of `config` with a startup for `user`; each step
 /// bounded by `timeout`. The error says which step failed and why.
-pub fn probe_upstream(config: &RelayConfig, user: &str, timeout: Duration) -> Result<(), String> {
+pub fn probe_upstream(
+    config: &RelayConfig,
+    user: &str,
+    timeout: Duration,
+) -> Result<(), ProbeError> {
     let sock = config
         .upstream
         .connect(timeout)
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(ProbeError::Connect)?;
     let server = config
         .upstream_tls
         .negotiate(sock, timeout)
-        .map_err(|e| e.to_string())?;
+        .map_err(ProbeError::Tls)?;
     server
         .set_read_timeout(Some(timeout))
-        .map_err(|e| format!("startup: {e}"))?;
+        .map_err(ProbeError::Startup)?;
     let mut startup = bytes::BytesMut::new();
     let params = [
         ("user", user),
@@ -41,11 +69,9 @@ pub fn probe_upstream(config: &RelayConfig, user: &str, timeout: Duration) -> Re
         ("application_name", "resumeguard-readyz"),
     ];
     postgres_protocol::message::frontend::startup_message(params, &mut startup)
-        .map_err(|e| format!("startup: {e}"))?;
-    server
-        .write_all(&startup)
-        .map_err(|e| format!("startup: {e}"))?;
-    let answer = read_message(&server).map_err(|e| format!("no answer to the startup: {e}"))?;
+        .map_err(ProbeError::Startup)?;
+    server.write_all(&startup).map_err(ProbeError::Startup)?;
+    let answer = read_message(&server).map_err(ProbeError::NoAnswer)?;
     let verdict = judge(&answer);
     if matches!(answer.first(), Some(b'R')) && answer.get(5..9) == Some(&[0, 0, 0, 0]) {
         // AuthenticationOk: end the session politely.
@@ -80,7 +106,7 @@ fn read_message(mut server: &super::upstream::Upstream) -> std::io::Result<Vec<u
 }
 
 /// The first answer to a startup, judged.
-fn judge(answer: &[u8]) -> Result<(), String> {
+fn judge(answer: &[u8]) -> Result<(), ProbeError> {
     match answer.first() {
         Some(b'R') => Ok(()),
         Some(b'E') => {
@@ -89,17 +115,13 @@ fn judge(answer: &[u8]) -> Result<(), String> {
             if LOGIN_REFUSALS.iter().any(|class| code.starts_with(class)) {
                 return Ok(());
             }
-            Err(format!(
-                "the server refused the startup: {} ({})",
-                message.escape_ascii(),
-                code.escape_ascii()
-            ))
+            Err(ProbeError::Refused {
+                message: message.escape_ascii().to_string(),
+                code: code.escape_ascii().to_string(),
+            })
         }
-        Some(other) => Err(format!(
-            "the server answered the startup with message {:?}, not an authentication request",
-            other.escape_ascii().to_string()
-        )),
-        None => Err("the server answered nothing".into()),
+        Some(other) => Err(ProbeError::Unexpected(other.escape_ascii().to_string())),
+        None => Err(ProbeError::Nothing),
     }
 }
 
@@ -126,7 +148,7 @@ mod tests {
             b'E',
             b"SFATAL\0C57P03\0Mthe database system is starting up\0\0",
         );
-        let why = judge(&starting).unwrap_err();
+        let why = judge(&starting).unwrap_err().to_string();
         assert!(
             why.contains("starting up") && why.contains("57P03"),
             "{why}"

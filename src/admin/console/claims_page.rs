@@ -53,7 +53,10 @@ pub async fn claims(
                 .collect();
             table(&held, &q)
         }
-        Err(e) => format!("<p class=\"note bad\" role=\"alert\">{}</p>", esc(&e)),
+        Err(e) => format!(
+            "<p class=\"note bad\" role=\"alert\">{}</p>",
+            esc(&e.to_string())
+        ),
     };
     if q.fragment == Some(1) {
         return Html(live).into_response();
@@ -219,7 +222,7 @@ pub async fn release(
         ),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("<p class=\"note bad\" role=\"alert\">{}</p>", esc(&e)),
+            format!("<p class=\"note bad\" role=\"alert\">{}</p>", esc(&e.to_string())),
         ),
     };
     let main = format!(

@@ -4,7 +4,7 @@
 //! happened), then its events, and whether the audit chain verifies.
 
 use std::fmt::Write;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use axum::extract::{Path, Query, State};
@@ -19,7 +19,8 @@ use super::Shared;
 use crate::admin::auth::ConsoleSession;
 use crate::admin::http::blocking;
 use crate::admin::ledger::{thread_ledger, Approval, Mark, ThreadLedger};
-use crate::audit::{Operation, TrailSource};
+use crate::admin::request_error::RequestError;
+use crate::audit::{AuditError, Break, Operation, TrailSource};
 use crate::error_chain::chain;
 
 /// How long a walk of the chain answers the console's pages.
@@ -28,14 +29,24 @@ const CHAIN_CHECK_FRESH: Duration = Duration::from_secs(30);
 /// Events a thread's page lists at most.
 const MAX_EVENTS: usize = 500;
 
+/// Why the console cannot show the audit chain as verified.
+#[derive(Debug, Clone, thiserror::Error)]
+enum ChainFault {
+    /// The first place a chain stops proving its trail.
+    #[error("the audit chain does not verify: {0}")]
+    Broken(Break),
+    #[error("the audit chain could not be walked: {}", chain(.0.as_ref()))]
+    Unwalkable(Arc<AuditError>),
+}
+
 /// The last walk of the audit chain, shared by the pages.
 #[derive(Default)]
-pub struct ChainCheck(Mutex<Option<(Instant, Result<String, String>)>>);
+pub struct ChainCheck(Mutex<Option<(Instant, Result<String, ChainFault>)>>);
 
 impl ChainCheck {
-    /// `Ok(summary)` when every chain verifies, `Err(first break)`
-    /// otherwise; walked again when the last walk is stale.
-    fn verdict(&self, trail: &TrailSource) -> Result<String, String> {
+    /// `Ok(summary)` when every chain verifies, the first break otherwise;
+    /// walked again when the last walk is stale.
+    fn verdict(&self, trail: &TrailSource) -> Result<String, ChainFault> {
         let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((at, v)) = last.as_ref() {
             if at.elapsed() < CHAIN_CHECK_FRESH {
@@ -53,13 +64,10 @@ impl ChainCheck {
                 }
                 Some(b) => {
                     tracing::error!(break_at = b.id(), "the audit chain does not verify: {b}");
-                    Err(format!("the audit chain does not verify: {b}"))
+                    Err(ChainFault::Broken(b.clone()))
                 }
             },
-            Err(e) => Err(format!(
-                "the audit chain could not be walked: {}",
-                chain(&e)
-            )),
+            Err(e) => Err(ChainFault::Unwalkable(Arc::new(e))),
         };
         *last = Some((Instant::now(), v.clone()));
         v
@@ -87,7 +95,7 @@ pub async fn thread(
     let read = blocking(move || {
         let events = trail
             .thread_events(&thread_id)
-            .map_err(|e| chain(&e).to_string())?;
+            .map_err(RequestError::Trail)?;
         let verdict = st.chain_check.verdict(&trail);
         Ok((events, verdict))
     })
@@ -106,7 +114,7 @@ pub async fn thread(
         ),
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("<p class=\"note bad\" role=\"alert\">{}</p>", esc(&e)),
+            format!("<p class=\"note bad\" role=\"alert\">{}</p>", esc(&e.to_string())),
         ),
     };
     let title = format!("Thread {id}");
@@ -119,7 +127,7 @@ pub async fn thread(
     (status, Html(page(&f, &main))).into_response()
 }
 
-fn render(l: &ThreadLedger, verdict: &Result<String, String>, all: bool) -> String {
+fn render(l: &ThreadLedger, verdict: &Result<String, ChainFault>, all: bool) -> String {
     let state = l
         .state
         .map(|s| format!("{s:?}").to_lowercase())
@@ -128,7 +136,7 @@ fn render(l: &ThreadLedger, verdict: &Result<String, String>, all: bool) -> Stri
         Ok(v) => format!("<p class=\"note good\" id=\"chain\">✓ {}</p>", esc(v)),
         Err(e) => format!(
             "<p class=\"note bad\" id=\"chain\" role=\"alert\">✗ {}</p>",
-            esc(e)
+            esc(&e.to_string())
         ),
     };
     let mut out = format!(

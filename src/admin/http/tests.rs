@@ -16,6 +16,7 @@ use tower::ServiceExt;
 use super::*;
 use crate::admin::{AdminControl, AdminToken};
 use crate::audit::{AuditEvent, AuditSink, Operation, SessionContext};
+use crate::claims::location::LocationError;
 use crate::claims::{ClaimKey, Holder};
 use crate::enforce::{Enforcement, Legs};
 use crate::saver::classify::Classifier;
@@ -72,7 +73,7 @@ impl Setup {
             audit: AuditSink::disabled(),
             audit_trail: self.audit_db.map(crate::audit::TrailSource::Sqlite),
             claims: self.claims,
-            claims_at: Err("no claims database in this test".into()),
+            claims_at: Err(Arc::new(LocationError::NoDatabase)),
             token: super::super::AdminToken::new(self.token),
             auth: Default::default(),
             chain_check: Default::default(),

@@ -343,7 +343,5 @@ fn truncated_or_corrupted_rows_never_panic() {
     }
 }
 
-#[path = "captured.rs"]
 mod captured;
-#[path = "generations.rs"]
 mod generations;

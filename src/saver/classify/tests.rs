@@ -4,8 +4,11 @@
 use super::*;
 use crate::saver::layout::{ChannelValuesLayout, PendingWritesLayout};
 
-use super::other_savers_sql::*;
 use super::saver_sql::*;
+use other_savers_sql::*;
+
+mod housekeeping;
+pub(crate) mod other_savers_sql;
 
 fn classifier() -> Classifier {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules");

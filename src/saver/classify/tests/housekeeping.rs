@@ -1,9 +1,9 @@
 //! Classification of LangGraph Python 3.2.0's `prune()`, delta-channel
 //! history and shallow-saver statements (and 2.0.25's shallow read).
 
-use super::housekeeping_sql::*;
-use super::*;
 use crate::saver::checkpoint_row::RowLayout;
+use crate::saver::classify::housekeeping_sql::*;
+use crate::saver::classify::*;
 use crate::saver::layout::PendingWritesLayout;
 
 fn classifier() -> Classifier {

@@ -5,7 +5,7 @@
 use super::captured::*;
 use super::*;
 use crate::policy::fork::{fork_filter, ForkVerdict};
-use crate::saver::classify::other_savers_sql::{
+use crate::saver::classify::tests::other_savers_sql::{
     JS_BY_ID_TAIL, JS_LATEST_TAIL, JS_SELECT_SQL, PY2_SELECT_SQL,
 };
 use crate::saver::classify::{Classifier, StatementKind};

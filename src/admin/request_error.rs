@@ -1,0 +1,30 @@
+//! Why an admin request (API or console) has no answer: its text is the
+//! JSON answer's `error`, or the console's alert.
+
+use std::sync::Arc;
+
+use crate::audit::AuditError;
+use crate::claims::location::LocationError;
+use crate::claims::StoreError;
+use crate::error_chain::chain;
+use crate::wire::upstream_probe::ProbeError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// No claim store is configured: why, as the proxy found at start
+    /// (the text carries its causes).
+    #[error("{}", chain(.0.as_ref()))]
+    NoStore(Arc<LocationError>),
+    /// The audit trail could not be read; the text carries its causes.
+    #[error("{}", chain(.0))]
+    Trail(AuditError),
+    #[error(transparent)]
+    Probe(#[from] ProbeError),
+    /// A readiness check that did not answer within its deadline.
+    #[error("no answer in time")]
+    Timeout,
+    #[error("admin task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
