@@ -14,6 +14,7 @@ pub mod error_chain;
 pub mod fd_limit;
 pub mod log_text;
 pub mod managed_pg;
+pub mod metrics;
 pub mod policy;
 pub mod saver;
 pub mod wire;

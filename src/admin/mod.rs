@@ -57,7 +57,7 @@ pub enum AdminError {
     },
     #[error("the admin listener's local address")]
     LocalAddr(#[source] std::io::Error),
-    #[error("the latency buckets of {}", self::metrics::STATEMENT_SECONDS)]
+    #[error("the latency buckets of {}", crate::metrics::STATEMENT_SECONDS)]
     Buckets(#[source] metrics_exporter_prometheus::BuildError),
     #[error("installing the metrics recorder")]
     Recorder(

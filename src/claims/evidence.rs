@@ -374,7 +374,7 @@ impl Worker {
         let items: Vec<_> = writes.iter().map(|&(_, _, item)| item).collect();
         let hold_ms = self.timings.current().progress_hold_ms;
         let consumed = self.store.apply_evidence(&items, Now::STORE, hold_ms)?;
-        crate::admin::metrics::claims_consumed(consumed.len());
+        crate::metrics::claims_consumed(consumed.len());
         for (i, record) in consumed {
             if let Some(&(ctx, ev, _)) = writes.get(i) {
                 self.audit.record(consumed_event(ctx, ev, &record));

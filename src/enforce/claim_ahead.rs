@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::admin::metrics::claims_store_call;
 use crate::claims::{ClaimKey, ClaimOutcome, ClaimStore, Holder, Now, StoreError};
+use crate::metrics::claims_store_call;
 
 /// Claims asked ahead at once, process-wide; past this a read's claim is
 /// asked after the read, as without this.

@@ -39,8 +39,8 @@ use super::fault::{credential_fix, fix_for, StartFault};
 use super::reaped::{reaped, Replacing};
 use super::schema;
 use super::target::{DeadPeer, PgTarget};
-use crate::admin::metrics;
 use crate::claims::error::StoreError;
+use crate::metrics;
 use crate::wire::server_cert_verifier::certificate_problem;
 
 /// How long a statement or a row lock may wait before the store counts as
