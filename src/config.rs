@@ -11,7 +11,10 @@ use regex::Regex;
 
 use crate::admin::{AdminConfig, AdminListen};
 use crate::audit::AuditConfig;
-use crate::claims::DEFAULT_RUN_LEASE_MS;
+use crate::claims::timings::{
+    ClaimsTimings, DEFAULT_HOLDER_GONE_GRACE_MS, DEFAULT_PROGRESS_HOLD_MS, DEFAULT_RUN_LEASE_MS,
+};
+use crate::managed_pg::ManagedConfig;
 use crate::policy::claims::WaitPolicy;
 use crate::policy::ChannelRules;
 use crate::saver::unknown::UnknownSaverPolicy;
@@ -21,12 +24,14 @@ use crate::wire::proxy::RelayConfig;
 use crate::wire::upstream::UpstreamAddr;
 use crate::wire::upstream_tls::{UpstreamTls, UpstreamTlsParams};
 
+pub mod claims_location;
 pub mod connection_string;
 mod error;
 pub mod layers;
 pub mod live;
 pub mod show;
 mod upstream_url;
+use claims_location::ClaimsBackend;
 pub use error::ConfigError;
 pub use layers::{Flags, Layered, Loader, Source};
 pub use upstream_url::{address_of, upstream_addr, url_tls_params};
@@ -95,7 +100,7 @@ pub struct ClaimsSettings {
     pub inspection_patterns: Vec<Regex>,
     pub inspection_sql_hint: bool,
     /// The timings a reload may change (`config::live`), as configured.
-    pub timings: live::ClaimsTimings,
+    pub timings: ClaimsTimings,
 }
 
 /// Consume-once claims (docs/architecture.md, "Consume-once").
@@ -104,7 +109,7 @@ pub struct ClaimsSettings {
 pub struct ClaimsConfig {
     /// `postgres`, the only backend (the SQLite backend was retired:
     /// `sqlite` is refused at start, saying so).
-    pub backend: Option<String>,
+    pub backend: Option<ClaimsBackend>,
     /// The claims database when it is not the upstream's (libpq DSN or
     /// `postgres://` URL); absent: the upstream (or the managed server).
     pub dsn: Option<String>,
@@ -173,8 +178,8 @@ impl Default for ClaimsConfig {
             policy: "wait".into(),
             max_wait_ms: None,
             poll_ms: 20,
-            progress_hold_ms: 10_000,
-            holder_gone_grace_ms: 1_000,
+            progress_hold_ms: DEFAULT_PROGRESS_HOLD_MS,
+            holder_gone_grace_ms: DEFAULT_HOLDER_GONE_GRACE_MS,
             run_lease_ms: DEFAULT_RUN_LEASE_MS,
             inspection_application_names: Vec::new(),
             inspection_listen: None,
@@ -206,33 +211,6 @@ impl Default for EnforceConfig {
             validity: true,
             consume_once: true,
             unknown_saver: UnknownSaverPolicy::Warn,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ManagedConfig {
-    /// Whether `serve` with no upstream starts a local PostgreSQL (a
-    /// development convenience); off: an upstream is required (the
-    /// container image sets `RESUMEGUARD_MANAGED_ENABLED=false`).
-    pub enabled: bool,
-    /// Where the PostgreSQL server binaries live; absent: the newest
-    /// `/usr/lib/postgresql/*/bin`.
-    pub bin_dir: Option<PathBuf>,
-    /// Data directory; absent: `<state_dir>/postgres`.
-    pub data_dir: Option<PathBuf>,
-    /// Loopback port for the managed server; 0 picks a free one.
-    pub port: u16,
-}
-
-impl Default for ManagedConfig {
-    fn default() -> Self {
-        ManagedConfig {
-            enabled: true,
-            bin_dir: None,
-            data_dir: None,
-            port: 0,
         }
     }
 }
@@ -330,7 +308,7 @@ impl Config {
     /// The retired SQLite backend's keys are refused whether or not the
     /// leg is on.
     pub fn claims_settings(&self) -> Result<Option<ClaimsSettings>, ConfigError> {
-        crate::claims::location::check_backend(self)?;
+        claims_location::check_backend(self)?;
         if !self.enforce.consume_once {
             return Ok(None);
         }
@@ -359,7 +337,7 @@ impl Config {
             policy,
             inspection_patterns,
             inspection_sql_hint: c.inspection_sql_hint,
-            timings: live::ClaimsTimings::of_claims(c),
+            timings: ClaimsTimings::of_claims(c),
         }))
     }
 

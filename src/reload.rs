@@ -19,7 +19,8 @@ use serde_json::json;
 
 use resumeguard::admin::{AdminControl, AdminToken};
 use resumeguard::audit::{AuditEvent, AuditSink, Operation, SessionContext};
-use resumeguard::config::live::{ClaimsTimings, LiveClaimsTimings, CLAIMS_TIMING_KEYS};
+use resumeguard::claims::timings::{ClaimsTimings, LiveClaimsTimings};
+use resumeguard::config::live::CLAIMS_TIMING_KEYS;
 use resumeguard::config::{show, Config, Layered, Loader};
 use resumeguard::enforce::claim_gate::ClaimsLeg;
 use resumeguard::enforce::reload::Reloadable;

@@ -14,10 +14,10 @@ use resumeguard::admin::{
 };
 use resumeguard::audit::{AuditSink, TrailSource};
 use resumeguard::claims::evidence;
-use resumeguard::claims::location::{postgres_target, LocationError};
 use resumeguard::claims::postgres::{check_once, schema_name, PgTarget, DEFAULT_SCHEMA};
+use resumeguard::claims::timings::{ClaimsTimings, LiveClaimsTimings};
 use resumeguard::claims::ClaimStore;
-use resumeguard::config::live::{ClaimsTimings, LiveClaimsTimings};
+use resumeguard::config::claims_location::{postgres_target, LocationError};
 use resumeguard::config::{connection_string, upstream_addr, Config, ConfigError, Loader};
 use resumeguard::enforce::claim_gate::{ClaimsLeg, InTransactionFence};
 use resumeguard::enforce::own_schema::OwnSchema;

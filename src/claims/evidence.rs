@@ -25,7 +25,7 @@ use super::evidence_retry::RetryQueue;
 use super::postgres::{EvidenceItem, WriteEvidence};
 use super::{ClaimRecord, ClaimStore, Now, StoreError, WrittenAt, NEXT_CHECKPOINT};
 use crate::audit::{AuditEvent, AuditSink, Operation, SessionContext};
-use crate::config::live::LiveClaimsTimings;
+use crate::claims::timings::LiveClaimsTimings;
 use crate::saver::checkpoint_ref::CheckpointRef;
 
 /// What a committed write or a closed session means for claims.
@@ -506,8 +506,8 @@ mod tests {
     use super::*;
     use crate::claims::postgres::test_server::PgSchema;
     use crate::claims::postgres::tests::{holder, key};
+    use crate::claims::timings::ClaimsTimings;
     use crate::claims::{ClaimKey, ClaimState};
-    use crate::config::live::ClaimsTimings;
 
     /// A worker over a fresh store where session 7 of proxy `p1` holds a
     /// claim on each of `keys`, and the instant its writes passed: a

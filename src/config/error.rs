@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use crate::claims::location::BackendError;
+use super::claims_location::BackendError;
 use crate::policy::RuleError;
 use crate::wire::tls_config::TlsConfigError;
 use crate::wire::upstream_tls::UpstreamTlsError;

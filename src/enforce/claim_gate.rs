@@ -26,8 +26,8 @@ use crate::wire::draining::Draining;
 use crate::wire::guard::Ticket;
 
 use crate::claims::evidence::EvidenceSender;
+use crate::claims::timings::LiveClaimsTimings;
 use crate::claims::{ClaimKey, ClaimOutcome, ClaimState, ClaimStore, Holder, Now, StoreError};
-use crate::config::live::LiveClaimsTimings;
 use crate::policy::claims::{
     decide_at, decide_running_head, inspection_remedy, takeover_metric_label, takeover_reason,
     ClaimDecision, Refusal, WaitPolicy, COMMIT_COVER_MS,

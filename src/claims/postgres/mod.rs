@@ -54,8 +54,5 @@ pub use credential::PASSWORD_COMMAND_TIMEOUT;
 pub use evidence_batch::{EvidenceItem, WriteEvidence};
 pub use fault::StartFault;
 pub use schema::{AUDIT_CHAIN_VERSION, AUDIT_VERSION};
-pub use store::{
-    ClaimStore, DEFAULT_RETAIN_MS, DEFAULT_RUN_LEASE_MS, DEFAULT_SUPERSEDED_GRACE_MS,
-    NEXT_CHECKPOINT,
-};
+pub use store::{ClaimStore, DEFAULT_RETAIN_MS, DEFAULT_SUPERSEDED_GRACE_MS, NEXT_CHECKPOINT};
 pub use target::{PgTarget, TargetError, DEFAULT_LIVENESS_BOUND, DEFAULT_SCHEMA};

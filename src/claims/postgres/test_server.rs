@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use super::{ClaimStore, PgTarget};
-use crate::config::ManagedConfig;
+use crate::managed_pg::ManagedConfig;
 use crate::managed_pg::ManagedPostgres;
 
 fn server() -> &'static PgTarget {

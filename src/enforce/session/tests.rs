@@ -566,7 +566,7 @@ fn claiming_state_on(
     inspection: &[&str],
     application_name: &str,
 ) -> SessionState {
-    use crate::config::live::{ClaimsTimings, LiveClaimsTimings};
+    use crate::claims::timings::{ClaimsTimings, LiveClaimsTimings};
     use crate::policy::claims::WaitPolicy;
 
     let leg = ClaimsLeg {
