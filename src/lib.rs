@@ -17,4 +17,5 @@ pub mod managed_pg;
 pub mod metrics;
 pub mod policy;
 pub mod saver;
+pub mod timestamp;
 pub mod wire;

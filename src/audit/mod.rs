@@ -35,13 +35,14 @@ mod test_util;
 mod timeline;
 mod writer;
 
+pub use crate::timestamp::format_rfc3339_millis;
 pub use before::parse_before;
 pub use chain::{Break, ChainSummary, Verdict};
 pub use config::{AuditConfig, DEFAULT_MAX_ROWS, DEFAULT_QUEUE_CAPACITY};
 pub use console_query::{ConsoleFilter, ConsoleList, ListedEvent};
 pub use digest::digest;
 pub use error::{AuditError, FilterError};
-pub use event::{format_rfc3339_millis, AuditEvent, BlobDigest, Operation, SessionContext};
+pub use event::{AuditEvent, BlobDigest, Operation, SessionContext};
 pub use jsonl::{read_jsonl, verify_jsonl, JsonlWriter};
 pub use prune::{prune, Declared, PruneRule};
 pub use query::{render_threads, threads, EventFilter, ThreadSummary};

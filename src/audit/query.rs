@@ -9,9 +9,10 @@ use serde::Serialize;
 
 use super::before::parse_instant;
 use super::error::{AuditError, FilterError};
-use super::event::{format_rfc3339_millis, AuditEvent, Operation};
+use super::event::{AuditEvent, Operation};
 use super::sqlite_store::open_read_only;
 use crate::log_text::escaped;
+use crate::timestamp::format_rfc3339_millis;
 
 /// Which events to keep: a time window (inclusive, RFC 3339 strings as
 /// the trail stores them) and a set of operations (empty: all).
