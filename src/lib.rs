@@ -17,5 +17,7 @@ pub mod managed_pg;
 pub mod metrics;
 pub mod policy;
 pub mod saver;
+#[cfg(test)]
+mod test_pg_server;
 pub mod timestamp;
 pub mod wire;

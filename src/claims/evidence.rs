@@ -504,10 +504,10 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::claims::postgres::test_server::PgSchema;
     use crate::claims::postgres::tests::{holder, key};
     use crate::claims::timings::ClaimsTimings;
     use crate::claims::{ClaimKey, ClaimState};
+    use crate::test_pg_server::PgSchema;
 
     /// A worker over a fresh store where session 7 of proxy `p1` holds a
     /// claim on each of `keys`, and the instant its writes passed: a

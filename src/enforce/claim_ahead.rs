@@ -227,8 +227,8 @@ impl Drop for AheadClaim {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::claims::postgres::test_server::PgSchema;
     use crate::claims::postgres::tests::{holder, key};
+    use crate::test_pg_server::PgSchema;
 
     const LAPSE: i64 = 60_000;
 

@@ -177,7 +177,7 @@ fn on_a_runtime<F: std::future::Future>(test: F) -> F::Output {
 
 #[test]
 fn readyz_checks_the_claim_store() {
-    let store = Arc::new(crate::claims::postgres::test_server::unreachable());
+    let store = Arc::new(crate::test_pg_server::unreachable());
     on_a_runtime(async {
         let mut setup = Setup::new(answering_upstream());
         setup.claims = Some(Arc::clone(&store));
@@ -281,7 +281,7 @@ fn release_request(token: Option<&str>) -> Request<Body> {
 
 #[test]
 fn claims_are_listed_and_released_only_with_the_token() {
-    let db = crate::claims::postgres::test_server::PgSchema::new("admin-claims");
+    let db = crate::test_pg_server::PgSchema::new("admin-claims");
     let store = Arc::new(db.open());
     held_claim(&store, "t-rel");
     on_a_runtime(async {

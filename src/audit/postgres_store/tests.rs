@@ -1,12 +1,12 @@
 //! The PostgreSQL output against a real server (the claims tests' own:
-//! `claims::postgres::test_server`), each test in a schema of its own.
+//! `test_pg_server`), each test in a schema of its own.
 
 use std::sync::Arc;
 
 use super::*;
 use crate::audit::event::BlobDigest;
 use crate::audit::outputs::{Output, Target};
-use crate::claims::postgres::test_server::PgSchema;
+use crate::test_pg_server::PgSchema;
 
 fn ctx(session_id: u64) -> SessionContext {
     SessionContext {

@@ -42,8 +42,6 @@ mod schema;
 mod store;
 mod target;
 #[cfg(test)]
-pub(crate) mod test_server;
-#[cfg(test)]
 pub(crate) mod tests;
 mod thread_lock;
 mod unclaimed_evidence;

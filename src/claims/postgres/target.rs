@@ -293,6 +293,13 @@ impl PgTarget {
         Ok(self)
     }
 
+    /// The connection parameters as configured, without a password read
+    /// (a test's administrator connection to the test server).
+    #[cfg(test)]
+    pub(crate) fn plain_config(&self) -> &postgres::Config {
+        &self.config
+    }
+
     /// The connection parameters with the password read now.
     pub(super) fn config_now(&self) -> Result<postgres::Config, CredentialError> {
         let mut config = self.config.clone();

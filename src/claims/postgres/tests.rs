@@ -1,17 +1,17 @@
 //! What only the PostgreSQL backend does: claim generations (epochs),
 //! holders of proxy processes that are gone (liveness locks), migrations
 //! raced by proxies starting together, and failing closed on a lost or
-//! unreachable database. Run against a real server (`test_server`).
+//! unreachable database. Run against a real server (`crate::test_pg_server`).
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use super::test_server::PgSchema;
 use super::{ClaimStore, EvidenceItem, PgTarget, WriteEvidence};
 use crate::claims::{
     interrupt_fingerprint, ClaimKey, ClaimOutcome, ClaimRecord, ClaimState, Holder, WrittenAt,
 };
 use crate::saver::checkpoint_ref::CheckpointRef;
+use crate::test_pg_server::PgSchema;
 
 const LAPSE: i64 = 600_000;
 const T0: i64 = 1_700_000_000_000;

@@ -557,7 +557,7 @@ fn the_injected_answers_are_swallowed_and_the_error_forwarded() {
 /// A session with the consume-once leg on (the store is never touched by
 /// the session state itself; the relay asks it).
 fn claiming_state(inspection: &[&str], application_name: &str) -> SessionState {
-    let unusable = crate::claims::postgres::test_server::unreachable();
+    let unusable = crate::test_pg_server::unreachable();
     claiming_state_on(Arc::new(unusable), inspection, application_name)
 }
 
@@ -1006,7 +1006,7 @@ fn a_holders_write_keeps_its_claim_from_lapsing_until_the_write_can_commit() {
     use crate::policy::claims::{ClaimDecision, COMMIT_COVER_MS};
 
     // The test server runs on this host: its clock is this host's.
-    let db = crate::claims::postgres::test_server::PgSchema::new("session-cover");
+    let db = crate::test_pg_server::PgSchema::new("session-cover");
     let store = Arc::new(db.open());
     let mut st = claiming_state_on(store.clone(), &[], "worker");
     client(&mut st, &[parse("w", WRITE_SQL), msg(b'S', b"")]);
