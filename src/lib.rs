@@ -15,6 +15,7 @@ pub mod fd_limit;
 pub mod log_text;
 pub mod managed_pg;
 pub mod metrics;
+pub mod pg;
 pub mod policy;
 pub mod saver;
 #[cfg(test)]

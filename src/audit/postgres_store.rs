@@ -24,6 +24,7 @@ use crate::claims::postgres::{
     connect_schema, error_text, schema_name, PgTarget, SchemaAccess, AUDIT_CHAIN_VERSION,
     AUDIT_VERSION,
 };
+use crate::pg::Backoff;
 
 /// How long a batch, a prune chunk or a reader's query may take.
 const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -47,7 +48,7 @@ pub struct PgTrail {
     target: TargetSlot,
     link: Option<Link>,
     retry_at: Option<Instant>,
-    backoff: Duration,
+    backoff: Backoff,
 }
 
 struct Link {
@@ -64,7 +65,7 @@ impl PgTrail {
             target,
             link: None,
             retry_at: None,
-            backoff: FIRST_RETRY,
+            backoff: Backoff::new(FIRST_RETRY, MAX_RETRY),
         }
     }
 
@@ -172,11 +173,11 @@ impl PgTrail {
                 Ok(link) => {
                     self.link = Some(link);
                     self.retry_at = None;
-                    self.backoff = FIRST_RETRY;
+                    self.backoff.reset();
                 }
                 Err(reason) => {
-                    self.retry_at = Some(Instant::now() + self.backoff);
-                    self.backoff = (self.backoff * 2).min(MAX_RETRY);
+                    self.retry_at = Some(Instant::now() + self.backoff.wait());
+                    self.backoff.grow();
                     return Err(AuditError::Postgres { at: at(), reason });
                 }
             }

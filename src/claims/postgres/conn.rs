@@ -41,6 +41,7 @@ use super::schema;
 use super::target::{DeadPeer, PgTarget};
 use crate::claims::error::StoreError;
 use crate::metrics;
+use crate::pg::Backoff;
 use crate::wire::server_cert_verifier::certificate_problem;
 
 /// How long a statement or a row lock may wait before the store counts as
@@ -100,7 +101,7 @@ const POOL: usize = 3;
 struct Down {
     error: StoreError,
     retry_at: Instant,
-    backoff: Duration,
+    backoff: Backoff,
 }
 
 struct Decision {
@@ -587,21 +588,22 @@ impl PgConn {
         if down.as_ref().is_some_and(|d| Instant::now() < d.retry_at) {
             return;
         }
-        let backoff = match &*down {
-            Some(d) => {
+        let backoff = match down.take() {
+            Some(mut d) => {
                 tracing::debug!(%error, "claim store still cannot be reached");
-                (d.backoff * 2).min(MAX_RETRY)
+                d.backoff.grow();
+                d.backoff
             }
             None => {
                 tracing::error!(%error, "claim store unavailable: reads of parked heads are \
                     refused (58000, fail closed) until it is back; reconnecting is retried \
                     on use");
-                FIRST_RETRY
+                Backoff::new(FIRST_RETRY, MAX_RETRY)
             }
         };
         *down = Some(Down {
             error,
-            retry_at: Instant::now() + backoff,
+            retry_at: Instant::now() + backoff.wait(),
             backoff,
         });
     }
