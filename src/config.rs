@@ -15,6 +15,7 @@ use crate::claims::timings::{
     ClaimsTimings, DEFAULT_HOLDER_GONE_GRACE_MS, DEFAULT_PROGRESS_HOLD_MS, DEFAULT_RUN_LEASE_MS,
 };
 use crate::managed_pg::ManagedConfig;
+use crate::pg::url_tls_params;
 use crate::policy::claims::WaitPolicy;
 use crate::policy::ChannelRules;
 use crate::saver::unknown::UnknownSaverPolicy;
@@ -25,16 +26,13 @@ use crate::wire::upstream::UpstreamAddr;
 use crate::wire::upstream_tls::{UpstreamTls, UpstreamTlsParams};
 
 pub mod claims_location;
-pub mod connection_string;
 mod error;
 pub mod layers;
 pub mod live;
 pub mod show;
-mod upstream_url;
 use claims_location::ClaimsBackend;
 pub use error::ConfigError;
 pub use layers::{Flags, Layered, Loader, Source};
-pub use upstream_url::{address_of, upstream_addr, url_tls_params};
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -386,39 +384,6 @@ mod tests {
     use crate::error_chain::chain;
     use crate::wire::tls_config::TlsConfigError;
     use crate::wire::upstream_tls::UpstreamTlsError;
-
-    #[test]
-    fn upstream_forms() {
-        let tcp = |s: &str| UpstreamAddr::Tcp(s.into());
-        let unix = |s: &str| UpstreamAddr::Unix(s.into());
-        assert_eq!(
-            upstream_addr("127.0.0.1:5433").unwrap(),
-            tcp("127.0.0.1:5433")
-        );
-        assert_eq!(upstream_addr("db").unwrap(), tcp("db:5432"));
-        assert_eq!(
-            upstream_addr("postgres://u:p@10.0.0.1:6000/app?sslmode=disable").unwrap(),
-            tcp("10.0.0.1:6000")
-        );
-        assert_eq!(
-            upstream_addr("postgresql://localhost/app").unwrap(),
-            tcp("localhost:5432")
-        );
-        assert_eq!(
-            upstream_addr("/var/run/postgresql/").unwrap(),
-            unix("/var/run/postgresql/.s.PGSQL.5432")
-        );
-        assert_eq!(
-            upstream_addr("unix:/tmp/.s.PGSQL.6000").unwrap(),
-            unix("/tmp/.s.PGSQL.6000")
-        );
-        assert_eq!(
-            upstream_addr("postgres://:6001/app?host=/tmp").unwrap(),
-            unix("/tmp/.s.PGSQL.6001")
-        );
-        assert!(upstream_addr("mysql://x").is_err());
-        assert!(upstream_addr("postgres:///app").is_err());
-    }
 
     #[test]
     fn example_configs_parse() {

@@ -18,12 +18,13 @@ use resumeguard::claims::postgres::{check_once, schema_name, PgTarget, DEFAULT_S
 use resumeguard::claims::timings::{ClaimsTimings, LiveClaimsTimings};
 use resumeguard::claims::ClaimStore;
 use resumeguard::config::claims_location::{postgres_target, LocationError};
-use resumeguard::config::{connection_string, upstream_addr, Config, ConfigError, Loader};
+use resumeguard::config::{Config, ConfigError, Loader};
 use resumeguard::enforce::claim_gate::{ClaimsLeg, InTransactionFence};
 use resumeguard::enforce::own_schema::OwnSchema;
 use resumeguard::enforce::reload::Reloadable;
 use resumeguard::enforce::{Enforcement, Legs};
 use resumeguard::fd_limit;
+use resumeguard::pg::{connection_string, upstream_addr};
 use resumeguard::policy::ChannelRules;
 use resumeguard::wire::draining::Draining;
 use resumeguard::wire::upstream::UpstreamAddr;

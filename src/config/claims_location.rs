@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{upstream_addr, Config, ConfigError};
+use super::{Config, ConfigError};
 use crate::claims::postgres::{PgTarget, TargetError};
+use crate::pg::upstream_addr;
 use crate::wire::upstream::UpstreamAddr;
 use crate::wire::upstream_tls::{UpstreamTls, UpstreamTlsError};
 
@@ -120,7 +121,7 @@ pub fn postgres_target(
         }
         (None, Some(spec)) => {
             // The proxy's own connections take the upstream's TLS settings.
-            let addr = upstream_addr(spec).map_err(Box::new)?;
+            let addr = upstream_addr(spec).map_err(|e| Box::new(ConfigError::from(e)))?;
             let params = cfg.upstream_tls_params().map_err(Box::new)?;
             let tls = UpstreamTls::build(&addr, &params)?;
             PgTarget::from_upstream(Some(spec), &addr)?.with_tls(tls.mode, tls.client_config())

@@ -2,7 +2,14 @@
 //! trail: what both need to reach their database and keep at it.
 //!
 //! - `backoff`: the wait between retries after failures.
+//! - `connection_string`: the one reader of PostgreSQL addresses
+//!   (short forms, `postgres://` URLs, `key=value`), `%`-decoding included;
+//!   `upstream_url`: the server and TLS parameters such an address names.
 
 pub mod backoff;
+pub mod connection_string;
+pub mod upstream_url;
 
 pub use backoff::Backoff;
+pub use connection_string::ConnectionStringError;
+pub use upstream_url::{address_of, upstream_addr, url_tls_params};

@@ -12,8 +12,8 @@ use postgres::config::{Host, SslMode};
 use rustls::ClientConfig;
 
 use super::credential::{ConnectingTo, CredentialError, PasswordSource};
-use crate::config::connection_string::{connection_string, Form};
-use crate::config::{address_of, url_tls_params, ConfigError};
+use crate::pg::connection_string::{connection_string, Form};
+use crate::pg::{address_of, url_tls_params, ConnectionStringError};
 use crate::wire::tls_config::{self, TlsConfigError, Verify};
 use crate::wire::upstream::UpstreamAddr;
 use crate::wire::upstream_tls::{
@@ -75,9 +75,9 @@ impl DeadPeer {
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
     #[error("claims.dsn")]
-    Dsn(#[source] Box<ConfigError>),
+    Dsn(#[source] Box<ConnectionStringError>),
     #[error("upstream")]
-    Upstream(#[source] Box<ConfigError>),
+    Upstream(#[source] Box<ConnectionStringError>),
     #[error("claims.dsn's TLS settings")]
     DsnTls(#[source] Box<UpstreamTlsError>),
     #[error(
