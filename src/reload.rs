@@ -430,10 +430,10 @@ mod tests {
     use std::path::{Path, PathBuf};
 
     use resumeguard::audit::AuditSink;
-    use resumeguard::claims::postgres::PgTarget;
     use resumeguard::claims::ClaimStore;
     use resumeguard::config::Flags;
     use resumeguard::enforce::{Enforcement, Legs};
+    use resumeguard::pg::PgTarget;
     use resumeguard::policy::claims::COMMIT_COVER_MS;
     use resumeguard::wire::proxy::RelayConfig;
 

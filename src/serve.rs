@@ -14,7 +14,7 @@ use resumeguard::admin::{
 };
 use resumeguard::audit::{AuditSink, TrailSource};
 use resumeguard::claims::evidence;
-use resumeguard::claims::postgres::{check_once, schema_name, PgTarget, DEFAULT_SCHEMA};
+use resumeguard::claims::postgres::check_once;
 use resumeguard::claims::timings::{ClaimsTimings, LiveClaimsTimings};
 use resumeguard::claims::ClaimStore;
 use resumeguard::config::claims_location::{postgres_target, LocationError};
@@ -25,6 +25,7 @@ use resumeguard::enforce::reload::Reloadable;
 use resumeguard::enforce::{Enforcement, Legs};
 use resumeguard::fd_limit;
 use resumeguard::pg::{connection_string, upstream_addr};
+use resumeguard::pg::{PgTarget, DEFAULT_SCHEMA};
 use resumeguard::policy::ChannelRules;
 use resumeguard::wire::draining::Draining;
 use resumeguard::wire::upstream::UpstreamAddr;
@@ -355,7 +356,7 @@ fn audit_trail(cfg: &Config, managed: Option<&UpstreamAddr>) -> Option<TrailSour
 /// statements may only read (see `enforce::own_schema`).
 fn own_schema(cfg: &Config, managed: Option<&UpstreamAddr>) -> OwnSchema {
     let name = postgres_target(cfg, managed)
-        .map(|target| schema_name(&target).to_owned())
+        .map(|target| target.schema().to_owned())
         .unwrap_or_else(|_| DEFAULT_SCHEMA.to_owned());
     OwnSchema::new(&name)
 }

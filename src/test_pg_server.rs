@@ -8,10 +8,10 @@ use std::os::unix::process::CommandExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-use crate::claims::postgres::PgTarget;
 use crate::claims::ClaimStore;
 use crate::managed_pg::ManagedConfig;
 use crate::managed_pg::ManagedPostgres;
+use crate::pg::PgTarget;
 
 fn server() -> &'static PgTarget {
     static SERVER: OnceLock<Result<PgTarget, String>> = OnceLock::new();
@@ -98,7 +98,7 @@ impl PgSchema {
     /// another tool (or an idle-session reaper) does beside the store.
     pub fn admin(&self) -> postgres::Client {
         self.target
-            .plain_config()
+            .config()
             .connect(postgres::NoTls)
             .expect("connect to the test server")
     }
@@ -110,7 +110,7 @@ impl PgSchema {
 
 impl Drop for PgSchema {
     fn drop(&mut self) {
-        if let Ok(mut c) = self.target.plain_config().connect(postgres::NoTls) {
+        if let Ok(mut c) = self.target.config().connect(postgres::NoTls) {
             let _ = c.batch_execute(&format!(
                 "DROP SCHEMA IF EXISTS {} CASCADE",
                 self.target.schema()

@@ -142,7 +142,7 @@ pub struct AdminState {
     /// `claims_at` is opened per request, as `resumeguard claims` does).
     pub claims: Option<Arc<ClaimStore>>,
     /// Where the claims are, or why no store is configured.
-    pub claims_at: Result<crate::claims::postgres::PgTarget, String>,
+    pub claims_at: Result<crate::pg::PgTarget, String>,
     /// The token of every guarded route (a reload may change it).
     pub token: AdminToken,
     /// Console sessions and failed logins.

@@ -17,7 +17,7 @@ use super::error::AuditError;
 use super::event::AuditEvent;
 use super::postgres_store;
 use super::sqlite_store::{open_read_only, row_to_event_at, select};
-use crate::claims::postgres::{schema_name, PgTarget};
+use crate::pg::PgTarget;
 
 /// The console's lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -298,7 +298,7 @@ pub fn console_list_postgres(
     list: ConsoleList,
     filter: &ConsoleFilter,
 ) -> Result<Vec<ListedEvent>, AuditError> {
-    let s = schema_name(target);
+    let s = target.schema();
     let table = format!("{s}.audit_events");
     let select =
         postgres_store::select(s).replace(&format!("FROM {table}"), &format!("FROM {table} x"));

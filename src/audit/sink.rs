@@ -31,7 +31,7 @@ use super::question;
 use super::sqlite_retention::SqliteRetention;
 use super::sqlite_store::Store;
 use super::writer::{Upkeep, Writer};
-use crate::claims::postgres::PgTarget;
+use crate::pg::PgTarget;
 
 /// How long [`AuditSink::shutdown`] waits for the writers to exit after
 /// asking them to stop.

@@ -10,8 +10,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{Config, ConfigError};
-use crate::claims::postgres::{PgTarget, TargetError};
 use crate::pg::upstream_addr;
+use crate::pg::{PgTarget, TargetError};
 use crate::wire::upstream::UpstreamAddr;
 use crate::wire::upstream_tls::{UpstreamTls, UpstreamTlsError};
 

@@ -491,14 +491,13 @@ fn stalling_front(server: &PgTarget) -> (u16, mpsc::Sender<()>) {
 
 #[test]
 fn a_postgres_output_that_stalls_then_answers_records_its_own_losses_there_alone() {
-    use crate::claims::postgres::schema_name;
     use crate::test_pg_server::PgSchema;
     let db = PgSchema::new("sink_stall");
     let (front, release) = stalling_front(db.target());
     let dsn = format!("postgres://postgres@127.0.0.1:{front}/postgres?sslmode=disable");
     let target = PgTarget::from_dsn(&dsn)
         .unwrap()
-        .with_schema(schema_name(db.target()))
+        .with_schema(db.target().schema())
         .unwrap();
     let (path, sink) = sqlite_and_postgres("sink-stall", "replica-s", target);
     for n in 0..40 {

@@ -10,7 +10,7 @@ use postgres::Client;
 
 use super::conn::{connect, describe};
 use super::schema;
-use super::target::PgTarget;
+use crate::pg::PgTarget;
 
 /// What a connection may do to the schema.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,7 +40,7 @@ pub fn connect_schema(
             "SET statement_timeout = {ms}; SET lock_timeout = {ms}"
         ))
         .map_err(|e| describe(&e))?;
-    let s = &target.schema;
+    let s = target.schema();
     match access {
         SchemaAccess::Migrate => schema::migrate(&mut client, s)
             .map_err(|e| format!("migrating schema {s}: {}", describe(&e)))?,
@@ -55,11 +55,6 @@ pub fn connect_schema(
         }
     }
     Ok(client)
-}
-
-/// The schema `target` keeps its tables in.
-pub fn schema_name(target: &PgTarget) -> &str {
-    &target.schema
 }
 
 /// The server's message with its SQLSTATE, or the client's.

@@ -34,14 +34,15 @@ use postgres::types::ToSql;
 use postgres::{Client, NoTls, Row, Statement, Transaction};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::credential::CredentialError;
 use super::fault::{credential_fix, fix_for, StartFault};
 use super::reaped::{reaped, Replacing};
 use super::schema;
-use super::target::{DeadPeer, PgTarget};
 use crate::claims::error::StoreError;
 use crate::metrics;
+use crate::pg::credential::CredentialError;
+use crate::pg::dead_peer::DeadPeer;
 use crate::pg::Backoff;
+use crate::pg::PgTarget;
 use crate::wire::server_cert_verifier::certificate_problem;
 
 /// How long a statement or a row lock may wait before the store counts as
@@ -159,7 +160,7 @@ impl Unready {
     fn credential(target: &PgTarget, e: &CredentialError) -> Unready {
         Unready {
             error: StoreError::PgOpen {
-                at: target.shown.clone(),
+                at: target.shown().to_owned(),
                 reason: format!("reading its password: {}", crate::error_chain::chain(e)),
             },
             reaped: false,
@@ -503,10 +504,10 @@ impl PgConn {
             .take()
             .is_some()
         {
-            tracing::warn!(at = %self.target.shown, "claim store reachable: reads of parked \
+            tracing::warn!(at = %self.target.shown(), "claim store reachable: reads of parked \
                 heads are claimed again");
         }
-        let at = || self.target.shown.clone();
+        let at = || self.target.shown().to_owned();
         let Some(decision) = slot.as_mut() else {
             let reason = "not connected".into();
             return Err((
@@ -518,7 +519,7 @@ impl PgConn {
                 false,
             ));
         };
-        match run(decision, instance, &self.target.schema, single, f) {
+        match run(decision, instance, self.target.schema(), single, f) {
             Ok(v) => Ok(v),
             Err(Failed::RowLocked) => Err((StoreError::RowLocked { at: at(), op }, false)),
             Err(Failed::Reaped(Fail(reason))) => {
@@ -685,11 +686,11 @@ impl PgConn {
                 Err(e) => {
                     let u = Unready {
                         error: StoreError::PgOpen {
-                            at: target.shown.clone(),
+                            at: target.shown().to_owned(),
                             reason: format!("taking the liveness lock: {}", describe(&e)),
                         },
                         reaped: reaped(&e),
-                        fix: fix_for(&e, &target.schema),
+                        fix: fix_for(&e, target.schema()),
                     };
                     if u.reaped && replacing.again() {
                         continue;
@@ -775,7 +776,7 @@ pub(super) fn connect(
     config: &postgres::Config,
     target: &PgTarget,
 ) -> Result<Client, postgres::Error> {
-    match &target.tls {
+    match target.tls() {
         Some(tls) => config.connect(MakeRustlsConnect::new((**tls).clone())),
         None => config.connect(NoTls),
     }
@@ -786,11 +787,11 @@ pub(super) fn connect(
 fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, Unready> {
     let err = |reason: String, e: &postgres::Error| Unready {
         error: StoreError::PgOpen {
-            at: target.shown.clone(),
+            at: target.shown().to_owned(),
             reason,
         },
         reaped: reaped(e),
-        fix: fix_for(e, &target.schema),
+        fix: fix_for(e, target.schema()),
     };
     let plain = |e: postgres::Error| err(describe(&e), &e);
     let config = target
@@ -805,7 +806,7 @@ fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, Unready> 
             STATEMENT_TIMEOUT_MS * 5
         ))
         .map_err(plain)?;
-    let schema = &target.schema;
+    let schema = target.schema();
     match role {
         Role::Proxy => schema::migrate(&mut client, schema).map_err(|e| {
             err(
@@ -816,7 +817,7 @@ fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, Unready> 
         Role::Operator => {
             if schema::version(&mut client, schema).map_err(plain)? == 0 {
                 return Err(Unready::down(StoreError::PgOpen {
-                    at: target.shown.clone(),
+                    at: target.shown().to_owned(),
                     reason: format!("no claims schema {schema} (no proxy has used this database)"),
                 }));
             }
@@ -856,7 +857,7 @@ fn lock_instance(
     let mut config = config.clone();
     config.application_name("resumeguard-claims-liveness");
     let mut lock = connect(&config, target)?;
-    let p = DeadPeer::within(target.liveness_bound);
+    let p = DeadPeer::within(target.liveness_bound());
     lock.batch_execute(&format!(
         "SET tcp_keepalives_idle = {}; SET tcp_keepalives_interval = {}; \
          SET tcp_keepalives_count = {}; SET tcp_user_timeout = {}; \
@@ -866,7 +867,7 @@ fn lock_instance(
         p.retries,
         p.user_timeout.as_millis()
     ))?;
-    let s = &target.schema;
+    let s = target.schema();
     let mut id = match again {
         Some(old) => {
             lock.batch_execute(&format!("SET lock_timeout = {RELOCK_WAIT_MS}"))?;

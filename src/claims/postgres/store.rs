@@ -20,13 +20,13 @@ use super::evidence_batch::{EvidenceItem, WriteEvidence};
 use super::fault::StartFault;
 use super::leases::{last_lease, live_lease};
 use super::rows::{select_key, select_where, CHECKPOINT_MATCH, COLUMNS, KEY_MATCH};
-use super::target::PgTarget;
 use super::thread_lock::THREAD_CLASS;
 use crate::claims::clock::{Now, WrittenAt};
 use crate::claims::error::StoreError;
 use crate::claims::model::{ClaimKey, ClaimRecord, Holder, RunLease};
 use crate::claims::outcome::ClaimOutcome;
 use crate::claims::timings::{ClaimsTimings, LiveClaimsTimings};
+use crate::pg::PgTarget;
 use crate::saver::checkpoint_ref::CheckpointRef;
 
 /// Default retention of finished rows (consumed, released, long-lapsed):
