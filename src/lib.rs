@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod audit;
+pub mod audit_event;
 pub mod claims;
 pub mod config;
 pub mod enforce;

@@ -426,7 +426,10 @@ fn legs(
                 Arc::clone(&store),
                 c.proxy_id.clone(),
                 Arc::clone(timings),
-                audit.clone(),
+                {
+                    let audit = audit.clone();
+                    Arc::new(move |event| audit.record(event))
+                },
             );
             let fence_in_transaction = in_transaction_fence(cfg, at);
             match &fence_in_transaction {

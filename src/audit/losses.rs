@@ -7,7 +7,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::event::{AuditEvent, Operation, SessionContext};
+use crate::audit_event::{AuditEvent, Operation, SessionContext};
 use crate::timestamp::format_rfc3339_millis;
 
 /// Why events were lost.

@@ -17,9 +17,9 @@ use postgres::{Client, GenericClient, Row, Statement};
 
 use super::chain::{link, ChainedRow, Heads, Verdict, Verifier, CHAIN_STARTS};
 use super::error::AuditError;
-use super::event::{AuditEvent, Operation, SessionContext};
 use super::query::{EventFilter, ThreadSummary};
 use super::sqlite_store::column;
+use crate::audit_event::{AuditEvent, Operation, SessionContext};
 use crate::claims::postgres::{
     connect_schema, error_text, SchemaAccess, AUDIT_CHAIN_VERSION, AUDIT_VERSION,
 };

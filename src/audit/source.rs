@@ -7,10 +7,10 @@ use std::path::PathBuf;
 use super::chain::Verdict;
 use super::console_query::{self, ConsoleFilter, ConsoleList, ListedEvent};
 use super::error::AuditError;
-use super::event::AuditEvent;
 use super::postgres_store;
 use super::query::{self, EventFilter, ThreadSummary};
 use super::sqlite_store;
+use crate::audit_event::AuditEvent;
 use crate::pg::PgTarget;
 
 /// The trail a reader asks.

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::audit::event::BlobDigest;
 use crate::audit::outputs::{Output, Target};
+use crate::audit_event::BlobDigest;
 use crate::test_pg_server::PgSchema;
 
 fn ctx(session_id: u64) -> SessionContext {

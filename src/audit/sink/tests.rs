@@ -1,11 +1,11 @@
 //! The sink: ordering, flushing, queue refusals, failing outputs, retention.
 
 use super::*;
-use crate::audit::event::{Operation, SessionContext};
 use crate::audit::jsonl::read_jsonl;
 use crate::audit::outputs::MAX_ATTEMPTS;
 use crate::audit::sqlite_store::{all_events, thread_events};
 use crate::audit::test_util::{remove_db, temp_path};
+use crate::audit_event::{Operation, SessionContext};
 use rusqlite::Connection;
 
 fn ctx() -> SessionContext {

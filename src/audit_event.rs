@@ -1,4 +1,6 @@
-//! One audit record: who did what to which checkpoint, and when.
+//! One audit record: who did what to which checkpoint, and when. Below
+//! both the audit trail that stores records and the claims evidence worker
+//! that makes some of them.
 //!
 //! Events are plain data so they can cross the queue to the writer thread
 //! without borrowing anything from the connection that produced them.
@@ -8,6 +10,9 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use crate::saver::checkpoint_ref::CheckpointRef;
+
+mod digest;
+pub use digest::digest;
 
 /// What the proxy saw or decided. Stored as its snake_case name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -133,7 +138,7 @@ impl BlobDigest {
     pub fn of(channel: impl Into<String>, bytes: &[u8]) -> BlobDigest {
         BlobDigest {
             channel: channel.into(),
-            sha256: super::digest::digest(bytes),
+            sha256: digest(bytes),
         }
     }
 }
