@@ -20,11 +20,9 @@ use super::error::AuditError;
 use super::query::{EventFilter, ThreadSummary};
 use super::sqlite_store::column;
 use crate::audit_event::{AuditEvent, Operation, SessionContext};
-use crate::claims::postgres::{
-    connect_schema, error_text, SchemaAccess, AUDIT_CHAIN_VERSION, AUDIT_VERSION,
-};
-use crate::pg::Backoff;
-use crate::pg::PgTarget;
+use crate::claims::postgres::{connect_schema, SchemaAccess, AUDIT_CHAIN_VERSION, AUDIT_VERSION};
+use crate::pg::connect::error_text;
+use crate::pg::{Backoff, PgTarget};
 
 /// How long a batch, a prune chunk or a reader's query may take.
 const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);

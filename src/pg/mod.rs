@@ -2,6 +2,7 @@
 //! trail: what both need to reach their database and keep at it.
 //!
 //! - `backoff`: the wait between retries after failures.
+//! - `connect`: a connection as a target says, and a failure's text.
 //! - `connection_string`: the one reader of PostgreSQL addresses
 //!   (short forms, `postgres://` URLs, `key=value`), `%`-decoding included;
 //!   `upstream_url`: the server and TLS parameters such an address names.
@@ -10,6 +11,7 @@
 //!   `dead_peer`: the keepalive settings that bound a partition.
 
 pub mod backoff;
+pub mod connect;
 pub mod connection_string;
 pub mod credential;
 pub mod dead_peer;

@@ -31,19 +31,18 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
 use postgres::types::ToSql;
-use postgres::{Client, NoTls, Row, Statement, Transaction};
-use tokio_postgres_rustls::MakeRustlsConnect;
+use postgres::{Client, Row, Statement, Transaction};
 
 use super::fault::{credential_fix, fix_for, StartFault};
 use super::reaped::{reaped, Replacing};
 use super::schema;
 use crate::claims::error::StoreError;
 use crate::metrics;
+use crate::pg::connect::{connect, error_text};
 use crate::pg::credential::CredentialError;
 use crate::pg::dead_peer::DeadPeer;
 use crate::pg::Backoff;
 use crate::pg::PgTarget;
-use crate::wire::server_cert_verifier::certificate_problem;
 
 /// How long a statement or a row lock may wait before the store counts as
 /// unavailable.
@@ -171,7 +170,7 @@ impl Unready {
 
 impl From<postgres::Error> for Fail {
     fn from(e: postgres::Error) -> Fail {
-        Fail(describe(&e))
+        Fail(error_text(&e))
     }
 }
 
@@ -312,7 +311,7 @@ impl PgConn {
             Err(e) => e,
         };
         self.unconfirm();
-        tracing::debug!(error = %describe(&e), "claims heartbeat failed");
+        tracing::debug!(error = %error_text(&e), "claims heartbeat failed");
         if self.down_until_retry().is_some() {
             return;
         }
@@ -687,7 +686,7 @@ impl PgConn {
                     let u = Unready {
                         error: StoreError::PgOpen {
                             at: target.shown().to_owned(),
-                            reason: format!("taking the liveness lock: {}", describe(&e)),
+                            reason: format!("taking the liveness lock: {}", error_text(&e)),
                         },
                         reaped: reaped(&e),
                         fix: fix_for(&e, target.schema()),
@@ -770,18 +769,6 @@ fn is_row_locked(e: &postgres::Error) -> bool {
     e.code() == Some(&postgres::error::SqlState::LOCK_NOT_AVAILABLE)
 }
 
-/// A connection with `config`, over TLS where `target` has it (its
-/// `sslmode` says whether TLS is required or only preferred).
-pub(super) fn connect(
-    config: &postgres::Config,
-    target: &PgTarget,
-) -> Result<Client, postgres::Error> {
-    match target.tls() {
-        Some(tls) => config.connect(MakeRustlsConnect::new((**tls).clone())),
-        None => config.connect(NoTls),
-    }
-}
-
 /// The decision connection, its schema migrated (proxy) or checked to
 /// exist (operators).
 fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, Unready> {
@@ -793,7 +780,7 @@ fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, Unready> 
         reaped: reaped(e),
         fix: fix_for(e, target.schema()),
     };
-    let plain = |e: postgres::Error| err(describe(&e), &e);
+    let plain = |e: postgres::Error| err(error_text(&e), &e);
     let config = target
         .config_now()
         .map_err(|e| Unready::credential(target, &e))?;
@@ -810,7 +797,7 @@ fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, Unready> 
     match role {
         Role::Proxy => schema::migrate(&mut client, schema).map_err(|e| {
             err(
-                format!("creating the claims schema {schema}: {}", describe(&e)),
+                format!("creating the claims schema {schema}: {}", error_text(&e)),
                 &e,
             )
         })?,
@@ -924,17 +911,4 @@ fn next_instance(client: &mut Client, schema: &str) -> Result<i64, postgres::Err
             &[],
         )
         .map(|r| r.get(0))
-}
-
-/// The server's message, with its SQLSTATE, or the client's with every
-/// cause under it (`invalid configuration: password missing`, `error
-/// connecting to server: Connection refused (os error 111)`).
-pub(super) fn describe(e: &postgres::Error) -> String {
-    if let Some(why) = certificate_problem(e) {
-        return format!("{e}: {why}");
-    }
-    match e.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => crate::error_chain::chain(e).to_string(),
-    }
 }

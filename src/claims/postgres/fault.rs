@@ -109,8 +109,8 @@ mod tests {
     use rcgen::{CertificateParams, KeyPair};
 
     use super::*;
-    use crate::claims::postgres::conn::connect;
     use crate::claims::postgres::reaped::reaped;
+    use crate::pg::connect::connect;
     use crate::pg::PgTarget;
     use crate::wire::tls_config::server_config;
 

@@ -43,7 +43,7 @@ pub(crate) mod tests;
 mod thread_lock;
 mod unclaimed_evidence;
 
-pub use client::{connect_schema, error_text, SchemaAccess};
+pub use client::{connect_schema, SchemaAccess};
 pub use conn::check_once;
 pub use evidence_batch::{EvidenceItem, WriteEvidence};
 pub use fault::StartFault;

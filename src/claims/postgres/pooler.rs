@@ -23,7 +23,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use postgres::{Client, SimpleQueryMessage};
 
-use super::conn::connect;
+use crate::pg::connect::connect;
 use crate::pg::PgTarget;
 
 /// The first half of the probe's two-integer advisory key ("rg").
