@@ -38,7 +38,7 @@ WHY_NOT = N.unavailable()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"network namespaces: {WHY_NOT}")
 
 BOUND_MS = 6000
-CONNECT_TIMEOUT_S = 2.0     # the claims store's connect timeout (src/claims/postgres/target.rs)
+CONNECT_TIMEOUT_S = 2.0     # the claims store's connect timeout (src/pg/target.rs)
 FAIL_CLOSED = "58000"
 
 

@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::Args;
 
 use resumeguard::audit::{self, EventFilter, TrailSource};
-use resumeguard::claims::location::postgres_target;
+use resumeguard::config::claims_location::postgres_target;
 use resumeguard::log_text::escaped;
 use resumeguard::managed_pg::running_socket;
 

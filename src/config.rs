@@ -11,7 +11,11 @@ use regex::Regex;
 
 use crate::admin::{AdminConfig, AdminListen};
 use crate::audit::AuditConfig;
-use crate::claims::DEFAULT_RUN_LEASE_MS;
+use crate::claims::timings::{
+    ClaimsTimings, DEFAULT_HOLDER_GONE_GRACE_MS, DEFAULT_PROGRESS_HOLD_MS, DEFAULT_RUN_LEASE_MS,
+};
+use crate::managed_pg::ManagedConfig;
+use crate::pg::url_tls_params;
 use crate::policy::claims::WaitPolicy;
 use crate::policy::ChannelRules;
 use crate::saver::unknown::UnknownSaverPolicy;
@@ -21,15 +25,14 @@ use crate::wire::proxy::RelayConfig;
 use crate::wire::upstream::UpstreamAddr;
 use crate::wire::upstream_tls::{UpstreamTls, UpstreamTlsParams};
 
-pub mod connection_string;
+pub mod claims_location;
 mod error;
 pub mod layers;
 pub mod live;
 pub mod show;
-mod upstream_url;
+use claims_location::ClaimsBackend;
 pub use error::ConfigError;
 pub use layers::{Flags, Layered, Loader, Source};
-pub use upstream_url::{address_of, upstream_addr, url_tls_params};
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -95,7 +98,7 @@ pub struct ClaimsSettings {
     pub inspection_patterns: Vec<Regex>,
     pub inspection_sql_hint: bool,
     /// The timings a reload may change (`config::live`), as configured.
-    pub timings: live::ClaimsTimings,
+    pub timings: ClaimsTimings,
 }
 
 /// Consume-once claims (docs/architecture.md, "Consume-once").
@@ -104,7 +107,7 @@ pub struct ClaimsSettings {
 pub struct ClaimsConfig {
     /// `postgres`, the only backend (the SQLite backend was retired:
     /// `sqlite` is refused at start, saying so).
-    pub backend: Option<String>,
+    pub backend: Option<ClaimsBackend>,
     /// The claims database when it is not the upstream's (libpq DSN or
     /// `postgres://` URL); absent: the upstream (or the managed server).
     pub dsn: Option<String>,
@@ -173,8 +176,8 @@ impl Default for ClaimsConfig {
             policy: "wait".into(),
             max_wait_ms: None,
             poll_ms: 20,
-            progress_hold_ms: 10_000,
-            holder_gone_grace_ms: 1_000,
+            progress_hold_ms: DEFAULT_PROGRESS_HOLD_MS,
+            holder_gone_grace_ms: DEFAULT_HOLDER_GONE_GRACE_MS,
             run_lease_ms: DEFAULT_RUN_LEASE_MS,
             inspection_application_names: Vec::new(),
             inspection_listen: None,
@@ -206,33 +209,6 @@ impl Default for EnforceConfig {
             validity: true,
             consume_once: true,
             unknown_saver: UnknownSaverPolicy::Warn,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ManagedConfig {
-    /// Whether `serve` with no upstream starts a local PostgreSQL (a
-    /// development convenience); off: an upstream is required (the
-    /// container image sets `RESUMEGUARD_MANAGED_ENABLED=false`).
-    pub enabled: bool,
-    /// Where the PostgreSQL server binaries live; absent: the newest
-    /// `/usr/lib/postgresql/*/bin`.
-    pub bin_dir: Option<PathBuf>,
-    /// Data directory; absent: `<state_dir>/postgres`.
-    pub data_dir: Option<PathBuf>,
-    /// Loopback port for the managed server; 0 picks a free one.
-    pub port: u16,
-}
-
-impl Default for ManagedConfig {
-    fn default() -> Self {
-        ManagedConfig {
-            enabled: true,
-            bin_dir: None,
-            data_dir: None,
-            port: 0,
         }
     }
 }
@@ -330,7 +306,7 @@ impl Config {
     /// The retired SQLite backend's keys are refused whether or not the
     /// leg is on.
     pub fn claims_settings(&self) -> Result<Option<ClaimsSettings>, ConfigError> {
-        crate::claims::location::check_backend(self)?;
+        claims_location::check_backend(self)?;
         if !self.enforce.consume_once {
             return Ok(None);
         }
@@ -359,7 +335,7 @@ impl Config {
             policy,
             inspection_patterns,
             inspection_sql_hint: c.inspection_sql_hint,
-            timings: live::ClaimsTimings::of_claims(c),
+            timings: ClaimsTimings::of_claims(c),
         }))
     }
 
@@ -408,39 +384,6 @@ mod tests {
     use crate::error_chain::chain;
     use crate::wire::tls_config::TlsConfigError;
     use crate::wire::upstream_tls::UpstreamTlsError;
-
-    #[test]
-    fn upstream_forms() {
-        let tcp = |s: &str| UpstreamAddr::Tcp(s.into());
-        let unix = |s: &str| UpstreamAddr::Unix(s.into());
-        assert_eq!(
-            upstream_addr("127.0.0.1:5433").unwrap(),
-            tcp("127.0.0.1:5433")
-        );
-        assert_eq!(upstream_addr("db").unwrap(), tcp("db:5432"));
-        assert_eq!(
-            upstream_addr("postgres://u:p@10.0.0.1:6000/app?sslmode=disable").unwrap(),
-            tcp("10.0.0.1:6000")
-        );
-        assert_eq!(
-            upstream_addr("postgresql://localhost/app").unwrap(),
-            tcp("localhost:5432")
-        );
-        assert_eq!(
-            upstream_addr("/var/run/postgresql/").unwrap(),
-            unix("/var/run/postgresql/.s.PGSQL.5432")
-        );
-        assert_eq!(
-            upstream_addr("unix:/tmp/.s.PGSQL.6000").unwrap(),
-            unix("/tmp/.s.PGSQL.6000")
-        );
-        assert_eq!(
-            upstream_addr("postgres://:6001/app?host=/tmp").unwrap(),
-            unix("/tmp/.s.PGSQL.6001")
-        );
-        assert!(upstream_addr("mysql://x").is_err());
-        assert!(upstream_addr("postgres:///app").is_err());
-    }
 
     #[test]
     fn example_configs_parse() {

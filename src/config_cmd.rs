@@ -7,7 +7,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 
-use resumeguard::config::{show, upstream_addr, Config, ConfigError, Flags, Layered, Loader};
+use resumeguard::config::{show, Config, ConfigError, Flags, Layered, Loader};
+use resumeguard::pg::upstream_addr;
 
 use crate::reload::load_rules;
 

@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod audit;
+pub mod audit_event;
 pub mod claims;
 pub mod config;
 pub mod enforce;
@@ -14,6 +15,11 @@ pub mod error_chain;
 pub mod fd_limit;
 pub mod log_text;
 pub mod managed_pg;
+pub mod metrics;
+pub mod pg;
 pub mod policy;
 pub mod saver;
+#[cfg(test)]
+mod test_pg_server;
+pub mod timestamp;
 pub mod wire;

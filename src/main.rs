@@ -11,8 +11,8 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use resumeguard::audit::EventFilter;
-use resumeguard::claims::location::{check_backend, postgres_target};
 use resumeguard::claims::{render_claims, ClaimRecord, ClaimStore};
+use resumeguard::config::claims_location::{check_backend, postgres_target};
 use resumeguard::config::{Config, Flags, Loader};
 use resumeguard::log_text::escaped;
 use resumeguard::managed_pg::running_socket;

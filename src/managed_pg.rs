@@ -8,9 +8,39 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 
-use crate::config::ManagedConfig;
+use serde::{Deserialize, Serialize};
+
 use crate::error_chain::chain;
 use crate::wire::upstream::UpstreamAddr;
+
+/// `[managed]`: the local PostgreSQL `serve` starts when no upstream is
+/// configured.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ManagedConfig {
+    /// Whether `serve` with no upstream starts a local PostgreSQL (a
+    /// development convenience); off: an upstream is required (the
+    /// container image sets `RESUMEGUARD_MANAGED_ENABLED=false`).
+    pub enabled: bool,
+    /// Where the PostgreSQL server binaries live; absent: the newest
+    /// `/usr/lib/postgresql/*/bin`.
+    pub bin_dir: Option<PathBuf>,
+    /// Data directory; absent: `<state_dir>/postgres`.
+    pub data_dir: Option<PathBuf>,
+    /// Loopback port for the managed server; 0 picks a free one.
+    pub port: u16,
+}
+
+impl Default for ManagedConfig {
+    fn default() -> Self {
+        ManagedConfig {
+            enabled: true,
+            bin_dir: None,
+            data_dir: None,
+            port: 0,
+        }
+    }
+}
 
 /// Why the managed PostgreSQL could not be set up or started.
 #[derive(Debug, thiserror::Error)]

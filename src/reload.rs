@@ -19,7 +19,8 @@ use serde_json::json;
 
 use resumeguard::admin::{AdminControl, AdminToken};
 use resumeguard::audit::{AuditEvent, AuditSink, Operation, SessionContext};
-use resumeguard::config::live::{ClaimsTimings, LiveClaimsTimings, CLAIMS_TIMING_KEYS};
+use resumeguard::claims::timings::{ClaimsTimings, LiveClaimsTimings};
+use resumeguard::config::live::CLAIMS_TIMING_KEYS;
 use resumeguard::config::{show, Config, Layered, Loader};
 use resumeguard::enforce::claim_gate::ClaimsLeg;
 use resumeguard::enforce::reload::Reloadable;
@@ -435,10 +436,10 @@ mod tests {
     use std::path::{Path, PathBuf};
 
     use resumeguard::audit::AuditSink;
-    use resumeguard::claims::postgres::PgTarget;
     use resumeguard::claims::ClaimStore;
     use resumeguard::config::Flags;
     use resumeguard::enforce::{Enforcement, Legs};
+    use resumeguard::pg::PgTarget;
     use resumeguard::policy::claims::COMMIT_COVER_MS;
     use resumeguard::wire::proxy::RelayConfig;
 

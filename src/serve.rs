@@ -14,16 +14,18 @@ use resumeguard::admin::{
 };
 use resumeguard::audit::{AuditSink, TrailSource};
 use resumeguard::claims::evidence;
-use resumeguard::claims::location::{postgres_target, LocationError};
-use resumeguard::claims::postgres::{check_once, schema_name, PgTarget, DEFAULT_SCHEMA};
+use resumeguard::claims::postgres::check_once;
+use resumeguard::claims::timings::{ClaimsTimings, LiveClaimsTimings};
 use resumeguard::claims::ClaimStore;
-use resumeguard::config::live::{ClaimsTimings, LiveClaimsTimings};
-use resumeguard::config::{connection_string, upstream_addr, Config, ConfigError, Loader};
+use resumeguard::config::claims_location::{postgres_target, LocationError};
+use resumeguard::config::{Config, ConfigError, Loader};
 use resumeguard::enforce::claim_gate::{ClaimsLeg, InTransactionFence};
 use resumeguard::enforce::own_schema::OwnSchema;
 use resumeguard::enforce::reload::Reloadable;
 use resumeguard::enforce::{Enforcement, Legs};
 use resumeguard::fd_limit;
+use resumeguard::pg::{connection_string, upstream_addr};
+use resumeguard::pg::{PgTarget, DEFAULT_SCHEMA};
 use resumeguard::policy::ChannelRules;
 use resumeguard::wire::draining::Draining;
 use resumeguard::wire::upstream::UpstreamAddr;
@@ -150,7 +152,8 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
         });
     // With consume-once off, the admin API opens the store per request, if
     // one is configured.
-    let claims_at = claims_at.map_err(Arc::new);
+    let claims_at =
+        claims_at.map_err(|why| Arc::new(why) as Arc<dyn std::error::Error + Send + Sync>);
     let result = match ready {
         Ok((upstream, legs)) => runtime.block_on(async {
             let claims_store = legs.claims.as_ref().map(|leg| Arc::clone(&leg.store));
@@ -354,7 +357,7 @@ fn audit_trail(cfg: &Config, managed: Option<&UpstreamAddr>) -> Option<TrailSour
 /// statements may only read (see `enforce::own_schema`).
 fn own_schema(cfg: &Config, managed: Option<&UpstreamAddr>) -> OwnSchema {
     let name = postgres_target(cfg, managed)
-        .map(|target| schema_name(&target).to_owned())
+        .map(|target| target.schema().to_owned())
         .unwrap_or_else(|_| DEFAULT_SCHEMA.to_owned());
     OwnSchema::new(&name)
 }
@@ -424,7 +427,10 @@ fn legs(
                 Arc::clone(&store),
                 c.proxy_id.clone(),
                 Arc::clone(timings),
-                audit.clone(),
+                {
+                    let audit = audit.clone();
+                    Arc::new(move |event| audit.record(event))
+                },
             );
             let fence_in_transaction = in_transaction_fence(cfg, at);
             match &fence_in_transaction {

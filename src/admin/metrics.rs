@@ -1,77 +1,31 @@
-//! The proxy's Prometheus metrics: the recorder behind `/metrics`, the
-//! help text of every metric and its label sets known up front (started at
-//! zero, so a scrape before the first event shows them), the counters whose
-//! labels depend on a decision (called where the decision is made), and the
-//! values read at scrape time (connections, audit queue, unknown-saver
-//! traffic, build and process). Names follow the Prometheus conventions:
-//! counters end in `_total`, gauges do not, no family is both; each event
-//! is counted in one series of a family. `docs/metrics.md` lists them all.
-//!
-//! Without a recorder installed (`--admin-listen off`, the CLI commands,
-//! tests) every counter call is a no-op.
+//! The proxy's Prometheus metrics as `/metrics` serves them: the
+//! recorder, the help text of every metric and its label sets known up
+//! front (started at zero, so a scrape before the first event shows them),
+//! and the values read at scrape time (connections, audit queue,
+//! unknown-saver traffic, build and process). The events are counted where
+//! they happen, through [`crate::metrics`]. Names follow the Prometheus
+//! conventions: counters end in `_total`, gauges do not, no family is
+//! both; each event is counted in one series of a family.
+//! `docs/metrics.md` lists them all.
 
 use std::fmt::Write as _;
-use std::time::Instant;
 
-use metrics::{counter, describe_counter, describe_gauge, describe_histogram, histogram, Unit};
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, Unit};
 
 mod process;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
 
 use super::AdminError;
 use crate::audit::{AuditSink, AuditStats};
-use crate::policy::claims::{Accepted, FenceReason, Refusal, WriteVerdict, TAKEOVER_LAPSED};
-use crate::saver::classify::StatementKind;
+use crate::metrics::STATEMENT_SECONDS;
+use crate::metrics::{
+    CLAIMS, CLAIMS_RECONNECTS, CLAIMS_STORE_SECONDS, CONNECTIONS_REFUSED, FENCED, FENCE_CHECKS,
+    FENCE_LOOKUPS, REFUSED, STATEMENTS, STATEMENT_CLASSES, TAKEOVERS, UPSTREAM_ERRORS,
+};
 use crate::wire::proxy::Proxy;
 
-/// Checkpoint statements completed, by the saver classification's label.
-pub const STATEMENTS: &str = "resumeguard_checkpoint_statements_total";
-/// Time from the client's Execute to the statement's completion.
-pub const STATEMENT_SECONDS: &str = "resumeguard_checkpoint_statement_seconds";
-/// Time a claim store call on the data path took (a parked read's row, a
-/// write's fence check wait for it).
-pub const CLAIMS_STORE_SECONDS: &str = "resumeguard_claims_store_seconds";
 /// 1, labelled with the running binary's version.
 const BUILD_INFO: &str = "resumeguard_build_info";
-/// Reads of a thread's head decided by the consume-once gate, by outcome.
-const CLAIMS: &str = "resumeguard_claims_total";
-/// Served reads that took over another holder's claim, by why.
-const TAKEOVERS: &str = "resumeguard_claim_takeovers_total";
-const REFUSED: &str = "resumeguard_claims_refused_total";
-const FENCED: &str = "resumeguard_writes_fenced_total";
-const FENCE_LOOKUPS: &str = "resumeguard_fence_lookups_total";
-const FENCE_CHECKS: &str = "resumeguard_fence_checks_total";
-const UPSTREAM_ERRORS: &str = "resumeguard_upstream_errors_total";
-const CONNECTIONS_REFUSED: &str = "resumeguard_client_connections_refused_total";
-/// Connections of the PostgreSQL claims store replaced after the server
-/// ended them, by which (`claims::postgres::conn` counts them).
-const CLAIMS_RECONNECTS: &str = "resumeguard_claims_reconnects_total";
-
-/// The saver classification's labels of [`STATEMENTS`] (and
-/// [`STATEMENT_SECONDS`]); any other is counted as `other`.
-const STATEMENT_CLASSES: &[&str] = &[
-    "read_latest",
-    "read_by_id",
-    "read_list",
-    "writes_read",
-    "blob_upsert",
-    "checkpoint_upsert",
-    "writes_upsert",
-    "writes_insert_ignore",
-    "delete_thread",
-    "delete_threads",
-    "delete_namespaces",
-    "delete_listed_checkpoints",
-    "delete_all_but_kept",
-    "delete_blob_versions",
-    "unparent",
-    "read_without_writes",
-    "channel_history_read",
-    "migration",
-    "unrecognized",
-    "other",
-];
-
 /// Label sets known up front, started at zero by [`describe`].
 const KNOWN: &[(&str, &str, &[&str])] = &[
     (
@@ -287,135 +241,6 @@ pub fn describe() {
             counter!(*name, *label => *value).increment(0);
         }
     }
-}
-
-/// A checkpoint statement completed: counted by class and, when it was
-/// executed (not a Describe), timed. Labels are static: no allocation.
-pub fn statement_completed(kind: &StatementKind, executed_at: Option<Instant>) {
-    let Some(at) = executed_at else { return };
-    let seconds = at.elapsed().as_secs_f64();
-    let label = kind.label();
-    let class = STATEMENT_CLASSES
-        .iter()
-        .copied()
-        .find(|c| *c == label)
-        .unwrap_or("other");
-    counter!(STATEMENTS, "class" => class).increment(1);
-    histogram!(STATEMENT_SECONDS, "class" => class).record(seconds);
-}
-
-/// Runs `call`, a claim store call on the data path, and times it; `op`
-/// is `claim`, `run_lease` or `fence_lookup`.
-pub fn claims_store_call<T>(op: &'static str, call: impl FnOnce() -> T) -> T {
-    let started = Instant::now();
-    let out = call();
-    histogram!(CLAIMS_STORE_SECONDS, "op" => op).record(started.elapsed().as_secs_f64());
-    out
-}
-
-/// Forks served by one completed read.
-pub fn forks_served(n: usize) {
-    if n > 0 {
-        counter!("resumeguard_forks_served_total").increment(n as u64);
-    }
-}
-
-/// A read of a parked head was served its claim: taken afresh, or taken
-/// over (`why`: the takeover's reason, [`TAKEOVER_LAPSED`] or the
-/// abandoned run's).
-pub fn claim_served(takeover: bool, why: Option<&str>) {
-    if !takeover {
-        counter!(CLAIMS, "outcome" => "taken").increment(1);
-        return;
-    }
-    counter!(CLAIMS, "outcome" => "takeover").increment(1);
-    let reason = if why == Some(TAKEOVER_LAPSED) {
-        "lapsed"
-    } else {
-        "abandoned"
-    };
-    counter!(TAKEOVERS, "reason" => reason).increment(1);
-}
-
-/// A read of a parked head waited for another holder's claim (it is
-/// counted again by its decision).
-pub fn claim_waited() {
-    counter!("resumeguard_claim_waits_total").increment(1);
-}
-
-/// A connection of the PostgreSQL claims store (`decision`, `liveness`)
-/// the server ended was replaced.
-pub fn claims_reconnected(connection: &'static str) {
-    counter!(CLAIMS_RECONNECTS, "connection" => connection).increment(1);
-}
-
-/// Claims consumed by evidence of their run.
-pub fn claims_consumed(n: usize) {
-    counter!("resumeguard_claims_consumed_total").increment(n as u64);
-}
-
-/// A read of a thread's head was refused.
-pub fn claim_refused(reason: &Refusal) {
-    counter!(CLAIMS, "outcome" => "refused").increment(1);
-    let reason = match reason {
-        Refusal::Answered { .. } => "answered",
-        Refusal::InFlight { .. } => "in_flight",
-        Refusal::RunInProgress { .. } => "run_in_progress",
-        Refusal::StoreUnavailable(..) => "store_unavailable",
-        Refusal::ShuttingDown => "shutting_down",
-        Refusal::SessionEnded => "session_ended",
-    };
-    counter!(REFUSED, "reason" => reason).increment(1);
-}
-
-/// A bare resume's write onto a finished head of a thread was refused:
-/// `refused` (its interrupt was answered before) or `store_unavailable`.
-pub fn late_duplicate(outcome: &'static str) {
-    counter!("resumeguard_late_duplicates_total", "outcome" => outcome).increment(1);
-}
-
-/// A write continuing a checkpoint that needed no question to the claim
-/// store: `known` (the session created the checkpoint in its run, so no
-/// claim can be on it) or `in_transaction` (the server checks it inside
-/// the write's own transaction, in the same round trip).
-pub fn fence_check(place: &'static str) {
-    counter!(FENCE_CHECKS, "where" => place).increment(1);
-}
-
-/// A write the server fenced inside its transaction, by the reason it
-/// gave (superseded_holder, other_proxy, other_client).
-pub fn fenced_in_transaction(reason: &str) {
-    let reason = match reason {
-        "superseded_holder" => "superseded_holder",
-        "other_proxy" => "other_proxy",
-        _ => "other_client",
-    };
-    counter!(FENCED, "reason" => reason).increment(1);
-}
-
-/// A write continuing a checkpoint got `verdict` from one store lookup
-/// (`cached`: decided earlier in the same transaction, no lookup).
-pub fn write_fence(verdict: &WriteVerdict, cached: bool) {
-    let outcome = match verdict {
-        WriteVerdict::Accept(Accepted::Unclaimed) => "unclaimed",
-        WriteVerdict::Accept(Accepted::Holder) => "holder",
-        WriteVerdict::Accept(Accepted::Pool) => "pool",
-        WriteVerdict::Accept(Accepted::Unknown) | WriteVerdict::StoreUnavailable(_) => "failed",
-        WriteVerdict::Fenced { .. } => "fenced",
-    };
-    if !cached {
-        counter!(FENCE_LOOKUPS, "outcome" => outcome).increment(1);
-    }
-    let reason = match verdict {
-        WriteVerdict::Fenced { reason, .. } => match reason {
-            FenceReason::Superseded { .. } => "superseded_holder",
-            FenceReason::OtherProxy => "other_proxy",
-            FenceReason::OtherClient => "other_client",
-        },
-        WriteVerdict::StoreUnavailable(_) => "store_unavailable",
-        WriteVerdict::Accept(_) => return,
-    };
-    counter!(FENCED, "reason" => reason).increment(1);
 }
 
 /// Appends one unlabelled metric, its help and type, in the exposition

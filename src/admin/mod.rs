@@ -30,7 +30,6 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
 use crate::audit::AuditSink;
-use crate::claims::location::LocationError;
 use crate::claims::ClaimStore;
 use crate::wire::proxy::Proxy;
 
@@ -60,7 +59,7 @@ pub enum AdminError {
     },
     #[error("the admin listener's local address")]
     LocalAddr(#[source] std::io::Error),
-    #[error("the latency buckets of {}", self::metrics::STATEMENT_SECONDS)]
+    #[error("the latency buckets of {}", crate::metrics::STATEMENT_SECONDS)]
     Buckets(#[source] metrics_exporter_prometheus::BuildError),
     #[error("installing the metrics recorder")]
     Recorder(
@@ -145,7 +144,7 @@ pub struct AdminState {
     /// `claims_at` is opened per request, as `resumeguard claims` does).
     pub claims: Option<Arc<ClaimStore>>,
     /// Where the claims are, or why no store is configured.
-    pub claims_at: Result<crate::claims::postgres::PgTarget, Arc<LocationError>>,
+    pub claims_at: Result<crate::pg::PgTarget, Arc<dyn std::error::Error + Send + Sync>>,
     /// The token of every guarded route (a reload may change it).
     pub token: AdminToken,
     /// Console sessions and failed logins.

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use crate::audit::AuditError;
-use crate::claims::location::LocationError;
 use crate::claims::StoreError;
 use crate::error_chain::chain;
 use crate::wire::upstream_probe::ProbeError;
@@ -16,7 +15,7 @@ pub enum RequestError {
     /// No claim store is configured: why, as the proxy found at start
     /// (the text carries its causes).
     #[error("{}", chain(.0.as_ref()))]
-    NoStore(Arc<LocationError>),
+    NoStore(Arc<dyn std::error::Error + Send + Sync>),
     /// The audit trail could not be read; the text carries its causes.
     #[error("{}", chain(.0))]
     Trail(AuditError),

@@ -22,7 +22,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::event::{AuditEvent, Operation};
+use crate::audit_event::{AuditEvent, Operation};
 
 /// The metadata keys recorded when `[audit] approver_keys` is not set: the
 /// names applications commonly pass a person's identity under.
@@ -207,7 +207,7 @@ pub fn describe(detail: &Value) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::audit::event::SessionContext;
+    use crate::audit_event::SessionContext;
 
     fn ev(op: Operation, ckpt: &str, parent: Option<&str>) -> AuditEvent {
         let mut e = AuditEvent::new(&SessionContext::default(), op)

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::event::{AuditEvent, Operation};
+use crate::audit_event::{AuditEvent, Operation};
 
 /// The previous hash of a chain's first record.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -349,7 +349,7 @@ impl Verifier {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::audit::event::SessionContext;
+    use crate::audit_event::SessionContext;
 
     fn event(proxy: &str, n: u64) -> AuditEvent {
         let mut ev = AuditEvent::new(&SessionContext::default(), Operation::ReadLatest)

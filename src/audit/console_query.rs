@@ -14,10 +14,10 @@ use postgres::types::ToSql;
 use rusqlite::types::Value as SqlValue;
 
 use super::error::AuditError;
-use super::event::AuditEvent;
 use super::postgres_store;
 use super::sqlite_store::{open_read_only, row_to_event_at, select};
-use crate::claims::postgres::{schema_name, PgTarget};
+use crate::audit_event::AuditEvent;
+use crate::pg::PgTarget;
 
 /// The console's lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -298,7 +298,7 @@ pub fn console_list_postgres(
     list: ConsoleList,
     filter: &ConsoleFilter,
 ) -> Result<Vec<ListedEvent>, AuditError> {
-    let s = schema_name(target);
+    let s = target.schema();
     let table = format!("{s}.audit_events");
     let select =
         postgres_store::select(s).replace(&format!("FROM {table}"), &format!("FROM {table} x"));
@@ -334,9 +334,9 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::audit::event::{Operation, SessionContext};
     use crate::audit::sqlite_store::Store;
     use crate::audit::test_util::{remove_db, temp_path};
+    use crate::audit_event::{Operation, SessionContext};
 
     fn ev(op: Operation, thread: &str, ckpt: &str) -> AuditEvent {
         AuditEvent::new(&SessionContext::default(), op)

@@ -5,7 +5,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use super::event::Operation;
+use crate::audit_event::Operation;
 
 /// A failure of an audit output or of reading the trail back.
 #[derive(Debug, thiserror::Error)]

@@ -14,8 +14,8 @@ use serde::Serialize;
 
 use super::chain::{link, ChainedRow, Heads, Verdict, Verifier, GENESIS};
 use super::error::AuditError;
-use super::event::AuditEvent;
 use super::private_file::open_append_private;
+use crate::audit_event::AuditEvent;
 
 /// Where a JSONL writer goes.
 type Out = Box<dyn Write + Send>;
@@ -290,8 +290,8 @@ pub fn verify_jsonl(path: &Path) -> Result<Verdict, AuditError> {
         if seen.insert(row.event.proxy_id.clone()) {
             if let Some(prev) = row.prev_hash.as_ref().filter(|p| *p != GENESIS) {
                 let mut start = AuditEvent::new(
-                    &super::event::SessionContext::internal(),
-                    super::event::Operation::AuditPruned,
+                    &crate::audit_event::SessionContext::internal(),
+                    crate::audit_event::Operation::AuditPruned,
                 );
                 start.detail = serde_json::json!({
                     super::chain::CHAIN_STARTS: { row.event.proxy_id.clone(): prev }
@@ -310,8 +310,8 @@ pub fn verify_jsonl(path: &Path) -> Result<Verdict, AuditError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::audit::event::{BlobDigest, Operation, SessionContext};
     use crate::audit::test_util::temp_path;
+    use crate::audit_event::{BlobDigest, Operation, SessionContext};
 
     #[test]
     fn round_trips_and_appends_across_opens() {

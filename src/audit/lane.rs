@@ -8,9 +8,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::event::AuditEvent;
 use super::losses::now_millis;
 use super::sink::AuditStats;
+use crate::audit_event::AuditEvent;
 
 /// One allocation per event, shared by every output's queue: an empty
 /// slot costs a pointer, and an event waiting for two outputs is held once.

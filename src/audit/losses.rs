@@ -7,7 +7,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::event::{format_rfc3339_millis, AuditEvent, Operation, SessionContext};
+use crate::audit_event::{AuditEvent, Operation, SessionContext};
+use crate::timestamp::format_rfc3339_millis;
 
 /// Why events were lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

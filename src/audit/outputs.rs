@@ -11,11 +11,11 @@
 use std::sync::Arc;
 
 use super::error::AuditError;
-use super::event::AuditEvent;
 use super::jsonl::JsonlWriter;
 use super::losses::{LossLedger, LossReason};
 use super::postgres_store::PgTrail;
 use super::sqlite_store::Store;
+use crate::audit_event::AuditEvent;
 use crate::error_chain::chain;
 
 /// Attempts a failed event gets before it is counted as lost.

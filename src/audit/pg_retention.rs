@@ -8,9 +8,9 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use super::config::AuditConfig;
-use super::event::format_rfc3339_millis;
 use super::postgres_store::{PgTrail, PRUNE_CHUNK};
 use crate::error_chain::chain;
+use crate::timestamp::format_rfc3339_millis;
 
 pub struct PgRetention {
     cfg: AuditConfig,

@@ -17,13 +17,12 @@ use postgres::{Client, GenericClient, Row, Statement};
 
 use super::chain::{link, ChainedRow, Heads, Verdict, Verifier, CHAIN_STARTS};
 use super::error::AuditError;
-use super::event::{AuditEvent, Operation, SessionContext};
 use super::query::{EventFilter, ThreadSummary};
 use super::sqlite_store::column;
-use crate::claims::postgres::{
-    connect_schema, error_text, schema_name, PgTarget, SchemaAccess, AUDIT_CHAIN_VERSION,
-    AUDIT_VERSION,
-};
+use crate::audit_event::{AuditEvent, Operation, SessionContext};
+use crate::claims::postgres::{connect_schema, SchemaAccess, AUDIT_CHAIN_VERSION, AUDIT_VERSION};
+use crate::pg::connect::error_text;
+use crate::pg::{Backoff, PgTarget};
 
 /// How long a batch, a prune chunk or a reader's query may take.
 const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -47,7 +46,7 @@ pub struct PgTrail {
     target: TargetSlot,
     link: Option<Link>,
     retry_at: Option<Instant>,
-    backoff: Duration,
+    backoff: Backoff,
 }
 
 struct Link {
@@ -64,7 +63,7 @@ impl PgTrail {
             target,
             link: None,
             retry_at: None,
-            backoff: FIRST_RETRY,
+            backoff: Backoff::new(FIRST_RETRY, MAX_RETRY),
         }
     }
 
@@ -145,7 +144,7 @@ impl PgTrail {
 
     fn schema(&self) -> Result<String, AuditError> {
         let target = self.target.get().ok_or(AuditError::PostgresUnknown)?;
-        Ok(schema_name(target).to_owned())
+        Ok(target.schema().to_owned())
     }
 
     /// Runs `f` on the connection, connecting first if there is none and
@@ -172,11 +171,11 @@ impl PgTrail {
                 Ok(link) => {
                     self.link = Some(link);
                     self.retry_at = None;
-                    self.backoff = FIRST_RETRY;
+                    self.backoff.reset();
                 }
                 Err(reason) => {
-                    self.retry_at = Some(Instant::now() + self.backoff);
-                    self.backoff = (self.backoff * 2).min(MAX_RETRY);
+                    self.retry_at = Some(Instant::now() + self.backoff.wait());
+                    self.backoff.grow();
                     return Err(AuditError::Postgres { at: at(), reason });
                 }
             }
@@ -247,7 +246,7 @@ fn connect(target: &PgTarget) -> Result<Link, String> {
         STATEMENT_TIMEOUT,
     )?;
     let insert = client
-        .prepare(&insert_sql(schema_name(target)))
+        .prepare(&insert_sql(target.schema()))
         .map_err(|e| error_text(&e))?;
     Ok(Link {
         client,
@@ -403,7 +402,7 @@ pub(super) fn read_error(target: &PgTarget) -> impl Fn(postgres::Error) -> Audit
 /// own events may be among those lost, on any replica).
 pub fn thread_events(target: &PgTarget, thread_id: &str) -> Result<Vec<AuditEvent>, AuditError> {
     let mut client = reader(target)?;
-    let s = schema_name(target);
+    let s = target.schema();
     let sql = format!(
         "{} WHERE id IN (SELECT id FROM {s}.audit_events WHERE thread_id = $1 \
          UNION ALL SELECT id FROM {s}.audit_events WHERE operation = 'events_dropped' \
@@ -420,7 +419,7 @@ pub fn thread_events(target: &PgTarget, thread_id: &str) -> Result<Vec<AuditEven
 /// Walk every replica's chain in the table, in id order (streamed).
 pub fn verify(target: &PgTarget) -> Result<Verdict, AuditError> {
     let mut client = reader_at(target, AUDIT_CHAIN_VERSION)?;
-    let s = schema_name(target);
+    let s = target.schema();
     let pruned = client
         .query(
             &format!("{} WHERE operation = 'audit_pruned' ORDER BY id", select(s)),
@@ -460,7 +459,7 @@ pub fn verify(target: &PgTarget) -> Result<Verdict, AuditError> {
 /// operations), over every replica, the most recently active first.
 pub fn threads(target: &PgTarget, filter: &EventFilter) -> Result<Vec<ThreadSummary>, AuditError> {
     let mut client = reader(target)?;
-    let s = schema_name(target);
+    let s = target.schema();
     let ops: Vec<&str> = filter.ops.iter().map(|o| o.as_str()).collect();
     let utc = r#"to_char(max(time) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')"#;
     let sql = format!(

@@ -15,8 +15,9 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::chain::{Heads, CHAIN_STARTS};
 use super::error::AuditError;
-use super::event::{format_rfc3339_millis, AuditEvent, Operation, SessionContext};
 use super::sqlite_store::{insert, Store};
+use crate::audit_event::{AuditEvent, Operation, SessionContext};
+use crate::timestamp::format_rfc3339_millis;
 
 /// Rows deleted per transaction.
 pub const PRUNE_CHUNK: i64 = 20_000;

@@ -9,9 +9,10 @@ use serde::Serialize;
 
 use super::before::parse_instant;
 use super::error::{AuditError, FilterError};
-use super::event::{format_rfc3339_millis, AuditEvent, Operation};
 use super::sqlite_store::open_read_only;
+use crate::audit_event::{AuditEvent, Operation};
 use crate::log_text::escaped;
+use crate::timestamp::format_rfc3339_millis;
 
 /// Which events to keep: a time window (inclusive, RFC 3339 strings as
 /// the trail stores them) and a set of operations (empty: all).
@@ -138,9 +139,9 @@ pub fn render_threads(threads: &[ThreadSummary]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::audit::event::SessionContext;
     use crate::audit::sqlite_store::Store;
     use crate::audit::test_util::{remove_db, temp_path};
+    use crate::audit_event::SessionContext;
 
     fn at(time: &str, op: Operation, thread: &str) -> AuditEvent {
         let mut e = AuditEvent::new(&SessionContext::default(), op).with_thread(thread);

@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 
-use super::event::AuditEvent;
+use crate::audit_event::AuditEvent;
 
 /// The longest question kept, in characters of its JSON text.
 pub const MAX_QUESTION_CHARS: usize = 2000;
@@ -38,7 +38,7 @@ pub fn stamp(ev: &mut AuditEvent, written: Option<Value>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::audit::event::{Operation, SessionContext};
+    use crate::audit_event::{Operation, SessionContext};
 
     #[test]
     fn the_question_is_each_interrupts_value_cut_to_the_limit() {

@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 use super::approver;
 use super::config::AuditConfig;
 use super::error::AuditError;
-use super::event::{AuditEvent, Operation};
 use super::jsonl::{JsonlSwap, JsonlWriter};
 use super::lane::{Lane, LaneState};
 use super::outputs::{Output, Target};
@@ -31,7 +30,8 @@ use super::question;
 use super::sqlite_retention::SqliteRetention;
 use super::sqlite_store::Store;
 use super::writer::{Upkeep, Writer};
-use crate::claims::postgres::PgTarget;
+use crate::audit_event::{AuditEvent, Operation};
+use crate::pg::PgTarget;
 
 /// How long [`AuditSink::shutdown`] waits for the writers to exit after
 /// asking them to stop.

@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use super::chain::Verdict;
 use super::console_query::{self, ConsoleFilter, ConsoleList, ListedEvent};
 use super::error::AuditError;
-use super::event::AuditEvent;
 use super::postgres_store;
 use super::query::{self, EventFilter, ThreadSummary};
 use super::sqlite_store;
-use crate::claims::postgres::{schema_name, PgTarget};
+use crate::audit_event::AuditEvent;
+use crate::pg::PgTarget;
 
 /// The trail a reader asks.
 #[derive(Debug, Clone)]
@@ -69,7 +69,7 @@ impl TrailSource {
             TrailSource::Postgres(target) => format!(
                 "{} schema {} (every replica)",
                 target.shown(),
-                schema_name(target)
+                target.schema()
             ),
         }
     }

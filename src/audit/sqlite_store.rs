@@ -14,8 +14,8 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row, Transactio
 
 use super::chain::{link, ChainedRow, Heads, Verdict, Verifier};
 use super::error::AuditError;
-use super::event::{AuditEvent, Operation};
 use super::private_file::precreate_private;
+use crate::audit_event::{AuditEvent, Operation};
 
 /// How long a write waits for another connection's lock (a prune from the
 /// command line, a reader checkpointing) before it counts as failed.
@@ -389,8 +389,8 @@ pub(super) fn column<T: serde::de::DeserializeOwned>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::audit::event::{BlobDigest, SessionContext};
     use crate::audit::test_util::{remove_db, temp_path};
+    use crate::audit_event::{BlobDigest, SessionContext};
 
     fn sample(thread: &str, op: Operation) -> AuditEvent {
         let ctx = SessionContext {

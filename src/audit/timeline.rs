@@ -10,7 +10,7 @@
 use std::fmt::Write;
 
 use super::approver;
-use super::event::{AuditEvent, Operation};
+use crate::audit_event::{AuditEvent, Operation};
 use crate::log_text::escaped;
 
 /// Width of the operation column: the longest operation name.
@@ -245,7 +245,7 @@ fn short_digest(hex: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::audit::event::{BlobDigest, SessionContext};
+    use crate::audit_event::{BlobDigest, SessionContext};
 
     fn ctx(session_id: u64) -> SessionContext {
         SessionContext {
@@ -296,7 +296,7 @@ mod tests {
     #[test]
     fn tells_the_interrupt_story_in_order() {
         let text = render_timeline(&interrupt_story());
-        let answer_sha = crate::audit::digest::digest(b"yes");
+        let answer_sha = crate::audit_event::digest(b"yes");
         let phrases = [
             "thread t-1 (6 events)",
             "checkpoint saved (parent …deadbeef)",

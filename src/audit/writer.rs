@@ -7,12 +7,12 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::event::AuditEvent;
 use super::lane::{DoneGuard, LaneState, Msg};
 use super::losses::{millis_to_rfc3339, now_millis};
 use super::outputs::Output;
 use super::pg_retention::PgRetention;
 use super::sqlite_retention::SqliteRetention;
+use crate::audit_event::AuditEvent;
 
 /// Upper bound on events per transaction, so one huge backlog does not hold
 /// a single write transaction (and its memory) for too long.

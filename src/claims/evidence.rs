@@ -24,8 +24,8 @@ use super::evidence_gather::Gathered;
 use super::evidence_retry::RetryQueue;
 use super::postgres::{EvidenceItem, WriteEvidence};
 use super::{ClaimRecord, ClaimStore, Now, StoreError, WrittenAt, NEXT_CHECKPOINT};
-use crate::audit::{AuditEvent, AuditSink, Operation, SessionContext};
-use crate::config::live::LiveClaimsTimings;
+use crate::audit_event::{AuditEvent, Operation, SessionContext};
+use crate::claims::timings::LiveClaimsTimings;
 use crate::saver::checkpoint_ref::CheckpointRef;
 
 /// What a committed write or a closed session means for claims.
@@ -58,11 +58,15 @@ pub enum Evidence {
     },
 }
 
+/// Where the worker's audit records (claims consumed, evidence lost) go:
+/// `serve` passes one that hands them to the audit trail's sink.
+pub type AuditRecorder = Arc<dyn Fn(AuditEvent) + Send + Sync>;
+
 /// The sending side, cheap to clone; never blocks the relay.
 #[derive(Clone)]
 pub struct EvidenceSender {
     tx: SyncSender<Msg>,
-    audit: AuditSink,
+    audit: AuditRecorder,
 }
 
 /// What the worker is sent.
@@ -147,12 +151,12 @@ pub fn start(
     store: Arc<ClaimStore>,
     proxy_id: String,
     timings: Arc<LiveClaimsTimings>,
-    audit: AuditSink,
+    audit: AuditRecorder,
 ) -> EvidenceSender {
     let (tx, rx) = sync_channel(65_536);
     let sender = EvidenceSender {
         tx,
-        audit: audit.clone(),
+        audit: Arc::clone(&audit),
     };
     let worker = Worker {
         store,
@@ -179,7 +183,7 @@ struct Worker {
     store: Arc<ClaimStore>,
     proxy_id: String,
     timings: Arc<LiveClaimsTimings>,
-    audit: AuditSink,
+    audit: AuditRecorder,
     pending: RetryQueue<(SessionContext, Evidence)>,
     /// Write evidence arrived together, applied in one statement when due.
     gathered: Gathered<(SessionContext, Evidence)>,
@@ -374,10 +378,10 @@ impl Worker {
         let items: Vec<_> = writes.iter().map(|&(_, _, item)| item).collect();
         let hold_ms = self.timings.current().progress_hold_ms;
         let consumed = self.store.apply_evidence(&items, Now::STORE, hold_ms)?;
-        crate::admin::metrics::claims_consumed(consumed.len());
+        crate::metrics::claims_consumed(consumed.len());
         for (i, record) in consumed {
             if let Some(&(ctx, ev, _)) = writes.get(i) {
-                self.audit.record(consumed_event(ctx, ev, &record));
+                (self.audit)(consumed_event(ctx, ev, &record));
             }
         }
         Ok(())
@@ -420,13 +424,13 @@ const PROGRESS: &str = "run-level __resume__ recorded";
 /// Evidence that will never be applied: counted and audited
 /// (`evidence_lost`), so the trail shows which thread's claim lapses
 /// instead of being consumed or released.
-fn lost(audit: &AuditSink, ev: &Evidence, reason: &'static str) {
+fn lost(audit: &AuditRecorder, ev: &Evidence, reason: &'static str) {
     metrics::counter!("resumeguard_evidence_lost_total", "reason" => reason).increment(1);
     let mut e = AuditEvent::new(&SessionContext::internal(), Operation::EvidenceLost);
     if let Some(thread) = ev.thread_id() {
         e = e.with_thread(thread.to_owned());
     }
-    audit.record(e.with_detail(json!({ "evidence": ev.kind(), "reason": reason })));
+    audit(e.with_detail(json!({ "evidence": ev.kind(), "reason": reason })));
 }
 
 impl Evidence {
@@ -504,10 +508,10 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::claims::postgres::test_server::PgSchema;
     use crate::claims::postgres::tests::{holder, key};
+    use crate::claims::timings::ClaimsTimings;
     use crate::claims::{ClaimKey, ClaimState};
-    use crate::config::live::ClaimsTimings;
+    use crate::test_pg_server::PgSchema;
 
     /// A worker over a fresh store where session 7 of proxy `p1` holds a
     /// claim on each of `keys`, and the instant its writes passed: a
@@ -530,7 +534,7 @@ mod tests {
                 .expect("claim");
         }
         let timings = LiveClaimsTimings::new(ClaimsTimings::default());
-        let sender = start(store.clone(), "p1".into(), timings, AuditSink::disabled());
+        let sender = start(store.clone(), "p1".into(), timings, Arc::new(drop));
         let ctx = SessionContext {
             session_id: 7,
             ..SessionContext::default()

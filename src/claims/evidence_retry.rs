@@ -7,6 +7,8 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::pg::Backoff;
+
 /// First delay before a retry; doubled after each round that failed.
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 /// The longest delay between retry rounds.
@@ -19,7 +21,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 pub struct RetryQueue<T> {
     items: VecDeque<(u64, T)>,
     bound: usize,
-    backoff: Duration,
+    backoff: Backoff,
     due: Option<Instant>,
     /// Retries made since the queue was last empty.
     retries: u64,
@@ -37,7 +39,7 @@ impl<T> RetryQueue<T> {
         RetryQueue {
             items: VecDeque::new(),
             bound: bound.max(1),
-            backoff: FIRST_BACKOFF,
+            backoff: Backoff::new(FIRST_BACKOFF, MAX_BACKOFF),
             due: None,
             retries: 0,
         }
@@ -66,7 +68,7 @@ impl<T> RetryQueue<T> {
     /// oldest item when the bound overflows (the caller reports it lost).
     pub fn push(&mut self, lane: u64, item: T, now: Instant) -> Option<T> {
         self.items.push_back((lane, item));
-        self.due.get_or_insert(now + self.backoff);
+        self.due.get_or_insert(now + self.backoff.wait());
         if self.items.len() > self.bound {
             return self.items.pop_front().map(|(_, item)| item);
         }
@@ -106,12 +108,12 @@ impl<T> RetryQueue<T> {
         }
         self.items = kept;
         if self.items.is_empty() {
-            self.backoff = FIRST_BACKOFF;
+            self.backoff.reset();
             self.due = None;
             self.retries = 0;
         } else {
-            self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
-            self.due = Some(now + self.backoff);
+            self.backoff.grow();
+            self.due = Some(now + self.backoff.wait());
         }
         round
     }

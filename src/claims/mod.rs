@@ -6,13 +6,12 @@
 //! - `model`: keys, holders, records, the interrupt fingerprint.
 //! - `outcome`: what a reader's claim came to.
 //! - `clock`: the claims database's clock, the time base of every claim.
-//! - `location`: where the claims database is (and the retired SQLite
-//!   backend's keys, refused).
 //! - `postgres`: the store, [`ClaimStore`]: claims in PostgreSQL (the
 //!   fronted database, or `[claims] dsn`), every rule of claim, wait,
 //!   lapse, takeover, holder-gone, abandoned run, run lease and fence
 //!   written once, in its SQL functions.
 //! - `render`: the table behind `resumeguard claims list`.
+//! - `timings`: the claims timings a reload may change, shared.
 //!
 //! The decision for a read (serve, wait, refuse) is pure and lives in
 //! [`crate::policy::claims`].
@@ -22,11 +21,11 @@ mod error;
 pub mod evidence;
 mod evidence_gather;
 mod evidence_retry;
-pub mod location;
 mod model;
 mod outcome;
 pub mod postgres;
 mod render;
+pub mod timings;
 
 #[cfg(test)]
 mod tests;
@@ -37,8 +36,6 @@ pub use model::{
     format_ms, interrupt_fingerprint, ClaimKey, ClaimRecord, ClaimState, Holder, RunLease,
 };
 pub use outcome::ClaimOutcome;
-pub use postgres::{
-    ClaimStore, DEFAULT_RETAIN_MS, DEFAULT_RUN_LEASE_MS, DEFAULT_SUPERSEDED_GRACE_MS,
-    NEXT_CHECKPOINT,
-};
+pub use postgres::{ClaimStore, DEFAULT_RETAIN_MS, DEFAULT_SUPERSEDED_GRACE_MS, NEXT_CHECKPOINT};
 pub use render::render_claims;
+pub use timings::DEFAULT_RUN_LEASE_MS;

@@ -210,7 +210,7 @@ pub fn format_ms(ms: i64) -> String {
     } else {
         UNIX_EPOCH.checked_sub(Duration::from_millis(ms.unsigned_abs()))
     };
-    crate::audit::format_rfc3339_millis(t.unwrap_or(UNIX_EPOCH))
+    crate::timestamp::format_rfc3339_millis(t.unwrap_or(UNIX_EPOCH))
 }
 
 #[cfg(test)]

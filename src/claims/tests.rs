@@ -7,9 +7,9 @@
 
 use std::sync::{Arc, Barrier};
 
-use super::postgres::test_server::PgSchema;
 use super::*;
 use crate::saver::checkpoint_ref::CheckpointRef;
+use crate::test_pg_server::PgSchema;
 
 const LAPSE: i64 = 30_000;
 const T0: i64 = 1_700_000_000_000;

@@ -4,7 +4,8 @@
 
 use std::path::PathBuf;
 
-use crate::claims::location::BackendError;
+use super::claims_location::BackendError;
+use crate::pg::ConnectionStringError;
 use crate::policy::RuleError;
 use crate::wire::tls_config::TlsConfigError;
 use crate::wire::upstream_tls::UpstreamTlsError;
@@ -79,34 +80,7 @@ pub enum ConfigError {
         pattern: String,
         source: regex::Error,
     },
-    #[error("upstream URL scheme {0:?} is not postgres://")]
-    UpstreamScheme(String),
-    #[error("upstream {0:?} names no host")]
-    UpstreamHost(String),
-    #[error("upstream {0:?} names more than one host: the proxy fronts one server")]
-    UpstreamHosts(String),
-    #[error(
-        "upstream {0:?}: TLS settings of a key=value upstream go in [upstream_tls] \
-         (or write the upstream as a postgres:// URL)"
-    )]
-    UpstreamKeyValueTls(String),
-    #[error(
-        "cannot read {text:?}: not host[:port], a socket path, a postgres:// URL \
-         nor libpq key=value parameters"
-    )]
-    Unreadable {
-        text: String,
-        source: postgres::Error,
-    },
-    #[error("upstream sslsni must be 0 or 1, not {0:?}")]
-    UpstreamSni(String),
-    #[error(
-        "upstream URL parameter {key}={value} is not supported by the proxy \
-         (supported: sslmode, sslrootcert, sslcert, sslkey, sslsni)"
-    )]
-    UpstreamParameter { key: String, value: String },
-    #[error("bad %-escape in upstream URL value {0:?}")]
-    UpstreamEscape(String),
-    #[error("upstream URL value {0:?} is not UTF-8")]
-    UpstreamUtf8(String),
+    /// An address (the upstream, `[claims] dsn`) that cannot be read.
+    #[error(transparent)]
+    ConnectionString(#[from] ConnectionStringError),
 }

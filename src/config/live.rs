@@ -1,13 +1,9 @@
-//! Claims timings a reload may change, in one shared handle: `serve` makes
-//! it from the configuration, each reload stores the new values, and the
-//! claims store, its evidence worker and the consume-once gate read it at
-//! each decision.
-
-use std::sync::Arc;
-
-use arc_swap::ArcSwap;
+//! The claims timings a reload may change ([`ClaimsTimings`], shared
+//! through `claims::timings::LiveClaimsTimings`) as the configuration
+//! sets them: which keys they are, and their values from `[claims]`.
 
 use super::{ClaimsConfig, Config};
+use crate::claims::timings::ClaimsTimings;
 
 /// The keys of [`ClaimsTimings`].
 pub const CLAIMS_TIMING_KEYS: &[&str] = &[
@@ -15,20 +11,6 @@ pub const CLAIMS_TIMING_KEYS: &[&str] = &[
     "claims.progress_hold_ms",
     "claims.holder_gone_grace_ms",
 ];
-
-/// The claims timings read through the shared handle (not the gate's
-/// `lapse_ms` and wait policy, which a reload replaces with the gate).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClaimsTimings {
-    /// `[claims] run_lease_ms` (0: no run lease).
-    pub run_lease_ms: i64,
-    /// `[claims] progress_hold_ms`: how long a claim stays held after its
-    /// run-level answer is recorded.
-    pub progress_hold_ms: i64,
-    /// `[claims] holder_gone_grace_ms`: how soon the claim of a holder
-    /// whose connection closed lapses.
-    pub holder_gone_grace_ms: i64,
-}
 
 impl ClaimsTimings {
     pub fn of(cfg: &Config) -> ClaimsTimings {
@@ -42,39 +24,5 @@ impl ClaimsTimings {
             progress_hold_ms: c.progress_hold_ms.max(0),
             holder_gone_grace_ms: c.holder_gone_grace_ms.max(0),
         }
-    }
-}
-
-impl Default for ClaimsTimings {
-    /// The defaults of `[claims]`.
-    fn default() -> ClaimsTimings {
-        ClaimsTimings::of_claims(&ClaimsConfig::default())
-    }
-}
-
-/// The timings in effect, shared; cheap to read (one atomic load).
-#[derive(Debug)]
-pub struct LiveClaimsTimings(ArcSwap<ClaimsTimings>);
-
-impl LiveClaimsTimings {
-    pub fn new(timings: ClaimsTimings) -> Arc<LiveClaimsTimings> {
-        Arc::new(LiveClaimsTimings(ArcSwap::from_pointee(timings)))
-    }
-
-    pub fn current(&self) -> ClaimsTimings {
-        **self.0.load()
-    }
-
-    pub fn replace(&self, timings: ClaimsTimings) {
-        self.0.store(Arc::new(timings));
-    }
-
-    /// A handle of its own holding these timings with `change` made (a
-    /// store in a test with one value set).
-    #[cfg(test)]
-    pub fn changed(&self, change: impl FnOnce(&mut ClaimsTimings)) -> Arc<LiveClaimsTimings> {
-        let mut timings = self.current();
-        change(&mut timings);
-        LiveClaimsTimings::new(timings)
     }
 }

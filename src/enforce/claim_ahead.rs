@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::admin::metrics::claims_store_call;
 use crate::claims::{ClaimKey, ClaimOutcome, ClaimStore, Holder, Now, StoreError};
+use crate::metrics::claims_store_call;
 
 /// Claims asked ahead at once, process-wide; past this a read's claim is
 /// asked after the read, as without this.
@@ -227,8 +227,8 @@ impl Drop for AheadClaim {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::claims::postgres::test_server::PgSchema;
     use crate::claims::postgres::tests::{holder, key};
+    use crate::test_pg_server::PgSchema;
 
     const LAPSE: i64 = 60_000;
 

@@ -17,19 +17,19 @@ use super::claim_ahead::AheadClaim;
 use super::events::detail;
 use super::held_claims::HeldClaims;
 use super::parked_heads::ParkedHeads;
-use crate::admin::metrics::claims_store_call;
 use crate::audit::{AuditEvent, Operation, SessionContext};
 use crate::log_text::shown;
+use crate::metrics::claims_store_call;
 use crate::wire::backend::{error_response, Severity};
 use crate::wire::draining::Draining;
 use crate::wire::guard::Ticket;
 
 use crate::claims::evidence::EvidenceSender;
+use crate::claims::timings::LiveClaimsTimings;
 use crate::claims::{ClaimKey, ClaimOutcome, ClaimState, ClaimStore, Holder, Now, StoreError};
-use crate::config::live::LiveClaimsTimings;
 use crate::policy::claims::{
-    decide_at, decide_running_head, inspection_remedy, takeover_reason, ClaimDecision, Refusal,
-    WaitPolicy, COMMIT_COVER_MS,
+    decide_at, decide_running_head, inspection_remedy, takeover_metric_label, takeover_reason,
+    ClaimDecision, Refusal, WaitPolicy, COMMIT_COVER_MS,
 };
 
 /// The consume-once leg as configured for one proxy process.
@@ -416,7 +416,7 @@ pub fn apply_claim(
             .with_checkpoint(key.at.checkpoint_ns.clone(), key.at.checkpoint_id.clone())
     };
     if res.waited_ms > 0 {
-        crate::admin::metrics::claim_waited();
+        crate::metrics::claim_waited();
         events.push(
             event(Operation::ClaimWaited).with_detail(detail(&WaitedDetail {
                 interrupt: key.short_fingerprint(),
@@ -440,7 +440,7 @@ pub fn apply_claim(
                 ),
                 _ => (reason.message(key), reason.hint().to_owned()),
             };
-            crate::admin::metrics::claim_refused(reason);
+            crate::metrics::claim_refused(reason.metric_label());
             tracing::info!(thread = %shown(&key.at.thread_id), "{}", shown(&message));
             let interrupt = match reason {
                 Refusal::RunInProgress { lease } => lease.short_fingerprint(),
@@ -467,7 +467,7 @@ pub fn apply_claim(
         // A running head outside any lease: nothing was claimed.
         ClaimDecision::Serve { .. } if req.head == Head::Running => None,
         ClaimDecision::Serve { takeover } => {
-            crate::admin::metrics::claim_served(*takeover, res.takeover);
+            crate::metrics::claim_served(takeover.then(|| takeover_metric_label(res.takeover)));
             let op = if *takeover {
                 Operation::ClaimTakeover
             } else {

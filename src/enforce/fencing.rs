@@ -192,7 +192,7 @@ impl FenceGate {
             took: &took,
             known_claimed: progress || self.parked.contains(at),
         };
-        let read = crate::admin::metrics::claims_store_call("fence_lookup", || {
+        let read = crate::metrics::claims_store_call("fence_lookup", || {
             leg.store.current_holder_timed(
                 &at.thread_id,
                 &at.checkpoint_ns,
@@ -238,7 +238,7 @@ impl FenceGate {
     ) -> FenceStep {
         let at = &cont.at;
         if self.created.contains(at) {
-            crate::admin::metrics::fence_check("known");
+            crate::metrics::fence_check("known");
             return FenceStep::Pass;
         }
         let answer = answer_of(&cont.step);
@@ -258,7 +258,7 @@ impl FenceGate {
         {
             self.checking.retain(|(c, _)| c != at);
             self.checking.push((at.clone(), answer.is_some()));
-            crate::admin::metrics::fence_check("in_transaction");
+            crate::metrics::fence_check("in_transaction");
             let check = FenceCheck {
                 continues: at.clone(),
                 statement: kind_label,
@@ -339,7 +339,8 @@ impl FenceGate {
                 (v, false)
             }
         };
-        crate::admin::metrics::write_fence(&verdict, was_cached);
+        let (lookup, refused_for) = verdict.metric_labels();
+        crate::metrics::write_fence(lookup, refused_for, was_cached);
         let (sqlstate, message, fence, current) = match &verdict {
             WriteVerdict::Accept(_) => return None,
             WriteVerdict::Fenced { current, reason } => (

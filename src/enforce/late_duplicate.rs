@@ -20,10 +20,10 @@ use serde::Serialize;
 use super::claim_gate::{ClaimsLeg, HolderDetail};
 use super::events::{detail, fenced, FencedWrite};
 use super::evidence::{continuation, Step};
-use crate::admin::metrics::claims_store_call;
 use crate::audit::{AuditEvent, BlobDigest, Operation, SessionContext};
 use crate::claims::format_ms;
 use crate::log_text::shown;
+use crate::metrics::claims_store_call;
 use crate::policy::claims::SQLSTATE_STORE_UNAVAILABLE;
 use crate::policy::late_duplicate::{
     answer_of_claims, answer_of_lease, late_duplicate_message, FirstAnswer, LATE_DUPLICATE_DETAIL,
@@ -106,7 +106,7 @@ impl LateGate {
         let approver = approver_in(metadata);
         let message = late_duplicate_message(at, &first, approver.as_deref());
         tracing::info!(thread = %shown(&at.thread_id), checkpoint = %shown(&at.checkpoint_id), "{}", shown(&message));
-        crate::admin::metrics::late_duplicate("refused");
+        crate::metrics::late_duplicate("refused");
         Some(LateDuplicate {
             event: event(ctx, at, rec, &first, approver.as_deref(), &message),
             refusal: Refusal {
@@ -179,7 +179,7 @@ fn store_unavailable(
         at.thread_id, at.checkpoint_ns, at.checkpoint_id
     );
     tracing::error!(thread = %shown(&at.thread_id), checkpoint = %shown(&at.checkpoint_id), "{}", shown(&message));
-    crate::admin::metrics::late_duplicate("store_unavailable");
+    crate::metrics::late_duplicate("store_unavailable");
     let event = fenced(
         ctx,
         &FencedWrite {

@@ -71,7 +71,7 @@ impl Default for Legs {
             fork_filter: true,
             validity: Arc::new(ChannelRules::default()),
             claims: None,
-            own_schema: Arc::new(OwnSchema::new(crate::claims::postgres::DEFAULT_SCHEMA)),
+            own_schema: Arc::new(OwnSchema::new(crate::pg::DEFAULT_SCHEMA)),
         }
     }
 }

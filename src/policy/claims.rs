@@ -186,6 +186,16 @@ pub fn takeover_reason(previous: &ClaimRecord) -> &'static str {
     }
 }
 
+/// The metrics label of a takeover's reason ([`takeover_reason`]'s text):
+/// `lapsed` or `abandoned`.
+pub fn takeover_metric_label(reason: Option<&str>) -> &'static str {
+    if reason == Some(TAKEOVER_LAPSED) {
+        "lapsed"
+    } else {
+        "abandoned"
+    }
+}
+
 /// [`takeover_reason`] of a lapsed claim.
 pub const TAKEOVER_LAPSED: &str = "lapsed claim: its holder recorded no evidence of a run in time";
 /// [`takeover_reason`] of an abandoned run.
@@ -219,6 +229,18 @@ pub fn decide_running_head(
 }
 
 impl Refusal {
+    /// The refusal's reason in the metrics label.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Refusal::Answered { .. } => "answered",
+            Refusal::InFlight { .. } => "in_flight",
+            Refusal::RunInProgress { .. } => "run_in_progress",
+            Refusal::StoreUnavailable(..) => "store_unavailable",
+            Refusal::ShuttingDown => "shutting_down",
+            Refusal::SessionEnded => "session_ended",
+        }
+    }
+
     /// The SQLSTATE of the ErrorResponse (see the module docs).
     pub fn sqlstate(&self) -> &'static str {
         match self {
@@ -400,6 +422,21 @@ pub enum WriteVerdict {
     /// The store failed on a checkpoint known to be claimed: refused
     /// ([`SQLSTATE_STORE_UNAVAILABLE`]), fail closed.
     StoreUnavailable(String),
+}
+
+impl WriteVerdict {
+    /// The metrics labels of the verdict: the store lookup's outcome, and
+    /// the reason the write was refused when it was.
+    pub fn metric_labels(&self) -> (&'static str, Option<&'static str>) {
+        match self {
+            WriteVerdict::Accept(Accepted::Unclaimed) => ("unclaimed", None),
+            WriteVerdict::Accept(Accepted::Holder) => ("holder", None),
+            WriteVerdict::Accept(Accepted::Pool) => ("pool", None),
+            WriteVerdict::Accept(Accepted::Unknown) => ("failed", None),
+            WriteVerdict::StoreUnavailable(_) => ("failed", Some("store_unavailable")),
+            WriteVerdict::Fenced { reason, .. } => ("fenced", Some(reason.label())),
+        }
+    }
 }
 
 /// The fencing rule for a write continuing a checkpoint, given the

@@ -16,8 +16,8 @@ use tower::ServiceExt;
 use super::*;
 use crate::admin::{AdminControl, AdminToken};
 use crate::audit::{AuditEvent, AuditSink, Operation, SessionContext};
-use crate::claims::location::LocationError;
 use crate::claims::{ClaimKey, Holder};
+use crate::config::claims_location::LocationError;
 use crate::enforce::{Enforcement, Legs};
 use crate::saver::classify::Classifier;
 use crate::saver::profile::profiles_for;
@@ -178,7 +178,7 @@ fn on_a_runtime<F: std::future::Future>(test: F) -> F::Output {
 
 #[test]
 fn readyz_checks_the_claim_store() {
-    let store = Arc::new(crate::claims::postgres::test_server::unreachable());
+    let store = Arc::new(crate::test_pg_server::unreachable());
     on_a_runtime(async {
         let mut setup = Setup::new(answering_upstream());
         setup.claims = Some(Arc::clone(&store));
@@ -282,7 +282,7 @@ fn release_request(token: Option<&str>) -> Request<Body> {
 
 #[test]
 fn claims_are_listed_and_released_only_with_the_token() {
-    let db = crate::claims::postgres::test_server::PgSchema::new("admin-claims");
+    let db = crate::test_pg_server::PgSchema::new("admin-claims");
     let store = Arc::new(db.open());
     held_claim(&store, "t-rel");
     on_a_runtime(async {

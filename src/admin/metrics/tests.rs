@@ -7,6 +7,9 @@ use metrics::with_local_recorder;
 
 use super::*;
 use crate::claims::{Holder, RunLease};
+use crate::metrics::{claim_refused, claim_served, forks_served, statement_completed};
+use crate::policy::claims::{takeover_metric_label, Refusal, TAKEOVER_LAPSED};
+use crate::saver::classify::StatementKind;
 
 fn rendered(record: impl FnOnce()) -> String {
     let recorder = recorder().unwrap();
@@ -25,11 +28,11 @@ fn has(body: &str, line: &str) -> bool {
 fn statements_are_counted_and_timed_by_class() {
     let body = rendered(|| {
         let executed = Instant::now() - Duration::from_millis(3);
-        statement_completed(&StatementKind::Migration, Some(executed));
-        statement_completed(&StatementKind::WritesRead, Some(Instant::now()));
-        statement_completed(&StatementKind::Unrecognized, Some(Instant::now()));
+        statement_completed(StatementKind::Migration.label(), Some(executed));
+        statement_completed(StatementKind::WritesRead.label(), Some(Instant::now()));
+        statement_completed(StatementKind::Unrecognized.label(), Some(Instant::now()));
         // A Describe's watch was never executed: neither counted nor timed.
-        statement_completed(&StatementKind::Migration, None);
+        statement_completed(StatementKind::Migration.label(), None);
     });
     for kind in [
         StatementKind::Migration,
@@ -82,15 +85,19 @@ fn claim_outcomes_and_refusal_reasons() {
         until_ms: 0,
     };
     let body = rendered(|| {
-        claim_served(false, None);
-        claim_served(true, Some(TAKEOVER_LAPSED));
-        claim_served(true, Some("abandoned"));
-        claim_refused(&Refusal::Answered {
-            by: holder(),
-            at_ms: 0,
-        });
-        claim_refused(&Refusal::RunInProgress { lease });
-        claim_refused(&Refusal::StoreUnavailable("gone".into()));
+        claim_served(None);
+        claim_served(Some(takeover_metric_label(Some(TAKEOVER_LAPSED))));
+        claim_served(Some(takeover_metric_label(Some("abandoned"))));
+        for refusal in [
+            Refusal::Answered {
+                by: holder(),
+                at_ms: 0,
+            },
+            Refusal::RunInProgress { lease },
+            Refusal::StoreUnavailable("gone".into()),
+        ] {
+            claim_refused(refusal.metric_label());
+        }
         forks_served(0);
         forks_served(2);
     });

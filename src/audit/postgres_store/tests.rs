@@ -1,12 +1,12 @@
 //! The PostgreSQL output against a real server (the claims tests' own:
-//! `claims::postgres::test_server`), each test in a schema of its own.
+//! `test_pg_server`), each test in a schema of its own.
 
 use std::sync::Arc;
 
 use super::*;
-use crate::audit::event::BlobDigest;
 use crate::audit::outputs::{Output, Target};
-use crate::claims::postgres::test_server::PgSchema;
+use crate::audit_event::BlobDigest;
+use crate::test_pg_server::PgSchema;
 
 fn ctx(session_id: u64) -> SessionContext {
     SessionContext {
@@ -159,7 +159,7 @@ fn sql_looking_event_text_is_stored_verbatim() {
         .query_one(
             &format!(
                 "SELECT detail::text FROM {}.audit_events",
-                schema_name(db.target())
+                db.target().schema()
             ),
             &[],
         )
@@ -220,7 +220,7 @@ fn a_batch_the_database_fails_is_retained_then_lost_and_the_recovery_writes_a_ga
     );
     assert!(!out.write(&numbered(1, "2026-11-30T10:00:00.000Z")));
     // The server refuses every insert for a while.
-    let s = schema_name(db.target()).to_owned();
+    let s = db.target().schema().to_owned();
     let mut admin = plain(&db);
     admin
         .batch_execute(&format!(
@@ -283,7 +283,7 @@ fn a_connection_the_server_ends_is_made_again_and_the_retried_batch_written() {
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
              WHERE application_name = 'resumeguard-audit' AND pid <> pg_backend_pid() \
              AND query LIKE $1",
-            &[&format!("%{}.audit_events%", schema_name(db.target()))],
+            &[&format!("%{}.audit_events%", db.target().schema())],
         )
         .unwrap()
         .get(0);
@@ -334,7 +334,7 @@ fn readers_need_the_table_and_create_nothing() {
     let exists: bool = c
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
-            &[&schema_name(db.target())],
+            &[&db.target().schema()],
         )
         .unwrap()
         .get(0);
@@ -370,7 +370,7 @@ fn retention_deletes_old_rows_in_chunks_and_records_it_once() {
             &format!(
                 "SELECT proxy_id, detail::text FROM {}.audit_events \
                  WHERE operation = 'audit_pruned'",
-                schema_name(db.target())
+                db.target().schema()
             ),
             &[],
         )
@@ -394,7 +394,7 @@ fn rows_cannot_be_edited_or_truncated_only_appended_and_pruned() {
         "t1",
     );
     append(&mut trail, std::slice::from_ref(&ev));
-    let s = schema_name(db.target());
+    let s = db.target().schema();
     let mut c = plain(&db);
     for sql in [
         format!("UPDATE {s}.audit_events SET proxy_id = 'someone else'"),
@@ -437,7 +437,7 @@ fn verify_walks_every_replicas_chain_and_names_the_record_changed_or_removed() {
     assert!(verdict.holds(), "{:?}", verdict.breaks);
     assert_eq!(verdict.records(), vec![("proxy-a", 4), ("proxy-b", 1)]);
 
-    let s = schema_name(db.target());
+    let s = db.target().schema();
     let mut c = plain(&db);
     let id_of = |c: &mut Client, thread: &str| -> i64 {
         c.query_one(
@@ -515,7 +515,7 @@ fn retention_says_where_each_chain_now_starts() {
         verdict.chains
     );
     // The same removal without the prune's record is a break.
-    let s = schema_name(db.target());
+    let s = db.target().schema();
     plain(&db)
         .batch_execute(&format!(
             "DELETE FROM {s}.audit_events WHERE operation = 'audit_pruned'"

@@ -1,11 +1,11 @@
 //! The sink: ordering, flushing, queue refusals, failing outputs, retention.
 
 use super::*;
-use crate::audit::event::{Operation, SessionContext};
 use crate::audit::jsonl::read_jsonl;
 use crate::audit::outputs::MAX_ATTEMPTS;
 use crate::audit::sqlite_store::{all_events, thread_events};
 use crate::audit::test_util::{remove_db, temp_path};
+use crate::audit_event::{Operation, SessionContext};
 use rusqlite::Connection;
 
 fn ctx() -> SessionContext {
@@ -336,7 +336,7 @@ fn the_writer_prunes_rows_past_retention_and_records_it() {
 
 #[test]
 fn every_output_names_the_replica_and_postgres_joins_once_its_database_is_known() {
-    let db = crate::claims::postgres::test_server::PgSchema::new("sink_pg");
+    let db = crate::test_pg_server::PgSchema::new("sink_pg");
     let path = temp_path("sink-pg", "db");
     let jsonl = temp_path("sink-pg", "jsonl");
     let cfg = AuditConfig {
@@ -491,13 +491,13 @@ fn stalling_front(server: &PgTarget) -> (u16, mpsc::Sender<()>) {
 
 #[test]
 fn a_postgres_output_that_stalls_then_answers_records_its_own_losses_there_alone() {
-    use crate::claims::postgres::{schema_name, test_server::PgSchema};
+    use crate::test_pg_server::PgSchema;
     let db = PgSchema::new("sink_stall");
     let (front, release) = stalling_front(db.target());
     let dsn = format!("postgres://postgres@127.0.0.1:{front}/postgres?sslmode=disable");
     let target = PgTarget::from_dsn(&dsn)
         .unwrap()
-        .with_schema(schema_name(db.target()))
+        .with_schema(db.target().schema())
         .unwrap();
     let (path, sink) = sqlite_and_postgres("sink-stall", "replica-s", target);
     for n in 0..40 {

@@ -51,9 +51,9 @@ $f$;
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_server::PgSchema;
     use super::super::tests::{holder, key};
     use crate::claims::ClaimOutcome;
+    use crate::test_pg_server::PgSchema;
 
     const T0: i64 = 1_700_000_000_000;
     const LAPSE: i64 = 10_000;

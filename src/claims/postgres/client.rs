@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use postgres::Client;
 
-use super::conn::{connect, describe};
 use super::schema;
-use super::target::PgTarget;
+use crate::pg::connect::{connect, error_text};
+use crate::pg::PgTarget;
 
 /// What a connection may do to the schema.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,19 +33,19 @@ pub fn connect_schema(
         .config_now()
         .map_err(|e| crate::error_chain::chain(&e).to_string())?;
     config.application_name(application_name);
-    let mut client = connect(&config, target).map_err(|e| describe(&e))?;
+    let mut client = connect(&config, target).map_err(|e| error_text(&e))?;
     let ms = statement_timeout.as_millis();
     client
         .batch_execute(&format!(
             "SET statement_timeout = {ms}; SET lock_timeout = {ms}"
         ))
-        .map_err(|e| describe(&e))?;
-    let s = &target.schema;
+        .map_err(|e| error_text(&e))?;
+    let s = target.schema();
     match access {
         SchemaAccess::Migrate => schema::migrate(&mut client, s)
-            .map_err(|e| format!("migrating schema {s}: {}", describe(&e)))?,
+            .map_err(|e| format!("migrating schema {s}: {}", error_text(&e)))?,
         SchemaAccess::AtLeast(want) => {
-            let at = schema::version(&mut client, s).map_err(|e| describe(&e))?;
+            let at = schema::version(&mut client, s).map_err(|e| error_text(&e))?;
             if at < want {
                 return Err(format!(
                     "schema {s} is at version {at}, version {want} is needed \
@@ -55,14 +55,4 @@ pub fn connect_schema(
         }
     }
     Ok(client)
-}
-
-/// The schema `target` keeps its tables in.
-pub fn schema_name(target: &PgTarget) -> &str {
-    &target.schema
-}
-
-/// The server's message with its SQLSTATE, or the client's.
-pub fn error_text(e: &postgres::Error) -> String {
-    describe(e)
 }

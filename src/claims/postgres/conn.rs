@@ -31,17 +31,18 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
 use postgres::types::ToSql;
-use postgres::{Client, NoTls, Row, Statement, Transaction};
-use tokio_postgres_rustls::MakeRustlsConnect;
+use postgres::{Client, Row, Statement, Transaction};
 
-use super::credential::CredentialError;
 use super::fault::{credential_fix, fix_for, StartFault};
 use super::reaped::{reaped, Replacing};
 use super::schema;
-use super::target::{DeadPeer, PgTarget};
-use crate::admin::metrics;
 use crate::claims::error::StoreError;
-use crate::wire::server_cert_verifier::certificate_problem;
+use crate::metrics;
+use crate::pg::connect::{connect, error_text};
+use crate::pg::credential::CredentialError;
+use crate::pg::dead_peer::DeadPeer;
+use crate::pg::Backoff;
+use crate::pg::PgTarget;
 
 /// How long a statement or a row lock may wait before the store counts as
 /// unavailable.
@@ -100,7 +101,7 @@ const POOL: usize = 3;
 struct Down {
     error: StoreError,
     retry_at: Instant,
-    backoff: Duration,
+    backoff: Backoff,
 }
 
 struct Decision {
@@ -158,7 +159,7 @@ impl Unready {
     fn credential(target: &PgTarget, e: &CredentialError) -> Unready {
         Unready {
             error: StoreError::PgOpen {
-                at: target.shown.clone(),
+                at: target.shown().to_owned(),
                 reason: format!("reading its password: {}", crate::error_chain::chain(e)),
             },
             reaped: false,
@@ -169,7 +170,7 @@ impl Unready {
 
 impl From<postgres::Error> for Fail {
     fn from(e: postgres::Error) -> Fail {
-        Fail(describe(&e))
+        Fail(error_text(&e))
     }
 }
 
@@ -310,7 +311,7 @@ impl PgConn {
             Err(e) => e,
         };
         self.unconfirm();
-        tracing::debug!(error = %describe(&e), "claims heartbeat failed");
+        tracing::debug!(error = %error_text(&e), "claims heartbeat failed");
         if self.down_until_retry().is_some() {
             return;
         }
@@ -502,10 +503,10 @@ impl PgConn {
             .take()
             .is_some()
         {
-            tracing::warn!(at = %self.target.shown, "claim store reachable: reads of parked \
+            tracing::warn!(at = %self.target.shown(), "claim store reachable: reads of parked \
                 heads are claimed again");
         }
-        let at = || self.target.shown.clone();
+        let at = || self.target.shown().to_owned();
         let Some(decision) = slot.as_mut() else {
             let reason = "not connected".into();
             return Err((
@@ -517,7 +518,7 @@ impl PgConn {
                 false,
             ));
         };
-        match run(decision, instance, &self.target.schema, single, f) {
+        match run(decision, instance, self.target.schema(), single, f) {
             Ok(v) => Ok(v),
             Err(Failed::RowLocked) => Err((StoreError::RowLocked { at: at(), op }, false)),
             Err(Failed::Reaped(Fail(reason))) => {
@@ -587,21 +588,22 @@ impl PgConn {
         if down.as_ref().is_some_and(|d| Instant::now() < d.retry_at) {
             return;
         }
-        let backoff = match &*down {
-            Some(d) => {
+        let backoff = match down.take() {
+            Some(mut d) => {
                 tracing::debug!(%error, "claim store still cannot be reached");
-                (d.backoff * 2).min(MAX_RETRY)
+                d.backoff.grow();
+                d.backoff
             }
             None => {
                 tracing::error!(%error, "claim store unavailable: reads of parked heads are \
                     refused (58000, fail closed) until it is back; reconnecting is retried \
                     on use");
-                FIRST_RETRY
+                Backoff::new(FIRST_RETRY, MAX_RETRY)
             }
         };
         *down = Some(Down {
             error,
-            retry_at: Instant::now() + backoff,
+            retry_at: Instant::now() + backoff.wait(),
             backoff,
         });
     }
@@ -683,11 +685,11 @@ impl PgConn {
                 Err(e) => {
                     let u = Unready {
                         error: StoreError::PgOpen {
-                            at: target.shown.clone(),
-                            reason: format!("taking the liveness lock: {}", describe(&e)),
+                            at: target.shown().to_owned(),
+                            reason: format!("taking the liveness lock: {}", error_text(&e)),
                         },
                         reaped: reaped(&e),
-                        fix: fix_for(&e, &target.schema),
+                        fix: fix_for(&e, target.schema()),
                     };
                     if u.reaped && replacing.again() {
                         continue;
@@ -767,30 +769,18 @@ fn is_row_locked(e: &postgres::Error) -> bool {
     e.code() == Some(&postgres::error::SqlState::LOCK_NOT_AVAILABLE)
 }
 
-/// A connection with `config`, over TLS where `target` has it (its
-/// `sslmode` says whether TLS is required or only preferred).
-pub(super) fn connect(
-    config: &postgres::Config,
-    target: &PgTarget,
-) -> Result<Client, postgres::Error> {
-    match &target.tls {
-        Some(tls) => config.connect(MakeRustlsConnect::new((**tls).clone())),
-        None => config.connect(NoTls),
-    }
-}
-
 /// The decision connection, its schema migrated (proxy) or checked to
 /// exist (operators).
 fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, Unready> {
     let err = |reason: String, e: &postgres::Error| Unready {
         error: StoreError::PgOpen {
-            at: target.shown.clone(),
+            at: target.shown().to_owned(),
             reason,
         },
         reaped: reaped(e),
-        fix: fix_for(e, &target.schema),
+        fix: fix_for(e, target.schema()),
     };
-    let plain = |e: postgres::Error| err(describe(&e), &e);
+    let plain = |e: postgres::Error| err(error_text(&e), &e);
     let config = target
         .config_now()
         .map_err(|e| Unready::credential(target, &e))?;
@@ -803,18 +793,18 @@ fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, Unready> 
             STATEMENT_TIMEOUT_MS * 5
         ))
         .map_err(plain)?;
-    let schema = &target.schema;
+    let schema = target.schema();
     match role {
         Role::Proxy => schema::migrate(&mut client, schema).map_err(|e| {
             err(
-                format!("creating the claims schema {schema}: {}", describe(&e)),
+                format!("creating the claims schema {schema}: {}", error_text(&e)),
                 &e,
             )
         })?,
         Role::Operator => {
             if schema::version(&mut client, schema).map_err(plain)? == 0 {
                 return Err(Unready::down(StoreError::PgOpen {
-                    at: target.shown.clone(),
+                    at: target.shown().to_owned(),
                     reason: format!("no claims schema {schema} (no proxy has used this database)"),
                 }));
             }
@@ -854,7 +844,7 @@ fn lock_instance(
     let mut config = config.clone();
     config.application_name("resumeguard-claims-liveness");
     let mut lock = connect(&config, target)?;
-    let p = DeadPeer::within(target.liveness_bound);
+    let p = DeadPeer::within(target.liveness_bound());
     lock.batch_execute(&format!(
         "SET tcp_keepalives_idle = {}; SET tcp_keepalives_interval = {}; \
          SET tcp_keepalives_count = {}; SET tcp_user_timeout = {}; \
@@ -864,7 +854,7 @@ fn lock_instance(
         p.retries,
         p.user_timeout.as_millis()
     ))?;
-    let s = &target.schema;
+    let s = target.schema();
     let mut id = match again {
         Some(old) => {
             lock.batch_execute(&format!("SET lock_timeout = {RELOCK_WAIT_MS}"))?;
@@ -921,17 +911,4 @@ fn next_instance(client: &mut Client, schema: &str) -> Result<i64, postgres::Err
             &[],
         )
         .map(|r| r.get(0))
-}
-
-/// The server's message, with its SQLSTATE, or the client's with every
-/// cause under it (`invalid configuration: password missing`, `error
-/// connecting to server: Connection refused (os error 111)`).
-pub(super) fn describe(e: &postgres::Error) -> String {
-    if let Some(why) = certificate_problem(e) {
-        return format!("{e}: {why}");
-    }
-    match e.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => crate::error_chain::chain(e).to_string(),
-    }
 }

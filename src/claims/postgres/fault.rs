@@ -8,9 +8,9 @@
 
 use postgres::error::SqlState;
 
-use super::credential::CredentialError;
 use crate::claims::error::StoreError;
 use crate::error_chain::chain;
+use crate::pg::credential::CredentialError;
 use crate::wire::server_cert_verifier::certificate_problem;
 
 /// Where the claims connection's TLS is set, as the fixes say it.
@@ -109,9 +109,9 @@ mod tests {
     use rcgen::{CertificateParams, KeyPair};
 
     use super::*;
-    use crate::claims::postgres::conn::connect;
     use crate::claims::postgres::reaped::reaped;
-    use crate::claims::postgres::PgTarget;
+    use crate::pg::connect::connect;
+    use crate::pg::PgTarget;
     use crate::wire::tls_config::server_config;
 
     /// A listener that answers one connection's SSLRequest with `answer`

@@ -2,9 +2,8 @@
 //! already fronts (schema `resumeguard`), or the one `[claims] dsn` names,
 //! so replicas on different hosts agree on consume-once.
 //!
-//! - `target`: connection parameters (upstream URL or `[claims] dsn`),
-//!   the liveness bound; `credential`: the password, read at each connect
-//!   (`password_command`, `password_file`, URL, `PGPASSWORD`, pgpass).
+//! Where the database is and how it is reached (address, TLS, password,
+//! liveness bound) is [`crate::pg`]'s.
 //! - `schema`: versioned migrations (claims, leases, the audit trail, the
 //!   decision functions the store and the fence call).
 //! - `client`: connections to the schema for the audit trail.
@@ -27,7 +26,6 @@ mod answer_in_write;
 mod claim_first;
 mod client;
 mod conn;
-mod credential;
 mod db_clock;
 mod evidence_batch;
 mod fault;
@@ -40,22 +38,14 @@ mod reaped;
 mod rows;
 mod schema;
 mod store;
-mod target;
-#[cfg(test)]
-pub(crate) mod test_server;
 #[cfg(test)]
 pub(crate) mod tests;
 mod thread_lock;
 mod unclaimed_evidence;
 
-pub use client::{connect_schema, error_text, schema_name, SchemaAccess};
+pub use client::{connect_schema, SchemaAccess};
 pub use conn::check_once;
-pub use credential::PASSWORD_COMMAND_TIMEOUT;
 pub use evidence_batch::{EvidenceItem, WriteEvidence};
 pub use fault::StartFault;
 pub use schema::{AUDIT_CHAIN_VERSION, AUDIT_VERSION};
-pub use store::{
-    ClaimStore, DEFAULT_RETAIN_MS, DEFAULT_RUN_LEASE_MS, DEFAULT_SUPERSEDED_GRACE_MS,
-    NEXT_CHECKPOINT,
-};
-pub use target::{PgTarget, TargetError, DEFAULT_LIVENESS_BOUND, DEFAULT_SCHEMA};
+pub use store::{ClaimStore, DEFAULT_RETAIN_MS, DEFAULT_SUPERSEDED_GRACE_MS, NEXT_CHECKPOINT};

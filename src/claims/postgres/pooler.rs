@@ -23,8 +23,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use postgres::{Client, SimpleQueryMessage};
 
-use super::conn::connect;
-use super::target::PgTarget;
+use crate::pg::connect::connect;
+use crate::pg::PgTarget;
 
 /// The first half of the probe's two-integer advisory key ("rg").
 const PROBE_CLASS: i32 = 0x7267;
@@ -82,7 +82,7 @@ pub fn refuse_transaction_pooler(target: &PgTarget) -> Result<(), TransactionPoo
 
 /// Runs the probe on two fresh connections to `target`, a few rounds.
 pub fn probe(target: &PgTarget) -> Probe {
-    let mut config = target.config.clone();
+    let mut config = target.config().clone();
     config.application_name("resumeguard-pooler-probe");
     let key = probe_key();
     let mut first = match connect(&config, target) {

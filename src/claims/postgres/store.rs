@@ -20,13 +20,13 @@ use super::evidence_batch::{EvidenceItem, WriteEvidence};
 use super::fault::StartFault;
 use super::leases::{last_lease, live_lease};
 use super::rows::{select_key, select_where, CHECKPOINT_MATCH, COLUMNS, KEY_MATCH};
-use super::target::PgTarget;
 use super::thread_lock::THREAD_CLASS;
 use crate::claims::clock::{Now, WrittenAt};
 use crate::claims::error::StoreError;
 use crate::claims::model::{ClaimKey, ClaimRecord, Holder, RunLease};
 use crate::claims::outcome::ClaimOutcome;
-use crate::config::live::{ClaimsTimings, LiveClaimsTimings};
+use crate::claims::timings::{ClaimsTimings, LiveClaimsTimings};
+use crate::pg::PgTarget;
 use crate::saver::checkpoint_ref::CheckpointRef;
 
 /// Default retention of finished rows (consumed, released, long-lapsed):
@@ -40,11 +40,6 @@ pub const DEFAULT_RETAIN_MS: i64 = 24 * 60 * 60 * 1000;
 /// (a reader of that checkpoint as head claims it afresh) even before a
 /// purge deletes it.
 pub const DEFAULT_SUPERSEDED_GRACE_MS: i64 = 60 * 1000;
-
-/// Default run lease: how long after the answering run's latest write
-/// another session's read of a thread head with tasks still to run is
-/// refused (it would run the same tasks again).
-pub const DEFAULT_RUN_LEASE_MS: i64 = 10 * 1000;
 
 /// Evidence recorded when a newer checkpoint consumes held claims.
 pub const NEXT_CHECKPOINT: &str = "next checkpoint";

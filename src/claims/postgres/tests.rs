@@ -1,17 +1,18 @@
 //! What only the PostgreSQL backend does: claim generations (epochs),
 //! holders of proxy processes that are gone (liveness locks), migrations
 //! raced by proxies starting together, and failing closed on a lost or
-//! unreachable database. Run against a real server (`test_server`).
+//! unreachable database. Run against a real server (`crate::test_pg_server`).
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use super::test_server::PgSchema;
-use super::{ClaimStore, EvidenceItem, PgTarget, WriteEvidence};
+use super::{ClaimStore, EvidenceItem, WriteEvidence};
 use crate::claims::{
     interrupt_fingerprint, ClaimKey, ClaimOutcome, ClaimRecord, ClaimState, Holder, WrittenAt,
 };
+use crate::pg::PgTarget;
 use crate::saver::checkpoint_ref::CheckpointRef;
+use crate::test_pg_server::PgSchema;
 
 const LAPSE: i64 = 600_000;
 const T0: i64 = 1_700_000_000_000;
@@ -144,7 +145,7 @@ fn a_gone_holder_stays_gone_when_another_schemas_proxy_draws_its_number() {
         .execute(
             &format!(
                 "SELECT setval('{}.holder_instances', $1 & 4294967295, false)",
-                theirs.target().schema
+                theirs.target().schema()
             ),
             &[&gone],
         )
@@ -206,7 +207,10 @@ fn proxies_starting_together_migrate_once() {
     let mut c = db.admin();
     let versions: i64 = c
         .query_one(
-            &format!("SELECT count(*) FROM {}.schema_version", db.target().schema),
+            &format!(
+                "SELECT count(*) FROM {}.schema_version",
+                db.target().schema()
+            ),
             &[],
         )
         .expect("versions")
@@ -268,7 +272,7 @@ const LOCK_HOLDER: &str = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' 
 /// test can find its backends.
 fn named_store(db: &PgSchema, application_name: &str) -> ClaimStore {
     let mut target = db.target().clone();
-    target.config.application_name(application_name);
+    target.config_mut().application_name(application_name);
     ClaimStore::open(target).expect("open")
 }
 
@@ -478,7 +482,7 @@ fn a_closed_holder_session_is_not_revived_by_a_lock_taken_again() {
 #[test]
 fn claims_and_leases_written_before_keys_were_digests_are_kept_and_found() {
     let db = PgSchema::new("digest-migration");
-    let s = db.target().schema.clone();
+    let s = db.target().schema().to_owned();
     let mut c = db.admin();
     // Version 8 made keys digests.
     super::schema::migrate_to(&mut c, &s, 7).expect("the schema an older build left");
@@ -535,7 +539,10 @@ fn a_store_whose_table_went_fails_each_operation_clearly() {
     // Another tool makes the table unusable under the running proxy.
     let mut admin = db.admin();
     admin
-        .batch_execute(&format!("DROP TABLE {}.claims CASCADE", db.target().schema))
+        .batch_execute(&format!(
+            "DROP TABLE {}.claims CASCADE",
+            db.target().schema()
+        ))
         .expect("drop");
     let text = store
         .try_claim(&key("c1"), &holder("p1", 1), T0, LAPSE)
@@ -706,7 +713,7 @@ fn fence_call(
 /// `answer_in_write`): `holder`'s write of `answer` continuing `k`'s
 /// checkpoint, committed or rolled back.
 fn answer_in_write(db: &PgSchema, k: &ClaimKey, holder: &Holder, answer: &str, commit: bool) {
-    let s = db.target().schema.clone();
+    let s = db.target().schema().to_owned();
     let mut c = db.admin();
     let mut tx = c.transaction().expect("begin");
     let sql =
@@ -856,7 +863,7 @@ fn evidence_applied_together_does_in_order_what_each_piece_does_alone() {
 fn the_database_clock_is_inlined_into_its_caller() {
     let db = PgSchema::new("clock-inlined");
     let _store = db.open();
-    let s = db.target().schema.clone();
+    let s = db.target().schema().to_owned();
     let mut admin = db.admin();
     let plan: Vec<String> = admin
         .query(&format!("EXPLAIN (VERBOSE) SELECT {s}.clock_ms()"), &[])
@@ -904,7 +911,7 @@ fn answer(store: &ClaimStore, k: &ClaimKey) {
 /// Renames the functions a batch runs per item on a claimed checkpoint
 /// from `<name><from>` to `<name><to>`.
 fn rename_item_functions(db: &PgSchema, from: &str, to: &str) {
-    let s = db.target().schema.clone();
+    let s = db.target().schema().to_owned();
     let mut admin = db.admin();
     let functions = [
         ("note_progress", "text, text, text, text, bigint, bigint"),
@@ -1026,7 +1033,7 @@ fn the_fence_passes_the_holder_and_refuses_another_proxy_by_either_signature() {
     store
         .try_claim(&k, &holder("p1", 1), T0, LAPSE)
         .expect("taken");
-    let s = db.target().schema.clone();
+    let s = db.target().schema().to_owned();
     let older = format!("SELECT {s}.fence_write($1, $2, $3, $4, $5, $6, $7, '', 2000)");
     let newer =
         format!("SELECT {s}.fence_write($1, $2, $3, $4, $5, $6, $7, '', 2000, NULL, false, 0)");
@@ -1074,7 +1081,7 @@ fn evidence_on_a_thread_waits_for_a_write_fencing_on_it_instead_of_deadlocking()
         .try_claim(&parked, &holder("p1", 1), T0 + 3, LAPSE)
         .expect("claim");
 
-    let s = db.target().schema.clone();
+    let s = db.target().schema().to_owned();
     let mut c = db.admin();
     let mut tx = c.transaction().expect("begin");
     tx.execute(

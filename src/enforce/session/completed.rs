@@ -17,11 +17,11 @@ pub(super) fn handle(session: &mut SessionEnforcer, watch: Watch, ok: bool) {
         }
         return;
     }
-    crate::admin::metrics::statement_completed(&watch.class.kind, watch.executed_at);
+    crate::metrics::statement_completed(watch.class.kind.label(), watch.executed_at);
     if !ok {
         return;
     }
-    crate::admin::metrics::forks_served(watch.forks.len());
+    crate::metrics::forks_served(watch.forks.len());
     let events = watch.events(&session.ctx);
     if let Some(leg) = &session.shared.legs.claims {
         if let Some(row) = watch.finished_head() {
@@ -74,7 +74,7 @@ impl SessionEnforcer {
         let (message, detail, reason) = check.raised.clone().unwrap_or_default();
         tracing::warn!(thread = %shown(&check.continues.thread_id),
             checkpoint = %shown(&check.continues.checkpoint_id), "{}", shown(&message));
-        crate::admin::metrics::fenced_in_transaction(&reason);
+        crate::metrics::fenced_in_transaction(&reason);
         let fence = match reason.as_str() {
             "superseded_holder" | "other_proxy" | "other_client" => reason.as_str(),
             _ => "in_transaction",

@@ -210,7 +210,7 @@ fn is_raise(bytes: &[u8]) -> bool {
 /// A session with the consume-once leg on (the store is never touched by
 /// the session state itself; the relay asks it).
 fn claiming_state(inspection: &[&str], application_name: &str) -> SessionState {
-    let unusable = crate::claims::postgres::test_server::unreachable();
+    let unusable = crate::test_pg_server::unreachable();
     claiming_state_on(Arc::new(unusable), inspection, application_name)
 }
 
@@ -219,7 +219,7 @@ fn claiming_state_on(
     inspection: &[&str],
     application_name: &str,
 ) -> SessionState {
-    use crate::config::live::{ClaimsTimings, LiveClaimsTimings};
+    use crate::claims::timings::{ClaimsTimings, LiveClaimsTimings};
     use crate::policy::claims::WaitPolicy;
 
     let leg = ClaimsLeg {

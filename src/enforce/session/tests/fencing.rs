@@ -81,7 +81,7 @@ fn a_holders_write_keeps_its_claim_from_lapsing_until_the_write_can_commit() {
     use crate::policy::claims::{ClaimDecision, COMMIT_COVER_MS};
 
     // The test server runs on this host: its clock is this host's.
-    let db = crate::claims::postgres::test_server::PgSchema::new("session-cover");
+    let db = crate::test_pg_server::PgSchema::new("session-cover");
     let store = Arc::new(db.open());
     let mut st = claiming_state_on(store.clone(), &[], "worker");
     client(&mut st, &[parse("w", WRITE_SQL), msg(b'S', b"")]);

@@ -4,8 +4,9 @@
 
 use postgres::config::Host;
 
-use super::connection_string::{connection_string, masked, Form};
-use super::error::ConfigError;
+use super::connection_string::{
+    connection_string, masked, percent_decode, ConnectionStringError, Form,
+};
 use crate::wire::upstream::UpstreamAddr;
 use crate::wire::upstream_tls::UpstreamTlsParams;
 
@@ -14,7 +15,7 @@ use crate::wire::upstream_tls::UpstreamTlsParams;
 /// socket: `unix:/path/.s.PGSQL.5432`, a socket directory
 /// (`/var/run/postgresql`, port 5432), or a URL with `?host=/dir` (libpq's
 /// spelling, port from the URL).
-pub fn upstream_addr(spec: &str) -> Result<UpstreamAddr, ConfigError> {
+pub fn upstream_addr(spec: &str) -> Result<UpstreamAddr, ConnectionStringError> {
     if let Some(path) = spec.strip_prefix("unix:") {
         return Ok(UpstreamAddr::Unix(path.to_owned()));
     }
@@ -23,14 +24,17 @@ pub fn upstream_addr(spec: &str) -> Result<UpstreamAddr, ConfigError> {
     }
     let parsed = connection_string(spec)?;
     if parsed.form == Form::KeyValue && spec.contains("ssl") {
-        return Err(ConfigError::UpstreamKeyValueTls(masked(spec)));
+        return Err(ConnectionStringError::UpstreamKeyValueTls(masked(spec)));
     }
     address_of(&parsed.config, spec)
 }
 
 /// The one server `config` (read from `spec`) names: a TCP host and port,
 /// or a socket directory's socket.
-pub fn address_of(config: &postgres::Config, spec: &str) -> Result<UpstreamAddr, ConfigError> {
+pub fn address_of(
+    config: &postgres::Config,
+    spec: &str,
+) -> Result<UpstreamAddr, ConnectionStringError> {
     let c = config;
     let port = c.get_ports().first().copied().unwrap_or(5432);
     // A URL's empty host (`postgres://:6001/app?host=/tmp`) is no host.
@@ -48,15 +52,15 @@ pub fn address_of(config: &postgres::Config, spec: &str) -> Result<UpstreamAddr,
             Ok(UpstreamAddr::Tcp(format!("[{host}]:{port}")))
         }
         [Host::Tcp(host)] => Ok(UpstreamAddr::Tcp(format!("{host}:{port}"))),
-        [] => Err(ConfigError::UpstreamHost(masked(spec))),
-        _ => Err(ConfigError::UpstreamHosts(masked(spec))),
+        [] => Err(ConnectionStringError::UpstreamHost(masked(spec))),
+        _ => Err(ConnectionStringError::UpstreamHosts(masked(spec))),
     }
 }
 
 /// Reads the TLS parameters of a `postgres://` URL's query into `p`. An
 /// `ssl*` parameter the proxy does not implement is refused rather than
 /// ignored; other parameters (application_name, ...) belong to clients.
-pub fn url_tls_params(spec: &str, p: &mut UpstreamTlsParams) -> Result<(), ConfigError> {
+pub fn url_tls_params(spec: &str, p: &mut UpstreamTlsParams) -> Result<(), ConnectionStringError> {
     let Some((_, query)) = spec.split_once("://").and_then(|(_, r)| r.split_once('?')) else {
         return Ok(());
     };
@@ -72,12 +76,12 @@ pub fn url_tls_params(spec: &str, p: &mut UpstreamTlsParams) -> Result<(), Confi
                 p.sni = Some(match value.as_str() {
                     "1" => true,
                     "0" => false,
-                    v => return Err(ConfigError::UpstreamSni(v.to_owned())),
+                    v => return Err(ConnectionStringError::UpstreamSni(v.to_owned())),
                 })
             }
             "sslnegotiation" if value == "postgres" => {}
             k if k.starts_with("ssl") || k == "requiressl" => {
-                return Err(ConfigError::UpstreamParameter {
+                return Err(ConnectionStringError::UpstreamParameter {
                     key: k.to_owned(),
                     value,
                 })
@@ -88,29 +92,44 @@ pub fn url_tls_params(spec: &str, p: &mut UpstreamTlsParams) -> Result<(), Confi
     Ok(())
 }
 
-/// `%XX` escapes of a URL query value, decoded.
-fn percent_decode(s: &str) -> Result<String, ConfigError> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = s.get(i + 1..i + 3).unwrap_or_default();
-                let b = u8::from_str_radix(hex, 16)
-                    .map_err(|_| ConfigError::UpstreamEscape(s.to_owned()))?;
-                out.push(b);
-                i += 3;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).map_err(|_| ConfigError::UpstreamUtf8(s.to_owned()))
-}
-
 fn socket_in(dir: &str, port: &str) -> String {
     format!("{}/.s.PGSQL.{port}", dir.trim_end_matches('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_forms() {
+        let tcp = |s: &str| UpstreamAddr::Tcp(s.into());
+        let unix = |s: &str| UpstreamAddr::Unix(s.into());
+        assert_eq!(
+            upstream_addr("127.0.0.1:5433").unwrap(),
+            tcp("127.0.0.1:5433")
+        );
+        assert_eq!(upstream_addr("db").unwrap(), tcp("db:5432"));
+        assert_eq!(
+            upstream_addr("postgres://u:p@10.0.0.1:6000/app?sslmode=disable").unwrap(),
+            tcp("10.0.0.1:6000")
+        );
+        assert_eq!(
+            upstream_addr("postgresql://localhost/app").unwrap(),
+            tcp("localhost:5432")
+        );
+        assert_eq!(
+            upstream_addr("/var/run/postgresql/").unwrap(),
+            unix("/var/run/postgresql/.s.PGSQL.5432")
+        );
+        assert_eq!(
+            upstream_addr("unix:/tmp/.s.PGSQL.6000").unwrap(),
+            unix("/tmp/.s.PGSQL.6000")
+        );
+        assert_eq!(
+            upstream_addr("postgres://:6001/app?host=/tmp").unwrap(),
+            unix("/tmp/.s.PGSQL.6001")
+        );
+        assert!(upstream_addr("mysql://x").is_err());
+        assert!(upstream_addr("postgres:///app").is_err());
+    }
 }

@@ -1,4 +1,5 @@
-//! A real PostgreSQL for the claims tests: `RESUMEGUARD_TEST_PG_DSN`, else
+//! A real PostgreSQL for the unit tests of the claims store, the audit
+//! trail and the layers above them (test builds only): `RESUMEGUARD_TEST_PG_DSN`, else
 //! one server per test process started with `managed_pg` in a scratch
 //! directory (stopped and removed by a watchdog once the process exits).
 //! Each scratch store is a schema of its own, dropped afterwards.
@@ -7,9 +8,10 @@ use std::os::unix::process::CommandExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-use super::{ClaimStore, PgTarget};
-use crate::config::ManagedConfig;
+use crate::claims::ClaimStore;
+use crate::managed_pg::ManagedConfig;
 use crate::managed_pg::ManagedPostgres;
+use crate::pg::PgTarget;
 
 fn server() -> &'static PgTarget {
     static SERVER: OnceLock<Result<PgTarget, String>> = OnceLock::new();
@@ -96,7 +98,7 @@ impl PgSchema {
     /// another tool (or an idle-session reaper) does beside the store.
     pub fn admin(&self) -> postgres::Client {
         self.target
-            .config
+            .config()
             .connect(postgres::NoTls)
             .expect("connect to the test server")
     }
@@ -108,10 +110,10 @@ impl PgSchema {
 
 impl Drop for PgSchema {
     fn drop(&mut self) {
-        if let Ok(mut c) = self.target.config.connect(postgres::NoTls) {
+        if let Ok(mut c) = self.target.config().connect(postgres::NoTls) {
             let _ = c.batch_execute(&format!(
                 "DROP SCHEMA IF EXISTS {} CASCADE",
-                self.target.schema
+                self.target.schema()
             ));
         }
     }

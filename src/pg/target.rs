@@ -1,8 +1,9 @@
-//! Where the PostgreSQL claims store is: connection parameters taken from
-//! the upstream the proxy fronts (or a separate `[claims] dsn`), where its
-//! password comes from (read at each connect, `credential`), and the bound
-//! within which a network partition between the proxy and that database
-//! ends its connections, on both ends.
+//! Where the PostgreSQL database of the claims store and the audit trail
+//! is: connection parameters taken from the upstream the proxy fronts (or
+//! a separate `[claims] dsn`), its TLS, where its password comes from
+//! (read at each connect, `credential`), and the bound within which a
+//! network partition between the proxy and that database ends its
+//! connections, on both ends (`dead_peer`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -12,8 +13,9 @@ use postgres::config::{Host, SslMode};
 use rustls::ClientConfig;
 
 use super::credential::{ConnectingTo, CredentialError, PasswordSource};
-use crate::config::connection_string::{connection_string, Form};
-use crate::config::{address_of, url_tls_params, ConfigError};
+use super::dead_peer::DeadPeer;
+use crate::pg::connection_string::{connection_string, Form};
+use crate::pg::{address_of, url_tls_params, ConnectionStringError};
 use crate::wire::tls_config::{self, TlsConfigError, Verify};
 use crate::wire::upstream::UpstreamAddr;
 use crate::wire::upstream_tls::{
@@ -30,54 +32,13 @@ pub const DEFAULT_SCHEMA: &str = "resumeguard";
 /// database within this long.
 pub const DEFAULT_LIVENESS_BOUND: Duration = Duration::from_secs(10);
 
-/// TCP keepalive probes and user timeout with which one end of a
-/// connection counts the other gone within a bound: an idle connection is
-/// probed after half the bound, three probes fill the rest; data left
-/// unacknowledged for the whole bound ends it. Probes are whole seconds,
-/// as the server's `tcp_keepalives_*` settings and the kernel take them;
-/// under a bound of 5 s they overshoot it and the user timeout (which
-/// Linux also applies to unanswered probes) holds it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct DeadPeer {
-    pub(super) idle: Duration,
-    pub(super) interval: Duration,
-    pub(super) retries: u32,
-    pub(super) user_timeout: Duration,
-}
-
-impl DeadPeer {
-    pub(super) fn within(bound: Duration) -> DeadPeer {
-        let secs = bound.as_secs().max(2);
-        let idle = (secs / 2).max(1);
-        let retries = 3;
-        let interval = ((secs - idle) / u64::from(retries)).max(1);
-        DeadPeer {
-            idle: Duration::from_secs(idle),
-            interval: Duration::from_secs(interval),
-            retries,
-            user_timeout: bound,
-        }
-    }
-
-    /// The client's side: every connection made with `config` (TCP;
-    /// a Unix socket has no such settings and needs none).
-    fn apply(self, config: &mut postgres::Config) {
-        config
-            .keepalives(true)
-            .keepalives_idle(self.idle)
-            .keepalives_interval(self.interval)
-            .keepalives_retries(self.retries)
-            .tcp_user_timeout(self.user_timeout);
-    }
-}
-
 /// A claims database that cannot be named.
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
     #[error("claims.dsn")]
-    Dsn(#[source] Box<ConfigError>),
+    Dsn(#[source] Box<ConnectionStringError>),
     #[error("upstream")]
-    Upstream(#[source] Box<ConfigError>),
+    Upstream(#[source] Box<ConnectionStringError>),
     #[error("claims.dsn's TLS settings")]
     DsnTls(#[source] Box<UpstreamTlsError>),
     #[error(
@@ -103,22 +64,22 @@ pub enum TargetError {
 /// How the claims store reaches its database.
 #[derive(Clone)]
 pub struct PgTarget {
-    pub(super) config: postgres::Config,
+    config: postgres::Config,
     /// TLS for `sslmode` prefer and require (`config` says which); `None`:
     /// plaintext only.
-    pub(super) tls: Option<Arc<ClientConfig>>,
+    tls: Option<Arc<ClientConfig>>,
     /// The `sslmode` the TLS settings came from (`tls` verifies as it
     /// says), as shown.
     mode: UpstreamSslMode,
     /// `user@host:port/db`, as shown in errors (never the password).
-    pub(super) shown: String,
-    pub(super) schema: String,
+    shown: String,
+    schema: String,
     /// Where the password comes from, read at each connect.
-    pub(super) password: PasswordSource,
+    password: PasswordSource,
     /// Within how long a partition ends the connections: the server's
     /// end of the liveness lock connection (then the lock goes) and the
     /// proxy's end of every connection (then what waits on it fails).
-    pub(super) liveness_bound: Duration,
+    liveness_bound: Duration,
 }
 
 impl std::fmt::Debug for PgTarget {
@@ -293,8 +254,30 @@ impl PgTarget {
         Ok(self)
     }
 
+    /// The connection parameters as configured, without a password read.
+    pub fn config(&self) -> &postgres::Config {
+        &self.config
+    }
+
+    /// The parameters to change (a test's store whose connections carry
+    /// an application_name of its own).
+    #[cfg(test)]
+    pub(crate) fn config_mut(&mut self) -> &mut postgres::Config {
+        &mut self.config
+    }
+
+    /// TLS for `sslmode` prefer and require; `None`: plaintext only.
+    pub fn tls(&self) -> Option<&Arc<ClientConfig>> {
+        self.tls.as_ref()
+    }
+
+    /// Within how long a partition ends the connections.
+    pub fn liveness_bound(&self) -> Duration {
+        self.liveness_bound
+    }
+
     /// The connection parameters with the password read now.
-    pub(super) fn config_now(&self) -> Result<postgres::Config, CredentialError> {
+    pub fn config_now(&self) -> Result<postgres::Config, CredentialError> {
         let mut config = self.config.clone();
         let host = match config.get_hosts().first() {
             Some(Host::Tcp(h)) => h.clone(),

@@ -7,8 +7,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::postgres::{PgTarget, TargetError};
-use crate::config::{upstream_addr, Config, ConfigError};
+use serde::{Deserialize, Serialize};
+
+use super::{Config, ConfigError};
+use crate::pg::upstream_addr;
+use crate::pg::{PgTarget, TargetError};
 use crate::wire::upstream::UpstreamAddr;
 use crate::wire::upstream_tls::{UpstreamTls, UpstreamTlsError};
 
@@ -34,6 +37,38 @@ pub enum BackendError {
     UnknownBackend(String),
 }
 
+/// `[claims] backend` as written: `postgres`, the only backend served;
+/// [`check_backend`] refuses the others, saying why.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(from = "String", into = "String")]
+pub enum ClaimsBackend {
+    Postgres,
+    /// The retired SQLite backend.
+    Sqlite,
+    /// A name no build ever served.
+    Unknown(String),
+}
+
+impl From<String> for ClaimsBackend {
+    fn from(name: String) -> ClaimsBackend {
+        match name.as_str() {
+            "postgres" => ClaimsBackend::Postgres,
+            "sqlite" => ClaimsBackend::Sqlite,
+            _ => ClaimsBackend::Unknown(name),
+        }
+    }
+}
+
+impl From<ClaimsBackend> for String {
+    fn from(backend: ClaimsBackend) -> String {
+        match backend {
+            ClaimsBackend::Postgres => "postgres".to_owned(),
+            ClaimsBackend::Sqlite => "sqlite".to_owned(),
+            ClaimsBackend::Unknown(name) => name,
+        }
+    }
+}
+
 /// Refuses `[claims] backend` other than `postgres` and any `[claims]
 /// store`: `serve`, `config check`, a reload and the operator commands
 /// check it first.
@@ -42,10 +77,10 @@ pub fn check_backend(cfg: &Config) -> Result<(), BackendError> {
     if let Some(file) = &c.store {
         return Err(BackendError::StoreRetired(file.clone()));
     }
-    match c.backend.as_deref() {
-        None | Some("postgres") => Ok(()),
-        Some("sqlite") => Err(BackendError::SqliteRetired),
-        Some(other) => Err(BackendError::UnknownBackend(other.to_owned())),
+    match &c.backend {
+        None | Some(ClaimsBackend::Postgres) => Ok(()),
+        Some(ClaimsBackend::Sqlite) => Err(BackendError::SqliteRetired),
+        Some(ClaimsBackend::Unknown(other)) => Err(BackendError::UnknownBackend(other.clone())),
     }
 }
 
@@ -86,7 +121,7 @@ pub fn postgres_target(
         }
         (None, Some(spec)) => {
             // The proxy's own connections take the upstream's TLS settings.
-            let addr = upstream_addr(spec).map_err(Box::new)?;
+            let addr = upstream_addr(spec).map_err(|e| Box::new(ConfigError::from(e)))?;
             let params = cfg.upstream_tls_params().map_err(Box::new)?;
             let tls = UpstreamTls::build(&addr, &params)?;
             PgTarget::from_upstream(Some(spec), &addr)?.with_tls(tls.mode, tls.client_config())

@@ -3,13 +3,11 @@
 //! `host:port`, a socket path) or what libpq accepts and the postgres
 //! crate's `Config` reads (`postgres://` URLs, `key=value` parameters).
 //! Text it cannot read is refused, named (its password masked), never
-//! guessed at.
+//! guessed at; `%`-escapes are decoded here, for every reader of them.
 
 use std::sync::LazyLock;
 
 use regex::Regex;
-
-use super::error::ConfigError;
 
 /// URL parameters the proxy reads itself (`upstream_url::url_tls_params`),
 /// which the postgres crate's `Config` does not know or reads otherwise.
@@ -33,6 +31,42 @@ static PASSWORD: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"(://[^/?@:]*:)[^@/?]*@|(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
         .unwrap_or_else(|e| unreachable!("constant pattern: {e}"))
 });
+
+/// Why an address cannot be used: the text at fault (its password
+/// masked) and what is wrong with it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionStringError {
+    #[error("upstream URL scheme {0:?} is not postgres://")]
+    UpstreamScheme(String),
+    #[error("upstream {0:?} names no host")]
+    UpstreamHost(String),
+    #[error("upstream {0:?} names more than one host: the proxy fronts one server")]
+    UpstreamHosts(String),
+    #[error(
+        "upstream {0:?}: TLS settings of a key=value upstream go in [upstream_tls] \
+         (or write the upstream as a postgres:// URL)"
+    )]
+    UpstreamKeyValueTls(String),
+    #[error(
+        "cannot read {text:?}: not host[:port], a socket path, a postgres:// URL \
+         nor libpq key=value parameters"
+    )]
+    Unreadable {
+        text: String,
+        source: postgres::Error,
+    },
+    #[error("upstream sslsni must be 0 or 1, not {0:?}")]
+    UpstreamSni(String),
+    #[error(
+        "upstream URL parameter {key}={value} is not supported by the proxy \
+         (supported: sslmode, sslrootcert, sslcert, sslkey, sslsni)"
+    )]
+    UpstreamParameter { key: String, value: String },
+    #[error("bad %-escape in upstream URL value {0:?}")]
+    UpstreamEscape(String),
+    #[error("upstream URL value {0:?} is not UTF-8")]
+    UpstreamUtf8(String),
+}
 
 /// How the text was written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,15 +92,15 @@ pub struct ConnectionString {
 /// `postgres://`/`postgresql://` URL, or libpq `key=value` parameters.
 /// A URL's TLS parameters are left to `upstream_url::url_tls_params`;
 /// `key=value` text is read whole.
-pub fn connection_string(spec: &str) -> Result<ConnectionString, ConfigError> {
-    let unreadable = |source| ConfigError::Unreadable {
+pub fn connection_string(spec: &str) -> Result<ConnectionString, ConnectionStringError> {
+    let unreadable = |source| ConnectionStringError::Unreadable {
         text: masked(spec),
         source,
     };
     let url = match spec.split_once("://") {
         Some((scheme, _)) if scheme == "postgres" || scheme == "postgresql" => spec.to_owned(),
         Some((scheme, _)) if is_scheme(scheme) => {
-            return Err(ConfigError::UpstreamScheme(scheme.to_owned()))
+            return Err(ConnectionStringError::UpstreamScheme(scheme.to_owned()))
         }
         _ if SHORT_FORM.is_match(spec) => format!("postgres://{spec}"),
         _ => {
@@ -78,7 +112,7 @@ pub fn connection_string(spec: &str) -> Result<ConnectionString, ConfigError> {
             });
         }
     };
-    let (rest, tls_params) = split_proxy_params(&url);
+    let (rest, tls_params) = split_proxy_params(&url)?;
     let config = rest.parse::<postgres::Config>().map_err(unreadable)?;
     Ok(ConnectionString {
         config,
@@ -96,17 +130,16 @@ fn is_scheme(s: &str) -> bool {
 
 /// A URL without the query parameters in [`PROXY_TLS_KEYS`], and those
 /// parameters (`%`-decoded; the rest is the postgres crate's to decode).
-fn split_proxy_params(url: &str) -> (String, Vec<(String, String)>) {
+fn split_proxy_params(url: &str) -> Result<(String, Vec<(String, String)>), ConnectionStringError> {
     let Some((base, query)) = url.split_once('?') else {
-        return (url.to_owned(), Vec::new());
+        return Ok((url.to_owned(), Vec::new()));
     };
     let mut kept = Vec::new();
     let mut taken = Vec::new();
     for kv in query.split('&').filter(|kv| !kv.is_empty()) {
         let (key, value) = kv.split_once('=').unwrap_or((kv, ""));
         if PROXY_TLS_KEYS.contains(&key) {
-            let value = percent_encoding::percent_decode_str(value).decode_utf8_lossy();
-            taken.push((key.to_owned(), value.into_owned()));
+            taken.push((key.to_owned(), percent_decode(value)?));
         } else {
             kept.push(kv);
         }
@@ -116,7 +149,22 @@ fn split_proxy_params(url: &str) -> (String, Vec<(String, String)>) {
     } else {
         format!("{base}?{}", kept.join("&"))
     };
-    (rest, taken)
+    Ok((rest, taken))
+}
+
+/// `%XX` escapes of a URL query value, decoded; a bad escape or text that
+/// is not UTF-8 is refused.
+pub(super) fn percent_decode(s: &str) -> Result<String, ConnectionStringError> {
+    let escapes_ok = s.split('%').skip(1).all(|after| {
+        after
+            .get(..2)
+            .is_some_and(|hex| hex.bytes().all(|b| b.is_ascii_hexdigit()))
+    });
+    if !escapes_ok {
+        return Err(ConnectionStringError::UpstreamEscape(s.to_owned()));
+    }
+    String::from_utf8(percent_encoding::percent_decode_str(s).collect())
+        .map_err(|_| ConnectionStringError::UpstreamUtf8(s.to_owned()))
 }
 
 /// `spec` with any password in it replaced by `****`, for messages.
@@ -200,7 +248,7 @@ mod tests {
         }
         assert!(matches!(
             connection_string("mysql://db/x"),
-            Err(ConfigError::UpstreamScheme(_))
+            Err(ConnectionStringError::UpstreamScheme(_))
         ));
     }
 
