@@ -2,8 +2,6 @@
 //! that counts itself but not the type byte. One socket read is not one
 //! message, so every direction frames by that header before looking inside.
 
-use std::fmt;
-
 /// Bytes of the header in front of every typed message.
 pub const HEADER_LEN: usize = 5;
 
@@ -17,36 +15,22 @@ pub struct FrameHeader {
 }
 
 /// Why a buffer cannot be framed: the peer broke the protocol.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
     /// The length field is below 4 (it counts itself) or negative.
+    #[error("invalid message length {declared} for message type {}", printable(*.tag))]
     BadLength { tag: u8, declared: i32 },
     /// The length field exceeds the configured ceiling.
+    #[error(
+        "message type {} declares {declared} bytes, above the limit of {max}",
+        printable(*.tag)
+    )]
     TooLarge {
         tag: u8,
         declared: usize,
         max: usize,
     },
 }
-
-impl fmt::Display for FrameError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            FrameError::BadLength { tag, declared } => write!(
-                f,
-                "invalid message length {declared} for message type {}",
-                printable(*tag)
-            ),
-            FrameError::TooLarge { tag, declared, max } => write!(
-                f,
-                "message type {} declares {declared} bytes, above the limit of {max}",
-                printable(*tag)
-            ),
-        }
-    }
-}
-
-impl std::error::Error for FrameError {}
 
 fn printable(tag: u8) -> String {
     if tag.is_ascii_graphic() {

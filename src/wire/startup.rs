@@ -2,8 +2,6 @@
 //! CancelRequest or StartupMessage. It has no type byte, only a length and
 //! a 4-byte code, so it is framed apart from everything that follows.
 
-use std::fmt;
-
 /// Startup packets are small; PostgreSQL itself caps them at 10000 bytes.
 pub const MAX_STARTUP_LEN: usize = 10_000;
 
@@ -65,17 +63,20 @@ impl StartupMessage {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StartupError {
     /// The length word is out of range (a client's Terminate sent before
     /// any StartupMessage reads as 1476395008). PostgreSQL only logs this
     /// and closes without a word.
+    #[error("invalid length of startup packet: {0}")]
     BadLength(i32),
     /// A CancelRequest too short to hold a process id and key; logged and
     /// closed without a word, as PostgreSQL does.
+    #[error("invalid length of cancel request: {0}")]
     BadCancelLength(usize),
     /// A StartupMessage whose parameters do not read; PostgreSQL tells the
     /// client (FATAL 08P01).
+    #[error("invalid startup packet layout: {0}")]
     Malformed(&'static str),
 }
 
@@ -86,20 +87,6 @@ impl StartupError {
         matches!(self, StartupError::Malformed(_))
     }
 }
-
-impl fmt::Display for StartupError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StartupError::BadLength(n) => write!(f, "invalid length of startup packet: {n}"),
-            StartupError::BadCancelLength(n) => {
-                write!(f, "invalid length of cancel request: {n}")
-            }
-            StartupError::Malformed(what) => write!(f, "invalid startup packet layout: {what}"),
-        }
-    }
-}
-
-impl std::error::Error for StartupError {}
 
 /// Frames the first packet: `Ok(None)` until all of it is buffered.
 pub fn peek_len(buf: &[u8]) -> Result<Option<usize>, StartupError> {
