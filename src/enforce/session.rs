@@ -32,9 +32,9 @@ use crate::saver::bind::BoundParams;
 use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::classify::{Classified, StatementKind};
 use crate::saver::write_record::WriteRecord;
-use crate::wire::backend::error_fields;
 use crate::wire::guard::{ClientError, HeldTicket, ServerStep};
-use crate::wire::row_rewrite::drop_last_column_description;
+use crate::wire::messages::error_response::error_fields;
+use crate::wire::messages::row_description::drop_last_column_description;
 use crate::wire::tracker::{Bound, Hooks, Refusal, TxnStatus, FEATURE_NOT_SUPPORTED};
 
 /// A prepared statement as the enforcer knows it.
@@ -465,7 +465,9 @@ impl Hooks for SessionEnforcer {
         if statement.rewritten && bound.result_formats.len() > 1 {
             // Per-column formats must cover the head column too.
             bound.result_formats.push(0);
-            replacement = Some(bound.encode());
+            replacement = Some(bound.encode().map_err(|e| {
+                ClientError(format!("the Bind with the head column cannot be sent: {e}"))
+            })?);
         }
         let binding = Binding {
             class: Arc::clone(&statement.class),

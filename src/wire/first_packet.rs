@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 
-use super::backend::sqlstate;
 use super::client_stream::{ClientStream, ClientTls};
+use super::messages::sqlstate;
 use super::read_buffer::ReadBuffer;
 use super::startup::{self, FirstPacket};
 

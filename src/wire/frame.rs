@@ -74,20 +74,16 @@ pub fn peek_header(buf: &[u8], max_len: usize) -> Result<Option<FrameHeader>, Fr
     }))
 }
 
-/// Reads a NUL-terminated string at the front of `buf`, returning it and
-/// the rest. Used for the names in Bind/Describe/Execute without copying.
-pub fn cstr(buf: &[u8]) -> Option<(&[u8], &[u8])> {
-    let end = buf.iter().position(|b| *b == 0)?;
-    Some((&buf[..end], &buf[end + 1..]))
-}
-
 /// A framed message (tag, length, body), for tests.
 #[cfg(test)]
 pub(crate) fn message(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut v = vec![tag];
-    v.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
-    v.extend_from_slice(body);
-    v
+    let mut out = bytes::BytesMut::new();
+    crate::wire::messages::write::write_message(&mut out, tag, |out| {
+        bytes::BufMut::put_slice(out, body);
+        Ok(())
+    })
+    .expect("a test message fits its length field");
+    out.to_vec()
 }
 
 /// The complete messages `bytes` holds, one after the other, for tests
@@ -168,14 +164,5 @@ mod tests {
         m.extend_from_slice(&0x6000_0000u32.to_be_bytes());
         let err = peek_frame(&m, 1 << 30).unwrap_err();
         assert!(err.to_string().contains("above the limit"), "{err}");
-    }
-
-    #[test]
-    fn reads_cstrings() {
-        let (a, rest) = cstr(b"portal\0stmt\0x").unwrap();
-        assert_eq!(a, b"portal");
-        let (b, rest) = cstr(rest).unwrap();
-        assert_eq!((b, rest), (&b"stmt"[..], &b"x"[..]));
-        assert!(cstr(b"no terminator").is_none());
     }
 }

@@ -16,11 +16,12 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 
-use super::backend::{error_response, sqlstate, Severity};
 use super::client_relay::client_to_server;
 use super::client_stream::ClientStream;
 use super::first_packet::{read_first_packet, NotOpened, Opened};
 use super::guard::SessionInfo;
+use super::messages::error_response::{error_response, Severity};
+use super::messages::sqlstate;
 use super::proxy::Proxy;
 use super::registry::{SessionHandle, SessionSummary, StopReason};
 use super::sasl_plus::{self, BindingRefusal};

@@ -141,13 +141,13 @@ pub fn parse(packet: &[u8]) -> Result<FirstPacket, StartupError> {
 fn parse_params(mut body: &[u8]) -> Result<Vec<(String, String)>, StartupError> {
     let mut params = Vec::new();
     loop {
-        let (key, rest) =
-            super::frame::cstr(body).ok_or(StartupError::Malformed("unterminated name"))?;
+        let (key, rest) = super::messages::read::cstr(body)
+            .ok_or(StartupError::Malformed("unterminated name"))?;
         if key.is_empty() {
             return Ok(params);
         }
-        let (value, rest) =
-            super::frame::cstr(rest).ok_or(StartupError::Malformed("unterminated value"))?;
+        let (value, rest) = super::messages::read::cstr(rest)
+            .ok_or(StartupError::Malformed("unterminated value"))?;
         params.push((
             String::from_utf8_lossy(key).into_owned(),
             String::from_utf8_lossy(value).into_owned(),

@@ -9,8 +9,8 @@
 use std::io::{Read, Write};
 use std::time::Instant;
 
-use super::backend::{error_response, Severity};
 use super::client_stream::ClientStream;
+use super::messages::error_response::{error_response, Severity};
 use super::proxy::Proxy;
 use super::startup::UnsupportedStartup;
 use super::upstream::Upstream;

@@ -1,0 +1,18 @@
+//! The PostgreSQL protocol codec: every message the proxy reads or writes.
+//! Reads borrow from the framed bytes and are checked (a short or lying
+//! message is an error, never a panic); writes all go through
+//! [`write::write_message`], which back-patches the length. The relay
+//! forwards untouched messages as framed and re-encodes only what it
+//! changes.
+
+pub mod backend;
+pub mod bind;
+pub mod data_row;
+pub mod error_response;
+pub mod extended_query;
+pub mod frontend;
+pub mod query;
+pub mod read;
+pub mod row_description;
+pub mod sqlstate;
+pub mod write;
