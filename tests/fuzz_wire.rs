@@ -37,8 +37,8 @@ use resumeguard::saver::write_record::WriteRecord;
 use resumeguard::saver::{json_blob, msgpack};
 use resumeguard::wire::frame::{peek_frame, HEADER_LEN};
 use resumeguard::wire::messages::frontend::Frontend;
+use resumeguard::wire::messages::startup::{self, FirstPacket, MAX_STARTUP_LEN};
 use resumeguard::wire::read_buffer::ReadBuffer;
-use resumeguard::wire::startup::{self, FirstPacket, MAX_STARTUP_LEN};
 
 use budget::run_for;
 use common::saver_sql;

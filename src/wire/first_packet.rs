@@ -11,8 +11,8 @@ use bytes::BytesMut;
 
 use super::client_stream::{ClientStream, ClientTls};
 use super::messages::sqlstate;
+use super::messages::startup::{self, FirstPacket};
 use super::read_buffer::ReadBuffer;
-use super::startup::{self, FirstPacket};
 
 /// invalid_authorization_specification: what PostgreSQL answers when no
 /// pg_hba.conf line admits an unencrypted connection.

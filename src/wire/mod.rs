@@ -23,7 +23,6 @@ pub mod server_cert_verifier;
 mod server_relay;
 pub mod session;
 pub mod sql_commands;
-pub mod startup;
 pub mod tls_config;
 pub mod tls_stream;
 pub mod tracker;

@@ -22,11 +22,11 @@ use super::first_packet::{read_first_packet, NotOpened, Opened};
 use super::guard::SessionInfo;
 use super::messages::error_response::{error_response, Severity};
 use super::messages::sqlstate;
+use super::messages::startup::{FirstPacket, StartupMessage};
 use super::proxy::Proxy;
 use super::registry::{SessionHandle, SessionSummary, StopReason};
 use super::sasl_plus::{self, BindingRefusal};
 use super::server_relay::server_to_client;
-use super::startup::{FirstPacket, StartupMessage};
 use super::unsupported_protocol::answer_unsupported;
 use crate::log_text::shown;
 

@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use super::client_stream::ClientStream;
 use super::messages::error_response::{error_response, Severity};
+use super::messages::startup::UnsupportedStartup;
 use super::proxy::Proxy;
-use super::startup::UnsupportedStartup;
 use super::upstream::Upstream;
 
 /// The most of the server's answer relayed: one error message is far

@@ -6,6 +6,10 @@
 use std::io::Read;
 use std::time::Duration;
 
+use bytes::BytesMut;
+
+use super::messages::startup::write_startup_message;
+use super::messages::terminate::write_terminate;
 use super::proxy::RelayConfig;
 
 /// The login the probe's startup names. Any authentication request is an
@@ -34,14 +38,13 @@ pub fn probe_upstream(config: &RelayConfig, user: &str, timeout: Duration) -> Re
     server
         .set_read_timeout(Some(timeout))
         .map_err(|e| format!("startup: {e}"))?;
-    let mut startup = bytes::BytesMut::new();
+    let mut startup = BytesMut::new();
     let params = [
         ("user", user),
         ("database", "postgres"),
         ("application_name", "resumeguard-readyz"),
     ];
-    postgres_protocol::message::frontend::startup_message(params, &mut startup)
-        .map_err(|e| format!("startup: {e}"))?;
+    write_startup_message(&mut startup, params).map_err(|e| format!("startup: {e}"))?;
     server
         .write_all(&startup)
         .map_err(|e| format!("startup: {e}"))?;
@@ -49,7 +52,10 @@ pub fn probe_upstream(config: &RelayConfig, user: &str, timeout: Duration) -> Re
     let verdict = judge(&answer);
     if matches!(answer.first(), Some(b'R')) && answer.get(5..9) == Some(&[0, 0, 0, 0]) {
         // AuthenticationOk: end the session politely.
-        let _ = server.write_all(&[b'X', 0, 0, 0, 4]);
+        let mut terminate = BytesMut::new();
+        if write_terminate(&mut terminate).is_ok() {
+            let _ = server.write_all(&terminate);
+        }
     }
     server.close_notify();
     verdict

@@ -5,6 +5,7 @@
 //! forwards untouched messages as framed and re-encodes only what it
 //! changes.
 
+pub mod authentication;
 pub mod backend;
 pub mod bind;
 pub mod data_row;
@@ -15,4 +16,6 @@ pub mod query;
 pub mod read;
 pub mod row_description;
 pub mod sqlstate;
+pub mod startup;
+pub mod terminate;
 pub mod write;
