@@ -51,6 +51,17 @@ pub fn error_response(severity: Severity, code: &str, message: &str, hint: Optio
     out.freeze()
 }
 
+/// A protocol 2.0 error, what a client older than 3.0 reads: `E`, the
+/// text, a NUL; no length word.
+pub fn protocol_2_error(text: &str) -> Vec<u8> {
+    let text = without_nul(text);
+    let mut out = Vec::with_capacity(text.len() + 2);
+    out.push(b'E');
+    out.extend_from_slice(text.as_bytes());
+    out.push(0);
+    out
+}
+
 /// `text` with each NUL as U+FFFD; borrowed when it has none.
 fn without_nul(text: &str) -> Cow<'_, str> {
     if text.contains('\0') {

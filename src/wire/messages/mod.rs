@@ -11,6 +11,8 @@ pub mod bind;
 pub mod data_row;
 pub mod error_response;
 pub mod extended_query;
+#[cfg(test)]
+mod framing_outside;
 pub mod frontend;
 pub mod query;
 pub mod read;
