@@ -6,7 +6,7 @@ use bytes::{Bytes, BytesMut};
 
 use super::decode_error::DecodeError;
 use super::value::{decode_value, utf8, ColumnKind, Value};
-use crate::wire::messages::bind::Bind;
+use crate::wire::messages::bind::{write_bind, Bind};
 use crate::wire::messages::write::EncodeError;
 
 /// Parameters and formats of one Bind.
@@ -29,7 +29,7 @@ impl BoundParams {
             param_formats: bind.param_formats,
             params: bind
                 .params
-                .into_iter()
+                .iter()
                 .map(|p| p.map(Bytes::copy_from_slice))
                 .collect(),
             result_formats: bind.result_formats,
@@ -38,16 +38,16 @@ impl BoundParams {
 
     /// Encodes a Bind frame (type byte and length included).
     pub fn encode(&self) -> Result<Vec<u8>, EncodeError> {
-        let bind = Bind {
-            portal: self.portal.as_bytes(),
-            statement: self.statement.as_bytes(),
-            param_formats: self.param_formats.clone(),
-            params: self.params.iter().map(Option::as_deref).collect(),
-            result_formats: self.result_formats.clone(),
-        };
         let values: usize = self.params.iter().flatten().map(|p| p.len() + 4).sum();
         let mut out = BytesMut::with_capacity(64 + values);
-        bind.write(&mut out)?;
+        write_bind(
+            &mut out,
+            self.portal.as_bytes(),
+            self.statement.as_bytes(),
+            &self.param_formats,
+            self.params.iter().map(Option::as_deref),
+            &self.result_formats,
+        )?;
         Ok(Vec::from(out))
     }
 

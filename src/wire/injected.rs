@@ -14,7 +14,7 @@
 
 use bytes::BytesMut;
 
-use super::messages::bind::Bind;
+use super::messages::bind::write_bind;
 use super::messages::extended_query::{write_close, write_execute, write_parse, NO_PARAM_TYPES};
 use super::messages::frontend::Target;
 use super::messages::write::EncodeError;
@@ -59,18 +59,14 @@ impl Injection {
         write_close(&mut out, Target::Statement, name)?;
         write_parse(&mut out, name, self.sql.as_bytes(), NO_PARAM_TYPES)?;
         // Every parameter and result as text.
-        Bind {
-            portal: name,
-            statement: name,
-            param_formats: vec![0],
-            params: self
-                .params
-                .iter()
-                .map(|p| p.as_deref().map(str::as_bytes))
-                .collect(),
-            result_formats: vec![0],
-        }
-        .write(&mut out)?;
+        write_bind(
+            &mut out,
+            name,
+            name,
+            &[0],
+            self.params.iter().map(|p| p.as_deref().map(str::as_bytes)),
+            &[0],
+        )?;
         write_execute(&mut out, name, 0)?;
         write_close(&mut out, Target::Portal, name)?;
         write_close(&mut out, Target::Statement, name)?;

@@ -21,7 +21,7 @@
 
 use bytes::BytesMut;
 
-use super::messages::bind::Bind;
+use super::messages::bind::write_bind;
 use super::messages::extended_query::{write_execute, write_parse, NO_PARAM_TYPES};
 use super::messages::query::write_query;
 use super::messages::write::EncodeError;
@@ -37,14 +37,7 @@ pub fn raising_statement(
     let mut out = BytesMut::with_capacity(sql.len() + 64);
     write_parse(&mut out, b"", sql.as_bytes(), NO_PARAM_TYPES)?;
     // No parameters, default formats.
-    Bind {
-        portal: b"",
-        statement: b"",
-        param_formats: Vec::new(),
-        params: Vec::new(),
-        result_formats: Vec::new(),
-    }
-    .write(&mut out)?;
+    write_bind(&mut out, b"", b"", &[], std::iter::empty(), &[])?;
     write_execute(&mut out, b"", 0)?;
     Ok(Vec::from(out))
 }

@@ -8,15 +8,41 @@ use super::read::{read_count, read_cstr, read_nullable, take, ReadError};
 use super::write::{write_count, write_cstr, write_message, write_nullable, EncodeError};
 use crate::wire::frame::HEADER_LEN;
 
-/// One Bind: names, parameter formats and values, result formats.
+/// One Bind as read: names, parameter formats and values, result formats.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bind<'a> {
     pub portal: &'a [u8],
     pub statement: &'a [u8],
     pub param_formats: Vec<i16>,
-    /// The values as sent (`None`: NULL).
-    pub params: Vec<Option<&'a [u8]>>,
+    pub params: Values<'a>,
     pub result_formats: Vec<i16>,
+}
+
+/// The parameter values of a Bind: checked when the Bind is read, then
+/// iterated as slices of the frame (`None`: NULL), never collected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Values<'a> {
+    count: usize,
+    raw: &'a [u8],
+}
+
+impl<'a> Values<'a> {
+    /// How many values there are.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The values in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = Option<&'a [u8]>> {
+        let mut raw = self.raw;
+        // Every value was read once already: rereading cannot fail.
+        (0..self.count).map(move |_| read_nullable(&mut raw, "bind parameter").unwrap_or(None))
+    }
 }
 
 impl<'a> Bind<'a> {
@@ -31,12 +57,14 @@ impl<'a> Bind<'a> {
         let statement = read_cstr(&mut buf, "bind statement name")?;
         let param_formats = read_i16_list(&mut buf, "bind parameter formats")?;
         let count = read_count(&mut buf, "bind parameter count")?;
-        // Each value needs at least its 4-byte length: never reserve more
-        // than the frame could describe.
-        let mut params = Vec::with_capacity(count.min(buf.len() / 4));
+        let values = buf;
         for _ in 0..count {
-            params.push(read_nullable(&mut buf, "bind parameter")?);
+            read_nullable(&mut buf, "bind parameter")?;
         }
+        let params = Values {
+            count,
+            raw: &values[..values.len() - buf.len()],
+        };
         let result_formats = read_i16_list(&mut buf, "bind result formats")?;
         Ok(Bind {
             portal,
@@ -46,20 +74,28 @@ impl<'a> Bind<'a> {
             result_formats,
         })
     }
+}
 
-    /// Appends the Bind frame (type byte and length included).
-    pub fn write(&self, out: &mut BytesMut) -> Result<(), EncodeError> {
-        write_message(out, b'B', |out| {
-            write_cstr(out, self.portal, "the portal name")?;
-            write_cstr(out, self.statement, "the statement name")?;
-            write_i16_list(out, &self.param_formats, "the parameter formats")?;
-            write_count(out, self.params.len(), "the parameters")?;
-            for p in &self.params {
-                write_nullable(out, *p, "a parameter")?;
-            }
-            write_i16_list(out, &self.result_formats, "the result formats")
-        })
-    }
+/// Appends a Bind of `statement` to `portal` with `params` (`None`: NULL)
+/// in `param_formats`, asking for `result_formats`.
+pub fn write_bind<'v>(
+    out: &mut BytesMut,
+    portal: &[u8],
+    statement: &[u8],
+    param_formats: &[i16],
+    params: impl ExactSizeIterator<Item = Option<&'v [u8]>>,
+    result_formats: &[i16],
+) -> Result<(), EncodeError> {
+    write_message(out, b'B', |out| {
+        write_cstr(out, portal, "the portal name")?;
+        write_cstr(out, statement, "the statement name")?;
+        write_i16_list(out, param_formats, "the parameter formats")?;
+        write_count(out, params.len(), "the parameters")?;
+        for p in params {
+            write_nullable(out, p, "a parameter")?;
+        }
+        write_i16_list(out, result_formats, "the result formats")
+    })
 }
 
 fn read_i16_list(buf: &mut &[u8], what: &'static str) -> Result<Vec<i16>, ReadError> {
@@ -77,4 +113,33 @@ fn write_i16_list(out: &mut BytesMut, list: &[i16], what: &'static str) -> Resul
         out.put_i16(*f);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_values_as_slices_and_writes_them_back() {
+        let mut frame = BytesMut::new();
+        let values: [Option<&[u8]>; 3] = [Some(b"t1"), None, Some(b"")];
+        write_bind(&mut frame, b"p", b"s", &[1], values.into_iter(), &[0, 1]).unwrap();
+        let bind = Bind::read(&frame).unwrap();
+        assert_eq!((bind.portal, bind.statement), (&b"p"[..], &b"s"[..]));
+        assert_eq!(bind.params.iter().collect::<Vec<_>>(), values);
+        let mut again = BytesMut::new();
+        write_bind(
+            &mut again,
+            bind.portal,
+            bind.statement,
+            &bind.param_formats,
+            bind.params.iter(),
+            &bind.result_formats,
+        )
+        .unwrap();
+        assert_eq!(again, frame);
+        for cut in 0..frame.len() {
+            assert!(Bind::read(&frame[..cut]).is_err(), "cut at {cut}");
+        }
+    }
 }

@@ -1,9 +1,11 @@
 //! The PostgreSQL protocol codec: every message the proxy reads or writes.
 //! Reads borrow from the framed bytes and are checked (a short or lying
-//! message is an error, never a panic); writes all go through
-//! [`write::write_message`], which back-patches the length. The relay
-//! forwards untouched messages as framed and re-encodes only what it
-//! changes.
+//! message is an error, never a panic). Every length word is written by
+//! [`write::write_counted`], which reserves it and patches it once the
+//! body is in (typed messages through [`write::write_message`]); strings
+//! go through [`write::write_cstr`], which refuses an embedded NUL. The
+//! relay forwards untouched messages as framed and re-encodes only what
+//! it changes.
 
 pub mod authentication;
 pub mod backend;
