@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 
+use super::messages::authentication::is_authentication_ok;
+use super::messages::error_response::error_fields;
 use super::messages::startup::write_startup_message;
 use super::messages::terminate::write_terminate;
 use super::proxy::RelayConfig;
@@ -50,7 +52,7 @@ pub fn probe_upstream(config: &RelayConfig, user: &str, timeout: Duration) -> Re
         .map_err(|e| format!("startup: {e}"))?;
     let answer = read_message(&server).map_err(|e| format!("no answer to the startup: {e}"))?;
     let verdict = judge(&answer);
-    if matches!(answer.first(), Some(b'R')) && answer.get(5..9) == Some(&[0, 0, 0, 0]) {
+    if is_authentication_ok(&answer) {
         // AuthenticationOk: end the session politely.
         let mut terminate = BytesMut::new();
         if write_terminate(&mut terminate).is_ok() {
@@ -111,11 +113,9 @@ fn judge(answer: &[u8]) -> Result<(), String> {
 
 /// A field of an ErrorResponse (`C`: SQLSTATE, `M`: message).
 fn field(error: &[u8], code: u8) -> Option<&[u8]> {
-    error
-        .get(5..)?
-        .split(|b| *b == 0)
-        .find(|f| f.first() == Some(&code))
-        .map(|f| &f[1..])
+    error_fields(error)
+        .find(|(c, _)| *c == code)
+        .map(|(_, v)| v)
 }
 
 #[cfg(test)]

@@ -8,17 +8,31 @@ use super::read::{cstr, read_i32};
 use super::write::{write_cstr, write_message, EncodeError};
 use crate::wire::frame::HEADER_LEN;
 
+/// The authentication code of AuthenticationOk.
+const OK: i32 = 0;
 /// The authentication code of AuthenticationSASL.
 const SASL: i32 = 10;
 
-/// The mechanism list of `frame` (NUL-terminated names, ended by an empty
-/// one) when it is an AuthenticationSASL; `None` for any other message.
-pub fn sasl_mechanism_list(frame: &[u8]) -> Option<&[u8]> {
+/// The code of an authentication request (`R`) and what follows it;
+/// `None` for any other message.
+fn authentication(frame: &[u8]) -> Option<(i32, &[u8])> {
     if frame.first() != Some(&b'R') {
         return None;
     }
     let mut body = frame.get(HEADER_LEN..)?;
-    (read_i32(&mut body, "authentication code").ok()? == SASL).then_some(body)
+    let code = read_i32(&mut body, "authentication code").ok()?;
+    Some((code, body))
+}
+
+/// Whether `frame` is AuthenticationOk: the server accepted the login.
+pub fn is_authentication_ok(frame: &[u8]) -> bool {
+    authentication(frame).is_some_and(|(code, _)| code == OK)
+}
+
+/// The mechanism list of `frame` (NUL-terminated names, ended by an empty
+/// one) when it is an AuthenticationSASL; `None` for any other message.
+pub fn sasl_mechanism_list(frame: &[u8]) -> Option<&[u8]> {
+    authentication(frame).and_then(|(code, list)| (code == SASL).then_some(list))
 }
 
 /// Appends an AuthenticationSASL offering `mechanisms`.
