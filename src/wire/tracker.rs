@@ -21,6 +21,7 @@ use super::messages::backend::Backend;
 use super::messages::extended_query::parse_frame;
 use super::messages::frontend::{Frontend, Target};
 use super::messages::read::cstr;
+use super::messages::write::EncodeError;
 use super::reject::{raising_query, raising_statement};
 use super::response_queue::{Desync, Expect, Progress, ResponseQueue, Route};
 use super::sql_commands::{scan, SqlCommand};
@@ -656,8 +657,8 @@ fn never_prepared(name: &str) -> Refusal {
 }
 
 /// A message of the proxy's own that cannot be written ends the session.
-fn unsendable(error: impl std::fmt::Display) -> ClientError {
-    ClientError(error.to_string())
+fn unsendable(error: EncodeError) -> ClientError {
+    ClientError(format!("the proxy's statement cannot be sent: {error}"))
 }
 
 fn unreadable(error: &str) -> Refusal {

@@ -1,5 +1,5 @@
-//! ErrorResponse: the one message of the proxy's own a client sees (and
-//! reads from the server to tell FATAL from ERROR). Each field is a code
+//! ErrorResponse: how the proxy itself tells a client no, and how it reads
+//! the server's errors (FATAL or not, which SQLSTATE). Each field is a code
 //! byte and a string; an empty code ends the list.
 
 use std::borrow::Cow;
