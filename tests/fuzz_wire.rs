@@ -36,9 +36,9 @@ use resumeguard::saver::unknown::UnknownSaverPolicy;
 use resumeguard::saver::write_record::WriteRecord;
 use resumeguard::saver::{json_blob, msgpack};
 use resumeguard::wire::frame::{peek_frame, HEADER_LEN};
-use resumeguard::wire::frontend::Frontend;
+use resumeguard::wire::messages::frontend::Frontend;
+use resumeguard::wire::messages::startup::{self, FirstPacket, MAX_STARTUP_LEN};
 use resumeguard::wire::read_buffer::ReadBuffer;
-use resumeguard::wire::startup::{self, FirstPacket, MAX_STARTUP_LEN};
 
 use budget::run_for;
 use common::saver_sql;
@@ -359,7 +359,8 @@ fn saver_decoders_never_panic() {
     );
     run_for("saver decoders", strategy, |(bind, row, blob, sql)| {
         if let Ok(bound) = BoundParams::decode(&bind) {
-            let again = BoundParams::decode(&bound.encode()).map_err(|e| fail(e.to_string()))?;
+            let encoded = bound.encode().map_err(|e| fail(e.to_string()))?;
+            let again = BoundParams::decode(&encoded).map_err(|e| fail(e.to_string()))?;
             if again != bound {
                 return Err(fail("Bind encode/decode round trip differs".into()));
             }

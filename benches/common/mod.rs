@@ -123,7 +123,7 @@ pub fn row_description(cols: &[(&str, u32, i16)]) -> Vec<u8> {
 
 /// A DataRow body (after the 5-byte header), by the proxy's own encoder.
 pub fn data_row_body(fields: &[Option<&[u8]>]) -> Vec<u8> {
-    resumeguard::wire::row_rewrite::data_row(fields)[5..].to_vec()
+    resumeguard::wire::messages::data_row::data_row(fields)[5..].to_vec()
 }
 
 /// A binary `bytea[]` (element OID 17, lower bounds 1), by the proxy's own

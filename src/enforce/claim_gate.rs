@@ -20,9 +20,9 @@ use super::parked_heads::ParkedHeads;
 use crate::audit::{AuditEvent, Operation, SessionContext};
 use crate::log_text::shown;
 use crate::metrics::claims_store_call;
-use crate::wire::backend::{error_response, Severity};
 use crate::wire::draining::Draining;
 use crate::wire::guard::Ticket;
+use crate::wire::messages::error_response::{error_response, Severity};
 
 use crate::claims::evidence::EvidenceSender;
 use crate::claims::timings::LiveClaimsTimings;

@@ -21,7 +21,7 @@ use crate::saver::pending_tasks::has_pending_tasks;
 use crate::saver::reserved::INTERRUPT;
 use crate::saver::value::{ColumnKind, Value};
 use crate::saver::write_record::WriteRecord;
-use crate::wire::row_rewrite;
+use crate::wire::messages::data_row::data_row;
 
 /// A checkpoint statement in flight: its classification, its parameters
 /// and, for reads, the rows seen so far.
@@ -149,7 +149,7 @@ impl Watch {
             Err(e) => {
                 self.row_errors += 1;
                 self.class.report_undecodable_row(&e);
-                return head.map(|_| row_rewrite::data_row(fields));
+                return head.map(|_| data_row(fields));
             }
         };
         let replacement =
@@ -168,7 +168,7 @@ impl Watch {
         layout: &RowLayout,
     ) -> Bytes {
         match fork_filter(&row.at.checkpoint_id, head.as_deref(), &row.pending_writes) {
-            ForkVerdict::Untouched => row_rewrite::data_row(fields),
+            ForkVerdict::Untouched => data_row(fields),
             ForkVerdict::Fork { hide } => {
                 let kept: Vec<&PendingWrite> = row
                     .pending_writes
@@ -187,7 +187,7 @@ impl Watch {
                         .collect(),
                 });
                 if hide.is_empty() {
-                    return row_rewrite::data_row(fields);
+                    return data_row(fields);
                 }
                 let column = layout.pending_writes;
                 let format = match formats {
@@ -209,7 +209,7 @@ impl Watch {
                 if let Some(slot) = out.get_mut(column) {
                     *slot = encoded.as_deref();
                 }
-                row_rewrite::data_row(&out)
+                data_row(&out)
             }
         }
     }

@@ -1,11 +1,13 @@
-//! A Bind message, decoded with bounds checks. Only Binds of recognized
-//! checkpoint statements are decoded; everything else passes as bytes.
+//! The parameters of a checkpoint statement's Bind, kept past the frame
+//! and read as values. Only Binds of recognized checkpoint statements are
+//! decoded (by the codec's [`Bind`]); everything else passes as bytes.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
-use super::data_row::{read_i16, read_nullable, take};
 use super::decode_error::DecodeError;
-use super::value::{decode_value, ColumnKind, Value};
+use super::value::{decode_value, utf8, ColumnKind, Value};
+use crate::wire::messages::bind::{write_bind, Bind};
+use crate::wire::messages::write::EncodeError;
 
 /// Parameters and formats of one Bind.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,66 +22,33 @@ pub struct BoundParams {
 impl BoundParams {
     /// Decodes a whole Bind frame (type byte and length included).
     pub fn decode(frame: &[u8]) -> Result<Self, DecodeError> {
-        let mut buf = frame.get(5..).ok_or(DecodeError::Truncated {
-            what: "bind header",
-            needed: 5,
-            remaining: frame.len(),
-        })?;
-        let portal = cstring(&mut buf, "bind portal name")?;
-        let statement = cstring(&mut buf, "bind statement name")?;
-        let param_formats = read_i16_list(&mut buf, "bind parameter formats")?;
-        let count = count(&mut buf, "bind parameter count")?;
-        let mut params = Vec::with_capacity(count.min(buf.len() / 4));
-        for _ in 0..count {
-            params.push(read_nullable(&mut buf, "bind parameter")?.map(Bytes::copy_from_slice));
-        }
-        let result_formats = read_i16_list(&mut buf, "bind result formats")?;
+        let bind = Bind::read(frame).map_err(DecodeError::from_read)?;
         Ok(BoundParams {
-            portal,
-            statement,
-            param_formats,
-            params,
-            result_formats,
+            portal: utf8(bind.portal, "bind portal name")?,
+            statement: utf8(bind.statement, "bind statement name")?,
+            param_formats: bind.param_formats,
+            params: bind
+                .params
+                .iter()
+                .map(|p| p.map(Bytes::copy_from_slice))
+                .collect(),
+            result_formats: bind.result_formats,
         })
     }
 
     /// Encodes a Bind frame (type byte and length included).
-    pub fn encode(&self) -> Vec<u8> {
-        let mut body = Vec::with_capacity(
-            64 + self
-                .params
-                .iter()
-                .flatten()
-                .map(|p| p.len() + 4)
-                .sum::<usize>(),
-        );
-        for name in [&self.portal, &self.statement] {
-            body.extend_from_slice(name.as_bytes());
-            body.push(0);
-        }
-        body.extend_from_slice(&(self.param_formats.len() as u16).to_be_bytes());
-        for f in &self.param_formats {
-            body.extend_from_slice(&f.to_be_bytes());
-        }
-        body.extend_from_slice(&(self.params.len() as u16).to_be_bytes());
-        for p in &self.params {
-            match p {
-                Some(b) => {
-                    body.extend_from_slice(&(b.len() as i32).to_be_bytes());
-                    body.extend_from_slice(b);
-                }
-                None => body.extend_from_slice(&(-1i32).to_be_bytes()),
-            }
-        }
-        body.extend_from_slice(&(self.result_formats.len() as u16).to_be_bytes());
-        for f in &self.result_formats {
-            body.extend_from_slice(&f.to_be_bytes());
-        }
-        let mut frame = Vec::with_capacity(body.len() + 5);
-        frame.push(b'B');
-        frame.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
-        frame.extend(body);
-        frame
+    pub fn encode(&self) -> Result<Vec<u8>, EncodeError> {
+        let values: usize = self.params.iter().flatten().map(|p| p.len() + 4).sum();
+        let mut out = BytesMut::with_capacity(64 + values);
+        write_bind(
+            &mut out,
+            self.portal.as_bytes(),
+            self.statement.as_bytes(),
+            &self.param_formats,
+            self.params.iter().map(Option::as_deref),
+            &self.result_formats,
+        )?;
+        Ok(Vec::from(out))
     }
 
     /// The format of parameter `i` by the protocol's rules: no codes =
@@ -105,35 +74,6 @@ impl BoundParams {
             .as_deref();
         decode_value(raw, self.format_of(i), kind)
     }
-}
-
-fn cstring(buf: &mut &[u8], what: &'static str) -> Result<String, DecodeError> {
-    let end = buf
-        .iter()
-        .position(|b| *b == 0)
-        .ok_or(DecodeError::Truncated {
-            what,
-            needed: buf.len() + 1,
-            remaining: buf.len(),
-        })?;
-    let s = super::value::utf8(&buf[..end], what)?;
-    *buf = &buf[end + 1..];
-    Ok(s)
-}
-
-fn count(buf: &mut &[u8], what: &'static str) -> Result<usize, DecodeError> {
-    let n = read_i16(buf, what)?;
-    // Counts are unsigned 16-bit on the wire.
-    Ok(n as u16 as usize)
-}
-
-fn read_i16_list(buf: &mut &[u8], what: &'static str) -> Result<Vec<i16>, DecodeError> {
-    let n = count(buf, what)?;
-    let raw = take(buf, n * 2, what)?;
-    Ok(raw
-        .chunks_exact(2)
-        .map(|c| i16::from_be_bytes([c[0], c[1]]))
-        .collect())
 }
 
 #[cfg(test)]
@@ -212,7 +152,7 @@ pub(crate) mod tests {
     fn encode_round_trips() {
         let frame = bind_frame("s1", &[0, 1], &[Some(b"abc"), None], &[1, 0, 1]);
         let b = BoundParams::decode(&frame).unwrap();
-        assert_eq!(b.encode(), frame);
+        assert_eq!(b.encode().unwrap(), frame);
     }
 
     #[test]

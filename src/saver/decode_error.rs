@@ -4,6 +4,8 @@
 //! caller can log a single, precise reason (which field, what was wrong)
 //! and fall back to relaying the bytes untouched.
 
+use crate::wire::messages::read::ReadError;
+
 /// A decoding failure. Messages name the field and the defect.
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
@@ -97,6 +99,24 @@ pub enum DecodeError {
 }
 
 impl DecodeError {
+    /// The codec's checked readers fail the same three ways: their error
+    /// as this type's.
+    pub fn from_read(e: ReadError) -> Self {
+        match e {
+            ReadError::Truncated {
+                what,
+                needed,
+                remaining,
+            } => DecodeError::Truncated {
+                what,
+                needed,
+                remaining,
+            },
+            ReadError::NegativeLength { what, len } => DecodeError::NegativeLength { what, len },
+            ReadError::TrailingBytes { what, extra } => DecodeError::TrailingBytes { what, extra },
+        }
+    }
+
     /// Wraps `self` with the name of the field being decoded.
     pub fn in_field(self, field: &'static str) -> DecodeError {
         DecodeError::Field {

@@ -9,10 +9,10 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 
-use super::backend::sqlstate;
 use super::client_stream::{ClientStream, ClientTls};
+use super::messages::sqlstate;
+use super::messages::startup::{self, FirstPacket};
 use super::read_buffer::ReadBuffer;
-use super::startup::{self, FirstPacket};
 
 /// invalid_authorization_specification: what PostgreSQL answers when no
 /// pg_hba.conf line admits an unencrypted connection.

@@ -2,8 +2,6 @@
 //! that counts itself but not the type byte. One socket read is not one
 //! message, so every direction frames by that header before looking inside.
 
-use std::fmt;
-
 /// Bytes of the header in front of every typed message.
 pub const HEADER_LEN: usize = 5;
 
@@ -17,36 +15,22 @@ pub struct FrameHeader {
 }
 
 /// Why a buffer cannot be framed: the peer broke the protocol.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
     /// The length field is below 4 (it counts itself) or negative.
+    #[error("invalid message length {declared} for message type {}", printable(*.tag))]
     BadLength { tag: u8, declared: i32 },
     /// The length field exceeds the configured ceiling.
+    #[error(
+        "message type {} declares {declared} bytes, above the limit of {max}",
+        printable(*.tag)
+    )]
     TooLarge {
         tag: u8,
         declared: usize,
         max: usize,
     },
 }
-
-impl fmt::Display for FrameError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            FrameError::BadLength { tag, declared } => write!(
-                f,
-                "invalid message length {declared} for message type {}",
-                printable(*tag)
-            ),
-            FrameError::TooLarge { tag, declared, max } => write!(
-                f,
-                "message type {} declares {declared} bytes, above the limit of {max}",
-                printable(*tag)
-            ),
-        }
-    }
-}
-
-impl std::error::Error for FrameError {}
 
 fn printable(tag: u8) -> String {
     if tag.is_ascii_graphic() {
@@ -90,20 +74,16 @@ pub fn peek_header(buf: &[u8], max_len: usize) -> Result<Option<FrameHeader>, Fr
     }))
 }
 
-/// Reads a NUL-terminated string at the front of `buf`, returning it and
-/// the rest. Used for the names in Bind/Describe/Execute without copying.
-pub fn cstr(buf: &[u8]) -> Option<(&[u8], &[u8])> {
-    let end = buf.iter().position(|b| *b == 0)?;
-    Some((&buf[..end], &buf[end + 1..]))
-}
-
 /// A framed message (tag, length, body), for tests.
 #[cfg(test)]
 pub(crate) fn message(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut v = vec![tag];
-    v.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
-    v.extend_from_slice(body);
-    v
+    let mut out = bytes::BytesMut::new();
+    crate::wire::messages::write::write_message(&mut out, tag, |out| {
+        bytes::BufMut::put_slice(out, body);
+        Ok(())
+    })
+    .expect("a test message fits its length field");
+    out.to_vec()
 }
 
 /// The complete messages `bytes` holds, one after the other, for tests
@@ -184,14 +164,5 @@ mod tests {
         m.extend_from_slice(&0x6000_0000u32.to_be_bytes());
         let err = peek_frame(&m, 1 << 30).unwrap_err();
         assert!(err.to_string().contains("above the limit"), "{err}");
-    }
-
-    #[test]
-    fn reads_cstrings() {
-        let (a, rest) = cstr(b"portal\0stmt\0x").unwrap();
-        assert_eq!(a, b"portal");
-        let (b, rest) = cstr(rest).unwrap();
-        assert_eq!((b, rest), (&b"stmt"[..], &b"x"[..]));
-        assert!(cstr(b"no terminator").is_none());
     }
 }

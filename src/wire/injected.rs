@@ -13,8 +13,11 @@
 //! whatever follows up to Sync, so that error is the client's answer.
 
 use bytes::BytesMut;
-use postgres_protocol::message::frontend;
-use postgres_protocol::IsNull;
+
+use super::messages::bind::write_bind;
+use super::messages::extended_query::{write_close, write_execute, write_parse, NO_PARAM_TYPES};
+use super::messages::frontend::Target;
+use super::messages::write::EncodeError;
 
 /// The name of the proxy's statement and portal.
 const NAME: &str = "resumeguard_injected";
@@ -47,42 +50,27 @@ pub enum Answer {
     Execute,
 }
 
-/// A parameter or the statement could not be encoded (a NUL byte).
-#[derive(Debug, thiserror::Error)]
-#[error("the proxy's statement cannot be sent: {0}")]
-pub struct EncodeError(String);
-
 impl Injection {
     /// Close (statement), Parse, Bind, Execute, Close (portal), Close
     /// (statement): answered as [`ANSWERS`] says.
     pub fn encode(&self) -> Result<Vec<u8>, EncodeError> {
+        let name = NAME.as_bytes();
         let mut out = BytesMut::with_capacity(self.sql.len() + 64 * (self.params.len() + 2));
-        let io = |e: std::io::Error| EncodeError(e.to_string());
-        frontend::close(b'S', NAME, &mut out).map_err(io)?;
-        frontend::parse(NAME, &self.sql, std::iter::empty(), &mut out).map_err(io)?;
-        frontend::bind(
-            NAME,
-            NAME,
-            std::iter::once(0i16),
-            self.params.iter(),
-            |value, buf| match value {
-                Some(text) => {
-                    buf.extend_from_slice(text.as_bytes());
-                    Ok(IsNull::No)
-                }
-                None => Ok(IsNull::Yes),
-            },
-            std::iter::once(0i16),
+        write_close(&mut out, Target::Statement, name)?;
+        write_parse(&mut out, name, self.sql.as_bytes(), NO_PARAM_TYPES)?;
+        // Every parameter and result as text.
+        write_bind(
             &mut out,
-        )
-        .map_err(|e| match e {
-            frontend::BindError::Conversion(e) => EncodeError(e.to_string()),
-            frontend::BindError::Serialization(e) => EncodeError(e.to_string()),
-        })?;
-        frontend::execute(NAME, 0, &mut out).map_err(io)?;
-        frontend::close(b'P', NAME, &mut out).map_err(io)?;
-        frontend::close(b'S', NAME, &mut out).map_err(io)?;
-        Ok(out.to_vec())
+            name,
+            name,
+            &[0],
+            self.params.iter().map(|p| p.as_deref().map(str::as_bytes)),
+            &[0],
+        )?;
+        write_execute(&mut out, name, 0)?;
+        write_close(&mut out, Target::Portal, name)?;
+        write_close(&mut out, Target::Statement, name)?;
+        Ok(Vec::from(out))
     }
 }
 
@@ -90,7 +78,7 @@ impl Injection {
 mod tests {
     use super::*;
     use crate::wire::frame::messages;
-    use crate::wire::frontend::Frontend;
+    use crate::wire::messages::frontend::Frontend;
 
     #[test]
     fn encodes_six_framed_messages_with_the_values_as_parameters() {

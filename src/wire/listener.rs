@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 
-use super::backend::{error_response, sqlstate, Severity};
+use super::messages::error_response::{error_response, Severity};
+use super::messages::sqlstate;
 use super::proxy::Proxy;
 use super::session::{serve_client, THREAD_STACK};
 

@@ -1,31 +1,28 @@
 //! The wire layer: framing, relaying, protocol state. It routes what a
 //! session's guard decides; it knows nothing of checkpoints itself.
 
-pub mod backend;
 mod client_relay;
 pub mod client_stream;
 pub mod connection;
 pub mod draining;
 pub mod first_packet;
 pub mod frame;
-pub mod frontend;
 pub mod guard;
 pub mod hooks;
 pub mod injected;
 pub mod keepalive;
 pub mod listener;
+pub mod messages;
 pub mod proxy;
 pub mod read_buffer;
 pub mod registry;
 pub mod reject;
 pub mod response_queue;
-pub mod row_rewrite;
 pub mod sasl_plus;
 pub mod server_cert_verifier;
 mod server_relay;
 pub mod session;
 pub mod sql_commands;
-pub mod startup;
 pub mod tls_config;
 pub mod tls_stream;
 pub mod tracker;

@@ -5,12 +5,14 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::BytesMut;
 use dashmap::DashMap;
 
 use crate::wire::client_stream::ClientTls;
 use crate::wire::draining::Draining;
 use crate::wire::guard::GuardFactory;
 use crate::wire::keepalive::Keepalive;
+use crate::wire::messages::startup::write_cancel_request;
 use crate::wire::registry::Registry;
 use crate::wire::upstream::{Upstream, UpstreamAddr};
 use crate::wire::upstream_tls::UpstreamTls;
@@ -113,11 +115,11 @@ impl Proxy {
             tracing::info!(pid, "cancel request for an unknown backend key ignored");
             return;
         }
-        let mut packet = Vec::with_capacity(12 + key.len());
-        packet.extend_from_slice(&((12 + key.len()) as i32).to_be_bytes());
-        packet.extend_from_slice(&80_877_102i32.to_be_bytes());
-        packet.extend_from_slice(&pid.to_be_bytes());
-        packet.extend_from_slice(&key);
+        let mut packet = BytesMut::with_capacity(12 + key.len());
+        if let Err(e) = write_cancel_request(&mut packet, pid, &key) {
+            tracing::warn!(pid, error = %e, "cancel request cannot be forwarded");
+            return;
+        }
         match self.connect_upstream() {
             Ok(s) => {
                 if let Err(e) = s.write_all(&packet) {

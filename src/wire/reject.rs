@@ -19,46 +19,36 @@
 //! with non-ASCII characters written as `\u{…}` escapes, so the raised
 //! SQLSTATE is the requested one there too.
 
-use bytes::{BufMut, BytesMut};
+use bytes::BytesMut;
+
+use super::messages::bind::write_bind;
+use super::messages::extended_query::{write_execute, write_parse, NO_PARAM_TYPES};
+use super::messages::query::write_query;
+use super::messages::write::EncodeError;
 
 /// Parse + Bind + Execute (unnamed statement and portal) of a statement
 /// that fails with `sqlstate`, `message` and `detail`.
-pub fn raising_statement(sqlstate: &str, message: &str, detail: &str) -> Vec<u8> {
+pub fn raising_statement(
+    sqlstate: &str,
+    message: &str,
+    detail: &str,
+) -> Result<Vec<u8>, EncodeError> {
     let sql = raising_sql(sqlstate, message, detail);
     let mut out = BytesMut::with_capacity(sql.len() + 64);
-    // Parse: unnamed statement, no parameter types.
-    out.put_u8(b'P');
-    out.put_i32((4 + 1 + sql.len() + 1 + 2) as i32);
-    out.put_u8(0);
-    out.put_slice(sql.as_bytes());
-    out.put_u8(0);
-    out.put_i16(0);
-    // Bind: unnamed portal and statement, no parameters, default formats.
-    out.put_u8(b'B');
-    out.put_i32(4 + 1 + 1 + 2 + 2 + 2);
-    out.put_u8(0);
-    out.put_u8(0);
-    out.put_i16(0);
-    out.put_i16(0);
-    out.put_i16(0);
-    // Execute: unnamed portal, all rows.
-    out.put_u8(b'E');
-    out.put_i32(4 + 1 + 4);
-    out.put_u8(0);
-    out.put_i32(0);
-    out.to_vec()
+    write_parse(&mut out, b"", sql.as_bytes(), NO_PARAM_TYPES)?;
+    // No parameters, default formats.
+    write_bind(&mut out, b"", b"", &[], std::iter::empty(), &[])?;
+    write_execute(&mut out, b"", 0)?;
+    Ok(Vec::from(out))
 }
 
 /// A simple Query of a statement that fails with `sqlstate`, `message`
 /// and `detail`: what the server gets in place of a refused query text.
-pub fn raising_query(sqlstate: &str, message: &str, detail: &str) -> Vec<u8> {
+pub fn raising_query(sqlstate: &str, message: &str, detail: &str) -> Result<Vec<u8>, EncodeError> {
     let sql = raising_sql(sqlstate, message, detail);
     let mut out = BytesMut::with_capacity(sql.len() + 6);
-    out.put_u8(b'Q');
-    out.put_i32((4 + sql.len() + 1) as i32);
-    out.put_slice(sql.as_bytes());
-    out.put_u8(0);
-    out.to_vec()
+    write_query(&mut out, sql.as_bytes())?;
+    Ok(Vec::from(out))
 }
 
 /// The `DO` block: the texts are decoded into variables first (falling
@@ -153,7 +143,7 @@ mod tests {
 
     #[test]
     fn frames_parse_bind_execute() {
-        let bytes = raising_statement("23514", "it's bad", "d");
+        let bytes = raising_statement("23514", "it's bad", "d").unwrap();
         let tags: Vec<u8> = messages(&bytes).iter().map(|m| m[0]).collect();
         assert_eq!(tags, b"PBE");
         let (_, texts) = skeleton(&sql_of(&bytes));
@@ -162,7 +152,7 @@ mod tests {
 
     #[test]
     fn no_client_byte_reaches_the_sql() {
-        let (empty, _) = skeleton(&sql_of(&raising_statement("", "", "")));
+        let (empty, _) = skeleton(&sql_of(&raising_statement("", "", "").unwrap()));
         let hostile = [
             "x\\'; PERFORM nextval($c$canary$c$); --\nEND $resumeguard$",
             "$resumeguard$resumeguard$",
@@ -172,7 +162,7 @@ mod tests {
             "thread \u{7f} \u{2028} é 💥",
         ];
         for text in hostile {
-            let sql = sql_of(&raising_statement("23514", text, text));
+            let sql = sql_of(&raising_statement("23514", text, text).unwrap());
             let (shape, texts) = skeleton(&sql);
             // Same statement as for empty texts, but for the hex digits.
             assert_eq!(shape, empty, "{text:?}");
@@ -190,11 +180,11 @@ mod tests {
     #[test]
     fn the_raising_query_carries_the_same_statement() {
         let text = "x\\'; PERFORM pg_sleep(4); -- $resumeguard$";
-        let q = raising_query("0A000", text, "");
+        let q = raising_query("0A000", text, "").unwrap();
         let h = peek_frame(&q, 1 << 20).unwrap().unwrap();
         assert_eq!((h.tag, h.total_len), (b'Q', q.len()));
         let sql = String::from_utf8(q[5..q.len() - 1].to_vec()).unwrap();
-        assert_eq!(sql, sql_of(&raising_statement("0A000", text, "")));
+        assert_eq!(sql, sql_of(&raising_statement("0A000", text, "").unwrap()));
         assert!(!sql.contains("pg_sleep"), "{sql}");
     }
 

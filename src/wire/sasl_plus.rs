@@ -13,7 +13,11 @@
 //!   what to set, instead of the server's "SCRAM channel binding
 //!   negotiation error" or a failed proof that point nowhere.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+
+use super::messages::authentication::{
+    sasl_mechanism_list, write_authentication_sasl, SaslInitialResponse,
+};
 
 /// The mechanism removed from the list.
 pub const PLUS: &[u8] = b"SCRAM-SHA-256-PLUS";
@@ -40,17 +44,10 @@ pub struct BindingRefusal {
 /// a SASLInitialResponse is a mechanism name, a length and that many
 /// bytes, which no password message (one string) is.
 pub fn binding_refused(frame: &[u8], upstream_tls: bool) -> Option<BindingRefusal> {
-    if !upstream_tls || frame.first() != Some(&b'p') {
+    if !upstream_tls {
         return None;
     }
-    let body = frame.get(5..)?;
-    let nul = body.iter().position(|b| *b == 0)?;
-    let (mechanism, rest) = (&body[..nul], &body[nul + 1..]);
-    let len = i32::from_be_bytes(rest.get(..4)?.try_into().ok()?);
-    let data = &rest[4..];
-    if usize::try_from(len).ok()? != data.len() {
-        return None;
-    }
+    let SaslInitialResponse { mechanism, data } = SaslInitialResponse::read(frame)?;
     let message = if mechanism == PLUS && data.starts_with(b"p=") {
         "resumeguard: channel binding cannot pass a TLS-terminating proxy: the client \
          binds SCRAM-SHA-256-PLUS to resumeguard's certificate, the server checks its own, \
@@ -71,40 +68,17 @@ pub fn binding_refused(frame: &[u8], upstream_tls: bool) -> Option<BindingRefusa
 /// without `SCRAM-SHA-256-PLUS`, when it is an AuthenticationSASL that
 /// offers it; `None` when it passes as it is.
 pub fn without_plus(frame: &[u8]) -> Option<Bytes> {
-    let offers_plus = frame.first() == Some(&b'R')
-        && frame.get(5..9) == Some(&[0, 0, 0, 10][..])
-        && frame[9..].split(|b| *b == 0).any(|n| n == PLUS);
-    if !offers_plus {
+    let names = sasl_mechanism_list(frame)?;
+    if !names.split(|b| *b == 0).any(|n| n == PLUS) {
         return None;
     }
-    let mut out = Vec::with_capacity(frame.len());
-    rewrite_sasl(frame, &mut out);
-    Some(Bytes::from(out))
-}
-
-/// Appends `msg` to `out`, without `SCRAM-SHA-256-PLUS` when it is an
-/// AuthenticationSASL (code 10: a list of names, each NUL-terminated,
-/// ended by an empty one).
-fn rewrite_sasl(msg: &[u8], out: &mut Vec<u8>) {
-    if msg.get(5..9) != Some(&[0, 0, 0, 10][..]) {
-        out.extend_from_slice(msg);
-        return;
-    }
-    let names = &msg[9..];
-    let kept: Vec<&[u8]> = names
+    let kept = names
         .split(|b| *b == 0)
         .take_while(|n| !n.is_empty())
-        .filter(|n| *n != PLUS)
-        .collect();
-    let body_len = 4 + 4 + kept.iter().map(|n| n.len() + 1).sum::<usize>() + 1;
-    out.push(b'R');
-    out.extend_from_slice(&(body_len as i32).to_be_bytes());
-    out.extend_from_slice(&10i32.to_be_bytes());
-    for n in kept {
-        out.extend_from_slice(n);
-        out.push(0);
-    }
-    out.push(0);
+        .filter(|n| *n != PLUS);
+    let mut out = BytesMut::with_capacity(frame.len());
+    write_authentication_sasl(&mut out, kept).ok()?;
+    Some(out.freeze())
 }
 
 #[cfg(test)]

@@ -16,16 +16,17 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 
-use super::backend::{error_response, sqlstate, Severity};
 use super::client_relay::client_to_server;
 use super::client_stream::ClientStream;
 use super::first_packet::{read_first_packet, NotOpened, Opened};
 use super::guard::SessionInfo;
+use super::messages::error_response::{error_response, Severity};
+use super::messages::sqlstate;
+use super::messages::startup::{FirstPacket, StartupMessage};
 use super::proxy::Proxy;
 use super::registry::{SessionHandle, SessionSummary, StopReason};
 use super::sasl_plus::{self, BindingRefusal};
 use super::server_relay::server_to_client;
-use super::startup::{FirstPacket, StartupMessage};
 use super::unsupported_protocol::answer_unsupported;
 use crate::log_text::shown;
 

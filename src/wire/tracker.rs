@@ -16,10 +16,12 @@
 
 use std::sync::Arc;
 
-use super::backend::Backend;
-use super::frontend::{parse_frame, Frontend, Target};
 use super::guard::{ClientError, ClientStep, ServerStep};
 use super::injected::{Answer, Injection, ANSWERS};
+use super::messages::backend::Backend;
+use super::messages::extended_query::parse_frame;
+use super::messages::frontend::{Frontend, Target};
+use super::messages::write::EncodeError;
 use super::reject::{raising_query, raising_statement};
 use super::response_queue::{Desync, Expect, Progress, ResponseQueue, Route};
 use super::sql_commands::{scan, SqlCommand};
@@ -135,11 +137,13 @@ impl<H: Hooks> Tracker<H> {
                     // Refused at the Parse: the server raises the error in
                     // its place and skips to Sync; the statement never
                     // exists.
-                    return Ok(ClientStep::Replace(self.inject_refusal(&refusal)));
+                    return Ok(ClientStep::Replace(self.inject_refusal(&refusal)?));
                 }
                 let (statement, replacement) = self.prepare_text(sql);
                 let step = match replacement {
-                    Some(new_sql) => ClientStep::Replace(parse_frame(name, &new_sql, param_types)),
+                    Some(new_sql) => ClientStep::Replace(
+                        parse_frame(name, &new_sql, param_types).map_err(unsendable)?,
+                    ),
                     None => ClientStep::Forward,
                 };
                 let change = Change::Define {
@@ -205,11 +209,11 @@ impl<H: Hooks> Tracker<H> {
                 self.push(Expect::CloseComplete, Route::Forward, Some(change));
                 Ok(ClientStep::Forward)
             }
-            Frontend::Query { sql } => Ok(self.query(sql)),
+            Frontend::Query { sql } => self.query(sql),
             Frontend::Sync => {
                 let mut step = ClientStep::Forward;
                 if let Some(refusal) = self.hooks.sync() {
-                    let mut bytes = self.inject_refusal(&refusal);
+                    let mut bytes = self.inject_refusal(&refusal)?;
                     bytes.extend_from_slice(frame);
                     step = ClientStep::Replace(bytes);
                 }
@@ -288,7 +292,7 @@ impl<H: Hooks> Tracker<H> {
             Lookup::Known(None) if name.is_empty() => Statement::new(self.hooks.plain()),
             Lookup::Known(None) => {
                 let refusal = never_prepared(&String::from_utf8_lossy(name));
-                return Ok(ClientStep::Replace(self.inject_refusal(&refusal)));
+                return Ok(ClientStep::Replace(self.inject_refusal(&refusal)?));
             }
         };
         let refused = match &statement.refused {
@@ -300,7 +304,7 @@ impl<H: Hooks> Tracker<H> {
             },
         };
         if let Some(refusal) = refused {
-            return Ok(ClientStep::Replace(self.inject_refusal(&refusal)));
+            return Ok(ClientStep::Replace(self.inject_refusal(&refusal)?));
         }
         let (annotation, step) = match self.hooks.bind(&statement.annotation, frame)? {
             Bound::Forward(a) => (a, ClientStep::Forward),
@@ -314,7 +318,7 @@ impl<H: Hooks> Tracker<H> {
                 ClientStep::Replace(self.inject(&injection, watch, frame)?),
             ),
             Bound::Refuse(refusal) => {
-                return Ok(ClientStep::Replace(self.inject_refusal(&refusal)));
+                return Ok(ClientStep::Replace(self.inject_refusal(&refusal)?));
             }
         };
         let change = Change::Bind {
@@ -357,7 +361,7 @@ impl<H: Hooks> Tracker<H> {
         Executes::Allowed
     }
 
-    fn query(&mut self, sql: &[u8]) -> ClientStep {
+    fn query(&mut self, sql: &[u8]) -> Result<ClientStep, ClientError> {
         let text = std::str::from_utf8(sql).unwrap_or_default();
         let mut commands = Vec::new();
         let mut refusal = self.hooks.admit(&String::from_utf8_lossy(sql)).err();
@@ -376,7 +380,7 @@ impl<H: Hooks> Tracker<H> {
                             refusal = Some(r);
                             break;
                         }
-                        Executes::Ambiguous => return ClientStep::AwaitServer,
+                        Executes::Ambiguous => return Ok(ClientStep::AwaitServer),
                     }
                     let [(command, _)] = entry;
                     let defines = match self.definition(&command) {
@@ -406,7 +410,7 @@ impl<H: Hooks> Tracker<H> {
             Ok(watch) => (ClientStep::Forward, watch),
             Err(r) => {
                 commands.clear();
-                let bytes = raising_query(r.sqlstate, &r.message, &r.detail);
+                let bytes = raising_query(r.sqlstate, &r.message, &r.detail).map_err(unsendable)?;
                 (ClientStep::Replace(bytes), None)
             }
         };
@@ -417,13 +421,15 @@ impl<H: Hooks> Tracker<H> {
         };
         self.push(Expect::Query, Route::Forward, Some(change));
         self.segment += 1;
-        step
+        Ok(step)
     }
 
     /// The bytes that make the server raise `refusal` in place of a Bind
     /// (or a Parse),
     /// with the answers to the injected Parse and Bind swallowed.
-    fn inject_refusal(&mut self, refusal: &Refusal) -> Vec<u8> {
+    fn inject_refusal(&mut self, refusal: &Refusal) -> Result<Vec<u8>, ClientError> {
+        let bytes = raising_statement(refusal.sqlstate, &refusal.message, &refusal.detail)
+            .map_err(unsendable)?;
         let define = Change::Define {
             name: Vec::new(),
             statement: Statement::new(self.hooks.plain()),
@@ -438,7 +444,7 @@ impl<H: Hooks> Tracker<H> {
         };
         self.push(Expect::BindComplete, Route::Swallow, Some(bind));
         self.push(Expect::Execute, Route::Forward, None);
-        raising_statement(refusal.sqlstate, &refusal.message, &refusal.detail)
+        Ok(bytes)
     }
 
     /// The proxy's own statement ahead of the client's Bind `frame`: its
@@ -450,7 +456,7 @@ impl<H: Hooks> Tracker<H> {
         watch: H::Watch,
         frame: &[u8],
     ) -> Result<Vec<u8>, ClientError> {
-        let mut bytes = injection.encode().map_err(|e| ClientError(e.to_string()))?;
+        let mut bytes = injection.encode().map_err(unsendable)?;
         let mut watch = Some(watch);
         for answer in ANSWERS {
             let (expect, change) = match answer {
@@ -598,6 +604,11 @@ fn never_prepared(name: &str) -> Refusal {
             "resumeguard runs only statements prepared on this connection by Parse or SQL PREPARE"
                 .into(),
     }
+}
+
+/// A message of the proxy's own that cannot be written ends the session.
+fn unsendable(error: EncodeError) -> ClientError {
+    ClientError(format!("the proxy's statement cannot be sent: {error}"))
 }
 
 fn unreadable(error: &str) -> Refusal {

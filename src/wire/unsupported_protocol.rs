@@ -9,10 +9,10 @@
 use std::io::{Read, Write};
 use std::time::Instant;
 
-use super::backend::{error_response, Severity};
 use super::client_stream::ClientStream;
+use super::messages::error_response::{error_response, protocol_2_error, Severity};
+use super::messages::startup::UnsupportedStartup;
 use super::proxy::Proxy;
-use super::startup::UnsupportedStartup;
 use super::upstream::Upstream;
 
 /// The most of the server's answer relayed: one error message is far
@@ -100,10 +100,7 @@ fn local_answer(major: u16, minor: u16) -> Vec<u8> {
     let message =
         format!("unsupported frontend protocol {major}.{minor}: server supports 3.0 to 3.2");
     if major < 3 {
-        let mut out = b"EFATAL:  ".to_vec();
-        out.extend_from_slice(message.as_bytes());
-        out.extend_from_slice(b"\n\0");
-        return out;
+        return protocol_2_error(&format!("FATAL:  {message}\n"));
     }
     error_response(Severity::Fatal, FEATURE_NOT_SUPPORTED, &message, None).to_vec()
 }

@@ -6,6 +6,13 @@
 use std::io::{self, Read};
 use std::time::Duration;
 
+use bytes::BytesMut;
+
+use super::messages::authentication::is_authentication_ok;
+use super::messages::error_response::error_fields;
+use super::messages::startup::write_startup_message;
+use super::messages::terminate::write_terminate;
+use super::messages::write::EncodeError;
 use super::proxy::RelayConfig;
 
 /// The step of the probe that failed, and why.
@@ -18,6 +25,8 @@ pub enum ProbeError {
     Tls(io::Error),
     #[error("startup: {0}")]
     Startup(io::Error),
+    #[error("startup: {0}")]
+    StartupMessage(EncodeError),
     #[error("no answer to the startup: {0}")]
     NoAnswer(io::Error),
     /// An ErrorResponse other than a login refusal: its message and
@@ -62,20 +71,22 @@ pub fn probe_upstream(
     server
         .set_read_timeout(Some(timeout))
         .map_err(ProbeError::Startup)?;
-    let mut startup = bytes::BytesMut::new();
+    let mut startup = BytesMut::new();
     let params = [
         ("user", user),
         ("database", "postgres"),
         ("application_name", "resumeguard-readyz"),
     ];
-    postgres_protocol::message::frontend::startup_message(params, &mut startup)
-        .map_err(ProbeError::Startup)?;
+    write_startup_message(&mut startup, params).map_err(ProbeError::StartupMessage)?;
     server.write_all(&startup).map_err(ProbeError::Startup)?;
     let answer = read_message(&server).map_err(ProbeError::NoAnswer)?;
     let verdict = judge(&answer);
-    if matches!(answer.first(), Some(b'R')) && answer.get(5..9) == Some(&[0, 0, 0, 0]) {
+    if is_authentication_ok(&answer) {
         // AuthenticationOk: end the session politely.
-        let _ = server.write_all(&[b'X', 0, 0, 0, 4]);
+        let mut terminate = BytesMut::new();
+        if write_terminate(&mut terminate).is_ok() {
+            let _ = server.write_all(&terminate);
+        }
     }
     server.close_notify();
     verdict
@@ -127,11 +138,9 @@ fn judge(answer: &[u8]) -> Result<(), ProbeError> {
 
 /// A field of an ErrorResponse (`C`: SQLSTATE, `M`: message).
 fn field(error: &[u8], code: u8) -> Option<&[u8]> {
-    error
-        .get(5..)?
-        .split(|b| *b == 0)
-        .find(|f| f.first() == Some(&code))
-        .map(|f| &f[1..])
+    error_fields(error)
+        .find(|(c, _)| *c == code)
+        .map(|(_, v)| v)
 }
 
 #[cfg(test)]

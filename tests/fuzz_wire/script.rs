@@ -117,7 +117,7 @@ pub fn frame_of(op: &Op, pool: &[String]) -> Vec<u8> {
                     let mut bound =
                         BoundParams::decode(&frame).expect("the benchmark's Bind decodes");
                     bound.portal = portal.into();
-                    bound.encode()
+                    bound.encode().expect("a decoded Bind encodes")
                 }
                 1 => common::bind(portal, statement, &[], &[Some(b"t1"), Some(b"")], &[1]),
                 2 => common::bind(

@@ -9,7 +9,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use resumeguard::wire::frontend::{Frontend, Target};
+use resumeguard::wire::messages::frontend::{Frontend, Target};
 
 /// The fuzzer's choices, read one byte at a time.
 pub struct Dice {

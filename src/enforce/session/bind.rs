@@ -70,7 +70,9 @@ pub(super) fn handle(
     if statement.rewritten && bound.result_formats.len() > 1 {
         // Per-column formats must cover the head column too.
         bound.result_formats.push(0);
-        replacement = Some(bound.encode());
+        replacement = Some(bound.encode().map_err(|e| {
+            ClientError(format!("the Bind with the head column cannot be sent: {e}"))
+        })?);
     }
     let binding = Binding {
         class: Arc::clone(&statement.class),

@@ -8,7 +8,7 @@ use crate::enforce::fencing::FenceCheck;
 use crate::enforce::watch::Watch;
 use crate::log_text::shown;
 use crate::saver::classify::StatementKind;
-use crate::wire::backend::error_fields;
+use crate::wire::messages::error_response::error_fields;
 
 pub(super) fn handle(session: &mut SessionEnforcer, watch: Watch, ok: bool) {
     if let Some(check) = &watch.fence {

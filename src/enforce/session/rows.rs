@@ -9,7 +9,7 @@ use super::SessionEnforcer;
 use crate::enforce::claim_gate::{ClaimRequest, ClaimTicket, Head};
 use crate::enforce::watch::Watch;
 use crate::wire::guard::{HeldTicket, ServerStep};
-use crate::wire::row_rewrite::drop_last_column_description;
+use crate::wire::messages::row_description::drop_last_column_description;
 
 pub(super) fn row(
     session: &mut SessionEnforcer,

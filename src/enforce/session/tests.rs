@@ -296,7 +296,7 @@ fn read_head(st: &mut SessionState, checkpoint: &[u8], pending: Option<&[u8]>) -
     server(st, &[msg(b'2', b""), msg(b'T', b"\0\0")]);
     let mut jsonb = vec![1u8];
     jsonb.extend_from_slice(checkpoint);
-    let row = crate::wire::row_rewrite::data_row(&[
+    let row = crate::wire::messages::data_row::data_row(&[
         Some(b"t1"),
         Some(&jsonb),
         Some(b""),

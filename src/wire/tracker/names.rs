@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use foldhash::fast::RandomState;
 
-use super::super::frontend::Target;
 use super::super::hooks::{Hooks, Refusal};
+use super::super::messages::frontend::Target;
 use super::super::sql_commands::SqlCommand;
 use super::sql_changes::SqlChanges;
 

@@ -10,8 +10,8 @@
 
 use std::collections::VecDeque;
 
-use super::super::frontend::Target;
 use super::super::hooks::Hooks;
+use super::super::messages::frontend::Target;
 use super::super::sql_commands::SqlCommand;
 use super::name_changes::{Alike, NameChanges, Sent};
 use super::names::{Change, Lookup, Names, Pending, Portal, Statement};

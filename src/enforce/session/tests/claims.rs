@@ -26,7 +26,7 @@ fn a_read_of_a_parked_head_is_seen_as_parked() {
         b"~__pregel_pull, gate",
         b"-3",
     ]]);
-    let row = crate::wire::row_rewrite::data_row(&[
+    let row = crate::wire::messages::data_row::data_row(&[
         Some(b"t1"),
         Some(b"\x01{\"v\": 4}"),
         Some(b""),
@@ -96,7 +96,7 @@ fn a_head_with_tasks_to_run_asks_for_the_run_lease_and_a_finished_one_does_not()
 /// rest of that statement's answer is swallowed up to ReadyForQuery.
 fn assert_refused_and_rest_swallowed(st: &mut SessionState, error: Option<Bytes>) {
     let error = error.expect("an error replaces the row");
-    let fields: Vec<_> = crate::wire::backend::error_fields(&error).collect();
+    let fields: Vec<_> = crate::wire::messages::error_response::error_fields(&error).collect();
     assert!(fields.contains(&(b'C', &b"55000"[..])));
     let routes = server_routes(st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
     assert_eq!(routes, [Route::Answered, Route::Forward]);

@@ -6,7 +6,8 @@
 //! and DataRow from the server), which is why each direction has its own
 //! type.
 
-use super::frame::{cstr, HEADER_LEN};
+use super::read::cstr;
+use crate::wire::frame::HEADER_LEN;
 
 /// Which object a Describe or Close names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,25 +108,12 @@ impl<'a> Frontend<'a> {
     }
 }
 
-/// A Parse frame for `name` with new SQL and the original parameter types.
-pub fn parse_frame(name: &[u8], sql: &str, param_types: &[u8]) -> Vec<u8> {
-    let len = 4 + name.len() + 1 + sql.len() + 1 + param_types.len();
-    let mut f = Vec::with_capacity(len + 1);
-    f.push(b'P');
-    f.extend_from_slice(&(len as i32).to_be_bytes());
-    f.extend_from_slice(name);
-    f.push(0);
-    f.extend_from_slice(sql.as_bytes());
-    f.push(0);
-    f.extend_from_slice(param_types);
-    f
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     use crate::wire::frame::message as msg;
+    use crate::wire::messages::extended_query::parse_frame;
 
     #[test]
     fn reads_each_message() {
@@ -138,7 +126,7 @@ mod tests {
                 param_types: b"\0\0"
             }
         );
-        let f = parse_frame(b"s1", "select 1", b"\0\0");
+        let f = parse_frame(b"s1", "select 1", b"\0\0").unwrap();
         assert_eq!(f, p);
         assert_eq!(
             Frontend::read(&msg(b'B', b"p\0s1\0\0\0")),

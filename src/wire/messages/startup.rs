@@ -1,8 +1,13 @@
 //! The untyped first packet of a connection: SSLRequest, GSSENCRequest,
 //! CancelRequest or StartupMessage. It has no type byte, only a length and
-//! a 4-byte code, so it is framed apart from everything that follows.
+//! a 4-byte code, so it is framed apart from everything that follows. Read
+//! from a client; a StartupMessage and a CancelRequest are also written to
+//! the server.
 
-use std::fmt;
+use bytes::{BufMut, BytesMut};
+
+use super::read::{cstr, read_i32};
+use super::write::{write_counted, write_cstr, EncodeError};
 
 /// Startup packets are small; PostgreSQL itself caps them at 10000 bytes.
 pub const MAX_STARTUP_LEN: usize = 10_000;
@@ -10,6 +15,8 @@ pub const MAX_STARTUP_LEN: usize = 10_000;
 const SSL_REQUEST: u32 = 80_877_103;
 const GSSENC_REQUEST: u32 = 80_877_104;
 const CANCEL_REQUEST: u32 = 80_877_102;
+/// Protocol 3.0, the version the proxy itself speaks to the server.
+const PROTOCOL_3_0: u32 = 3 << 16;
 
 /// What the client opened with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,17 +72,20 @@ impl StartupMessage {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StartupError {
     /// The length word is out of range (a client's Terminate sent before
     /// any StartupMessage reads as 1476395008). PostgreSQL only logs this
     /// and closes without a word.
+    #[error("invalid length of startup packet: {0}")]
     BadLength(i32),
     /// A CancelRequest too short to hold a process id and key; logged and
     /// closed without a word, as PostgreSQL does.
+    #[error("invalid length of cancel request: {0}")]
     BadCancelLength(usize),
     /// A StartupMessage whose parameters do not read; PostgreSQL tells the
     /// client (FATAL 08P01).
+    #[error("invalid startup packet layout: {0}")]
     Malformed(&'static str),
 }
 
@@ -86,20 +96,6 @@ impl StartupError {
         matches!(self, StartupError::Malformed(_))
     }
 }
-
-impl fmt::Display for StartupError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StartupError::BadLength(n) => write!(f, "invalid length of startup packet: {n}"),
-            StartupError::BadCancelLength(n) => {
-                write!(f, "invalid length of cancel request: {n}")
-            }
-            StartupError::Malformed(what) => write!(f, "invalid startup packet layout: {what}"),
-        }
-    }
-}
-
-impl std::error::Error for StartupError {}
 
 /// Frames the first packet: `Ok(None)` until all of it is buffered.
 pub fn peek_len(buf: &[u8]) -> Result<Option<usize>, StartupError> {
@@ -114,21 +110,24 @@ pub fn peek_len(buf: &[u8]) -> Result<Option<usize>, StartupError> {
     Ok((buf.len() >= len).then_some(len))
 }
 
-/// Decodes a whole first packet (length prefix included).
+/// Decodes a whole first packet (length prefix included), as
+/// [`peek_len`] framed it.
 pub fn parse(packet: &[u8]) -> Result<FirstPacket, StartupError> {
-    let code = u32::from_be_bytes([packet[4], packet[5], packet[6], packet[7]]);
-    let body = &packet[8..];
+    let bad_length = || StartupError::BadLength(i32::try_from(packet.len()).unwrap_or(i32::MAX));
+    let mut body = packet.get(4..).ok_or_else(bad_length)?;
+    let code = read_i32(&mut body, "startup code").map_err(|_| bad_length())? as u32;
     match code {
         SSL_REQUEST => Ok(FirstPacket::SslRequest),
         GSSENC_REQUEST => Ok(FirstPacket::GssEncRequest),
         CANCEL_REQUEST => {
+            let bad_cancel = || StartupError::BadCancelLength(packet.len());
             if body.len() < 8 {
-                return Err(StartupError::BadCancelLength(packet.len()));
+                return Err(bad_cancel());
             }
-            let pid = i32::from_be_bytes([body[0], body[1], body[2], body[3]]);
+            let pid = read_i32(&mut body, "cancel pid").map_err(|_| bad_cancel())?;
             Ok(FirstPacket::Cancel {
                 pid,
-                key: body[4..].to_vec(),
+                key: body.to_vec(),
             })
         }
         _ => {
@@ -151,16 +150,40 @@ pub fn parse(packet: &[u8]) -> Result<FirstPacket, StartupError> {
     }
 }
 
+/// Appends a protocol 3.0 StartupMessage with `params`.
+pub fn write_startup_message<'a>(
+    out: &mut BytesMut,
+    params: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<(), EncodeError> {
+    write_counted(out, |out| {
+        out.put_u32(PROTOCOL_3_0);
+        for (name, value) in params {
+            write_cstr(out, name.as_bytes(), "a startup parameter name")?;
+            write_cstr(out, value.as_bytes(), "a startup parameter value")?;
+        }
+        out.put_u8(0);
+        Ok(())
+    })
+}
+
+/// Appends a CancelRequest for the backend `pid` with its secret `key`.
+pub fn write_cancel_request(out: &mut BytesMut, pid: i32, key: &[u8]) -> Result<(), EncodeError> {
+    write_counted(out, |out| {
+        out.put_u32(CANCEL_REQUEST);
+        out.put_i32(pid);
+        out.put_slice(key);
+        Ok(())
+    })
+}
+
 fn parse_params(mut body: &[u8]) -> Result<Vec<(String, String)>, StartupError> {
     let mut params = Vec::new();
     loop {
-        let (key, rest) =
-            super::frame::cstr(body).ok_or(StartupError::Malformed("unterminated name"))?;
+        let (key, rest) = cstr(body).ok_or(StartupError::Malformed("unterminated name"))?;
         if key.is_empty() {
             return Ok(params);
         }
-        let (value, rest) =
-            super::frame::cstr(rest).ok_or(StartupError::Malformed("unterminated value"))?;
+        let (value, rest) = cstr(rest).ok_or(StartupError::Malformed("unterminated value"))?;
         params.push((
             String::from_utf8_lossy(key).into_owned(),
             String::from_utf8_lossy(value).into_owned(),
@@ -252,5 +275,26 @@ mod tests {
         assert!(!short_cancel.is_told());
         let layout = parse(&packet(196_608, b"user\0x")).unwrap_err();
         assert!(layout.is_told(), "{layout}");
+    }
+
+    #[test]
+    fn written_startup_and_cancel_packets_read_back() {
+        let mut out = BytesMut::new();
+        write_startup_message(&mut out, [("user", "u"), ("database", "d")]).unwrap();
+        assert_eq!(peek_len(&out).unwrap(), Some(out.len()));
+        let FirstPacket::Startup(s) = parse(&out).unwrap() else {
+            panic!("not a startup")
+        };
+        assert_eq!((s.major, s.minor, s.user(), s.database()), (3, 0, "u", "d"));
+        let mut out = BytesMut::new();
+        write_cancel_request(&mut out, 7, &[1, 2, 3, 4]).unwrap();
+        assert_eq!(
+            parse(&out).unwrap(),
+            FirstPacket::Cancel {
+                pid: 7,
+                key: vec![1, 2, 3, 4]
+            }
+        );
+        assert!(write_startup_message(&mut out, [("user", "a\0b")]).is_err());
     }
 }
