@@ -1,9 +1,20 @@
 //! resumeguard: a transparent PostgreSQL wire-protocol proxy that recognizes
 //! LangGraph checkpoint traffic and holds it to the Resume Contract.
 //!
-//! Layers: [`wire`] frames, relays and tracks protocol state; [`saver`]
-//! recognizes checkpoint statements and decodes their parameters and rows;
-//! [`audit`] records what the proxy saw and decided.
+//! Layers, top first; a module uses only those below it (`tests/layers.rs`
+//! holds the code to this picture):
+//! - [`config`]: the configuration, from defaults, file, environment and flags.
+//! - [`admin`]: the HTTP admin API, `/metrics` and the approvals console.
+//! - [`enforce`]: the session's hooks; turns decoded traffic into actions.
+//! - [`policy`]: the verdicts (fork filter, channel rules, claims, fences).
+//! - [`claims`] and [`audit`]: the stores, side by side.
+//! - [`audit_event`]: what an audit record says, shared by both stores.
+//! - [`pg`] and [`managed_pg`]: PostgreSQL as a client, and the embedded server.
+//! - [`saver`]: recognizes checkpoint statements and decodes their values.
+//! - [`wire`]: frames, relays and tracks protocol state; knows nothing of
+//!   LangGraph.
+//! - Leaves: [`metrics`], [`timestamp`], [`error_chain`], [`log_text`],
+//!   [`fd_limit`].
 
 pub mod admin;
 pub mod audit;
