@@ -28,6 +28,7 @@ mod sink;
 mod source;
 mod sqlite_retention;
 mod sqlite_store;
+mod stats;
 #[cfg(test)]
 mod test_util;
 mod timeline;
@@ -43,7 +44,8 @@ pub use error::{AuditError, FilterError};
 pub use jsonl::{read_jsonl, verify_jsonl, JsonlWriter};
 pub use prune::{prune, Declared, PruneRule};
 pub use query::{render_threads, threads, EventFilter, ThreadSummary};
-pub use sink::{AuditSink, AuditStats, DEFAULT_FLUSH_TIMEOUT};
+pub use sink::{AuditSink, DEFAULT_FLUSH_TIMEOUT};
 pub use source::TrailSource;
 pub use sqlite_store::{all_events, thread_events, Store};
+pub use stats::AuditStats;
 pub use timeline::{render_json, render_timeline};
