@@ -29,6 +29,7 @@ pub mod claims_location;
 mod error;
 pub mod layers;
 pub mod live;
+pub mod shared_schema;
 pub mod show;
 use claims_location::ClaimsBackend;
 pub use error::ConfigError;

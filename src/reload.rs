@@ -437,6 +437,7 @@ mod tests {
 
     use resumeguard::audit::AuditSink;
     use resumeguard::claims::ClaimStore;
+    use resumeguard::config::shared_schema::SHARED_SCHEMA;
     use resumeguard::config::Flags;
     use resumeguard::enforce::{Enforcement, Legs};
     use resumeguard::pg::PgTarget;
@@ -472,7 +473,7 @@ mod tests {
             .map(|a| a.port())
             .unwrap();
         let dsn = format!("host=127.0.0.1 port={port} user=rg dbname=claims");
-        ClaimStore::connect(PgTarget::from_dsn(&dsn).unwrap())
+        ClaimStore::connect(PgTarget::from_dsn(&dsn).unwrap(), SHARED_SCHEMA)
     }
 
     fn started(loader: Loader, claims: Option<Arc<ClaimStore>>) -> Reloader {

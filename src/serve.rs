@@ -18,6 +18,7 @@ use resumeguard::claims::postgres::check_once;
 use resumeguard::claims::timings::{ClaimsTimings, LiveClaimsTimings};
 use resumeguard::claims::ClaimStore;
 use resumeguard::config::claims_location::{postgres_target, LocationError};
+use resumeguard::config::shared_schema::SHARED_SCHEMA;
 use resumeguard::config::{Config, ConfigError, Loader};
 use resumeguard::enforce::claim_gate::{ClaimsLeg, InTransactionFence};
 use resumeguard::enforce::own_schema::OwnSchema;
@@ -322,7 +323,7 @@ fn connect_audit(
     match postgres_target(cfg, managed) {
         Ok(target) => {
             if check {
-                if let Err(fault) = check_once(&target) {
+                if let Err(fault) = check_once(&target, SHARED_SCHEMA) {
                     match fault.fix {
                         Some(fix) => anyhow::bail!("[audit] postgres: {}; {fix}", fault.error),
                         None => tracing::error!(error = %fault.error, "[audit] postgres: \
@@ -332,7 +333,7 @@ fn connect_audit(
                 }
             }
             tracing::info!(at = %target.shown(), "audit trail also kept in PostgreSQL");
-            audit.connect_postgres(target);
+            audit.connect_postgres(target, SHARED_SCHEMA);
         }
         Err(e) => tracing::error!(
             error = %resumeguard::error_chain::chain(&e),
@@ -412,7 +413,9 @@ fn legs(
             })?;
             tracing::info!(at = %at.shown(), "claims store");
             resumeguard::claims::postgres::pooler::refuse_transaction_pooler(at)?;
-            let store = Arc::new(ClaimStore::connect(at.clone()).with_timings(Arc::clone(timings)));
+            let store = Arc::new(
+                ClaimStore::connect(at.clone(), SHARED_SCHEMA).with_timings(Arc::clone(timings)),
+            );
             if let Some(fault) = store.start_fault() {
                 match fault.fix {
                     // Refusing every parked read until an operator acts

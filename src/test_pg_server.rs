@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use crate::claims::ClaimStore;
+use crate::config::shared_schema::SHARED_SCHEMA;
 use crate::managed_pg::ManagedConfig;
 use crate::managed_pg::ManagedPostgres;
 use crate::pg::PgTarget;
@@ -59,7 +60,7 @@ pub fn unreachable() -> ClaimStore {
         .map(|a| a.port())
         .expect("a free port");
     let dsn = format!("host=127.0.0.1 port={port} user=rg dbname=claims connect_timeout=2");
-    ClaimStore::connect(PgTarget::from_dsn(&dsn).expect("dsn"))
+    ClaimStore::connect(PgTarget::from_dsn(&dsn).expect("dsn"), SHARED_SCHEMA)
 }
 
 /// A scratch store: a schema of its own, dropped on drop.
@@ -104,7 +105,7 @@ impl PgSchema {
     }
 
     pub fn open(&self) -> ClaimStore {
-        ClaimStore::open(self.target.clone()).expect("open PostgreSQL claim store")
+        ClaimStore::open(self.target.clone(), SHARED_SCHEMA).expect("open PostgreSQL claim store")
     }
 }
 

@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use super::losses::now_millis;
-use super::sink::AuditStats;
+use super::stats::AuditStats;
 use crate::audit_event::AuditEvent;
 
 /// One allocation per event, shared by every output's queue: an empty

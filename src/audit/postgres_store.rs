@@ -17,12 +17,12 @@ use postgres::{Client, GenericClient, Row, Statement};
 
 use super::chain::{link, ChainedRow, Heads, Verdict, Verifier, CHAIN_STARTS};
 use super::error::AuditError;
+use super::pg_schema::{AUDIT_CHAIN_VERSION, AUDIT_VERSION};
 use super::query::{EventFilter, ThreadSummary};
 use super::sqlite_store::column;
 use crate::audit_event::{AuditEvent, Operation, SessionContext};
-use crate::claims::postgres::{connect_schema, SchemaAccess, AUDIT_CHAIN_VERSION, AUDIT_VERSION};
 use crate::pg::connect::error_text;
-use crate::pg::{Backoff, PgTarget};
+use crate::pg::{connect_schema, Backoff, PgTarget, SchemaAccess, SchemaError, SchemaMigrations};
 
 /// How long a batch, a prune chunk or a reader's query may take.
 const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -37,9 +37,17 @@ const MAX_RETRY: Duration = Duration::from_secs(5);
 /// Rows one retention step deletes.
 pub const PRUNE_CHUNK: i64 = 10_000;
 
+/// The writer's database and the migrations of the schema it shares with
+/// the claims, which the writer brings up to date.
+#[derive(Debug)]
+pub struct TrailDatabase {
+    pub target: PgTarget,
+    pub migrations: SchemaMigrations,
+}
+
 /// Where the writer's database is: known once the proxy knows its
 /// upstream (perhaps the managed server, started after the sink).
-pub type TargetSlot = Arc<OnceLock<PgTarget>>;
+pub type TargetSlot = Arc<OnceLock<TrailDatabase>>;
 
 /// The writer's handle on the table.
 pub struct PgTrail {
@@ -143,8 +151,8 @@ impl PgTrail {
     }
 
     fn schema(&self) -> Result<String, AuditError> {
-        let target = self.target.get().ok_or(AuditError::PostgresUnknown)?;
-        Ok(target.schema().to_owned())
+        let database = self.target.get().ok_or(AuditError::PostgresUnknown)?;
+        Ok(database.target.schema().to_owned())
     }
 
     /// Runs `f` on the connection, connecting first if there is none and
@@ -153,8 +161,8 @@ impl PgTrail {
         &mut self,
         f: impl FnOnce(&mut Link) -> Result<T, LinkError>,
     ) -> Result<T, AuditError> {
-        let target = self.target.get().ok_or(AuditError::PostgresUnknown)?;
-        let at = || target.shown().to_owned();
+        let database = self.target.get().ok_or(AuditError::PostgresUnknown)?;
+        let at = || database.target.shown().to_owned();
         if self.link.as_ref().is_some_and(|l| l.client.is_closed()) {
             self.link = None;
         }
@@ -167,16 +175,19 @@ impl PgTrail {
                     });
                 }
             }
-            match connect(target) {
+            match connect(database) {
                 Ok(link) => {
                     self.link = Some(link);
                     self.retry_at = None;
                     self.backoff.reset();
                 }
-                Err(reason) => {
+                Err(e) => {
                     self.retry_at = Some(Instant::now() + self.backoff.wait());
                     self.backoff.grow();
-                    return Err(AuditError::Postgres { at: at(), reason });
+                    return Err(AuditError::Postgres {
+                        at: at(),
+                        reason: e.to_string(),
+                    });
                 }
             }
         }
@@ -238,16 +249,14 @@ fn head_of(
 
 /// The writer's connection, the schema brought up to date, the insert
 /// prepared.
-fn connect(target: &PgTarget) -> Result<Link, String> {
+fn connect(database: &TrailDatabase) -> Result<Link, SchemaError> {
     let mut client = connect_schema(
-        target,
-        SchemaAccess::Migrate,
+        &database.target,
+        SchemaAccess::Migrate(database.migrations),
         "resumeguard-audit",
         STATEMENT_TIMEOUT,
     )?;
-    let insert = client
-        .prepare(&insert_sql(target.schema()))
-        .map_err(|e| error_text(&e))?;
+    let insert = client.prepare(&insert_sql(database.target.schema()))?;
     Ok(Link {
         client,
         insert,
@@ -384,9 +393,9 @@ fn reader_at(target: &PgTarget, version: i32) -> Result<Client, AuditError> {
         "resumeguard-audit-reader",
         READER_TIMEOUT,
     )
-    .map_err(|reason| AuditError::Postgres {
+    .map_err(|e| AuditError::Postgres {
         at: target.shown().to_owned(),
-        reason,
+        reason: e.to_string(),
     })
 }
 

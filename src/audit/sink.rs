@@ -25,13 +25,14 @@ use super::jsonl::{JsonlSwap, JsonlWriter};
 use super::lane::{Lane, LaneState};
 use super::outputs::{Output, Target};
 use super::pg_retention::PgRetention;
-use super::postgres_store::{PgTrail, TargetSlot};
+use super::postgres_store::{PgTrail, TargetSlot, TrailDatabase};
 use super::question;
 use super::sqlite_retention::SqliteRetention;
 use super::sqlite_store::Store;
+use super::stats::AuditStats;
 use super::writer::{Upkeep, Writer};
 use crate::audit_event::{AuditEvent, Operation};
-use crate::pg::PgTarget;
+use crate::pg::{PgTarget, SchemaMigrations};
 
 /// How long [`AuditSink::shutdown`] waits for the writers to exit after
 /// asking them to stop.
@@ -67,34 +68,6 @@ struct Inner {
     postgres: Option<TargetSlot>,
     /// Replaces the JSONL output's file (a reload).
     jsonl: Option<JsonlSwap>,
-}
-
-/// Counters for metrics and tests: of one output ([`AuditSink::output_stats`])
-/// or of the whole sink ([`AuditSink::stats`]: summed over the outputs, an
-/// event counted once per output, except `lost`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct AuditStats {
-    /// Events accepted into the output's queue.
-    pub enqueued: u64,
-    /// Accepted events the output's writer has processed (written, kept
-    /// for a retry, or given up).
-    pub written: u64,
-    /// Events refused because the output's queue was full or its writer
-    /// was gone.
-    pub dropped: u64,
-    /// Failed write attempts.
-    pub write_errors: u64,
-    /// Events the output lost (refused, given up, or left with a writer
-    /// that did not exit at shutdown); for the sink,
-    /// [`AuditSink::dropped_total`].
-    pub lost: u64,
-}
-
-impl AuditStats {
-    /// Events waiting for the writer.
-    pub fn queue_depth(&self) -> u64 {
-        self.enqueued.saturating_sub(self.written)
-    }
 }
 
 /// Test hooks of the writer threads.
@@ -188,11 +161,13 @@ impl AuditSink {
 
     /// The database of the PostgreSQL output (`[audit] postgres`), known
     /// once the proxy knows its upstream; until then that output's writes
-    /// fail (retried, then counted as lost). Returns whether the sink has
+    /// fail (retried, then counted as lost); `migrations` bring the schema
+    /// it shares with the claims up to date. Returns whether the sink has
     /// such an output still waiting for it.
-    pub fn connect_postgres(&self, target: PgTarget) -> bool {
+    pub fn connect_postgres(&self, target: PgTarget, migrations: SchemaMigrations) -> bool {
         let slot = self.inner.as_ref().and_then(|i| i.postgres.as_ref());
-        slot.is_some_and(|s| s.set(target).is_ok())
+        let database = TrailDatabase { target, migrations };
+        slot.is_some_and(|s| s.set(database).is_ok())
     }
 
     /// Opens `target` (a path, or `-` for stdout) for the JSONL output, which

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::*;
 use crate::audit::outputs::{Output, Target};
 use crate::audit_event::BlobDigest;
+use crate::config::shared_schema::SHARED_SCHEMA;
 use crate::test_pg_server::PgSchema;
 
 fn ctx(session_id: u64) -> SessionContext {
@@ -25,9 +26,17 @@ fn event(proxy: &str, time: &str, op: Operation, thread: &str) -> AuditEvent {
     ev
 }
 
+/// `target` with the shared schema's migrations.
+fn shared(target: PgTarget) -> TrailDatabase {
+    TrailDatabase {
+        target,
+        migrations: SHARED_SCHEMA,
+    }
+}
+
 fn slot_of(db: &PgSchema) -> TargetSlot {
     let slot = TargetSlot::default();
-    slot.set(db.target().clone()).expect("empty slot");
+    slot.set(shared(db.target().clone())).expect("empty slot");
     slot
 }
 
@@ -198,7 +207,7 @@ fn before_its_database_is_known_the_output_keeps_then_loses_events_and_says_so_a
     assert!(out.write(&[]));
     assert_eq!(out.write_lost(), 5);
 
-    slot.set(db.target().clone()).unwrap();
+    slot.set(shared(db.target().clone())).unwrap();
     let after = numbered(1, "2026-11-30T10:00:01.000Z");
     assert!(!out.write(&after), "the database is known");
     assert!(out.is_settled());
@@ -316,7 +325,7 @@ fn a_connection_the_server_ends_is_made_again_and_the_retried_batch_written() {
 fn an_unreachable_database_is_retried_after_a_backoff_not_on_every_write() {
     let dead = PgTarget::from_dsn("host=127.0.0.1 port=1 user=x dbname=x").unwrap();
     let slot = TargetSlot::default();
-    slot.set(dead).unwrap();
+    slot.set(shared(dead)).unwrap();
     let mut trail = PgTrail::new(slot);
     let ev = event("p", "2026-11-30T10:00:00.000Z", Operation::ReadLatest, "t");
     let first = trail.append(&[&ev]).unwrap_err().to_string();

@@ -6,6 +6,7 @@ use crate::audit::outputs::MAX_ATTEMPTS;
 use crate::audit::sqlite_store::{all_events, thread_events};
 use crate::audit::test_util::{remove_db, temp_path};
 use crate::audit_event::{Operation, SessionContext};
+use crate::config::shared_schema::SHARED_SCHEMA;
 use rusqlite::Connection;
 
 fn ctx() -> SessionContext {
@@ -346,8 +347,11 @@ fn every_output_names_the_replica_and_postgres_joins_once_its_database_is_known(
         ..AuditConfig::default()
     };
     let sink = AuditSink::start(&cfg, "replica-7").unwrap();
-    assert!(sink.connect_postgres(db.target().clone()));
-    assert!(!sink.connect_postgres(db.target().clone()), "given once");
+    assert!(sink.connect_postgres(db.target().clone(), SHARED_SCHEMA));
+    assert!(
+        !sink.connect_postgres(db.target().clone(), SHARED_SCHEMA),
+        "given once"
+    );
     sink.record(numbered(1));
     sink.record(numbered(2).with_thread("t"));
     assert!(sink.flush());
@@ -386,7 +390,7 @@ fn sqlite_and_postgres(
         ..sqlite_cfg(&path, 16)
     };
     let sink = AuditSink::start(&cfg, proxy_id).unwrap();
-    assert!(sink.connect_postgres(target));
+    assert!(sink.connect_postgres(target, SHARED_SCHEMA));
     (path, sink)
 }
 

@@ -35,12 +35,12 @@ use postgres::{Client, Row, Statement, Transaction};
 
 use super::fault::{credential_fix, fix_for, StartFault};
 use super::reaped::{reaped, Replacing};
-use super::schema;
 use crate::claims::error::StoreError;
 use crate::metrics;
 use crate::pg::connect::{connect, error_text};
 use crate::pg::credential::CredentialError;
 use crate::pg::dead_peer::DeadPeer;
+use crate::pg::migration::{self, SchemaMigrations};
 use crate::pg::Backoff;
 use crate::pg::PgTarget;
 
@@ -65,10 +65,11 @@ const RELOCK_WAIT_MS: u64 = 500;
 
 /// Whether connecting may create or upgrade the schema and must hold a
 /// liveness lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub(super) enum Role {
-    /// The proxy: migrates, holds the liveness lock.
-    Proxy,
+    /// The proxy: migrates the shared schema with these, holds the
+    /// liveness lock.
+    Proxy(SchemaMigrations),
     /// Operator commands: the schema must exist; no lock (they never
     /// take claims).
     Operator,
@@ -351,7 +352,7 @@ impl PgConn {
     /// Starts the heartbeat thread of a proxy's store; it ends with the
     /// store.
     fn start_heartbeat(conn: &Arc<PgConn>) {
-        if conn.role != Role::Proxy {
+        if !matches!(conn.role, Role::Proxy(_)) {
             return;
         }
         let weak: Weak<PgConn> = Arc::downgrade(conn);
@@ -633,7 +634,7 @@ impl PgConn {
                 metrics::claims_reconnected("decision");
             }
         }
-        if self.role == Role::Operator {
+        if matches!(self.role, Role::Operator) {
             return Ok(0);
         }
         if let Some(instance) = self.confirmed() {
@@ -795,14 +796,16 @@ fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, Unready> 
         .map_err(plain)?;
     let schema = target.schema();
     match role {
-        Role::Proxy => schema::migrate(&mut client, schema).map_err(|e| {
-            err(
-                format!("creating the claims schema {schema}: {}", error_text(&e)),
-                &e,
-            )
-        })?,
+        Role::Proxy(migrations) => {
+            migration::migrate(&mut client, schema, migrations).map_err(|e| {
+                err(
+                    format!("creating the claims schema {schema}: {}", error_text(&e)),
+                    &e,
+                )
+            })?
+        }
         Role::Operator => {
-            if schema::version(&mut client, schema).map_err(plain)? == 0 {
+            if migration::version(&mut client, schema).map_err(plain)? == 0 {
                 return Err(Unready::down(StoreError::PgOpen {
                     at: target.shown().to_owned(),
                     reason: format!("no claims schema {schema} (no proxy has used this database)"),
@@ -819,8 +822,8 @@ fn connect_decision(target: &PgTarget, role: Role) -> Result<Decision, Unready> 
 /// Connects once as a decision connection does (password read, schema
 /// made or brought up to date) and lets the connection go: the start
 /// check of the audit table's database where no claims store checks it.
-pub fn check_once(target: &PgTarget) -> Result<(), StartFault> {
-    connect_decision(target, Role::Proxy)
+pub fn check_once(target: &PgTarget, migrations: SchemaMigrations) -> Result<(), StartFault> {
+    connect_decision(target, Role::Proxy(migrations))
         .map(drop)
         .map_err(|u| StartFault {
             error: u.error,

@@ -4,9 +4,8 @@
 //!
 //! Where the database is and how it is reached (address, TLS, password,
 //! liveness bound) is [`crate::pg`]'s.
-//! - `schema`: versioned migrations (claims, leases, the audit trail, the
-//!   decision functions the store and the fence call).
-//! - `client`: connections to the schema for the audit trail.
+//! - `schema`: the claims' steps of the shared schema's migrations
+//!   (claims, leases, the decision functions the store and the fence call).
 //! - `conn`: the decision and liveness connections, fail closed;
 //!   `reaped`: a connection the server ended while it stays up, replaced
 //!   within a time budget.
@@ -24,7 +23,6 @@
 
 mod answer_in_write;
 mod claim_first;
-mod client;
 mod conn;
 mod db_clock;
 mod evidence_batch;
@@ -43,9 +41,8 @@ pub(crate) mod tests;
 mod thread_lock;
 mod unclaimed_evidence;
 
-pub use client::{connect_schema, SchemaAccess};
 pub use conn::check_once;
 pub use evidence_batch::{EvidenceItem, WriteEvidence};
 pub use fault::StartFault;
-pub use schema::{AUDIT_CHAIN_VERSION, AUDIT_VERSION};
+pub use schema::CLAIMS_MIGRATIONS;
 pub use store::{ClaimStore, DEFAULT_RETAIN_MS, DEFAULT_SUPERSEDED_GRACE_MS, NEXT_CHECKPOINT};

@@ -1,14 +1,9 @@
-//! The shared schema in PostgreSQL (claims, run leases, the audit trail
-//! of every replica, and the fence writes are checked by in their own
-//! transaction), created on first use and upgraded by
-//! versioned migrations recorded in `<schema>.schema_version`.
-//!
-//! Each migration runs in one transaction holding a transaction-level
-//! advisory lock, so proxies starting together apply it once. A store that
-//! is already current runs no DDL, so a role with only USAGE and DML on the
-//! schema can use it (docs/architecture.md, "Least privileges").
-
-use postgres::Client;
+//! The claims' part of the shared schema in PostgreSQL: claims, run
+//! leases, the fence writes are checked by in their own transaction, and
+//! the decision functions the store and the fence call. These are its
+//! steps of the schema's versioned migrations (`pg::migration`), each at
+//! its version in the one order of the whole schema, in which the audit
+//! trail's steps are versions 2 and 4.
 
 use super::answer_in_write::answer_in_write_migration;
 use super::claim_first::claim_first_migration;
@@ -23,12 +18,89 @@ use super::liveness::{revival_migration, INSTANCE_DEAD};
 use super::rows::ORDER;
 use super::thread_lock::thread_lock_migration;
 use super::unclaimed_evidence::{lease_only_evidence_migration, unclaimed_evidence_migration};
+use crate::pg::Migration;
 
-/// The migrations, in order; version = index + 1.
-fn migrations(s: &str) -> Vec<String> {
-    vec![
-        format!(
-            r#"
+/// The claims' steps, each at its version of the shared schema.
+pub const CLAIMS_MIGRATIONS: [Migration; 14] = [
+    Migration {
+        version: 1,
+        sql: tables,
+    },
+    Migration {
+        version: 3,
+        sql: fence_write,
+    },
+    Migration {
+        version: 5,
+        sql: decisions,
+    },
+    // A sweep its live holder can undo: a liveness lock re-taken after
+    // its connection was ended keeps its claims (see `liveness`).
+    Migration {
+        version: 6,
+        sql: revival_migration,
+    },
+    // Every decision on the database's clock (see `db_clock`).
+    Migration {
+        version: 7,
+        sql: db_clock_migration,
+    },
+    // Keys of any length (see `key_digest`).
+    Migration {
+        version: 8,
+        sql: key_digest_migration,
+    },
+    // An answer consumes its claim in its own transaction (see
+    // `answer_in_write`).
+    Migration {
+        version: 9,
+        sql: answer_in_write_migration,
+    },
+    // Several writes' evidence in one statement (see `evidence_batch`).
+    Migration {
+        version: 10,
+        sql: evidence_batch_migration,
+    },
+    // The fence in one function call (see `fence`).
+    Migration {
+        version: 11,
+        sql: fence_one_call_migration,
+    },
+    // One writer of a thread's claims and leases at a time (see
+    // `thread_lock`).
+    Migration {
+        version: 12,
+        sql: thread_lock_migration,
+    },
+    // A claim's first step on its own, askable ahead (see
+    // `claim_first`).
+    Migration {
+        version: 13,
+        sql: claim_first_migration,
+    },
+    // Evidence on a checkpoint with no claim, of a thread with no live
+    // run lease, skipped (see `unclaimed_evidence`).
+    Migration {
+        version: 14,
+        sql: unclaimed_evidence_migration,
+    },
+    // The database's clock inlined into its callers (see `db_clock`).
+    Migration {
+        version: 15,
+        sql: clock_inlined_migration,
+    },
+    // Evidence on an unclaimed checkpoint only renews its thread's
+    // live run lease, once per batch (see `unclaimed_evidence`).
+    Migration {
+        version: 16,
+        sql: lease_only_evidence_migration,
+    },
+];
+
+/// The claims and run leases tables.
+fn tables(s: &str) -> String {
+    format!(
+        r#"
 CREATE TABLE {s}.claims (
     thread_id text NOT NULL,
     checkpoint_ns text NOT NULL,
@@ -73,53 +145,19 @@ CREATE TABLE {s}.run_leases (
 CREATE INDEX run_leases_until ON {s}.run_leases (until_ms);
 CREATE SEQUENCE {s}.holder_instances;
 "#
-        ),
-        // The audit trail of every replica (`[audit] postgres = true`);
-        // JSON columns keep the text as written.
-        format!(
-            r#"
-CREATE TABLE {s}.audit_events (
-    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    time timestamptz NOT NULL,
-    proxy_id text NOT NULL,
-    session_id bigint NOT NULL,
-    client_addr text NOT NULL,
-    "user" text NOT NULL,
-    "database" text NOT NULL,
-    application_name text NOT NULL,
-    operation text NOT NULL,
-    thread_id text,
-    checkpoint_ns text,
-    checkpoint_id text,
-    parent_checkpoint_id text,
-    task_id text,
-    channels json NOT NULL,
-    blob_sha256 json NOT NULL,
-    detail json NOT NULL
-);
-CREATE INDEX audit_events_thread ON {s}.audit_events (thread_id, time, id);
-CREATE INDEX audit_events_time ON {s}.audit_events (time);
-CREATE INDEX audit_events_gaps ON {s}.audit_events (time) WHERE operation = 'events_dropped';
-CREATE FUNCTION {s}.audit_events_append_only() RETURNS trigger LANGUAGE plpgsql AS $f$
-BEGIN
-    RAISE EXCEPTION 'audit_events is append-only (old rows leave only by retention)';
-END
-$f$;
-CREATE TRIGGER audit_events_no_update BEFORE UPDATE ON {s}.audit_events
-    FOR EACH ROW EXECUTE FUNCTION {s}.audit_events_append_only();
-CREATE TRIGGER audit_events_no_truncate BEFORE TRUNCATE ON {s}.audit_events
-    FOR EACH STATEMENT EXECUTE FUNCTION {s}.audit_events_append_only();
-"#
-        ),
-        // The fence checked inside the writer's own transaction (see
-        // `enforce::fencing`): the rule of `policy::claims::decide_write`
-        // and the commit cover of `keep_for`, on the database's clock.
-        // The claim row stays locked until the write's transaction ends,
-        // so a takeover waits for its commit. SECURITY DEFINER: the
-        // clients' roles need EXECUTE on it and USAGE on the schema, not
-        // the tables.
-        format!(
-            r#"
+    )
+}
+
+/// The fence checked inside the writer's own transaction (see
+/// `enforce::fencing`): the rule of `policy::claims::decide_write`
+/// and the commit cover of `keep_for`, on the database's clock.
+/// The claim row stays locked until the write's transaction ends,
+/// so a takeover waits for its commit. SECURITY DEFINER: the
+/// clients' roles need EXECUTE on it and USAGE on the schema, not
+/// the tables.
+fn fence_write(s: &str) -> String {
+    format!(
+        r#"
 CREATE FUNCTION {s}.fence_write({CHECK_PARAMS}) {FENCE_RUNS} AS $f$
 DECLARE
 {variables}BEGIN
@@ -129,24 +167,19 @@ GRANT USAGE ON SCHEMA {s} TO PUBLIC;
 GRANT EXECUTE ON FUNCTION {s}.fence_write(text, text, text, text, bigint, text, text, text, bigint)
     TO PUBLIC;
 "#,
-            variables = check_holder_variables(s),
-            check = check_holder(s),
-        ),
-        // Each audit record carries the hash of its replica's record before
-        // it (`audit::chain`); rows written before stay unhashed.
-        format!(
-            r#"
-ALTER TABLE {s}.audit_events ADD COLUMN prev_hash text, ADD COLUMN hash text;
-CREATE INDEX audit_events_chain ON {s}.audit_events (proxy_id, id);
-"#
-        ),
-        // Every decision in one statement, each its own transaction on the
-        // server (see `claims::postgres::store`): the claim, and the
-        // evidence of a run. A row is locked only while the statement
-        // runs, never across a round trip, so a resume's next decision or
-        // fenced write does not wait for another decision's COMMIT.
-        format!(
-            r#"
+        variables = check_holder_variables(s),
+        check = check_holder(s),
+    )
+}
+
+/// Every decision in one statement, each its own transaction on the
+/// server (see `claims::postgres::store`): the claim, and the
+/// evidence of a run. A row is locked only while the statement
+/// runs, never across a round trip, so a resume's next decision or
+/// fenced write does not wait for another decision's COMMIT.
+fn decisions(s: &str) -> String {
+    format!(
+        r#"
 -- Holders on other proxy processes that are gone (their instance's
 -- liveness lock, a session-level advisory lock, is not held): their
 -- claims and leases on one namespace of a thread are treated as if their
@@ -354,132 +387,8 @@ BEGIN
 END
 $f$;
 "#,
-            INSTANCE_DEAD = INSTANCE_DEAD,
-            ORDER = ORDER,
-            renew = renew_live_leases(s, "p_thread", "p_now"),
-        ),
-        // A sweep its live holder can undo: a liveness lock re-taken after
-        // its connection was ended keeps its claims (see `liveness`).
-        revival_migration(s),
-        // Every decision on the database's clock (see `db_clock`).
-        db_clock_migration(s),
-        // Keys of any length (see `key_digest`).
-        key_digest_migration(s),
-        // An answer consumes its claim in its own transaction (see
-        // `answer_in_write`).
-        answer_in_write_migration(s),
-        // Several writes' evidence in one statement (see `evidence_batch`).
-        evidence_batch_migration(s),
-        // The fence in one function call (see `fence`).
-        fence_one_call_migration(s),
-        // One writer of a thread's claims and leases at a time (see
-        // `thread_lock`).
-        thread_lock_migration(s),
-        // A claim's first step on its own, askable ahead (see
-        // `claim_first`).
-        claim_first_migration(s),
-        // Evidence on a checkpoint with no claim, of a thread with no live
-        // run lease, skipped (see `unclaimed_evidence`).
-        unclaimed_evidence_migration(s),
-        // The database's clock inlined into its callers (see `db_clock`).
-        clock_inlined_migration(s),
-        // Evidence on an unclaimed checkpoint only renews its thread's
-        // live run lease, once per batch (see `unclaimed_evidence`).
-        lease_only_evidence_migration(s),
-    ]
-}
-
-/// The first version with `<schema>.audit_events`.
-pub const AUDIT_VERSION: i32 = 2;
-
-/// The first version whose audit records carry their chain's hashes.
-pub const AUDIT_CHAIN_VERSION: i32 = 4;
-
-/// The schema version this build needs.
-pub(super) fn current_version() -> i32 {
-    migrations("s").len() as i32
-}
-
-/// The version the database is at (0: no schema yet).
-pub(super) fn version(client: &mut Client, schema: &str) -> Result<i32, postgres::Error> {
-    let table = format!("{schema}.schema_version");
-    let exists: bool = client
-        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])?
-        .get(0);
-    if !exists {
-        return Ok(0);
-    }
-    client
-        .query_one(
-            &format!("SELECT coalesce(max(version), 0) FROM {schema}.schema_version"),
-            &[],
-        )
-        .map(|r| r.get(0))
-}
-
-/// Brings the schema to [`current_version`], one transaction per
-/// migration under an advisory lock; nothing runs when it is current.
-pub(super) fn migrate(client: &mut Client, schema: &str) -> Result<(), postgres::Error> {
-    migrate_to(client, schema, current_version())
-}
-
-/// Brings the schema to version `last` (tests: a store as an older build
-/// left it).
-pub(super) fn migrate_to(
-    client: &mut Client,
-    schema: &str,
-    last: i32,
-) -> Result<(), postgres::Error> {
-    if version(client, schema)? >= last {
-        return Ok(());
-    }
-    for (i, sql) in migrations(schema)
-        .iter()
-        .enumerate()
-        .take(last.max(0) as usize)
-    {
-        let v = i as i32 + 1;
-        let mut tx = client.transaction()?;
-        // A migration waits for another proxy's (the advisory lock) and
-        // runs DDL: not bound by the decisions' short timeouts.
-        tx.batch_execute("SET LOCAL lock_timeout = '60s'; SET LOCAL statement_timeout = '60s'")?;
-        tx.execute(
-            "SELECT pg_advisory_xact_lock(hashtext('resumeguard migrations'), hashtext($1))",
-            &[&schema],
-        )?;
-        // A schema an administrator made for the proxy's role is used as
-        // it is: CREATE SCHEMA asks for CREATE on the database even when
-        // the schema exists, which that role need not have.
-        let made: bool = tx
-            .query_one(
-                "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
-                &[&schema],
-            )?
-            .get(0);
-        if !made {
-            tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))?;
-        }
-        // Quiet: every migration after the first finds it made.
-        tx.batch_execute(&format!(
-            "SET LOCAL client_min_messages = warning; \
-             CREATE TABLE IF NOT EXISTS {schema}.schema_version (\
-                 version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
-        ))?;
-        let applied = tx
-            .query_opt(
-                &format!("SELECT 1 FROM {schema}.schema_version WHERE version = $1"),
-                &[&v],
-            )?
-            .is_some();
-        if !applied {
-            tx.batch_execute(sql)?;
-            tx.execute(
-                &format!("INSERT INTO {schema}.schema_version (version) VALUES ($1)"),
-                &[&v],
-            )?;
-            tracing::info!(schema, version = v, "resumeguard schema migrated");
-        }
-        tx.commit()?;
-    }
-    Ok(())
+        INSTANCE_DEAD = INSTANCE_DEAD,
+        ORDER = ORDER,
+        renew = renew_live_leases(s, "p_thread", "p_now"),
+    )
 }

@@ -26,7 +26,7 @@ use crate::claims::error::StoreError;
 use crate::claims::model::{ClaimKey, ClaimRecord, Holder, RunLease};
 use crate::claims::outcome::ClaimOutcome;
 use crate::claims::timings::{ClaimsTimings, LiveClaimsTimings};
-use crate::pg::PgTarget;
+use crate::pg::{PgTarget, SchemaMigrations};
 use crate::saver::checkpoint_ref::CheckpointRef;
 
 /// Default retention of finished rows (consumed, released, long-lapsed):
@@ -65,16 +65,17 @@ impl std::fmt::Debug for ClaimStore {
 }
 
 impl ClaimStore {
-    /// The proxy's store: connected (schema created or upgraded, liveness
-    /// lock taken) now if it can be; otherwise every operation fails and
-    /// connecting is retried on use, with backoff.
-    pub fn connect(target: PgTarget) -> ClaimStore {
-        ClaimStore::on(PgConn::connect(target, Role::Proxy))
+    /// The proxy's store: connected (the shared schema created or
+    /// upgraded with `migrations`, liveness lock taken) now if it can be;
+    /// otherwise every operation fails and connecting is retried on use,
+    /// with backoff.
+    pub fn connect(target: PgTarget, migrations: SchemaMigrations) -> ClaimStore {
+        ClaimStore::on(PgConn::connect(target, Role::Proxy(migrations)))
     }
 
     /// The proxy's store, connected now or an error (tests).
-    pub fn open(target: PgTarget) -> Result<ClaimStore, StoreError> {
-        PgConn::open_now(target, Role::Proxy).map(ClaimStore::on)
+    pub fn open(target: PgTarget, migrations: SchemaMigrations) -> Result<ClaimStore, StoreError> {
+        PgConn::open_now(target, Role::Proxy(migrations)).map(ClaimStore::on)
     }
 
     /// Operator commands: the schema must exist; no liveness lock.

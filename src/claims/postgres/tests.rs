@@ -10,7 +10,8 @@ use super::{ClaimStore, EvidenceItem, WriteEvidence};
 use crate::claims::{
     interrupt_fingerprint, ClaimKey, ClaimOutcome, ClaimRecord, ClaimState, Holder, WrittenAt,
 };
-use crate::pg::PgTarget;
+use crate::config::shared_schema::SHARED_SCHEMA;
+use crate::pg::{migration, PgTarget};
 use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::test_pg_server::PgSchema;
 
@@ -194,7 +195,7 @@ fn proxies_starting_together_migrate_once() {
             let target = db.target().clone();
             std::thread::spawn(move || {
                 barrier.wait();
-                ClaimStore::open(target)
+                ClaimStore::open(target, SHARED_SCHEMA)
             })
         })
         .collect::<Vec<_>>()
@@ -215,7 +216,7 @@ fn proxies_starting_together_migrate_once() {
         )
         .expect("versions")
         .get(0);
-    assert_eq!(versions, i64::from(super::schema::current_version()));
+    assert_eq!(versions, i64::from(SHARED_SCHEMA.current_version()));
 }
 
 #[test]
@@ -242,7 +243,7 @@ fn an_unreachable_database_fails_closed_and_says_which() {
         .expect("port");
     let target =
         PgTarget::from_dsn(&format!("host=127.0.0.1 port={port} user=x dbname=y")).expect("dsn");
-    let store = ClaimStore::connect(target);
+    let store = ClaimStore::connect(target, SHARED_SCHEMA);
     let err = store
         .try_claim(&key("c1"), &holder("p1", 1), T0, LAPSE)
         .expect_err("unreachable")
@@ -273,7 +274,7 @@ const LOCK_HOLDER: &str = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' 
 fn named_store(db: &PgSchema, application_name: &str) -> ClaimStore {
     let mut target = db.target().clone();
     target.config_mut().application_name(application_name);
-    ClaimStore::open(target).expect("open")
+    ClaimStore::open(target, SHARED_SCHEMA).expect("open")
 }
 
 #[test]
@@ -485,7 +486,7 @@ fn claims_and_leases_written_before_keys_were_digests_are_kept_and_found() {
     let s = db.target().schema().to_owned();
     let mut c = db.admin();
     // Version 8 made keys digests.
-    super::schema::migrate_to(&mut c, &s, 7).expect("the schema an older build left");
+    migration::migrate_to(&mut c, &s, SHARED_SCHEMA, 7).expect("the schema an older build left");
     // A held claim and a run lease as that build wrote them.
     let k = key("c1");
     c.execute(
