@@ -131,7 +131,7 @@ pub fn decode_checkpoint_row(
         v => Ok(into_string(v)),
     };
     let array = |name, index| match col(name, index, ColumnKind::ByteaArray)? {
-        Value::Array(a) => Ok(a),
+        Value::Array(a) => Ok::<_, DecodeError>(a),
         _ => Ok(ByteaArray::default()),
     };
 
