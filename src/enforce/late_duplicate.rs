@@ -18,9 +18,9 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::claim_gate::{ClaimsLeg, HolderDetail};
-use super::events::{detail, fenced, FencedWrite};
+use super::events::{detail, fenced, record_write, FencedWrite};
 use super::evidence::{continuation, Step};
-use crate::audit::{AuditEvent, BlobDigest, Operation, SessionContext};
+use crate::audit::{AuditEvent, Operation, SessionContext};
 use crate::claims::format_ms;
 use crate::log_text::shown;
 use crate::metrics::claims_store_call;
@@ -147,11 +147,7 @@ fn event(
     let mut ev = AuditEvent::new(ctx, Operation::LateDuplicate)
         .with_thread(at.thread_id.clone())
         .with_checkpoint(at.checkpoint_ns.clone(), at.checkpoint_id.clone());
-    ev.task_id = rec.task_id.clone();
-    ev.channels = rec.channel.iter().cloned().collect();
-    if let (Some(c), Some(b)) = (&rec.channel, &rec.blob) {
-        ev.blob_sha256.push(BlobDigest::of(c.clone(), b));
-    }
+    record_write(&mut ev, rec);
     ev.with_detail(detail(&LateDetail {
         sqlstate: SQLSTATE_LATE_DUPLICATE,
         reason: message,
