@@ -10,7 +10,6 @@ use resumeguard::enforce::{Enforcement, Legs, SessionGuard};
 use resumeguard::saver::classify::Classifier;
 use resumeguard::saver::profile::SaverProfile;
 
-#[path = "../../src/saver/classify/saver_sql.rs"]
 pub mod saver_sql;
 
 pub const LATEST_TAIL: &str =

@@ -35,7 +35,6 @@ use super::http::blocking;
 use super::request_error::RequestError;
 use super::AdminState;
 use crate::audit::{ConsoleFilter, ConsoleList, EventFilter, TrailSource};
-use crate::error_chain::chain;
 
 type Shared = Arc<AdminState>;
 
@@ -103,7 +102,7 @@ fn see_other(to: &'static str) -> Response {
 
 /// The search's time window as the trail's times (ages such as `2h`
 /// are counted back from now).
-fn window(q: &Search) -> Result<(Option<String>, Option<String>), String> {
+fn window(q: &Search) -> Result<(Option<String>, Option<String>), RequestError> {
     EventFilter::parse(
         q.since.as_deref(),
         q.until.as_deref(),
@@ -111,7 +110,7 @@ fn window(q: &Search) -> Result<(Option<String>, Option<String>), String> {
         SystemTime::now(),
     )
     .map(|w| (w.since, w.until))
-    .map_err(|e| chain(&e).to_string())
+    .map_err(RequestError::Window)
 }
 
 /// A list page's query: the search and the page.
@@ -204,9 +203,8 @@ async fn list_page(
                     .map_err(RequestError::Trail)
             })
             .await
-            .map_err(|e| e.to_string())
         }
-        (None, _) => Err("no audit trail is configured ([audit] sqlite or postgres)".to_owned()),
+        (None, _) => Err(RequestError::NoTrail),
         (_, Err(e)) => Err(e),
     };
     let live = match &rows {
@@ -218,7 +216,10 @@ async fn list_page(
             rows.len() == PAGE_SIZE,
             s.audit.log_values(),
         ),
-        Err(e) => format!("<p class=\"note bad\" role=\"alert\">{}</p>", html::esc(e)),
+        Err(e) => format!(
+            "<p class=\"note bad\" role=\"alert\">{}</p>",
+            html::esc(&e.to_string())
+        ),
     };
     if q.fragment == Some(1) {
         return Html(live).into_response();

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::audit::AuditError;
+use crate::audit::{AuditError, FilterError};
 use crate::claims::StoreError;
 use crate::error_chain::chain;
 use crate::wire::upstream_probe::ProbeError;
@@ -19,6 +19,13 @@ pub enum RequestError {
     /// The audit trail could not be read; the text carries its causes.
     #[error("{}", chain(.0))]
     Trail(AuditError),
+    /// A list page asked of a proxy that keeps no audit trail.
+    #[error("no audit trail is configured ([audit] sqlite or postgres)")]
+    NoTrail,
+    /// A list page's time window that is not a time; the text carries
+    /// its causes.
+    #[error("{}", chain(.0))]
+    Window(FilterError),
     #[error(transparent)]
     Probe(#[from] ProbeError),
     /// A readiness check that did not answer within its deadline.

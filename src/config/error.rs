@@ -31,7 +31,9 @@ pub enum ConfigError {
         var: String,
         /// The value as given (`None`: read from a file, maybe a secret).
         value: Option<String>,
-        reason: String,
+        /// Why the last reading of the value did not fit (in the text,
+        /// not the error's source: the message carries it whole).
+        reason: serde_json::Error,
     },
     #[error("environment variable {var}: reading {}", .path.display())]
     EnvFile {

@@ -331,7 +331,7 @@ fn secret_file(var: &str, path: &Path) -> Result<String, ConfigError> {
 /// (so `RESUMEGUARD_CLAIMS_PROXY_ID=7` is the name "7"), else the text
 /// read as a TOML value (`500`, `true`, `["^a$", "^b$"]`). Each reading is
 /// tried on the configuration itself; the error is the last reading's.
-fn typed(defaults: &Value, key: &str, raw: &str) -> Result<Value, String> {
+fn typed(defaults: &Value, key: &str, raw: &str) -> Result<Value, serde_json::Error> {
     let fits = |value: &Value| {
         let mut probe = defaults.clone();
         set(&mut probe, key, value.clone());
@@ -340,15 +340,12 @@ fn typed(defaults: &Value, key: &str, raw: &str) -> Result<Value, String> {
     let as_text = Value::String(raw.to_owned());
     let text_error = match fits(&as_text) {
         Ok(()) => return Ok(as_text),
-        Err(e) => e.to_string(),
+        Err(e) => e,
     };
     let Some(as_toml) = toml_value(raw) else {
         return Err(text_error);
     };
-    match fits(&as_toml) {
-        Ok(()) => Ok(as_toml),
-        Err(e) => Err(e.to_string()),
-    }
+    fits(&as_toml).map(|()| as_toml)
 }
 
 /// `raw` read as one TOML value (on one line), as JSON.

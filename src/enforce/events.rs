@@ -111,14 +111,8 @@ impl Watch {
         ev.checkpoint_ns = rec.checkpoint_ns.clone();
         ev.checkpoint_id = rec.checkpoint_id.clone();
         ev.parent_checkpoint_id = rec.parent_checkpoint_id.clone();
-        ev.task_id = rec.task_id.clone();
+        record_write(&mut ev, rec);
         let mut detail = json!({"statement": self.class.kind.label()});
-        if let Some(channel) = &rec.channel {
-            ev.channels.push(channel.clone());
-            if let Some(blob) = &rec.blob {
-                ev.blob_sha256.push(BlobDigest::of(channel.clone(), blob));
-            }
-        }
         if let Some(idx) = rec.idx {
             detail["idx"] = json!(idx);
         }
@@ -189,6 +183,16 @@ struct RejectedDetail<'a> {
     instance_path: Option<&'a str>,
 }
 
+/// Records on `ev` what `rec` writes: its task, its channel and its
+/// blob's digest.
+pub fn record_write(ev: &mut AuditEvent, rec: &WriteRecord) {
+    ev.task_id = rec.task_id.clone();
+    ev.channels = rec.channel.iter().cloned().collect();
+    if let (Some(c), Some(b)) = (&rec.channel, &rec.blob) {
+        ev.blob_sha256.push(BlobDigest::of(c.clone(), b));
+    }
+}
+
 /// The `write_rejected` record of a refused write.
 pub fn rejected(ctx: &SessionContext, rejection: &Rejection) -> AuditEvent {
     let rec = &rejection.record;
@@ -196,11 +200,7 @@ pub fn rejected(ctx: &SessionContext, rejection: &Rejection) -> AuditEvent {
     ev.thread_id = rec.thread_id.clone();
     ev.checkpoint_ns = rec.checkpoint_ns.clone();
     ev.checkpoint_id = rec.checkpoint_id.clone();
-    ev.task_id = rec.task_id.clone();
-    ev.channels = rec.channel.iter().cloned().collect();
-    if let (Some(c), Some(b)) = (&rec.channel, &rec.blob) {
-        ev.blob_sha256.push(BlobDigest::of(c.clone(), b));
-    }
+    record_write(&mut ev, rec);
     let v = rejection.violation.as_ref();
     ev.with_detail(detail(&RejectedDetail {
         reason: &rejection.message,
@@ -246,11 +246,7 @@ pub fn fenced(ctx: &SessionContext, w: &FencedWrite<'_>) -> AuditEvent {
     ev.checkpoint_ns = Some(w.continues.checkpoint_ns.clone());
     ev.checkpoint_id = rec.checkpoint_id.clone();
     ev.parent_checkpoint_id = rec.parent_checkpoint_id.clone();
-    ev.task_id = rec.task_id.clone();
-    ev.channels = rec.channel.iter().cloned().collect();
-    if let (Some(c), Some(b)) = (&rec.channel, &rec.blob) {
-        ev.blob_sha256.push(BlobDigest::of(c.clone(), b));
-    }
+    record_write(&mut ev, rec);
     ev.with_detail(detail(&FencedDetail {
         sqlstate: w.sqlstate,
         reason: w.message,

@@ -185,7 +185,9 @@ mod tests {
     use super::*;
     use crate::saver::bind::tests::bind_frame;
     use crate::saver::bind::BoundParams;
-    use crate::saver::classify::housekeeping_sql::{PRUNE_DELETE_THREADS, SHALLOW_DELETE_WRITES};
+    use crate::saver::classify::tests::housekeeping_sql::{
+        PRUNE_DELETE_THREADS, SHALLOW_DELETE_WRITES,
+    };
     use crate::saver::classify::Classifier;
     use crate::saver::profile::SaverProfile;
 

@@ -18,10 +18,10 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::claim_gate::{ClaimsLeg, HolderDetail};
-use super::events::{detail, fenced, FencedWrite};
+use super::events::{detail, fenced, record_write, FencedWrite};
 use super::evidence::{continuation, Step};
-use crate::audit::{AuditEvent, BlobDigest, Operation, SessionContext};
-use crate::claims::format_ms;
+use crate::audit::{AuditEvent, Operation, SessionContext};
+use crate::claims::{format_ms, StoreError};
 use crate::log_text::shown;
 use crate::metrics::claims_store_call;
 use crate::policy::claims::SQLSTATE_STORE_UNAVAILABLE;
@@ -122,16 +122,14 @@ impl LateGate {
 /// knows one: its run lease row first (live or ended), which outlives the
 /// claims of a superseded checkpoint; the thread's claims where run
 /// leases are off.
-fn first_answer(leg: &ClaimsLeg, at: &CheckpointRef) -> Result<Option<FirstAnswer>, String> {
+fn first_answer(leg: &ClaimsLeg, at: &CheckpointRef) -> Result<Option<FirstAnswer>, StoreError> {
     let lease = claims_store_call("late_duplicate", || {
         leg.store.last_answer(&at.thread_id, &at.checkpoint_ns)
-    })
-    .map_err(|e| e.to_string())?;
+    })?;
     if let Some(first) = lease.as_ref().and_then(|l| answer_of_lease(l, at)) {
         return Ok(Some(first));
     }
-    let claims = claims_store_call("late_duplicate", || leg.store.list(Some(&at.thread_id)))
-        .map_err(|e| e.to_string())?;
+    let claims = claims_store_call("late_duplicate", || leg.store.list(Some(&at.thread_id)))?;
     Ok(answer_of_claims(&claims, at))
 }
 
@@ -147,11 +145,7 @@ fn event(
     let mut ev = AuditEvent::new(ctx, Operation::LateDuplicate)
         .with_thread(at.thread_id.clone())
         .with_checkpoint(at.checkpoint_ns.clone(), at.checkpoint_id.clone());
-    ev.task_id = rec.task_id.clone();
-    ev.channels = rec.channel.iter().cloned().collect();
-    if let (Some(c), Some(b)) = (&rec.channel, &rec.blob) {
-        ev.blob_sha256.push(BlobDigest::of(c.clone(), b));
-    }
+    record_write(&mut ev, rec);
     ev.with_detail(detail(&LateDetail {
         sqlstate: SQLSTATE_LATE_DUPLICATE,
         reason: message,
@@ -170,7 +164,7 @@ fn store_unavailable(
     at: &CheckpointRef,
     kind: &StatementKind,
     rec: &WriteRecord,
-    why: &str,
+    why: &StoreError,
 ) -> LateDuplicate {
     let message = format!(
         "resumeguard: resume onto the finished head of thread \"{}\", checkpoint_ns \"{}\", \

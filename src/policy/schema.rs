@@ -20,6 +20,9 @@ pub enum SchemaError {
     /// The TOML type of a value that is no schema.
     #[error("schema must be a table, a JSON string or a boolean, got {0}")]
     NotASchema(&'static str),
+    /// An exported state schema without the properties it is split by.
+    #[error("state schema has no top-level \"properties\" object")]
+    NoProperties,
 }
 
 /// One compiled schema and where it came from.
@@ -133,9 +136,9 @@ pub fn is_special_channel(name: &str) -> bool {
 /// its `$ref`s resolve; a non-object property schema (`true`) is wrapped in
 /// `allOf`. The root's `required` is dropped: a checkpoint stores only the
 /// channels that have values.
-pub fn split_state(root: &Value) -> Result<Vec<(String, Value)>, String> {
+pub fn split_state(root: &Value) -> Result<Vec<(String, Value)>, SchemaError> {
     let Some(props) = root.get("properties").and_then(Value::as_object) else {
-        return Err("state schema has no top-level \"properties\" object".into());
+        return Err(SchemaError::NoProperties);
     };
     let carried: Vec<(&str, &Value)> = ["$defs", "definitions", "$schema"]
         .into_iter()

@@ -22,7 +22,7 @@ pub struct BoundParams {
 impl BoundParams {
     /// Decodes a whole Bind frame (type byte and length included).
     pub fn decode(frame: &[u8]) -> Result<Self, DecodeError> {
-        let bind = Bind::read(frame).map_err(DecodeError::from_read)?;
+        let bind = Bind::read(frame)?;
         Ok(BoundParams {
             portal: utf8(bind.portal, "bind portal name")?,
             statement: utf8(bind.statement, "bind statement name")?,

@@ -131,7 +131,7 @@ pub fn decode_checkpoint_row(
         v => Ok(into_string(v)),
     };
     let array = |name, index| match col(name, index, ColumnKind::ByteaArray)? {
-        Value::Array(a) => Ok(a),
+        Value::Array(a) => Ok::<_, DecodeError>(a),
         _ => Ok(ByteaArray::default()),
     };
 
@@ -187,17 +187,29 @@ fn into_string(v: Value) -> String {
     }
 }
 
-/// Checks the array is empty or 2-D with rows of `width`.
-fn check_shape(a: &ByteaArray, column: &'static str, width: usize) -> Result<(), DecodeError> {
+/// The rows of a `bytea[]` column laid out `width` wide, each decoded by
+/// `decode` from its element getter. The array must be empty or 2-D with
+/// rows of `width`; a row shorter than the layout (only a hand-built array
+/// whose elements disagree with its dims) is the same shape error.
+fn layout_rows<'a, T>(
+    a: &'a ByteaArray,
+    column: &'static str,
+    width: usize,
+    decode: impl Fn(&dyn Fn(usize) -> Result<&'a Option<Bytes>, DecodeError>) -> Result<T, DecodeError>,
+) -> Result<Vec<T>, DecodeError> {
+    let shape_error = || DecodeError::RowShape {
+        column,
+        width,
+        dims: a.dims.clone(),
+    };
     match a.dims.as_slice() {
-        [] => Ok(()),
-        [_, w] if *w == width => Ok(()),
-        _ => Err(DecodeError::RowShape {
-            column,
-            width,
-            dims: a.dims.clone(),
-        }),
+        [] => {}
+        [_, w] if *w == width => {}
+        _ => return Err(shape_error()),
     }
+    a.rows()
+        .map(|row| decode(&|i| row.get(i).ok_or_else(shape_error)))
+        .collect()
 }
 
 /// A non-NULL UTF-8 array element.
@@ -213,50 +225,36 @@ fn channel_blobs(
     a: &ByteaArray,
     layout: &ChannelValuesLayout,
 ) -> Result<Vec<ChannelBlob>, DecodeError> {
-    check_shape(a, "channel_values", layout.width)?;
-    a.rows()
-        .map(|row| {
-            let at = |i: usize| {
-                row.get(i)
-                    .ok_or_else(|| shape_error(a, "channel_values", layout.width))
-            };
-            Ok(ChannelBlob {
-                channel: element_text(at(layout.channel)?, "channel")?,
-                type_tag: element_text(at(layout.type_tag)?, "type")?,
-                blob: at(layout.blob)?.clone(),
-            })
+    layout_rows(a, "channel_values", layout.width, |at| {
+        Ok(ChannelBlob {
+            channel: element_text(at(layout.channel)?, "channel")?,
+            type_tag: element_text(at(layout.type_tag)?, "type")?,
+            blob: at(layout.blob)?.clone(),
         })
-        .collect()
+    })
 }
 
 /// `pending_writes` rows, by their layout.
 fn writes(a: &ByteaArray, layout: &PendingWritesLayout) -> Result<Vec<PendingWrite>, DecodeError> {
-    check_shape(a, "pending_writes", layout.width)?;
-    a.rows()
-        .map(|row| {
-            let at = |i: usize| {
-                row.get(i)
-                    .ok_or_else(|| shape_error(a, "pending_writes", layout.width))
-            };
-            Ok(PendingWrite {
-                task_id: element_text(at(layout.task_id)?, "task_id")?,
-                channel: element_text(at(layout.channel)?, "channel")?,
-                type_tag: element_text(at(layout.type_tag)?, "type")?,
-                blob: at(layout.blob)?.clone(),
-                task_path: match layout.task_path {
-                    Some(i) => element_text(at(i)?, "task_path")?,
-                    None => String::new(),
+    layout_rows(a, "pending_writes", layout.width, |at| {
+        Ok(PendingWrite {
+            task_id: element_text(at(layout.task_id)?, "task_id")?,
+            channel: element_text(at(layout.channel)?, "channel")?,
+            type_tag: element_text(at(layout.type_tag)?, "type")?,
+            blob: at(layout.blob)?.clone(),
+            task_path: match layout.task_path {
+                Some(i) => element_text(at(i)?, "task_path")?,
+                None => String::new(),
+            },
+            idx: match layout.idx {
+                Some(i) => match at(i)? {
+                    Some(b) => Some(decode_int_text(b).map_err(|e| e.in_field("idx"))?),
+                    None => return Err(DecodeError::UnexpectedNull { what: "idx" }),
                 },
-                idx: match layout.idx {
-                    Some(i) => match at(i)? {
-                        Some(b) => Some(decode_int_text(b).map_err(|e| e.in_field("idx"))?),
-                        None => return Err(DecodeError::UnexpectedNull { what: "idx" }),
-                    },
-                    None => None,
-                },
-            })
+                None => None,
+            },
         })
-        .collect()
+    })
 }
 
 impl PendingWritesLayout {
@@ -293,16 +291,6 @@ impl PendingWritesLayout {
             dims: vec![writes.len(), self.width],
             elements,
         }
-    }
-}
-
-/// The error for a row shorter than the layout (only reachable for a
-/// hand-built array whose elements disagree with its dims).
-fn shape_error(a: &ByteaArray, column: &'static str, width: usize) -> DecodeError {
-    DecodeError::RowShape {
-        column,
-        width,
-        dims: a.dims.clone(),
     }
 }
 

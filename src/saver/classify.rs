@@ -534,10 +534,10 @@ fn insert_shape(insert: &sqlparser::ast::Insert) -> Option<InsertShape> {
     Some(InsertShape { columns })
 }
 
-// The savers' statements, shared by the saver layer's tests.
+// The Python saver's statements, shared by the library's tests with the
+// benchmarks and integration tests, which cannot see `cfg(test)` modules.
 #[cfg(test)]
-pub(crate) mod housekeeping_sql;
-#[cfg(test)]
+#[path = "../../benches/common/saver_sql.rs"]
 pub(crate) mod saver_sql;
 #[cfg(test)]
 pub(crate) mod tests;

@@ -9,21 +9,11 @@ use crate::wire::messages::read::ReadError;
 /// A decoding failure. Messages name the field and the defect.
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
-    /// A length or header needs more bytes than the buffer still holds.
-    #[error("{what}: truncated, needs {needed} bytes but only {remaining} remain")]
-    Truncated {
-        what: &'static str,
-        needed: usize,
-        remaining: usize,
-    },
-
-    /// A length prefix below -1 (-1 alone means NULL).
-    #[error("{what}: invalid length {len} (only -1, meaning NULL, may be negative)")]
-    NegativeLength { what: &'static str, len: i64 },
-
-    /// Bytes left over after the last declared element or field.
-    #[error("{what}: {extra} unexpected trailing bytes")]
-    TrailingBytes { what: &'static str, extra: usize },
+    /// A length, header or body that does not read (truncated, a
+    /// negative length, bytes left over): the codec's checked readers'
+    /// error, which the saver's own binary readers share.
+    #[error(transparent)]
+    Read(#[from] ReadError),
 
     /// A format code that is neither 0 (text) nor 1 (binary).
     #[error("unknown format code {0} (expected 0 = text or 1 = binary)")]
@@ -99,24 +89,6 @@ pub enum DecodeError {
 }
 
 impl DecodeError {
-    /// The codec's checked readers fail the same three ways: their error
-    /// as this type's.
-    pub fn from_read(e: ReadError) -> Self {
-        match e {
-            ReadError::Truncated {
-                what,
-                needed,
-                remaining,
-            } => DecodeError::Truncated {
-                what,
-                needed,
-                remaining,
-            },
-            ReadError::NegativeLength { what, len } => DecodeError::NegativeLength { what, len },
-            ReadError::TrailingBytes { what, extra } => DecodeError::TrailingBytes { what, extra },
-        }
-    }
-
     /// Wraps `self` with the name of the field being decoded.
     pub fn in_field(self, field: &'static str) -> DecodeError {
         DecodeError::Field {
@@ -132,11 +104,11 @@ mod tests {
 
     #[test]
     fn messages_name_field_and_defect() {
-        let e = DecodeError::Truncated {
+        let e = DecodeError::from(ReadError::Truncated {
             what: "field length",
             needed: 4,
             remaining: 1,
-        }
+        })
         .in_field("metadata");
         assert_eq!(
             e.to_string(),

@@ -13,6 +13,7 @@ use bytes::Bytes;
 use super::bytea::decode_bytea_text;
 use super::data_row::{read_i32, read_nullable};
 use super::decode_error::DecodeError;
+use crate::wire::messages::read::ReadError;
 
 /// PostgreSQL's limit on array dimensions (`MAXDIM`).
 const MAX_DIMS: usize = 6;
@@ -208,10 +209,10 @@ fn decode_binary_of(raw: &[u8], element: Element) -> Result<ByteaArray, DecodeEr
         elements.push(element.map(Bytes::copy_from_slice));
     }
     if !buf.is_empty() {
-        return Err(DecodeError::TrailingBytes {
+        return Err(DecodeError::Read(ReadError::TrailingBytes {
             what: "array (more bytes than the dimensions declare)",
             extra: buf.len(),
-        });
+        }));
     }
     Ok(ByteaArray { dims, elements })
 }

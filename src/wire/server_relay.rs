@@ -50,13 +50,11 @@ pub(super) fn server_to_client(
             }
             (Ok(_), None) => {
                 if !server_said_fatal {
-                    let err = error_response(
-                        Severity::Fatal,
+                    tell_fatal(
+                        client,
                         sqlstate::CONNECTION_FAILURE,
                         "resumeguard: the upstream server closed the connection unexpectedly",
-                        None,
                     );
-                    let _ = client.write_all(&err);
                 }
                 return End::ServerClosed;
             }
@@ -64,8 +62,7 @@ pub(super) fn server_to_client(
                 metrics::counter!("resumeguard_upstream_errors_total", "kind" => "lost")
                     .increment(1);
                 let msg = format!("resumeguard: lost the upstream connection: {e}");
-                let err = error_response(Severity::Fatal, sqlstate::CONNECTION_FAILURE, &msg, None);
-                let _ = client.write_all(&err);
+                tell_fatal(client, sqlstate::CONNECTION_FAILURE, &msg);
                 return End::Error(msg);
             }
         }
@@ -267,25 +264,27 @@ fn idle(state: &Mutex<Box<dyn Guard>>) -> bool {
     state.lock().map(|s| closable(s.as_ref())).unwrap_or(true)
 }
 
-fn close_for_shutdown(mut client: &ClientStream) -> End {
-    let err = error_response(
-        Severity::Fatal,
+/// A FATAL ErrorResponse to the client, best effort: the session ends
+/// whether it arrives or not.
+fn tell_fatal(mut client: &ClientStream, code: &str, message: &str) {
+    let _ = client.write_all(&error_response(Severity::Fatal, code, message, None));
+}
+
+fn close_for_shutdown(client: &ClientStream) -> End {
+    tell_fatal(
+        client,
         sqlstate::ADMIN_SHUTDOWN,
         "terminating connection: resumeguard is shutting down",
-        None,
     );
-    let _ = client.write_all(&err);
     End::Shutdown
 }
 
-fn fail_session(mut client: &ClientStream, msg: &str) -> End {
-    let err = error_response(
-        Severity::Fatal,
+fn fail_session(client: &ClientStream, msg: &str) -> End {
+    tell_fatal(
+        client,
         sqlstate::INTERNAL_ERROR,
         &format!("resumeguard: {msg}"),
-        None,
     );
-    let _ = client.write_all(&err);
     End::Error(msg.to_owned())
 }
 

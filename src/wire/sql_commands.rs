@@ -109,7 +109,8 @@ fn mentions_keyword(sql: &str) -> bool {
 fn command_of(tokens: &[&Token]) -> Option<SqlCommand> {
     let first = word(tokens.first()?)?;
     match first.keyword {
-        Keyword::PREPARE => prepare(&tokens[1..]),
+        Keyword::PREPARE => named_statement(&tokens[1..], Keyword::AS)
+            .map(|(name, inner)| SqlCommand::Prepare { name, inner }),
         Keyword::EXECUTE => Some(SqlCommand::Execute {
             name: identifier(tokens.get(1)?)?,
         }),
@@ -133,7 +134,8 @@ fn command_of(tokens: &[&Token]) -> Option<SqlCommand> {
                 .is_some_and(|w| w.keyword == Keyword::ALL);
             all.then_some(SqlCommand::DeallocateAll)
         }
-        Keyword::DECLARE => declare(&tokens[1..]),
+        Keyword::DECLARE => named_statement(&tokens[1..], Keyword::FOR)
+            .map(|(name, inner)| SqlCommand::Declare { name, inner }),
         // EXPLAIN [ANALYZE] EXECUTE name and CREATE TABLE … AS EXECUTE name
         // run the prepared statement too.
         Keyword::EXPLAIN | Keyword::CREATE => embedded_execute(first.keyword, tokens),
@@ -141,22 +143,12 @@ fn command_of(tokens: &[&Token]) -> Option<SqlCommand> {
     }
 }
 
-fn prepare(tokens: &[&Token]) -> Option<SqlCommand> {
+/// `name … <keyword> statement` (PREPARE's AS, DECLARE's FOR): the name
+/// and the text of the statement it holds.
+fn named_statement(tokens: &[&Token], keyword: Keyword) -> Option<(String, String)> {
     let name = identifier(tokens.first()?)?;
-    let as_at = top_level_position(tokens, Keyword::AS)?;
-    Some(SqlCommand::Prepare {
-        name,
-        inner: text_of(&tokens[as_at + 1..]),
-    })
-}
-
-fn declare(tokens: &[&Token]) -> Option<SqlCommand> {
-    let name = identifier(tokens.first()?)?;
-    let for_at = top_level_position(tokens, Keyword::FOR)?;
-    Some(SqlCommand::Declare {
-        name,
-        inner: text_of(&tokens[for_at + 1..]),
-    })
+    let at = top_level_position(tokens, keyword)?;
+    Some((name, text_of(&tokens[at + 1..])))
 }
 
 fn embedded_execute(first: Keyword, tokens: &[&Token]) -> Option<SqlCommand> {

@@ -38,31 +38,40 @@ pub(super) fn placeholder(expr: &Expr) -> Option<usize> {
     }
 }
 
+/// The conjuncts of `expr`: its terms joined by AND, parentheses dropped.
+fn conjuncts(expr: &Expr) -> Vec<&Expr> {
+    fn walk<'a>(expr: &'a Expr, out: &mut Vec<&'a Expr>) {
+        match expr {
+            Expr::BinaryOp {
+                left,
+                op: BinaryOperator::And,
+                right,
+            } => {
+                walk(left, out);
+                walk(right, out);
+            }
+            Expr::Nested(inner) => walk(inner, out),
+            other => out.push(other),
+        }
+    }
+    let mut out = Vec::new();
+    walk(expr, &mut out);
+    out
+}
+
 /// `col = $n` predicates joined by AND (either operand order).
 pub(super) fn collect_equalities(expr: &Expr, out: &mut Vec<(String, usize)>) {
-    match expr {
-        Expr::BinaryOp {
-            left,
-            op: BinaryOperator::And,
-            right,
-        } => {
-            collect_equalities(left, out);
-            collect_equalities(right, out);
-        }
+    out.extend(conjuncts(expr).into_iter().filter_map(|term| match term {
         Expr::BinaryOp {
             left,
             op: BinaryOperator::Eq,
             right,
-        } => {
-            let pair = match (column_name(left), placeholder(right)) {
-                (Some(c), Some(p)) => Some((c, p)),
-                _ => column_name(right).zip(placeholder(left)),
-            };
-            out.extend(pair);
-        }
-        Expr::Nested(inner) => collect_equalities(inner, out),
-        _ => {}
-    }
+        } => match (column_name(left), placeholder(right)) {
+            (Some(c), Some(p)) => Some((c, p)),
+            _ => column_name(right).zip(placeholder(left)),
+        },
+        _ => None,
+    }));
 }
 
 /// The name a projection item has in the result.
@@ -96,50 +105,31 @@ impl Predicate {
 /// The conjuncts of `expr` (joined by AND), each a [`Predicate`] on a
 /// bare column and parameters; `None` when any conjunct is of another form.
 pub(super) fn predicates(expr: &Expr) -> Option<Vec<Predicate>> {
-    let mut out = Vec::new();
-    push_predicates(expr, &mut out)?;
-    Some(out)
+    conjuncts(expr).into_iter().map(predicate).collect()
 }
 
-fn push_predicates(expr: &Expr, out: &mut Vec<Predicate>) -> Option<()> {
+/// One conjunct as a [`Predicate`]; `None` when it is of another form.
+fn predicate(expr: &Expr) -> Option<Predicate> {
     match expr {
-        Expr::BinaryOp {
-            left,
-            op: BinaryOperator::And,
-            right,
-        } => {
-            push_predicates(left, out)?;
-            push_predicates(right, out)
-        }
-        Expr::Nested(inner) => push_predicates(inner, out),
         Expr::BinaryOp {
             left,
             op: BinaryOperator::Eq,
             right,
-        } => {
-            out.push(Predicate::Eq(column_name(left)?, placeholder(right)?));
-            Some(())
-        }
+        } => Some(Predicate::Eq(column_name(left)?, placeholder(right)?)),
         Expr::AnyOp {
             left,
             compare_op: BinaryOperator::Eq,
             right,
             ..
-        } => {
-            out.push(Predicate::AnyOf(column_name(left)?, placeholder(right)?));
-            Some(())
-        }
+        } => Some(Predicate::AnyOf(column_name(left)?, placeholder(right)?)),
         Expr::AllOp {
             left,
             compare_op: BinaryOperator::NotEq,
             right,
-        } => {
-            out.push(Predicate::NoneOf(
-                column_name(left)?,
-                vec![placeholder(right)?],
-            ));
-            Some(())
-        }
+        } => Some(Predicate::NoneOf(
+            column_name(left)?,
+            vec![placeholder(right)?],
+        )),
         Expr::In {
             expr,
             target: InTarget::List(list),
@@ -147,8 +137,7 @@ fn push_predicates(expr: &Expr, out: &mut Vec<Predicate>) -> Option<()> {
             ..
         } => {
             let params = list.iter().map(placeholder).collect::<Option<Vec<_>>>()?;
-            out.push(Predicate::NoneOf(column_name(expr)?, params));
-            Some(())
+            Some(Predicate::NoneOf(column_name(expr)?, params))
         }
         _ => None,
     }

@@ -8,6 +8,7 @@ use super::saver_sql::*;
 use other_savers_sql::*;
 
 mod housekeeping;
+pub(crate) mod housekeeping_sql;
 pub(crate) mod other_savers_sql;
 
 fn classifier() -> Classifier {

@@ -149,13 +149,13 @@ fn binary_rejects_dims_that_disagree_with_elements() {
     );
     assert!(matches!(
         ByteaArray::decode_binary(&raw),
-        Err(DecodeError::TrailingBytes { extra: 5, .. })
+        Err(DecodeError::Read(ReadError::TrailingBytes { extra: 5, .. }))
     ));
     // Declares 2x3, carries 3 (enough bytes to pass the count cap).
     let raw = binary(17, &[2, 3], &[Some(b"aaaa"), Some(b"bbbb"), Some(b"cccc")]);
     assert!(matches!(
         ByteaArray::decode_binary(&raw),
-        Err(DecodeError::Truncated { .. })
+        Err(DecodeError::Read(ReadError::Truncated { .. }))
     ));
 }
 
@@ -186,12 +186,12 @@ fn binary_rejects_bad_element_lengths() {
     raw[at..at + 4].copy_from_slice(&(-2i32).to_be_bytes());
     assert!(matches!(
         ByteaArray::decode_binary(&raw),
-        Err(DecodeError::NegativeLength { len: -2, .. })
+        Err(DecodeError::Read(ReadError::NegativeLength { len: -2, .. }))
     ));
     raw[at..at + 4].copy_from_slice(&i32::MAX.to_be_bytes());
     assert!(matches!(
         ByteaArray::decode_binary(&raw),
-        Err(DecodeError::Truncated { remaining: 1, .. })
+        Err(DecodeError::Read(ReadError::Truncated { remaining: 1, .. }))
     ));
 }
 

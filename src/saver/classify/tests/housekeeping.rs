@@ -2,7 +2,7 @@
 //! history and shallow-saver statements (and 2.0.25's shallow read).
 
 use crate::saver::checkpoint_row::RowLayout;
-use crate::saver::classify::housekeeping_sql::*;
+use crate::saver::classify::tests::housekeeping_sql::*;
 use crate::saver::classify::*;
 use crate::saver::layout::PendingWritesLayout;
 

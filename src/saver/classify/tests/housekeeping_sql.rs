@@ -1,7 +1,8 @@
 //! LangGraph Python 3.2.0's `prune()`, delta-channel history and shallow
 //! saver statements as they reach the wire (psycopg turns `%s` into `$n`),
 //! read from `langgraph/checkpoint/postgres/{base,shallow}.py`; the 2.0.25
-//! shallow read for its 4-element layout. Shared by the classification tests.
+//! shallow read for its 4-element layout. Shared by the classification and
+//! evidence tests.
 
 pub const PRUNE_DELETE_THREADS: [&str; 3] = [
     "DELETE FROM checkpoints WHERE thread_id = ANY($1)",

@@ -1,6 +1,7 @@
 //! The LangGraph Python saver's statements, verbatim (shared reference
-//! langgraph-wire.md, section 3). Included by the classification tests
-//! and by the micro-benchmarks, so both use the same bytes.
+//! langgraph-wire.md, section 3). One copy for the micro-benchmarks, the
+//! integration tests (through this folder's `mod.rs`) and the library's
+//! tests (included by path from `saver::classify`), so all use the same bytes.
 
 pub const SELECT_SQL: &str = "
 select
