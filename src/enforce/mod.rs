@@ -42,7 +42,7 @@ use crate::audit::{AuditSink, SessionContext};
 use crate::policy::ChannelRules;
 use crate::saver::classify::Classifier;
 use crate::wire::guard::{Guard, GuardFactory, SessionInfo};
-use crate::wire::hooks::Refusal;
+use crate::wire::refusal::Refusal;
 use crate::wire::tracker::Tracker;
 use claim_gate::ClaimsLeg;
 use own_schema::OwnSchema;
