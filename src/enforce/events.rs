@@ -12,8 +12,8 @@ use crate::audit::{AuditEvent, BlobDigest, Operation, SessionContext};
 use crate::claims::ClaimRecord;
 use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::classify::{ReadMode, ReadShape, RowsDeleted, StatementKind};
-use crate::saver::msgpack::blob_to_json;
 use crate::saver::reserved::{INTERRUPT, NULL_TASK, RESUME};
+use crate::saver::typed_blob::blob_to_json;
 use crate::saver::write_record::WriteRecord;
 
 impl Watch {

@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::rules::ChannelRules;
 use super::schema::{undecodable_message, Schema};
 pub use super::write_context::WriteContext;
-use crate::saver::msgpack::blob_to_json;
+use crate::saver::typed_blob::blob_to_json;
 
 /// A channel value as the saver stores it.
 #[derive(Debug, Clone, Copy)]
