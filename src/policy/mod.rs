@@ -25,6 +25,7 @@ mod rules;
 mod schema;
 mod selector;
 mod verdict;
+mod violation;
 mod write_context;
 
 #[cfg(test)]
@@ -33,4 +34,6 @@ mod tests;
 pub use error::RuleError;
 pub use rules::ChannelRules;
 pub use schema::is_special_channel;
-pub use verdict::{ChannelPayload, Verdict, Violation, WriteContext};
+pub use verdict::{ChannelPayload, Verdict};
+pub use violation::Violation;
+pub use write_context::WriteContext;
