@@ -5,7 +5,7 @@
 use serde::Serialize;
 use serde_json::json;
 
-use super::claim_gate::HolderDetail;
+use super::holder_detail::HolderDetail;
 use super::validity::Rejection;
 use super::watch::Watch;
 use crate::audit::{AuditEvent, BlobDigest, Operation, SessionContext};
