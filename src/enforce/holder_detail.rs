@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use crate::claims::Holder;
 
+/// The holder's fields an audit event's detail names.
 #[derive(Debug, Serialize)]
 pub(super) struct HolderDetail<'a> {
     pub client_addr: &'a str,

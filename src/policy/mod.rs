@@ -12,7 +12,7 @@
 //!   [`ChannelRules::check_pending_write`] and
 //!   [`ChannelRules::check_checkpoint`] for a [`Verdict`] and turns
 //!   [`Verdict::Invalid`] into a `23514` refusal using
-//!   [`Violation::describe`]. Blobs are read with [`crate::saver::msgpack`].
+//!   [`Violation::describe`]. Blobs are read with [`crate::saver::typed_blob`].
 
 pub mod claims;
 pub mod fork;
