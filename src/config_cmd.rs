@@ -7,10 +7,11 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 
-use resumeguard::config::{show, Config, ConfigError, Flags, Layered, Loader};
+use resumeguard::config::{show, Config, ConfigError, Flags, Loader};
 use resumeguard::pg::upstream_addr;
 
 use crate::reload::load_rules;
+use crate::serve_config::{load_for_serve, warn_unknown};
 
 /// `serve`'s flags. Each overrides its key from the environment
 /// (`RESUMEGUARD_<SECTION>_<KEY>`) and the file.
@@ -112,11 +113,6 @@ impl ServeArgs {
     }
 }
 
-/// The configuration `serve` runs with, from `loader`.
-pub fn load_for_serve(loader: &Loader) -> anyhow::Result<Layered> {
-    Ok(loader.load()?.for_serve())
-}
-
 #[derive(Subcommand)]
 pub enum ConfigCommand {
     /// Check the configuration `serve` would run with (file, environment,
@@ -146,17 +142,6 @@ pub fn run(command: ConfigCommand) -> anyhow::Result<()> {
             print!("{}", show::render(&layered)?);
             Ok(())
         }
-    }
-}
-
-/// Says which `RESUMEGUARD_*` variables name no key (a typo is not taken
-/// silently).
-pub fn warn_unknown(layered: &Layered) {
-    for var in &layered.unknown_env {
-        tracing::warn!(
-            variable = %var,
-            "environment variable is no configuration key (RESUMEGUARD_<SECTION>_<KEY>); ignored"
-        );
     }
 }
 

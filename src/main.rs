@@ -23,6 +23,7 @@ mod audit_cmd;
 mod config_cmd;
 mod reload;
 mod serve;
+mod serve_config;
 mod startup;
 use audit_cmd::{AuditDbArgs, NoSuchThread, EXIT_NO_SUCH_THREAD};
 use config_cmd::{ConfigCommand, ServeArgs};

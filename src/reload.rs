@@ -32,7 +32,7 @@ use resumeguard::wire::client_stream::ClientTls;
 use resumeguard::wire::proxy::Proxy;
 use resumeguard::wire::upstream_tls::UpstreamTls;
 
-use crate::config_cmd::load_for_serve;
+use crate::serve_config::{load_for_serve, warn_unknown};
 
 /// Reloads, by part, counted under this name with `part` and `result`.
 const RELOADS: &str = "resumeguard_reloads_total";
@@ -260,7 +260,7 @@ impl Reloader {
     fn reload_config(&self, in_effect: &mut InEffect) -> anyhow::Result<String> {
         let old = in_effect.layered.clone();
         let new = load_for_serve(&self.loader)?;
-        crate::config_cmd::warn_unknown(&new);
+        warn_unknown(&new);
         new.config.claims_settings()?;
         let changed = old.changed(&new)?;
         let (live, restart): (Vec<String>, Vec<String>) = changed

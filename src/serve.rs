@@ -32,8 +32,8 @@ use resumeguard::wire::draining::Draining;
 use resumeguard::wire::upstream::UpstreamAddr;
 use resumeguard::wire::{listener, proxy::Proxy};
 
-use crate::config_cmd::{load_for_serve, warn_unknown};
 use crate::reload::{load_rules, Reloader, Running};
+use crate::serve_config::{load_for_serve, warn_unknown};
 use crate::startup::{start_managed, Received, Signals, Startup};
 
 /// Raises the soft limit on open files to the hard one, and says when it

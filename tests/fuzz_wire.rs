@@ -34,7 +34,7 @@ use resumeguard::saver::data_row::split_data_row;
 use resumeguard::saver::pg_array::ByteaArray;
 use resumeguard::saver::unknown::UnknownSaverPolicy;
 use resumeguard::saver::write_record::WriteRecord;
-use resumeguard::saver::{json_blob, msgpack};
+use resumeguard::saver::{json_blob, msgpack, typed_blob};
 use resumeguard::wire::frame::{peek_frame, HEADER_LEN};
 use resumeguard::wire::messages::frontend::Frontend;
 use resumeguard::wire::messages::startup::{self, FirstPacket, MAX_STARTUP_LEN};
@@ -382,7 +382,7 @@ fn saver_decoders_never_panic() {
         }
         let _ = ByteaArray::decode_text(&String::from_utf8_lossy(&blob));
         let _ = msgpack::to_json(&blob);
-        let _ = msgpack::blob_to_json("msgpack", Some(&blob));
+        let _ = typed_blob::blob_to_json("msgpack", Some(&blob));
         let _ = json_blob::to_json(&blob);
         let _ = classifier.classify(&String::from_utf8_lossy(&sql));
         Ok(())

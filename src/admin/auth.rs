@@ -30,7 +30,8 @@ use subtle::ConstantTimeEq;
 pub use console_sessions::{ConsoleSession, ConsoleSessions, SESSION_COOKIE, SESSION_LIFETIME};
 pub use login_limit::{LoginLimit, WINDOW};
 
-use super::console;
+use super::json_error::json_error;
+use super::login_page::{login_page, safe_next};
 use super::AdminState;
 use crate::log_text::shown;
 
@@ -89,7 +90,7 @@ fn no_token(path: &str) -> Response {
     let msg = "the admin API's data routes, its mutating routes and the console are off: \
                set [admin] token (or token_file) to use them";
     if path == "/ui" || path.starts_with("/ui/") {
-        let page = console::login_page(None, msg);
+        let page = login_page(None, msg);
         return (StatusCode::FORBIDDEN, page).into_response();
     }
     json_error(StatusCode::FORBIDDEN, msg)
@@ -99,7 +100,7 @@ fn no_token(path: &str) -> Response {
 fn unauthorized(path: &str) -> Response {
     let mut r = if path == "/ui" || path.starts_with("/ui/") {
         let next = Some(path).filter(|p| *p != "/ui/logout");
-        (StatusCode::UNAUTHORIZED, console::login_page(next, "")).into_response()
+        (StatusCode::UNAUTHORIZED, login_page(next, "")).into_response()
     } else {
         json_error(StatusCode::UNAUTHORIZED, "a valid bearer token is required")
     };
@@ -154,7 +155,7 @@ pub async fn login(
     Form(form): Form<LoginForm>,
 ) -> Response {
     let addr = peer.map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |Extension(p)| p.0.ip());
-    let next = console::safe_next(&form.next);
+    let next = safe_next(&form.next);
     let Some(token) = s.token.current() else {
         return no_token("/ui");
     };
@@ -164,13 +165,13 @@ pub async fn login(
             "too many failed logins from this address: wait up to {} s",
             WINDOW.as_secs()
         );
-        let page = console::login_page(Some(next), &msg);
+        let page = login_page(Some(next), &msg);
         return (StatusCode::TOO_MANY_REQUESTS, page).into_response();
     }
     if !same_secret(&form.token, &token) {
         let failures = s.auth.logins.failed(addr);
         tracing::warn!(client = %shown(&addr.to_string()), failures, "console login refused: wrong token");
-        let page = console::login_page(Some(next), "that is not the admin token");
+        let page = login_page(Some(next), "that is not the admin token");
         return (StatusCode::UNAUTHORIZED, page).into_response();
     }
     match s.auth.sessions.open(&token) {
@@ -226,8 +227,4 @@ pub async fn logout(
         HeaderValue::from_static("rg_session=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"),
     );
     r
-}
-
-fn json_error(status: StatusCode, message: &str) -> Response {
-    super::http::error(status, message)
 }

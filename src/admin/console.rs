@@ -27,11 +27,12 @@ use axum::routing::{get, post};
 use axum::{Extension, Router};
 use serde::Deserialize;
 
-pub use html::{login_page, safe_next};
 pub use thread_page::ChainCheck;
 
 use super::auth::{self, ConsoleSession};
-use super::http::blocking;
+use super::blocking::blocking;
+use super::html_escape::{esc, url};
+use super::login_page::login_page;
 use super::request_error::RequestError;
 use super::AdminState;
 use crate::audit::{ConsoleFilter, ConsoleList, EventFilter, TrailSource};
@@ -152,7 +153,7 @@ impl Search {
             ("until", &self.until),
         ] {
             if let Some(v) = v {
-                out.push_str(&format!("{k}={}&", html::url(v)));
+                out.push_str(&format!("{k}={}&", url(v)));
             }
         }
         out
@@ -218,7 +219,7 @@ async fn list_page(
         ),
         Err(e) => format!(
             "<p class=\"note bad\" role=\"alert\">{}</p>",
-            html::esc(&e.to_string())
+            esc(&e.to_string())
         ),
     };
     if q.fragment == Some(1) {

@@ -17,15 +17,16 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::auth;
+use super::blocking::{blocking, with_store};
+use super::claims_release::release_claims;
 use super::console;
+use super::json_error::json_error;
 use super::ledger::thread_ledger;
 use super::metrics::scrape_time;
 use super::request_error::RequestError;
 use super::views::{ClaimView, SessionView};
 use super::AdminState;
-use crate::audit::{AuditEvent, Operation, SessionContext};
-use crate::claims::{ClaimStore, Now, StoreError};
-use crate::log_text::shown;
+use crate::claims::Now;
 use crate::wire::upstream_probe::probe_upstream;
 
 /// Longest connect, TLS handshake step or wait for the startup's answer
@@ -163,7 +164,7 @@ async fn claims(State(s): State<Shared>, Query(q): Query<ClaimsQuery>) -> Respon
         Ok(records) => {
             Json(records.iter().map(ClaimView::from).collect::<Vec<_>>()).into_response()
         }
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+        Err(e) => json_error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
     }
 }
 
@@ -181,39 +182,18 @@ async fn release(State(s): State<Shared>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(e) => {
             let msg = format!("expected {{\"thread\": …, \"checkpoint\": …}}: {e}");
-            return error(StatusCode::BAD_REQUEST, &msg);
+            return json_error(StatusCode::BAD_REQUEST, &msg);
         }
     };
     match release_claims(s, req.thread, req.checkpoint, "admin_api").await {
         Ok(n) => Json(json!({"released": n})).into_response(),
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+        Err(e) => json_error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
     }
-}
-
-/// Releases the thread's claims (one checkpoint's, when named), logs it
-/// and records it in the audit trail (`claim_released`, `via` the route
-/// that asked); how many were released.
-pub(super) async fn release_claims(
-    s: Shared,
-    thread: String,
-    checkpoint: Option<String>,
-    via: &'static str,
-) -> Result<usize, RequestError> {
-    let (t, c) = (thread.clone(), checkpoint.clone());
-    let audit = s.audit.clone();
-    let n = blocking(move || with_store(&s, |st| st.release(&t, c.as_deref()))).await?;
-    tracing::info!(thread = %shown(&thread), released = n, via, "claims released through the admin API");
-    let mut ev = AuditEvent::new(&SessionContext::internal(), Operation::ClaimReleased)
-        .with_thread(thread)
-        .with_detail(json!({"released": n, "via": via}));
-    ev.checkpoint_id = checkpoint;
-    audit.record(ev);
-    Ok(n)
 }
 
 async fn thread(State(s): State<Shared>, Path(id): Path<String>) -> Response {
     let Some(trail) = s.audit_trail.clone() else {
-        return error(StatusCode::NOT_FOUND, "no audit trail is configured");
+        return json_error(StatusCode::NOT_FOUND, "no audit trail is configured");
     };
     let source = trail.describe();
     let thread_id = id.clone();
@@ -225,8 +205,8 @@ async fn thread(State(s): State<Shared>, Path(id): Path<String>) -> Response {
             ledger.source = source;
             Json(ledger).into_response()
         }
-        Ok(_) => error(StatusCode::NOT_FOUND, "no audit events for this thread"),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+        Ok(_) => json_error(StatusCode::NOT_FOUND, "no audit events for this thread"),
+        Err(e) => json_error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
 }
 
@@ -234,11 +214,11 @@ async fn thread(State(s): State<Shared>, Path(id): Path<String>) -> Response {
 /// source, secrets redacted.
 async fn config(State(s): State<Shared>) -> Response {
     let Some(control) = s.control.clone() else {
-        return error(StatusCode::NOT_FOUND, "no configuration to show");
+        return json_error(StatusCode::NOT_FOUND, "no configuration to show");
     };
     match blocking(move || Ok(control.config())).await {
         Ok(text) => ([(CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response(),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+        Err(e) => json_error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
 }
 
@@ -246,45 +226,13 @@ async fn config(State(s): State<Shared>) -> Response {
 /// the certificates, the JSONL file), answered with each part's outcome.
 async fn reload(State(s): State<Shared>) -> Response {
     let Some(control) = s.control.clone() else {
-        return error(StatusCode::NOT_FOUND, "nothing to reload");
+        return json_error(StatusCode::NOT_FOUND, "nothing to reload");
     };
     tracing::info!("reload requested through the admin API");
     match blocking(move || Ok(control.reload())).await {
         Ok(outcome) => Json(outcome).into_response(),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+        Err(e) => json_error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
-}
-
-/// The consume-once leg's store, or the configured file opened for this
-/// request (the leg is off, as for `resumeguard claims`).
-pub(super) fn with_store<T>(
-    s: &AdminState,
-    f: impl FnOnce(&ClaimStore) -> Result<T, StoreError>,
-) -> Result<T, RequestError> {
-    match &s.claims {
-        Some(store) => Ok(f(store)?),
-        None => {
-            let at = s
-                .claims_at
-                .as_ref()
-                .map_err(|why| RequestError::NoStore(Arc::clone(why)))?;
-            let store = ClaimStore::open_existing(at.clone())?;
-            Ok(f(&store)?)
-        }
-    }
-}
-
-/// Runs `f` on the blocking pool.
-pub(super) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, RequestError> + Send + 'static,
-) -> Result<T, RequestError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .unwrap_or_else(|e| Err(RequestError::Task(e)))
-}
-
-pub(super) fn error(status: StatusCode, message: &str) -> Response {
-    (status, Json(json!({"error": message}))).into_response()
 }
 
 #[cfg(test)]

@@ -7,7 +7,12 @@
 //! - `metrics`: the recorder, help texts, decision counters, scrape-time values.
 //! - `auth`: the token every route but the probes needs (bearer or a
 //!   console session), CSRF tokens, the failed-login limit.
+//! - `login_page`: the console's login form, which the token check shows too.
+//! - `html_escape`: escaping of client- and trail-derived text in HTML.
 //! - `console`: the approvals console (`/ui`), server-rendered HTML.
+//! - `blocking`: handlers' blocking work, the claims store among it.
+//! - `claims_release`: a release by hand, logged and audited.
+//! - `json_error`: the API's `{"error": …}` answer.
 //! - `http`: the routes, readiness, and the listener's connection limits
 //!   and deadlines.
 //! - `ledger`: a thread's approvals as a state machine, from its audit trail.
@@ -15,9 +20,14 @@
 //! - `views`: claims and sessions as JSON.
 
 mod auth;
+mod blocking;
+mod claims_release;
 mod console;
+mod html_escape;
 mod http;
+mod json_error;
 mod ledger;
+mod login_page;
 pub mod metrics;
 mod request_error;
 mod views;

@@ -16,6 +16,7 @@ use serde::Serialize;
 use super::claim_ahead::AheadClaim;
 use super::events::detail;
 use super::held_claims::HeldClaims;
+use super::holder_detail::HolderDetail;
 use super::parked_heads::ParkedHeads;
 use crate::audit::{AuditEvent, Operation, SessionContext};
 use crate::log_text::shown;
@@ -377,25 +378,6 @@ struct TakenDetail<'a> {
     displaced: Option<HolderDetail<'a>>,
     /// Why the previous holder lost the claim, for a takeover.
     takeover: Option<&'a str>,
-}
-
-#[derive(Debug, Serialize)]
-pub(super) struct HolderDetail<'a> {
-    pub client_addr: &'a str,
-    pub application_name: &'a str,
-    pub proxy_id: &'a str,
-    pub session_id: u64,
-}
-
-impl<'a> HolderDetail<'a> {
-    pub fn of(h: &'a Holder) -> Self {
-        HolderDetail {
-            client_addr: &h.client_addr,
-            application_name: &h.application_name,
-            proxy_id: &h.proxy_id,
-            session_id: h.session_id,
-        }
-    }
 }
 
 /// What a decided claim means for the held row: `None` lets it through;

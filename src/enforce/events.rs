@@ -5,15 +5,15 @@
 use serde::Serialize;
 use serde_json::json;
 
-use super::claim_gate::HolderDetail;
+use super::holder_detail::HolderDetail;
 use super::validity::Rejection;
 use super::watch::Watch;
 use crate::audit::{AuditEvent, BlobDigest, Operation, SessionContext};
 use crate::claims::ClaimRecord;
 use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::classify::{ReadMode, ReadShape, RowsDeleted, StatementKind};
-use crate::saver::msgpack::blob_to_json;
 use crate::saver::reserved::{INTERRUPT, NULL_TASK, RESUME};
+use crate::saver::typed_blob::blob_to_json;
 use crate::saver::write_record::WriteRecord;
 
 impl Watch {

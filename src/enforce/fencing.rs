@@ -41,6 +41,7 @@ use std::sync::Arc;
 use super::claim_gate::{ClaimsLeg, InTransactionFence};
 use super::events::{fenced, FencedWrite};
 use super::evidence::{Continuation, Step};
+use super::fence_check::FenceCheck;
 use crate::audit::{AuditEvent, SessionContext};
 use crate::claims::{ClaimKey, Holder, Now, NEXT_CHECKPOINT};
 use crate::log_text::shown;
@@ -101,17 +102,6 @@ fn answer_of(step: &Step) -> Option<(String, bool)> {
         Step::Child => Some((NEXT_CHECKPOINT.to_owned(), true)),
         Step::Progress => None,
     }
-}
-
-/// A write the server checks in its transaction: what its audit record
-/// needs should the check raise.
-#[derive(Debug, Clone)]
-pub struct FenceCheck {
-    pub continues: CheckpointRef,
-    pub statement: &'static str,
-    pub record: Arc<WriteRecord>,
-    /// The server's error, once it raised one: message, detail, reason.
-    pub raised: Option<(String, String, String)>,
 }
 
 /// A fenced write: the refusal the server raises and its audit record.

@@ -17,9 +17,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::claim_gate::{ClaimsLeg, HolderDetail};
+use super::claim_gate::ClaimsLeg;
 use super::events::{detail, fenced, record_write, FencedWrite};
 use super::evidence::{continuation, Step};
+use super::holder_detail::HolderDetail;
 use crate::audit::{AuditEvent, Operation, SessionContext};
 use crate::claims::{format_ms, StoreError};
 use crate::log_text::shown;

@@ -9,7 +9,9 @@
 //!   audits, what it tells the claims store.
 //! - `validity`, `claim_gate`, `fencing`: the validity gate, the
 //!   consume-once gate, and the fencing of writes continuing a claimed
-//!   checkpoint from sessions other than its holder; `held_claims`: the
+//!   checkpoint from sessions other than its holder (`fence_check`: a
+//!   write the server fences in its own transaction); `holder_detail`: a
+//!   claim's holder as audited; `held_claims`: the
 //!   claims this proxy's sessions hold, for a holder's own re-read;
 //!   `parked_heads`, `claim_ahead`: a parked head's claim asked beside
 //!   the read that returns it.
@@ -24,9 +26,11 @@ pub mod claim_ahead;
 pub mod claim_gate;
 mod events;
 mod evidence;
+mod fence_check;
 mod fencing;
 pub mod held_claims;
 mod history;
+mod holder_detail;
 mod late_duplicate;
 pub mod own_schema;
 pub mod parked_heads;
@@ -42,7 +46,7 @@ use crate::audit::{AuditSink, SessionContext};
 use crate::policy::ChannelRules;
 use crate::saver::classify::Classifier;
 use crate::wire::guard::{Guard, GuardFactory, SessionInfo};
-use crate::wire::hooks::Refusal;
+use crate::wire::refusal::Refusal;
 use crate::wire::tracker::Tracker;
 use claim_gate::ClaimsLeg;
 use own_schema::OwnSchema;

@@ -15,7 +15,7 @@
 
 use aho_corasick::AhoCorasick;
 
-use crate::wire::hooks::Refusal;
+use crate::wire::refusal::Refusal;
 use lexed::{lex, split_identifiers, LexError, Lexeme};
 
 mod lexed;

@@ -11,7 +11,7 @@ use super::{Enforcement, Legs};
 use crate::policy::ChannelRules;
 use crate::saver::classify::Classifier;
 use crate::wire::guard::{Guard, GuardFactory, SessionInfo};
-use crate::wire::hooks::Refusal;
+use crate::wire::refusal::Refusal;
 use arc_swap::ArcSwap;
 
 /// The enforcement every session shares, with rules that can be replaced.

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
+use super::fence_check::FenceCheck;
 use super::parked_heads::Interrupt;
 use crate::claims::{interrupt_fingerprint, ClaimKey};
 use crate::policy::fork::{fork_filter, ForkVerdict};
@@ -46,7 +47,7 @@ pub struct Watch {
     pub row_errors: usize,
     pub(super) forks: Vec<ForkServed>,
     /// The answer is the proxy's own fence check ahead of this write.
-    pub fence: Option<super::fencing::FenceCheck>,
+    pub fence: Option<FenceCheck>,
     /// For a read of a head expected parked: its claim, asked beside it.
     pub ahead: Option<super::claim_ahead::AheadClaim>,
 }

@@ -12,7 +12,7 @@
 //!   [`ChannelRules::check_pending_write`] and
 //!   [`ChannelRules::check_checkpoint`] for a [`Verdict`] and turns
 //!   [`Verdict::Invalid`] into a `23514` refusal using
-//!   [`Violation::describe`]. Blobs are read with [`crate::saver::msgpack`].
+//!   [`Violation::describe`]. Blobs are read with [`crate::saver::typed_blob`].
 
 pub mod claims;
 pub mod fork;
@@ -25,6 +25,7 @@ mod rules;
 mod schema;
 mod selector;
 mod verdict;
+mod violation;
 mod write_context;
 
 #[cfg(test)]
@@ -33,4 +34,6 @@ mod tests;
 pub use error::RuleError;
 pub use rules::ChannelRules;
 pub use schema::is_special_channel;
-pub use verdict::{ChannelPayload, Verdict, Violation, WriteContext};
+pub use verdict::{ChannelPayload, Verdict};
+pub use violation::Violation;
+pub use write_context::WriteContext;

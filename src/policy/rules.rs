@@ -8,7 +8,8 @@ use std::path::Path;
 use super::error::RuleError;
 use super::rule_file::{load_file, Rule};
 use super::schema::undecodable_checkpoint_message;
-use super::verdict::{Violation, WriteContext};
+use super::violation::Violation;
+use super::write_context::WriteContext;
 
 /// All channel-schema rules, immutable after [`ChannelRules::load`];
 /// share it behind an `Arc`.

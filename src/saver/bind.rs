@@ -4,8 +4,9 @@
 
 use bytes::{Bytes, BytesMut};
 
+use super::decode_error::utf8;
 use super::decode_error::DecodeError;
-use super::value::{decode_value, utf8, ColumnKind, Value};
+use super::value::{decode_value, ColumnKind, Value};
 use crate::wire::messages::bind::{write_bind, Bind};
 use crate::wire::messages::write::EncodeError;
 

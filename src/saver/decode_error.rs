@@ -98,6 +98,13 @@ impl DecodeError {
     }
 }
 
+/// Copies `raw` into a `String`, rejecting invalid UTF-8.
+pub(crate) fn utf8(raw: &[u8], what: &'static str) -> Result<String, DecodeError> {
+    std::str::from_utf8(raw)
+        .map(str::to_owned)
+        .map_err(|_| DecodeError::Utf8 { what })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,6 +15,7 @@ pub mod pending_tasks;
 pub mod pg_array;
 pub mod profile;
 pub mod reserved;
+pub mod typed_blob;
 pub mod unknown;
 pub mod value;
 pub mod write_record;

@@ -75,22 +75,6 @@ pub fn to_json(blob: &[u8]) -> Result<Value, MsgpackError> {
     decode(blob, MAX_DEPTH)
 }
 
-/// Decodes a stored `(type, blob)` pair by the saver's type tag.
-/// `Ok(None)` means the row holds no value (`empty`); `null` is JSON null.
-pub fn blob_to_json(type_tag: &str, blob: Option<&[u8]>) -> Result<Option<Value>, MsgpackError> {
-    let missing = || MsgpackError::MissingBlob(type_tag.into());
-    match type_tag {
-        "msgpack" => to_json(blob.ok_or_else(missing)?).map(Some),
-        "null" => Ok(Some(Value::Null)),
-        "empty" => Ok(None),
-        "json" => super::json_blob::to_json(blob.ok_or_else(missing)?).map(Some),
-        "bytes" | "bytearray" => Ok(Some(Value::String(bytes_to_string(
-            blob.ok_or_else(missing)?,
-        )))),
-        other => Err(MsgpackError::Undecodable(other.into())),
-    }
-}
-
 /// Reads exactly one msgpack value from `buf` and converts it.
 fn decode(buf: &[u8], depth: usize) -> Result<Value, MsgpackError> {
     let mut rd = buf;

@@ -12,7 +12,7 @@ use bytes::Bytes;
 
 use super::bytea::decode_bytea_text;
 use super::data_row::{read_i32, read_nullable};
-use super::decode_error::DecodeError;
+use super::decode_error::{utf8, DecodeError};
 use crate::wire::messages::read::ReadError;
 
 /// PostgreSQL's limit on array dimensions (`MAXDIM`).
@@ -53,10 +53,7 @@ pub fn decode_text_array(raw: &[u8], binary: bool) -> Result<Vec<Option<String>>
     array
         .elements
         .into_iter()
-        .map(|e| {
-            e.map(|b| super::value::utf8(&b, "text[] element"))
-                .transpose()
-        })
+        .map(|e| e.map(|b| utf8(&b, "text[] element")).transpose())
         .collect()
 }
 

@@ -9,7 +9,7 @@
 use bytes::Bytes;
 
 use super::bytea::decode_bytea_text;
-use super::decode_error::DecodeError;
+use super::decode_error::{utf8, DecodeError};
 use super::pg_array::{decode_text_array, ByteaArray};
 
 /// The SQL type a column is expected to carry.
@@ -129,13 +129,6 @@ pub(crate) fn decode_int_text(raw: &[u8]) -> Result<i64, DecodeError> {
     let s = std::str::from_utf8(raw).map_err(|_| DecodeError::Utf8 { what: "integer" })?;
     s.parse()
         .map_err(|e| DecodeError::Int(format!("{s:?} is not a decimal i64: {e}")))
-}
-
-/// Copies `raw` into a `String`, rejecting invalid UTF-8.
-pub(crate) fn utf8(raw: &[u8], what: &'static str) -> Result<String, DecodeError> {
-    std::str::from_utf8(raw)
-        .map(str::to_owned)
-        .map_err(|_| DecodeError::Utf8 { what })
 }
 
 #[cfg(test)]

@@ -241,7 +241,7 @@ mod tests {
         assert_eq!(rec.idx, Some(-4));
         assert_eq!(rec.task_path, None);
         assert_eq!(rec.channel.as_deref(), Some("__resume__"));
-        let value = crate::saver::msgpack::blob_to_json(
+        let value = crate::saver::typed_blob::blob_to_json(
             rec.type_tag.as_deref().unwrap(),
             rec.blob.as_deref(),
         );

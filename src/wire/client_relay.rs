@@ -16,7 +16,7 @@ use super::proxy::Proxy;
 use super::read_buffer::{Passing, STREAM_ABOVE};
 use super::registry::{closable, SessionHandle, StopReason};
 use super::sasl_plus;
-use super::session::End;
+use super::session_end::End;
 use super::upstream::Upstream;
 
 /// Client → server: frame, track, forward. Runs on its own thread. The

@@ -10,11 +10,8 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use rustls::{Connection, ServerConfig, ServerConnection};
 
-use super::tls_config::{self, TlsConfigError};
+use super::tls_config::{self, TlsConfigError, ALPN_POSTGRESQL};
 use super::tls_stream::TlsStream;
-
-/// The ALPN name of the PostgreSQL protocol (direct TLS, PostgreSQL 17).
-pub const ALPN_POSTGRESQL: &[u8] = b"postgresql";
 
 /// TLS towards clients: the proxy's certificate, and whether clients
 /// must use it. The certificate and key can be read again while the proxy

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::refusal::Refusal;
 use super::response_queue::{Desync, Route};
 
 /// What the relay does with one client message.
@@ -124,7 +125,7 @@ pub trait GuardFactory: Send + Sync {
 
     /// Why a session with these StartupMessage parameters may not start
     /// (told FATAL, before the upstream is reached), if it may not.
-    fn refuse_startup(&self, _params: &[(String, String)]) -> Option<super::hooks::Refusal> {
+    fn refuse_startup(&self, _params: &[(String, String)]) -> Option<Refusal> {
         None
     }
 }

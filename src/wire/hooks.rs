@@ -6,6 +6,7 @@ use bytes::Bytes;
 
 use super::guard::{ClientError, ServerStep};
 use super::injected::Injection;
+use super::refusal::Refusal;
 
 /// ReadyForQuery's transaction status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -25,21 +26,6 @@ impl TxnStatus {
         }
     }
 }
-
-/// Why the proxy refuses a statement: raised by the server itself, so the
-/// error lands where the client expects the statement's answer and the
-/// transaction aborts as for any error.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    pub sqlstate: &'static str,
-    pub message: String,
-    pub detail: String,
-}
-
-/// SQLSTATE for a statement name the proxy never saw prepared.
-pub const INVALID_STATEMENT_NAME: &str = "26000";
-/// SQLSTATE for a form the proxy refuses to pass unchecked.
-pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
 
 /// What the client gets for a Bind.
 #[derive(Debug)]

@@ -19,7 +19,7 @@ use super::read_buffer::{Passing, STREAM_ABOVE};
 use super::registry::{closable, SessionHandle, StopReason};
 use super::response_queue::{Desync, Route};
 use super::sasl_plus;
-use super::session::End;
+use super::session_end::End;
 
 /// A write buffer grown past this is replaced once sent.
 const SHRINK_ABOVE: usize = 1024 * 1024;

@@ -25,8 +25,9 @@ use super::messages::sqlstate;
 use super::messages::startup::{FirstPacket, StartupMessage};
 use super::proxy::Proxy;
 use super::registry::{SessionHandle, SessionSummary, StopReason};
-use super::sasl_plus::{self, BindingRefusal};
+use super::sasl_plus;
 use super::server_relay::server_to_client;
+use super::session_end::End;
 use super::unsupported_protocol::answer_unsupported;
 use crate::log_text::shown;
 
@@ -34,22 +35,6 @@ use crate::log_text::shown;
 /// descent (its own depth limit applies) and SQLite; only touched pages
 /// count as resident.
 pub const THREAD_STACK: usize = 1024 * 1024;
-
-/// Why a session ended, for the log.
-#[derive(Debug)]
-pub(super) enum End {
-    ClientClosed,
-    ServerClosed,
-    Shutdown,
-    /// The other direction ended first.
-    Quiet,
-    /// The client broke the protocol; it is told why before the close.
-    ClientProtocol(String),
-    /// The client asked for what cannot pass the proxy; it is told why
-    /// before the close.
-    ClientRefused(BindingRefusal),
-    Error(String),
-}
 
 /// Serves one accepted client connection to completion, on the calling
 /// thread (plus one more for the client→server direction).

@@ -12,9 +12,11 @@ use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
-use super::client_stream::ALPN_POSTGRESQL;
 pub use super::server_cert_verifier::Verify;
 use super::server_cert_verifier::{RootsFrom, UpstreamVerifier};
+
+/// The ALPN name of the PostgreSQL protocol (direct TLS, PostgreSQL 17).
+pub const ALPN_POSTGRESQL: &[u8] = b"postgresql";
 
 /// The `sslrootcert` value that means the operating system's store, as
 /// in libpq.

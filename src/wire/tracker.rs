@@ -32,9 +32,8 @@ mod names;
 mod sql_changes;
 mod unanswered;
 
-pub use super::hooks::{
-    Bound, Hooks, Refusal, TxnStatus, FEATURE_NOT_SUPPORTED, INVALID_STATEMENT_NAME,
-};
+pub use super::hooks::{Bound, Hooks, TxnStatus};
+pub use super::refusal::{Refusal, FEATURE_NOT_SUPPORTED, INVALID_STATEMENT_NAME};
 use names::{
     apply_command, commands_of, Change, Executes, Lookup, Names, Pending, Portal, Statement,
 };

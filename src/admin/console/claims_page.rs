@@ -13,11 +13,13 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::{Extension, Form};
 use serde::Deserialize;
 
-use super::html::{esc, page, url, Frame};
+use super::html::{page, Frame};
 use super::lists::short;
 use super::{Shared, PAGE_SIZE};
 use crate::admin::auth::ConsoleSession;
-use crate::admin::http::{blocking, release_claims, with_store};
+use crate::admin::blocking::{blocking, with_store};
+use crate::admin::claims_release::release_claims;
+use crate::admin::html_escape::{esc, url};
 use crate::admin::views::ClaimView;
 use crate::claims::ClaimState;
 

@@ -6,8 +6,8 @@ use std::time::SystemTime;
 
 use serde_json::Value;
 
-use super::html::{esc, url};
 use super::Search;
+use crate::admin::html_escape::{esc, url};
 use crate::audit::{ConsoleList, ListedEvent};
 
 /// A list page's title and the sentence under it.

@@ -13,11 +13,12 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::Extension;
 use serde::Deserialize;
 
-use super::html::{esc, page, Frame};
+use super::html::{page, Frame};
 use super::lists::{client, short, text, time};
 use super::Shared;
 use crate::admin::auth::ConsoleSession;
-use crate::admin::http::blocking;
+use crate::admin::blocking::blocking;
+use crate::admin::html_escape::esc;
 use crate::admin::ledger::{thread_ledger, Approval, Mark, ThreadLedger};
 use crate::admin::request_error::RequestError;
 use crate::audit::{AuditError, Break, Operation, TrailSource};

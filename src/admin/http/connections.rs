@@ -20,6 +20,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 use crate::admin::auth::PeerAddr;
+use crate::admin::json_error::json_error;
 
 /// Admin connections served at once unless `[admin] max_connections`
 /// says otherwise.
@@ -143,7 +144,7 @@ async fn request_deadline(State(limit): State<Duration>, req: Request, next: Nex
         Ok(answer) => answer,
         Err(_) => {
             let msg = format!("no answer within {} s", limit.as_secs_f64());
-            super::error(StatusCode::SERVICE_UNAVAILABLE, &msg)
+            json_error(StatusCode::SERVICE_UNAVAILABLE, &msg)
         }
     }
 }

@@ -16,7 +16,7 @@ use tower::ServiceExt;
 use super::*;
 use crate::admin::{AdminControl, AdminToken};
 use crate::audit::{AuditEvent, AuditSink, Operation, SessionContext};
-use crate::claims::{ClaimKey, Holder};
+use crate::claims::{ClaimKey, ClaimStore, Holder};
 use crate::config::claims_location::LocationError;
 use crate::enforce::{Enforcement, Legs};
 use crate::saver::classify::Classifier;

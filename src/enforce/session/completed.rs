@@ -4,7 +4,7 @@
 
 use super::SessionEnforcer;
 use crate::claims::evidence::Evidence;
-use crate::enforce::fencing::FenceCheck;
+use crate::enforce::fence_check::FenceCheck;
 use crate::enforce::watch::Watch;
 use crate::log_text::shown;
 use crate::saver::classify::StatementKind;

@@ -302,46 +302,6 @@ fn deep_nesting_is_bounded() {
 }
 
 #[test]
-fn type_tags() {
-    assert_eq!(
-        blob_to_json("msgpack", Some(&[0x91, 0xc0])).unwrap(),
-        Some(json!([null]))
-    );
-    // `None` is stored as type "null" with an empty blob.
-    assert_eq!(blob_to_json("null", Some(b"")).unwrap(), Some(json!(null)));
-    assert_eq!(blob_to_json("empty", None).unwrap(), None);
-    assert_eq!(
-        blob_to_json("json", Some(br#"{"a": [1]}"#)).unwrap(),
-        Some(json!({"a": [1]}))
-    );
-    // b"\x00\x01" is stored as type "bytes"
-    assert_eq!(
-        blob_to_json("bytes", Some(&[0x00, 0x01])).unwrap(),
-        Some(json!("\u{0}\u{1}"))
-    );
-    assert_eq!(
-        blob_to_json("bytearray", Some(&[0xff])).unwrap(),
-        Some(json!("/w=="))
-    );
-    assert_eq!(
-        blob_to_json("pickle", Some(b"\x80\x04")),
-        Err(MsgpackError::Undecodable("pickle".into()))
-    );
-    assert!(matches!(
-        blob_to_json("cbor", Some(b"")),
-        Err(MsgpackError::Undecodable(_))
-    ));
-    assert_eq!(
-        blob_to_json("msgpack", None),
-        Err(MsgpackError::MissingBlob("msgpack".into()))
-    );
-    assert!(matches!(
-        blob_to_json("json", Some(b"{")),
-        Err(MsgpackError::Json(_))
-    ));
-}
-
-#[test]
 fn base64_padding() {
     assert_eq!(base64(b""), "");
     assert_eq!(base64(b"f"), "Zg==");

@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use foldhash::fast::RandomState;
 
-use super::super::hooks::{Hooks, Refusal};
+use super::super::hooks::Hooks;
 use super::super::messages::frontend::Target;
+use super::super::refusal::Refusal;
 use super::super::sql_commands::SqlCommand;
 use super::sql_changes::SqlChanges;
 

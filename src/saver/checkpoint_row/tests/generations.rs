@@ -10,8 +10,8 @@ use crate::saver::classify::tests::other_savers_sql::{
 };
 use crate::saver::classify::{Classifier, StatementKind};
 use crate::saver::data_row::split_data_row;
-use crate::saver::msgpack::blob_to_json;
 use crate::saver::profile::SaverProfile;
+use crate::saver::typed_blob::blob_to_json;
 
 /// The layout the shipped profiles give a read's SQL.
 fn layout_of(sql: &str) -> RowLayout {
