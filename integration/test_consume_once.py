@@ -167,6 +167,23 @@ def wait_for_node(env: Env, thread: str, node: str, timeout: float = 30.0) -> No
         time.sleep(0.01)
 
 
+def head_id(env: Env, thread: str) -> str | None:
+    """The thread's latest committed checkpoint id, read straight from PostgreSQL."""
+    with psycopg.connect(env.direct, autocommit=True) as c:
+        row = c.execute("select max(checkpoint_id) from checkpoints "
+                        "where thread_id = %s and checkpoint_ns = ''", (thread,)).fetchone()
+    return row[0] if row else None
+
+
+def wait_for_head_past(env: Env, thread: str, parked: str | None, timeout: float = 30.0) -> None:
+    """Polls until a checkpoint after ``parked`` is committed: the saver persists a step's
+    checkpoint while the next node already runs (durability "async")."""
+    deadline = time.monotonic() + timeout
+    while head_id(env, thread) == parked:
+        assert time.monotonic() < deadline, "no checkpoint after the parked one"
+        time.sleep(0.01)
+
+
 def park(dsn: str, thread: str, graph: str = "one", saver: str = "conn") -> list[dict]:
     with R.Runner(saver, dsn) as r:
         res = r.invoke(graph, dict(R.INITIAL), thread)
@@ -875,11 +892,13 @@ def test_reads_after_an_answered_run_are_served(co):
     a marked inspection is served even while the run is in progress."""
     thread = tid("after-run")
     park(co.dsn("A"), thread, graph="slow_after")
+    parked = head_id(co, thread)
     winner = one_resumer(co, co.dsn("A"), thread, "ar-", graph="slow_after")
     try:
         winner.ready(0)
         winner.go(0)
         wait_for_node(co, thread, "after")
+        wait_for_head_past(co, thread, parked)
         # in this process (no interpreter start-up), well inside `after`'s 1.5 s
         with R.Runner("conn", co.dsn("A")) as r:
             with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as refused:
