@@ -1,7 +1,7 @@
 //! What a reader's claim came to. The store decides it on the server, in
 //! one statement: the rule is written once, in the schema's `claim`
 //! function (`claims::postgres::db_clock`); the model check restates it
-//! and `claims::postgres::tests` holds the restatement to the SQL.
+//! and `claims::postgres::tests::claiming` holds the restatement to the SQL.
 
 use super::model::ClaimRecord;
 

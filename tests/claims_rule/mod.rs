@@ -1,9 +1,9 @@
 //! The claim rule of the schema's `claim` function
 //! (`src/claims/postgres/db_clock.rs`), restated in Rust for the model
 //! check (`tests/claims_model.rs`). The store's own unit tests
-//! (`src/claims/postgres/tests.rs`) include this same file and hold it to
-//! the SQL: each state the model reaches, set up in a real PostgreSQL,
-//! claimed there and decided here, must come out the same.
+//! (`src/claims/postgres/tests/claiming.rs`) include this same file and
+//! hold it to the SQL: each state the model reaches, set up in a real
+//! PostgreSQL, claimed there and decided here, must come out the same.
 //!
 //! The includer brings `ClaimOutcome`, `ClaimRecord`, `ClaimState` and
 //! `Holder` into scope (`resumeguard::claims` or `crate::claims`).
