@@ -1,7 +1,7 @@
 //! resumeguard: a transparent PostgreSQL wire-protocol proxy that recognizes
 //! LangGraph checkpoint traffic and holds it to the Resume Contract.
 //!
-//! Layers, top first; a module uses only those below it (`tests/layers.rs`
+//! Layers, top first; a module uses only those below it (`tests/imports.rs`
 //! holds the code to this picture):
 //! - [`config`]: the configuration, from defaults, file, environment and flags.
 //! - [`admin`]: the HTTP admin API, `/metrics` and the approvals console.
