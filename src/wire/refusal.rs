@@ -12,7 +12,4 @@ pub struct Refusal {
     pub detail: String,
 }
 
-/// SQLSTATE for a statement name the proxy never saw prepared.
-pub const INVALID_STATEMENT_NAME: &str = "26000";
-/// SQLSTATE for a form the proxy refuses to pass unchecked.
-pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
+pub use super::messages::sqlstate::{FEATURE_NOT_SUPPORTED, INVALID_STATEMENT_NAME};

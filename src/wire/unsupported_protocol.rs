@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use super::client_stream::ClientStream;
 use super::messages::error_response::{error_response, protocol_2_error, Severity};
+use super::messages::sqlstate::FEATURE_NOT_SUPPORTED;
 use super::messages::startup::UnsupportedStartup;
 use super::proxy::Proxy;
 use super::upstream::Upstream;
@@ -18,10 +19,6 @@ use super::upstream::Upstream;
 /// The most of the server's answer relayed: one error message is far
 /// less.
 const MAX_ANSWER: usize = 8192;
-
-/// feature_not_supported: PostgreSQL's SQLSTATE for an unsupported
-/// frontend protocol.
-const FEATURE_NOT_SUPPORTED: &str = "0A000";
 
 /// Answers `startup` on `client` (the server's answer, or the proxy's
 /// own), all by `deadline`.

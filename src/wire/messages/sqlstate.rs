@@ -13,3 +13,8 @@ pub const ADMIN_SHUTDOWN: &str = "57P01";
 pub const INTERNAL_ERROR: &str = "XX000";
 /// The proxy cannot start another session (threads or memory).
 pub const TOO_MANY_CONNECTIONS: &str = "53300";
+/// A statement name the proxy never saw prepared.
+pub const INVALID_STATEMENT_NAME: &str = "26000";
+/// A form the proxy refuses to pass unchecked, or a frontend protocol it
+/// does not speak.
+pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
