@@ -12,8 +12,8 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use resumeguard::saver::bind::BoundParams;
 use resumeguard::saver::checkpoint_row::{decode_checkpoint_row, RowLayout};
 use resumeguard::saver::classify::StatementKind;
-use resumeguard::saver::data_row::split_data_row;
 use resumeguard::saver::write_record::WriteRecord;
+use resumeguard::wire::messages::data_row::split_data_row;
 
 fn bind(c: &mut Criterion) {
     let frame = common::interrupt_write_bind("_pg3_2");

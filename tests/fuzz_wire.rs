@@ -30,12 +30,12 @@ use proptest::test_runner::TestCaseError;
 
 use resumeguard::saver::bind::BoundParams;
 use resumeguard::saver::checkpoint_row::{decode_checkpoint_row, RowLayout};
-use resumeguard::saver::data_row::split_data_row;
 use resumeguard::saver::pg_array::ByteaArray;
 use resumeguard::saver::unknown::UnknownSaverPolicy;
 use resumeguard::saver::write_record::WriteRecord;
 use resumeguard::saver::{json_blob, msgpack, typed_blob};
 use resumeguard::wire::frame::{peek_frame, HEADER_LEN};
+use resumeguard::wire::messages::data_row::split_data_row;
 use resumeguard::wire::messages::frontend::Frontend;
 use resumeguard::wire::messages::startup::{self, FirstPacket, MAX_STARTUP_LEN};
 use resumeguard::wire::read_buffer::ReadBuffer;

@@ -16,13 +16,12 @@ use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::checkpoint_row::PendingWrite;
 use crate::saver::checkpoint_row::{decode_checkpoint_row, CheckpointRow, RowLayout};
 use crate::saver::classify::{Classified, ReadMode, StatementKind};
-use crate::saver::data_row::split_data_row;
 use crate::saver::decode_error::DecodeError;
 use crate::saver::pending_tasks::has_pending_tasks;
 use crate::saver::reserved::INTERRUPT;
 use crate::saver::value::{ColumnKind, Value};
 use crate::saver::write_record::WriteRecord;
-use crate::wire::messages::data_row::data_row;
+use crate::wire::messages::data_row::{data_row, split_data_row};
 
 /// A checkpoint statement in flight: its classification, its parameters
 /// and, for reads, the rows seen so far.
@@ -129,7 +128,7 @@ impl Watch {
             Ok(f) => f,
             Err(e) => {
                 self.row_errors += 1;
-                self.class.report_undecodable_row(&e);
+                self.class.report_undecodable_row(&DecodeError::from(e));
                 return None;
             }
         };

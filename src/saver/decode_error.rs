@@ -137,4 +137,21 @@ mod tests {
             Some("unknown format code 7 (expected 0 = text or 1 = binary)")
         );
     }
+
+    #[test]
+    fn the_codecs_errors_arrive_as_the_savers() {
+        use crate::wire::messages::{data_row::split_data_row, read::read_i32};
+        assert!(matches!(
+            split_data_row(&[0, 1, 0xff, 0xff, 0xff, 0xfe]).map_err(DecodeError::from),
+            Err(DecodeError::Read(ReadError::NegativeLength { len: -2, .. }))
+        ));
+        assert!(matches!(
+            read_i32(&mut &[0u8, 0][..], "x").map_err(DecodeError::from),
+            Err(DecodeError::Read(ReadError::Truncated {
+                needed: 4,
+                remaining: 2,
+                ..
+            }))
+        ));
+    }
 }

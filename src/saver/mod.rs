@@ -5,7 +5,6 @@ pub mod bytea;
 pub mod checkpoint_ref;
 pub mod checkpoint_row;
 pub mod classify;
-pub mod data_row;
 pub mod decode_error;
 pub mod fork_rewrite;
 pub mod json_blob;

@@ -11,9 +11,8 @@
 use bytes::Bytes;
 
 use super::bytea::decode_bytea_text;
-use super::data_row::{read_i32, read_nullable};
 use super::decode_error::{utf8, DecodeError};
-use crate::wire::messages::read::ReadError;
+use crate::wire::messages::read::{read_i32, read_nullable, ReadError};
 
 /// PostgreSQL's limit on array dimensions (`MAXDIM`).
 const MAX_DIMS: usize = 6;

@@ -1,7 +1,7 @@
 //! Checkpoint rows of every saver generation, in both wire formats.
 
-use super::super::data_row::split_data_row;
 use super::*;
+use crate::wire::messages::data_row::split_data_row;
 
 /// Builds a binary `bytea[]` with lower bounds 1.
 fn array(dims: &[i32], elements: &[Option<&[u8]>]) -> Vec<u8> {

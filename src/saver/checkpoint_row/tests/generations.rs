@@ -9,9 +9,9 @@ use crate::saver::classify::tests::other_savers_sql::{
     JS_BY_ID_TAIL, JS_LATEST_TAIL, JS_SELECT_SQL, PY2_SELECT_SQL,
 };
 use crate::saver::classify::{Classifier, StatementKind};
-use crate::saver::data_row::split_data_row;
 use crate::saver::profile::SaverProfile;
 use crate::saver::typed_blob::blob_to_json;
+use crate::wire::messages::data_row::split_data_row;
 
 /// The layout the shipped profiles give a read's SQL.
 fn layout_of(sql: &str) -> RowLayout {
