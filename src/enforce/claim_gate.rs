@@ -9,28 +9,22 @@
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use regex::Regex;
-use serde::Serialize;
 
 use super::claim_ahead::AheadClaim;
-use super::events::detail;
 use super::held_claims::HeldClaims;
-use super::holder_detail::HolderDetail;
 use super::parked_heads::ParkedHeads;
-use crate::audit::{AuditEvent, Operation, SessionContext};
 use crate::log_text::shown;
 use crate::metrics::claims_store_call;
 use crate::wire::draining::Draining;
 use crate::wire::guard::Ticket;
-use crate::wire::messages::error_response::{error_response, Severity};
 
 use crate::claims::evidence::EvidenceSender;
 use crate::claims::timings::LiveClaimsTimings;
 use crate::claims::{ClaimKey, ClaimOutcome, ClaimState, ClaimStore, Holder, Now, StoreError};
 use crate::policy::claims::{
-    decide_at, decide_running_head, inspection_remedy, takeover_metric_label, takeover_reason,
-    ClaimDecision, Refusal, WaitPolicy, COMMIT_COVER_MS,
+    decide_at, decide_running_head, takeover_reason, ClaimDecision, Refusal, WaitPolicy,
+    COMMIT_COVER_MS,
 };
 
 /// The consume-once leg as configured for one proxy process.
@@ -294,13 +288,6 @@ impl ClaimsLeg {
         })
     }
 
-    /// How a read is marked as inspection here (see
-    /// [`crate::policy::claims::inspection_remedy`]).
-    pub fn inspection_remedy(&self) -> String {
-        let patterns: Vec<&str> = self.inspection_patterns.iter().map(Regex::as_str).collect();
-        inspection_remedy(&patterns, self.inspection_sql_hint)
-    }
-
     fn note_refusal(&self, key: &ClaimKey) {
         if let Err(e) = self.store.note_refusal(key) {
             tracing::warn!(error = %e, "refusal not counted in the claim store");
@@ -355,113 +342,5 @@ impl Ticket for ClaimTicket {
             };
             self.leg.resolve(&self.request, ahead, server_closed)
         });
-    }
-}
-
-#[derive(Serialize)]
-struct WaitedDetail<'a> {
-    interrupt: &'a str,
-    waited_ms: i64,
-}
-
-#[derive(Serialize)]
-struct RefusedDetail<'a> {
-    interrupt: &'a str,
-    sqlstate: &'a str,
-    reason: &'a str,
-    head: &'a str,
-}
-
-#[derive(Serialize)]
-struct TakenDetail<'a> {
-    interrupt: &'a str,
-    displaced: Option<HolderDetail<'a>>,
-    /// Why the previous holder lost the claim, for a takeover.
-    takeover: Option<&'a str>,
-}
-
-/// What a decided claim means for the held row: `None` lets it through;
-/// `Some` is the refusal the client gets instead. The audit records go to
-/// `events`. `inspection` says how to mark a read as inspection, told to
-/// a read refused while a run is in progress.
-pub fn apply_claim(
-    ctx: &SessionContext,
-    req: &ClaimRequest,
-    res: &Resolution,
-    inspection: Option<&str>,
-    events: &mut Vec<AuditEvent>,
-) -> Option<Bytes> {
-    let key = &req.key;
-    let event = |op| {
-        AuditEvent::new(ctx, op)
-            .with_thread(key.at.thread_id.clone())
-            .with_checkpoint(key.at.checkpoint_ns.clone(), key.at.checkpoint_id.clone())
-    };
-    if res.waited_ms > 0 {
-        crate::metrics::claim_waited();
-        events.push(
-            event(Operation::ClaimWaited).with_detail(detail(&WaitedDetail {
-                interrupt: key.short_fingerprint(),
-                waited_ms: res.waited_ms,
-            })),
-        );
-    }
-    match &res.decision {
-        ClaimDecision::Refuse { reason } => {
-            let (message, hint) = match (reason, inspection) {
-                (Refusal::RunInProgress { .. }, Some(remedy)) => (
-                    format!(
-                        "{}; if this is a status read (get_state), {remedy}",
-                        reason.message(key)
-                    ),
-                    format!(
-                        "Resuming again has no effect on an answered interrupt. To watch a \
-                         running thread, {remedy}. claims.run_lease_ms sets how long after \
-                         the run's last write this applies."
-                    ),
-                ),
-                _ => (reason.message(key), reason.hint().to_owned()),
-            };
-            crate::metrics::claim_refused(reason.metric_label());
-            tracing::info!(thread = %shown(&key.at.thread_id), "{}", shown(&message));
-            let interrupt = match reason {
-                Refusal::RunInProgress { lease } => lease.short_fingerprint(),
-                _ => key.short_fingerprint(),
-            };
-            events.push(
-                event(Operation::ClaimRefused).with_detail(detail(&RefusedDetail {
-                    interrupt,
-                    sqlstate: reason.sqlstate(),
-                    reason: &message,
-                    head: match req.head {
-                        Head::Parked => "parked",
-                        Head::Running => "running",
-                    },
-                })),
-            );
-            Some(error_response(
-                Severity::Error,
-                reason.sqlstate(),
-                &message,
-                Some(&hint),
-            ))
-        }
-        // A running head outside any lease: nothing was claimed.
-        ClaimDecision::Serve { .. } if req.head == Head::Running => None,
-        ClaimDecision::Serve { takeover } => {
-            crate::metrics::claim_served(takeover.then(|| takeover_metric_label(res.takeover)));
-            let op = if *takeover {
-                Operation::ClaimTakeover
-            } else {
-                Operation::ClaimTaken
-            };
-            events.push(event(op).with_detail(detail(&TakenDetail {
-                interrupt: key.short_fingerprint(),
-                displaced: res.displaced.as_ref().map(HolderDetail::of),
-                takeover: res.takeover,
-            })));
-            None
-        }
-        ClaimDecision::RetryAfter { .. } => None,
     }
 }
