@@ -14,6 +14,7 @@ use regex::Regex;
 use super::claim_ahead::AheadClaim;
 use super::held_claims::HeldClaims;
 use super::parked_heads::ParkedHeads;
+use crate::audit::SessionContext;
 use crate::log_text::shown;
 use crate::metrics::claims_store_call;
 use crate::wire::draining::Draining;
@@ -105,6 +106,16 @@ pub struct Resolution {
 }
 
 impl ClaimsLeg {
+    /// A session of this proxy as a claim holder.
+    pub fn holder(&self, session: &SessionContext) -> Holder {
+        Holder {
+            proxy_id: self.proxy_id.clone(),
+            session_id: session.session_id,
+            client_addr: session.client_addr.clone(),
+            application_name: session.application_name.clone(),
+        }
+    }
+
     /// Whether running heads are checked against run leases (a run lease
     /// is configured now).
     pub fn run_lease(&self) -> bool {

@@ -39,7 +39,6 @@ use super::watch::{Watch, WriteDecode};
 use super::Enforcement;
 use crate::audit::{AuditEvent, SessionContext};
 use crate::claims::evidence::{Evidence, EvidenceSender};
-use crate::claims::Holder;
 use crate::log_text::shown;
 use crate::saver::bind::BoundParams;
 use crate::saver::checkpoint_ref::CheckpointRef;
@@ -177,16 +176,6 @@ impl SessionEnforcer {
             sqlstate: CHECK_VIOLATION,
             detail: rejection.detail(),
             message: rejection.message,
-        }
-    }
-
-    /// This session as a claim holder.
-    fn holder(&self, proxy_id: &str) -> Holder {
-        Holder {
-            proxy_id: proxy_id.to_owned(),
-            session_id: self.ctx.session_id,
-            client_addr: self.ctx.client_addr.clone(),
-            application_name: self.ctx.application_name.clone(),
         }
     }
 }

@@ -123,7 +123,7 @@ impl SessionEnforcer {
         };
         // Claims on it may change with this write: asked of the store again.
         leg.held.forget(&cont.at);
-        let session = self.holder(&leg.proxy_id);
+        let session = leg.holder(&self.ctx);
         self.fencing
             .check(&leg, &self.ctx, &session, (&cont, kind.label(), rec))
     }

@@ -53,7 +53,7 @@ impl SessionEnforcer {
         }
         let (thread, ns) = watch.head_address()?;
         let key = leg.parked.expected(&thread, &ns)?;
-        let holder = self.holder(&leg.proxy_id);
+        let holder = leg.holder(&self.ctx);
         if leg.held.answer(&key, &holder, Instant::now()).is_some() {
             return None;
         }

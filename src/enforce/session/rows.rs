@@ -57,7 +57,7 @@ impl SessionEnforcer {
         };
         Some(ClaimRequest {
             key,
-            holder: self.holder(&leg.proxy_id),
+            holder: leg.holder(&self.ctx),
             head,
         })
     }
