@@ -26,8 +26,9 @@ impl Watch {
             | StatementKind::WritesUpsert(_)
             | StatementKind::WritesInsertIgnore(_) => match &self.record {
                 Some(Ok(rec)) => self.write_events(ctx, rec),
-                Some(Err(e)) => vec![AuditEvent::new(ctx, Operation::Unrecognized)
-                    .with_detail(json!({"statement": self.class.kind.label(), "decode_error": e}))],
+                Some(Err(e)) => vec![AuditEvent::new(ctx, Operation::Unrecognized).with_detail(
+                    json!({"statement": self.class.kind.label(), "decode_error": e.to_string()}),
+                )],
                 None => Vec::new(),
             },
             StatementKind::DeleteThread {

@@ -10,6 +10,7 @@
 use crate::policy::write_check::{check_write, rejection_message, WriteKind};
 use crate::policy::{ChannelRules, Violation};
 use crate::saver::classify::StatementKind;
+use crate::saver::decode_error::DecodeError;
 use crate::saver::write_record::WriteRecord;
 
 /// SQLSTATE of a refused write: check_violation, what a CHECK constraint
@@ -69,7 +70,7 @@ impl ValidityGate {
         &mut self,
         rules: &ChannelRules,
         kind: &StatementKind,
-        record: Result<&WriteRecord, &str>,
+        record: Result<&WriteRecord, &DecodeError>,
     ) -> Option<Rejection> {
         if rules.is_empty() {
             return None;

@@ -53,7 +53,7 @@ pub struct Watch {
 
 /// A write's row as decoded from its Bind, shared by the validity gate,
 /// the audit record and the claim evidence.
-pub type WriteDecode = Result<Arc<WriteRecord>, String>;
+pub type WriteDecode = Result<Arc<WriteRecord>, DecodeError>;
 
 /// A read that addressed a superseded checkpoint, as served.
 #[derive(Debug)]

@@ -7,7 +7,7 @@
 use crate::wire::messages::read::ReadError;
 
 /// A decoding failure. Messages name the field and the defect.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum DecodeError {
     /// A length, header or body that does not read (truncated, a
     /// negative length, bytes left over): the codec's checked readers'

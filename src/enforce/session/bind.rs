@@ -37,14 +37,14 @@ pub(super) fn handle(
     if let Some(refusal) = history_refusal(&statement.class.kind, &bound) {
         return Ok(Bound::Refuse(refusal));
     }
-    let record: Option<WriteDecode> = statement.class.kind.insert_shape().map(|shape| {
-        WriteRecord::decode(shape, &bound)
-            .map(Arc::new)
-            .map_err(|e| e.to_string())
-    });
+    let record: Option<WriteDecode> = statement
+        .class
+        .kind
+        .insert_shape()
+        .map(|shape| WriteRecord::decode(shape, &bound).map(Arc::new));
     if let Some(decoded) = &record {
         let rules = Arc::clone(&session.shared.legs.validity);
-        let checked = decoded.as_deref().map_err(String::as_str);
+        let checked = decoded.as_deref();
         if let Some(rejection) = session
             .validity
             .check(&rules, &statement.class.kind, checked)
