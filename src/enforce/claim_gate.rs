@@ -24,8 +24,8 @@ use crate::claims::evidence::EvidenceSender;
 use crate::claims::timings::LiveClaimsTimings;
 use crate::claims::{ClaimKey, ClaimOutcome, ClaimState, ClaimStore, Holder, Now, StoreError};
 use crate::policy::claims::{
-    decide_at, decide_running_head, takeover_reason, ClaimDecision, Refusal, WaitPolicy,
-    COMMIT_COVER_MS,
+    decide_at, decide_running_head, takeover_metric_label, takeover_reason, ClaimDecision, Refusal,
+    WaitPolicy, COMMIT_COVER_MS,
 };
 
 /// The consume-once leg as configured for one proxy process.
@@ -351,7 +351,25 @@ impl Ticket for ClaimTicket {
                 Ok(mut ahead) => ahead.take(),
                 Err(poisoned) => poisoned.into_inner().take(),
             };
-            self.leg.resolve(&self.request, ahead, server_closed)
+            let resolution = self.leg.resolve(&self.request, ahead, server_closed);
+            count_decision(self.request.head, &resolution);
+            resolution
         });
+    }
+}
+
+/// Counts a decided claim: its wait, and whether it was refused, taken or
+/// taken over (a running head served outside any lease claimed nothing).
+fn count_decision(head: Head, res: &Resolution) {
+    if res.waited_ms > 0 {
+        crate::metrics::claim_waited();
+    }
+    match &res.decision {
+        ClaimDecision::Refuse { reason } => crate::metrics::claim_refused(reason.metric_label()),
+        ClaimDecision::Serve { .. } if head == Head::Running => {}
+        ClaimDecision::Serve { takeover } => {
+            crate::metrics::claim_served(takeover.then(|| takeover_metric_label(res.takeover)))
+        }
+        ClaimDecision::RetryAfter { .. } => {}
     }
 }

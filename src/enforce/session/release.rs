@@ -12,9 +12,7 @@ use crate::enforce::claim_gate::{ClaimRequest, ClaimsLeg, Head, Resolution};
 use crate::enforce::events::detail;
 use crate::enforce::holder_detail::HolderDetail;
 use crate::log_text::shown;
-use crate::policy::claims::{
-    inspection_remedy, takeover_metric_label, ClaimDecision, Refusal as ClaimRefusal,
-};
+use crate::policy::claims::{inspection_remedy, ClaimDecision, Refusal as ClaimRefusal};
 use crate::wire::messages::error_response::{error_response, Severity};
 
 pub(super) fn handle(session: &mut SessionEnforcer) -> Option<Bytes> {
@@ -103,7 +101,6 @@ fn apply_claim(
             .with_checkpoint(key.at.checkpoint_ns.clone(), key.at.checkpoint_id.clone())
     };
     if res.waited_ms > 0 {
-        crate::metrics::claim_waited();
         events.push(
             event(Operation::ClaimWaited).with_detail(detail(&WaitedDetail {
                 interrupt: key.short_fingerprint(),
@@ -127,7 +124,6 @@ fn apply_claim(
                 ),
                 _ => (reason.message(key), reason.hint().to_owned()),
             };
-            crate::metrics::claim_refused(reason.metric_label());
             tracing::info!(thread = %shown(&key.at.thread_id), "{}", shown(&message));
             let interrupt = match reason {
                 ClaimRefusal::RunInProgress { lease } => lease.short_fingerprint(),
@@ -154,7 +150,6 @@ fn apply_claim(
         // A running head outside any lease: nothing was claimed.
         ClaimDecision::Serve { .. } if req.head == Head::Running => None,
         ClaimDecision::Serve { takeover } => {
-            crate::metrics::claim_served(takeover.then(|| takeover_metric_label(res.takeover)));
             let op = if *takeover {
                 Operation::ClaimTakeover
             } else {
