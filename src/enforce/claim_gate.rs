@@ -1,7 +1,8 @@
 //! The consume-once gate: when a read of a thread's head
-//! returns a parked checkpoint, the proxy holds that row, takes a claim in
-//! the shared store (waiting as the policy says), and only then lets the
-//! row through, or sends the refusal in its place, before any node runs.
+//! returns a parked checkpoint, the proxy holds that row and takes a claim
+//! in the shared store (waiting as the policy says); only then does the
+//! session's release (`session/release.rs`) let the row through, or send
+//! the refusal in its place, before any node runs.
 //! A head past the parked checkpoint with tasks still to run is held the
 //! same way while the store is asked whether another session's answering
 //! run holds the thread's run lease.
