@@ -236,10 +236,10 @@ async fn list_page(
             ""
         }
     );
-    let status = if rows.is_ok() {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
+    let status = match &rows {
+        Ok(_) => StatusCode::OK,
+        Err(RequestError::NoTrail) => StatusCode::NOT_FOUND,
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE,
     };
     let f = frame(title, path, &session, &source);
     (status, Html(html::page(&f, &main))).into_response()

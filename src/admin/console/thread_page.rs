@@ -89,7 +89,7 @@ pub async fn thread(
     Query(q): Query<ThreadQuery>,
 ) -> Response {
     let Some(trail) = s.audit_trail.clone() else {
-        return (StatusCode::NOT_FOUND, "no audit trail is configured").into_response();
+        return (StatusCode::NOT_FOUND, RequestError::NoTrail.to_string()).into_response();
     };
     let source = trail.describe();
     let (thread_id, st) = (id.clone(), s.clone());
