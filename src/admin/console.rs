@@ -6,7 +6,7 @@
 //! and its one script are compiled into the binary. Lists are paged by
 //! record id and refresh themselves while their first page is shown.
 //!
-//! - `html`: escaping, the shared frame, the login page.
+//! - `html`: the shared frame.
 //! - `lists`: the list pages' columns, search form and pager.
 //! - `claims_page`: claims held and their release.
 //! - `thread_page`: one thread's timeline drawn, its events, the chain.
@@ -29,9 +29,10 @@ use serde::Deserialize;
 
 pub use thread_page::ChainCheck;
 
+use super::alert::alert;
 use super::auth::{self, ConsoleSession};
 use super::blocking::blocking;
-use super::html_escape::{esc, url};
+use super::html_escape::url;
 use super::login_page::login_page;
 use super::request_error::RequestError;
 use super::AdminState;
@@ -217,10 +218,7 @@ async fn list_page(
             rows.len() == PAGE_SIZE,
             s.audit.log_values(),
         ),
-        Err(e) => format!(
-            "<p class=\"note bad\" role=\"alert\">{}</p>",
-            esc(&e.to_string())
-        ),
+        Err(e) => alert(&e.to_string()),
     };
     if q.fragment == Some(1) {
         return Html(live).into_response();
@@ -236,10 +234,10 @@ async fn list_page(
             ""
         }
     );
-    let status = if rows.is_ok() {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
+    let status = match &rows {
+        Ok(_) => StatusCode::OK,
+        Err(RequestError::NoTrail) => StatusCode::NOT_FOUND,
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE,
     };
     let f = frame(title, path, &session, &source);
     (status, Html(html::page(&f, &main))).into_response()

@@ -193,7 +193,7 @@ async fn release(State(s): State<Shared>, body: Bytes) -> Response {
 
 async fn thread(State(s): State<Shared>, Path(id): Path<String>) -> Response {
     let Some(trail) = s.audit_trail.clone() else {
-        return json_error(StatusCode::NOT_FOUND, "no audit trail is configured");
+        return json_error(StatusCode::NOT_FOUND, &RequestError::NoTrail.to_string());
     };
     let source = trail.describe();
     let thread_id = id.clone();

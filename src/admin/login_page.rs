@@ -1,6 +1,7 @@
 //! The console's login form: shown by the console, and by the token check
 //! to a console page's request that carries no valid token.
 
+use super::alert::alert;
 use super::html_escape::esc;
 
 /// The login form, with a message (a refusal, or why the console is off)
@@ -9,7 +10,7 @@ pub fn login_page(next: Option<&str>, message: &str) -> axum::response::Html<Str
     let note = if message.is_empty() {
         String::new()
     } else {
-        format!("<p class=\"note bad\" role=\"alert\">{}</p>", esc(message))
+        alert(message)
     };
     let next = next.unwrap_or("/ui/waiting");
     axum::response::Html(format!(

@@ -9,6 +9,7 @@
 //!   console session), CSRF tokens, the failed-login limit.
 //! - `login_page`: the console's login form, which the token check shows too.
 //! - `html_escape`: escaping of client- and trail-derived text in HTML.
+//! - `alert`: the alert an HTML page shows for what failed.
 //! - `console`: the approvals console (`/ui`), server-rendered HTML.
 //! - `blocking`: handlers' blocking work, the claims store among it.
 //! - `claims_release`: a release by hand, logged and audited.
@@ -19,6 +20,7 @@
 //! - `request_error`: why a request has no answer (the answer's error text).
 //! - `views`: claims and sessions as JSON.
 
+mod alert;
 mod auth;
 mod blocking;
 mod claims_release;

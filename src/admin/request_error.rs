@@ -19,7 +19,10 @@ pub enum RequestError {
     /// The audit trail could not be read; the text carries its causes.
     #[error("{}", chain(.0))]
     Trail(AuditError),
-    /// A list page asked of a proxy that keeps no audit trail.
+    /// A page or API answer from the audit trail asked of a proxy that
+    /// keeps none: 404 wherever it is asked, as is every admin answer of a
+    /// feature configured off (a 503 would tell clients and monitors to
+    /// retry what no retry brings).
     #[error("no audit trail is configured ([audit] sqlite or postgres)")]
     NoTrail,
     /// A list page's time window that is not a time; the text carries

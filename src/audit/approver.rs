@@ -225,9 +225,15 @@ mod tests {
         e
     }
 
-    fn answer(run_level: bool, value: Value) -> AuditEvent {
+    /// The record of an answer on c1, at run level or the task's own.
+    fn answer_record(run_level: bool) -> AuditEvent {
         let mut e = ev(Operation::ResumeRecorded, "c1", None);
         e.detail = json!({ "run_level": run_level });
+        e
+    }
+
+    fn answer(run_level: bool, value: Value) -> AuditEvent {
+        let mut e = answer_record(run_level);
         e.answer = Some(value);
         e
     }
@@ -309,18 +315,13 @@ mod tests {
 
     #[test]
     fn a_task_level_answer_written_after_the_child_names_its_run_level_answer_s_approver() {
-        let answer = |run_level: bool| {
-            let mut e = ev(Operation::ResumeRecorded, "c1", None);
-            e.detail = json!({"run_level": run_level});
-            e
-        };
         let mut events = vec![
-            answer(true),
+            answer_record(true),
             put("c2", "c1", json!({"source": "loop", "user_id": "alice"})),
             // The task's own record lands after the child checkpoint.
-            answer(false),
+            answer_record(false),
             // A later fork of c1 by carol: not the task's approver.
-            answer(true),
+            answer_record(true),
             put("c3", "c1", json!({"source": "loop", "user_id": "carol"})),
         ];
         attribute(&mut events);
@@ -333,17 +334,12 @@ mod tests {
 
     #[test]
     fn a_claim_consumed_after_the_task_level_answer_names_that_answer_s_approver() {
-        let answer = |run_level: bool| {
-            let mut e = ev(Operation::ResumeRecorded, "c1", None);
-            e.detail = json!({"run_level": run_level});
-            e
-        };
         let mut events = vec![
-            answer(true),
+            answer_record(true),
             // The child checkpoint was saved before the task's own record
             // (LangGraph saves checkpoints in the background) ...
             put("c2", "c1", json!({"source": "loop", "user_id": "alice"})),
-            answer(false),
+            answer_record(false),
             put("c3", "c2", json!({"source": "loop", "user_id": "alice"})),
             // ... and the claim's consumption was recorded last.
             ev(Operation::ClaimConsumed, "c1", None),

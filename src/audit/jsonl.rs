@@ -227,18 +227,32 @@ impl JsonlWriter {
     }
 }
 
-/// Read back every event from a JSON Lines file (blank lines are skipped).
-pub fn read_jsonl(path: &Path) -> Result<Vec<AuditEvent>, AuditError> {
+/// The lines of the JSON Lines file at `path`, each with its index from
+/// 0; opening and reading errors name the file.
+fn numbered_lines(
+    path: &Path,
+) -> Result<impl Iterator<Item = Result<(usize, String), AuditError>> + '_, AuditError> {
     let file = File::open(path).map_err(|source| AuditError::OpenJsonlToRead {
         path: path.to_path_buf(),
         source,
     })?;
+    Ok(BufReader::new(file)
+        .lines()
+        .enumerate()
+        .map(move |(n, line)| {
+            line.map(|line| (n, line))
+                .map_err(|source| AuditError::ReadJsonl {
+                    path: path.to_path_buf(),
+                    source,
+                })
+        }))
+}
+
+/// Read back every event from a JSON Lines file (blank lines are skipped).
+pub fn read_jsonl(path: &Path) -> Result<Vec<AuditEvent>, AuditError> {
     let mut events = Vec::new();
-    for (n, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|source| AuditError::ReadJsonl {
-            path: path.to_path_buf(),
-            source,
-        })?;
+    for line in numbered_lines(path)? {
+        let (n, line) = line?;
         if line.trim().is_empty() {
             continue;
         }
@@ -258,17 +272,10 @@ pub fn read_jsonl(path: &Path) -> Result<Vec<AuditEvent>, AuditError> {
 /// does not parse (torn by a failed write) is skipped: the chain shows
 /// whether a record is missing around it.
 pub fn verify_jsonl(path: &Path) -> Result<Verdict, AuditError> {
-    let file = File::open(path).map_err(|source| AuditError::OpenJsonlToRead {
-        path: path.to_path_buf(),
-        source,
-    })?;
     let mut rows = Vec::new();
     let mut continues = Vec::new();
-    for (n, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|source| AuditError::ReadJsonl {
-            path: path.to_path_buf(),
-            source,
-        })?;
+    for line in numbered_lines(path)? {
+        let (n, line) = line?;
         let Ok(value) = serde_json::from_str::<serde_json::Value>(&line) else {
             continue;
         };

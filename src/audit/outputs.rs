@@ -164,14 +164,7 @@ impl Output {
 
     fn recovered(&mut self, wrote_gap: bool) {
         if wrote_gap {
-            tracing::error!(
-                output = self.name(),
-                dropped = self.ledger.count(),
-                reason = self.ledger.reason(),
-                first_lost = self.ledger.first_lost(),
-                last_lost = self.ledger.last_lost(),
-                "audit events were lost; events_dropped gap record written"
-            );
+            self.log_lost("audit events were lost; events_dropped gap record written");
             self.ledger = LossLedger::default();
         } else if self.failing {
             tracing::warn!(
@@ -227,14 +220,22 @@ impl Output {
     pub fn abandon(&mut self) {
         self.give_up();
         if !self.ledger.is_empty() {
-            tracing::error!(
-                output = self.name(),
-                dropped = self.ledger.count(),
-                reason = self.ledger.reason(),
-                first_lost = self.ledger.first_lost(),
-                last_lost = self.ledger.last_lost(),
-                "audit events lost and not recorded in the trail: the output still failed at shutdown"
+            self.log_lost(
+                "audit events lost and not recorded in the trail: the output still failed at shutdown",
             );
         }
+    }
+
+    /// Logs the events the ledger counts as lost, `message` saying what
+    /// became of them.
+    fn log_lost(&self, message: &str) {
+        tracing::error!(
+            output = self.name(),
+            dropped = self.ledger.count(),
+            reason = self.ledger.reason(),
+            first_lost = self.ledger.first_lost(),
+            last_lost = self.ledger.last_lost(),
+            "{message}"
+        );
     }
 }

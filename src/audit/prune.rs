@@ -233,6 +233,12 @@ mod tests {
         store
     }
 
+    /// A store holding one event at each of `times`, numbered from 1.
+    fn store_at(path: &std::path::Path, times: &[&str]) -> Store {
+        let events: Vec<AuditEvent> = times.iter().zip(1..).map(|(t, n)| at(t, n)).collect();
+        store_with(path, &events)
+    }
+
     fn guard_of(store: &mut Store) -> i64 {
         guard(store.conn()).unwrap()
     }
@@ -247,13 +253,13 @@ mod tests {
     #[test]
     fn removes_rows_before_the_cutoff_and_records_it() {
         let path = temp_path("prune-time", "db");
-        let mut store = store_with(
+        let mut store = store_at(
             &path,
             &[
-                at("2020-01-01T00:00:00.000Z", 1),
-                at("2020-06-01T00:00:00.000Z", 2),
-                at("2021-01-01T00:00:00.000Z", 3),
-                at("2025-01-01T00:00:00.000Z", 4),
+                "2020-01-01T00:00:00.000Z",
+                "2020-06-01T00:00:00.000Z",
+                "2021-01-01T00:00:00.000Z",
+                "2025-01-01T00:00:00.000Z",
             ],
         );
         let declared = prune(&mut store, &before("2021-01-01T00:00:00Z"), "cli")
@@ -353,12 +359,12 @@ mod tests {
     #[test]
     fn an_interrupted_prune_is_finished_without_a_second_record() {
         let path = temp_path("prune-resume", "db");
-        let mut store = store_with(
+        let mut store = store_at(
             &path,
             &[
-                at("2020-01-01T00:00:00.000Z", 1),
-                at("2020-01-02T00:00:00.000Z", 2),
-                at("2030-01-01T00:00:00.000Z", 3),
+                "2020-01-01T00:00:00.000Z",
+                "2020-01-02T00:00:00.000Z",
+                "2030-01-01T00:00:00.000Z",
             ],
         );
         let rule = before("2021-01-01T00:00:00Z");
@@ -402,7 +408,7 @@ mod tests {
             )
             .unwrap();
         }
-        let mut store = store_with(&path, &[at("2020-01-01T00:00:00.000Z", 1)]);
+        let mut store = store_at(&path, &["2020-01-01T00:00:00.000Z"]);
         let declared = prune(&mut store, &before("2021-01-01T00:00:00Z"), "cli").unwrap();
         assert_eq!(declared.map(|d| d.rows), Some(1));
         let del = store.conn().execute("DELETE FROM audit_events", []);

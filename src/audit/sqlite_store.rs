@@ -104,15 +104,7 @@ impl Store {
     /// Open the database at `path`, which must exist (the prune command
     /// must not create an empty trail where the user mistyped a path).
     pub fn open_existing(path: &Path) -> Result<Store, AuditError> {
-        let conn = Connection::open_with_flags(
-            path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(|source| AuditError::OpenDatabase {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        conn.busy_timeout(BUSY_TIMEOUT)?;
+        let conn = open_file(path, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
         let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
             tracing::warn!(path = %path.display(), %mode, "audit database is not in WAL mode");
@@ -303,15 +295,19 @@ pub(super) fn select(conn: &Connection) -> Result<String, AuditError> {
 }
 
 pub(super) fn open_read_only(path: &Path) -> Result<Connection, AuditError> {
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(|source| AuditError::OpenDatabase {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    conn.busy_timeout(Duration::from_secs(5))?;
+    open_file(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+}
+
+/// The trail's existing file at `path`, opened with `mode` (read-write or
+/// read-only), waiting up to `BUSY_TIMEOUT` for another writer's lock.
+fn open_file(path: &Path, mode: OpenFlags) -> Result<Connection, AuditError> {
+    let conn = Connection::open_with_flags(path, mode | OpenFlags::SQLITE_OPEN_NO_MUTEX).map_err(
+        |source| AuditError::OpenDatabase {
+            path: path.to_path_buf(),
+            source,
+        },
+    )?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
     Ok(conn)
 }
 
@@ -600,28 +596,35 @@ mod tests {
         );
         remove_db(&path);
 
-        let path = trail("sqlite-verify-delete");
-        tamper(&path, "DELETE FROM audit_events WHERE id = 2");
+        // The breaks a verify finds in a fresh trail after `sql`.
+        let breaks_after = |name: &str, sql: &str| {
+            let path = trail(name);
+            tamper(&path, sql);
+            let breaks = verify(&path).unwrap().breaks;
+            remove_db(&path);
+            breaks
+        };
         assert_eq!(
-            verify(&path).unwrap().breaks,
+            breaks_after(
+                "sqlite-verify-delete",
+                "DELETE FROM audit_events WHERE id = 2"
+            ),
             vec![Break::Missing {
                 id: 4,
                 after: 1,
                 proxy_id: "proxy-a".into()
             }]
         );
-        remove_db(&path);
-
-        let path = trail("sqlite-verify-oldest");
-        tamper(&path, "DELETE FROM audit_events WHERE id = 1");
         assert_eq!(
-            verify(&path).unwrap().breaks,
+            breaks_after(
+                "sqlite-verify-oldest",
+                "DELETE FROM audit_events WHERE id = 1"
+            ),
             vec![Break::Unanchored {
                 id: 2,
                 proxy_id: "proxy-a".into()
             }]
         );
-        remove_db(&path);
     }
 
     #[test]

@@ -147,27 +147,8 @@ fn run_command(command: &str, timeout: Duration) -> Result<String, CredentialErr
         })?;
     // Drained on threads of their own: a command that writes more than a
     // pipe holds would otherwise never exit.
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut out = Vec::new();
-            if let Some(mut p) = pipe {
-                let _ = p.read_to_end(&mut out);
-            }
-            out
-        })
-    };
-    let stdout = drain(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let stderr = drain(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
     let began = Instant::now();
     let status = loop {
         match child.try_wait() {
@@ -200,6 +181,17 @@ fn run_command(command: &str, timeout: Duration) -> Result<String, CredentialErr
         return Err(CredentialError::Empty(command.to_owned()));
     }
     Ok(password.to_owned())
+}
+
+/// All a child's pipe gives until it closes, read on a thread of its own.
+fn drain<R: Read + Send + 'static>(pipe: Option<R>) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut out = Vec::new();
+        if let Some(mut p) = pipe {
+            let _ = p.read_to_end(&mut out);
+        }
+        out
+    })
 }
 
 /// The libpq password file: `PGPASSFILE`, else `~/.pgpass`.

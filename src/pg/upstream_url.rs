@@ -104,31 +104,24 @@ mod tests {
     fn upstream_forms() {
         let tcp = |s: &str| UpstreamAddr::Tcp(s.into());
         let unix = |s: &str| UpstreamAddr::Unix(s.into());
-        assert_eq!(
-            upstream_addr("127.0.0.1:5433").unwrap(),
-            tcp("127.0.0.1:5433")
-        );
-        assert_eq!(upstream_addr("db").unwrap(), tcp("db:5432"));
-        assert_eq!(
-            upstream_addr("postgres://u:p@10.0.0.1:6000/app?sslmode=disable").unwrap(),
-            tcp("10.0.0.1:6000")
-        );
-        assert_eq!(
-            upstream_addr("postgresql://localhost/app").unwrap(),
-            tcp("localhost:5432")
-        );
-        assert_eq!(
-            upstream_addr("/var/run/postgresql/").unwrap(),
-            unix("/var/run/postgresql/.s.PGSQL.5432")
-        );
-        assert_eq!(
-            upstream_addr("unix:/tmp/.s.PGSQL.6000").unwrap(),
-            unix("/tmp/.s.PGSQL.6000")
-        );
-        assert_eq!(
-            upstream_addr("postgres://:6001/app?host=/tmp").unwrap(),
-            unix("/tmp/.s.PGSQL.6001")
-        );
+        let forms = [
+            ("127.0.0.1:5433", tcp("127.0.0.1:5433")),
+            ("db", tcp("db:5432")),
+            (
+                "postgres://u:p@10.0.0.1:6000/app?sslmode=disable",
+                tcp("10.0.0.1:6000"),
+            ),
+            ("postgresql://localhost/app", tcp("localhost:5432")),
+            (
+                "/var/run/postgresql/",
+                unix("/var/run/postgresql/.s.PGSQL.5432"),
+            ),
+            ("unix:/tmp/.s.PGSQL.6000", unix("/tmp/.s.PGSQL.6000")),
+            ("postgres://:6001/app?host=/tmp", unix("/tmp/.s.PGSQL.6001")),
+        ];
+        for (spec, want) in forms {
+            assert_eq!(upstream_addr(spec).unwrap(), want, "{spec}");
+        }
         assert!(upstream_addr("mysql://x").is_err());
         assert!(upstream_addr("postgres:///app").is_err());
     }

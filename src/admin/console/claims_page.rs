@@ -16,6 +16,7 @@ use serde::Deserialize;
 use super::html::{page, Frame};
 use super::lists::short;
 use super::{Shared, PAGE_SIZE};
+use crate::admin::alert::alert;
 use crate::admin::auth::ConsoleSession;
 use crate::admin::blocking::{blocking, with_store};
 use crate::admin::claims_release::release_claims;
@@ -55,10 +56,7 @@ pub async fn claims(
                 .collect();
             table(&held, &q)
         }
-        Err(e) => format!(
-            "<p class=\"note bad\" role=\"alert\">{}</p>",
-            esc(&e.to_string())
-        ),
+        Err(e) => alert(&e.to_string()),
     };
     if q.fragment == Some(1) {
         return Html(live).into_response();
@@ -224,7 +222,7 @@ pub async fn release(
         ),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("<p class=\"note bad\" role=\"alert\">{}</p>", esc(&e.to_string())),
+            alert(&e.to_string()),
         ),
     };
     let main = format!(

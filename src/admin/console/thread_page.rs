@@ -16,6 +16,7 @@ use serde::Deserialize;
 use super::html::{page, Frame};
 use super::lists::{client, short, text, time};
 use super::Shared;
+use crate::admin::alert::alert;
 use crate::admin::auth::ConsoleSession;
 use crate::admin::blocking::blocking;
 use crate::admin::html_escape::esc;
@@ -89,7 +90,7 @@ pub async fn thread(
     Query(q): Query<ThreadQuery>,
 ) -> Response {
     let Some(trail) = s.audit_trail.clone() else {
-        return (StatusCode::NOT_FOUND, "no audit trail is configured").into_response();
+        return (StatusCode::NOT_FOUND, RequestError::NoTrail.to_string()).into_response();
     };
     let source = trail.describe();
     let (thread_id, st) = (id.clone(), s.clone());
@@ -115,7 +116,7 @@ pub async fn thread(
         ),
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("<p class=\"note bad\" role=\"alert\">{}</p>", esc(&e.to_string())),
+            alert(&e.to_string()),
         ),
     };
     let title = format!("Thread {id}");

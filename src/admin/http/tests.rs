@@ -367,6 +367,15 @@ async fn threads_shows_the_ledger_from_the_audit_db() {
     );
     let none = Setup::new(closed_port()).state();
     assert_eq!(get(&none, "/threads/t-led").await.0, StatusCode::NOT_FOUND);
+    // The console's pages of the trail answer as the API does.
+    for path in ["/ui/waiting", "/ui/threads/t-led"] {
+        let (status, body) = get(&none, path).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
+        assert!(
+            body.contains("no audit trail is configured"),
+            "{path}: {body}"
+        );
+    }
     drop(store);
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));

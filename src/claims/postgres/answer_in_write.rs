@@ -53,12 +53,7 @@ END
 $f$;
 
 ALTER FUNCTION {s}.consume(text, text, text, text, bigint, bigint) RENAME TO consume_now;
-CREATE FUNCTION {s}.consume(
-    p_thread text, p_ns text, p_checkpoint text, p_evidence text, p_sent_ago_ms bigint,
-    p_lease_ms bigint
-) RETURNS SETOF {s}.claims LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp AS $f$
-BEGIN
+{consume_head}BEGIN
     RETURN QUERY SELECT * FROM {s}.consumed_in_write(p_thread, p_ns, p_checkpoint);
     RETURN QUERY SELECT * FROM {s}.consume_now(p_thread, p_ns, p_checkpoint, p_evidence,
         p_sent_ago_ms, p_lease_ms);
@@ -67,12 +62,7 @@ $f$;
 
 ALTER FUNCTION {s}.move_on(text, text, text, text, bigint, bigint, bigint)
     RENAME TO move_on_now;
-CREATE FUNCTION {s}.move_on(
-    p_thread text, p_ns text, p_parent text, p_evidence text, p_lease_ms bigint,
-    p_superseded_grace_ms bigint, p_retain_ms bigint
-) RETURNS SETOF {s}.claims LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp AS $f$
-BEGIN
+{move_on_head}BEGIN
     RETURN QUERY SELECT * FROM {s}.consumed_in_write(p_thread, p_ns, p_parent);
     RETURN QUERY SELECT * FROM {s}.move_on_now(p_thread, p_ns, p_parent, p_evidence,
         p_lease_ms, p_superseded_grace_ms, p_retain_ms);
@@ -84,5 +74,7 @@ $f$;
         CHECK_PARAMS = super::fence::CHECK_PARAMS,
         ANSWER_PARAMS = super::fence::ANSWER_PARAMS,
         FENCE_RUNS = super::fence::FENCE_RUNS,
+        consume_head = super::db_clock::consume_head(s),
+        move_on_head = super::db_clock::move_on_head(s),
     )
 }

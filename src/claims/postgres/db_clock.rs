@@ -10,7 +10,8 @@
 //! its connection (`resumeguard.test_clock_ms`), so store tests replay
 //! histories without sleeping; a release build's reads the clock only.
 
-use super::leases::renew_live_leases;
+use super::held_consumption::consume_held;
+use super::liveness::forget_swept;
 use super::rows::ORDER;
 
 /// The setting a test build's `clock_ms()` reads first (ms since the Unix
@@ -68,6 +69,21 @@ pub(super) fn db_clock_migration(s: &str) -> String {
     let (first_insert, own_reread) = (claim_insert(s), claim_own_reread(s));
     let contested = claim_contested(s);
     let claim_head = claim_head(s, "CREATE");
+    let consume_at = consume_held(
+        s,
+        "consume_at",
+        &format!(
+            "            INSERT INTO {s}.run_leases (thread_id, checkpoint_ns, answered_checkpoint_id,
+                fingerprint, proxy_id, session_id, client_addr, application_name,
+                answered_at_ms, last_write_ms, until_ms, holder_instance)
+            VALUES (r.thread_id, r.checkpoint_ns, r.checkpoint_id, r.fingerprint, r.proxy_id,
+                r.session_id, r.client_addr, r.application_name, p_now, p_now,
+                p_now + p_lease_ms, r.holder_instance)
+            ON CONFLICT ON CONSTRAINT run_leases_pkey DO UPDATE SET
+"
+        ),
+        "        r.consumed_at_ms := p_now;\n",
+    );
     format!(
         r#"
 -- The database's clock, in ms since the Unix epoch: the time base of
@@ -101,55 +117,10 @@ $f$;
 -- p_now (returned as they were, with the time of their consumption) and
 -- start their holder's run lease; the thread's live leases last
 -- p_lease_ms past now. Called with instants of the server's clock only.
-CREATE FUNCTION {s}.consume_at(
-    p_thread text, p_ns text, p_checkpoint text, p_evidence text, p_taken_by bigint,
-    p_now bigint, p_lease_ms bigint
-) RETURNS SETOF {s}.claims LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp AS $f$
-DECLARE
-    r {s}.claims%ROWTYPE;
-BEGIN
-    FOR r IN SELECT * FROM {s}.claims WHERE thread_id = p_thread AND checkpoint_ns = p_ns
-        AND checkpoint_id = p_checkpoint AND state = 'held' AND claimed_at_ms <= p_taken_by
-        {ORDER} FOR UPDATE
-    LOOP
-        UPDATE {s}.claims SET state = 'consumed', consumed_at_ms = p_now, evidence = p_evidence
-         WHERE thread_id = r.thread_id AND checkpoint_ns = r.checkpoint_ns
-           AND checkpoint_id = r.checkpoint_id AND fingerprint = r.fingerprint;
-        IF p_lease_ms > 0 THEN
-            INSERT INTO {s}.run_leases (thread_id, checkpoint_ns, answered_checkpoint_id,
-                fingerprint, proxy_id, session_id, client_addr, application_name,
-                answered_at_ms, last_write_ms, until_ms, holder_instance)
-            VALUES (r.thread_id, r.checkpoint_ns, r.checkpoint_id, r.fingerprint, r.proxy_id,
-                r.session_id, r.client_addr, r.application_name, p_now, p_now,
-                p_now + p_lease_ms, r.holder_instance)
-            ON CONFLICT ON CONSTRAINT run_leases_pkey DO UPDATE SET
-                answered_checkpoint_id = EXCLUDED.answered_checkpoint_id,
-                fingerprint = EXCLUDED.fingerprint, proxy_id = EXCLUDED.proxy_id,
-                session_id = EXCLUDED.session_id, client_addr = EXCLUDED.client_addr,
-                application_name = EXCLUDED.application_name,
-                answered_at_ms = EXCLUDED.answered_at_ms, last_write_ms = EXCLUDED.last_write_ms,
-                until_ms = EXCLUDED.until_ms, holder_instance = EXCLUDED.holder_instance;
-        END IF;
-        r.consumed_at_ms := p_now;
-        RETURN NEXT r;
-    END LOOP;
-    IF p_lease_ms > 0 THEN
-{renew}    END IF;
-END
-$f$;
-
+{consume_at}
 -- Evidence of a run on a checkpoint: held claims taken by the time its
 -- write passed the proxy (p_sent_ago_ms before now) are consumed.
-CREATE FUNCTION {s}.consume(
-    p_thread text, p_ns text, p_checkpoint text, p_evidence text, p_sent_ago_ms bigint,
-    p_lease_ms bigint
-) RETURNS SETOF {s}.claims LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp AS $f$
-DECLARE
-    v_now bigint := {s}.clock_ms();
-BEGIN
-    RETURN QUERY SELECT * FROM {s}.consume_at(p_thread, p_ns, p_checkpoint, p_evidence,
+{consume_head}{declare_now}    RETURN QUERY SELECT * FROM {s}.consume_at(p_thread, p_ns, p_checkpoint, p_evidence,
         v_now - p_sent_ago_ms, v_now, p_lease_ms);
 END
 $f$;
@@ -157,15 +128,7 @@ $f$;
 -- The thread put a checkpoint whose parent is p_parent: its held claims
 -- are consumed (returned), its rows superseded; rows superseded longer
 -- than the grace ago and finished rows older than the retention go.
-CREATE FUNCTION {s}.move_on(
-    p_thread text, p_ns text, p_parent text, p_evidence text, p_lease_ms bigint,
-    p_superseded_grace_ms bigint, p_retain_ms bigint
-) RETURNS SETOF {s}.claims LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp AS $f$
-DECLARE
-    v_now bigint := {s}.clock_ms();
-BEGIN
-    -- The thread moved on: every claim on the parent is done, however
+{move_on_head}{declare_now}    -- The thread moved on: every claim on the parent is done, however
     -- late it was taken.
     RETURN QUERY SELECT * FROM {s}.consume_at(p_thread, p_ns, p_parent, p_evidence,
         9223372036854775807, v_now, p_lease_ms);
@@ -188,10 +151,7 @@ CREATE FUNCTION {s}.note_progress(
     p_sent_ago_ms bigint
 ) RETURNS SETOF {s}.claims LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $f$
-DECLARE
-    v_now bigint := {s}.clock_ms();
-BEGIN
-    UPDATE {s}.claims SET evidence = p_evidence,
+{declare_now}    UPDATE {s}.claims SET evidence = p_evidence,
         lapse_at_ms = GREATEST(lapse_at_ms, v_now + greatest(p_hold_ms, 0))
      WHERE thread_id = p_thread AND checkpoint_ns = p_ns AND checkpoint_id = p_checkpoint
        AND state = 'held' AND claimed_at_ms <= v_now - p_sent_ago_ms;
@@ -222,12 +182,7 @@ BEGIN
        AND session_id = p_session AND state IN ('held', 'consumed') AND abandon_at_ms IS NULL;
     UPDATE {s}.run_leases SET until_ms = v_until WHERE proxy_id = p_proxy
        AND session_id = p_session AND until_ms > v_until;
-    UPDATE {s}.claims SET swept_epoch = NULL, swept_lapse_at_ms = NULL WHERE proxy_id = p_proxy
-       AND session_id = p_session AND swept_epoch IS NOT NULL;
-    UPDATE {s}.run_leases SET until_ms = LEAST(until_ms, v_until), swept_answered_at_ms = NULL,
-        swept_until_ms = NULL
-     WHERE proxy_id = p_proxy AND session_id = p_session AND swept_answered_at_ms IS NOT NULL;
-END
+{forget_swept}END
 $f$;
 
 -- The live run lease on a namespace of a thread, after marking the
@@ -237,17 +192,54 @@ CREATE FUNCTION {s}.run_lease(
     p_thread text, p_ns text, p_instance bigint, p_gone_grace_ms bigint
 ) RETURNS SETOF {s}.run_leases LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $f$
-DECLARE
-    v_now bigint := {s}.clock_ms();
-BEGIN
-    PERFORM {s}.sweep(p_thread, p_ns, p_instance, v_now + p_gone_grace_ms);
+{declare_now}    PERFORM {s}.sweep(p_thread, p_ns, p_instance, v_now + p_gone_grace_ms);
     RETURN QUERY SELECT * FROM {s}.run_leases
      WHERE thread_id = p_thread AND checkpoint_ns = p_ns AND until_ms > v_now;
 END
 $f$;
 "#,
         ORDER = ORDER,
-        renew = renew_live_leases(s, "p_thread", "p_now"),
+        consume_head = consume_head(s),
+        move_on_head = move_on_head(s),
+        declare_now = declare_now(s),
+        forget_swept = forget_swept(s, "v_until"),
+    )
+}
+
+/// `consume`'s signature since the database's clock, up to its body:
+/// evidence of a run whose write passed its proxy `p_sent_ago_ms` ago.
+pub(super) fn consume_head(s: &str) -> String {
+    format!(
+        r#"CREATE FUNCTION {s}.consume(
+    p_thread text, p_ns text, p_checkpoint text, p_evidence text, p_sent_ago_ms bigint,
+    p_lease_ms bigint
+) RETURNS SETOF {s}.claims LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $f$
+"#
+    )
+}
+
+/// `move_on`'s signature since the database's clock, up to its body:
+/// the thread's next checkpoint, with the graces as durations.
+pub(super) fn move_on_head(s: &str) -> String {
+    format!(
+        r#"CREATE FUNCTION {s}.move_on(
+    p_thread text, p_ns text, p_parent text, p_evidence text, p_lease_ms bigint,
+    p_superseded_grace_ms bigint, p_retain_ms bigint
+) RETURNS SETOF {s}.claims LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $f$
+"#
+    )
+}
+
+/// A decision's declarations when `v_now`, the database's clock as the
+/// function starts, is its only variable.
+fn declare_now(s: &str) -> String {
+    format!(
+        "DECLARE
+    v_now bigint := {s}.clock_ms();
+BEGIN
+"
     )
 }
 

@@ -9,6 +9,10 @@ use super::conn::{Fail, Tx};
 use super::rows::holder_at;
 use crate::claims::model::RunLease;
 
+/// The columns of a run lease the store reads, in `lease_of`'s order.
+const LEASE_COLUMNS: &str = "thread_id, checkpoint_ns, answered_checkpoint_id, fingerprint, \
+    proxy_id, session_id, client_addr, application_name, answered_at_ms, last_write_ms, until_ms";
+
 /// The statement that extends the live run leases of the thread `thread`
 /// to `p_lease_ms` past `now` (SQL expressions of the functions that run
 /// it), recording a write at `now`: what every write of a leased thread
@@ -34,11 +38,7 @@ pub(super) fn live_lease(
     let s = tx.schema;
     let mine = tx.instance;
     let rows = tx.query(
-        &format!(
-            "SELECT thread_id, checkpoint_ns, answered_checkpoint_id, fingerprint, proxy_id, \
-             session_id, client_addr, application_name, answered_at_ms, last_write_ms, until_ms \
-             FROM {s}.run_lease($1, $2, $3, $4)"
-        ),
+        &format!("SELECT {LEASE_COLUMNS} FROM {s}.run_lease($1, $2, $3, $4)"),
         &[&thread_id, &checkpoint_ns, &mine, &gone_grace_ms],
     )?;
     rows.first().map(lease_of).transpose()
@@ -54,9 +54,7 @@ pub(super) fn last_lease(
     let s = tx.schema;
     let rows = tx.query(
         &format!(
-            "SELECT thread_id, checkpoint_ns, answered_checkpoint_id, fingerprint, proxy_id, \
-             session_id, client_addr, application_name, answered_at_ms, last_write_ms, until_ms \
-             FROM {s}.run_leases WHERE thread_id = $1 AND checkpoint_ns = $2"
+            "SELECT {LEASE_COLUMNS} FROM {s}.run_leases WHERE thread_id = $1 AND checkpoint_ns = $2"
         ),
         &[&thread_id, &checkpoint_ns],
     )?;

@@ -62,12 +62,7 @@ RETURNS SETOF {s}.claims LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $f$
 BEGIN
     RETURN QUERY SELECT * FROM {s}.holder_gone_unswept(p_proxy, p_session, p_until);
-    UPDATE {s}.claims SET swept_epoch = NULL, swept_lapse_at_ms = NULL WHERE proxy_id = p_proxy
-       AND session_id = p_session AND swept_epoch IS NOT NULL;
-    UPDATE {s}.run_leases SET until_ms = LEAST(until_ms, p_until), swept_answered_at_ms = NULL,
-        swept_until_ms = NULL
-     WHERE proxy_id = p_proxy AND session_id = p_session AND swept_answered_at_ms IS NOT NULL;
-END
+{forget_swept}END
 $f$;
 
 CREATE FUNCTION {s}.revive(p_old bigint, p_new bigint)
@@ -88,5 +83,21 @@ BEGIN
 END
 $f$;
 "#,
+        forget_swept = forget_swept(s, "p_until"),
+    )
+}
+
+/// What a closed holder session does to what sweeps kept of its claims
+/// and leases: forgets it (its leases ending no later than `until`, an
+/// SQL expression of the function that runs it), so no revival brings
+/// them back.
+pub(super) fn forget_swept(s: &str, until: &str) -> String {
+    format!(
+        "    UPDATE {s}.claims SET swept_epoch = NULL, swept_lapse_at_ms = NULL WHERE proxy_id = p_proxy
+       AND session_id = p_session AND swept_epoch IS NOT NULL;
+    UPDATE {s}.run_leases SET until_ms = LEAST(until_ms, {until}), swept_answered_at_ms = NULL,
+        swept_until_ms = NULL
+     WHERE proxy_id = p_proxy AND session_id = p_session AND swept_answered_at_ms IS NOT NULL;
+"
     )
 }

@@ -10,6 +10,8 @@
 //!   `reaped`: a connection the server ended while it stays up, replaced
 //!   within a time budget.
 //! - `store`: the operations, a decision one statement each; `rows`, `leases`.
+//! - `held_consumption`: the consumption of held claims, for both versions
+//!   of the server's function.
 //! - `liveness`: holders whose proxy process is gone.
 //! - `fault`: which connect failures stop `serve` at start, and their fixes.
 //! - `db_clock`: every decision on the database's clock; `claim_first`: a
@@ -28,6 +30,7 @@ mod db_clock;
 mod evidence_batch;
 mod fault;
 mod fence;
+mod held_consumption;
 mod key_digest;
 mod leases;
 mod liveness;

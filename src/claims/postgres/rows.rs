@@ -14,6 +14,16 @@ pub(super) const COLUMNS: &str = "thread_id, checkpoint_ns, checkpoint_id, finge
 pub(super) const KEY_MATCH: &str =
     "thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3 AND fingerprint = $4";
 
+/// A claim key's four columns as the first four parameters ([`KEY_MATCH`]).
+pub(super) fn key_params(key: &ClaimKey) -> Vec<&(dyn postgres::types::ToSql + Sync)> {
+    vec![
+        &key.at.thread_id,
+        &key.at.checkpoint_ns,
+        &key.at.checkpoint_id,
+        &key.fingerprint,
+    ]
+}
+
 pub(super) const CHECKPOINT_MATCH: &str =
     "thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3";
 
@@ -31,12 +41,7 @@ pub(super) fn select_key(
     let for_update = if lock { " FOR UPDATE" } else { "" };
     let rows = tx.query(
         &format!("SELECT {COLUMNS} FROM {s}.claims WHERE {KEY_MATCH}{for_update}"),
-        &[
-            &key.at.thread_id,
-            &key.at.checkpoint_ns,
-            &key.at.checkpoint_id,
-            &key.fingerprint,
-        ],
+        &key_params(key),
     )?;
     rows.first().map(record).transpose()
 }

@@ -12,8 +12,8 @@ use super::evidence_batch::evidence_batch_migration;
 use super::fence::{
     check_holder, check_holder_variables, fence_one_call_migration, CHECK_PARAMS, FENCE_RUNS,
 };
+use super::held_consumption::consume_held;
 use super::key_digest::key_digest_migration;
-use super::leases::renew_live_leases;
 use super::liveness::{revival_migration, INSTANCE_DEAD};
 use super::rows::ORDER;
 use super::thread_lock::thread_lock_migration;
@@ -285,40 +285,7 @@ $f$;
 -- Held claims on a checkpoint taken by p_taken_by become consumed
 -- (returned as they were) and start their holder's run lease; the
 -- thread's live leases last p_lease_ms past this write.
-CREATE FUNCTION {s}.consume(
-    p_thread text, p_ns text, p_checkpoint text, p_evidence text, p_taken_by bigint,
-    p_now bigint, p_lease_ms bigint
-) RETURNS SETOF {s}.claims LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp AS $f$
-DECLARE
-    r {s}.claims%ROWTYPE;
-BEGIN
-    FOR r IN SELECT * FROM {s}.claims WHERE thread_id = p_thread AND checkpoint_ns = p_ns
-        AND checkpoint_id = p_checkpoint AND state = 'held' AND claimed_at_ms <= p_taken_by
-        {ORDER} FOR UPDATE
-    LOOP
-        UPDATE {s}.claims SET state = 'consumed', consumed_at_ms = p_now, evidence = p_evidence
-         WHERE thread_id = r.thread_id AND checkpoint_ns = r.checkpoint_ns
-           AND checkpoint_id = r.checkpoint_id AND fingerprint = r.fingerprint;
-        IF p_lease_ms > 0 THEN
-            INSERT INTO {s}.run_leases VALUES (r.thread_id, r.checkpoint_ns, r.checkpoint_id,
-                r.fingerprint, r.proxy_id, r.session_id, r.client_addr, r.application_name,
-                p_now, p_now, p_now + p_lease_ms, r.holder_instance)
-            ON CONFLICT (thread_id, checkpoint_ns) DO UPDATE SET
-                answered_checkpoint_id = EXCLUDED.answered_checkpoint_id,
-                fingerprint = EXCLUDED.fingerprint, proxy_id = EXCLUDED.proxy_id,
-                session_id = EXCLUDED.session_id, client_addr = EXCLUDED.client_addr,
-                application_name = EXCLUDED.application_name,
-                answered_at_ms = EXCLUDED.answered_at_ms, last_write_ms = EXCLUDED.last_write_ms,
-                until_ms = EXCLUDED.until_ms, holder_instance = EXCLUDED.holder_instance;
-        END IF;
-        RETURN NEXT r;
-    END LOOP;
-    IF p_lease_ms > 0 THEN
-{renew}    END IF;
-END
-$f$;
-
+{consume}
 -- The thread put a checkpoint whose parent is p_parent: its held claims
 -- are consumed (returned), its rows superseded; rows superseded before
 -- p_superseded_cutoff and finished rows older than p_retain_cutoff go.
@@ -389,6 +356,17 @@ $f$;
 "#,
         INSTANCE_DEAD = INSTANCE_DEAD,
         ORDER = ORDER,
-        renew = renew_live_leases(s, "p_thread", "p_now"),
+        consume = consume_held(
+            s,
+            "consume",
+            &format!(
+                "            INSERT INTO {s}.run_leases VALUES (r.thread_id, r.checkpoint_ns, r.checkpoint_id,
+                r.fingerprint, r.proxy_id, r.session_id, r.client_addr, r.application_name,
+                p_now, p_now, p_now + p_lease_ms, r.holder_instance)
+            ON CONFLICT (thread_id, checkpoint_ns) DO UPDATE SET
+"
+            ),
+            "",
+        ),
     )
 }

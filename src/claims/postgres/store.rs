@@ -19,7 +19,7 @@ use super::conn::{Fail, PgConn, Role, Tx};
 use super::evidence_batch::{EvidenceItem, WriteEvidence};
 use super::fault::StartFault;
 use super::leases::{last_lease, live_lease};
-use super::rows::{select_key, select_where, CHECKPOINT_MATCH, COLUMNS, KEY_MATCH};
+use super::rows::{key_params, select_key, select_where, CHECKPOINT_MATCH, COLUMNS, KEY_MATCH};
 use super::thread_lock::THREAD_CLASS;
 use crate::claims::clock::{Now, WrittenAt};
 use crate::claims::error::StoreError;
@@ -322,12 +322,7 @@ impl ClaimStore {
             let s = tx.schema;
             tx.execute(
                 &format!("UPDATE {s}.claims SET refusals = refusals + 1 WHERE {KEY_MATCH}"),
-                &[
-                    &key.at.thread_id,
-                    &key.at.checkpoint_ns,
-                    &key.at.checkpoint_id,
-                    &key.fingerprint,
-                ],
+                &key_params(key),
             )?;
             Ok(())
         })
@@ -573,6 +568,9 @@ impl ClaimStore {
         let now = now.into();
         self.on_clock("keeping a claim through a commit", now, |tx| {
             let s = tx.schema;
+            let cover_ms = cover_ms.max(0);
+            let mut params = key_params(key);
+            params.extend_from_slice(&[&epoch, &cover_ms]);
             tx.execute(
                 &format!(
                     "UPDATE {s}.claims SET \
@@ -583,14 +581,7 @@ impl ClaimStore {
                              ELSE greatest(abandon_at_ms, {s}.clock_ms() + $6) END \
                          WHERE {KEY_MATCH} AND epoch = $5 AND state IN ('held', 'consumed')"
                 ),
-                &[
-                    &key.at.thread_id,
-                    &key.at.checkpoint_ns,
-                    &key.at.checkpoint_id,
-                    &key.fingerprint,
-                    &epoch,
-                    &cover_ms.max(0),
-                ],
+                &params,
             )
             .map_err(Fail::from)
         })
@@ -645,16 +636,6 @@ impl ClaimStore {
 /// The rows `<schema>.claim(...)` returned, as the reader's outcome: one
 /// row labelled with it, or for a row handed over, the row as it was
 /// (`taken_over_from`, `taken_from`: released) and as it is now (`now`).
-/// A claim key's four columns as the first four parameters ([`KEY_MATCH`]).
-fn key_params(key: &ClaimKey) -> Vec<&(dyn postgres::types::ToSql + Sync)> {
-    vec![
-        &key.at.thread_id,
-        &key.at.checkpoint_ns,
-        &key.at.checkpoint_id,
-        &key.fingerprint,
-    ]
-}
-
 fn outcome_of(rows: &[postgres::Row]) -> Result<ClaimOutcome, Fail> {
     let mut labelled = Vec::with_capacity(rows.len());
     for r in rows {

@@ -69,12 +69,17 @@ fn evidence_item<'a>(
     }
 }
 
-/// `k` claimed by p1's session 1 at T0 and answered at T0 + 2 (written
-/// at T0 + 1): its thread's run lease starts then.
-fn answer(store: &ClaimStore, k: &ClaimKey) {
+/// `k` claimed by p1's session 1 at T0, for the lapse `LAPSE`.
+fn claim_as_p1(store: &ClaimStore, k: &ClaimKey) {
     store
         .try_claim(k, &holder("p1", 1), T0, LAPSE)
         .expect("claim");
+}
+
+/// `k` claimed by p1's session 1 at T0 and answered at T0 + 2 (written
+/// at T0 + 1): its thread's run lease starts then.
+fn answer(store: &ClaimStore, k: &ClaimKey) {
+    claim_as_p1(store, k);
     let at = &k.at;
     store
         .consume(

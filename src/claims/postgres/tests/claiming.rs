@@ -59,7 +59,7 @@ mod claims_rule;
 fn the_models_claim_rule_decides_as_the_sql_claim_function() {
     type Setup = fn(&ClaimStore, &ClaimKey);
     fn claimed(s: &ClaimStore, k: &ClaimKey) {
-        s.try_claim(k, &holder("p1", 1), T0, LAPSE).expect("claim");
+        claim_as_p1(s, k);
     }
     fn answered(s: &ClaimStore, k: &ClaimKey) {
         claimed(s, k);

@@ -34,9 +34,7 @@ fn a_reaped_decision_connection_is_replaced_and_the_decision_runs_again() {
     let db = PgSchema::new("reconnect");
     let store = named_store(&db, "rgtest-reconnect");
     let k = key("c1");
-    store
-        .try_claim(&k, &holder("p1", 1), T0, LAPSE)
-        .expect("claim");
+    claim_as_p1(&store, &k);
     let ended = terminate(
         &db,
         "SELECT pid FROM pg_stat_activity WHERE application_name = 'rgtest-reconnect'",
@@ -70,9 +68,7 @@ fn decisions_one_after_another_go_to_one_connection() {
         .get(0);
     for n in 0..6 {
         let k = key(&format!("c{n}"));
-        store
-            .try_claim(&k, &holder("p1", 1), T0, LAPSE)
-            .expect("claim");
+        claim_as_p1(&store, &k);
     }
     let used: i64 = admin
         .query_one(

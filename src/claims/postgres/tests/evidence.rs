@@ -108,9 +108,7 @@ fn evidence_where_nothing_is_claimed_runs_no_decision() {
     let db = PgSchema::new("unclaimed-evidence");
     let store = db.open();
     let claimed = key("c1");
-    store
-        .try_claim(&claimed, &holder("p1", 1), T0, LAPSE)
-        .expect("claim");
+    claim_as_p1(&store, &claimed);
     let mut unclaimed = key("c1");
     unclaimed.at.thread_id = "t-never-parked".into();
     let earlier = key("c0");

@@ -53,9 +53,7 @@ fn an_answer_consumes_its_claim_in_its_own_transaction_and_is_reported_once() {
     let db = PgSchema::new("answer-in-write");
     let store = db.open();
     let k = key("c1");
-    store
-        .try_claim(&k, &holder("p1", 1), T0, LAPSE)
-        .expect("taken");
+    claim_as_p1(&store, &k);
     // Rolled back: nothing was answered, the claim is still held.
     answer_in_write(&db, &k, &holder("p1", 1), "task a wrote approved", false);
     match store.try_claim(&k, &holder("p2", 2), T0 + 1, LAPSE) {
@@ -95,9 +93,7 @@ fn the_fence_passes_the_holder_and_refuses_another_proxy_by_either_signature() {
     let db = PgSchema::new("fence-one-call");
     let store = db.open();
     let k = key("c1");
-    store
-        .try_claim(&k, &holder("p1", 1), T0, LAPSE)
-        .expect("taken");
+    claim_as_p1(&store, &k);
     let s = db.target().schema().to_owned();
     let older = format!("SELECT {s}.fence_write($1, $2, $3, $4, $5, $6, $7, '', 2000)");
     let newer =

@@ -24,7 +24,7 @@ fn a_held_claim_of_a_proxy_process_that_is_gone_lapses_after_the_grace() {
     let k = key("c1");
     {
         let a = db.open();
-        a.try_claim(&k, &holder("p1", 1), T0, LAPSE).expect("claim");
+        claim_as_p1(&a, &k);
         // While `a` lives, its claim holds for the whole lapse.
         match b.try_claim(&k, &holder("p2", 2), T0 + 5, LAPSE) {
             Ok(ClaimOutcome::Busy(r)) => assert_eq!(r.lapse_at_ms, T0 + LAPSE),
@@ -57,7 +57,7 @@ fn a_gone_holder_stays_gone_when_another_schemas_proxy_draws_its_number() {
     let k = key("c1");
     let gone = {
         let a = mine.open();
-        a.try_claim(&k, &holder("p1", 1), T0, LAPSE).expect("claim");
+        claim_as_p1(&a, &k);
         a.instance().expect("instance")
     };
     until_gone(|| lock_holders(&mine, gone) == 0);
@@ -89,7 +89,7 @@ fn an_answered_run_of_a_proxy_process_that_is_gone_is_taken_over() {
     let k = key("c1");
     {
         let a = db.open();
-        a.try_claim(&k, &holder("p1", 1), T0, LAPSE).expect("claim");
+        claim_as_p1(&a, &k);
         a.consume("t-1", "", "c1", "task writes", i64::MAX, T0 + 5)
             .expect("consume");
     }
@@ -120,7 +120,7 @@ fn two_proxies_the_first_holding_c1(
     let a = db.open();
     let b = db.open().with_holder_gone_grace(GRACE);
     let k = key("c1");
-    a.try_claim(&k, &holder("p1", 1), T0, LAPSE).expect("claim");
+    claim_as_p1(&a, &k);
     let instance = a.instance().expect("instance");
     (db, a, b, k, instance)
 }
@@ -184,10 +184,8 @@ fn a_lock_gone_briefly_hands_no_claim_over_after_the_grace() {
     let a = db.open();
     let b = db.open().with_holder_gone_grace(GRACE).with_run_lease(0);
     let (held, answered) = (key("c1"), key("c2"));
-    a.try_claim(&held, &holder("p1", 1), T0, LAPSE)
-        .expect("claim");
-    a.try_claim(&answered, &holder("p1", 1), T0, LAPSE)
-        .expect("claim");
+    claim_as_p1(&a, &held);
+    claim_as_p1(&a, &answered);
     a.consume("t-1", "", "c2", "task writes", i64::MAX, T0 + 1)
         .expect("consume");
     let me = a.instance().expect("instance");
