@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use super::{unknown_refusal, Binding, Prepared, SessionEnforcer};
+use super::unknown_saver::unknown_refusal;
+use super::{Binding, Prepared, SessionEnforcer};
 use crate::enforce::evidence::continuation;
 use crate::enforce::fencing::{FenceStep, Fenced};
 use crate::enforce::history::history_refusal;
@@ -49,7 +50,9 @@ pub(super) fn handle(
             .validity
             .check(&rules, &statement.class.kind, checked)
         {
-            return Ok(Bound::Refuse(session.refuse_write(rejection)));
+            let (refusal, event) = rejection.refuse(&session.ctx);
+            session.ready_events.push(event);
+            return Ok(Bound::Refuse(refusal));
         }
     }
     if let Some(late) = session.late_duplicate(&statement.class.kind, record.as_ref()) {
