@@ -44,6 +44,7 @@ use crate::saver::bind::BoundParams;
 use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::classify::Classified;
 use crate::wire::guard::{ClientError, ServerStep};
+use crate::wire::messages::bind::Bind;
 use crate::wire::tracker::{Bound, Hooks, Refusal, TxnStatus};
 
 /// A prepared statement as the enforcer knows it.
@@ -206,9 +207,9 @@ impl Hooks for SessionEnforcer {
     fn bind(
         &mut self,
         statement: &Prepared,
-        frame: &[u8],
+        bind: &Bind<'_>,
     ) -> Result<Bound<Binding, Watch>, ClientError> {
-        bind::handle(self, statement, frame)
+        bind::handle(self, statement, bind)
     }
 
     fn execute(&mut self, portal: Option<&Binding>) -> Option<Watch> {

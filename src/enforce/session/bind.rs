@@ -16,12 +16,13 @@ use crate::saver::bind::BoundParams;
 use crate::saver::classify::StatementKind;
 use crate::saver::write_record::WriteRecord;
 use crate::wire::guard::ClientError;
+use crate::wire::messages::bind::Bind;
 use crate::wire::tracker::Bound;
 
 pub(super) fn handle(
     session: &mut SessionEnforcer,
     statement: &Prepared,
-    frame: &[u8],
+    bind: &Bind<'_>,
 ) -> Result<Bound<Binding, Watch>, ClientError> {
     if !statement.class.kind.is_checkpoint_traffic() {
         return Ok(Bound::Forward(None));
@@ -33,7 +34,7 @@ pub(super) fn handle(
     }
     // A checkpoint Bind that does not decode would leave enforcement
     // blind: the session fails closed.
-    let mut bound = BoundParams::decode(frame)
+    let mut bound = BoundParams::keep(bind)
         .map_err(|e| ClientError(format!("malformed Bind for a checkpoint statement: {e}")))?;
     if let Some(refusal) = history_refusal(&statement.class.kind, &bound) {
         return Ok(Bound::Refuse(refusal));
