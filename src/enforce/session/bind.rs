@@ -36,14 +36,20 @@ pub(super) fn handle(
     // blind: the session fails closed.
     let mut bound = BoundParams::keep(bind)
         .map_err(|e| ClientError(format!("malformed Bind for a checkpoint statement: {e}")))?;
-    if let Some(refusal) = history_refusal(&statement.class.kind, &bound) {
-        return Ok(Bound::Refuse(refusal));
-    }
-    let record: Option<WriteDecode> = statement.class.kind.insert_shape().map(|shape| {
-        WriteRecord::decode(shape, &bound)
-            .map(Arc::new)
-            .map_err(|e| e.to_string())
-    });
+    let record: Option<WriteDecode> = match &statement.class.kind {
+        // Only a channel-history read names channels a Bind could ask for.
+        history @ StatementKind::ChannelHistoryRead { .. } => {
+            if let Some(refusal) = history_refusal(history, &bound) {
+                return Ok(Bound::Refuse(refusal));
+            }
+            None
+        }
+        kind => kind.insert_shape().map(|shape| {
+            WriteRecord::decode(shape, &bound)
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
+        }),
+    };
     if let Some(decoded) = &record {
         let rules = Arc::clone(&session.shared.legs.validity);
         let checked = decoded.as_deref().map_err(String::as_str);
