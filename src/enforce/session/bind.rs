@@ -28,9 +28,12 @@ pub(super) fn handle(
         return Ok(Bound::Forward(None));
     }
     // [enforce] unknown_saver = "refuse": a checkpoint statement no
-    // profile recognizes fails here, before anything of it runs.
-    if let Some(refusal) = unknown_refusal(&statement.class) {
-        return Ok(Bound::Refuse(refusal));
+    // profile recognizes (classified unrecognized, and only then refused)
+    // fails here, before anything of it runs.
+    if matches!(statement.class.kind, StatementKind::Unrecognized) {
+        if let Some(refusal) = unknown_refusal(&statement.class) {
+            return Ok(Bound::Refuse(refusal));
+        }
     }
     // A checkpoint Bind that does not decode would leave enforcement
     // blind: the session fails closed.
