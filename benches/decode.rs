@@ -1,5 +1,5 @@
-//! Cost of decoding what the proxy looks inside: a pending-write Bind, the
-//! write record read from it, and a checkpoint row with binary `bytea[]`
+//! Cost of decoding what the proxy looks inside: a pending-write Bind (read
+//! by the codec, and kept), the write record read from it, and a checkpoint row with binary `bytea[]`
 //! arrays.
 //!
 //! `cargo bench --bench decode`
@@ -9,7 +9,6 @@ mod common;
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use resumeguard::saver::bind::BoundParams;
 use resumeguard::saver::checkpoint_row::{decode_checkpoint_row, RowLayout};
 use resumeguard::saver::classify::StatementKind;
 use resumeguard::saver::write_record::WriteRecord;
@@ -17,12 +16,12 @@ use resumeguard::wire::messages::data_row::split_data_row;
 
 fn bind(c: &mut Criterion) {
     let frame = common::interrupt_write_bind("_pg3_2");
-    let decoded = BoundParams::decode(&frame).unwrap();
+    let decoded = common::kept_bind(&frame).unwrap();
     assert_eq!(decoded.params.len(), 9);
     let mut g = c.benchmark_group("decode");
     g.throughput(Throughput::Bytes(frame.len() as u64));
     g.bench_function("bind_9_params", |b| {
-        b.iter(|| BoundParams::decode(black_box(&frame)).unwrap())
+        b.iter(|| common::kept_bind(black_box(&frame)).unwrap())
     });
 
     let cls = common::classifier().classify(common::saver_sql::UPSERT_WRITES);
@@ -37,7 +36,7 @@ fn bind(c: &mut Criterion) {
     });
     g.bench_function("bind_then_write_record", |b| {
         b.iter(|| {
-            let bound = BoundParams::decode(black_box(&frame)).unwrap();
+            let bound = common::kept_bind(black_box(&frame)).unwrap();
             WriteRecord::decode(shape, &bound).unwrap()
         })
     });

@@ -8,11 +8,9 @@
 use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::saver::checkpoint_ref::CheckpointRef;
-
-mod digest;
-pub use digest::digest;
 
 /// What the proxy saw or decided. Stored as its snake_case name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -122,6 +120,13 @@ impl std::fmt::Display for Operation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// Lowercase hex SHA-256 of `bytes`: the trail records hashes rather than
+/// values, so it can prove which answer a resume carried without becoming a
+/// second copy of user data.
+pub fn digest(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
 }
 
 /// Content hash of one channel blob, so the trail can prove which value was
@@ -268,6 +273,18 @@ impl AuditEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn digest_known_vectors() {
+        assert_eq!(
+            digest(b""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        assert_eq!(
+            digest(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
 
     #[test]
     fn now_string_has_rfc3339_shape() {

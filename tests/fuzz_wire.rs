@@ -28,7 +28,6 @@ use std::io::Read;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
-use resumeguard::saver::bind::BoundParams;
 use resumeguard::saver::checkpoint_row::{decode_checkpoint_row, RowLayout};
 use resumeguard::saver::pg_array::ByteaArray;
 use resumeguard::saver::unknown::UnknownSaverPolicy;
@@ -95,7 +94,7 @@ fn frontend_within(frame: &[u8]) -> bool {
             sql,
             param_types,
         } => within(frame, name) && within(frame, sql) && within(frame, param_types),
-        Frontend::Bind { portal, statement } => within(frame, portal) && within(frame, statement),
+        Frontend::Bind(bind) => within(frame, bind.portal) && within(frame, bind.statement),
         Frontend::Execute { portal } => within(frame, portal),
         Frontend::Describe { name, .. } | Frontend::Close { name, .. } => within(frame, name),
         Frontend::Query { sql } => within(frame, sql),
@@ -259,7 +258,7 @@ fn decoder_seeds() -> DecoderSeeds {
     }
     let mut blobs: Vec<Vec<u8>> = binds
         .iter()
-        .filter_map(|b| BoundParams::decode(b).ok())
+        .filter_map(|b| common::kept_bind(b).ok())
         .flat_map(|b| b.params.into_iter().flatten().map(|p| p.to_vec()))
         .filter(|p| p.len() > 2)
         .collect();
@@ -358,9 +357,9 @@ fn saver_decoders_never_panic() {
         mutated(sql_seeds),
     );
     run_for("saver decoders", strategy, |(bind, row, blob, sql)| {
-        if let Ok(bound) = BoundParams::decode(&bind) {
+        if let Ok(bound) = common::kept_bind(&bind) {
             let encoded = bound.encode().map_err(|e| fail(e.to_string()))?;
-            let again = BoundParams::decode(&encoded).map_err(|e| fail(e.to_string()))?;
+            let again = common::kept_bind(&encoded).map_err(|e| fail(e.to_string()))?;
             if again != bound {
                 return Err(fail("Bind encode/decode round trip differs".into()));
             }

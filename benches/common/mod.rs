@@ -7,8 +7,12 @@ use std::sync::Arc;
 
 use resumeguard::audit::{AuditSink, SessionContext};
 use resumeguard::enforce::{Enforcement, Legs, SessionGuard};
+use resumeguard::saver::bind::BoundParams;
 use resumeguard::saver::classify::Classifier;
+use resumeguard::saver::decode_error::DecodeError;
 use resumeguard::saver::profile::SaverProfile;
+use resumeguard::wire::frame::HEADER_LEN;
+use resumeguard::wire::messages::bind::Bind;
 
 pub mod saver_sql;
 
@@ -221,6 +225,13 @@ pub fn checkpoint_row_description() -> Vec<u8> {
 }
 
 /// A 9-parameter `__interrupt__` upsert Bind, as psycopg sends it.
+/// A whole Bind frame read by the codec and kept, as the enforcer keeps
+/// a checkpoint statement's Bind.
+pub fn kept_bind(frame: &[u8]) -> Result<BoundParams, DecodeError> {
+    let body = frame.get(HEADER_LEN..).unwrap_or_default();
+    BoundParams::keep(&Bind::read_body(body)?)
+}
+
 pub fn interrupt_write_bind(stmt: &str) -> Vec<u8> {
     let payload = blob(140, 9);
     bind(

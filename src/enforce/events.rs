@@ -6,10 +6,10 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::holder_detail::HolderDetail;
-use super::validity::Rejection;
 use super::watch::Watch;
 use crate::audit::{AuditEvent, BlobDigest, Operation, SessionContext};
 use crate::claims::ClaimRecord;
+use crate::policy::Violation;
 use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::classify::{ReadMode, ReadShape, RowsDeleted, StatementKind};
 use crate::saver::reserved::{INTERRUPT, NULL_TASK, RESUME};
@@ -195,19 +195,22 @@ pub fn record_write(ev: &mut AuditEvent, rec: &WriteRecord) {
 }
 
 /// The `write_rejected` record of a refused write.
-pub fn rejected(ctx: &SessionContext, rejection: &Rejection) -> AuditEvent {
-    let rec = &rejection.record;
+pub fn rejected(
+    ctx: &SessionContext,
+    rec: &WriteRecord,
+    reason: &str,
+    violation: Option<&Violation>,
+) -> AuditEvent {
     let mut ev = AuditEvent::new(ctx, Operation::WriteRejected);
     ev.thread_id = rec.thread_id.clone();
     ev.checkpoint_ns = rec.checkpoint_ns.clone();
     ev.checkpoint_id = rec.checkpoint_id.clone();
     record_write(&mut ev, rec);
-    let v = rejection.violation.as_ref();
     ev.with_detail(detail(&RejectedDetail {
-        reason: &rejection.message,
-        rule: v.map(|v| v.rule.as_str()),
-        schema_path: v.map(|v| v.schema_path.as_str()),
-        instance_path: v.map(|v| v.instance_path.as_str()),
+        reason,
+        rule: violation.map(|v| v.rule.as_str()),
+        schema_path: violation.map(|v| v.schema_path.as_str()),
+        instance_path: violation.map(|v| v.instance_path.as_str()),
     }))
 }
 

@@ -184,7 +184,7 @@ mod tests {
 
     use super::*;
     use crate::saver::bind::tests::bind_frame;
-    use crate::saver::bind::BoundParams;
+    use crate::saver::bind::tests::decode;
     use crate::saver::classify::tests::housekeeping_sql::{
         PRUNE_DELETE_THREADS, SHALLOW_DELETE_WRITES,
     };
@@ -196,7 +196,7 @@ mod tests {
         let classifier = Classifier::new(vec![SaverProfile::langgraph_python()]);
         let params: Vec<Option<&[u8]>> = params.iter().map(|p| p.map(str::as_bytes)).collect();
         let frame = bind_frame("", &[], &params, &[]);
-        let bound = BoundParams::decode(&frame).expect("a Bind psycopg sends");
+        let bound = decode(&frame).expect("a Bind psycopg sends");
         Watch::new(classifier.classify(sql), Some(Arc::new(bound)), false)
     }
 

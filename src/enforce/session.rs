@@ -22,28 +22,28 @@ mod release;
 mod rows;
 mod sql_forms;
 mod sync;
+mod unknown_saver;
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 
 use super::claim_gate::ClaimTicket;
-use super::events::rejected;
 use super::fencing::FenceGate;
 use super::late_duplicate::LateGate;
 use super::parked_heads::Interrupt;
 use super::reload::FollowedRules;
 use super::shared_session::SharedSessionWatch;
-use super::validity::{ValidityGate, CHECK_VIOLATION};
+use super::validity::ValidityGate;
 use super::watch::{Watch, WriteDecode};
 use super::Enforcement;
 use crate::audit::{AuditEvent, SessionContext};
 use crate::claims::evidence::{Evidence, EvidenceSender};
-use crate::log_text::shown;
 use crate::saver::bind::BoundParams;
 use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::classify::Classified;
 use crate::wire::guard::{ClientError, ServerStep};
+use crate::wire::messages::bind::Bind;
 use crate::wire::tracker::{Bound, Hooks, Refusal, TxnStatus};
 
 /// A prepared statement as the enforcer knows it.
@@ -162,22 +162,6 @@ impl SessionEnforcer {
             inspect_hint: false,
         }
     }
-
-    fn refuse_write(&mut self, rejection: super::validity::Rejection) -> Refusal {
-        tracing::warn!(
-            thread = ?rejection.record.thread_id.as_deref().map(shown),
-            checkpoint = ?rejection.record.checkpoint_id.as_deref().map(shown),
-            "{}",
-            shown(&rejection.message)
-        );
-        self.ready_events.push(rejected(&self.ctx, &rejection));
-        metrics::counter!("resumeguard_writes_rejected_total").increment(1);
-        Refusal {
-            sqlstate: CHECK_VIOLATION,
-            detail: rejection.detail(),
-            message: rejection.message,
-        }
-    }
 }
 
 impl Hooks for SessionEnforcer {
@@ -212,9 +196,9 @@ impl Hooks for SessionEnforcer {
     fn bind(
         &mut self,
         statement: &Prepared,
-        frame: &[u8],
+        bind: &Bind<'_>,
     ) -> Result<Bound<Binding, Watch>, ClientError> {
-        bind::handle(self, statement, frame)
+        bind::handle(self, statement, bind)
     }
 
     fn execute(&mut self, portal: Option<&Binding>) -> Option<Watch> {
@@ -295,21 +279,6 @@ impl Hooks for SessionEnforcer {
     fn closed(&mut self) {
         outbox::closed(self)
     }
-}
-
-/// Under `[enforce] unknown_saver = "refuse"`: the refusal of a
-/// checkpoint statement no profile recognizes.
-fn unknown_refusal(class: &Classified) -> Option<Refusal> {
-    let message = class.refusal.as_ref()?;
-    Some(Refusal {
-        sqlstate: crate::saver::unknown::REFUSAL_SQLSTATE,
-        message: message.clone(),
-        detail: class
-            .unenforced
-            .as_ref()
-            .map(|u| format!("legs off for it: {}", u.legs_off))
-            .unwrap_or_default(),
-    })
 }
 
 #[cfg(test)]

@@ -7,11 +7,15 @@
 //! checkpoint), or for the Sync that ends the segment. The blob's own
 //! INSERT runs meanwhile, in the transaction the refusal then aborts.
 
+use super::events::rejected;
+use crate::audit::{AuditEvent, SessionContext};
+use crate::log_text::shown;
 use crate::policy::write_check::{check_write, rejection_message, WriteKind};
 use crate::policy::{ChannelRules, Violation};
 use crate::saver::classify::StatementKind;
 use crate::saver::decode_error::DecodeError;
 use crate::saver::write_record::WriteRecord;
+use crate::wire::tracker::Refusal;
 
 /// SQLSTATE of a refused write: check_violation, what a CHECK constraint
 /// on the column would have raised.
@@ -26,8 +30,27 @@ pub struct Rejection {
 }
 
 impl Rejection {
+    /// The refusal the server raises in the write's place (logged at WARN
+    /// and counted) and its `write_rejected` audit event.
+    pub fn refuse(self, ctx: &SessionContext) -> (Refusal, AuditEvent) {
+        tracing::warn!(
+            thread = ?self.record.thread_id.as_deref().map(shown),
+            checkpoint = ?self.record.checkpoint_id.as_deref().map(shown),
+            "{}",
+            shown(&self.message)
+        );
+        let event = rejected(ctx, &self.record, &self.message, self.violation.as_ref());
+        metrics::counter!("resumeguard_writes_rejected_total").increment(1);
+        let refusal = Refusal {
+            sqlstate: CHECK_VIOLATION,
+            detail: self.detail(),
+            message: self.message,
+        };
+        (refusal, event)
+    }
+
     /// The error's DETAIL: which rule failed where.
-    pub fn detail(&self) -> String {
+    fn detail(&self) -> String {
         self.violation.as_ref().map_or(String::new(), |v| {
             format!(
                 "rule {} failed at {} (value path {})",

@@ -1,6 +1,7 @@
 //! The parameters of a checkpoint statement's Bind, kept past the frame
-//! and read as values. Only Binds of recognized checkpoint statements are
-//! decoded (by the codec's [`Bind`]); everything else passes as bytes.
+//! and read as values. The codec read the Bind ([`Bind`]); only Binds of
+//! recognized checkpoint statements are kept, everything else passes as
+//! bytes.
 
 use bytes::{Bytes, BytesMut};
 
@@ -21,19 +22,20 @@ pub struct BoundParams {
 }
 
 impl BoundParams {
-    /// Decodes a whole Bind frame (type byte and length included).
-    pub fn decode(frame: &[u8]) -> Result<Self, DecodeError> {
-        let bind = Bind::read(frame)?;
+    /// Keeps what `bind` carries; fails when its parameters do not read
+    /// or its names are not UTF-8.
+    pub fn keep(bind: &Bind<'_>) -> Result<Self, DecodeError> {
+        let parameters = bind.parameters.as_ref().map_err(Clone::clone)?;
         Ok(BoundParams {
             portal: utf8(bind.portal, "bind portal name")?,
             statement: utf8(bind.statement, "bind statement name")?,
-            param_formats: bind.param_formats,
-            params: bind
-                .params
+            param_formats: parameters.formats.to_vec(),
+            params: parameters
+                .values
                 .iter()
                 .map(|p| p.map(Bytes::copy_from_slice))
                 .collect(),
-            result_formats: bind.result_formats,
+            result_formats: parameters.result_formats.to_vec(),
         })
     }
 
@@ -80,6 +82,13 @@ impl BoundParams {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::wire::frame::HEADER_LEN;
+
+    /// A whole Bind frame read by the codec and kept.
+    pub(crate) fn decode(frame: &[u8]) -> Result<BoundParams, DecodeError> {
+        let body = frame.get(HEADER_LEN..).unwrap_or_default();
+        BoundParams::keep(&Bind::read_body(body)?)
+    }
 
     /// Builds a Bind frame the way psycopg sends saver writes.
     pub(crate) fn bind_frame(
@@ -134,7 +143,7 @@ pub(crate) mod tests {
             ],
             &[1],
         );
-        let b = BoundParams::decode(&frame).unwrap();
+        let b = decode(&frame).unwrap();
         assert_eq!((b.portal.as_str(), b.statement.as_str()), ("", "_pg3_4"));
         assert_eq!(b.value(5, ColumnKind::Int).unwrap().as_int(), Some(-4));
         assert_eq!(
@@ -152,15 +161,15 @@ pub(crate) mod tests {
     #[test]
     fn encode_round_trips() {
         let frame = bind_frame("s1", &[0, 1], &[Some(b"abc"), None], &[1, 0, 1]);
-        let b = BoundParams::decode(&frame).unwrap();
+        let b = decode(&frame).unwrap();
         assert_eq!(b.encode().unwrap(), frame);
     }
 
     #[test]
     fn formats_follow_the_protocol_rules() {
-        let one = BoundParams::decode(&bind_frame("s", &[1], &[Some(b"\x00\x07")], &[])).unwrap();
+        let one = decode(&bind_frame("s", &[1], &[Some(b"\x00\x07")], &[])).unwrap();
         assert_eq!(one.format_of(0), 1);
-        let none = BoundParams::decode(&bind_frame("s", &[], &[Some(b"7"), None], &[])).unwrap();
+        let none = decode(&bind_frame("s", &[], &[Some(b"7"), None], &[])).unwrap();
         assert_eq!(none.format_of(1), 0);
         assert_eq!(none.value(0, ColumnKind::Int).unwrap().as_int(), Some(7));
         assert_eq!(none.value(1, ColumnKind::Text).unwrap(), Value::Null);
@@ -170,7 +179,7 @@ pub(crate) mod tests {
     fn truncated_binds_are_errors_not_panics() {
         let frame = bind_frame("s", &[0, 1], &[Some(b"abc"), Some(b"\x01\x02")], &[1]);
         for cut in 0..frame.len() {
-            assert!(BoundParams::decode(&frame[..cut]).is_err(), "cut at {cut}");
+            assert!(decode(&frame[..cut]).is_err(), "cut at {cut}");
         }
     }
 }

@@ -105,7 +105,7 @@ fn static_name(column: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::saver::bind::tests::bind_frame;
+    use crate::saver::bind::tests::{bind_frame, decode};
 
     fn writes_shape() -> InsertShape {
         let cols = [
@@ -146,8 +146,7 @@ mod tests {
             ],
             &[],
         );
-        let rec =
-            WriteRecord::decode(&writes_shape(), &BoundParams::decode(&frame).unwrap()).unwrap();
+        let rec = WriteRecord::decode(&writes_shape(), &decode(&frame).unwrap()).unwrap();
         assert_eq!(rec.thread_id.as_deref(), Some("t1"));
         assert_eq!(rec.checkpoint_ns.as_deref(), Some(""));
         assert_eq!(rec.channel.as_deref(), Some("__interrupt__"));
@@ -185,7 +184,7 @@ mod tests {
             ],
             &[],
         );
-        let rec = WriteRecord::decode(&shape, &BoundParams::decode(&frame).unwrap()).unwrap();
+        let rec = WriteRecord::decode(&shape, &decode(&frame).unwrap()).unwrap();
         assert_eq!(rec.parent_checkpoint_id, None);
         assert_eq!(rec.checkpoint.as_deref(), Some(r#"{"v": 4}"#));
     }
@@ -209,8 +208,7 @@ mod tests {
             ],
             &[],
         );
-        let err = WriteRecord::decode(&writes_shape(), &BoundParams::decode(&frame).unwrap())
-            .unwrap_err();
+        let err = WriteRecord::decode(&writes_shape(), &decode(&frame).unwrap()).unwrap_err();
         assert!(err.to_string().contains("idx"), "{err}");
     }
 
@@ -237,7 +235,7 @@ mod tests {
             ],
             &[],
         );
-        let rec = WriteRecord::decode(shape, &BoundParams::decode(&frame).unwrap()).unwrap();
+        let rec = WriteRecord::decode(shape, &decode(&frame).unwrap()).unwrap();
         assert_eq!(rec.idx, Some(-4));
         assert_eq!(rec.task_path, None);
         assert_eq!(rec.channel.as_deref(), Some("__resume__"));

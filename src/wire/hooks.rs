@@ -6,6 +6,7 @@ use bytes::Bytes;
 
 use super::guard::{ClientError, ServerStep};
 use super::injected::Injection;
+use super::messages::bind::Bind;
 use super::refusal::Refusal;
 
 /// ReadyForQuery's transaction status.
@@ -69,10 +70,11 @@ pub trait Hooks {
     fn sql_execute(&mut self, statement: &Self::Statement) -> Result<(), Refusal>;
     /// SQL `DECLARE … CURSOR FOR inner`.
     fn sql_declare(&mut self, inner: &str) -> Result<(), Refusal>;
+    /// A Bind of a statement with this annotation, read by the codec.
     fn bind(
         &mut self,
         statement: &Self::Statement,
-        frame: &[u8],
+        bind: &Bind<'_>,
     ) -> Result<Bound<Self::Portal, Self::Watch>, ClientError>;
     fn execute(&mut self, portal: Option<&Self::Portal>) -> Option<Self::Watch>;
     fn describe_statement(&mut self, statement: &Self::Statement) -> Option<Self::Watch>;

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use super::guard::{ClientError, ClientStep, ServerStep};
 use super::injected::{Answer, Injection, ANSWERS};
 use super::messages::backend::Backend;
+use super::messages::bind::Bind;
 use super::messages::extended_query::parse_frame;
 use super::messages::frontend::{Frontend, Target};
 use super::messages::write::EncodeError;
@@ -152,7 +153,7 @@ impl<H: Hooks> Tracker<H> {
                 self.push(Expect::ParseComplete, Route::Forward, Some(change));
                 Ok(step)
             }
-            Frontend::Bind { portal, statement } => self.bind(portal, statement, frame),
+            Frontend::Bind(bind) => self.bind(&bind, frame),
             Frontend::Execute { portal } => {
                 let binding = match self.portal(portal) {
                     Lookup::Known(b) => b,
@@ -279,12 +280,8 @@ impl<H: Hooks> Tracker<H> {
         }
     }
 
-    fn bind(
-        &mut self,
-        portal: &[u8],
-        name: &[u8],
-        frame: &[u8],
-    ) -> Result<ClientStep, ClientError> {
+    fn bind(&mut self, bind: &Bind<'_>, frame: &[u8]) -> Result<ClientStep, ClientError> {
+        let name = bind.statement;
         let statement = match self.statement(name) {
             Lookup::Ambiguous => return Ok(ClientStep::AwaitServer),
             Lookup::Known(Some(s)) => s,
@@ -305,7 +302,7 @@ impl<H: Hooks> Tracker<H> {
         if let Some(refusal) = refused {
             return Ok(ClientStep::Replace(self.inject_refusal(&refusal)?));
         }
-        let (annotation, step) = match self.hooks.bind(&statement.annotation, frame)? {
+        let (annotation, step) = match self.hooks.bind(&statement.annotation, bind)? {
             Bound::Forward(a) => (a, ClientStep::Forward),
             Bound::Replace(bytes, a) => (a, ClientStep::Replace(bytes)),
             Bound::Guarded {
@@ -321,7 +318,7 @@ impl<H: Hooks> Tracker<H> {
             }
         };
         let change = Change::Bind {
-            portal: portal.to_vec(),
+            portal: bind.portal.to_vec(),
             binding: Portal {
                 annotation,
                 commands: statement.commands.clone(),

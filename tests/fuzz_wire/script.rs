@@ -5,8 +5,6 @@
 
 use proptest::prelude::*;
 
-use resumeguard::saver::bind::BoundParams;
-
 use super::common::{self, saver_sql};
 use super::server_model::msg;
 use super::session::query;
@@ -115,7 +113,7 @@ pub fn frame_of(op: &Op, pool: &[String]) -> Vec<u8> {
                 0 => {
                     let frame = common::interrupt_write_bind(statement);
                     let mut bound =
-                        BoundParams::decode(&frame).expect("the benchmark's Bind decodes");
+                        common::kept_bind(&frame).expect("the benchmark's Bind decodes");
                     bound.portal = portal.into();
                     bound.encode().expect("a decoded Bind encodes")
                 }

@@ -9,6 +9,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use resumeguard::wire::messages::bind::Bind;
 use resumeguard::wire::messages::frontend::{Frontend, Target};
 
 /// The fuzzer's choices, read one byte at a time.
@@ -286,7 +287,9 @@ impl ServerModel {
                 }
                 self.skipping = true;
             }
-            Frontend::Bind { portal, statement } => {
+            Frontend::Bind(Bind {
+                portal, statement, ..
+            }) => {
                 let Some(sql) = self.statements.get(statement).cloned() else {
                     self.fail("26000");
                     self.skipping = true;

@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use super::{unknown_refusal, Binding, Prepared, SessionEnforcer};
+use super::unknown_saver::unknown_refusal;
+use super::{Binding, Prepared, SessionEnforcer};
 use crate::enforce::evidence::continuation;
 use crate::enforce::fencing::{FenceStep, Fenced};
 use crate::enforce::history::history_refusal;
@@ -15,33 +16,41 @@ use crate::saver::bind::BoundParams;
 use crate::saver::classify::StatementKind;
 use crate::saver::write_record::WriteRecord;
 use crate::wire::guard::ClientError;
+use crate::wire::messages::bind::Bind;
 use crate::wire::tracker::Bound;
 
 pub(super) fn handle(
     session: &mut SessionEnforcer,
     statement: &Prepared,
-    frame: &[u8],
+    bind: &Bind<'_>,
 ) -> Result<Bound<Binding, Watch>, ClientError> {
     if !statement.class.kind.is_checkpoint_traffic() {
         return Ok(Bound::Forward(None));
     }
     // [enforce] unknown_saver = "refuse": a checkpoint statement no
-    // profile recognizes fails here, before anything of it runs.
-    if let Some(refusal) = unknown_refusal(&statement.class) {
-        return Ok(Bound::Refuse(refusal));
+    // profile recognizes (classified unrecognized, and only then refused)
+    // fails here, before anything of it runs.
+    if matches!(statement.class.kind, StatementKind::Unrecognized) {
+        if let Some(refusal) = unknown_refusal(&statement.class) {
+            return Ok(Bound::Refuse(refusal));
+        }
     }
     // A checkpoint Bind that does not decode would leave enforcement
     // blind: the session fails closed.
-    let mut bound = BoundParams::decode(frame)
+    let mut bound = BoundParams::keep(bind)
         .map_err(|e| ClientError(format!("malformed Bind for a checkpoint statement: {e}")))?;
-    if let Some(refusal) = history_refusal(&statement.class.kind, &bound) {
-        return Ok(Bound::Refuse(refusal));
-    }
-    let record: Option<WriteDecode> = statement
-        .class
-        .kind
-        .insert_shape()
-        .map(|shape| WriteRecord::decode(shape, &bound).map(Arc::new));
+    let record: Option<WriteDecode> = match &statement.class.kind {
+        // Only a channel-history read names channels a Bind could ask for.
+        history @ StatementKind::ChannelHistoryRead { .. } => {
+            if let Some(refusal) = history_refusal(history, &bound) {
+                return Ok(Bound::Refuse(refusal));
+            }
+            None
+        }
+        kind => kind.insert_shape().map(|shape| {
+            WriteRecord::decode(shape, &bound).map(Arc::new)
+        }),
+    };
     if let Some(decoded) = &record {
         let rules = Arc::clone(&session.shared.legs.validity);
         let checked = decoded.as_deref();
@@ -49,7 +58,9 @@ pub(super) fn handle(
             .validity
             .check(&rules, &statement.class.kind, checked)
         {
-            return Ok(Bound::Refuse(session.refuse_write(rejection)));
+            let (refusal, event) = rejection.refuse(&session.ctx);
+            session.ready_events.push(event);
+            return Ok(Bound::Refuse(refusal));
         }
     }
     if let Some(late) = session.late_duplicate(&statement.class.kind, record.as_ref()) {

@@ -2,7 +2,8 @@
 
 use std::time::Instant;
 
-use super::{unknown_refusal, SessionEnforcer};
+use super::unknown_saver::unknown_refusal;
+use super::SessionEnforcer;
 use crate::enforce::watch::Watch;
 use crate::wire::tracker::Refusal;
 

@@ -6,5 +6,7 @@ use crate::wire::tracker::Refusal;
 
 pub(super) fn handle(session: &mut SessionEnforcer) -> Option<Refusal> {
     let rejection = session.validity.at_sync()?;
-    Some(session.refuse_write(rejection))
+    let (refusal, event) = rejection.refuse(&session.ctx);
+    session.ready_events.push(event);
+    Some(refusal)
 }

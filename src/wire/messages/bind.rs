@@ -1,76 +1,62 @@
-//! Bind, both ways: read with bounds checks, borrowing names and parameter
-//! values from the frame, and written (a rewritten client Bind, or the
-//! proxy's own).
+//! Bind, both ways: read once with bounds checks, its names, formats and
+//! parameter values borrowed from the frame, and written (a rewritten
+//! client Bind, or the proxy's own).
 
 use bytes::{BufMut, BytesMut};
+use smallvec::SmallVec;
 
 use super::read::{read_count, read_cstr, read_nullable, take, ReadError};
 use super::write::{write_count, write_cstr, write_message, write_nullable, EncodeError};
-use crate::wire::frame::HEADER_LEN;
 
-/// One Bind as read: names, parameter formats and values, result formats.
+/// How many formats or values a Bind may carry before their lists leave
+/// the stack; the saver's statements bind at most nine.
+const INLINE: usize = 16;
+
+/// One Bind as read: its names, and its parameters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bind<'a> {
     pub portal: &'a [u8],
     pub statement: &'a [u8],
-    pub param_formats: Vec<i16>,
-    pub params: Values<'a>,
-    pub result_formats: Vec<i16>,
+    /// Its formats and values, or why they do not read: a Bind nobody reads
+    /// past its names may be offered as a prefix of its frame (see
+    /// [`crate::wire::guard::Guard::client_streams`]).
+    pub parameters: Result<Parameters<'a>, ReadError>,
 }
 
-/// The parameter values of a Bind: checked when the Bind is read, then
-/// iterated as slices of the frame (`None`: NULL), never collected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Values<'a> {
-    count: usize,
-    raw: &'a [u8],
-}
-
-impl<'a> Values<'a> {
-    /// How many values there are.
-    pub fn len(&self) -> usize {
-        self.count
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.count == 0
-    }
-
-    /// The values in order.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = Option<&'a [u8]>> {
-        let mut raw = self.raw;
-        // Every value was read once already: rereading cannot fail.
-        (0..self.count).map(move |_| read_nullable(&mut raw, "bind parameter").unwrap_or(None))
-    }
+/// A Bind's parameter formats and values (slices of the frame, `None`:
+/// NULL), and the result formats it asks for. Nothing is decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parameters<'a> {
+    pub formats: SmallVec<[i16; INLINE]>,
+    pub values: SmallVec<[Option<&'a [u8]>; INLINE]>,
+    pub result_formats: SmallVec<[i16; INLINE]>,
 }
 
 impl<'a> Bind<'a> {
-    /// Reads a whole Bind frame (type byte and length included).
-    pub fn read(frame: &'a [u8]) -> Result<Self, ReadError> {
-        let mut buf = frame.get(HEADER_LEN..).ok_or(ReadError::Truncated {
-            what: "bind header",
-            needed: HEADER_LEN,
-            remaining: frame.len(),
-        })?;
-        let portal = read_cstr(&mut buf, "bind portal name")?;
-        let statement = read_cstr(&mut buf, "bind statement name")?;
-        let param_formats = read_i16_list(&mut buf, "bind parameter formats")?;
-        let count = read_count(&mut buf, "bind parameter count")?;
-        let values = buf;
-        for _ in 0..count {
-            read_nullable(&mut buf, "bind parameter")?;
-        }
-        let params = Values {
-            count,
-            raw: &values[..values.len() - buf.len()],
-        };
-        let result_formats = read_i16_list(&mut buf, "bind result formats")?;
+    /// Reads a Bind's body (the frame past its header); fails only when
+    /// its names do not read.
+    pub fn read_body(mut body: &'a [u8]) -> Result<Self, ReadError> {
+        let portal = read_cstr(&mut body, "bind portal name")?;
+        let statement = read_cstr(&mut body, "bind statement name")?;
         Ok(Bind {
             portal,
             statement,
-            param_formats,
-            params,
+            parameters: Parameters::read(body),
+        })
+    }
+}
+
+impl<'a> Parameters<'a> {
+    fn read(mut buf: &'a [u8]) -> Result<Self, ReadError> {
+        let formats = read_i16_list(&mut buf, "bind parameter formats")?;
+        let count = read_count(&mut buf, "bind parameter count")?;
+        let values = (0..count)
+            .map(|_| read_nullable(&mut buf, "bind parameter"))
+            .collect::<Result<_, _>>()?;
+        let result_formats = read_i16_list(&mut buf, "bind result formats")?;
+        Ok(Parameters {
+            formats,
+            values,
             result_formats,
         })
     }
@@ -98,7 +84,10 @@ pub fn write_bind<'v>(
     })
 }
 
-fn read_i16_list(buf: &mut &[u8], what: &'static str) -> Result<Vec<i16>, ReadError> {
+fn read_i16_list(
+    buf: &mut &[u8],
+    what: &'static str,
+) -> Result<SmallVec<[i16; INLINE]>, ReadError> {
     let n = read_count(buf, what)?;
     let raw = take(buf, n * 2, what)?;
     Ok(raw
@@ -118,28 +107,41 @@ fn write_i16_list(out: &mut BytesMut, list: &[i16], what: &'static str) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::frame::HEADER_LEN;
+
+    /// A whole Bind frame read, its parameters included.
+    fn read(frame: &[u8]) -> Result<(Bind<'_>, Parameters<'_>), ReadError> {
+        let body = frame.get(HEADER_LEN..).ok_or(ReadError::Truncated {
+            what: "bind header",
+            needed: HEADER_LEN,
+            remaining: frame.len(),
+        })?;
+        let bind = Bind::read_body(body)?;
+        let parameters = bind.parameters.clone()?;
+        Ok((bind, parameters))
+    }
 
     #[test]
     fn reads_values_as_slices_and_writes_them_back() {
         let mut frame = BytesMut::new();
         let values: [Option<&[u8]>; 3] = [Some(b"t1"), None, Some(b"")];
         write_bind(&mut frame, b"p", b"s", &[1], values.into_iter(), &[0, 1]).unwrap();
-        let bind = Bind::read(&frame).unwrap();
+        let (bind, params) = read(&frame).unwrap();
         assert_eq!((bind.portal, bind.statement), (&b"p"[..], &b"s"[..]));
-        assert_eq!(bind.params.iter().collect::<Vec<_>>(), values);
+        assert_eq!(params.values.iter().copied().collect::<Vec<_>>(), values);
         let mut again = BytesMut::new();
         write_bind(
             &mut again,
             bind.portal,
             bind.statement,
-            &bind.param_formats,
-            bind.params.iter(),
-            &bind.result_formats,
+            &params.formats,
+            params.values.iter().copied(),
+            &params.result_formats,
         )
         .unwrap();
         assert_eq!(again, frame);
         for cut in 0..frame.len() {
-            assert!(Bind::read(&frame[..cut]).is_err(), "cut at {cut}");
+            assert!(read(&frame[..cut]).is_err(), "cut at {cut}");
         }
     }
 }

@@ -6,6 +6,7 @@
 //! and DataRow from the server), which is why each direction has its own
 //! type.
 
+use super::bind::Bind;
 use super::read::cstr;
 use crate::wire::frame::HEADER_LEN;
 
@@ -16,7 +17,10 @@ pub enum Target {
     Portal,
 }
 
-/// One client message after startup.
+/// One client message after startup. It lives on the stack for the one
+/// message being tracked, so a Bind's lists inline beside it cost no
+/// allocation and no space anywhere else.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frontend<'a> {
     Parse {
@@ -25,10 +29,7 @@ pub enum Frontend<'a> {
         /// The parameter-type section, as sent.
         param_types: &'a [u8],
     },
-    Bind {
-        portal: &'a [u8],
-        statement: &'a [u8],
-    },
+    Bind(Bind<'a>),
     Execute {
         portal: &'a [u8],
     },
@@ -75,11 +76,7 @@ impl<'a> Frontend<'a> {
                     param_types,
                 }
             }
-            b'B' => {
-                let (portal, rest) = cstr(body)?;
-                let (statement, _) = cstr(rest)?;
-                Frontend::Bind { portal, statement }
-            }
+            b'B' => Frontend::Bind(Bind::read_body(body).ok()?),
             b'E' => Frontend::Execute {
                 portal: cstr(body)?.0,
             },
@@ -128,13 +125,14 @@ mod tests {
         );
         let f = parse_frame(b"s1", "select 1", b"\0\0").unwrap();
         assert_eq!(f, p);
-        assert_eq!(
+        assert!(matches!(
             Frontend::read(&msg(b'B', b"p\0s1\0\0\0")),
-            Frontend::Bind {
+            Frontend::Bind(Bind {
                 portal: b"p",
-                statement: b"s1"
-            }
-        );
+                statement: b"s1",
+                ..
+            })
+        ));
         assert_eq!(
             Frontend::read(&msg(b'C', b"Ss1\0")),
             Frontend::Close {

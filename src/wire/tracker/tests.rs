@@ -51,7 +51,7 @@ impl Hooks for Marks {
     fn sql_declare(&mut self, inner: &str) -> Result<(), Refusal> {
         self.sql_prepare(inner).map(|_| ())
     }
-    fn bind(&mut self, statement: &bool, _frame: &[u8]) -> Result<Bound<(), bool>, ClientError> {
+    fn bind(&mut self, statement: &bool, _bind: &Bind<'_>) -> Result<Bound<(), bool>, ClientError> {
         self.binds.push(*statement);
         if self.guard && *statement {
             return Ok(Bound::Guarded {

@@ -1,0 +1,22 @@
+//! Under `[enforce] unknown_saver = "refuse"`, a checkpoint statement no
+//! saver profile recognizes fails before anything of it runs, whether it
+//! comes as a Bind or in a simple Query.
+
+use crate::saver::classify::Classified;
+use crate::saver::unknown::REFUSAL_SQLSTATE;
+use crate::wire::tracker::Refusal;
+
+/// The refusal of a checkpoint statement no profile recognizes, when the
+/// policy refuses it.
+pub(super) fn unknown_refusal(class: &Classified) -> Option<Refusal> {
+    let message = class.refusal.as_ref()?;
+    Some(Refusal {
+        sqlstate: REFUSAL_SQLSTATE,
+        message: message.clone(),
+        detail: class
+            .unenforced
+            .as_ref()
+            .map(|u| format!("legs off for it: {}", u.legs_off))
+            .unwrap_or_default(),
+    })
+}
