@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use resumeguard::enforce::SessionGuard;
-use resumeguard::wire::read_buffer::ReadBuffer;
+use resumeguard::wire::connection::ReadBuffer;
 
 struct Counting;
 

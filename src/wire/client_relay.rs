@@ -8,12 +8,10 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 
-use super::connection::Connection;
+use super::connection::{peek_header, Connection, Passing, STREAM_ABOVE};
 use super::first_packet::is_timeout;
-use super::frame::peek_header;
 use super::guard::{ClientStep, Guard};
 use super::proxy::Proxy;
-use super::read_buffer::{Passing, STREAM_ABOVE};
 use super::registry::{closable, SessionHandle, StopReason};
 use super::sasl_plus;
 use super::session_end::End;

@@ -9,13 +9,11 @@ use std::sync::{Arc, Mutex};
 use bytes::BytesMut;
 
 use super::client_stream::ClientStream;
-use super::connection::Connection;
-use super::frame::{peek_header, FrameError};
+use super::connection::{peek_header, Connection, FrameError, Passing, STREAM_ABOVE};
 use super::guard::{Guard, HeldTicket};
 use super::messages::error_response::{error_response, Severity};
 use super::messages::sqlstate;
 use super::proxy::Proxy;
-use super::read_buffer::{Passing, STREAM_ABOVE};
 use super::registry::{closable, SessionHandle, StopReason};
 use super::response_queue::{Desync, Route};
 use super::sasl_plus;

@@ -96,7 +96,7 @@ fn state() -> SessionState {
     SessionState::new(classifier, Legs::default(), SessionContext::default())
 }
 
-use crate::wire::frame::message as msg;
+use crate::wire::connection::message as msg;
 
 fn parse(name: &str, sql: &str) -> Vec<u8> {
     let mut b = Vec::new();

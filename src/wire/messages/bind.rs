@@ -4,9 +4,8 @@
 
 use bytes::{BufMut, BytesMut};
 
-use super::read::{read_count, read_cstr, read_nullable, take, ReadError};
+use super::read::{read_count, read_cstr, read_nullable, take, ReadError, HEADER_LEN};
 use super::write::{write_count, write_cstr, write_message, write_nullable, EncodeError};
-use crate::wire::frame::HEADER_LEN;
 
 /// One Bind as read: names, parameter formats and values, result formats.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,8 +6,7 @@
 //! and DataRow from the server), which is why each direction has its own
 //! type.
 
-use super::read::cstr;
-use crate::wire::frame::HEADER_LEN;
+use super::read::{cstr, HEADER_LEN};
 
 /// Which object a Describe or Close names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,7 +111,7 @@ impl<'a> Frontend<'a> {
 mod tests {
     use super::*;
 
-    use crate::wire::frame::message as msg;
+    use crate::wire::connection::message as msg;
     use crate::wire::messages::extended_query::parse_frame;
 
     #[test]

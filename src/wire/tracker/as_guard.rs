@@ -3,9 +3,9 @@
 
 use bytes::Bytes;
 
-use super::super::frame::HEADER_LEN;
 use super::super::guard::{ClientError, ClientStep, Guard, ServerStep};
 use super::super::messages::read::cstr;
+use super::super::messages::read::HEADER_LEN;
 use super::super::response_queue::Desync;
 use super::names::{Change, Lookup, Pending};
 use super::{Hooks, Tracker};
