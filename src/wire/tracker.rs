@@ -27,7 +27,6 @@ use super::response_queue::{Desync, Expect, Progress, ResponseQueue, Route};
 use super::sql_commands::{scan, SqlCommand};
 
 mod as_guard;
-mod name_changes;
 mod names;
 mod sql_changes;
 mod unanswered;
