@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use resumeguard::enforce::SessionGuard;
 use resumeguard::wire::connection::ReadBuffer;
+use resumeguard::wire::guard::Guard;
 
 struct Counting;
 

@@ -9,6 +9,7 @@ use resumeguard::audit::{AuditSink, SessionContext};
 use resumeguard::enforce::{Enforcement, Legs, SessionGuard};
 use resumeguard::saver::classify::Classifier;
 use resumeguard::saver::profile::SaverProfile;
+use resumeguard::wire::guard::Guard;
 
 pub mod saver_sql;
 

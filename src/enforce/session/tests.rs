@@ -11,7 +11,7 @@ use crate::enforce::{Enforcement, Legs};
 use crate::saver::classify::Classifier;
 use crate::saver::pg_array::ByteaArray;
 use crate::saver::profile::SaverProfile;
-use crate::wire::guard::ClientStep;
+use crate::wire::guard::{ClientStep, Guard};
 use crate::wire::response_queue::{Desync, Route};
 use crate::wire::tracker::Tracker;
 
