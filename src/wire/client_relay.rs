@@ -48,6 +48,7 @@ pub const MAX_PRE_AUTH_MESSAGE: usize = 65_536;
 
 fn relay_client(proxy: &Proxy, handle: &SessionHandle, early: BytesMut, deadline: Instant) -> End {
     let server = &*handle.server;
+    let upstream_tls = matches!(server, Upstream::Tls(_));
     let mut conn = Connection::new(Arc::clone(&handle.client), &early);
     let mut out = BytesMut::new();
     let mut read_more = early.is_empty();
@@ -98,7 +99,6 @@ fn relay_client(proxy: &Proxy, handle: &SessionHandle, early: BytesMut, deadline
                 } else {
                     MAX_PRE_AUTH_MESSAGE
                 };
-                let upstream_tls = matches!(server, Upstream::Tls(_));
                 track_client(st.as_mut(), conn.buffered(), &mut out, max, upstream_tls)
             }
             Err(_) => return End::Error("session state poisoned".into()),

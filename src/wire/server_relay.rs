@@ -34,6 +34,8 @@ pub(super) fn server_to_client(
     let mut conn = Connection::new(Arc::clone(&handle.server), &[]);
     let mut out = BytesMut::new();
     let mut server_said_fatal = false;
+    // A client's stream is settled before its relay starts.
+    let plaintext_client = !handle.client.is_tls();
     loop {
         let read = conn.read();
         match (read, handle.stopping()) {
@@ -81,7 +83,7 @@ pub(super) fn server_to_client(
                         st.as_mut(),
                         keys,
                         (conn.buffered_mut(), &mut out),
-                        !handle.client.is_tls(),
+                        plaintext_client,
                     );
                     st.flush();
                     // Only a waiting client thread is woken: a notify is a
