@@ -18,7 +18,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use resumeguard::enforce::SessionGuard;
-use resumeguard::wire::read_buffer::ReadBuffer;
+use resumeguard::wire::connection::ReadBuffer;
+use resumeguard::wire::guard::Guard;
 
 struct Counting;
 

@@ -12,6 +12,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use resumeguard::enforce::SessionGuard;
+use resumeguard::wire::guard::Guard;
 use resumeguard::wire::response_queue::{Expect, Progress, ResponseQueue, Route};
 
 fn response_queue(c: &mut Criterion) {

@@ -33,11 +33,12 @@ use resumeguard::saver::pg_array::ByteaArray;
 use resumeguard::saver::unknown::UnknownSaverPolicy;
 use resumeguard::saver::write_record::WriteRecord;
 use resumeguard::saver::{json_blob, msgpack, typed_blob};
-use resumeguard::wire::frame::{peek_frame, HEADER_LEN};
+use resumeguard::wire::connection::{peek_frame, ReadBuffer};
+use resumeguard::wire::guard::Guard;
 use resumeguard::wire::messages::data_row::split_data_row;
 use resumeguard::wire::messages::frontend::Frontend;
+use resumeguard::wire::messages::read::HEADER_LEN;
 use resumeguard::wire::messages::startup::{self, FirstPacket, MAX_STARTUP_LEN};
-use resumeguard::wire::read_buffer::ReadBuffer;
 
 use budget::run_for;
 use common::saver_sql;

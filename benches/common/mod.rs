@@ -11,8 +11,9 @@ use resumeguard::saver::bind::BoundParams;
 use resumeguard::saver::classify::Classifier;
 use resumeguard::saver::decode_error::DecodeError;
 use resumeguard::saver::profile::SaverProfile;
-use resumeguard::wire::frame::HEADER_LEN;
+use resumeguard::wire::guard::Guard;
 use resumeguard::wire::messages::bind::Bind;
+use resumeguard::wire::messages::read::HEADER_LEN;
 
 pub mod saver_sql;
 

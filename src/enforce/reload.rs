@@ -105,7 +105,7 @@ mod tests {
     use super::*;
     use crate::audit::AuditSink;
     use crate::saver::profile::SaverProfile;
-    use crate::wire::frame::message as msg;
+    use crate::wire::connection::message as msg;
     use crate::wire::guard::ClientStep;
 
     const WRITE_SQL: &str = "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET channel = EXCLUDED.channel, type = EXCLUDED.type, blob = EXCLUDED.blob";

@@ -82,7 +82,7 @@ impl BoundParams {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::wire::frame::HEADER_LEN;
+    use crate::wire::messages::read::HEADER_LEN;
 
     /// A whole Bind frame read by the codec and kept.
     pub(crate) fn decode(frame: &[u8]) -> Result<BoundParams, DecodeError> {

@@ -8,12 +8,10 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 
-use super::connection::Connection;
+use super::connection::{peek_header, Connection, Passing, STREAM_ABOVE};
 use super::first_packet::is_timeout;
-use super::frame::peek_header;
 use super::guard::{ClientStep, Guard};
 use super::proxy::Proxy;
-use super::read_buffer::{Passing, STREAM_ABOVE};
 use super::registry::{closable, SessionHandle, StopReason};
 use super::sasl_plus;
 use super::session_end::End;
@@ -50,6 +48,7 @@ pub const MAX_PRE_AUTH_MESSAGE: usize = 65_536;
 
 fn relay_client(proxy: &Proxy, handle: &SessionHandle, early: BytesMut, deadline: Instant) -> End {
     let server = &*handle.server;
+    let upstream_tls = matches!(server, Upstream::Tls(_));
     let mut conn = Connection::new(Arc::clone(&handle.client), &early);
     let mut out = BytesMut::new();
     let mut read_more = early.is_empty();
@@ -100,7 +99,6 @@ fn relay_client(proxy: &Proxy, handle: &SessionHandle, early: BytesMut, deadline
                 } else {
                     MAX_PRE_AUTH_MESSAGE
                 };
-                let upstream_tls = matches!(server, Upstream::Tls(_));
                 track_client(st.as_mut(), conn.buffered(), &mut out, max, upstream_tls)
             }
             Err(_) => return End::Error("session state poisoned".into()),

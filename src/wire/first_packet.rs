@@ -10,9 +10,9 @@ use std::time::Instant;
 use bytes::BytesMut;
 
 use super::client_stream::{ClientStream, ClientTls};
+use super::connection::ReadBuffer;
 use super::messages::sqlstate;
 use super::messages::startup::{self, FirstPacket};
-use super::read_buffer::ReadBuffer;
 
 /// invalid_authorization_specification: what PostgreSQL answers when no
 /// pg_hba.conf line admits an unencrypted connection.
@@ -89,7 +89,7 @@ pub fn read_first_packet(
                 Ok(None) => {}
                 Err(e) => return Err(NotOpened::Unreadable(client, e.to_string())),
             }
-            match fill_before(&mut rb, &client, deadline) {
+            match rb.fill_before(&client, deadline) {
                 Ok(0) if rb.bytes.is_empty() => return Err(NotOpened::Left),
                 Ok(0) => {
                     let why = "incomplete startup packet".to_owned();
@@ -174,20 +174,6 @@ fn upgrade(sock: &TcpStream, tls: &ClientTls, early: &[u8], direct: bool) -> Opt
             None
         }
     }
-}
-
-/// One read, given up at `deadline`.
-pub fn fill_before(
-    rb: &mut ReadBuffer,
-    client: &ClientStream,
-    deadline: Instant,
-) -> std::io::Result<usize> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err(std::io::ErrorKind::TimedOut.into());
-    }
-    client.set_read_timeout(Some(left))?;
-    rb.fill(client)
 }
 
 pub fn is_timeout(e: &std::io::Error) -> bool {

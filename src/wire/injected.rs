@@ -77,7 +77,7 @@ impl Injection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::frame::messages;
+    use crate::wire::connection::messages;
     use crate::wire::messages::frontend::Frontend;
 
     #[test]

@@ -93,7 +93,7 @@ fn ascii(text: &str) -> String {
 /// The SQL text of the Parse message [`raising_statement`] starts with.
 #[cfg(test)]
 fn sql_of(bytes: &[u8]) -> String {
-    let h = crate::wire::frame::peek_frame(bytes, 1 << 20)
+    let h = crate::wire::connection::peek_frame(bytes, 1 << 20)
         .unwrap()
         .unwrap();
     assert_eq!(h.tag, b'P');
@@ -139,7 +139,7 @@ pub(crate) fn readable(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::frame::{messages, peek_frame};
+    use crate::wire::connection::{messages, peek_frame};
 
     #[test]
     fn frames_parse_bind_execute() {

@@ -85,7 +85,7 @@ pub fn without_plus(frame: &[u8]) -> Option<Bytes> {
 mod tests {
     use super::*;
 
-    use crate::wire::frame::message as msg;
+    use crate::wire::connection::message as msg;
 
     fn sasl(names: &[&[u8]]) -> Vec<u8> {
         let mut body = 10i32.to_be_bytes().to_vec();

@@ -9,13 +9,11 @@ use std::sync::{Arc, Mutex};
 use bytes::BytesMut;
 
 use super::client_stream::ClientStream;
-use super::connection::Connection;
-use super::frame::{peek_header, FrameError};
+use super::connection::{peek_header, Connection, FrameError, Passing, STREAM_ABOVE};
 use super::guard::{Guard, HeldTicket};
 use super::messages::error_response::{error_response, Severity};
 use super::messages::sqlstate;
 use super::proxy::Proxy;
-use super::read_buffer::{Passing, STREAM_ABOVE};
 use super::registry::{closable, SessionHandle, StopReason};
 use super::response_queue::{Desync, Route};
 use super::sasl_plus;
@@ -36,6 +34,8 @@ pub(super) fn server_to_client(
     let mut conn = Connection::new(Arc::clone(&handle.server), &[]);
     let mut out = BytesMut::new();
     let mut server_said_fatal = false;
+    // A client's stream is settled before its relay starts.
+    let plaintext_client = !handle.client.is_tls();
     loop {
         let read = conn.read();
         match (read, handle.stopping()) {
@@ -83,7 +83,7 @@ pub(super) fn server_to_client(
                         st.as_mut(),
                         keys,
                         (conn.buffered_mut(), &mut out),
-                        !handle.client.is_tls(),
+                        plaintext_client,
                     );
                     st.flush();
                     // Only a waiting client thread is woken: a notify is a

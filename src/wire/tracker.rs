@@ -11,26 +11,26 @@
 //!
 //! The tracker knows nothing of what the layer above watches for: it asks
 //! its [`Hooks`] to annotate statements and portals and to watch responses.
-//! It is itself the session's guard (`as_guard`): the relay drives it,
-//! and the hooks supply what only the layer above can decide.
+//! It is itself the session's guard: its [`Guard`] methods are the entry
+//! points the relay drives, and the hooks supply what only the layer above
+//! can decide. The SQL text of a Parse or Query is read in `sql_text`.
 
-use std::sync::Arc;
+use bytes::Bytes;
 
-use super::guard::{ClientError, ClientStep, ServerStep};
+use super::guard::{ClientError, ClientStep, Guard, ServerStep};
 use super::injected::{Answer, Injection, ANSWERS};
 use super::messages::backend::Backend;
 use super::messages::bind::Bind;
 use super::messages::extended_query::parse_frame;
 use super::messages::frontend::{Frontend, Target};
+use super::messages::read::{cstr, HEADER_LEN};
 use super::messages::write::EncodeError;
-use super::reject::{raising_query, raising_statement};
+use super::reject::raising_statement;
 use super::response_queue::{Desync, Expect, Progress, ResponseQueue, Route};
-use super::sql_commands::{scan, SqlCommand};
 
-mod as_guard;
-mod name_changes;
 mod names;
 mod sql_changes;
+mod sql_text;
 mod unanswered;
 
 pub use super::hooks::{Bound, Hooks, TxnStatus};
@@ -40,6 +40,9 @@ use names::{
 };
 use sql_changes::SqlChanges;
 use unanswered::Unanswered;
+
+/// How much of a Bind's body may hold its portal and statement names.
+const BIND_NAMES_WITHIN: usize = 64 * 1024;
 
 pub struct Tracker<H: Hooks> {
     pub hooks: H,
@@ -68,10 +71,6 @@ impl<H: Hooks> Tracker<H> {
         }
     }
 
-    pub fn started(&self) -> bool {
-        self.started
-    }
-
     /// Expects the startup exchange, up to the first ReadyForQuery.
     pub fn expect_startup(&mut self) {
         self.queue.push(Expect::Startup, Route::Forward, None);
@@ -79,15 +78,6 @@ impl<H: Hooks> Tracker<H> {
 
     pub fn txn_status(&self) -> TxnStatus {
         self.txn
-    }
-
-    pub fn is_idle(&self) -> bool {
-        self.queue.idle() && self.txn == TxnStatus::Idle
-    }
-
-    /// No answer is owed for a message sent before the latest Sync.
-    pub fn settled(&self) -> bool {
-        self.unanswered.settled(self.segment)
     }
 
     /// A statement name as the server will see it when it reaches the
@@ -122,8 +112,157 @@ impl<H: Hooks> Tracker<H> {
         }
     }
 
+    fn bind(&mut self, bind: &Bind<'_>, frame: &[u8]) -> Result<ClientStep, ClientError> {
+        let name = bind.statement;
+        let statement = match self.statement(name) {
+            Lookup::Ambiguous => return Ok(ClientStep::AwaitServer),
+            Lookup::Known(Some(s)) => s,
+            Lookup::Known(None) if name.is_empty() => Statement::new(self.hooks.plain()),
+            Lookup::Known(None) => {
+                let refusal = never_prepared(&String::from_utf8_lossy(name));
+                return Ok(ClientStep::Replace(self.inject_refusal(&refusal)?));
+            }
+        };
+        let refused = match &statement.refused {
+            Some(r) => Some(Refusal::clone(r)),
+            // A text without SQL commands runs no EXECUTE to check.
+            None => match statement.commands.as_deref() {
+                None => None,
+                Some(commands) => match self.executes(commands, &[]) {
+                    Executes::Allowed => None,
+                    Executes::Refused(r) => Some(r),
+                    Executes::Ambiguous => return Ok(ClientStep::AwaitServer),
+                },
+            },
+        };
+        if let Some(refusal) = refused {
+            return Ok(ClientStep::Replace(self.inject_refusal(&refusal)?));
+        }
+        let (annotation, step) = match self.hooks.bind(&statement.annotation, bind)? {
+            Bound::Forward(a) => (a, ClientStep::Forward),
+            Bound::Replace(bytes, a) => (a, ClientStep::Replace(bytes)),
+            Bound::Guarded {
+                injection,
+                watch,
+                portal,
+            } => (
+                portal,
+                ClientStep::Replace(self.inject(&injection, watch, frame)?),
+            ),
+            Bound::Refuse(refusal) => {
+                return Ok(ClientStep::Replace(self.inject_refusal(&refusal)?));
+            }
+        };
+        let change = Change::Bind {
+            portal: bind.portal.to_vec(),
+            binding: Portal {
+                annotation,
+                commands: statement.commands.clone(),
+            },
+        };
+        self.push(Expect::BindComplete, Route::Forward, Some(change));
+        Ok(step)
+    }
+
+    /// The bytes that make the server raise `refusal` in place of a Bind
+    /// (or a Parse),
+    /// with the answers to the injected Parse and Bind swallowed.
+    fn inject_refusal(&mut self, refusal: &Refusal) -> Result<Vec<u8>, ClientError> {
+        let bytes = raising_statement(refusal.sqlstate, &refusal.message, &refusal.detail)
+            .map_err(unsendable)?;
+        let define = Change::Define {
+            name: Vec::new(),
+            statement: Statement::new(self.hooks.plain()),
+        };
+        self.push(Expect::ParseComplete, Route::Swallow, Some(define));
+        let bind = Change::Bind {
+            portal: Vec::new(),
+            binding: Portal {
+                annotation: None,
+                commands: None,
+            },
+        };
+        self.push(Expect::BindComplete, Route::Swallow, Some(bind));
+        self.push(Expect::Execute, Route::Forward, None);
+        Ok(bytes)
+    }
+
+    /// The proxy's own statement ahead of the client's Bind `frame`: its
+    /// answers are queued swallowed (the Execute's watched, so an error
+    /// reaches the client) and the bytes to send are returned.
+    fn inject(
+        &mut self,
+        injection: &Injection,
+        watch: H::Watch,
+        frame: &[u8],
+    ) -> Result<Vec<u8>, ClientError> {
+        let mut bytes = injection.encode().map_err(unsendable)?;
+        let mut watch = Some(watch);
+        for answer in ANSWERS {
+            let (expect, change) = match answer {
+                Answer::Close => (Expect::CloseComplete, None),
+                Answer::Parse => (Expect::ParseComplete, None),
+                Answer::Bind => (Expect::BindComplete, None),
+                Answer::Execute => (
+                    Expect::Execute,
+                    watch.take().map(|w| Change::Answer {
+                        watch: Some(Box::new(w)),
+                        commands: SqlChanges::default(),
+                        resets_unnamed: false,
+                    }),
+                ),
+            };
+            self.push(expect, Route::Swallow, change);
+        }
+        bytes.extend_from_slice(frame);
+        Ok(bytes)
+    }
+
+    /// Applies a change the server answered (`tag`: with what).
+    fn confirm(&mut self, change: Change<H>, tag: u8) {
+        match change {
+            Change::Define { name, statement } if tag == b'1' => {
+                self.statements.insert(name, statement);
+            }
+            Change::Bind { portal, binding } if tag == b'2' => {
+                self.portals.insert(portal, binding);
+            }
+            Change::Close {
+                target: Target::Statement,
+                name,
+            } if tag == b'3' => {
+                self.statements.remove(&name);
+            }
+            Change::Close {
+                target: Target::Portal,
+                name,
+            } if tag == b'3' => {
+                self.portals.remove(&name);
+            }
+            Change::Answer {
+                watch,
+                resets_unnamed,
+                ..
+            } => {
+                if resets_unnamed {
+                    self.statements.remove(b"");
+                    self.portals.remove(b"");
+                }
+                if let Some(w) = watch {
+                    self.hooks.completed(*w, tag != b'E');
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+impl<H: Hooks> Guard for Tracker<H>
+where
+    Tracker<H>: Send,
+{
     /// Tracks one client message on its way to the server.
-    pub fn on_client(&mut self, frame: &[u8]) -> Result<ClientStep, ClientError> {
+    fn on_client(&mut self, frame: &[u8]) -> Result<ClientStep, ClientError> {
         self.hooks.next_client_message(self.is_idle());
         match Frontend::read(frame) {
             Frontend::Parse {
@@ -239,243 +378,8 @@ impl<H: Hooks> Tracker<H> {
         }
     }
 
-    /// A Parse's text: its statement (annotation, SQL-level commands,
-    /// refusal) and the replacement text.
-    fn prepare_text(&mut self, sql: &[u8]) -> (Statement<H::Statement>, Option<String>) {
-        let Ok(text) = std::str::from_utf8(sql) else {
-            // Not UTF-8: the server rejects it.
-            return (Statement::new(self.hooks.plain()), None);
-        };
-        let (annotation, replacement) = self.hooks.parse(text);
-        let mut statement = Statement::new(annotation);
-        match scan(text) {
-            Ok(found) if found.is_empty() => {}
-            Ok(found) => {
-                // One statement per Parse; its EXECUTEs are checked when a
-                // portal of it is bound.
-                let mut commands = Vec::with_capacity(found.len());
-                for command in found {
-                    match self.definition(&command) {
-                        Ok(defines) => commands.push((command, defines)),
-                        Err(refusal) => {
-                            statement.refused = Some(Box::new(refusal));
-                            break;
-                        }
-                    }
-                }
-                statement.commands = Some(Arc::new(commands));
-            }
-            Err(e) => statement.refused = Some(Box::new(unreadable(&e.0))),
-        }
-        (statement, replacement)
-    }
-
-    /// Checks a PREPARE or DECLARE body: for PREPARE, the annotation of
-    /// the statement it defines.
-    fn definition(&mut self, command: &SqlCommand) -> Result<Option<H::Statement>, Refusal> {
-        match command {
-            SqlCommand::Prepare { inner, .. } => self.hooks.sql_prepare(inner).map(Some),
-            SqlCommand::Declare { inner, .. } => self.hooks.sql_declare(inner).map(|_| None),
-            _ => Ok(None),
-        }
-    }
-
-    fn bind(&mut self, bind: &Bind<'_>, frame: &[u8]) -> Result<ClientStep, ClientError> {
-        let name = bind.statement;
-        let statement = match self.statement(name) {
-            Lookup::Ambiguous => return Ok(ClientStep::AwaitServer),
-            Lookup::Known(Some(s)) => s,
-            Lookup::Known(None) if name.is_empty() => Statement::new(self.hooks.plain()),
-            Lookup::Known(None) => {
-                let refusal = never_prepared(&String::from_utf8_lossy(name));
-                return Ok(ClientStep::Replace(self.inject_refusal(&refusal)?));
-            }
-        };
-        let refused = match &statement.refused {
-            Some(r) => Some(Refusal::clone(r)),
-            None => match self.executes(commands_of(&statement.commands), &[]) {
-                Executes::Allowed => None,
-                Executes::Refused(r) => Some(r),
-                Executes::Ambiguous => return Ok(ClientStep::AwaitServer),
-            },
-        };
-        if let Some(refusal) = refused {
-            return Ok(ClientStep::Replace(self.inject_refusal(&refusal)?));
-        }
-        let (annotation, step) = match self.hooks.bind(&statement.annotation, bind)? {
-            Bound::Forward(a) => (a, ClientStep::Forward),
-            Bound::Replace(bytes, a) => (a, ClientStep::Replace(bytes)),
-            Bound::Guarded {
-                injection,
-                watch,
-                portal,
-            } => (
-                portal,
-                ClientStep::Replace(self.inject(&injection, watch, frame)?),
-            ),
-            Bound::Refuse(refusal) => {
-                return Ok(ClientStep::Replace(self.inject_refusal(&refusal)?));
-            }
-        };
-        let change = Change::Bind {
-            portal: bind.portal.to_vec(),
-            binding: Portal {
-                annotation,
-                commands: statement.commands.clone(),
-            },
-        };
-        self.push(Expect::BindComplete, Route::Forward, Some(change));
-        Ok(step)
-    }
-
-    /// Checks the SQL `EXECUTE`s among `commands`: refused when they run a
-    /// statement the hooks refuse, or one the proxy never saw prepared.
-    /// `defined`: names (re)defined earlier in the same text.
-    fn executes(
-        &mut self,
-        commands: &[(SqlCommand, Option<H::Statement>)],
-        defined: &[(String, Option<H::Statement>)],
-    ) -> Executes {
-        for (command, _) in commands {
-            let SqlCommand::Execute { name } = command else {
-                continue;
-            };
-            let annotation = match defined.iter().rev().find(|(n, _)| n == name) {
-                Some((_, s)) => s.clone(),
-                None => match self.statement(name.as_bytes()) {
-                    Lookup::Known(s) => s.map(|s| s.annotation),
-                    Lookup::Ambiguous => return Executes::Ambiguous,
-                },
-            };
-            let Some(annotation) = annotation else {
-                return Executes::Refused(never_prepared(name));
-            };
-            if let Err(refusal) = self.hooks.sql_execute(&annotation) {
-                return Executes::Refused(refusal);
-            }
-        }
-        Executes::Allowed
-    }
-
-    fn query(&mut self, sql: &[u8]) -> Result<ClientStep, ClientError> {
-        let text = std::str::from_utf8(sql).unwrap_or_default();
-        let mut commands = Vec::new();
-        let mut refusal = self.hooks.admit(&String::from_utf8_lossy(sql)).err();
-        let scanned = match refusal {
-            Some(_) => Ok(Vec::new()),
-            None => scan(text),
-        };
-        match scanned {
-            Ok(found) => {
-                let mut defined: Vec<(String, Option<H::Statement>)> = Vec::new();
-                for command in found {
-                    let entry = [(command, None)];
-                    match self.executes(&entry, &defined) {
-                        Executes::Allowed => {}
-                        Executes::Refused(r) => {
-                            refusal = Some(r);
-                            break;
-                        }
-                        Executes::Ambiguous => return Ok(ClientStep::AwaitServer),
-                    }
-                    let [(command, _)] = entry;
-                    let defines = match self.definition(&command) {
-                        Ok(d) => d,
-                        Err(r) => {
-                            refusal = Some(r);
-                            break;
-                        }
-                    };
-                    match &command {
-                        SqlCommand::Prepare { name, .. } => {
-                            defined.push((name.clone(), defines.clone()))
-                        }
-                        SqlCommand::Deallocate { name } => defined.push((name.clone(), None)),
-                        _ => {}
-                    }
-                    commands.push((command, defines));
-                }
-            }
-            Err(e) => refusal = Some(unreadable(&e.0)),
-        }
-        let watched = match refusal {
-            Some(r) => Err(r),
-            None => self.hooks.query(text),
-        };
-        let (step, watch) = match watched {
-            Ok(watch) => (ClientStep::Forward, watch),
-            Err(r) => {
-                commands.clear();
-                let bytes = raising_query(r.sqlstate, &r.message, &r.detail).map_err(unsendable)?;
-                (ClientStep::Replace(bytes), None)
-            }
-        };
-        let change = Change::Answer {
-            watch: watch.map(Box::new),
-            commands: SqlChanges::new(commands, true),
-            resets_unnamed: true,
-        };
-        self.push(Expect::Query, Route::Forward, Some(change));
-        self.segment += 1;
-        Ok(step)
-    }
-
-    /// The bytes that make the server raise `refusal` in place of a Bind
-    /// (or a Parse),
-    /// with the answers to the injected Parse and Bind swallowed.
-    fn inject_refusal(&mut self, refusal: &Refusal) -> Result<Vec<u8>, ClientError> {
-        let bytes = raising_statement(refusal.sqlstate, &refusal.message, &refusal.detail)
-            .map_err(unsendable)?;
-        let define = Change::Define {
-            name: Vec::new(),
-            statement: Statement::new(self.hooks.plain()),
-        };
-        self.push(Expect::ParseComplete, Route::Swallow, Some(define));
-        let bind = Change::Bind {
-            portal: Vec::new(),
-            binding: Portal {
-                annotation: None,
-                commands: None,
-            },
-        };
-        self.push(Expect::BindComplete, Route::Swallow, Some(bind));
-        self.push(Expect::Execute, Route::Forward, None);
-        Ok(bytes)
-    }
-
-    /// The proxy's own statement ahead of the client's Bind `frame`: its
-    /// answers are queued swallowed (the Execute's watched, so an error
-    /// reaches the client) and the bytes to send are returned.
-    fn inject(
-        &mut self,
-        injection: &Injection,
-        watch: H::Watch,
-        frame: &[u8],
-    ) -> Result<Vec<u8>, ClientError> {
-        let mut bytes = injection.encode().map_err(unsendable)?;
-        let mut watch = Some(watch);
-        for answer in ANSWERS {
-            let (expect, change) = match answer {
-                Answer::Close => (Expect::CloseComplete, None),
-                Answer::Parse => (Expect::ParseComplete, None),
-                Answer::Bind => (Expect::BindComplete, None),
-                Answer::Execute => (
-                    Expect::Execute,
-                    watch.take().map(|w| Change::Answer {
-                        watch: Some(Box::new(w)),
-                        commands: SqlChanges::default(),
-                        resets_unnamed: false,
-                    }),
-                ),
-            };
-            self.push(expect, Route::Swallow, change);
-        }
-        bytes.extend_from_slice(frame);
-        Ok(bytes)
-    }
-
     /// Tracks one server message on its way to the client.
-    pub fn on_server(&mut self, frame: &[u8]) -> Result<ServerStep, Desync> {
+    fn on_server(&mut self, frame: &[u8]) -> Result<ServerStep, Desync> {
         let tag = frame.first().copied().unwrap_or(0);
         let message = Backend::read(frame);
         let mut step = ServerStep::default();
@@ -553,45 +457,87 @@ impl<H: Hooks> Tracker<H> {
         Ok(step)
     }
 
-    /// Applies a change the server answered (`tag`: with what).
-    fn confirm(&mut self, change: Change<H>, tag: u8) {
-        match change {
-            Change::Define { name, statement } if tag == b'1' => {
-                self.statements.insert(name, statement);
-            }
-            Change::Bind { portal, binding } if tag == b'2' => {
-                self.portals.insert(portal, binding);
-            }
-            Change::Close {
-                target: Target::Statement,
-                name,
-            } if tag == b'3' => {
-                self.statements.remove(&name);
-            }
-            Change::Close {
-                target: Target::Portal,
-                name,
-            } if tag == b'3' => {
-                self.portals.remove(&name);
-            }
-            Change::Answer {
-                watch,
-                resets_unnamed,
-                ..
-            } => {
-                if resets_unnamed {
-                    self.statements.remove(b"");
-                    self.portals.remove(b"");
-                }
-                if let Some(w) = watch {
-                    self.hooks.completed(*w, tag != b'E');
+    /// CopyData and FunctionCall bodies are never read; a Bind's only when
+    /// the hooks read the parameters of the statement it names (a Bind
+    /// that waits for earlier answers is asked again after them); anything
+    /// else (Parse, Query: their text) is read whole.
+    fn client_streams(&mut self, prefix: &[u8]) -> bool {
+        match prefix.first() {
+            Some(b'd' | b'F') => true,
+            Some(b'B') => {
+                // The names open the body; longer ones than this are
+                // offered whole.
+                let front = prefix.get(HEADER_LEN..).unwrap_or_default();
+                let front = &front[..front.len().min(BIND_NAMES_WITHIN)];
+                let Some((_, rest)) = cstr(front) else {
+                    return false;
+                };
+                let Some((name, _)) = cstr(rest) else {
+                    return false;
+                };
+                match self.statement(name) {
+                    Lookup::Ambiguous => true,
+                    Lookup::Known(Some(s)) => !self.hooks.reads_bind(&s.annotation),
+                    Lookup::Known(None) if name.is_empty() => {
+                        !self.hooks.reads_bind(&self.hooks.plain())
+                    }
+                    // Never prepared: refused without reading it.
+                    Lookup::Known(None) => true,
                 }
             }
-            _ => {}
+            _ => false,
         }
+    }
+
+    /// A DataRow or CopyData of an answer nobody watches streams.
+    fn server_streams(&mut self, tag: u8) -> bool {
+        let watched = matches!(
+            self.queue.front_payload_mut(),
+            Some(Pending {
+                change: Change::Answer { watch: Some(_), .. },
+                ..
+            })
+        );
+        matches!(tag, b'D' | b'd') && !watched
+    }
+
+    fn release(&mut self) -> Option<Bytes> {
+        let refusal = self.hooks.release();
+        if refusal.is_some() {
+            // The refused message's statement must not reach the client:
+            // the rest of its answer is swallowed.
+            self.swallow_front();
+        }
+        refusal
+    }
+
+    fn is_idle(&self) -> bool {
+        self.queue.idle() && self.txn == TxnStatus::Idle
+    }
+
+    fn holds_work(&self) -> bool {
+        self.hooks.holds_work()
+    }
+
+    /// No answer is owed for a message sent before the latest Sync.
+    fn settled(&self) -> bool {
+        self.unanswered.settled(self.segment)
+    }
+
+    fn started(&self) -> bool {
+        self.started
+    }
+
+    fn flush(&mut self) {
+        self.hooks.flush()
+    }
+
+    fn closed(&mut self) {
+        self.hooks.closed()
     }
 }
 
+/// An `EXECUTE` (or Bind) of a statement the proxy never saw prepared.
 fn never_prepared(name: &str) -> Refusal {
     Refusal {
         sqlstate: INVALID_STATEMENT_NAME,
@@ -605,14 +551,6 @@ fn never_prepared(name: &str) -> Refusal {
 /// A message of the proxy's own that cannot be written ends the session.
 fn unsendable(error: EncodeError) -> ClientError {
     ClientError(format!("the proxy's statement cannot be sent: {error}"))
-}
-
-fn unreadable(error: &str) -> Refusal {
-    Refusal {
-        sqlstate: FEATURE_NOT_SUPPORTED,
-        message: "resumeguard cannot read this text's PREPARE, EXECUTE or DECLARE".into(),
-        detail: format!("tokenizer: {error}"),
-    }
 }
 
 #[cfg(test)]

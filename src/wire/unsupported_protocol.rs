@@ -105,7 +105,7 @@ fn local_answer(major: u16, minor: u16) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::frame::peek_frame;
+    use crate::wire::connection::peek_frame;
 
     #[test]
     fn an_old_client_is_answered_in_protocol_two() {

@@ -146,7 +146,7 @@ fn field(error: &[u8], code: u8) -> Option<&[u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::frame::message as msg;
+    use crate::wire::connection::message as msg;
 
     #[test]
     fn answers_are_judged() {

@@ -12,7 +12,7 @@ use resumeguard::policy::ChannelRules;
 use resumeguard::saver::classify::Classifier;
 use resumeguard::saver::profile::SaverProfile;
 use resumeguard::saver::unknown::UnknownSaverPolicy;
-use resumeguard::wire::guard::ClientStep;
+use resumeguard::wire::guard::{ClientStep, Guard};
 use resumeguard::wire::hooks::TxnStatus;
 use resumeguard::wire::response_queue::Route;
 

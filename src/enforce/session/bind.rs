@@ -47,9 +47,9 @@ pub(super) fn handle(
             }
             None
         }
-        kind => kind.insert_shape().map(|shape| {
-            WriteRecord::decode(shape, &bound).map(Arc::new)
-        }),
+        kind => kind
+            .insert_shape()
+            .map(|shape| WriteRecord::decode(shape, &bound).map(Arc::new)),
     };
     if let Some(decoded) = &record {
         let rules = Arc::clone(&session.shared.legs.validity);

@@ -11,7 +11,7 @@ use crate::enforce::{Enforcement, Legs};
 use crate::saver::classify::Classifier;
 use crate::saver::pg_array::ByteaArray;
 use crate::saver::profile::SaverProfile;
-use crate::wire::guard::ClientStep;
+use crate::wire::guard::{ClientStep, Guard};
 use crate::wire::response_queue::{Desync, Route};
 use crate::wire::tracker::Tracker;
 
@@ -96,7 +96,7 @@ fn state() -> SessionState {
     SessionState::new(classifier, Legs::default(), SessionContext::default())
 }
 
-use crate::wire::frame::message as msg;
+use crate::wire::connection::message as msg;
 
 fn parse(name: &str, sql: &str) -> Vec<u8> {
     let mut b = Vec::new();

@@ -11,12 +11,12 @@ use crate::enforce::{Enforcement, Legs, SessionGuard};
 use crate::saver::classify::saver_sql::UPSERT_BLOBS;
 use crate::saver::classify::Classifier;
 use crate::saver::profile::SaverProfile;
+use crate::wire::connection::{Passing, STREAM_ABOVE};
 use crate::wire::guard::Guard;
-use crate::wire::read_buffer::{Passing, STREAM_ABOVE};
 
 const MAX: usize = 1 << 30;
 
-pub(in crate::wire) use crate::wire::frame::message as msg;
+pub(in crate::wire) use crate::wire::connection::message as msg;
 
 fn parse(name: &str, sql: &str) -> Vec<u8> {
     let mut b = Vec::new();

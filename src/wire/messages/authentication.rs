@@ -4,9 +4,8 @@
 
 use bytes::{BufMut, BytesMut};
 
-use super::read::{cstr, read_i32};
+use super::read::{cstr, read_i32, HEADER_LEN};
 use super::write::{write_cstr, write_message, EncodeError};
-use crate::wire::frame::HEADER_LEN;
 
 /// The authentication code of AuthenticationOk.
 const OK: i32 = 0;

@@ -2,8 +2,7 @@
 //! reads it, each variant borrowing from the framed bytes.
 
 use super::error_response::is_fatal;
-use super::read::cstr;
-use crate::wire::frame::HEADER_LEN;
+use super::read::{cstr, HEADER_LEN};
 
 /// One server message, as the tracker reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +74,7 @@ impl<'a> Backend<'a> {
 mod tests {
     use super::*;
 
-    use crate::wire::frame::message as msg;
+    use crate::wire::connection::message as msg;
     use crate::wire::messages::error_response::{error_response, Severity};
 
     #[test]

@@ -107,7 +107,7 @@ fn write_i16_list(out: &mut BytesMut, list: &[i16], what: &'static str) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::frame::HEADER_LEN;
+    use crate::wire::messages::read::HEADER_LEN;
 
     /// A whole Bind frame read, its parameters included.
     fn read(frame: &[u8]) -> Result<(Bind<'_>, Parameters<'_>), ReadError> {

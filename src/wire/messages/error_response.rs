@@ -6,9 +6,8 @@ use std::borrow::Cow;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::read::cstr;
+use super::read::{cstr, HEADER_LEN};
 use super::write::{write_cstr, write_message};
-use crate::wire::frame::HEADER_LEN;
 
 /// How bad an error is: FATAL ends the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,8 +7,7 @@
 //! type.
 
 use super::bind::Bind;
-use super::read::cstr;
-use crate::wire::frame::HEADER_LEN;
+use super::read::{cstr, HEADER_LEN};
 
 /// Which object a Describe or Close names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,7 +108,7 @@ impl<'a> Frontend<'a> {
 mod tests {
     use super::*;
 
-    use crate::wire::frame::message as msg;
+    use crate::wire::connection::message as msg;
     use crate::wire::messages::extended_query::parse_frame;
 
     #[test]

@@ -2,6 +2,10 @@
 //! fails with a [`ReadError`] past the end, so a truncated or lying message
 //! is a decode error, never a panic. What they return borrows the input.
 
+/// Bytes of the header in front of every typed message: the type byte
+/// and the length word.
+pub const HEADER_LEN: usize = 5;
+
 /// Why a message body (or a length-prefixed value inside one) does not read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReadError {

@@ -3,9 +3,8 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::read::cstr;
+use super::read::{cstr, HEADER_LEN};
 use super::write::write_message;
-use crate::wire::frame::HEADER_LEN;
 
 /// Bytes of a field description after its name: table oid, attnum, type
 /// oid, typlen, typmod, format.

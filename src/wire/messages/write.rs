@@ -88,7 +88,7 @@ pub fn write_count(out: &mut BytesMut, n: usize, what: &'static str) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::frame::message;
+    use crate::wire::connection::message;
 
     #[test]
     fn the_length_counts_itself_and_the_body() {

@@ -6,8 +6,8 @@ use bytes::BytesMut;
 use super::stream_server;
 use crate::saver::classify::saver_sql::SELECT_SQL;
 use crate::wire::client_relay::tests::{msg, session};
+use crate::wire::connection::{Passing, STREAM_ABOVE};
 use crate::wire::guard::Guard;
-use crate::wire::read_buffer::{Passing, STREAM_ABOVE};
 
 #[test]
 fn a_row_nobody_watches_streams_from_its_front() {

@@ -108,7 +108,7 @@ fn refusal(what: &str) -> Refusal {
     }
 }
 
-use crate::wire::frame::message as msg;
+use crate::wire::connection::message as msg;
 
 fn cs(parts: &[&str]) -> Vec<u8> {
     let mut b = Vec::new();
@@ -437,7 +437,7 @@ fn a_guarded_bind_sends_the_proxys_statement_first_and_hides_its_answers() {
         panic!("{step:?}");
     };
     // The proxy's six messages, then the client's Bind as sent.
-    let tags: Vec<u8> = crate::wire::frame::messages(&bytes)
+    let tags: Vec<u8> = crate::wire::connection::messages(&bytes)
         .iter()
         .map(|m| m[0])
         .collect();

@@ -7,15 +7,119 @@
 //! message is queued, and forgotten, oldest first, when its entry leaves
 //! the queue (answered, or skipped after an error); an answer's SQL
 //! commands are forgotten one by one as the server confirms them.
+//!
+//! One name's unanswered changes are kept oldest first, with alike
+//! neighbours merged into runs: what a lookup asks of them (the latest
+//! change, and whether every change leaves the name alike its confirmed
+//! state) is answered in constant time however many changes wait.
 
 use std::collections::VecDeque;
 
 use super::super::hooks::Hooks;
 use super::super::messages::frontend::Target;
 use super::super::sql_commands::SqlCommand;
-use super::name_changes::{Alike, NameChanges, Sent};
 use super::names::{Change, Lookup, Names, Pending, Portal, Statement};
 use super::sql_changes::{Confirmed, SqlChanges};
+
+/// Runs kept allocated once a name's changes are all answered; a deep
+/// pipeline's larger buffer is let go.
+const KEEP_RUNS: usize = 64;
+
+/// States of a name that no lookup tells apart: a change to one of them
+/// cannot matter to a name in another of them.
+trait Alike {
+    fn alike(a: Option<&Self>, b: Option<&Self>) -> bool;
+}
+
+/// When a change was sent: its place among every change the tracker
+/// queued, and the client's Sync count then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Sent {
+    order: u64,
+    segment: u64,
+}
+
+/// Consecutive changes alike one another.
+#[derive(Debug)]
+struct Run<T> {
+    /// The name's state after the latest of them.
+    effect: Option<T>,
+    count: usize,
+    /// The latest of them.
+    latest: Sent,
+}
+
+/// One name's unanswered changes, oldest first, alike neighbours merged.
+#[derive(Debug)]
+struct NameChanges<T> {
+    runs: VecDeque<Run<T>>,
+}
+
+impl<T> Default for NameChanges<T> {
+    fn default() -> Self {
+        NameChanges {
+            runs: VecDeque::new(),
+        }
+    }
+}
+
+impl<T: Alike> NameChanges<T> {
+    fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    /// Adds the newest change: the name holds `effect` once it applies.
+    fn push_newest(&mut self, sent: Sent, effect: Option<T>) {
+        if let Some(run) = self.runs.back_mut() {
+            if T::alike(run.effect.as_ref(), effect.as_ref()) {
+                run.effect = effect;
+                run.count += 1;
+                run.latest = sent;
+                return;
+            }
+        }
+        self.runs.push_back(Run {
+            effect,
+            count: 1,
+            latest: sent,
+        });
+    }
+
+    /// Forgets the oldest change (answered, or skipped by the server).
+    /// False when there was none.
+    fn pop_oldest(&mut self) -> bool {
+        let Some(run) = self.runs.front_mut() else {
+            return false;
+        };
+        run.count -= 1;
+        if run.count == 0 {
+            self.runs.pop_front();
+            if self.runs.is_empty() && self.runs.capacity() > KEEP_RUNS {
+                self.runs.shrink_to(KEEP_RUNS);
+            }
+        }
+        true
+    }
+
+    /// The newest change: when it was sent, and what it leaves.
+    fn latest(&self) -> Option<(Sent, Option<&T>)> {
+        self.runs.back().map(|r| (r.latest, r.effect.as_ref()))
+    }
+
+    /// Whether every change leaves the name alike `confirmed`.
+    fn all_alike(&self, confirmed: Option<&T>) -> bool {
+        match self.runs.len() {
+            0 => true,
+            // Alike neighbours are merged: two runs differ from each
+            // other, so one of them differs from `confirmed`.
+            1 => self
+                .runs
+                .front()
+                .is_some_and(|r| T::alike(r.effect.as_ref(), confirmed)),
+            _ => false,
+        }
+    }
+}
 
 /// A statement name's unanswered changes.
 #[derive(Debug)]
@@ -373,3 +477,6 @@ fn settle<T: Clone>(
         Some(_) => Lookup::Ambiguous,
     }
 }
+
+#[cfg(test)]
+mod tests;

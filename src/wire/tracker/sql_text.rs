@@ -1,0 +1,158 @@
+//! The SQL text a Parse or a simple Query carries, read for the commands
+//! that change or use the statement namespace (`PREPARE`, `DEALLOCATE`,
+//! `EXECUTE`, `DECLARE`): each checked by the hooks, and an `EXECUTE` of
+//! a statement the proxy never saw prepared refused. A Bind checks the
+//! `EXECUTE`s its statement's text carries.
+
+use std::sync::Arc;
+
+use super::super::guard::{ClientError, ClientStep};
+use super::super::reject::raising_query;
+use super::super::response_queue::{Expect, Route};
+use super::super::sql_commands::{scan, SqlCommand};
+use super::names::{Change, Executes, Lookup, Statement};
+use super::sql_changes::SqlChanges;
+use super::{never_prepared, unsendable, Hooks, Refusal, Tracker, FEATURE_NOT_SUPPORTED};
+
+impl<H: Hooks> Tracker<H> {
+    /// A Parse's text: its statement (annotation, SQL-level commands,
+    /// refusal) and the replacement text.
+    pub(super) fn prepare_text(&mut self, sql: &[u8]) -> (Statement<H::Statement>, Option<String>) {
+        let Ok(text) = std::str::from_utf8(sql) else {
+            // Not UTF-8: the server rejects it.
+            return (Statement::new(self.hooks.plain()), None);
+        };
+        let (annotation, replacement) = self.hooks.parse(text);
+        let mut statement = Statement::new(annotation);
+        match scan(text) {
+            Ok(found) if found.is_empty() => {}
+            Ok(found) => {
+                // One statement per Parse; its EXECUTEs are checked when a
+                // portal of it is bound.
+                let mut commands = Vec::with_capacity(found.len());
+                for command in found {
+                    match self.definition(&command) {
+                        Ok(defines) => commands.push((command, defines)),
+                        Err(refusal) => {
+                            statement.refused = Some(Box::new(refusal));
+                            break;
+                        }
+                    }
+                }
+                statement.commands = Some(Arc::new(commands));
+            }
+            Err(e) => statement.refused = Some(Box::new(unreadable(&e.0))),
+        }
+        (statement, replacement)
+    }
+
+    /// Checks a PREPARE or DECLARE body: for PREPARE, the annotation of
+    /// the statement it defines.
+    fn definition(&mut self, command: &SqlCommand) -> Result<Option<H::Statement>, Refusal> {
+        match command {
+            SqlCommand::Prepare { inner, .. } => self.hooks.sql_prepare(inner).map(Some),
+            SqlCommand::Declare { inner, .. } => self.hooks.sql_declare(inner).map(|_| None),
+            _ => Ok(None),
+        }
+    }
+
+    /// Checks the SQL `EXECUTE`s among `commands`: refused when they run a
+    /// statement the hooks refuse, or one the proxy never saw prepared.
+    /// `defined`: names (re)defined earlier in the same text.
+    pub(super) fn executes(
+        &mut self,
+        commands: &[(SqlCommand, Option<H::Statement>)],
+        defined: &[(String, Option<H::Statement>)],
+    ) -> Executes {
+        for (command, _) in commands {
+            let SqlCommand::Execute { name } = command else {
+                continue;
+            };
+            let annotation = match defined.iter().rev().find(|(n, _)| n == name) {
+                Some((_, s)) => s.clone(),
+                None => match self.statement(name.as_bytes()) {
+                    Lookup::Known(s) => s.map(|s| s.annotation),
+                    Lookup::Ambiguous => return Executes::Ambiguous,
+                },
+            };
+            let Some(annotation) = annotation else {
+                return Executes::Refused(never_prepared(name));
+            };
+            if let Err(refusal) = self.hooks.sql_execute(&annotation) {
+                return Executes::Refused(refusal);
+            }
+        }
+        Executes::Allowed
+    }
+
+    pub(super) fn query(&mut self, sql: &[u8]) -> Result<ClientStep, ClientError> {
+        let text = std::str::from_utf8(sql).unwrap_or_default();
+        let mut commands = Vec::new();
+        let mut refusal = self.hooks.admit(&String::from_utf8_lossy(sql)).err();
+        let scanned = match refusal {
+            Some(_) => Ok(Vec::new()),
+            None => scan(text),
+        };
+        match scanned {
+            Ok(found) => {
+                let mut defined: Vec<(String, Option<H::Statement>)> = Vec::new();
+                for command in found {
+                    let entry = [(command, None)];
+                    match self.executes(&entry, &defined) {
+                        Executes::Allowed => {}
+                        Executes::Refused(r) => {
+                            refusal = Some(r);
+                            break;
+                        }
+                        Executes::Ambiguous => return Ok(ClientStep::AwaitServer),
+                    }
+                    let [(command, _)] = entry;
+                    let defines = match self.definition(&command) {
+                        Ok(d) => d,
+                        Err(r) => {
+                            refusal = Some(r);
+                            break;
+                        }
+                    };
+                    match &command {
+                        SqlCommand::Prepare { name, .. } => {
+                            defined.push((name.clone(), defines.clone()))
+                        }
+                        SqlCommand::Deallocate { name } => defined.push((name.clone(), None)),
+                        _ => {}
+                    }
+                    commands.push((command, defines));
+                }
+            }
+            Err(e) => refusal = Some(unreadable(&e.0)),
+        }
+        let watched = match refusal {
+            Some(r) => Err(r),
+            None => self.hooks.query(text),
+        };
+        let (step, watch) = match watched {
+            Ok(watch) => (ClientStep::Forward, watch),
+            Err(r) => {
+                commands.clear();
+                let bytes = raising_query(r.sqlstate, &r.message, &r.detail).map_err(unsendable)?;
+                (ClientStep::Replace(bytes), None)
+            }
+        };
+        let change = Change::Answer {
+            watch: watch.map(Box::new),
+            commands: SqlChanges::new(commands, true),
+            resets_unnamed: true,
+        };
+        self.push(Expect::Query, Route::Forward, Some(change));
+        self.segment += 1;
+        Ok(step)
+    }
+}
+
+fn unreadable(error: &str) -> Refusal {
+    Refusal {
+        sqlstate: FEATURE_NOT_SUPPORTED,
+        message: "resumeguard cannot read this text's PREPARE, EXECUTE or DECLARE".into(),
+        detail: format!("tokenizer: {error}"),
+    }
+}
