@@ -42,7 +42,7 @@ mod connections;
 pub use connections::{serve, AdminLimits, DEFAULT_MAX_CONNECTIONS};
 
 /// Every admin endpoint: the probes and the console's login answer
-/// anyone; the rest need the token ([`auth`](super::auth)).
+/// anyone; the rest need the token (`admin::auth`).
 pub fn router(state: Shared) -> Router {
     let guarded = Router::new()
         .route("/metrics", get(metrics))

@@ -53,7 +53,7 @@ impl TrailSource {
         }
     }
 
-    /// Every chain of the trail walked ([`super::chain`]).
+    /// Every chain of the trail walked (`audit::chain`).
     pub fn verify(&self) -> Result<Verdict, AuditError> {
         match self {
             TrailSource::Sqlite(path) => sqlite_store::verify(path),

@@ -81,7 +81,7 @@ pub enum Form {
 #[derive(Debug, Clone)]
 pub struct ConnectionString {
     /// Everything but the URL parameters the proxy reads itself
-    /// ([`PROXY_TLS_KEYS`], a URL's only).
+    /// (`PROXY_TLS_KEYS`, a URL's only).
     pub config: postgres::Config,
     pub form: Form,
     /// Those parameters, `%`-decoded, in order.
