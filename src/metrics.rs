@@ -33,6 +33,41 @@ pub const CONNECTIONS_REFUSED: &str = "resumeguard_client_connections_refused_to
 /// Connections of the PostgreSQL claims store replaced after the server
 /// ended them, by which (`claims::postgres::conn` counts them).
 pub const CLAIMS_RECONNECTS: &str = "resumeguard_claims_reconnects_total";
+/// Client connections accepted (cancel requests included).
+pub const CLIENT_CONNECTIONS: &str = "resumeguard_client_connections_total";
+/// Reads of a superseded checkpoint served without its recorded
+/// `__resume__` writes.
+pub const FORKS_SERVED: &str = "resumeguard_forks_served_total";
+/// Checkpoint writes refused by the validity gate (23514).
+pub const WRITES_REJECTED: &str = "resumeguard_writes_rejected_total";
+/// Client statements refused (42501) for changing, locking or calling
+/// into the proxy's own schema.
+pub const OWN_SCHEMA_REFUSED: &str = "resumeguard_own_schema_refused_total";
+/// Reads of a parked head that waited for another holder's claim.
+pub const CLAIM_WAITS: &str = "resumeguard_claim_waits_total";
+/// Claims consumed by evidence of their run.
+pub const CLAIMS_CONSUMED: &str = "resumeguard_claims_consumed_total";
+/// Bare resumes that reached an answered interrupt's finished head, by
+/// outcome.
+pub const LATE_DUPLICATES: &str = "resumeguard_late_duplicates_total";
+/// Claims asked beside a read of a head expected parked, by what became
+/// of the answer.
+pub const CLAIMS_AHEAD: &str = "resumeguard_claims_ahead_total";
+/// Sessions whose `application_name` changed mid-session: several
+/// clients on one session (a transaction pooler in front).
+pub const SHARED_SESSIONS: &str = "resumeguard_shared_sessions_total";
+/// Data-path sockets that refused the keepalive or user-timeout
+/// options, by side.
+pub const KEEPALIVE_ERRORS: &str = "resumeguard_keepalive_errors_total";
+/// Claim evidence waiting for a retry.
+pub const EVIDENCE_PENDING: &str = "resumeguard_evidence_pending";
+/// Claim evidence retried because the store could not take it.
+pub const EVIDENCE_RETRIES: &str = "resumeguard_evidence_retries_total";
+/// Claim evidence never applied, by reason.
+pub const EVIDENCE_LOST: &str = "resumeguard_evidence_lost_total";
+/// Late-duplicate checks that went on without this proxy's evidence
+/// after waiting for it to reach the store.
+pub const EVIDENCE_FLUSH_TIMEOUTS: &str = "resumeguard_evidence_flush_timeouts_total";
 
 /// The saver classification's labels of [`STATEMENTS`] (and
 /// [`STATEMENT_SECONDS`]); any other is counted as `other`.
@@ -86,7 +121,7 @@ pub fn claims_store_call<T>(op: &'static str, call: impl FnOnce() -> T) -> T {
 /// Forks served by one completed read.
 pub fn forks_served(n: usize) {
     if n > 0 {
-        counter!("resumeguard_forks_served_total").increment(n as u64);
+        counter!(FORKS_SERVED).increment(n as u64);
     }
 }
 
@@ -104,7 +139,7 @@ pub fn claim_served(takeover: Option<&'static str>) {
 /// A read of a parked head waited for another holder's claim (it is
 /// counted again by its decision).
 pub fn claim_waited() {
-    counter!("resumeguard_claim_waits_total").increment(1);
+    counter!(CLAIM_WAITS).increment(1);
 }
 
 /// A connection of the PostgreSQL claims store (`decision`, `liveness`)
@@ -115,7 +150,7 @@ pub fn claims_reconnected(connection: &'static str) {
 
 /// Claims consumed by evidence of their run.
 pub fn claims_consumed(n: usize) {
-    counter!("resumeguard_claims_consumed_total").increment(n as u64);
+    counter!(CLAIMS_CONSUMED).increment(n as u64);
 }
 
 /// A read of a thread's head was refused, for the refusal's `reason`
@@ -128,7 +163,7 @@ pub fn claim_refused(reason: &'static str) {
 /// A bare resume's write onto a finished head of a thread was refused:
 /// `refused` (its interrupt was answered before) or `store_unavailable`.
 pub fn late_duplicate(outcome: &'static str) {
-    counter!("resumeguard_late_duplicates_total", "outcome" => outcome).increment(1);
+    counter!(LATE_DUPLICATES, "outcome" => outcome).increment(1);
 }
 
 /// A write continuing a checkpoint that needed no question to the claim

@@ -47,7 +47,7 @@ const KNOWN: &[(&str, &str, &[&str])] = &[
         ],
     ),
     (
-        "resumeguard_evidence_lost_total",
+        crate::metrics::EVIDENCE_LOST,
         "reason",
         &["retry_queue_full", "queue_full", "worker_gone", "shutdown"],
     ),
@@ -75,14 +75,14 @@ const KNOWN: &[(&str, &str, &[&str])] = &[
 
 /// Counters without labels, started at zero by [`describe`].
 const UNLABELLED: &[&str] = &[
-    "resumeguard_client_connections_total",
-    "resumeguard_forks_served_total",
-    "resumeguard_writes_rejected_total",
-    "resumeguard_own_schema_refused_total",
-    "resumeguard_claim_waits_total",
-    "resumeguard_claims_consumed_total",
-    "resumeguard_evidence_retries_total",
-    crate::enforce::shared_session::SHARED_SESSIONS,
+    crate::metrics::CLIENT_CONNECTIONS,
+    crate::metrics::FORKS_SERVED,
+    crate::metrics::WRITES_REJECTED,
+    crate::metrics::OWN_SCHEMA_REFUSED,
+    crate::metrics::CLAIM_WAITS,
+    crate::metrics::CLAIMS_CONSUMED,
+    crate::metrics::EVIDENCE_RETRIES,
+    crate::metrics::SHARED_SESSIONS,
 ];
 
 /// Upper bounds of the latency buckets, in seconds: a checkpoint read is
@@ -118,7 +118,7 @@ pub fn recorder() -> Result<PrometheusRecorder, AdminError> {
 /// Help texts, for the recorder in effect (global, or a test's local one).
 pub fn describe() {
     describe_counter!(
-        "resumeguard_client_connections_total",
+        crate::metrics::CLIENT_CONNECTIONS,
         "Client connections accepted (cancel requests included)"
     );
     describe_counter!(
@@ -142,20 +142,20 @@ pub fn describe() {
          lease check), fence_lookup (a write's check of the holder)"
     );
     describe_counter!(
-        "resumeguard_forks_served_total",
+        crate::metrics::FORKS_SERVED,
         "Reads of a superseded checkpoint served without its recorded __resume__ writes"
     );
     describe_counter!(
-        crate::enforce::shared_session::SHARED_SESSIONS,
+        crate::metrics::SHARED_SESSIONS,
         "Sessions whose application_name changed mid-session: one session carrying \
          several clients (a transaction pooler in front), whose claims cannot be held to one"
     );
     describe_counter!(
-        "resumeguard_writes_rejected_total",
+        crate::metrics::WRITES_REJECTED,
         "Checkpoint writes refused by the validity gate (23514)"
     );
     describe_counter!(
-        "resumeguard_late_duplicates_total",
+        crate::metrics::LATE_DUPLICATES,
         "Bare resumes whose __resume__ write reached the finished head of an answered \
          interrupt, by outcome: refused (55000), store_unavailable (58000, fail closed)"
     );
@@ -172,11 +172,11 @@ pub fn describe() {
          time), abandoned (the answering session closed before its run's next checkpoint)"
     );
     describe_counter!(
-        "resumeguard_claim_waits_total",
+        crate::metrics::CLAIM_WAITS,
         "Reads of a parked head that waited for another holder's claim before their decision"
     );
     describe_counter!(
-        "resumeguard_claims_consumed_total",
+        crate::metrics::CLAIMS_CONSUMED,
         "Claims consumed by evidence of their run (the gated task's writes, a next checkpoint)"
     );
     describe_counter!(
@@ -198,7 +198,7 @@ pub fn describe() {
          unclaimed, holder, pool, fenced, failed"
     );
     describe_counter!(
-        "resumeguard_own_schema_refused_total",
+        crate::metrics::OWN_SCHEMA_REFUSED,
         "Client statements refused (42501) because they would change, lock or call into the \
          proxy's own schema, or put it on search_path"
     );
@@ -209,7 +209,7 @@ pub fn describe() {
          server inside the write's transaction, same round trip)"
     );
     describe_counter!(
-        "resumeguard_evidence_retries_total",
+        crate::metrics::EVIDENCE_RETRIES,
         "Claim evidence (holder gone, consumed, progress, moved on) retried because the claim \
          store could not take it (row locked, store down)"
     );
@@ -220,11 +220,11 @@ pub fn describe() {
          it was found by ran again at once), liveness (the lock taken again)"
     );
     describe_gauge!(
-        "resumeguard_evidence_pending",
+        crate::metrics::EVIDENCE_PENDING,
         "Claim evidence waiting for a retry"
     );
     describe_counter!(
-        "resumeguard_evidence_lost_total",
+        crate::metrics::EVIDENCE_LOST,
         "Claim evidence never applied (each also audited as evidence_lost), by reason: \
          retry_queue_full, queue_full, worker_gone, shutdown"
     );

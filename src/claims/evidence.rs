@@ -119,7 +119,7 @@ impl EvidenceSender {
             Err(_) => false,
         };
         if !answered {
-            metrics::counter!("resumeguard_evidence_flush_timeouts_total").increment(1);
+            metrics::counter!(crate::metrics::EVIDENCE_FLUSH_TIMEOUTS).increment(1);
             tracing::warn!(
                 within_ms = within.as_millis() as u64,
                 "claim evidence not flushed in time: the decision reads the claim store as it is"
@@ -255,7 +255,7 @@ impl Worker {
             );
             lost(&self.audit, ev, "shutdown");
         }
-        metrics::gauge!("resumeguard_evidence_pending").set(0.0);
+        metrics::gauge!(crate::metrics::EVIDENCE_PENDING).set(0.0);
     }
 
     /// New evidence: a write's is gathered with what arrives with it,
@@ -319,14 +319,14 @@ impl Worker {
             self.lost_since_failing += 1;
             lost(&self.audit, &dropped, "retry_queue_full");
         }
-        metrics::gauge!("resumeguard_evidence_pending").set(self.pending.len() as f64);
+        metrics::gauge!(crate::metrics::EVIDENCE_PENDING).set(self.pending.len() as f64);
     }
 
     fn retry(&mut self) {
         let mut last_error = None;
         let mut pending = std::mem::replace(&mut self.pending, RetryQueue::new(1));
         let round = pending.retry(Instant::now(), |(ctx, ev)| {
-            metrics::counter!("resumeguard_evidence_retries_total").increment(1);
+            metrics::counter!(crate::metrics::EVIDENCE_RETRIES).increment(1);
             match self.apply(ctx, ev) {
                 Ok(()) => true,
                 Err(e) => {
@@ -337,7 +337,7 @@ impl Worker {
         });
         let retries = pending.retries();
         self.pending = pending;
-        metrics::gauge!("resumeguard_evidence_pending").set(self.pending.len() as f64);
+        metrics::gauge!(crate::metrics::EVIDENCE_PENDING).set(self.pending.len() as f64);
         if self.pending.is_empty() && self.failing {
             tracing::info!(
                 applied = round.applied,
@@ -425,7 +425,7 @@ const PROGRESS: &str = "run-level __resume__ recorded";
 /// (`evidence_lost`), so the trail shows which thread's claim lapses
 /// instead of being consumed or released.
 fn lost(audit: &AuditRecorder, ev: &Evidence, reason: &'static str) {
-    metrics::counter!("resumeguard_evidence_lost_total", "reason" => reason).increment(1);
+    metrics::counter!(crate::metrics::EVIDENCE_LOST, "reason" => reason).increment(1);
     let mut e = AuditEvent::new(&SessionContext::internal(), Operation::EvidenceLost);
     if let Some(thread) = ev.thread_id() {
         e = e.with_thread(thread.to_owned());

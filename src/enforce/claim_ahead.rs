@@ -72,7 +72,7 @@ impl AheadClaim {
     ) -> Option<Self> {
         if IN_FLIGHT.fetch_add(1, Ordering::AcqRel) >= MAX_IN_FLIGHT {
             IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
-            metrics::counter!("resumeguard_claims_ahead_total", "result" => "skipped").increment(1);
+            metrics::counter!(crate::metrics::CLAIMS_AHEAD, "result" => "skipped").increment(1);
             return None;
         }
         let shared = Arc::new(Shared {
@@ -130,8 +130,7 @@ impl AheadClaim {
         drop(state);
         match *answer {
             Ok(Some((outcome, decided_at))) if s.key == *key => {
-                metrics::counter!("resumeguard_claims_ahead_total", "result" => "used")
-                    .increment(1);
+                metrics::counter!(crate::metrics::CLAIMS_AHEAD, "result" => "used").increment(1);
                 Some((outcome, decided_at, s.asked_at))
             }
             Ok(Some((outcome, _))) => {
@@ -139,7 +138,7 @@ impl AheadClaim {
                 None
             }
             Ok(None) => {
-                metrics::counter!("resumeguard_claims_ahead_total", "result" => "undecided")
+                metrics::counter!(crate::metrics::CLAIMS_AHEAD, "result" => "undecided")
                     .increment(1);
                 None
             }
@@ -186,7 +185,7 @@ impl Shared {
     /// Undoes a claim taken ahead for a head the read did not serve; one
     /// this session already held is left as it was.
     fn withdraw(&self, outcome: &ClaimOutcome) {
-        metrics::counter!("resumeguard_claims_ahead_total", "result" => "unused").increment(1);
+        metrics::counter!(crate::metrics::CLAIMS_AHEAD, "result" => "unused").increment(1);
         let ClaimOutcome::Taken(record) = outcome else {
             return;
         };
@@ -194,7 +193,7 @@ impl Shared {
             self.store.withdraw(&self.key, &self.holder, record.epoch)
         }) {
             Ok(_) => {
-                metrics::counter!("resumeguard_claims_ahead_total", "result" => "withdrawn")
+                metrics::counter!(crate::metrics::CLAIMS_AHEAD, "result" => "withdrawn")
                     .increment(1);
             }
             // It lapses like any claim its holder left unused, and goes

@@ -262,7 +262,7 @@ impl ClaimsLeg {
             return None;
         }
         let record = self.held.answer(&req.key, &req.holder, Instant::now())?;
-        metrics::counter!("resumeguard_claims_total", "outcome" => "held_known").increment(1);
+        metrics::counter!(crate::metrics::CLAIMS, "outcome" => "held_known").increment(1);
         let epoch = Some(record.epoch);
         Some(Resolution {
             // The store's clock matters only to a busy claim's wait.

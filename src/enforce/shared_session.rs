@@ -10,9 +10,6 @@
 
 use crate::log_text::shown;
 
-/// The counter of sessions seen carrying more than one client.
-pub const SHARED_SESSIONS: &str = "resumeguard_shared_sessions_total";
-
 /// Whether this session was already reported.
 #[derive(Debug, Default)]
 pub struct SharedSessionWatch {
@@ -28,7 +25,7 @@ impl SharedSessionWatch {
             return false;
         }
         self.reported = true;
-        metrics::counter!(SHARED_SESSIONS).increment(1);
+        metrics::counter!(crate::metrics::SHARED_SESSIONS).increment(1);
         tracing::warn!(
             from = %shown(from),
             to = %shown(to),

@@ -40,7 +40,7 @@ impl Rejection {
             shown(&self.message)
         );
         let event = rejected(ctx, &self.record, &self.message, self.violation.as_ref());
-        metrics::counter!("resumeguard_writes_rejected_total").increment(1);
+        metrics::counter!(crate::metrics::WRITES_REJECTED).increment(1);
         let refusal = Refusal {
             sqlstate: CHECK_VIOLATION,
             detail: self.detail(),

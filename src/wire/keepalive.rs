@@ -46,7 +46,7 @@ impl Keepalive {
     /// counted (it still serves, as it would without keepalives).
     pub fn apply(&self, sock: &TcpStream, side: &'static str) {
         if let Err(e) = self.try_apply(sock) {
-            metrics::counter!("resumeguard_keepalive_errors_total", "side" => side).increment(1);
+            metrics::counter!(crate::metrics::KEEPALIVE_ERRORS, "side" => side).increment(1);
             tracing::error!(side, error = %e, "cannot set TCP keepalives on a connection: a silent peer will not be noticed in time");
         }
     }

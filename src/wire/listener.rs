@@ -47,7 +47,7 @@ fn spawn_session(
     peer: std::net::SocketAddr,
     inspection: bool,
 ) {
-    metrics::counter!("resumeguard_client_connections_total").increment(1);
+    metrics::counter!(crate::metrics::CLIENT_CONNECTIONS).increment(1);
     let stream = match stream.into_std().and_then(|s| {
         s.set_nonblocking(false)?;
         Ok(s)

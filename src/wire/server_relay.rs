@@ -59,8 +59,7 @@ pub(super) fn server_to_client(
                 return End::ServerClosed;
             }
             (Err(e), None) => {
-                metrics::counter!("resumeguard_upstream_errors_total", "kind" => "lost")
-                    .increment(1);
+                metrics::counter!(crate::metrics::UPSTREAM_ERRORS, "kind" => "lost").increment(1);
                 let msg = format!("resumeguard: lost the upstream connection: {e}");
                 tell_fatal(client, sqlstate::CONNECTION_FAILURE, &msg);
                 return End::Error(msg);

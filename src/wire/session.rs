@@ -81,7 +81,8 @@ pub fn serve_client(proxy: Arc<Proxy>, client: TcpStream, peer: SocketAddr, insp
             // (This thread counts itself; cancel requests still pass.)
             let limit = proxy.config.max_client_conn;
             tracing::warn!(%peer, limit, "max_client_conn reached: connection refused");
-            metrics::counter!("resumeguard_client_connections_refused_total", "reason" => "max_client_conn").increment(1);
+            metrics::counter!(crate::metrics::CONNECTIONS_REFUSED, "reason" => "max_client_conn")
+                .increment(1);
             let msg =
                 format!("resumeguard: too many client connections (max_client_conn = {limit})");
             let err = error_response(Severity::Fatal, sqlstate::TOO_MANY_CONNECTIONS, &msg, None);
@@ -155,8 +156,7 @@ fn relay_session(
     let server = match proxy.connect_upstream() {
         Ok(s) => Arc::new(s),
         Err(e) => {
-            metrics::counter!("resumeguard_upstream_errors_total", "kind" => "connect")
-                .increment(1);
+            metrics::counter!(crate::metrics::UPSTREAM_ERRORS, "kind" => "connect").increment(1);
             tracing::warn!(error = %e, "upstream unreachable");
             let msg = format!("resumeguard: cannot reach the upstream server: {e}");
             let err = error_response(Severity::Fatal, sqlstate::CONNECTION_FAILURE, &msg, None);
@@ -165,7 +165,7 @@ fn relay_session(
         }
     };
     if let Err(e) = server.write_all(&start.startup.raw) {
-        metrics::counter!("resumeguard_upstream_errors_total", "kind" => "connect").increment(1);
+        metrics::counter!(crate::metrics::UPSTREAM_ERRORS, "kind" => "connect").increment(1);
         let msg = format!("resumeguard: upstream failed during startup: {e}");
         let err = error_response(Severity::Fatal, sqlstate::CONNECTION_FAILURE, &msg, None);
         let _ = (&*client).write_all(&err);
@@ -225,7 +225,8 @@ fn relay_session(
     }
     if let End::ClientRefused(refusal) = &end {
         tracing::info!(error = %refusal.message, "refused channel binding");
-        metrics::counter!("resumeguard_client_connections_refused_total", "reason" => "channel_binding").increment(1);
+        metrics::counter!(crate::metrics::CONNECTIONS_REFUSED, "reason" => "channel_binding")
+            .increment(1);
         let err = error_response(
             Severity::Fatal,
             sqlstate::REJECTED_CONNECTION,
@@ -241,7 +242,7 @@ fn relay_session(
     }
     if let Ok(mut st) = state.lock() {
         if st.started() && matches!(end, End::ServerClosed) {
-            metrics::counter!("resumeguard_upstream_errors_total", "kind" => "lost").increment(1);
+            metrics::counter!(crate::metrics::UPSTREAM_ERRORS, "kind" => "lost").increment(1);
         }
         st.closed();
         st.flush();

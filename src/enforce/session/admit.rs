@@ -14,7 +14,7 @@ pub(super) fn handle(session: &mut SessionEnforcer, sql: &str) -> Result<(), Ref
             "statement on the proxy's schema refused: {}",
             shown(&breach.to_string())
         );
-        metrics::counter!("resumeguard_own_schema_refused_total").increment(1);
+        metrics::counter!(crate::metrics::OWN_SCHEMA_REFUSED).increment(1);
         own.refusal(&breach)
     })
 }
