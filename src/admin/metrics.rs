@@ -17,10 +17,12 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder
 
 use super::AdminError;
 use crate::audit::{AuditSink, AuditStats};
-use crate::metrics::STATEMENT_SECONDS;
 use crate::metrics::{
-    CLAIMS, CLAIMS_RECONNECTS, CLAIMS_STORE_SECONDS, CONNECTIONS_REFUSED, FENCED, FENCE_CHECKS,
-    FENCE_LOOKUPS, REFUSED, STATEMENTS, STATEMENT_CLASSES, TAKEOVERS, UPSTREAM_ERRORS,
+    CLAIMS, CLAIMS_AHEAD, CLAIMS_CONSUMED, CLAIMS_RECONNECTS, CLAIMS_STORE_SECONDS, CLAIM_WAITS,
+    CLIENT_CONNECTIONS, CONNECTIONS_REFUSED, EVIDENCE_FLUSH_TIMEOUTS, EVIDENCE_LOST,
+    EVIDENCE_PENDING, EVIDENCE_RETRIES, FENCED, FENCE_CHECKS, FENCE_LOOKUPS, FORKS_SERVED,
+    KEEPALIVE_ERRORS, LATE_DUPLICATES, OWN_SCHEMA_REFUSED, REFUSED, SHARED_SESSIONS, STATEMENTS,
+    STATEMENT_CLASSES, STATEMENT_SECONDS, TAKEOVERS, UPSTREAM_ERRORS, WRITES_REJECTED,
 };
 use crate::wire::proxy::Proxy;
 
@@ -35,6 +37,12 @@ const KNOWN: &[(&str, &str, &[&str])] = &[
     ),
     (TAKEOVERS, "reason", &["lapsed", "abandoned"]),
     (
+        CLAIMS_AHEAD,
+        "result",
+        &["used", "undecided", "unused", "withdrawn", "skipped"],
+    ),
+    (KEEPALIVE_ERRORS, "side", &["client", "upstream"]),
+    (
         REFUSED,
         "reason",
         &[
@@ -47,7 +55,7 @@ const KNOWN: &[(&str, &str, &[&str])] = &[
         ],
     ),
     (
-        crate::metrics::EVIDENCE_LOST,
+        EVIDENCE_LOST,
         "reason",
         &["retry_queue_full", "queue_full", "worker_gone", "shutdown"],
     ),
@@ -75,14 +83,15 @@ const KNOWN: &[(&str, &str, &[&str])] = &[
 
 /// Counters without labels, started at zero by [`describe`].
 const UNLABELLED: &[&str] = &[
-    crate::metrics::CLIENT_CONNECTIONS,
-    crate::metrics::FORKS_SERVED,
-    crate::metrics::WRITES_REJECTED,
-    crate::metrics::OWN_SCHEMA_REFUSED,
-    crate::metrics::CLAIM_WAITS,
-    crate::metrics::CLAIMS_CONSUMED,
-    crate::metrics::EVIDENCE_RETRIES,
-    crate::metrics::SHARED_SESSIONS,
+    CLIENT_CONNECTIONS,
+    FORKS_SERVED,
+    WRITES_REJECTED,
+    OWN_SCHEMA_REFUSED,
+    CLAIM_WAITS,
+    CLAIMS_CONSUMED,
+    EVIDENCE_RETRIES,
+    EVIDENCE_FLUSH_TIMEOUTS,
+    SHARED_SESSIONS,
 ];
 
 /// Upper bounds of the latency buckets, in seconds: a checkpoint read is
@@ -118,7 +127,7 @@ pub fn recorder() -> Result<PrometheusRecorder, AdminError> {
 /// Help texts, for the recorder in effect (global, or a test's local one).
 pub fn describe() {
     describe_counter!(
-        crate::metrics::CLIENT_CONNECTIONS,
+        CLIENT_CONNECTIONS,
         "Client connections accepted (cancel requests included)"
     );
     describe_counter!(
@@ -142,20 +151,20 @@ pub fn describe() {
          lease check), fence_lookup (a write's check of the holder)"
     );
     describe_counter!(
-        crate::metrics::FORKS_SERVED,
+        FORKS_SERVED,
         "Reads of a superseded checkpoint served without its recorded __resume__ writes"
     );
     describe_counter!(
-        crate::metrics::SHARED_SESSIONS,
+        SHARED_SESSIONS,
         "Sessions whose application_name changed mid-session: one session carrying \
          several clients (a transaction pooler in front), whose claims cannot be held to one"
     );
     describe_counter!(
-        crate::metrics::WRITES_REJECTED,
+        WRITES_REJECTED,
         "Checkpoint writes refused by the validity gate (23514)"
     );
     describe_counter!(
-        crate::metrics::LATE_DUPLICATES,
+        LATE_DUPLICATES,
         "Bare resumes whose __resume__ write reached the finished head of an answered \
          interrupt, by outcome: refused (55000), store_unavailable (58000, fail closed)"
     );
@@ -172,11 +181,11 @@ pub fn describe() {
          time), abandoned (the answering session closed before its run's next checkpoint)"
     );
     describe_counter!(
-        crate::metrics::CLAIM_WAITS,
+        CLAIM_WAITS,
         "Reads of a parked head that waited for another holder's claim before their decision"
     );
     describe_counter!(
-        crate::metrics::CLAIMS_CONSUMED,
+        CLAIMS_CONSUMED,
         "Claims consumed by evidence of their run (the gated task's writes, a next checkpoint)"
     );
     describe_counter!(
@@ -198,7 +207,7 @@ pub fn describe() {
          unclaimed, holder, pool, fenced, failed"
     );
     describe_counter!(
-        crate::metrics::OWN_SCHEMA_REFUSED,
+        OWN_SCHEMA_REFUSED,
         "Client statements refused (42501) because they would change, lock or call into the \
          proxy's own schema, or put it on search_path"
     );
@@ -209,7 +218,7 @@ pub fn describe() {
          server inside the write's transaction, same round trip)"
     );
     describe_counter!(
-        crate::metrics::EVIDENCE_RETRIES,
+        EVIDENCE_RETRIES,
         "Claim evidence (holder gone, consumed, progress, moved on) retried because the claim \
          store could not take it (row locked, store down)"
     );
@@ -219,14 +228,28 @@ pub fn describe() {
          reaper, idle_session_timeout) and replaced, by connection: decision (the decision \
          it was found by ran again at once), liveness (the lock taken again)"
     );
-    describe_gauge!(
-        crate::metrics::EVIDENCE_PENDING,
-        "Claim evidence waiting for a retry"
-    );
+    describe_gauge!(EVIDENCE_PENDING, "Claim evidence waiting for a retry");
     describe_counter!(
-        crate::metrics::EVIDENCE_LOST,
+        EVIDENCE_LOST,
         "Claim evidence never applied (each also audited as evidence_lost), by reason: \
          retry_queue_full, queue_full, worker_gone, shutdown"
+    );
+    describe_counter!(
+        CLAIMS_AHEAD,
+        "Claims asked beside a read of a head this proxy expected parked, by result: used \
+         (its answer decided the read), undecided (asked again after the read), unused (the \
+         read returned another head, none, or failed), withdrawn (of those, a claim taken \
+         ahead and deleted), skipped (too many in flight: asked after the read)"
+    );
+    describe_counter!(
+        KEEPALIVE_ERRORS,
+        "Data-path sockets that refused the TCP keepalive or user-timeout options, by side: \
+         client, upstream (a silent peer of that session is not noticed within the bound)"
+    );
+    describe_counter!(
+        EVIDENCE_FLUSH_TIMEOUTS,
+        "Late-duplicate checks that waited for this proxy's claim evidence to reach the store \
+         and went on without it (each also a WARN)"
     );
     describe_counter!(
         UPSTREAM_ERRORS,

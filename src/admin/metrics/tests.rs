@@ -127,8 +127,22 @@ fn known_label_sets_start_at_zero_and_no_family_is_two_types() {
         "resumeguard_fence_checks_total{where=\"in_transaction\"} 0",
         "resumeguard_upstream_errors_total{kind=\"lost\"} 0",
         "resumeguard_checkpoint_statements_total{class=\"read_latest\"} 0",
+        "resumeguard_claims_ahead_total{result=\"withdrawn\"} 0",
+        "resumeguard_keepalive_errors_total{side=\"upstream\"} 0",
+        "resumeguard_evidence_flush_timeouts_total 0",
     ] {
         assert!(has(&body, line), "{line} missing:\n{body}");
+    }
+    for name in [
+        "resumeguard_claims_ahead_total",
+        "resumeguard_keepalive_errors_total",
+        "resumeguard_evidence_flush_timeouts_total",
+    ] {
+        let help = format!("# HELP {name} ");
+        assert!(
+            body.lines().any(|l| l.starts_with(&help)),
+            "{help}missing:\n{body}"
+        );
     }
     let types: Vec<(&str, &str)> = body
         .lines()
