@@ -25,7 +25,7 @@ impl BoundParams {
     /// Keeps what `bind` carries; fails when its parameters do not read
     /// or its names are not UTF-8.
     pub fn keep(bind: &Bind<'_>) -> Result<Self, DecodeError> {
-        let parameters = bind.parameters.as_ref().map_err(Clone::clone)?;
+        let parameters = bind.parameters()?;
         Ok(BoundParams {
             portal: utf8(bind.portal, "bind portal name")?,
             statement: utf8(bind.statement, "bind statement name")?,

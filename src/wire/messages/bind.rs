@@ -12,15 +12,17 @@ use super::write::{write_count, write_cstr, write_message, write_nullable, Encod
 /// the stack; the saver's statements bind at most nine.
 const INLINE: usize = 16;
 
-/// One Bind as read: its names, and its parameters.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One Bind as read: its names, and the rest of its body, read into
+/// [`Parameters`] only by whoever needs them (most Binds are forwarded on
+/// their names alone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bind<'a> {
     pub portal: &'a [u8],
     pub statement: &'a [u8],
-    /// Its formats and values, or why they do not read: a Bind nobody reads
-    /// past its names may be offered as a prefix of its frame (see
+    /// The body past the names: may be a prefix of it, for a Bind nobody
+    /// reads past its names (see
     /// [`crate::wire::guard::Guard::client_streams`]).
-    pub parameters: Result<Parameters<'a>, ReadError>,
+    rest: &'a [u8],
 }
 
 /// A Bind's parameter formats and values (slices of the frame, `None`:
@@ -33,16 +35,21 @@ pub struct Parameters<'a> {
 }
 
 impl<'a> Bind<'a> {
-    /// Reads a Bind's body (the frame past its header); fails only when
-    /// its names do not read.
+    /// Reads a Bind's body (the frame past its header) as far as its
+    /// names.
     pub fn read_body(mut body: &'a [u8]) -> Result<Self, ReadError> {
         let portal = read_cstr(&mut body, "bind portal name")?;
         let statement = read_cstr(&mut body, "bind statement name")?;
         Ok(Bind {
             portal,
             statement,
-            parameters: Parameters::read(body),
+            rest: body,
         })
+    }
+
+    /// Its formats and values, or why they do not read.
+    pub fn parameters(&self) -> Result<Parameters<'a>, ReadError> {
+        Parameters::read(self.rest)
     }
 }
 
@@ -117,7 +124,7 @@ mod tests {
             remaining: frame.len(),
         })?;
         let bind = Bind::read_body(body)?;
-        let parameters = bind.parameters.clone()?;
+        let parameters = bind.parameters()?;
         Ok((bind, parameters))
     }
 

@@ -16,10 +16,7 @@ pub enum Target {
     Portal,
 }
 
-/// One client message after startup. It lives on the stack for the one
-/// message being tracked, so a Bind's lists inline beside it cost no
-/// allocation and no space anywhere else.
-#[allow(clippy::large_enum_variant)]
+/// One client message after startup, borrowed from its frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frontend<'a> {
     Parse {
