@@ -23,7 +23,7 @@ use super::messages::backend::Backend;
 use super::messages::bind::Bind;
 use super::messages::extended_query::parse_frame;
 use super::messages::frontend::{Frontend, Target};
-use super::messages::read::{cstr, HEADER_LEN};
+use super::messages::read::HEADER_LEN;
 use super::messages::write::EncodeError;
 use super::reject::raising_statement;
 use super::response_queue::{Desync, Expect, Progress, ResponseQueue, Route};
@@ -469,12 +469,10 @@ where
                 // offered whole.
                 let front = prefix.get(HEADER_LEN..).unwrap_or_default();
                 let front = &front[..front.len().min(BIND_NAMES_WITHIN)];
-                let Some((_, rest)) = cstr(front) else {
+                let Ok(bind) = Bind::read_body(front) else {
                     return false;
                 };
-                let Some((name, _)) = cstr(rest) else {
-                    return false;
-                };
+                let name = bind.statement;
                 match self.statement(name) {
                     Lookup::Ambiguous => true,
                     Lookup::Known(Some(s)) => !self.hooks.reads_bind(&s.annotation),
