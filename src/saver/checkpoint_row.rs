@@ -12,9 +12,10 @@ use bytes::Bytes;
 use super::checkpoint_ref::CheckpointRef;
 use super::decode_error::utf8;
 use super::decode_error::DecodeError;
+use super::int_text::decode_int_text;
 use super::layout::{ChannelValuesLayout, PendingWritesLayout};
 use super::pg_array::ByteaArray;
-use super::value::{decode_int_text, decode_value, ColumnKind, Value};
+use super::value::{decode_value, ColumnKind, Value};
 
 /// Column indexes of the checkpoint SELECT's fields within a row, and the
 /// layout of the rows of its two arrays.

@@ -7,6 +7,7 @@ pub mod checkpoint_row;
 pub mod classify;
 pub mod decode_error;
 pub mod fork_rewrite;
+pub mod int_text;
 pub mod json_blob;
 pub mod layout;
 pub mod msgpack;

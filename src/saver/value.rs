@@ -10,6 +10,7 @@ use bytes::Bytes;
 
 use super::bytea::decode_bytea_text;
 use super::decode_error::{utf8, DecodeError};
+use super::int_text::decode_int_text;
 use super::pg_array::{decode_text_array, ByteaArray};
 
 /// The SQL type a column is expected to carry.
@@ -122,13 +123,6 @@ fn decode_int_binary(raw: &[u8]) -> Result<i64, DecodeError> {
             raw.len()
         ))),
     }
-}
-
-/// Decodes a decimal integer as PostgreSQL prints it.
-pub(crate) fn decode_int_text(raw: &[u8]) -> Result<i64, DecodeError> {
-    let s = std::str::from_utf8(raw).map_err(|_| DecodeError::Utf8 { what: "integer" })?;
-    s.parse()
-        .map_err(|e| DecodeError::Int(format!("{s:?} is not a decimal i64: {e}")))
 }
 
 #[cfg(test)]
@@ -248,7 +242,12 @@ mod tests {
                 .as_int(),
             Some(12)
         );
-        for bad in [&b""[..], b"4.0", b" 4", b"x", b"99999999999999999999"] {
+        // PostgreSQL's input skips surrounding whitespace.
+        assert_eq!(
+            decode_value(Some(b" 4"), 0, ColumnKind::Int).unwrap(),
+            Value::Int(4)
+        );
+        for bad in [&b""[..], b"4.0", b"x", b"99999999999999999999"] {
             assert!(decode_value(Some(bad), 0, ColumnKind::Int).is_err());
         }
     }
