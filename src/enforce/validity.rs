@@ -49,6 +49,18 @@ impl Rejection {
         (refusal, event)
     }
 
+    /// The refusal of a checkpoint write whose values the proxy cannot
+    /// decode, where a leg must read them to guard it.
+    pub fn undecodable(error: &DecodeError) -> Self {
+        Rejection {
+            record: WriteRecord::default(),
+            message: format!(
+                "resumeguard: checkpoint write rejected: its parameters do not decode: {error}"
+            ),
+            violation: None,
+        }
+    }
+
     /// The error's DETAIL: which rule failed where.
     fn detail(&self) -> String {
         self.violation.as_ref().map_or(String::new(), |v| {
@@ -87,13 +99,13 @@ impl ValidityGate {
         }
     }
 
-    /// Checks one write (`record`: its decoded row, or why it did not
-    /// decode). `Some` is the refusal the server raises in its place.
+    /// Checks one write by its decoded row. `Some` is the refusal the
+    /// server raises in its place.
     pub fn check(
         &mut self,
         rules: &ChannelRules,
         kind: &StatementKind,
-        record: Result<&WriteRecord, &DecodeError>,
+        record: &WriteRecord,
     ) -> Option<Rejection> {
         if rules.is_empty() {
             return None;
@@ -106,20 +118,7 @@ impl ValidityGate {
             }
             _ => return None,
         };
-        let record = match record {
-            Ok(r) => r.clone(),
-            // Values the proxy cannot read cannot be checked; with rules
-            // active that is a refusal, not a pass.
-            Err(e) => {
-                return Some(Rejection {
-                    record: WriteRecord::default(),
-                    message: format!(
-                        "resumeguard: checkpoint write rejected: its parameters do not decode: {e}"
-                    ),
-                    violation: None,
-                })
-            }
-        };
+        let record = record.clone();
         let violation = check_write(rules, kind, &record);
         match (kind, violation, self.doomed.take()) {
             (WriteKind::Blob, Some(violation), None) => {

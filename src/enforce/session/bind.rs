@@ -1,7 +1,7 @@
 //! What a Bind of a checkpoint statement may do: its parameters decoded,
 //! its write checked by the validity gate, the late-duplicate gate and the
-//! fence, and refused, guarded by the proxy's own statement, rewritten or
-//! forwarded.
+//! fence (or refused when they must read values that do not decode), and
+//! refused, guarded by the proxy's own statement, rewritten or forwarded.
 
 use std::sync::Arc;
 
@@ -11,9 +11,12 @@ use crate::enforce::evidence::continuation;
 use crate::enforce::fencing::{FenceStep, Fenced};
 use crate::enforce::history::history_refusal;
 use crate::enforce::late_duplicate::LateDuplicate;
+use crate::enforce::validity::Rejection;
 use crate::enforce::watch::{parked_on, Watch, WriteDecode};
+use crate::log_text::shown;
 use crate::saver::bind::BoundParams;
 use crate::saver::classify::StatementKind;
+use crate::saver::decode_error::DecodeError;
 use crate::saver::write_record::WriteRecord;
 use crate::wire::guard::ClientError;
 use crate::wire::messages::bind::Bind;
@@ -52,12 +55,14 @@ pub(super) fn handle(
             .map(|shape| WriteRecord::decode(shape, &bound).map(Arc::new)),
     };
     if let Some(decoded) = &record {
-        let rules = Arc::clone(&session.shared.legs.validity);
-        let checked = decoded.as_deref();
-        if let Some(rejection) = session
-            .validity
-            .check(&rules, &statement.class.kind, checked)
-        {
+        let rejection = match decoded {
+            Err(error) => session.undecodable(&statement.class.kind, error),
+            Ok(rec) => {
+                let rules = Arc::clone(&session.shared.legs.validity);
+                session.validity.check(&rules, &statement.class.kind, rec)
+            }
+        };
+        if let Some(rejection) = rejection {
             let (refusal, event) = rejection.refuse(&session.ctx);
             session.ready_events.push(event);
             return Ok(Bound::Refuse(refusal));
@@ -115,6 +120,23 @@ pub(super) fn reads(_session: &SessionEnforcer, statement: &Prepared) -> bool {
 }
 
 impl SessionEnforcer {
+    /// A write whose values do not decode cannot be guarded by a leg that
+    /// must read them (channel rules, consume-once): it is refused then.
+    /// With no such leg it passes as it would without the proxy, said at
+    /// WARN.
+    fn undecodable(&self, kind: &StatementKind, error: &DecodeError) -> Option<Rejection> {
+        let legs = &self.shared.legs;
+        if !legs.validity.is_empty() || legs.claims.is_some() {
+            return Some(Rejection::undecodable(error));
+        }
+        tracing::warn!(
+            statement = kind.label(),
+            "checkpoint write passes unread: its parameters do not decode: {}",
+            shown(&error.to_string())
+        );
+        None
+    }
+
     /// With consume-once on: a write continuing a claimed checkpoint from
     /// a session other than its holder is refused (see `fencing`).
     fn fence(&mut self, kind: &StatementKind, record: Option<&WriteDecode>) -> FenceStep {

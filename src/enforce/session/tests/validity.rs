@@ -113,3 +113,57 @@ fn the_injected_answers_are_swallowed_and_the_error_forwarded() {
     );
     assert!(st.is_idle());
 }
+
+/// task-1's pending write on t1/""/ck1 with this `idx` in text format.
+fn write_bind_with_idx(idx: &[u8]) -> Vec<u8> {
+    bind(
+        "w",
+        &[0, 0, 0, 0, 0, 0, 0, 0, 1],
+        &[
+            Some(b"t1"),
+            Some(b""),
+            Some(b"ck1"),
+            Some(b"task-1"),
+            Some(b"~__pregel_pull, gate"),
+            Some(idx),
+            Some(b"approved"),
+            Some(b"msgpack"),
+            Some(&[0xc3]),
+        ],
+        &[],
+    )
+}
+
+#[test]
+fn an_undecodable_write_is_refused_while_consume_once_must_read_it() {
+    // Consume-once on, no channel rules: the fence and the claim evidence
+    // read the write's values.
+    let mut st = claiming_state(&[], "worker");
+    client(&mut st, &[parse("w", WRITE_SQL)]);
+    let injected = st
+        .on_client(&write_bind_with_idx(b"zero"))
+        .unwrap()
+        .expect("refused");
+    assert!(is_raise(&injected));
+    let text = crate::wire::reject::readable(&injected);
+    assert!(text.contains("23514"), "{text}");
+    assert!(text.contains("do not decode"), "{text}");
+    assert!(text.contains("idx"), "{text}");
+    assert_eq!(ops(&mut st), [Operation::WriteRejected]);
+}
+
+#[test]
+fn a_value_postgresql_reads_is_not_refused_as_undecodable() {
+    let mut st = claiming_state(&[], "worker");
+    client(&mut st, &[parse("w", WRITE_SQL)]);
+    assert_eq!(st.on_client(&write_bind_with_idx(b" 0")).unwrap(), None);
+    assert!(st.ready_events.is_empty(), "{:?}", st.ready_events);
+}
+
+#[test]
+fn an_undecodable_write_passes_when_no_leg_reads_it() {
+    let mut st = state();
+    client(&mut st, &[parse("w", WRITE_SQL)]);
+    assert_eq!(st.on_client(&write_bind_with_idx(b"zero")).unwrap(), None);
+    assert!(st.ready_events.is_empty(), "{:?}", st.ready_events);
+}
