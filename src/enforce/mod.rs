@@ -21,6 +21,8 @@
 //! - `own_schema`: client statements may only read the proxy's schema.
 //! - `shared_session`: a session carrying several clients (a transaction
 //!   pooler in front), said loudly.
+//! - `transaction_end`: statements that end the open transaction, before
+//!   which the validity gate raises a refusal still waiting.
 
 pub mod claim_ahead;
 pub mod claim_gate;
@@ -37,6 +39,7 @@ pub mod parked_heads;
 pub mod reload;
 pub mod session;
 pub mod shared_session;
+mod transaction_end;
 pub mod validity;
 pub mod watch;
 

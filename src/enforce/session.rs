@@ -54,6 +54,9 @@ pub struct Prepared {
     pub rewritten: bool,
     /// The SQL carries the `resumeguard:inspect` comment hint.
     pub inspect_hint: bool,
+    /// The SQL commits, rolls back or prepares the open transaction (see
+    /// `transaction_end`).
+    pub ends_transaction: bool,
 }
 
 /// A portal bound to a checkpoint statement.
@@ -160,6 +163,7 @@ impl SessionEnforcer {
             class,
             rewritten: false,
             inspect_hint: false,
+            ends_transaction: false,
         }
     }
 }

@@ -4,8 +4,10 @@
 //!
 //! A blob carries only a channel and version, not its checkpoint: its
 //! refusal waits for the checkpoint row of the same `put` (which names the
-//! checkpoint), or for the Sync that ends the segment. The blob's own
-//! INSERT runs meanwhile, in the transaction the refusal then aborts.
+//! checkpoint), or for whatever ends the segment or the transaction first
+//! (a Sync, a simple Query, a COMMIT, ROLLBACK or PREPARE TRANSACTION).
+//! The blob's own INSERT runs meanwhile, in the transaction the refusal
+//! then aborts.
 
 use super::events::rejected;
 use crate::audit::{AuditEvent, SessionContext};
@@ -153,9 +155,10 @@ impl ValidityGate {
         }
     }
 
-    /// A Sync ends the segment: a blob refusal still waiting for its
-    /// checkpoint row is raised before it.
-    pub fn at_sync(&mut self) -> Option<Rejection> {
+    /// The segment or the transaction ends (a Sync, a simple Query, a
+    /// statement ending the transaction): a blob refusal still waiting for
+    /// its checkpoint row is raised before it.
+    pub fn at_end(&mut self) -> Option<Rejection> {
         let doomed = self.doomed.take()?;
         Some(Rejection {
             message: rejection_message(

@@ -1,10 +1,13 @@
-//! What a Bind of a checkpoint statement may do: its parameters decoded,
+//! What a Bind of a checkpoint statement may do (and of a statement ending
+//! the transaction: raise a blob refusal still waiting): its parameters
+//! decoded,
 //! its write checked by the validity gate, the late-duplicate gate and the
 //! fence (or refused when they must read values that do not decode), and
 //! refused, guarded by the proxy's own statement, rewritten or forwarded.
 
 use std::sync::Arc;
 
+use super::sync;
 use super::unknown_saver::unknown_refusal;
 use super::{Binding, Prepared, SessionEnforcer};
 use crate::enforce::evidence::continuation;
@@ -27,6 +30,15 @@ pub(super) fn handle(
     statement: &Prepared,
     bind: &Bind<'_>,
 ) -> Result<Bound<Binding, Watch>, ClientError> {
+    if statement.ends_transaction {
+        // It ends the transaction as a Sync ends the segment: a blob
+        // refusal still waiting is raised in its place, before the blob
+        // can commit.
+        return Ok(match sync::handle(session) {
+            Some(refusal) => Bound::Refuse(refusal),
+            None => Bound::Forward(None),
+        });
+    }
     if !statement.class.kind.is_checkpoint_traffic() {
         return Ok(Bound::Forward(None));
     }
@@ -113,10 +125,10 @@ pub(super) fn handle(
     })
 }
 
-/// Only the parameters of checkpoint statements are decoded (see
-/// `bind`).
+/// Only the Binds of checkpoint statements (their parameters decoded)
+/// and of statements ending the transaction are read (see `handle`).
 pub(super) fn reads(_session: &SessionEnforcer, statement: &Prepared) -> bool {
-    statement.class.kind.is_checkpoint_traffic()
+    statement.class.kind.is_checkpoint_traffic() || statement.ends_transaction
 }
 
 impl SessionEnforcer {

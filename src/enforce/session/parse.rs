@@ -1,7 +1,9 @@
-//! What a Parse prepares: the statement's class, and the fork rewrite the
-//! server gets in its place when the fork filter is on.
+//! What a Parse prepares: the statement's class, whether it ends the
+//! transaction, and the fork rewrite the server gets in its place when the
+//! fork filter is on.
 
 use super::{Prepared, SessionEnforcer};
+use crate::enforce::transaction_end::ends_transaction;
 use crate::policy::claims::has_inspection_hint;
 
 pub(super) fn handle(session: &mut SessionEnforcer, sql: &str) -> (Prepared, Option<String>) {
@@ -22,6 +24,7 @@ pub(super) fn handle(session: &mut SessionEnforcer, sql: &str) -> (Prepared, Opt
         class,
         rewritten: replacement.is_some(),
         inspect_hint,
+        ends_transaction: ends_transaction(sql),
     };
     (prepared, replacement)
 }

@@ -1,13 +1,20 @@
-//! What a simple Query watches, or why it is refused.
+//! What a simple Query watches, or why it is refused (a blob refusal still
+//! waiting is raised in its place).
 
 use std::time::Instant;
 
+use super::sync;
 use super::unknown_saver::unknown_refusal;
 use super::SessionEnforcer;
 use crate::enforce::watch::Watch;
 use crate::wire::tracker::Refusal;
 
 pub(super) fn handle(session: &mut SessionEnforcer, sql: &str) -> Result<Option<Watch>, Refusal> {
+    // A simple Query ends the segment (and the implicit transaction) as a
+    // Sync does: a blob refusal still waiting is raised in its place.
+    if let Some(refusal) = sync::handle(session) {
+        return Err(refusal);
+    }
     let class = session.shared.classifier.classify(sql);
     if let Some(refusal) = unknown_refusal(&class) {
         return Err(refusal);

@@ -167,3 +167,80 @@ fn an_undecodable_write_passes_when_no_leg_reads_it() {
     assert_eq!(st.on_client(&write_bind_with_idx(b"zero")).unwrap(), None);
     assert!(st.ready_events.is_empty(), "{:?}", st.ready_events);
 }
+
+/// Parses, binds and runs a blob the gate refuses (msgpack `[None]` in
+/// `items`), its refusal left waiting.
+fn run_invalid_blob(st: &mut SessionState) {
+    client(st, &[parse("b", BLOB_SQL)]);
+    assert_eq!(st.on_client(&blob_bind(b"\x91\xc0")).unwrap(), None);
+    client(st, &[msg(b'D', b"P\0"), execute()]);
+}
+
+#[test]
+fn a_commit_after_an_invalid_blob_is_refused_before_the_blob_commits() {
+    let mut st = validating_state();
+    run_invalid_blob(&mut st);
+    // The COMMIT, before the Sync: the blob's refusal is raised in its
+    // place, so the transaction holding the blob aborts.
+    client(&mut st, &[parse("", "COMMIT")]);
+    let injected = st
+        .on_client(&bind("", &[], &[], &[]))
+        .unwrap()
+        .expect("refused in the COMMIT's place");
+    assert!(is_raise(&injected));
+    let text = crate::wire::reject::readable(&injected);
+    assert!(text.contains("23514"), "{text}");
+    assert!(text.contains("/items/type"), "{text}");
+    assert_eq!(ops(&mut st), [Operation::WriteRejected]);
+    // Nothing is left waiting: the Sync passes unchanged.
+    client(&mut st, &[execute()]);
+    assert_eq!(st.on_client(&msg(b'S', b"")).unwrap(), None);
+    // The injected Parse and Bind answers are the proxy's; the raised
+    // error answers the COMMIT's Execute.
+    let routes = server_routes(
+        &mut st,
+        &[
+            msg(b'1', b""),
+            msg(b'2', b""),
+            msg(b'n', b""),
+            msg(b'C', b"INSERT 0 1\0"),
+            msg(b'1', b""),
+            msg(b'1', b""),
+            msg(b'2', b""),
+            msg(b'E', b"SERROR\0C23514\0Mrejected\0\0"),
+            ready(b'I'),
+        ],
+    );
+    let mut expected = [Route::Forward; 9];
+    expected[5] = Route::Swallow;
+    expected[6] = Route::Swallow;
+    assert_eq!(routes, expected);
+    assert!(st.is_idle());
+}
+
+#[test]
+fn a_savepoint_rollback_after_an_invalid_blob_leaves_its_refusal_waiting() {
+    let mut st = validating_state();
+    run_invalid_blob(&mut st);
+    client(&mut st, &[parse("", "ROLLBACK TO SAVEPOINT s")]);
+    assert_eq!(st.on_client(&bind("", &[], &[], &[])).unwrap(), None);
+    let injected = st.on_client(&msg(b'S', b"")).unwrap();
+    assert!(injected.is_some_and(|bytes| is_raise(&bytes)));
+}
+
+#[test]
+fn a_simple_query_after_an_invalid_blob_is_refused_as_a_sync_would_be() {
+    let mut st = validating_state();
+    run_invalid_blob(&mut st);
+    let replaced = st
+        .on_client(&msg(b'Q', b"COMMIT\0"))
+        .unwrap()
+        .expect("refused in the Query's place");
+    assert_eq!(replaced[0], b'Q');
+    let text = String::from_utf8_lossy(&replaced);
+    assert!(text.contains("RAISE EXCEPTION"), "{text}");
+    assert!(text.contains(&hex::encode("23514")), "{text}");
+    assert_eq!(ops(&mut st), [Operation::WriteRejected]);
+    // The next Query runs: nothing is left waiting.
+    assert_eq!(st.on_client(&msg(b'Q', b"COMMIT\0")).unwrap(), None);
+}
