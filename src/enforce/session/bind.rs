@@ -1,9 +1,9 @@
-//! What a Bind of a checkpoint statement may do (and of a statement ending
-//! the transaction: raise a blob refusal still waiting): its parameters
-//! decoded,
+//! What a Bind of a checkpoint statement may do: its parameters decoded,
 //! its write checked by the validity gate, the late-duplicate gate and the
 //! fence (or refused when they must read values that do not decode), and
 //! refused, guarded by the proxy's own statement, rewritten or forwarded.
+//! A Bind of a statement ending the transaction raises a blob refusal
+//! still waiting in its place.
 
 use std::sync::Arc;
 
