@@ -34,6 +34,7 @@ use super::late_duplicate::LateGate;
 use super::parked_heads::Interrupt;
 use super::reload::FollowedRules;
 use super::shared_session::SharedSessionWatch;
+use super::transaction_end::TransactionEnd;
 use super::validity::ValidityGate;
 use super::watch::{Watch, WriteDecode};
 use super::Enforcement;
@@ -54,9 +55,9 @@ pub struct Prepared {
     pub rewritten: bool,
     /// The SQL carries the `resumeguard:inspect` comment hint.
     pub inspect_hint: bool,
-    /// The SQL commits, rolls back or prepares the open transaction (see
-    /// `transaction_end`).
-    pub ends_transaction: bool,
+    /// Whether the SQL commits (or prepares) or rolls back the open
+    /// transaction (see `transaction_end`).
+    pub ends_transaction: Option<TransactionEnd>,
 }
 
 /// A portal bound to a checkpoint statement.
@@ -163,7 +164,7 @@ impl SessionEnforcer {
             class,
             rewritten: false,
             inspect_hint: false,
-            ends_transaction: false,
+            ends_transaction: None,
         }
     }
 }

@@ -1,16 +1,26 @@
-//! Whether a statement text ends the open transaction (`COMMIT`, `END`,
-//! `ROLLBACK`, `ABORT`, `PREPARE TRANSACTION`): a write refusal still
-//! waiting in the validity gate is raised before one, so the write it
-//! refuses never commits and the refusal never lands on a later statement.
+//! Whether a statement text ends the open transaction, and how: a write
+//! refusal still waiting in the validity gate is raised before a `COMMIT`,
+//! `END` or `PREPARE TRANSACTION`, so the write it refuses never commits,
+//! and is dropped at a `ROLLBACK` or `ABORT`, which discards the write
+//! itself; either way it never lands on a later statement.
 
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::keywords::Keyword;
 use sqlparser::tokenizer::{Token, Tokenizer};
 
-/// Whether `sql` commits, rolls back or prepares the open transaction.
-/// `ROLLBACK TO SAVEPOINT` stays in it; `COMMIT PREPARED` and `ROLLBACK
-/// PREPARED` end another, prepared, one.
-pub fn ends_transaction(sql: &str) -> bool {
+/// How a statement ends the open transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransactionEnd {
+    /// `COMMIT`, `END`, `PREPARE TRANSACTION`: what it wrote is kept.
+    Commit,
+    /// `ROLLBACK`, `ABORT`: nothing it wrote is kept.
+    Rollback,
+}
+
+/// Whether `sql` commits (or prepares) or rolls back the open
+/// transaction. `ROLLBACK TO SAVEPOINT` stays in it; `COMMIT PREPARED` and
+/// `ROLLBACK PREPARED` end another, prepared, one.
+pub fn transaction_end(sql: &str) -> Option<TransactionEnd> {
     // Almost every text opens with another word: it is not tokenized.
     let opening = sql
         .trim_start()
@@ -21,11 +31,9 @@ pub fn ends_transaction(sql: &str) -> bool {
         opening,
         Some(b'a' | b'c' | b'e' | b'p' | b'r' | b'/' | b'-')
     ) {
-        return false;
+        return None;
     }
-    let Ok(tokens) = Tokenizer::new(&PostgreSqlDialect {}, sql).tokenize() else {
-        return false;
-    };
+    let tokens = Tokenizer::new(&PostgreSqlDialect {}, sql).tokenize().ok()?;
     let words: Vec<Option<(Keyword, &str)>> = tokens
         .iter()
         .filter(|t| !matches!(t, Token::Whitespace(_)))
@@ -36,23 +44,25 @@ pub fn ends_transaction(sql: &str) -> bool {
         })
         .collect();
     let keyword = |i: usize| words.get(i).copied().flatten().map(|(k, _)| k);
-    match keyword(0) {
-        Some(Keyword::COMMIT | Keyword::END | Keyword::ROLLBACK | Keyword::ABORT) => {
-            let after = match keyword(1) {
-                Some(Keyword::WORK | Keyword::TRANSACTION) => 2,
-                _ => 1,
-            };
-            let stays = keyword(after) == Some(Keyword::TO);
-            let prepared = words
-                .get(after)
-                .copied()
-                .flatten()
-                .is_some_and(|(_, value)| value.eq_ignore_ascii_case("prepared"));
-            !(stays || prepared)
+    let end = match keyword(0)? {
+        Keyword::COMMIT | Keyword::END => TransactionEnd::Commit,
+        Keyword::ROLLBACK | Keyword::ABORT => TransactionEnd::Rollback,
+        Keyword::PREPARE => {
+            return (keyword(1) == Some(Keyword::TRANSACTION)).then_some(TransactionEnd::Commit)
         }
-        Some(Keyword::PREPARE) => keyword(1) == Some(Keyword::TRANSACTION),
-        _ => false,
-    }
+        _ => return None,
+    };
+    let after = match keyword(1) {
+        Some(Keyword::WORK | Keyword::TRANSACTION) => 2,
+        _ => 1,
+    };
+    let stays = keyword(after) == Some(Keyword::TO);
+    let prepared = words
+        .get(after)
+        .copied()
+        .flatten()
+        .is_some_and(|(_, value)| value.eq_ignore_ascii_case("prepared"));
+    (!(stays || prepared)).then_some(end)
 }
 
 #[cfg(test)]
@@ -61,20 +71,21 @@ mod tests {
 
     #[test]
     fn statements_that_end_the_transaction() {
-        for sql in [
-            "COMMIT",
-            "commit;",
-            "  /* psycopg */ COMMIT",
-            "-- done\nEND",
-            "END WORK",
-            "COMMIT TRANSACTION AND CHAIN",
-            "ROLLBACK",
-            "rollback work",
-            "ROLLBACK AND CHAIN",
-            "ABORT",
-            "PREPARE TRANSACTION 'tx-1'",
+        use TransactionEnd::{Commit, Rollback};
+        for (sql, end) in [
+            ("COMMIT", Commit),
+            ("commit;", Commit),
+            ("  /* psycopg */ COMMIT", Commit),
+            ("-- done\nEND", Commit),
+            ("END WORK", Commit),
+            ("COMMIT TRANSACTION AND CHAIN", Commit),
+            ("PREPARE TRANSACTION 'tx-1'", Commit),
+            ("ROLLBACK", Rollback),
+            ("rollback work", Rollback),
+            ("ROLLBACK AND CHAIN", Rollback),
+            ("ABORT", Rollback),
         ] {
-            assert!(ends_transaction(sql), "{sql}");
+            assert_eq!(transaction_end(sql), Some(end), "{sql}");
         }
     }
 
@@ -96,7 +107,7 @@ mod tests {
             "/* COMMIT */ SELECT 1",
             "INSERT INTO checkpoint_blobs VALUES ($1)",
         ] {
-            assert!(!ends_transaction(sql), "{sql}");
+            assert_eq!(transaction_end(sql), None, "{sql}");
         }
     }
 }

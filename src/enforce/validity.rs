@@ -155,6 +155,12 @@ impl ValidityGate {
         }
     }
 
+    /// The transaction is rolled back: a blob refusal still waiting goes
+    /// with the blob it refuses.
+    pub fn rolled_back(&mut self) {
+        self.doomed = None;
+    }
+
     /// The segment or the transaction ends (a Sync, a simple Query, a
     /// statement ending the transaction): a blob refusal still waiting for
     /// its checkpoint row is raised before it.

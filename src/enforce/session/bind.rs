@@ -14,6 +14,7 @@ use crate::enforce::evidence::continuation;
 use crate::enforce::fencing::{FenceStep, Fenced};
 use crate::enforce::history::history_refusal;
 use crate::enforce::late_duplicate::LateDuplicate;
+use crate::enforce::transaction_end::TransactionEnd;
 use crate::enforce::validity::Rejection;
 use crate::enforce::watch::{parked_on, Watch, WriteDecode};
 use crate::log_text::shown;
@@ -30,14 +31,21 @@ pub(super) fn handle(
     statement: &Prepared,
     bind: &Bind<'_>,
 ) -> Result<Bound<Binding, Watch>, ClientError> {
-    if statement.ends_transaction {
-        // It ends the transaction as a Sync ends the segment: a blob
-        // refusal still waiting is raised in its place, before the blob
-        // can commit.
-        return Ok(match sync::handle(session) {
-            Some(refusal) => Bound::Refuse(refusal),
-            None => Bound::Forward(None),
-        });
+    match statement.ends_transaction {
+        // It commits the transaction: a blob refusal still waiting is
+        // raised in its place, as at a Sync, before the blob can commit.
+        Some(TransactionEnd::Commit) => {
+            return Ok(match sync::handle(session) {
+                Some(refusal) => Bound::Refuse(refusal),
+                None => Bound::Forward(None),
+            })
+        }
+        // It discards the blob with everything else: nothing to refuse.
+        Some(TransactionEnd::Rollback) => {
+            session.validity.rolled_back();
+            return Ok(Bound::Forward(None));
+        }
+        None => {}
     }
     if !statement.class.kind.is_checkpoint_traffic() {
         return Ok(Bound::Forward(None));
@@ -128,7 +136,7 @@ pub(super) fn handle(
 /// Only the Binds of checkpoint statements (their parameters decoded)
 /// and of statements ending the transaction are read (see `handle`).
 pub(super) fn reads(_session: &SessionEnforcer, statement: &Prepared) -> bool {
-    statement.class.kind.is_checkpoint_traffic() || statement.ends_transaction
+    statement.class.kind.is_checkpoint_traffic() || statement.ends_transaction.is_some()
 }
 
 impl SessionEnforcer {

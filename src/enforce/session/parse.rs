@@ -3,7 +3,7 @@
 //! fork filter is on.
 
 use super::{Prepared, SessionEnforcer};
-use crate::enforce::transaction_end::ends_transaction;
+use crate::enforce::transaction_end::transaction_end;
 use crate::policy::claims::has_inspection_hint;
 
 pub(super) fn handle(session: &mut SessionEnforcer, sql: &str) -> (Prepared, Option<String>) {
@@ -24,7 +24,7 @@ pub(super) fn handle(session: &mut SessionEnforcer, sql: &str) -> (Prepared, Opt
         class,
         rewritten: replacement.is_some(),
         inspect_hint,
-        ends_transaction: ends_transaction(sql),
+        ends_transaction: transaction_end(sql),
     };
     (prepared, replacement)
 }

@@ -6,13 +6,17 @@ use std::time::Instant;
 use super::sync;
 use super::unknown_saver::unknown_refusal;
 use super::SessionEnforcer;
+use crate::enforce::transaction_end::{transaction_end, TransactionEnd};
 use crate::enforce::watch::Watch;
 use crate::wire::tracker::Refusal;
 
 pub(super) fn handle(session: &mut SessionEnforcer, sql: &str) -> Result<Option<Watch>, Refusal> {
     // A simple Query ends the segment (and the implicit transaction) as a
-    // Sync does: a blob refusal still waiting is raised in its place.
-    if let Some(refusal) = sync::handle(session) {
+    // Sync does: a blob refusal still waiting is raised in its place,
+    // unless the Query rolls the blob back with everything else.
+    if transaction_end(sql) == Some(TransactionEnd::Rollback) {
+        session.validity.rolled_back();
+    } else if let Some(refusal) = sync::handle(session) {
         return Err(refusal);
     }
     let class = session.shared.classifier.classify(sql);

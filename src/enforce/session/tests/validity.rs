@@ -244,3 +244,21 @@ fn a_simple_query_after_an_invalid_blob_is_refused_as_a_sync_would_be() {
     // The next Query runs: nothing is left waiting.
     assert_eq!(st.on_client(&msg(b'Q', b"COMMIT\0")).unwrap(), None);
 }
+
+#[test]
+fn a_rollback_after_an_invalid_blob_drops_its_refusal_with_the_blob() {
+    // In a Parse/Bind: the ROLLBACK passes, and nothing is raised later.
+    let mut st = validating_state();
+    run_invalid_blob(&mut st);
+    client(&mut st, &[parse("", "ROLLBACK")]);
+    assert_eq!(st.on_client(&bind("", &[], &[], &[])).unwrap(), None);
+    client(&mut st, &[execute()]);
+    assert_eq!(st.on_client(&msg(b'S', b"")).unwrap(), None);
+    assert!(ops(&mut st).is_empty());
+    // In a simple Query: the same.
+    let mut st = validating_state();
+    run_invalid_blob(&mut st);
+    assert_eq!(st.on_client(&msg(b'Q', b"ABORT\0")).unwrap(), None);
+    assert_eq!(st.on_client(&msg(b'Q', b"SELECT 1\0")).unwrap(), None);
+    assert!(ops(&mut st).is_empty());
+}
