@@ -503,7 +503,10 @@ where
         let refusal = self.hooks.release();
         if refusal.is_some() {
             // The refused message's statement must not reach the client:
-            // the rest of its answer is swallowed.
+            // the rest of its answer is swallowed. A simple Query's
+            // ReadyForQuery still goes on, with the status the server
+            // reports: in a transaction block that is `T` (the server's
+            // transaction saw no error), where PostgreSQL would say `E`.
             self.swallow_front();
         }
         refusal
