@@ -493,4 +493,5 @@ fn an_error_at_the_proxys_parse_still_reaches_the_client() {
     assert!(t.is_idle());
 }
 
+mod client_encoding;
 mod lookups;

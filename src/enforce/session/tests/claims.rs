@@ -179,13 +179,18 @@ fn a_parked_head_asks_for_a_claim_keyed_by_its_interrupt() {
     );
 }
 
+/// The heads the session's claims leg knows parked.
+fn parked_heads(st: &SessionState) -> Arc<crate::enforce::parked_heads::ParkedHeads> {
+    match &st.shared.legs.claims {
+        Some(leg) => Arc::clone(&leg.parked),
+        None => panic!("the claims leg is on"),
+    }
+}
+
 #[test]
 fn a_committed_interrupt_write_parks_its_head_under_the_key_its_read_claims() {
     let mut st = claiming_state(&[], "worker");
-    let parked = match &st.shared.legs.claims {
-        Some(leg) => Arc::clone(&leg.parked),
-        None => panic!("the claims leg is on"),
-    };
+    let parked = parked_heads(&st);
     client(
         &mut st,
         &[
@@ -344,4 +349,30 @@ fn a_refused_head_read_in_a_transaction_block_reports_the_servers_status() {
     let routes = server_routes(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'T')]);
     assert_eq!(routes, [Route::Answered, Route::Forward]);
     assert_eq!(st.0.txn_status(), TxnStatus::InBlock);
+}
+
+#[test]
+fn an_interrupt_write_whose_text_is_not_utf8_is_still_seen() {
+    let mut st = claiming_state(&[], "worker");
+    let parked = parked_heads(&st);
+    // A LATIN1 client's comment: the server runs the text as it is.
+    let mut body = b"_pg3_1\0".to_vec();
+    body.extend_from_slice(WRITE_SQL.as_bytes());
+    body.extend_from_slice(b" -- r\xe9sum\xe9\0\0\0");
+    client(
+        &mut st,
+        &[
+            msg(b'P', &body),
+            interrupt_bind_of("_pg3_1", b"\x91\xa1q"),
+            execute(),
+            msg(b'S', b""),
+        ],
+    );
+    let answers = [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"INSERT 0 1\0")];
+    server(&mut st, &answers);
+    server(&mut st, &[ready(b'I')]);
+    assert!(
+        parked.expected("t1", "").is_some(),
+        "the write parked its head"
+    );
 }
