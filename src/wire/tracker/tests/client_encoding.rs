@@ -71,3 +71,15 @@ fn a_guarded_text_with_a_byte_that_is_not_utf8_is_still_seen() {
     );
     assert!(matches!(steps[..], [ClientStep::Replace(_)]), "{steps:?}");
 }
+
+#[test]
+fn a_rewritten_text_keeps_the_clients_bytes() {
+    let mut t = tracker();
+    t.hooks.rewrite = true;
+    let steps = client(
+        &mut t,
+        &[parse_bytes(b"s1", b"select guarded -- r\xe9sum\xe9")],
+    );
+    let rewritten = parse_bytes(b"s1", b"select rewritten -- r\xe9sum\xe9");
+    assert_eq!(steps, [ClientStep::Replace(rewritten)]);
+}
