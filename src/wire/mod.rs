@@ -3,6 +3,7 @@
 
 mod client_relay;
 pub mod client_stream;
+pub mod client_text;
 pub mod connection;
 pub mod draining;
 pub mod first_packet;

@@ -23,8 +23,20 @@ pub enum Route {
     /// client's own messages up to Sync).
     Swallow,
     /// The rest of an answer the proxy gave the client itself: nothing
-    /// more of it reaches the client.
+    /// more of it reaches the client but the ReadyForQuery that ends a
+    /// simple Query (the client waits for it before its next message, as
+    /// after any error).
     Answered,
+}
+
+impl Route {
+    /// Where the ReadyForQuery that ends a request on this route goes.
+    fn at_ready(self) -> Route {
+        match self {
+            Route::Answered => Route::Forward,
+            other => other,
+        }
+    }
 }
 
 /// What a queued request expects from the server.
@@ -224,7 +236,7 @@ impl<T> ResponseQueue<T> {
         let route = front.route;
         let expect = front.expect.clone();
         match (tag, &expect) {
-            (b'Z', e) if e.ends_at_ready() => self.complete(route, leaving),
+            (b'Z', e) if e.ends_at_ready() => self.complete(route.at_ready(), leaving),
             (b'Z', _) => {
                 // Entries that never got their answer: drop them up to the
                 // first one ReadyForQuery closes.
@@ -414,6 +426,22 @@ mod tests {
             Progress::Within { .. }
         ));
         assert_eq!(feed(&mut q, b"Z").len(), 1);
+        assert!(q.idle());
+    }
+
+    #[test]
+    fn an_answered_query_still_gets_its_ready_for_query() {
+        let mut q = Q::new();
+        push_all(&mut q, b"Q");
+        assert!(feed(&mut q, b"T").is_empty());
+        q.set_front_route(Route::Answered);
+        assert!(matches!(
+            q.on_server(b'C').unwrap(),
+            Progress::Within {
+                route: Route::Answered
+            }
+        ));
+        assert_eq!(feed(&mut q, b"Z"), vec![(b'Z', Route::Forward)]);
         assert!(q.idle());
     }
 

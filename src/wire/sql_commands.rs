@@ -6,8 +6,10 @@
 //!
 //! Texts are split with sqlparser's tokenizer (quotes, dollar quotes and
 //! comments are understood, nothing is parsed), and only when a cheap scan
-//! finds one of the keywords.
+//! finds one of the keywords. A text is read as [`client_text`] decodes
+//! it; names are the client's bytes.
 
+use std::borrow::Cow;
 use std::sync::LazyLock;
 
 use aho_corasick::AhoCorasick;
@@ -15,21 +17,24 @@ use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::keywords::Keyword;
 use sqlparser::tokenizer::{Token, Tokenizer, Whitespace, Word};
 
+use super::client_text;
+
 /// One namespace-changing or namespace-reading command of a query text.
+/// A name is the client's bytes, as a protocol message would carry it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SqlCommand {
     /// `PREPARE name [(types)] AS inner`: defines `name` when the server
     /// answers `PREPARE`.
-    Prepare { name: String, inner: String },
+    Prepare { name: Vec<u8>, inner: String },
     /// `EXECUTE name`, also under `EXPLAIN` and `CREATE TABLE … AS`.
-    Execute { name: String },
+    Execute { name: Vec<u8> },
     /// `DEALLOCATE [PREPARE] name`: forgets `name` when the server answers.
-    Deallocate { name: String },
+    Deallocate { name: Vec<u8> },
     /// `DEALLOCATE ALL` or `DISCARD ALL`: forgets every statement.
     DeallocateAll,
     /// `DECLARE name … CURSOR … FOR inner`: a portal whose rows `FETCH`
     /// and a protocol Execute read.
-    Declare { name: String, inner: String },
+    Declare { name: Vec<u8>, inner: String },
 }
 
 impl SqlCommand {
@@ -145,7 +150,7 @@ fn command_of(tokens: &[&Token]) -> Option<SqlCommand> {
 
 /// `name … <keyword> statement` (PREPARE's AS, DECLARE's FOR): the name
 /// and the text of the statement it holds.
-fn named_statement(tokens: &[&Token], keyword: Keyword) -> Option<(String, String)> {
+fn named_statement(tokens: &[&Token], keyword: Keyword) -> Option<(Vec<u8>, String)> {
     let name = identifier(tokens.first()?)?;
     let at = top_level_position(tokens, keyword)?;
     Some((name, text_of(&tokens[at + 1..])))
@@ -188,13 +193,15 @@ fn word(t: &Token) -> Option<&Word> {
     }
 }
 
-/// A name as the server stores it: unquoted identifiers fold to lower case.
-fn identifier(t: &Token) -> Option<String> {
+/// A name as the server stores it, in the client's bytes: unquoted
+/// identifiers fold to lower case.
+fn identifier(t: &Token) -> Option<Vec<u8>> {
     let w = word(t)?;
-    Some(match w.quote_style {
-        Some(_) => w.value.clone(),
-        None => w.value.to_lowercase(),
-    })
+    let folded = match w.quote_style {
+        Some(_) => Cow::Borrowed(w.value.as_str()),
+        None => Cow::Owned(w.value.to_lowercase()),
+    };
+    Some(client_text::encode(&folded).into_owned())
 }
 
 /// The text of `tokens`, re-joined (enough to classify the statement).
@@ -239,13 +246,13 @@ mod tests {
         let [SqlCommand::Prepare { name, inner }] = got.as_slice() else {
             panic!("{got:?}")
         };
-        assert_eq!(name, "s4");
+        assert_eq!(name, b"s4");
         assert!(
             inner.starts_with("INSERT INTO checkpoint_writes"),
             "{inner}"
         );
         let got = names(r#"prepare "S5" as select 1"#);
-        assert!(matches!(&got[..], [SqlCommand::Prepare { name, .. }] if name == "S5"));
+        assert!(matches!(&got[..], [SqlCommand::Prepare { name, .. }] if name == b"S5"));
     }
 
     #[test]
@@ -283,7 +290,7 @@ mod tests {
         let [SqlCommand::Declare { name, inner }] = got.as_slice() else {
             panic!("{got:?}")
         };
-        assert_eq!(name, "c");
+        assert_eq!(name, b"c");
         assert!(inner.contains("checkpoints"), "{inner}");
     }
 

@@ -13,10 +13,12 @@
 //! its [`Hooks`] to annotate statements and portals and to watch responses.
 //! It is itself the session's guard: its [`Guard`] methods are the entry
 //! points the relay drives, and the hooks supply what only the layer above
-//! can decide. The SQL text of a Parse or Query is read in `sql_text`.
+//! can decide. The SQL text of a Parse or Query is read in `sql_text`,
+//! in whatever encoding the client sends it (see [`client_text`]).
 
 use bytes::Bytes;
 
+use super::client_text;
 use super::guard::{ClientError, ClientStep, Guard, ServerStep};
 use super::injected::{Answer, Injection, ANSWERS};
 use super::messages::backend::Backend;
@@ -270,15 +272,14 @@ where
                 sql,
                 param_types,
             } => {
-                // Not UTF-8 (another client encoding): the ASCII of SQL
-                // syntax is read all the same.
-                if let Err(refusal) = self.hooks.admit(&String::from_utf8_lossy(sql)) {
+                let text = client_text::decode(sql);
+                if let Err(refusal) = self.hooks.admit(&text) {
                     // Refused at the Parse: the server raises the error in
                     // its place and skips to Sync; the statement never
                     // exists.
                     return Ok(ClientStep::Replace(self.inject_refusal(&refusal)?));
                 }
-                let (statement, replacement) = self.prepare_text(sql);
+                let (statement, replacement) = self.prepare_text(&text);
                 let step = match replacement {
                     Some(new_sql) => ClientStep::Replace(
                         parse_frame(name, &new_sql, param_types).map_err(unsendable)?,
@@ -503,7 +504,10 @@ where
         let refusal = self.hooks.release();
         if refusal.is_some() {
             // The refused message's statement must not reach the client:
-            // the rest of its answer is swallowed.
+            // the rest of its answer is swallowed. A simple Query's
+            // ReadyForQuery still goes on, with the status the server
+            // reports: in a transaction block that is `T` (the server's
+            // transaction saw no error), where PostgreSQL would say `E`.
             self.swallow_front();
         }
         refusal

@@ -26,9 +26,9 @@ pub fn write_parse(
 }
 
 /// A Parse frame for `name` with new SQL and the original parameter types.
-pub fn parse_frame(name: &[u8], sql: &str, param_types: &[u8]) -> Result<Vec<u8>, EncodeError> {
+pub fn parse_frame(name: &[u8], sql: &[u8], param_types: &[u8]) -> Result<Vec<u8>, EncodeError> {
     let mut out = BytesMut::with_capacity(16 + name.len() + sql.len() + param_types.len());
-    write_parse(&mut out, name, sql.as_bytes(), param_types)?;
+    write_parse(&mut out, name, sql, param_types)?;
     Ok(Vec::from(out))
 }
 

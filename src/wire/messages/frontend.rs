@@ -119,7 +119,7 @@ mod tests {
                 param_types: b"\0\0"
             }
         );
-        let f = parse_frame(b"s1", "select 1", b"\0\0").unwrap();
+        let f = parse_frame(b"s1", b"select 1", b"\0\0").unwrap();
         assert_eq!(f, p);
         assert!(matches!(
             Frontend::read(&msg(b'B', b"p\0s1\0\0\0")),

@@ -205,11 +205,11 @@ pub(super) fn apply_command<S>(
     match command {
         SqlCommand::Prepare { name, .. } => {
             if let Some(annotation) = defines {
-                statements.insert(name.into_bytes(), Statement::new(annotation));
+                statements.insert(name, Statement::new(annotation));
             }
         }
         SqlCommand::Deallocate { name } => {
-            statements.remove(name.as_bytes());
+            statements.remove(&name);
         }
         // The unnamed statement is the protocol's, not SQL's.
         SqlCommand::DeallocateAll => statements.clear_named(),

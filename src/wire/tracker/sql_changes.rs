@@ -48,7 +48,7 @@ impl<S> Default for SqlChanges<S> {
 }
 
 /// The statement name a command names, if it names one.
-fn named(command: &SqlCommand) -> Option<&str> {
+fn named(command: &SqlCommand) -> Option<&[u8]> {
     match command {
         SqlCommand::Prepare { name, .. } | SqlCommand::Deallocate { name } => Some(name),
         _ => None,
@@ -76,7 +76,7 @@ impl<S> SqlChanges<S> {
             .iter()
             .rposition(|c| c.command == SqlCommand::DeallocateAll);
         let after = forget_all_at.map_or(0, |at| at + 1);
-        let mut seen: HashSet<String> = HashSet::new();
+        let mut seen: HashSet<&[u8]> = HashSet::new();
         for change in changes[after..].iter_mut().rev() {
             let Some(name) = named(&change.command) else {
                 continue;
@@ -84,7 +84,7 @@ impl<S> SqlChanges<S> {
             if resets_unnamed && name.is_empty() {
                 continue;
             }
-            change.decides = seen.insert(name.to_owned());
+            change.decides = seen.insert(name);
         }
         SqlChanges {
             changes,
@@ -105,7 +105,7 @@ impl<S> SqlChanges<S> {
 
     /// The statements the pending changes decide: each name, and the
     /// annotation it will be defined with (`None`: it will not exist).
-    pub(super) fn decided(&self) -> impl Iterator<Item = (&str, Option<&S>)> {
+    pub(super) fn decided(&self) -> impl Iterator<Item = (&[u8], Option<&S>)> {
         self.pending().iter().filter(|c| c.decides).filter_map(|c| {
             let defines = match &c.command {
                 SqlCommand::Prepare { .. } => c.defines.as_ref(),
@@ -155,7 +155,7 @@ mod tests {
 
     fn decided(c: &SqlChanges<u32>) -> Vec<(String, Option<u32>)> {
         c.decided()
-            .map(|(n, s)| (n.to_owned(), s.copied()))
+            .map(|(n, s)| (String::from_utf8_lossy(n).into_owned(), s.copied()))
             .collect()
     }
 

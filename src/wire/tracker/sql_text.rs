@@ -2,10 +2,12 @@
 //! that change or use the statement namespace (`PREPARE`, `DEALLOCATE`,
 //! `EXECUTE`, `DECLARE`): each checked by the hooks, and an `EXECUTE` of
 //! a statement the proxy never saw prepared refused. A Bind checks the
-//! `EXECUTE`s its statement's text carries.
+//! `EXECUTE`s its statement's text carries. Text in any client encoding
+//! is read as [`client_text`] decodes it.
 
 use std::sync::Arc;
 
+use super::super::client_text;
 use super::super::guard::{ClientError, ClientStep};
 use super::super::reject::raising_query;
 use super::super::response_queue::{Expect, Route};
@@ -15,14 +17,15 @@ use super::sql_changes::SqlChanges;
 use super::{never_prepared, unsendable, Hooks, Refusal, Tracker, FEATURE_NOT_SUPPORTED};
 
 impl<H: Hooks> Tracker<H> {
-    /// A Parse's text: its statement (annotation, SQL-level commands,
-    /// refusal) and the replacement text.
-    pub(super) fn prepare_text(&mut self, sql: &[u8]) -> (Statement<H::Statement>, Option<String>) {
-        let Ok(text) = std::str::from_utf8(sql) else {
-            // Not UTF-8: the server rejects it.
-            return (Statement::new(self.hooks.plain()), None);
-        };
+    /// A Parse's text (as [`client_text`] decodes it): its statement
+    /// (annotation, SQL-level commands, refusal) and the replacement
+    /// text, in the client's bytes.
+    pub(super) fn prepare_text(
+        &mut self,
+        text: &str,
+    ) -> (Statement<H::Statement>, Option<Vec<u8>>) {
         let (annotation, replacement) = self.hooks.parse(text);
+        let replacement = replacement.map(|r| client_text::encode(&r).into_owned());
         let mut statement = Statement::new(annotation);
         match scan(text) {
             Ok(found) if found.is_empty() => {}
@@ -62,7 +65,7 @@ impl<H: Hooks> Tracker<H> {
     pub(super) fn executes(
         &mut self,
         commands: &[(SqlCommand, Option<H::Statement>)],
-        defined: &[(String, Option<H::Statement>)],
+        defined: &[(Vec<u8>, Option<H::Statement>)],
     ) -> Executes {
         for (command, _) in commands {
             let SqlCommand::Execute { name } = command else {
@@ -70,13 +73,13 @@ impl<H: Hooks> Tracker<H> {
             };
             let annotation = match defined.iter().rev().find(|(n, _)| n == name) {
                 Some((_, s)) => s.clone(),
-                None => match self.statement(name.as_bytes()) {
+                None => match self.statement(name) {
                     Lookup::Known(s) => s.map(|s| s.annotation),
                     Lookup::Ambiguous => return Executes::Ambiguous,
                 },
             };
             let Some(annotation) = annotation else {
-                return Executes::Refused(never_prepared(name));
+                return Executes::Refused(never_prepared(&String::from_utf8_lossy(name)));
             };
             if let Err(refusal) = self.hooks.sql_execute(&annotation) {
                 return Executes::Refused(refusal);
@@ -86,16 +89,16 @@ impl<H: Hooks> Tracker<H> {
     }
 
     pub(super) fn query(&mut self, sql: &[u8]) -> Result<ClientStep, ClientError> {
-        let text = std::str::from_utf8(sql).unwrap_or_default();
+        let text = client_text::decode(sql);
         let mut commands = Vec::new();
-        let mut refusal = self.hooks.admit(&String::from_utf8_lossy(sql)).err();
+        let mut refusal = self.hooks.admit(&text).err();
         let scanned = match refusal {
             Some(_) => Ok(Vec::new()),
-            None => scan(text),
+            None => scan(&text),
         };
         match scanned {
             Ok(found) => {
-                let mut defined: Vec<(String, Option<H::Statement>)> = Vec::new();
+                let mut defined: Vec<(Vec<u8>, Option<H::Statement>)> = Vec::new();
                 for command in found {
                     let entry = [(command, None)];
                     match self.executes(&entry, &defined) {
@@ -128,7 +131,7 @@ impl<H: Hooks> Tracker<H> {
         }
         let watched = match refusal {
             Some(r) => Err(r),
-            None => self.hooks.query(text),
+            None => self.hooks.query(&text),
         };
         let (step, watch) = match watched {
             Ok(watch) => (ClientStep::Forward, watch),

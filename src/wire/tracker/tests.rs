@@ -11,6 +11,8 @@ struct Marks {
     binds: Vec<bool>,
     /// Binds of marked statements run the proxy's own statement first.
     guard: bool,
+    /// A marked Parse text reaches the server with `guarded` rewritten.
+    rewrite: bool,
     /// What the guard's watch saw: errors, then completions (ok or not).
     guard_errors: usize,
     guard_completed: Vec<bool>,
@@ -29,7 +31,9 @@ impl Hooks for Marks {
         }
     }
     fn parse(&mut self, sql: &str) -> (bool, Option<String>) {
-        (sql.contains("guarded"), None)
+        let marked = sql.contains("guarded");
+        let rewritten = (marked && self.rewrite).then(|| sql.replace("guarded", "rewritten"));
+        (marked, rewritten)
     }
     fn plain(&self) -> bool {
         false
@@ -493,4 +497,5 @@ fn an_error_at_the_proxys_parse_still_reaches_the_client() {
     assert!(t.is_idle());
 }
 
+mod client_encoding;
 mod lookups;

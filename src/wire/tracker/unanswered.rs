@@ -236,7 +236,7 @@ fn touches<'a, H: Hooks>(change: &'a Change<H>, mut touch: impl FnMut(Touch<'a, 
             let forgets_all = commands.forgets_all();
             for (name, defines) in commands.decided() {
                 touch(Touch::Statement {
-                    name: name.as_bytes(),
+                    name,
                     effect: match defines {
                         Some(annotation) => StatementEffect::Prepared(annotation),
                         None => StatementEffect::Gone,
@@ -375,9 +375,7 @@ impl<H: Hooks> Unanswered<H> {
     ) {
         if confirmed.decided {
             let name = match &confirmed.command {
-                SqlCommand::Prepare { name, .. } | SqlCommand::Deallocate { name } => {
-                    name.as_bytes()
-                }
+                SqlCommand::Prepare { name, .. } | SqlCommand::Deallocate { name } => name,
                 _ => {
                     lost("decided command without a name");
                     return;
@@ -391,7 +389,7 @@ impl<H: Hooks> Unanswered<H> {
             self.forget_forget_all();
             // What the answer names after it is no longer spared by it.
             for (name, _) in rest.decided() {
-                let found = self.statements.update_existing(name.as_bytes(), |s| {
+                let found = self.statements.update_existing(name, |s| {
                     let had = s.spared > 0;
                     s.spared = s.spared.saturating_sub(1);
                     (had, !s.is_empty())

@@ -179,13 +179,18 @@ fn a_parked_head_asks_for_a_claim_keyed_by_its_interrupt() {
     );
 }
 
+/// The heads the session's claims leg knows parked.
+fn parked_heads(st: &SessionState) -> Arc<crate::enforce::parked_heads::ParkedHeads> {
+    match &st.shared.legs.claims {
+        Some(leg) => Arc::clone(&leg.parked),
+        None => panic!("the claims leg is on"),
+    }
+}
+
 #[test]
 fn a_committed_interrupt_write_parks_its_head_under_the_key_its_read_claims() {
     let mut st = claiming_state(&[], "worker");
-    let parked = match &st.shared.legs.claims {
-        Some(leg) => Arc::clone(&leg.parked),
-        None => panic!("the claims leg is on"),
-    };
+    let parked = parked_heads(&st);
     client(
         &mut st,
         &[
@@ -244,17 +249,70 @@ fn inspection_sessions_never_claim() {
 
 #[test]
 fn a_refused_claim_replaces_the_row_and_swallows_the_rest_of_its_answer() {
+    let mut st = claiming_state(&[], "worker");
+    let verdict = read_parked_head(&mut st);
+    let refusal = refuse_parked_claim(&mut st, verdict);
+    assert_refused_and_rest_swallowed(&mut st, refusal);
+    let ops: Vec<_> = std::mem::take(&mut st.ready_events)
+        .into_iter()
+        .map(|e| e.operation)
+        .collect();
+    assert!(ops.contains(&Operation::ClaimRefused), "{ops:?}");
+    assert!(st.is_idle());
+}
+
+/// A READ(latest) of t1's parked head sent as a simple Query with
+/// literals (psql, psycopg's `ClientCursor`); returns the verdict of its
+/// DataRow (text format, as every simple Query's rows are).
+fn query_parked_head(st: &mut SessionState) -> ServerVerdict {
+    use crate::saver::classify::saver_sql::SELECT_SQL;
+    let sql = format!(
+        "{SELECT_SQL}WHERE thread_id = 't1' AND checkpoint_ns = '' \
+         ORDER BY checkpoint_id DESC LIMIT 1\0"
+    );
+    client(st, &[msg(b'Q', sql.as_bytes())]);
+    server(st, &[msg(b'T', b"\0\0")]);
+    let pending = ByteaArray {
+        dims: vec![1, 6],
+        elements: [
+            &b"task-1"[..],
+            b"__interrupt__",
+            b"msgpack",
+            b"\x91\xa1q",
+            b"~__pregel_pull, gate",
+            b"-3",
+        ]
+        .iter()
+        .map(|e| Some(Bytes::copy_from_slice(e)))
+        .collect(),
+    }
+    .encode_text();
+    let row = crate::wire::messages::data_row::data_row(&[
+        Some(b"t1"),
+        Some(br#"{"v": 4}"#),
+        Some(b""),
+        Some(b"ck1"),
+        None,
+        Some(b"{}"),
+        None,
+        Some(pending.as_bytes()),
+    ]);
+    st.on_server(&row).unwrap()
+}
+
+/// The claim the parked head's row is held for, refused: the error the
+/// client gets instead of the row.
+fn refuse_parked_claim(st: &mut SessionState, verdict: ServerVerdict) -> Option<Bytes> {
     use crate::claims::Holder;
     use crate::policy::claims::{ClaimDecision, Refusal};
-    let mut st = claiming_state(&[], "worker");
-    let req = read_parked_head(&mut st).claim.unwrap();
+    let req = verdict.claim.expect("a claim is requested");
     let winner = Holder {
         proxy_id: "proxy-b".into(),
         session_id: 3,
         client_addr: "10.0.0.9:5000".into(),
         application_name: "approver".into(),
     };
-    let refusal = st.apply_claim(
+    st.apply_claim(
         &req,
         &Resolution {
             decision: ClaimDecision::Refuse {
@@ -268,12 +326,53 @@ fn a_refused_claim_replaces_the_row_and_swallows_the_rest_of_its_answer() {
             epoch: None,
             takeover: None,
         },
-    );
+    )
+}
+
+#[test]
+fn a_refused_head_read_in_a_simple_query_still_ends_at_ready_for_query() {
+    let mut st = claiming_state(&[], "worker");
+    let verdict = query_parked_head(&mut st);
+    let refusal = refuse_parked_claim(&mut st, verdict);
     assert_refused_and_rest_swallowed(&mut st, refusal);
-    let ops: Vec<_> = std::mem::take(&mut st.ready_events)
-        .into_iter()
-        .map(|e| e.operation)
-        .collect();
-    assert!(ops.contains(&Operation::ClaimRefused), "{ops:?}");
     assert!(st.is_idle());
+}
+
+#[test]
+fn a_refused_head_read_in_a_transaction_block_reports_the_servers_status() {
+    let mut st = claiming_state(&[], "worker");
+    client(&mut st, &[msg(b'Q', b"BEGIN\0")]);
+    server(&mut st, &[msg(b'C', b"BEGIN\0"), ready(b'T')]);
+    let verdict = query_parked_head(&mut st);
+    let refusal = refuse_parked_claim(&mut st, verdict);
+    assert!(refusal.is_some());
+    let routes = server_routes(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'T')]);
+    assert_eq!(routes, [Route::Answered, Route::Forward]);
+    assert_eq!(st.0.txn_status(), TxnStatus::InBlock);
+}
+
+#[test]
+fn an_interrupt_write_whose_text_is_not_utf8_is_still_seen() {
+    let mut st = claiming_state(&[], "worker");
+    let parked = parked_heads(&st);
+    // A LATIN1 client's comment: the server runs the text as it is.
+    let mut body = b"_pg3_1\0".to_vec();
+    body.extend_from_slice(WRITE_SQL.as_bytes());
+    body.extend_from_slice(b" -- r\xe9sum\xe9\0\0\0");
+    client(
+        &mut st,
+        &[
+            msg(b'P', &body),
+            interrupt_bind_of("_pg3_1", b"\x91\xa1q"),
+            execute(),
+            msg(b'S', b""),
+        ],
+    );
+    let answers = [msg(b'1', b""), msg(b'2', b""), msg(b'C', b"INSERT 0 1\0")];
+    server(&mut st, &answers);
+    server(&mut st, &[ready(b'I')]);
+    assert!(
+        parked.expected("t1", "").is_some(),
+        "the write parked its head"
+    );
 }

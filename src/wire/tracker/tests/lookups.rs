@@ -67,10 +67,10 @@ fn walked_statement(t: &Tracker<Marks>, name: &[u8]) -> Lookup<Statement<bool>> 
                     .iter()
                     .rev()
                     .find_map(|c| match &c.command {
-                        SqlCommand::Prepare { name: n, .. } if n.as_bytes() == name => {
+                        SqlCommand::Prepare { name: n, .. } if n == name => {
                             Some(c.defines.map(Statement::new))
                         }
-                        SqlCommand::Deallocate { name: n } if n.as_bytes() == name => Some(None),
+                        SqlCommand::Deallocate { name: n } if n == name => Some(None),
                         SqlCommand::DeallocateAll => Some(None),
                         _ => None,
                     });
