@@ -280,11 +280,15 @@ impl ClaimsLeg {
             self.store
                 .run_lease(&at.thread_id, &at.checkpoint_ns, Now::STORE)
         });
-        if let Err(e) = &lease {
-            tracing::warn!(error = %e, "run lease unknown (claim store failed): head served");
+        let decision = decide_running_head(&lease, &req.holder, self.draining.is_set());
+        if let (Err(e), ClaimDecision::Serve { .. }) = (&lease, &decision) {
+            crate::metrics::run_lease_unchecked();
+            tracing::error!(error = %e, thread = %shown(&at.thread_id),
+                "run lease unknown (claim store failed): running head served unchecked, a late \
+                 resume may repeat another session's run");
         }
         Resolution {
-            decision: decide_running_head(&lease, &req.holder, self.draining.is_set()),
+            decision,
             waited_ms: 0,
             displaced: None,
             takeover: None,
@@ -374,3 +378,6 @@ fn count_decision(head: Head, res: &Resolution) {
         ClaimDecision::RetryAfter { .. } => {}
     }
 }
+
+#[cfg(test)]
+mod tests;

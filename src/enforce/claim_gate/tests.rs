@@ -1,0 +1,72 @@
+//! The gate's decisions on a claim store that cannot answer, counted in a
+//! recorder local to each test.
+
+use std::sync::Arc;
+
+use metrics::with_local_recorder;
+use metrics_exporter_prometheus::PrometheusBuilder;
+
+use super::*;
+use crate::claims::timings::ClaimsTimings;
+use crate::saver::checkpoint_ref::CheckpointRef;
+
+fn leg_on_unreachable_store() -> ClaimsLeg {
+    ClaimsLeg {
+        store: Arc::new(crate::test_pg_server::unreachable()),
+        proxy_id: "proxy-a".into(),
+        lapse_ms: 1_000,
+        timings: LiveClaimsTimings::new(ClaimsTimings::default()),
+        policy: WaitPolicy::Refuse,
+        inspection_patterns: Vec::new(),
+        inspection_sql_hint: false,
+        evidence: None,
+        held: Arc::default(),
+        parked: Arc::default(),
+        draining: Draining::default(),
+        fence_in_transaction: None,
+    }
+}
+
+fn running_head_read() -> ClaimRequest {
+    ClaimRequest {
+        key: ClaimKey {
+            at: CheckpointRef {
+                thread_id: "t1".into(),
+                checkpoint_ns: String::new(),
+                checkpoint_id: "c1".into(),
+            },
+            fingerprint: String::new(),
+        },
+        holder: Holder {
+            proxy_id: "proxy-a".into(),
+            session_id: 7,
+            client_addr: "127.0.0.1:1".into(),
+            application_name: "app".into(),
+        },
+        head: Head::Running,
+    }
+}
+
+#[test]
+fn a_running_head_served_with_its_run_lease_unknown_is_counted() {
+    let leg = leg_on_unreachable_store();
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let resolution = with_local_recorder(&recorder, || {
+        let ticket = ClaimTicket::new(Arc::new(leg), running_head_read(), None);
+        ticket.decide(&|| false);
+        ticket.resolution.into_inner()
+    });
+    assert!(
+        matches!(
+            resolution.map(|r| r.decision),
+            Some(ClaimDecision::Serve { takeover: false })
+        ),
+        "served: only parked heads fail closed"
+    );
+    let body = recorder.handle().render();
+    assert!(
+        body.lines()
+            .any(|l| l == "resumeguard_run_lease_unchecked_total 1"),
+        "{body}"
+    );
+}
