@@ -22,6 +22,7 @@ use serde_json::json;
 
 use super::evidence_gather::Gathered;
 use super::evidence_retry::RetryQueue;
+use super::failure_streak::{Failure, FailureStreak};
 use super::postgres::{EvidenceItem, WriteEvidence};
 use super::{ClaimRecord, ClaimStore, Now, StoreError, WrittenAt, NEXT_CHECKPOINT};
 use crate::audit_event::{AuditEvent, Operation, SessionContext};
@@ -165,7 +166,7 @@ pub fn start(
         audit,
         pending: RetryQueue::new(MAX_PENDING),
         gathered: Gathered::new(),
-        failing: false,
+        failing: FailureStreak::default(),
         lost_since_failing: 0,
     };
     let spawned = std::thread::Builder::new()
@@ -187,8 +188,8 @@ struct Worker {
     pending: RetryQueue<(SessionContext, Evidence)>,
     /// Write evidence arrived together, applied in one statement when due.
     gathered: Gathered<(SessionContext, Evidence)>,
-    /// Evidence has failed since the queue was last empty (logged once).
-    failing: bool,
+    /// Evidence has failed since the queue was last empty, and why last.
+    failing: FailureStreak,
     lost_since_failing: u64,
 }
 
@@ -287,10 +288,19 @@ impl Worker {
         }
     }
 
+    /// Evidence the store did not take: the first failure of a run and
+    /// one for another cause are ERRORs (until it is applied its claim
+    /// may lapse and another resume take over), the rest of the run
+    /// debug.
     fn failed(&mut self, e: &StoreError, ev: &Evidence) {
-        if !self.failing {
-            self.failing = true;
-            tracing::warn!(error = %e, ?ev, "claim evidence not applied: retrying until the claim store takes it");
+        match self.failing.failed(e) {
+            Failure::Began => tracing::error!(error = %e, ?ev,
+                "claim evidence not applied: retrying until the claim store takes it; until \
+                 then its claim may lapse and another resume take over"),
+            Failure::CauseChanged => tracing::error!(error = %e, ?ev,
+                "claim evidence still not applied, now for another cause: retrying"),
+            Failure::Continues => tracing::debug!(error = %e, ?ev, pending = self.pending.len(),
+                retries = self.pending.retries(), "claim evidence still not applied"),
         }
     }
 
@@ -323,31 +333,31 @@ impl Worker {
     }
 
     fn retry(&mut self) {
-        let mut last_error = None;
+        let mut last_failure = None;
         let mut pending = std::mem::replace(&mut self.pending, RetryQueue::new(1));
         let round = pending.retry(Instant::now(), |(ctx, ev)| {
             metrics::counter!(crate::metrics::EVIDENCE_RETRIES).increment(1);
             match self.apply(ctx, ev) {
                 Ok(()) => true,
                 Err(e) => {
-                    last_error = Some(e);
+                    last_failure = Some((e, ev.clone()));
                     false
                 }
             }
         });
-        let retries = pending.retries();
         self.pending = pending;
         metrics::gauge!(crate::metrics::EVIDENCE_PENDING).set(self.pending.len() as f64);
-        if self.pending.is_empty() && self.failing {
-            tracing::info!(
-                applied = round.applied,
-                lost = self.lost_since_failing,
-                "claim evidence applied again: the claim store takes it, nothing pending"
-            );
-            self.failing = false;
+        if self.pending.is_empty() {
+            if self.failing.succeeded() {
+                tracing::info!(
+                    applied = round.applied,
+                    lost = self.lost_since_failing,
+                    "claim evidence applied again: the claim store takes it, nothing pending"
+                );
+            }
             self.lost_since_failing = 0;
-        } else if let Some(e) = last_error {
-            tracing::debug!(error = %e, pending = self.pending.len(), retries, "claim evidence still not applied");
+        } else if let Some((e, ev)) = last_failure {
+            self.failed(&e, &ev);
         }
     }
 
@@ -593,6 +603,35 @@ mod tests {
             state(&moved),
             (ClaimState::Consumed, Some(NEXT_CHECKPOINT.to_owned()))
         );
+    }
+
+    #[test]
+    fn evidence_not_taken_is_an_error_first_and_again_when_its_cause_changes() {
+        let mut worker = Worker {
+            store: Arc::new(crate::test_pg_server::unreachable()),
+            proxy_id: "p1".into(),
+            timings: LiveClaimsTimings::new(ClaimsTimings::default()),
+            audit: Arc::new(drop),
+            pending: RetryQueue::new(MAX_PENDING),
+            gathered: Gathered::new(),
+            failing: FailureStreak::default(),
+            lost_since_failing: 0,
+        };
+        let down = |reason: &str| StoreError::Postgres {
+            at: "claims".into(),
+            op: "apply_evidence",
+            reason: reason.into(),
+        };
+        let ev = Evidence::HolderGone { session_id: 7 };
+        let errors = |log: &str| log.lines().filter(|l| l.contains("ERROR")).count();
+        let ((), log) = crate::test_log::captured(|| {
+            worker.failed(&down("connection refused"), &ev);
+            worker.failed(&down("connection refused"), &ev);
+        });
+        assert_eq!(errors(&log), 1, "{log}");
+        let ((), log) =
+            crate::test_log::captured(|| worker.failed(&down("statement timeout"), &ev));
+        assert_eq!(errors(&log), 1, "{log}");
     }
 
     #[test]
