@@ -22,6 +22,7 @@ use crate::wire::draining::Draining;
 use crate::wire::guard::Ticket;
 
 use crate::claims::evidence::EvidenceSender;
+use crate::claims::failure_streak::FailureStreak;
 use crate::claims::timings::LiveClaimsTimings;
 use crate::claims::{ClaimKey, ClaimOutcome, ClaimState, ClaimStore, Holder, Now, StoreError};
 use crate::policy::claims::{
@@ -63,6 +64,10 @@ pub struct ClaimsLeg {
     /// the claims schema is in that database of the server the proxy
     /// fronts (see `enforce::fencing`). `None`: fenced by a store lookup.
     pub fence_in_transaction: Option<InTransactionFence>,
+    /// Whether the store lookups fencing writes are failing now: said at
+    /// ERROR when they begin to, at INFO when they answer again (shared by
+    /// the legs a reload makes).
+    pub fence_lookups: Arc<FailureStreak>,
 }
 
 /// The database of the fronted server that holds the claims schema.
@@ -380,4 +385,4 @@ fn count_decision(head: Head, res: &Resolution) {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -10,7 +10,8 @@ use super::*;
 use crate::claims::timings::ClaimsTimings;
 use crate::saver::checkpoint_ref::CheckpointRef;
 
-fn leg_on_unreachable_store() -> ClaimsLeg {
+/// A leg whose claim store never answers.
+pub(crate) fn leg_on_unreachable_store() -> ClaimsLeg {
     ClaimsLeg {
         store: Arc::new(crate::test_pg_server::unreachable()),
         proxy_id: "proxy-a".into(),
@@ -24,6 +25,7 @@ fn leg_on_unreachable_store() -> ClaimsLeg {
         parked: Arc::default(),
         draining: Draining::default(),
         fence_in_transaction: None,
+        fence_lookups: Arc::default(),
     }
 }
 
