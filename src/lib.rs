@@ -33,6 +33,8 @@ pub mod saver;
 #[cfg(test)]
 mod test_log;
 #[cfg(test)]
+mod test_metrics;
+#[cfg(test)]
 mod test_pg_server;
 pub mod timestamp;
 pub mod wire;

@@ -3,12 +3,10 @@
 
 use std::sync::Arc;
 
-use metrics::with_local_recorder;
-use metrics_exporter_prometheus::PrometheusBuilder;
-
 use super::*;
 use crate::claims::timings::ClaimsTimings;
 use crate::saver::checkpoint_ref::CheckpointRef;
+use crate::test_metrics::has_line;
 
 /// A leg whose claim store never answers.
 pub(crate) fn leg_on_unreachable_store() -> ClaimsLeg {
@@ -52,8 +50,7 @@ fn running_head_read() -> ClaimRequest {
 #[test]
 fn a_running_head_served_with_its_run_lease_unknown_is_counted() {
     let leg = leg_on_unreachable_store();
-    let recorder = PrometheusBuilder::new().build_recorder();
-    let resolution = with_local_recorder(&recorder, || {
+    let (resolution, body) = crate::test_metrics::recorded(|| {
         let ticket = ClaimTicket::new(Arc::new(leg), running_head_read(), None);
         ticket.decide(&|| false);
         ticket.resolution.into_inner()
@@ -65,10 +62,8 @@ fn a_running_head_served_with_its_run_lease_unknown_is_counted() {
         ),
         "served: only parked heads fail closed"
     );
-    let body = recorder.handle().render();
     assert!(
-        body.lines()
-            .any(|l| l == "resumeguard_run_lease_unchecked_total 1"),
+        has_line(&body, "resumeguard_run_lease_unchecked_total 1"),
         "{body}"
     );
 }
