@@ -160,6 +160,9 @@ impl EvidenceSender {
             "claim evidence worker did not answer at shutdown: the evidence it still held \
              (unapplied) may be lost, their claims will lapse"
         );
+        if unapplied == 0 {
+            return;
+        }
         metrics::counter!(crate::metrics::EVIDENCE_LOST, "reason" => "shutdown")
             .increment(unapplied as u64);
         let e = AuditEvent::new(&SessionContext::internal(), Operation::EvidenceLost);
