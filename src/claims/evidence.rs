@@ -28,6 +28,7 @@ use super::postgres::{EvidenceItem, WriteEvidence};
 use super::{ClaimRecord, ClaimStore, Now, StoreError, WrittenAt, NEXT_CHECKPOINT};
 use crate::audit_event::{AuditEvent, Operation, SessionContext};
 use crate::claims::timings::LiveClaimsTimings;
+use crate::log_text::shown;
 use crate::saver::checkpoint_ref::CheckpointRef;
 
 /// What a committed write or a closed session means for claims.
@@ -541,8 +542,8 @@ fn consumed_event(ctx: &SessionContext, ev: &Evidence, record: &ClaimRecord) -> 
         // The map form writes nothing until its node finished: a gate
         // longer than the lapse lets a second resume take over meanwhile.
         tracing::warn!(
-            thread = %record.key.at.thread_id,
-            checkpoint = %record.key.at.checkpoint_id,
+            thread = %shown(&record.key.at.thread_id),
+            checkpoint = %shown(&record.key.at.checkpoint_id),
             "claim consumed after it lapsed: a resume ran longer than claims.lapse_ms \
              (map-form resume with a slow gate?); raise claims.lapse_ms"
         );
@@ -732,6 +733,30 @@ mod tests {
         assert_eq!(audited.len(), 1);
         assert_eq!(audited[0].operation, Operation::EvidenceLost);
         assert_eq!(audited[0].detail["unapplied"], 2);
+    }
+
+    #[test]
+    fn a_claim_consumed_after_it_lapsed_names_its_thread_escaped() {
+        let forged = ClaimKey {
+            at: CheckpointRef {
+                thread_id: "t1\nERROR forged line".into(),
+                checkpoint_ns: String::new(),
+                checkpoint_id: "c1".into(),
+            },
+            fingerprint: "f".into(),
+        };
+        let mut record = ClaimRecord::taken(&forged, &holder("p1", 7), 0, 1_000, 1);
+        record.consumed_at_ms = Some(2_000);
+        let ev = Evidence::MovedOn {
+            parent: forged.at.clone(),
+        };
+        let (_, log) =
+            crate::test_log::captured(|| consumed_event(&SessionContext::default(), &ev, &record));
+        assert!(log.contains("consumed after it lapsed"), "{log}");
+        assert!(
+            !log.lines().any(|l| l.starts_with("ERROR forged line")),
+            "{log}"
+        );
     }
 
     #[test]
