@@ -31,6 +31,10 @@ pub mod pg;
 pub mod policy;
 pub mod saver;
 #[cfg(test)]
+mod test_log;
+#[cfg(test)]
+mod test_metrics;
+#[cfg(test)]
 mod test_pg_server;
 pub mod timestamp;
 pub mod wire;

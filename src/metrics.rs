@@ -30,6 +30,9 @@ pub const FENCE_LOOKUPS: &str = "resumeguard_fence_lookups_total";
 pub const FENCE_CHECKS: &str = "resumeguard_fence_checks_total";
 pub const UPSTREAM_ERRORS: &str = "resumeguard_upstream_errors_total";
 pub const CONNECTIONS_REFUSED: &str = "resumeguard_client_connections_refused_total";
+/// Reads of a running head served without their run lease checked, the
+/// claim store having failed to answer it.
+pub const RUN_LEASE_UNCHECKED: &str = "resumeguard_run_lease_unchecked_total";
 /// Connections of the PostgreSQL claims store replaced after the server
 /// ended them, by which (`claims::postgres::conn` counts them).
 pub const CLAIMS_RECONNECTS: &str = "resumeguard_claims_reconnects_total";
@@ -140,6 +143,12 @@ pub fn claim_served(takeover: Option<&'static str>) {
 /// counted again by its decision).
 pub fn claim_waited() {
     counter!(CLAIM_WAITS).increment(1);
+}
+
+/// A read of a running head was served without its run lease checked:
+/// the claim store failed to answer it.
+pub fn run_lease_unchecked() {
+    counter!(RUN_LEASE_UNCHECKED).increment(1);
 }
 
 /// A connection of the PostgreSQL claims store (`decision`, `liveness`)

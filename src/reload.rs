@@ -326,6 +326,7 @@ impl Reloader {
                     parked: Arc::clone(&leg.parked),
                     draining: leg.draining.clone(),
                     fence_in_transaction: leg.fence_in_transaction.clone(),
+                    fence_lookups: Arc::clone(&leg.fence_lookups),
                 })),
                 (leg, _) => leg.clone(),
             };
@@ -496,6 +497,7 @@ mod tests {
                 parked: Arc::default(),
                 draining: Default::default(),
                 fence_in_transaction: None,
+                fence_lookups: Arc::default(),
             })
         });
         let enforcement = Reloadable::new(Enforcement {

@@ -458,6 +458,7 @@ fn legs(
                 held: Arc::default(),
                 parked: Arc::default(),
                 draining: draining.clone(),
+                fence_lookups: Arc::default(),
             }))
         }
         None => None,

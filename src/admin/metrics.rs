@@ -21,8 +21,9 @@ use crate::metrics::{
     CLAIMS, CLAIMS_AHEAD, CLAIMS_CONSUMED, CLAIMS_RECONNECTS, CLAIMS_STORE_SECONDS, CLAIM_WAITS,
     CLIENT_CONNECTIONS, CONNECTIONS_REFUSED, EVIDENCE_FLUSH_TIMEOUTS, EVIDENCE_LOST,
     EVIDENCE_PENDING, EVIDENCE_RETRIES, FENCED, FENCE_CHECKS, FENCE_LOOKUPS, FORKS_SERVED,
-    KEEPALIVE_ERRORS, LATE_DUPLICATES, OWN_SCHEMA_REFUSED, REFUSED, SHARED_SESSIONS, STATEMENTS,
-    STATEMENT_CLASSES, STATEMENT_SECONDS, TAKEOVERS, UPSTREAM_ERRORS, WRITES_REJECTED,
+    KEEPALIVE_ERRORS, LATE_DUPLICATES, OWN_SCHEMA_REFUSED, REFUSED, RUN_LEASE_UNCHECKED,
+    SHARED_SESSIONS, STATEMENTS, STATEMENT_CLASSES, STATEMENT_SECONDS, TAKEOVERS, UPSTREAM_ERRORS,
+    WRITES_REJECTED,
 };
 use crate::wire::proxy::Proxy;
 
@@ -89,6 +90,7 @@ const UNLABELLED: &[&str] = &[
     OWN_SCHEMA_REFUSED,
     CLAIM_WAITS,
     CLAIMS_CONSUMED,
+    RUN_LEASE_UNCHECKED,
     EVIDENCE_RETRIES,
     EVIDENCE_FLUSH_TIMEOUTS,
     SHARED_SESSIONS,
@@ -194,6 +196,11 @@ pub fn describe() {
          run_in_progress (55000, run lease), store_unavailable (58000), shutting_down (55006, \
          the proxy is draining), session_ended (08006, the server ended the reader's session \
          while it waited)"
+    );
+    describe_counter!(
+        RUN_LEASE_UNCHECKED,
+        "Reads of a running head served without their run lease checked: the claim store \
+         failed to answer it (each also an ERROR); a late resume may then repeat a run"
     );
     describe_counter!(
         FENCED,

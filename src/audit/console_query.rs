@@ -320,9 +320,9 @@ pub fn console_list_postgres(
     rows.iter()
         .map(|r| {
             Ok(ListedEvent {
-                id: r.get(0),
-                approver: r.get(1),
-                parked_at: r.get(2),
+                id: postgres_store::column_of(r, 0)?,
+                approver: postgres_store::column_of(r, 1)?,
+                parked_at: postgres_store::column_of(r, 2)?,
                 event: postgres_store::row_to_event_at(r, 3)?,
             })
         })

@@ -31,6 +31,10 @@ pub enum AuditError {
     /// An event's JSON column that could not be encoded.
     #[error(transparent)]
     Encode(#[from] serde_json::Error),
+    /// A row of the PostgreSQL trail whose column is not of the type the
+    /// proxy reads it as (or NULL where it expects a value).
+    #[error("reading a row of the PostgreSQL audit table")]
+    PostgresRow(#[source] postgres::Error),
     #[error("unknown audit operation {0:?}")]
     UnknownOperation(String),
     #[error("audit {column} column")]

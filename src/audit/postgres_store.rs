@@ -124,9 +124,9 @@ impl PgTrail {
             let mut heads = std::mem::take(&mut link.heads);
             let mut tx = link.client.transaction()?;
             let gone = tx.query_one(&delete, &[&cutoff, &PRUNE_CHUNK])?;
-            let rows: i64 = gone.get(0);
+            let rows: i64 = gone.try_get(0)?;
             if rows > 0 {
-                let starts: String = gone.get(1);
+                let starts: String = gone.try_get(1)?;
                 let starts: serde_json::Value =
                     serde_json::from_str(&starts).map_err(|e| AuditError::Column {
                         column: CHAIN_STARTS,
@@ -236,7 +236,7 @@ fn head_of(
     schema: &str,
     proxy: &str,
 ) -> Result<Option<String>, postgres::Error> {
-    Ok(client
+    client
         .query_opt(
             &format!(
                 "SELECT hash FROM {schema}.audit_events WHERE proxy_id = $1 \
@@ -244,7 +244,8 @@ fn head_of(
             ),
             &[&proxy],
         )?
-        .map(|r| r.get(0)))
+        .map(|r| r.try_get(0))
+        .transpose()
 }
 
 /// The writer's connection, the schema brought up to date, the insert
@@ -454,9 +455,9 @@ pub fn verify(target: &PgTarget) -> Result<Verdict, AuditError> {
         }
         for r in &rows {
             verifier.record(ChainedRow {
-                id: r.get(0),
-                prev_hash: r.get(1),
-                hash: r.get(2),
+                id: column_of(r, 0)?,
+                prev_hash: column_of(r, 1)?,
+                hash: column_of(r, 2)?,
                 event: row_to_event_at(r, 3)?,
             })?;
         }
@@ -484,16 +485,17 @@ pub fn threads(target: &PgTarget, filter: &EventFilter) -> Result<Vec<ThreadSumm
     let rows = client
         .query(&sql, &[&filter.since, &filter.until, &ops])
         .map_err(read_error(target))?;
-    Ok(rows
-        .iter()
-        .map(|r| ThreadSummary {
-            thread_id: r.get(0),
-            events: r.get::<_, i64>(1).max(0) as u64,
-            first: r.get(2),
-            last: r.get(3),
-            last_operation: r.get(4),
+    rows.iter()
+        .map(|r| {
+            Ok(ThreadSummary {
+                thread_id: column_of(r, 0)?,
+                events: column_of::<i64>(r, 1)?.max(0) as u64,
+                first: column_of(r, 2)?,
+                last: column_of(r, 3)?,
+                last_operation: column_of(r, 4)?,
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// Decode one row; a malformed JSON column or an unknown operation is
@@ -504,28 +506,37 @@ fn row_to_event(r: &Row) -> Result<AuditEvent, AuditError> {
 
 /// [`row_to_event`] of a row whose [`select`] columns start at `at`.
 pub(super) fn row_to_event_at(r: &Row, at: usize) -> Result<AuditEvent, AuditError> {
-    let op: String = r.get(at + 7);
-    let session_id: i64 = r.get(at + 2);
+    let op: String = column_of(r, at + 7)?;
+    let session_id: i64 = column_of(r, at + 2)?;
     Ok(AuditEvent {
-        time: r.get(at),
-        proxy_id: r.get(at + 1),
+        time: column_of(r, at)?,
+        proxy_id: column_of(r, at + 1)?,
         session_id: session_id as u64,
-        client_addr: r.get(at + 3),
-        user: r.get(at + 4),
-        database: r.get(at + 5),
-        application_name: r.get(at + 6),
+        client_addr: column_of(r, at + 3)?,
+        user: column_of(r, at + 4)?,
+        database: column_of(r, at + 5)?,
+        application_name: column_of(r, at + 6)?,
         operation: Operation::parse(&op).ok_or(AuditError::UnknownOperation(op))?,
-        thread_id: r.get(at + 8),
-        checkpoint_ns: r.get(at + 9),
-        checkpoint_id: r.get(at + 10),
-        parent_checkpoint_id: r.get(at + 11),
-        task_id: r.get(at + 12),
-        channels: column("channels", r.get(at + 13))?,
-        blob_sha256: column("blob_sha256", r.get(at + 14))?,
-        detail: column("detail", r.get(at + 15))?,
+        thread_id: column_of(r, at + 8)?,
+        checkpoint_ns: column_of(r, at + 9)?,
+        checkpoint_id: column_of(r, at + 10)?,
+        parent_checkpoint_id: column_of(r, at + 11)?,
+        task_id: column_of(r, at + 12)?,
+        channels: column("channels", column_of(r, at + 13)?)?,
+        blob_sha256: column("blob_sha256", column_of(r, at + 14)?)?,
+        detail: column("detail", column_of(r, at + 15)?)?,
         run_metadata: None,
         answer: None,
     })
+}
+
+/// Column `index` of a row the trail read: one of another type (or NULL
+/// where a value is expected) is the trail's error, not a panic.
+pub(super) fn column_of<'a, T: postgres::types::FromSql<'a>>(
+    r: &'a Row,
+    index: usize,
+) -> Result<T, AuditError> {
+    r.try_get(index).map_err(AuditError::PostgresRow)
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@
 //! (`claims::postgres::answer_in_write`): its evidence then only reports
 //! that consumption to the audit trail.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,10 +23,12 @@ use serde_json::json;
 
 use super::evidence_gather::Gathered;
 use super::evidence_retry::RetryQueue;
+use super::failure_streak::{Failure, FailureStreak};
 use super::postgres::{EvidenceItem, WriteEvidence};
 use super::{ClaimRecord, ClaimStore, Now, StoreError, WrittenAt, NEXT_CHECKPOINT};
 use crate::audit_event::{AuditEvent, Operation, SessionContext};
 use crate::claims::timings::LiveClaimsTimings;
+use crate::log_text::shown;
 use crate::saver::checkpoint_ref::CheckpointRef;
 
 /// What a committed write or a closed session means for claims.
@@ -67,6 +70,9 @@ pub type AuditRecorder = Arc<dyn Fn(AuditEvent) + Send + Sync>;
 pub struct EvidenceSender {
     tx: SyncSender<Msg>,
     audit: AuditRecorder,
+    /// Evidence sent to the worker and neither applied nor reported lost
+    /// yet (shared with the worker).
+    unapplied: Arc<AtomicUsize>,
 }
 
 /// What the worker is sent.
@@ -86,7 +92,9 @@ enum Msg {
 impl EvidenceSender {
     pub fn send(&self, ctx: &SessionContext, ev: Evidence) {
         match self.tx.try_send(Msg::Apply(ctx.clone(), ev)) {
-            Ok(()) => {}
+            Ok(()) => {
+                self.unapplied.fetch_add(1, Ordering::Relaxed);
+            }
             Err(TrySendError::Full(Msg::Apply(_, ev))) => {
                 // The claim then lapses as it would without evidence.
                 tracing::error!(
@@ -129,20 +137,51 @@ impl EvidenceSender {
 
     /// At shutdown, after the last session closed: waits (at most
     /// `within`) until the evidence sent so far is applied; what cannot be
-    /// is reported lost (ERROR, `evidence_lost`).
+    /// is reported lost (ERROR, `evidence_lost`). A worker that does not
+    /// answer (stuck in a store call, or gone) cannot report what it
+    /// holds: that is reported here, as a count.
     pub fn finish(&self, within: Duration) {
         let (done, finished) = sync_channel(1);
         let deadline = Instant::now() + within;
-        if self.tx.send(Msg::Finish { deadline, done }).is_ok() {
-            // The worker answers by the deadline, after its last store call.
-            let _ = finished.recv_timeout(within + Duration::from_secs(5));
+        // The worker answers by the deadline, after its last store call.
+        let answered = self.tx.send(Msg::Finish { deadline, done }).is_ok()
+            && finished.recv_timeout(within + FINISH_GRACE).is_ok();
+        if !answered {
+            self.unanswered(within);
         }
+    }
+
+    /// The worker did not answer the shutdown: what it still held is lost
+    /// with the process, counted and audited as one gap.
+    fn unanswered(&self, within: Duration) {
+        let unapplied = self.unapplied.load(Ordering::Relaxed);
+        tracing::error!(
+            unapplied,
+            within_ms = (within + FINISH_GRACE).as_millis() as u64,
+            "claim evidence worker did not answer at shutdown: the evidence it still held \
+             (unapplied) may be lost, their claims will lapse"
+        );
+        if unapplied == 0 {
+            return;
+        }
+        metrics::counter!(crate::metrics::EVIDENCE_LOST, "reason" => "shutdown")
+            .increment(unapplied as u64);
+        let e = AuditEvent::new(&SessionContext::internal(), Operation::EvidenceLost);
+        (self.audit)(e.with_detail(json!({
+            "evidence": "unknown",
+            "reason": "shutdown",
+            "unapplied": unapplied,
+        })));
     }
 }
 
 /// Evidence waiting for a retry, at most: beyond it the oldest is lost
 /// (reported).
 const MAX_PENDING: usize = 10_000;
+
+/// How long past its deadline a shutdown waits for the worker's answer:
+/// the store call it is in may take that long (a statement timeout).
+const FINISH_GRACE: Duration = Duration::from_secs(5);
 
 /// Starts the worker for `store`; it ends when every sender is dropped.
 /// Each piece of evidence is applied with the progress hold and holder-gone
@@ -154,9 +193,11 @@ pub fn start(
     audit: AuditRecorder,
 ) -> EvidenceSender {
     let (tx, rx) = sync_channel(65_536);
+    let unapplied = Arc::new(AtomicUsize::new(0));
     let sender = EvidenceSender {
         tx,
         audit: Arc::clone(&audit),
+        unapplied: Arc::clone(&unapplied),
     };
     let worker = Worker {
         store,
@@ -165,8 +206,9 @@ pub fn start(
         audit,
         pending: RetryQueue::new(MAX_PENDING),
         gathered: Gathered::new(),
-        failing: false,
+        failing: FailureStreak::default(),
         lost_since_failing: 0,
+        unapplied,
     };
     let spawned = std::thread::Builder::new()
         .name("resumeguard-claims".into())
@@ -187,9 +229,11 @@ struct Worker {
     pending: RetryQueue<(SessionContext, Evidence)>,
     /// Write evidence arrived together, applied in one statement when due.
     gathered: Gathered<(SessionContext, Evidence)>,
-    /// Evidence has failed since the queue was last empty (logged once).
-    failing: bool,
+    /// Evidence has failed since the queue was last empty, and why last.
+    failing: FailureStreak,
     lost_since_failing: u64,
+    /// The sender's count of evidence neither applied nor reported lost.
+    unapplied: Arc<AtomicUsize>,
 }
 
 impl Worker {
@@ -255,7 +299,17 @@ impl Worker {
             );
             lost(&self.audit, ev, "shutdown");
         }
+        self.settled(left.len());
         metrics::gauge!(crate::metrics::EVIDENCE_PENDING).set(0.0);
+    }
+
+    /// `n` pieces of evidence were applied or reported lost.
+    fn settled(&self, n: usize) {
+        let _ = self
+            .unapplied
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                Some(held.saturating_sub(n))
+            });
     }
 
     /// New evidence: a write's is gathered with what arrives with it,
@@ -281,16 +335,28 @@ impl Worker {
     }
 
     fn apply_or_queue(&mut self, ctx: SessionContext, ev: Evidence) {
-        if let Err(e) = self.apply(&ctx, &ev) {
-            self.failed(&e, &ev);
-            self.queue(ctx.session_id, ctx, ev);
+        match self.apply(&ctx, &ev) {
+            Ok(()) => self.settled(1),
+            Err(e) => {
+                self.failed(&e, &ev);
+                self.queue(ctx.session_id, ctx, ev);
+            }
         }
     }
 
+    /// Evidence the store did not take: the first failure of a run and
+    /// one for another cause are ERRORs (until it is applied its claim
+    /// may lapse and another resume take over), the rest of the run
+    /// debug.
     fn failed(&mut self, e: &StoreError, ev: &Evidence) {
-        if !self.failing {
-            self.failing = true;
-            tracing::warn!(error = %e, ?ev, "claim evidence not applied: retrying until the claim store takes it");
+        match self.failing.failed(e) {
+            Failure::Began => tracing::error!(error = %e, ?ev,
+                "claim evidence not applied: retrying until the claim store takes it; until \
+                 then its claim may lapse and another resume take over"),
+            Failure::CauseChanged => tracing::error!(error = %e, ?ev,
+                "claim evidence still not applied, now for another cause: retrying"),
+            Failure::Continues => tracing::debug!(error = %e, ?ev, pending = self.pending.len(),
+                retries = self.pending.retries(), "claim evidence still not applied"),
         }
     }
 
@@ -302,10 +368,13 @@ impl Worker {
         let Some(&(_, first)) = batch.first() else {
             return;
         };
-        if let Err(e) = self.apply_writes(&batch) {
-            self.failed(&e, first);
-            for (ctx, ev) in gathered {
-                self.queue(ctx.session_id, ctx, ev);
+        match self.apply_writes(&batch) {
+            Ok(()) => self.settled(batch.len()),
+            Err(e) => {
+                self.failed(&e, first);
+                for (ctx, ev) in gathered {
+                    self.queue(ctx.session_id, ctx, ev);
+                }
             }
         }
     }
@@ -318,36 +387,38 @@ impl Worker {
             }
             self.lost_since_failing += 1;
             lost(&self.audit, &dropped, "retry_queue_full");
+            self.settled(1);
         }
         metrics::gauge!(crate::metrics::EVIDENCE_PENDING).set(self.pending.len() as f64);
     }
 
     fn retry(&mut self) {
-        let mut last_error = None;
+        let mut last_failure = None;
         let mut pending = std::mem::replace(&mut self.pending, RetryQueue::new(1));
         let round = pending.retry(Instant::now(), |(ctx, ev)| {
             metrics::counter!(crate::metrics::EVIDENCE_RETRIES).increment(1);
             match self.apply(ctx, ev) {
                 Ok(()) => true,
                 Err(e) => {
-                    last_error = Some(e);
+                    last_failure = Some((e, ev.clone()));
                     false
                 }
             }
         });
-        let retries = pending.retries();
         self.pending = pending;
+        self.settled(round.applied);
         metrics::gauge!(crate::metrics::EVIDENCE_PENDING).set(self.pending.len() as f64);
-        if self.pending.is_empty() && self.failing {
-            tracing::info!(
-                applied = round.applied,
-                lost = self.lost_since_failing,
-                "claim evidence applied again: the claim store takes it, nothing pending"
-            );
-            self.failing = false;
+        if self.pending.is_empty() {
+            if self.failing.succeeded() {
+                tracing::info!(
+                    applied = round.applied,
+                    lost = self.lost_since_failing,
+                    "claim evidence applied again: the claim store takes it, nothing pending"
+                );
+            }
             self.lost_since_failing = 0;
-        } else if let Some(e) = last_error {
-            tracing::debug!(error = %e, pending = self.pending.len(), retries, "claim evidence still not applied");
+        } else if let Some((e, ev)) = last_failure {
+            self.failed(&e, &ev);
         }
     }
 
@@ -471,8 +542,8 @@ fn consumed_event(ctx: &SessionContext, ev: &Evidence, record: &ClaimRecord) -> 
         // The map form writes nothing until its node finished: a gate
         // longer than the lapse lets a second resume take over meanwhile.
         tracing::warn!(
-            thread = %record.key.at.thread_id,
-            checkpoint = %record.key.at.checkpoint_id,
+            thread = %shown(&record.key.at.thread_id),
+            checkpoint = %shown(&record.key.at.checkpoint_id),
             "claim consumed after it lapsed: a resume ran longer than claims.lapse_ms \
              (map-form resume with a slow gate?); raise claims.lapse_ms"
         );
@@ -511,6 +582,7 @@ mod tests {
     use crate::claims::postgres::tests::{holder, key};
     use crate::claims::timings::ClaimsTimings;
     use crate::claims::{ClaimKey, ClaimState};
+    use crate::test_metrics::has_line;
     use crate::test_pg_server::PgSchema;
 
     /// A worker over a fresh store where session 7 of proxy `p1` holds a
@@ -574,6 +646,7 @@ mod tests {
         });
         // Shutdown applies what is still gathered.
         w.sender.finish(Duration::from_secs(10));
+        assert_eq!(w.sender.unapplied.load(Ordering::Relaxed), 0);
         let state = |k: &ClaimKey| {
             let r = w.store.get(k).expect("get").expect("row");
             (r.state, r.evidence)
@@ -592,6 +665,97 @@ mod tests {
         assert_eq!(
             state(&moved),
             (ClaimState::Consumed, Some(NEXT_CHECKPOINT.to_owned()))
+        );
+    }
+
+    #[test]
+    fn evidence_not_taken_is_an_error_first_and_again_when_its_cause_changes() {
+        let mut worker = Worker {
+            store: Arc::new(crate::test_pg_server::unreachable()),
+            proxy_id: "p1".into(),
+            timings: LiveClaimsTimings::new(ClaimsTimings::default()),
+            audit: Arc::new(drop),
+            pending: RetryQueue::new(MAX_PENDING),
+            gathered: Gathered::new(),
+            failing: FailureStreak::default(),
+            lost_since_failing: 0,
+            unapplied: Arc::default(),
+        };
+        let down = |reason: &str| StoreError::Postgres {
+            at: "claims".into(),
+            op: "apply_evidence",
+            reason: reason.into(),
+        };
+        let ev = Evidence::HolderGone { session_id: 7 };
+        let errors = |log: &str| log.lines().filter(|l| l.contains("ERROR")).count();
+        let ((), log) = crate::test_log::captured(|| {
+            worker.failed(&down("connection refused"), &ev);
+            worker.failed(&down("connection refused"), &ev);
+        });
+        assert_eq!(errors(&log), 1, "{log}");
+        let ((), log) =
+            crate::test_log::captured(|| worker.failed(&down("statement timeout"), &ev));
+        assert_eq!(errors(&log), 1, "{log}");
+    }
+
+    #[test]
+    fn a_worker_that_does_not_answer_the_shutdown_has_its_evidence_counted_lost() {
+        let (tx, rx) = sync_channel(4);
+        let audited = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let into = Arc::clone(&audited);
+        let sender = EvidenceSender {
+            tx,
+            audit: Arc::new(move |e| into.lock().unwrap().push(e)),
+            unapplied: Arc::default(),
+        };
+        let ctx = SessionContext::default();
+        for session_id in [1, 2] {
+            sender.send(&ctx, Evidence::HolderGone { session_id });
+        }
+        // The worker is gone with what it was sent.
+        drop(rx);
+        let (((), body), log) = crate::test_log::captured(|| {
+            crate::test_metrics::recorded(|| sender.finish(Duration::ZERO))
+        });
+        assert!(
+            log.lines()
+                .any(|l| l.contains("ERROR") && l.contains("unapplied=2")),
+            "{log}"
+        );
+        assert!(
+            has_line(
+                &body,
+                "resumeguard_evidence_lost_total{reason=\"shutdown\"} 2"
+            ),
+            "{body}"
+        );
+        let audited = audited.lock().unwrap();
+        assert_eq!(audited.len(), 1);
+        assert_eq!(audited[0].operation, Operation::EvidenceLost);
+        assert_eq!(audited[0].detail["unapplied"], 2);
+    }
+
+    #[test]
+    fn a_claim_consumed_after_it_lapsed_names_its_thread_escaped() {
+        let forged = ClaimKey {
+            at: CheckpointRef {
+                thread_id: "t1\nERROR forged line".into(),
+                checkpoint_ns: String::new(),
+                checkpoint_id: "c1".into(),
+            },
+            fingerprint: "f".into(),
+        };
+        let mut record = ClaimRecord::taken(&forged, &holder("p1", 7), 0, 1_000, 1);
+        record.consumed_at_ms = Some(2_000);
+        let ev = Evidence::MovedOn {
+            parent: forged.at.clone(),
+        };
+        let (_, log) =
+            crate::test_log::captured(|| consumed_event(&SessionContext::default(), &ev, &record));
+        assert!(log.contains("consumed after it lapsed"), "{log}");
+        assert!(
+            !log.lines().any(|l| l.starts_with("ERROR forged line")),
+            "{log}"
         );
     }
 

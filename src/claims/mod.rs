@@ -12,6 +12,7 @@
 //!   written once, in its SQL functions.
 //! - `render`: the table behind `resumeguard claims list`.
 //! - `timings`: the claims timings a reload may change, shared.
+//! - `failure_streak`: a run of the store's failures, as the log tells it.
 //!
 //! The decision for a read (serve, wait, refuse) is pure and lives in
 //! [`crate::policy::claims`].
@@ -21,6 +22,7 @@ mod error;
 pub mod evidence;
 mod evidence_gather;
 mod evidence_retry;
+pub mod failure_streak;
 mod model;
 mod outcome;
 pub mod postgres;

@@ -22,6 +22,7 @@ use crate::wire::draining::Draining;
 use crate::wire::guard::Ticket;
 
 use crate::claims::evidence::EvidenceSender;
+use crate::claims::failure_streak::FailureStreak;
 use crate::claims::timings::LiveClaimsTimings;
 use crate::claims::{ClaimKey, ClaimOutcome, ClaimState, ClaimStore, Holder, Now, StoreError};
 use crate::policy::claims::{
@@ -63,6 +64,10 @@ pub struct ClaimsLeg {
     /// the claims schema is in that database of the server the proxy
     /// fronts (see `enforce::fencing`). `None`: fenced by a store lookup.
     pub fence_in_transaction: Option<InTransactionFence>,
+    /// Whether the store lookups fencing writes are failing now: said at
+    /// ERROR when they begin to, at INFO when they answer again (shared by
+    /// the legs a reload makes).
+    pub fence_lookups: Arc<FailureStreak>,
 }
 
 /// The database of the fronted server that holds the claims schema.
@@ -280,11 +285,15 @@ impl ClaimsLeg {
             self.store
                 .run_lease(&at.thread_id, &at.checkpoint_ns, Now::STORE)
         });
-        if let Err(e) = &lease {
-            tracing::warn!(error = %e, "run lease unknown (claim store failed): head served");
+        let decision = decide_running_head(&lease, &req.holder, self.draining.is_set());
+        if let (Err(e), ClaimDecision::Serve { .. }) = (&lease, &decision) {
+            crate::metrics::run_lease_unchecked();
+            tracing::error!(error = %e, thread = %shown(&at.thread_id),
+                "run lease unknown (claim store failed): running head served unchecked, a late \
+                 resume may repeat another session's run");
         }
         Resolution {
-            decision: decide_running_head(&lease, &req.holder, self.draining.is_set()),
+            decision,
             waited_ms: 0,
             displaced: None,
             takeover: None,
@@ -374,3 +383,6 @@ fn count_decision(head: Head, res: &Resolution) {
         ClaimDecision::RetryAfter { .. } => {}
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

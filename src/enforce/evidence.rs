@@ -10,6 +10,7 @@ use crate::claims::evidence::Evidence;
 use crate::claims::WrittenAt;
 use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::classify::{RowsDeleted, StatementKind};
+use crate::saver::decode_error::DecodeError;
 use crate::saver::profile::TableRole;
 use crate::saver::reserved::{ERROR, INTERRUPT, NULL_TASK, RESUME, SCHEDULED};
 use crate::saver::write_record::WriteRecord;
@@ -90,8 +91,8 @@ impl Watch {
                 table: TableRole::Checkpoints,
                 thread_param,
             } => {
-                return self
-                    .param_text(*thread_param)
+                return thread_param
+                    .and_then(|index| self.evidence_param(index, THREAD_NOT_FORGOTTEN))
                     .map(|thread_id| vec![Evidence::ThreadDeleted { thread_id }])
                     .unwrap_or_default();
             }
@@ -137,11 +138,7 @@ impl Watch {
                 .map(|thread_id| Evidence::ThreadDeleted { thread_id })
                 .collect(),
             Err(error) => {
-                tracing::error!(
-                    %error,
-                    "deleted threads' ids do not decode: their claims are not forgotten \
-                     (they lapse or stay consumed)"
-                );
+                not_decoded(&error, THREAD_NOT_FORGOTTEN);
                 Vec::new()
             }
         }
@@ -162,10 +159,11 @@ impl Watch {
         let [new, continued] = kept_params else {
             return None;
         };
-        let thread_id = self.param_text(Some(thread_param))?;
-        let checkpoint_ns = self.param_text(Some(ns_param))?;
-        let continued = self.param_text(Some(*continued))?;
-        if continued.is_empty() || self.param_text(Some(*new)).as_ref() == Some(&continued) {
+        let param = |index| self.evidence_param(index, NOT_MOVED_ON);
+        let thread_id = param(thread_param)?;
+        let checkpoint_ns = param(ns_param)?;
+        let continued = param(*continued)?;
+        if continued.is_empty() || param(*new).as_ref() == Some(&continued) {
             return None;
         }
         Some(Evidence::MovedOn {
@@ -176,6 +174,32 @@ impl Watch {
             },
         })
     }
+
+    /// Text parameter `index` of a statement whose claim evidence it
+    /// names; `None` for NULL. One that does not decode is said at ERROR
+    /// with what the claims miss (`consequence`).
+    fn evidence_param(&self, index: usize, consequence: &str) -> Option<String> {
+        match self.param_decoded(index) {
+            Ok(text) => text,
+            Err(error) => {
+                not_decoded(&error, consequence);
+                None
+            }
+        }
+    }
+}
+
+/// What the claims miss when a deletion's thread ids do not decode.
+const THREAD_NOT_FORGOTTEN: &str =
+    "the deleted threads' claims are not forgotten (they lapse or stay consumed)";
+/// What the claims miss when the shallow put's ids do not decode.
+const NOT_MOVED_ON: &str =
+    "the checkpoint the shallow put continues is not moved on (its claim lapses)";
+
+/// A claim evidence parameter that does not decode: the guard goes on
+/// without that evidence, and says so.
+fn not_decoded(error: &DecodeError, consequence: &str) {
+    tracing::error!(%error, "claim evidence parameter does not decode: {consequence}");
 }
 
 #[cfg(test)]
@@ -193,9 +217,15 @@ mod tests {
 
     /// A completed statement of `sql` with these text parameters.
     fn watch(sql: &str, params: &[Option<&str>]) -> Watch {
-        let classifier = Classifier::new(vec![SaverProfile::langgraph_python()]);
         let params: Vec<Option<&[u8]>> = params.iter().map(|p| p.map(str::as_bytes)).collect();
-        let frame = bind_frame("", &[], &params, &[]);
+        watch_of_bytes(sql, &params)
+    }
+
+    /// A completed statement of `sql` with these parameters, in the text
+    /// format whether or not they are UTF-8.
+    fn watch_of_bytes(sql: &str, params: &[Option<&[u8]>]) -> Watch {
+        let classifier = Classifier::new(vec![SaverProfile::langgraph_python()]);
+        let frame = bind_frame("", &[], params, &[]);
         let bound = decode(&frame).expect("a Bind psycopg sends");
         Watch::new(classifier.classify(sql), Some(Arc::new(bound)), false)
     }
@@ -218,6 +248,28 @@ mod tests {
         // A list that does not decode forgets nothing (and says so).
         assert_eq!(watch(checkpoints, &[Some("{t1")]).evidence(), vec![]);
         assert_eq!(watch(checkpoints, &[None]).evidence(), vec![]);
+    }
+
+    #[test]
+    fn a_deletion_or_shallow_put_whose_ids_do_not_decode_says_so_at_error() {
+        let not_utf8: &[u8] = b"t\xff";
+        let deletion = watch_of_bytes(
+            "DELETE FROM checkpoints WHERE thread_id = $1",
+            &[Some(not_utf8)],
+        );
+        let put = watch_of_bytes(
+            SHALLOW_DELETE_WRITES,
+            &[Some(not_utf8), Some(b"ns"), Some(b"new"), Some(b"parked")],
+        );
+        for (w, consequence) in [(deletion, THREAD_NOT_FORGOTTEN), (put, NOT_MOVED_ON)] {
+            let (evidence, log) = crate::test_log::captured(|| w.evidence());
+            assert_eq!(evidence, vec![]);
+            assert!(
+                log.lines()
+                    .any(|l| l.contains("ERROR") && l.contains(consequence)),
+                "{log}"
+            );
+        }
     }
 
     #[test]

@@ -43,6 +43,7 @@ use super::events::{fenced, FencedWrite};
 use super::evidence::{Continuation, Step};
 use super::fence_check::FenceCheck;
 use crate::audit::{AuditEvent, SessionContext};
+use crate::claims::failure_streak::Failure;
 use crate::claims::{ClaimKey, Holder, Now, NEXT_CHECKPOINT};
 use crate::log_text::shown;
 use crate::policy::claims::{
@@ -191,8 +192,20 @@ impl FenceGate {
             )
         });
         let (current, read_at_ms) = match read {
-            Ok((current, at_ms)) => (Ok(current), at_ms),
-            Err(e) => (Err(e), 0),
+            Ok((current, at_ms)) => {
+                if leg.fence_lookups.succeeded() {
+                    tracing::info!("fence lookups answered again: writes are fenced again");
+                }
+                (Ok(current), at_ms)
+            }
+            Err(e) => {
+                if leg.fence_lookups.failed(&e) == Failure::Began {
+                    tracing::error!(error = %e, "fence lookups failing: writes continuing a \
+                        checkpoint this session does not know claimed pass unfenced, those it \
+                        does are refused (58000), until the claim store answers");
+                }
+                (Err(e), 0)
+            }
         };
         let verdict = decide_write(&writer, &current);
         let Ok(Some(claim)) = &current else {
@@ -381,3 +394,6 @@ impl FenceGate {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -283,21 +283,33 @@ impl Watch {
     }
 
     pub(super) fn param_text(&self, index: Option<usize>) -> Option<String> {
-        let value = self.bound.as_ref()?.value(index?, ColumnKind::Text).ok()?;
-        value.as_str().map(str::to_owned)
+        self.param_decoded(index?).ok().flatten()
+    }
+
+    /// A text parameter (NULL as `None`), or why it does not decode.
+    pub(super) fn param_decoded(&self, index: usize) -> Result<Option<String>, DecodeError> {
+        Ok(self
+            .param_value(index, ColumnKind::Text)?
+            .as_str()
+            .map(str::to_owned))
     }
 
     /// A `text[]` parameter's elements (NULL elements as `None`).
     pub(super) fn param_texts(&self, index: usize) -> Result<Vec<Option<String>>, DecodeError> {
+        match self.param_value(index, ColumnKind::TextArray)? {
+            Value::Texts(texts) => Ok(texts),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// Parameter `index` decoded as `kind`.
+    fn param_value(&self, index: usize, kind: ColumnKind) -> Result<Value, DecodeError> {
         let bound = self.bound.as_ref().ok_or(DecodeError::MissingColumn {
             column: "bind parameter",
             index,
             count: 0,
         })?;
-        match bound.value(index, ColumnKind::TextArray)? {
-            Value::Texts(texts) => Ok(texts),
-            _ => Ok(Vec::new()),
-        }
+        bound.value(index, kind)
     }
 }
 

@@ -457,7 +457,8 @@ impl WriteVerdict {
 /// A store that cannot answer fails closed where the proxy knows the
 /// checkpoint is claimed ([`Writer::known_claimed`]); elsewhere the write
 /// passes, since every step of every run continues some checkpoint and
-/// refusing them all would stop unrelated traffic.
+/// refusing them all would stop unrelated traffic (counted, and said at
+/// ERROR when the lookups begin to fail: `enforce::fencing`).
 pub fn decide_write(
     writer: &Writer<'_>,
     current: &Result<Option<ClaimRecord>, StoreError>,

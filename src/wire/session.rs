@@ -91,7 +91,7 @@ pub fn serve_client(proxy: Arc<Proxy>, client: TcpStream, peer: SocketAddr, insp
         }
         FirstPacket::Startup(startup) => {
             if let Some(refusal) = proxy.guards.refuse_startup(&startup.params) {
-                tracing::warn!(%peer, error = %refusal.message, detail = %refusal.detail, "refused connection start");
+                tracing::warn!(%peer, error = %shown(&refusal.message), detail = %shown(&refusal.detail), "refused connection start");
                 let err = error_response(
                     Severity::Fatal,
                     refusal.sqlstate,

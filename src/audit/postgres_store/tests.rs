@@ -56,6 +56,38 @@ fn append(trail: &mut PgTrail, events: &[AuditEvent]) {
     trail.append(&refs).expect("append");
 }
 
+/// One event of thread `t1`, appended to `db`'s trail.
+fn one_event_of_t1(db: &PgSchema) -> AuditEvent {
+    let ev = event(
+        "proxy-a",
+        "2026-11-30T10:00:00.000Z",
+        Operation::ClaimTaken,
+        "t1",
+    );
+    append(&mut PgTrail::new(slot_of(db)), std::slice::from_ref(&ev));
+    ev
+}
+
+#[test]
+fn a_row_with_null_where_a_value_is_read_is_an_error_not_a_panic() {
+    let db = PgSchema::new("audit_null_row");
+    one_event_of_t1(&db);
+    let s = db.target().schema();
+    db.admin()
+        .batch_execute(&format!(
+            "ALTER TABLE {s}.audit_events ALTER COLUMN client_addr DROP NOT NULL; \
+             INSERT INTO {s}.audit_events (time, proxy_id, session_id, client_addr, \"user\", \
+             \"database\", application_name, operation, thread_id, channels, blob_sha256, \
+             detail) VALUES (now(), 'proxy-a', 1, NULL, 'lg', 'db', 'app', 'claim_taken', \
+             't1', '[]', '[]', '{{}}')"
+        ))
+        .expect("a row with no client address");
+    match thread_events(db.target(), "t1") {
+        Err(AuditError::PostgresRow(_)) => {}
+        other => panic!("expected the row's error, got {other:?}"),
+    }
+}
+
 #[test]
 fn appends_batches_and_reads_a_thread_back_in_time_order_over_replicas() {
     let db = PgSchema::new("audit_append");
@@ -395,14 +427,7 @@ fn retention_deletes_old_rows_in_chunks_and_records_it_once() {
 #[test]
 fn rows_cannot_be_edited_or_truncated_only_appended_and_pruned() {
     let db = PgSchema::new("audit_append_only");
-    let mut trail = PgTrail::new(slot_of(&db));
-    let ev = event(
-        "proxy-a",
-        "2026-11-30T10:00:00.000Z",
-        Operation::ClaimTaken,
-        "t1",
-    );
-    append(&mut trail, std::slice::from_ref(&ev));
+    let ev = one_event_of_t1(&db);
     let s = db.target().schema();
     let mut c = plain(&db);
     for sql in [

@@ -877,7 +877,7 @@ fn lock_instance(
     loop {
         let locked: bool = lock
             .query_one("SELECT pg_try_advisory_lock($1)", &[&id])?
-            .get(0);
+            .try_get(0)?;
         if locked {
             if let Some(old) = again {
                 // This process's claims not counted as gone by a closed
@@ -912,6 +912,6 @@ fn next_instance(client: &mut Client, schema: &str) -> Result<i64, postgres::Err
                  | (nextval('{schema}.holder_instances') & 4294967295)"
             ),
             &[],
-        )
-        .map(|r| r.get(0))
+        )?
+        .try_get(0)
 }

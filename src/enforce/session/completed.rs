@@ -89,7 +89,7 @@ impl SessionEnforcer {
                 .flatten()
         });
         if current.is_none() {
-            tracing::debug!(%detail, "fenced write's holder not found again for the audit");
+            tracing::debug!(detail = %shown(&detail), "fenced write's holder not found again for the audit");
         }
         let event = super::super::events::fenced(
             &self.ctx,

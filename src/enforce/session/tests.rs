@@ -238,6 +238,7 @@ fn claiming_state_on(
         parked: Arc::default(),
         draining: Default::default(),
         fence_in_transaction: None,
+        fence_lookups: Arc::default(),
     };
     let classifier = Arc::new(Classifier::new(vec![SaverProfile::langgraph_python()]));
     let legs = Legs {
