@@ -5,7 +5,7 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use rustls::{Connection, ServerConfig, ServerConnection};
@@ -68,17 +68,18 @@ impl ClientStream {
     /// Runs the server side of the TLS handshake on `sock`; `early` is
     /// what the client already sent of it (a direct-TLS ClientHello).
     /// With `direct`, the client must have negotiated ALPN "postgresql",
-    /// as PostgreSQL requires of direct TLS. The socket's read timeout
-    /// bounds the wait.
+    /// as PostgreSQL requires of direct TLS. The handshake finishes by
+    /// `deadline` or fails with a timeout.
     pub fn accept_tls(
         sock: TcpStream,
         tls: &ClientTls,
         early: &[u8],
         direct: bool,
+        deadline: Instant,
     ) -> io::Result<ClientStream> {
         let conn = ServerConnection::new(tls.config())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        let stream = TlsStream::handshake(sock, Connection::Server(conn), early)?;
+        let stream = TlsStream::handshake_by(sock, Connection::Server(conn), early, deadline)?;
         if direct && stream.alpn_protocol().as_deref() != Some(ALPN_POSTGRESQL) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,

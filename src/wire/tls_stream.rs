@@ -10,9 +10,11 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustls::Connection;
+
+use super::deadline_socket::DeadlineSocket;
 
 /// Raw bytes read from the socket per system call.
 const READ_CHUNK: usize = 32 * 1024;
@@ -45,40 +47,35 @@ fn tls_error(e: rustls::Error) -> io::Error {
 impl TlsStream {
     /// Runs the handshake of `conn` on `sock` to completion. `early` is
     /// ciphertext already read from the socket (a ClientHello that came
-    /// first). The socket's timeouts bound the wait.
-    pub fn handshake(
-        mut sock: TcpStream,
+    /// first). The socket's timeouts bound each wait.
+    pub fn handshake(sock: TcpStream, mut conn: Connection, early: &[u8]) -> io::Result<TlsStream> {
+        complete_handshake(&mut conn, &mut &sock, early)?;
+        Ok(TlsStream::established(sock, conn))
+    }
+
+    /// [`TlsStream::handshake`], finished by `deadline` however slowly the
+    /// peer sends its part, or failed with `TimedOut` (or the socket's
+    /// `WouldBlock`). The socket is left without a write timeout.
+    pub fn handshake_by(
+        sock: TcpStream,
         mut conn: Connection,
         early: &[u8],
+        deadline: Instant,
     ) -> io::Result<TlsStream> {
-        let mut early = early;
-        while !early.is_empty() {
-            conn.read_tls(&mut early)?;
-            if let Err(e) = conn.process_new_packets() {
-                let _ = conn.write_tls(&mut sock);
-                return Err(tls_error(e));
-            }
-        }
-        while conn.is_handshaking() {
-            let (read, written) = conn.complete_io(&mut sock)?;
-            if read == 0 && written == 0 && conn.is_handshaking() {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the peer closed the connection during the TLS handshake",
-                ));
-            }
-        }
-        while conn.wants_write() {
-            conn.write_tls(&mut sock)?;
-        }
+        complete_handshake(&mut conn, &mut DeadlineSocket::new(&sock, deadline), early)?;
+        sock.set_write_timeout(None)?;
+        Ok(TlsStream::established(sock, conn))
+    }
+
+    fn established(sock: TcpStream, mut conn: Connection) -> TlsStream {
         // Each write is sealed and sent whole: no limit on what it seals.
         conn.set_buffer_limit(None);
-        Ok(TlsStream {
+        TlsStream {
             sock,
             conn: Mutex::new(conn),
             read_side: Mutex::new(ReadSide::default()),
             write_side: Mutex::new(Vec::new()),
-        })
+        }
     }
 
     /// The negotiated ALPN protocol.
@@ -190,6 +187,35 @@ impl TlsStream {
         }
         sent.map(|()| buf.len())
     }
+}
+
+/// Feeds `early` to `conn`, then reads and writes `io` until the handshake
+/// is done and its last flight sent.
+fn complete_handshake(
+    conn: &mut Connection,
+    io: &mut (impl Read + Write),
+    mut early: &[u8],
+) -> io::Result<()> {
+    while !early.is_empty() {
+        conn.read_tls(&mut early)?;
+        if let Err(e) = conn.process_new_packets() {
+            let _ = conn.write_tls(io);
+            return Err(tls_error(e));
+        }
+    }
+    while conn.is_handshaking() {
+        let (read, written) = conn.complete_io(io)?;
+        if read == 0 && written == 0 && conn.is_handshaking() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the peer closed the connection during the TLS handshake",
+            ));
+        }
+    }
+    while conn.wants_write() {
+        conn.write_tls(io)?;
+    }
+    Ok(())
 }
 
 impl Read for &TlsStream {
