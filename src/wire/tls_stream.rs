@@ -27,6 +27,9 @@ pub struct TlsStream {
     read_side: Mutex<ReadSide>,
     /// The writers' side: held from sealing until the socket took it.
     write_side: Mutex<Vec<u8>>,
+    /// How long one read may wait in all. The socket's own timeout bounds
+    /// one system call, and a record sent a byte at a time takes many.
+    read_timeout: Mutex<Option<Duration>>,
 }
 
 #[derive(Default)]
@@ -55,7 +58,7 @@ impl TlsStream {
 
     /// [`TlsStream::handshake`], finished by `deadline` however slowly the
     /// peer sends its part, or failed with `TimedOut` (or the socket's
-    /// `WouldBlock`). The socket is left without a write timeout.
+    /// `WouldBlock`). The socket is left without timeouts.
     pub fn handshake_by(
         sock: TcpStream,
         mut conn: Connection,
@@ -63,6 +66,7 @@ impl TlsStream {
         deadline: Instant,
     ) -> io::Result<TlsStream> {
         complete_handshake(&mut conn, &mut DeadlineSocket::new(&sock, deadline), early)?;
+        sock.set_read_timeout(None)?;
         sock.set_write_timeout(None)?;
         Ok(TlsStream::established(sock, conn))
     }
@@ -75,6 +79,7 @@ impl TlsStream {
             conn: Mutex::new(conn),
             read_side: Mutex::new(ReadSide::default()),
             write_side: Mutex::new(Vec::new()),
+            read_timeout: Mutex::new(None),
         }
     }
 
@@ -89,8 +94,12 @@ impl TlsStream {
         &self.sock
     }
 
+    /// Bounds each read in all, however slowly the peer's records come;
+    /// `None` waits for ever. A read that runs out fails as a socket's does.
     pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        self.sock.set_read_timeout(t)
+        self.sock.set_read_timeout(t)?;
+        *lock(&self.read_timeout)? = t;
+        Ok(())
     }
 
     /// Closes the socket in one or both directions; a thread blocked
@@ -125,6 +134,7 @@ impl TlsStream {
 
     fn read_plain(&self, buf: &mut [u8]) -> io::Result<usize> {
         let mut side = lock(&self.read_side)?;
+        let until = lock(&self.read_timeout)?.map(|t| Instant::now() + t);
         loop {
             let mut wants_write = false;
             let got = {
@@ -163,7 +173,10 @@ impl TlsStream {
             // holding only the reader's own lock.
             let side = &mut *side;
             side.scratch.resize(READ_CHUNK, 0);
-            let n = (&self.sock).read(&mut side.scratch)?;
+            let n = match until {
+                Some(until) => DeadlineSocket::new(&self.sock, until).read(&mut side.scratch)?,
+                None => (&self.sock).read(&mut side.scratch)?,
+            };
             if n == 0 {
                 return Ok(0);
             }

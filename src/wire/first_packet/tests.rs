@@ -10,7 +10,7 @@ use rustls::pki_types::ServerName;
 use rustls::ClientConnection;
 
 use super::*;
-use crate::wire::client_stream::tests::{scratch, self_signed};
+use crate::wire::client_stream::tests::proxy_tls;
 use crate::wire::tls_config::{client_config, Verify};
 
 /// SSLRequest: length 8, request code 80877103.
@@ -25,16 +25,6 @@ const STARTUP_DEADLINE: Duration = Duration::from_millis(300);
 /// How late the proxy may give up on a loaded machine and still count as
 /// having kept the deadline; the trickle itself lasts longer.
 const GIVE_UP_WITHIN: Duration = Duration::from_secs(5);
-
-/// A proxy certificate as `ClientTls`, its files in `tag`'s directory.
-fn proxy_tls(tag: &str) -> ClientTls {
-    let dir = scratch(tag);
-    let (cert, key) = self_signed();
-    let (cert_path, key_path) = (dir.join("proxy.crt"), dir.join("proxy.key"));
-    std::fs::write(&cert_path, cert).unwrap();
-    std::fs::write(&key_path, key).unwrap();
-    ClientTls::load(&cert_path, &key_path, false).unwrap()
-}
 
 /// A real rustls client's first flight: its ClientHello.
 fn client_hello() -> Vec<u8> {
