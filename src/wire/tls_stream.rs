@@ -164,6 +164,12 @@ impl TlsStream {
                 }
             };
             if wants_write {
+                // Behind a writer blocked on the socket this waits too. What
+                // rustls queues on reading is an alert (a fatal one, or TLS
+                // 1.2's refused renegotiation; its answer to a KeyUpdate
+                // waits for the next write), and a writer stays blocked only
+                // while this same peer reads nothing: the wait holds the
+                // session no longer than that peer's silence already does.
                 let _ = self.flush_queued();
             }
             if let Some(result) = got {
@@ -340,6 +346,62 @@ mod tests {
         client.shutdown(Shutdown::Both).unwrap();
         reader.join().unwrap();
         writer.join().unwrap();
+    }
+
+    #[test]
+    fn a_key_update_is_read_past_a_writer_blocked_on_the_peer() {
+        let (cert, key) = cert_files("key-update", &["localhost"]);
+        let client_cfg = client_config(Verify::Full, Some(&cert), None, true).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (send_now, when_to_send) = std::sync::mpsc::channel::<()>();
+        let (done, until_done) = std::sync::mpsc::channel::<()>();
+        // The peer: after the handshake it reads nothing, and once told,
+        // asks for a key update and sends "ping".
+        let peer = std::thread::spawn(move || {
+            let mut sock = TcpStream::connect(addr).unwrap();
+            let name = ServerName::try_from("localhost").unwrap();
+            let mut conn = ClientConnection::new(client_cfg, name).unwrap();
+            while conn.is_handshaking() {
+                conn.complete_io(&mut sock).unwrap();
+            }
+            when_to_send.recv().unwrap();
+            conn.refresh_traffic_keys().unwrap();
+            conn.writer().write_all(b"ping").unwrap();
+            while conn.wants_write() {
+                conn.write_tls(&mut sock).unwrap();
+            }
+            until_done.recv().unwrap();
+        });
+        let (sock, _) = listener.accept().unwrap();
+        let conn = ServerConnection::new(server_config(&cert, &key).unwrap()).unwrap();
+        let server = Arc::new(TlsStream::handshake(sock, Connection::Server(conn), &[]).unwrap());
+        // Far more than the socket buffers hold: the writer blocks holding
+        // the writers' side until the socket is shut down.
+        let writer = {
+            let server = Arc::clone(&server);
+            std::thread::spawn(move || (&*server).write_all(&vec![0u8; 64 << 20]).is_err())
+        };
+        std::thread::sleep(Duration::from_millis(500));
+        send_now.send(()).unwrap();
+        // Read on a thread of its own: a reader waiting for the writers'
+        // side would wait until the shutdown below.
+        let (read_tx, read_rx) = std::sync::mpsc::channel();
+        let reader = {
+            let server = Arc::clone(&server);
+            std::thread::spawn(move || {
+                let mut got = [0u8; 4];
+                let read = (&*server).read_exact(&mut got).map(|()| got);
+                let _ = read_tx.send(read.map_err(|e| e.to_string()));
+            })
+        };
+        let read = read_rx.recv_timeout(Duration::from_secs(5));
+        server.shutdown(Shutdown::Both).unwrap();
+        assert!(writer.join().unwrap(), "the writer was never blocked");
+        reader.join().unwrap();
+        done.send(()).unwrap();
+        peer.join().unwrap();
+        assert_eq!(read, Ok(Ok(*b"ping")));
     }
 
     #[test]
