@@ -5,7 +5,7 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use rustls::{Connection, ServerConfig, ServerConnection};
@@ -68,17 +68,18 @@ impl ClientStream {
     /// Runs the server side of the TLS handshake on `sock`; `early` is
     /// what the client already sent of it (a direct-TLS ClientHello).
     /// With `direct`, the client must have negotiated ALPN "postgresql",
-    /// as PostgreSQL requires of direct TLS. The socket's read timeout
-    /// bounds the wait.
+    /// as PostgreSQL requires of direct TLS. The handshake finishes by
+    /// `deadline` or fails with a timeout.
     pub fn accept_tls(
         sock: TcpStream,
         tls: &ClientTls,
         early: &[u8],
         direct: bool,
+        deadline: Instant,
     ) -> io::Result<ClientStream> {
         let conn = ServerConnection::new(tls.config())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        let stream = TlsStream::handshake(sock, Connection::Server(conn), early)?;
+        let stream = TlsStream::handshake_by(sock, Connection::Server(conn), early, deadline)?;
         if direct && stream.alpn_protocol().as_deref() != Some(ALPN_POSTGRESQL) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -106,8 +107,12 @@ impl ClientStream {
         }
     }
 
+    /// Bounds each read in all (a TLS record trickled in counts as one).
     pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        self.socket().set_read_timeout(t)
+        match self {
+            ClientStream::Plain(s) => s.set_read_timeout(t),
+            ClientStream::Tls(tls) => tls.set_read_timeout(t),
+        }
     }
 
     /// Closes the socket in one or both directions; a thread blocked
@@ -160,6 +165,16 @@ pub(crate) mod tests {
         std::fs::remove_dir_all(&dir).ok();
         std::fs::create_dir_all(&dir).unwrap();
         dir
+    }
+
+    /// A proxy certificate as `ClientTls`, its files in `tag`'s directory.
+    pub(crate) fn proxy_tls(tag: &str) -> ClientTls {
+        let dir = scratch(tag);
+        let (cert, key) = self_signed();
+        let (cert_path, key_path) = (dir.join("proxy.crt"), dir.join("proxy.key"));
+        std::fs::write(&cert_path, cert).unwrap();
+        std::fs::write(&key_path, key).unwrap();
+        ClientTls::load(&cert_path, &key_path, false).unwrap()
     }
 
     /// Runs a handshake in memory; the server's certificate, or why the
@@ -225,5 +240,58 @@ pub(crate) mod tests {
         assert!(err.contains("proxy.key"), "{err}");
         assert_eq!(presented(), der(&second));
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// A TLS client connection to the proxy whose client, after the
+    /// handshake, sends a record of `payload` a byte per 50 ms until the
+    /// proxy closes; the proxy's side.
+    fn trickled_record(payload: &'static [u8]) -> (ClientStream, std::thread::JoinHandle<()>) {
+        let tls = proxy_tls("trickled-record");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = std::thread::spawn(move || {
+            let mut sock = TcpStream::connect(addr).unwrap();
+            let anyone =
+                tls_config::client_config(tls_config::Verify::Nothing, None, None, true).unwrap();
+            let name = ServerName::try_from("localhost").unwrap();
+            let mut conn = ClientConnection::new(anyone, name).unwrap();
+            while conn.is_handshaking() {
+                conn.complete_io(&mut sock).unwrap();
+            }
+            conn.writer().write_all(payload).unwrap();
+            let mut record = Vec::new();
+            conn.write_tls(&mut record).unwrap();
+            for byte in record {
+                if sock.write_all(&[byte]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let (sock, _) = listener.accept().unwrap();
+        let by = std::time::Instant::now() + Duration::from_secs(10);
+        let proxy_side = ClientStream::accept_tls(sock, &tls, &[], false, by).unwrap();
+        (proxy_side, client)
+    }
+
+    #[test]
+    fn a_read_timeout_bounds_a_tls_record_trickled_in() {
+        // About 130 bytes of record: over 6 s at a byte per 50 ms, each
+        // byte far inside the timeout.
+        let (proxy_side, client) = trickled_record(&[b'x'; 100]);
+        let timeout = Duration::from_millis(300);
+        proxy_side.set_read_timeout(Some(timeout)).unwrap();
+        let started = std::time::Instant::now();
+        let read = (&proxy_side).read(&mut [0u8; 200]);
+        let took = started.elapsed();
+        let e = read.expect_err("the record came in within the timeout");
+        assert!(crate::wire::first_packet::is_timeout(&e), "{e}");
+        assert!(took >= timeout, "gave up before the timeout: {took:?}");
+        assert!(
+            took < Duration::from_secs(5),
+            "gave up long after: {took:?}"
+        );
+        proxy_side.shutdown(Shutdown::Both).unwrap();
+        client.join().unwrap();
     }
 }

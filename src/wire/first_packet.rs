@@ -53,8 +53,10 @@ pub enum NotOpened {
     /// Bytes that are no first packet PostgreSQL would read: a length word
     /// out of range (a Terminate sent before the StartupMessage), a
     /// CancelRequest of the wrong size, a packet cut short by the client's
-    /// close. PostgreSQL logs these and closes without a word; so does the
-    /// proxy (the stream is given to end its TLS session cleanly).
+    /// close; or a TLS handshake unfinished at the deadline (its client
+    /// could not read a plaintext error). PostgreSQL logs these and closes
+    /// without a word; so does the proxy (the stream is given to end its
+    /// TLS session cleanly).
     Unreadable(ClientStream, String),
     /// Refused, with the stream to tell the client why on.
     Refused(ClientStream, Refusal),
@@ -74,14 +76,11 @@ pub fn read_first_packet(
     let mut rb = ReadBuffer::default();
     let first = loop {
         let len = loop {
-            if let (Some(tls), ClientStream::Plain(sock), Some(&TLS_HANDSHAKE_RECORD)) =
-                (tls, &client, rb.bytes.first())
+            if let (Some(tls), false, Some(&TLS_HANDSHAKE_RECORD)) =
+                (tls, client.is_tls(), rb.bytes.first())
             {
                 let early = rb.bytes.split();
-                let Some(upgraded) = upgrade(sock, tls, &early, true) else {
-                    return Err(NotOpened::Left);
-                };
-                client = upgraded;
+                client = upgrade(client, tls, &early, true, deadline)?;
                 continue;
             }
             match startup::peek_len(&rb.bytes) {
@@ -129,11 +128,8 @@ pub fn read_first_packet(
                     tracing::debug!(error = %e, "client left during encryption negotiation");
                     return Err(NotOpened::Left);
                 }
-                if let (Some(tls), ClientStream::Plain(sock)) = (tls, &client) {
-                    let Some(upgraded) = upgrade(sock, tls, &[], false) else {
-                        return Err(NotOpened::Left);
-                    };
-                    client = upgraded;
+                if let Some(tls) = tls {
+                    client = upgrade(client, tls, &[], false, deadline)?;
                 }
             }
             (FirstPacket::Startup(_), ClientStream::Plain(_)) if tls.is_some_and(|t| t.require) => {
@@ -156,22 +152,36 @@ pub fn read_first_packet(
 }
 
 /// The TLS handshake on a plain client connection (on its own handle of
-/// the socket). A failure is logged and `None` returned: the client,
-/// mid-handshake, cannot read a plaintext error, so the connection just
-/// closes.
-fn upgrade(sock: &TcpStream, tls: &ClientTls, early: &[u8], direct: bool) -> Option<ClientStream> {
-    let sock = match sock.try_clone() {
+/// the socket), finished by `deadline`. The client, mid-handshake, cannot
+/// read a plaintext error, so a failed handshake just closes the
+/// connection: a failure is logged here, one unfinished at the deadline is
+/// given back to be logged with the connection's other startup timeouts.
+fn upgrade(
+    client: ClientStream,
+    tls: &ClientTls,
+    early: &[u8],
+    direct: bool,
+    deadline: Instant,
+) -> Result<ClientStream, NotOpened> {
+    let ClientStream::Plain(sock) = &client else {
+        return Ok(client);
+    };
+    let handle = match sock.try_clone() {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(error = %e, "client socket unusable for TLS");
-            return None;
+            return Err(NotOpened::Left);
         }
     };
-    match ClientStream::accept_tls(sock, tls, early, direct) {
-        Ok(c) => Some(c),
+    match ClientStream::accept_tls(handle, tls, early, direct, deadline) {
+        Ok(upgraded) => Ok(upgraded),
+        Err(e) if is_timeout(&e) => {
+            let why = "timed out waiting for the TLS handshake".to_owned();
+            Err(NotOpened::Unreadable(client, why))
+        }
         Err(e) => {
             tracing::info!(error = %e, direct, "client TLS handshake failed");
-            None
+            Err(NotOpened::Left)
         }
     }
 }
@@ -182,3 +192,6 @@ pub fn is_timeout(e: &std::io::Error) -> bool {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
     )
 }
+
+#[cfg(test)]
+mod tests;

@@ -5,6 +5,7 @@ mod client_relay;
 pub mod client_stream;
 pub mod client_text;
 pub mod connection;
+mod deadline_socket;
 pub mod draining;
 pub mod first_packet;
 pub mod guard;

@@ -10,9 +10,11 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustls::Connection;
+
+use super::deadline_socket::DeadlineSocket;
 
 /// Raw bytes read from the socket per system call.
 const READ_CHUNK: usize = 32 * 1024;
@@ -25,6 +27,9 @@ pub struct TlsStream {
     read_side: Mutex<ReadSide>,
     /// The writers' side: held from sealing until the socket took it.
     write_side: Mutex<Vec<u8>>,
+    /// How long one read may wait in all. The socket's own timeout bounds
+    /// one system call, and a record sent a byte at a time takes many.
+    read_timeout: Mutex<Option<Duration>>,
 }
 
 #[derive(Default)]
@@ -45,40 +50,37 @@ fn tls_error(e: rustls::Error) -> io::Error {
 impl TlsStream {
     /// Runs the handshake of `conn` on `sock` to completion. `early` is
     /// ciphertext already read from the socket (a ClientHello that came
-    /// first). The socket's timeouts bound the wait.
-    pub fn handshake(
-        mut sock: TcpStream,
+    /// first). The socket's timeouts bound each wait.
+    pub fn handshake(sock: TcpStream, mut conn: Connection, early: &[u8]) -> io::Result<TlsStream> {
+        complete_handshake(&mut conn, &mut &sock, early)?;
+        Ok(TlsStream::established(sock, conn))
+    }
+
+    /// [`TlsStream::handshake`], finished by `deadline` however slowly the
+    /// peer sends its part, or failed with `TimedOut` (or the socket's
+    /// `WouldBlock`). The socket is left without timeouts.
+    pub fn handshake_by(
+        sock: TcpStream,
         mut conn: Connection,
         early: &[u8],
+        deadline: Instant,
     ) -> io::Result<TlsStream> {
-        let mut early = early;
-        while !early.is_empty() {
-            conn.read_tls(&mut early)?;
-            if let Err(e) = conn.process_new_packets() {
-                let _ = conn.write_tls(&mut sock);
-                return Err(tls_error(e));
-            }
-        }
-        while conn.is_handshaking() {
-            let (read, written) = conn.complete_io(&mut sock)?;
-            if read == 0 && written == 0 && conn.is_handshaking() {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the peer closed the connection during the TLS handshake",
-                ));
-            }
-        }
-        while conn.wants_write() {
-            conn.write_tls(&mut sock)?;
-        }
+        complete_handshake(&mut conn, &mut DeadlineSocket::new(&sock, deadline), early)?;
+        sock.set_read_timeout(None)?;
+        sock.set_write_timeout(None)?;
+        Ok(TlsStream::established(sock, conn))
+    }
+
+    fn established(sock: TcpStream, mut conn: Connection) -> TlsStream {
         // Each write is sealed and sent whole: no limit on what it seals.
         conn.set_buffer_limit(None);
-        Ok(TlsStream {
+        TlsStream {
             sock,
             conn: Mutex::new(conn),
             read_side: Mutex::new(ReadSide::default()),
             write_side: Mutex::new(Vec::new()),
-        })
+            read_timeout: Mutex::new(None),
+        }
     }
 
     /// The negotiated ALPN protocol.
@@ -92,8 +94,12 @@ impl TlsStream {
         &self.sock
     }
 
+    /// Bounds each read in all, however slowly the peer's records come;
+    /// `None` waits for ever. A read that runs out fails as a socket's does.
     pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        self.sock.set_read_timeout(t)
+        self.sock.set_read_timeout(t)?;
+        *lock(&self.read_timeout)? = t;
+        Ok(())
     }
 
     /// Closes the socket in one or both directions; a thread blocked
@@ -128,6 +134,7 @@ impl TlsStream {
 
     fn read_plain(&self, buf: &mut [u8]) -> io::Result<usize> {
         let mut side = lock(&self.read_side)?;
+        let until = lock(&self.read_timeout)?.map(|t| Instant::now() + t);
         loop {
             let mut wants_write = false;
             let got = {
@@ -157,6 +164,12 @@ impl TlsStream {
                 }
             };
             if wants_write {
+                // Behind a writer blocked on the socket this waits too. What
+                // rustls queues on reading is an alert (a fatal one, or TLS
+                // 1.2's refused renegotiation; its answer to a KeyUpdate
+                // waits for the next write), and a writer stays blocked only
+                // while this same peer reads nothing: the wait holds the
+                // session no longer than that peer's silence already does.
                 let _ = self.flush_queued();
             }
             if let Some(result) = got {
@@ -166,7 +179,10 @@ impl TlsStream {
             // holding only the reader's own lock.
             let side = &mut *side;
             side.scratch.resize(READ_CHUNK, 0);
-            let n = (&self.sock).read(&mut side.scratch)?;
+            let n = match until {
+                Some(until) => DeadlineSocket::new(&self.sock, until).read(&mut side.scratch)?,
+                None => (&self.sock).read(&mut side.scratch)?,
+            };
             if n == 0 {
                 return Ok(0);
             }
@@ -190,6 +206,35 @@ impl TlsStream {
         }
         sent.map(|()| buf.len())
     }
+}
+
+/// Feeds `early` to `conn`, then reads and writes `io` until the handshake
+/// is done and its last flight sent.
+fn complete_handshake(
+    conn: &mut Connection,
+    io: &mut (impl Read + Write),
+    mut early: &[u8],
+) -> io::Result<()> {
+    while !early.is_empty() {
+        conn.read_tls(&mut early)?;
+        if let Err(e) = conn.process_new_packets() {
+            let _ = conn.write_tls(io);
+            return Err(tls_error(e));
+        }
+    }
+    while conn.is_handshaking() {
+        let (read, written) = conn.complete_io(io)?;
+        if read == 0 && written == 0 && conn.is_handshaking() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the peer closed the connection during the TLS handshake",
+            ));
+        }
+    }
+    while conn.wants_write() {
+        conn.write_tls(io)?;
+    }
+    Ok(())
 }
 
 impl Read for &TlsStream {
@@ -301,6 +346,62 @@ mod tests {
         client.shutdown(Shutdown::Both).unwrap();
         reader.join().unwrap();
         writer.join().unwrap();
+    }
+
+    #[test]
+    fn a_key_update_is_read_past_a_writer_blocked_on_the_peer() {
+        let (cert, key) = cert_files("key-update", &["localhost"]);
+        let client_cfg = client_config(Verify::Full, Some(&cert), None, true).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (send_now, when_to_send) = std::sync::mpsc::channel::<()>();
+        let (done, until_done) = std::sync::mpsc::channel::<()>();
+        // The peer: after the handshake it reads nothing, and once told,
+        // asks for a key update and sends "ping".
+        let peer = std::thread::spawn(move || {
+            let mut sock = TcpStream::connect(addr).unwrap();
+            let name = ServerName::try_from("localhost").unwrap();
+            let mut conn = ClientConnection::new(client_cfg, name).unwrap();
+            while conn.is_handshaking() {
+                conn.complete_io(&mut sock).unwrap();
+            }
+            when_to_send.recv().unwrap();
+            conn.refresh_traffic_keys().unwrap();
+            conn.writer().write_all(b"ping").unwrap();
+            while conn.wants_write() {
+                conn.write_tls(&mut sock).unwrap();
+            }
+            until_done.recv().unwrap();
+        });
+        let (sock, _) = listener.accept().unwrap();
+        let conn = ServerConnection::new(server_config(&cert, &key).unwrap()).unwrap();
+        let server = Arc::new(TlsStream::handshake(sock, Connection::Server(conn), &[]).unwrap());
+        // Far more than the socket buffers hold: the writer blocks holding
+        // the writers' side until the socket is shut down.
+        let writer = {
+            let server = Arc::clone(&server);
+            std::thread::spawn(move || (&*server).write_all(&vec![0u8; 64 << 20]).is_err())
+        };
+        std::thread::sleep(Duration::from_millis(500));
+        send_now.send(()).unwrap();
+        // Read on a thread of its own: a reader waiting for the writers'
+        // side would wait until the shutdown below.
+        let (read_tx, read_rx) = std::sync::mpsc::channel();
+        let reader = {
+            let server = Arc::clone(&server);
+            std::thread::spawn(move || {
+                let mut got = [0u8; 4];
+                let read = (&*server).read_exact(&mut got).map(|()| got);
+                let _ = read_tx.send(read.map_err(|e| e.to_string()));
+            })
+        };
+        let read = read_rx.recv_timeout(Duration::from_secs(5));
+        server.shutdown(Shutdown::Both).unwrap();
+        assert!(writer.join().unwrap(), "the writer was never blocked");
+        reader.join().unwrap();
+        done.send(()).unwrap();
+        peer.join().unwrap();
+        assert_eq!(read, Ok(Ok(*b"ping")));
     }
 
     #[test]
