@@ -810,6 +810,48 @@ def test_fail_closed_when_claim_store_unavailable(co):
     assert ledger(co, thread) == [("fcA2", "gate", json.dumps("v-fcA2"))]
 
 
+def head_read_as_simple_query(dsn: str, thread: str, within: float = 20.0):
+    """The saver's read of a thread's head, sent as a simple Query (psycopg's
+    ClientCursor binds client-side: the literals are in the text, there is no
+    Bind), then ``select 1`` on the same connection. Returns the head's rows, or
+    the error, and whether the connection answered the next query; each wait is
+    bounded, so a client left without its ReadyForQuery fails here instead of
+    hanging the suite."""
+    from concurrent.futures import ThreadPoolExecutor
+    from langgraph.checkpoint.postgres import PostgresSaver
+    sql = (PostgresSaver.SELECT_SQL
+           + "WHERE thread_id = %s AND checkpoint_ns = %s ORDER BY checkpoint_id DESC LIMIT 1")
+    conn = psycopg.connect(dsn, autocommit=True, cursor_factory=psycopg.ClientCursor)
+
+    def read():
+        try:
+            rows = conn.execute(sql, (thread, "")).fetchall()
+        except psycopg.Error as e:
+            rows = e
+        return rows, conn.execute("select 1").fetchone() == (1,)
+
+    pool = ThreadPoolExecutor(1)
+    try:
+        return pool.submit(read).result(timeout=within)
+    finally:
+        conn.close()   # unblocks a read still waiting
+        pool.shutdown(wait=False)
+
+
+def test_refused_head_read_in_a_simple_query_ends_with_ready_for_query(co):
+    """A parked head read sent as a simple Query through co-F (its claims store is
+    unreachable) is refused 58000, and the client gets its ReadyForQuery: the same
+    connection answers the next query. Straight to PostgreSQL the read returns the
+    parked head."""
+    thread = tid("sq")
+    park(co.dsn("A"), thread)
+    rows, usable = head_read_as_simple_query(co.direct, thread)
+    assert not isinstance(rows, Exception) and len(rows) == 1 and usable, rows
+    err, usable = head_read_as_simple_query(co.dsn("F"), thread)
+    assert isinstance(err, psycopg.Error) and err.sqlstate == FAIL_CLOSED, err
+    assert usable
+
+
 def test_claims_list_and_release(co):
     """A long-lived unmarked inspector holds a claim; `claims list` shows it held by
     co-A; `claims release` frees it, so a resume goes through at once (no lapse wait);
