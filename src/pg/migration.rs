@@ -53,7 +53,7 @@ pub fn version(client: &mut Client, schema: &str) -> Result<i32, postgres::Error
     let table = format!("{schema}.schema_version");
     let exists: bool = client
         .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])?
-        .get(0);
+        .try_get(0)?;
     if !exists {
         return Ok(0);
     }
@@ -62,7 +62,7 @@ pub fn version(client: &mut Client, schema: &str) -> Result<i32, postgres::Error
             &format!("SELECT coalesce(max(version), 0) FROM {schema}.schema_version"),
             &[],
         )
-        .map(|r| r.get(0))
+        .and_then(|r| r.try_get(0))
 }
 
 /// Brings the schema to the current version of `migrations`, one
@@ -105,7 +105,7 @@ pub fn migrate_to(
                 "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
                 &[&schema],
             )?
-            .get(0);
+            .try_get(0)?;
         if !made {
             tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))?;
         }

@@ -18,6 +18,7 @@ use super::registry::{closable, SessionHandle, StopReason};
 use super::response_queue::{Desync, Route};
 use super::sasl_plus;
 use super::session_end::End;
+use crate::log_text::shown;
 
 /// A write buffer grown past this is replaced once sent.
 const SHRINK_ABOVE: usize = 1024 * 1024;
@@ -101,7 +102,7 @@ pub(super) fn server_to_client(
                     tracked.held
                 }
                 Err(lost) => {
-                    tracing::error!(error = %lost, "closing session");
+                    tracing::error!(error = %shown(&lost.to_string()), "closing session");
                     return fail_session(client, &lost.to_string());
                 }
             };

@@ -219,7 +219,7 @@ fn relay_session(
     };
     if let End::ClientProtocol(msg) = &end {
         // The server loop is done, so the client is free to hear why.
-        tracing::warn!(error = %msg, "closing session");
+        tracing::warn!(error = %shown(msg), "closing session");
         let err = error_response(Severity::Fatal, sqlstate::PROTOCOL_VIOLATION, msg, None);
         let _ = (&*client).write_all(&err);
     }

@@ -194,12 +194,13 @@ fn word(t: &Token) -> Option<&Word> {
 }
 
 /// A name as the server stores it, in the client's bytes: unquoted
-/// identifiers fold to lower case.
+/// identifiers fold to lower case, ASCII letters only, as PostgreSQL folds
+/// them in a multibyte (UTF-8) database.
 fn identifier(t: &Token) -> Option<Vec<u8>> {
     let w = word(t)?;
     let folded = match w.quote_style {
         Some(_) => Cow::Borrowed(w.value.as_str()),
-        None => Cow::Owned(w.value.to_lowercase()),
+        None => Cow::Owned(w.value.to_ascii_lowercase()),
     };
     Some(client_text::encode(&folded).into_owned())
 }
@@ -253,6 +254,12 @@ mod tests {
         );
         let got = names(r#"prepare "S5" as select 1"#);
         assert!(matches!(&got[..], [SqlCommand::Prepare { name, .. }] if name == b"S5"));
+        // Only ASCII letters fold: `Ä` stays the name a protocol Parse gives.
+        let got = names("PREPARE ÄB AS SELECT 1");
+        assert!(
+            matches!(&got[..], [SqlCommand::Prepare { name, .. }] if name == "Äb".as_bytes()),
+            "{got:?}"
+        );
     }
 
     #[test]
