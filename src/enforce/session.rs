@@ -222,6 +222,10 @@ impl Hooks for SessionEnforcer {
         query::handle(self, sql)
     }
 
+    fn query_refused(&mut self) {
+        query::refused(self)
+    }
+
     fn sync(&mut self) -> Option<Refusal> {
         sync::handle(self)
     }

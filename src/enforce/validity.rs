@@ -155,6 +155,11 @@ impl ValidityGate {
         }
     }
 
+    /// Whether a blob refusal waits for the row naming its checkpoint.
+    pub fn waiting(&self) -> bool {
+        self.doomed.is_some()
+    }
+
     /// The transaction is rolled back: a blob refusal still waiting goes
     /// with the blob it refuses.
     pub fn rolled_back(&mut self) {

@@ -81,6 +81,10 @@ pub trait Hooks {
     fn describe_portal(&mut self, portal: Option<&Self::Portal>) -> Option<Self::Watch>;
     /// A simple Query's text: its watch, or why it is refused.
     fn query(&mut self, sql: &str) -> Result<Option<Self::Watch>, Refusal>;
+    /// A simple Query the tracker refused itself (its text, or the SQL
+    /// commands in it), answered by the refusal instead of run: the
+    /// transaction it would have run in aborts with that error.
+    fn query_refused(&mut self);
     /// A Sync: a refusal to raise before it.
     fn sync(&mut self) -> Option<Refusal>;
     /// A DataRow of a watched answer. A row held for a decision carries

@@ -14,10 +14,12 @@ pub(super) fn handle(session: &mut SessionEnforcer, sql: &str) -> Result<Option<
     // A simple Query ends the segment (and the implicit transaction) as a
     // Sync does: a blob refusal still waiting is raised in its place,
     // unless the Query rolls the blob back with everything else.
-    if transaction_end(sql) == Some(TransactionEnd::Rollback) {
-        session.validity.rolled_back();
-    } else if let Some(refusal) = sync::handle(session) {
-        return Err(refusal);
+    if session.validity.waiting() {
+        if transaction_end(sql) == Some(TransactionEnd::Rollback) {
+            session.validity.rolled_back();
+        } else if let Some(refusal) = sync::handle(session) {
+            return Err(refusal);
+        }
     }
     let class = session.shared.classifier.classify(sql);
     if let Some(refusal) = unknown_refusal(&class) {
@@ -27,4 +29,11 @@ pub(super) fn handle(session: &mut SessionEnforcer, sql: &str) -> Result<Option<
         executed_at: Some(Instant::now()),
         ..Watch::new(class, None, false)
     }))
+}
+
+/// The tracker refused the Query itself: the transaction it would have run
+/// in aborts with that error, and a blob refusal still waiting goes with
+/// the blob it refuses (raised later, it would land on another statement).
+pub(super) fn refused(session: &mut SessionEnforcer) {
+    session.validity.rolled_back();
 }

@@ -130,7 +130,10 @@ impl<H: Hooks> Tracker<H> {
             Err(e) => refusal = Some(unreadable(&e.0)),
         }
         let watched = match refusal {
-            Some(r) => Err(r),
+            Some(r) => {
+                self.hooks.query_refused();
+                Err(r)
+            }
             None => self.hooks.query(&text),
         };
         let (step, watch) = match watched {

@@ -55,6 +55,7 @@ impl Hooks for Marks {
     fn sql_declare(&mut self, inner: &str) -> Result<(), Refusal> {
         self.sql_prepare(inner).map(|_| ())
     }
+    fn query_refused(&mut self) {}
     fn bind(&mut self, statement: &bool, _bind: &Bind<'_>) -> Result<Bound<(), bool>, ClientError> {
         self.binds.push(*statement);
         if self.guard && *statement {

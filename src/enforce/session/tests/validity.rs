@@ -262,3 +262,20 @@ fn a_rollback_after_an_invalid_blob_drops_its_refusal_with_the_blob() {
     assert_eq!(st.on_client(&msg(b'Q', b"SELECT 1\0")).unwrap(), None);
     assert!(ops(&mut st).is_empty());
 }
+
+#[test]
+fn a_query_the_proxy_refuses_itself_takes_a_waiting_blob_refusal_with_it() {
+    let mut st = validating_state();
+    run_invalid_blob(&mut st);
+    // Refused before the hooks see it (a write to the proxy's own schema):
+    // the transaction holding the blob aborts with that error.
+    let refused = st
+        .on_client(&msg(b'Q', b"DELETE FROM resumeguard.claims\0"))
+        .unwrap()
+        .expect("refused");
+    let text = String::from_utf8_lossy(&refused);
+    assert!(!text.contains(&hex::encode("23514")), "{text}");
+    // The blob's refusal does not land on the next statement.
+    assert_eq!(st.on_client(&msg(b'Q', b"SELECT 1\0")).unwrap(), None);
+    assert!(ops(&mut st).is_empty());
+}
