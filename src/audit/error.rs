@@ -64,12 +64,26 @@ pub enum AuditError {
     /// or the client's message.
     #[error("audit trail in {at}: {reason}")]
     Postgres { at: String, reason: String },
+    /// The PostgreSQL table's database could not be reached: the connect
+    /// failed, or the output waits out the backoff after one that did.
+    /// Nothing of the batch reached the server.
+    #[error("audit trail in {at}: {reason}")]
+    PostgresUnreachable { at: String, reason: String },
     /// The PostgreSQL output before its database is known (the managed
     /// server not started yet, or no database configured).
     #[error("the PostgreSQL audit output has no database (yet)")]
     PostgresUnknown,
     #[error("spawning audit writer thread")]
     SpawnWriter(#[source] io::Error),
+}
+
+impl AuditError {
+    /// Whether the output could not be reached at all, so the write was
+    /// not tried: a database restarting or failing over, not a batch the
+    /// output refused.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, AuditError::PostgresUnreachable { .. })
+    }
 }
 
 /// A `--before`, `--since`, `--until` or `--op` value the audit command

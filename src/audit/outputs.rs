@@ -1,14 +1,18 @@
 //! One destination of the trail, written so that no loss goes unrecorded.
 //!
-//! A batch that fails to write is kept and retried with the next write, at
-//! most [`MAX_ATTEMPTS`] times; after that (or when too many events wait)
-//! its events are counted as lost. Losses, including events the queue
-//! refused, sit in the output's [`LossLedger`] until a write succeeds: that
-//! write carries an `events_dropped` gap record saying how many were lost,
-//! why, and when. Failing and recovering are logged at ERROR once each, not
-//! per batch.
+//! A batch that fails to write is kept and retried with the next write.
+//! It is given up, its events counted as lost, after [`MAX_ATTEMPTS`]
+//! writes the output refused, once it has failed for [`RETRY_BUDGET`], or
+//! when too many events wait. A write that could not reach the output (the
+//! PostgreSQL database restarting or failing over) costs no attempt: such
+//! an outage is retried for the whole budget. Losses, including events the
+//! queue refused, sit in the output's [`LossLedger`] until a write
+//! succeeds: that write carries an `events_dropped` gap record saying how
+//! many were lost, why, and when. Failing and recovering are logged at
+//! ERROR once each, not per batch.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::error::AuditError;
 use super::jsonl::JsonlWriter;
@@ -18,8 +22,15 @@ use super::sqlite_store::Store;
 use crate::audit_event::AuditEvent;
 use crate::error_chain::chain;
 
-/// Attempts a failed event gets before it is counted as lost.
+/// Writes the output may refuse a retained event before it is counted as
+/// lost; a write that could not reach the output is not one of them.
 pub const MAX_ATTEMPTS: u32 = 3;
+
+/// How long events that failed to write are retried before they are
+/// counted as lost: long enough to ride out a database restart or a
+/// replica's promotion (tens of seconds), short enough that the loss
+/// counter and the log tell of a longer outage while it lasts.
+pub const RETRY_BUDGET: Duration = Duration::from_secs(60);
 
 /// Most events kept for retry; beyond this they are counted as lost at
 /// once, so a dead output cannot hold unbounded memory.
@@ -59,8 +70,12 @@ pub struct Output {
     target: Target,
     /// Events that failed to write, oldest first, awaiting a retry.
     retained: Vec<Arc<AuditEvent>>,
-    /// Failed attempts of the oldest retained events.
+    /// Refused writes of the oldest retained events.
     attempts: u32,
+    /// When the oldest retained events first failed to write.
+    failing_since: Option<Instant>,
+    /// [`RETRY_BUDGET`], shorter in tests.
+    retry_budget: Duration,
     ledger: LossLedger,
     /// Whether the last write failed.
     failing: bool,
@@ -76,11 +91,20 @@ impl Output {
             target,
             retained: Vec::new(),
             attempts: 0,
+            failing_since: None,
+            retry_budget: RETRY_BUDGET,
             ledger: LossLedger::default(),
             failing: false,
             write_lost: 0,
             proxy_id: proxy_id.to_owned(),
         }
+    }
+
+    /// This output retrying for `budget` instead of [`RETRY_BUDGET`].
+    #[cfg(test)]
+    pub fn with_retry_budget(mut self, budget: Duration) -> Output {
+        self.retry_budget = budget;
+        self
     }
 
     pub fn name(&self) -> &'static str {
@@ -152,6 +176,7 @@ impl Output {
                 self.recovered(gap.is_some());
                 self.retained.clear();
                 self.attempts = 0;
+                self.failing_since = None;
                 false
             }
             Err((written, error)) => {
@@ -177,6 +202,7 @@ impl Output {
 
     /// Keep what was not written for a retry, or give it up.
     fn failed(&mut self, batch: &[Arc<AuditEvent>], written: usize, error: &AuditError) {
+        let reached = !error.is_unreachable();
         let error = chain(error).to_string();
         if !self.failing {
             tracing::error!(
@@ -195,8 +221,14 @@ impl Output {
             // Only the gap record failed: nothing new to give up.
             return;
         }
-        self.attempts += 1;
-        if self.attempts >= MAX_ATTEMPTS || self.retained.len() > MAX_RETAINED {
+        if reached {
+            self.attempts += 1;
+        }
+        let failing_since = *self.failing_since.get_or_insert_with(Instant::now);
+        if self.attempts >= MAX_ATTEMPTS
+            || failing_since.elapsed() >= self.retry_budget
+            || self.retained.len() > MAX_RETAINED
+        {
             self.give_up();
         }
     }
@@ -212,6 +244,7 @@ impl Output {
         }
         self.retained.clear();
         self.attempts = 0;
+        self.failing_since = None;
         self.write_lost += n;
     }
 

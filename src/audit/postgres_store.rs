@@ -157,6 +157,8 @@ impl PgTrail {
 
     /// Runs `f` on the connection, connecting first if there is none and
     /// the backoff allows; after a failure the next call connects again.
+    /// A connect that fails or waits out the backoff is
+    /// [`AuditError::PostgresUnreachable`]: `f` was not run.
     fn with_link<T>(
         &mut self,
         f: impl FnOnce(&mut Link) -> Result<T, LinkError>,
@@ -169,7 +171,7 @@ impl PgTrail {
         if self.link.is_none() {
             if let Some(retry_at) = self.retry_at {
                 if Instant::now() < retry_at {
-                    return Err(AuditError::Postgres {
+                    return Err(AuditError::PostgresUnreachable {
                         at: at(),
                         reason: "not connected; reconnecting after a backoff".into(),
                     });
@@ -184,7 +186,7 @@ impl PgTrail {
                 Err(e) => {
                     self.retry_at = Some(Instant::now() + self.backoff.wait());
                     self.backoff.grow();
-                    return Err(AuditError::Postgres {
+                    return Err(AuditError::PostgresUnreachable {
                         at: at(),
                         reason: e.to_string(),
                     });

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::audit::outputs::{Output, Target};
+use crate::audit::outputs::{Output, Target, RETRY_BUDGET};
+use crate::audit::test_pg_front::PgFront;
 use crate::audit_event::BlobDigest;
 use crate::config::shared_schema::SHARED_SCHEMA;
 use crate::test_pg_server::PgSchema;
@@ -351,6 +352,82 @@ fn a_connection_the_server_ends_is_made_again_and_the_retried_batch_written() {
         .iter()
         .all(|e| e.operation != Operation::EventsDropped));
     assert_eq!(out.write_lost(), 0);
+}
+
+/// An output retrying for `budget`, writing `db`'s table through `front`;
+/// its first event (numbered 0) written.
+fn output_through(front: &PgFront, db: &PgSchema, budget: Duration) -> Output {
+    let slot = TargetSlot::default();
+    slot.set(shared(front.target(db.target()))).unwrap();
+    let out = Output::new(Target::Postgres(Box::new(PgTrail::new(slot))), "proxy-a");
+    let mut out = out.with_retry_budget(budget);
+    assert!(!out.write(&numbered(1, "2026-11-30T10:00:00.000Z")));
+    out
+}
+
+/// One event a write for `lasting` while the database is away (`front`
+/// down), as traffic does; then writes until the output answers again.
+/// The events numbered from 1, in order.
+fn write_through_an_outage(front: &PgFront, out: &mut Output, lasting: Duration) -> Vec<u64> {
+    front.down();
+    let started = Instant::now();
+    let mut sent = Vec::new();
+    while started.elapsed() < lasting {
+        let n = sent.len() as u64 + 1;
+        let mut ev = event("", "2026-11-30T10:00:01.000Z", Operation::ReadLatest, "t");
+        ev.session_id = n;
+        assert!(out.write(&[Arc::new(ev)]), "the database is away");
+        sent.push(n);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    front.up();
+    let back = Instant::now();
+    while out.write(&[]) {
+        assert!(
+            back.elapsed() < Duration::from_secs(30),
+            "the output answers"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    sent
+}
+
+#[test]
+fn events_written_while_the_database_is_away_within_the_budget_are_kept_not_lost() {
+    let db = PgSchema::new("audit_outage");
+    let front = PgFront::new(db.target());
+    let mut out = output_through(&front, &db, RETRY_BUDGET);
+    // Longer than three writes' worth of reconnect backoff (100 + 200 ms).
+    let sent = write_through_an_outage(&front, &mut out, Duration::from_millis(1500));
+    assert!(sent.len() > 10, "{sent:?}");
+    assert!(out.is_settled());
+    assert_eq!(out.write_lost(), 0);
+    let events = thread_events(db.target(), "t").unwrap();
+    assert!(events
+        .iter()
+        .all(|e| e.operation != Operation::EventsDropped));
+    let written: Vec<u64> = events.iter().map(|e| e.session_id).collect();
+    assert_eq!(written, [vec![0], sent].concat(), "all of them, in order");
+}
+
+#[test]
+fn events_the_database_is_away_for_longer_than_the_budget_are_lost_with_a_gap_record() {
+    let db = PgSchema::new("audit_long_outage");
+    let front = PgFront::new(db.target());
+    let mut out = output_through(&front, &db, Duration::from_millis(500));
+    let sent = write_through_an_outage(&front, &mut out, Duration::from_millis(1500));
+    let lost = out.write_lost();
+    assert!(lost > 0 && lost <= sent.len() as u64, "{lost} of {sent:?}");
+    assert!(out.is_settled());
+    let events = thread_events(db.target(), "t").unwrap();
+    let gaps: Vec<&AuditEvent> = events
+        .iter()
+        .filter(|e| e.operation == Operation::EventsDropped)
+        .collect();
+    assert_eq!(gaps.len(), 1, "{events:?}");
+    assert_eq!(gaps[0].detail["dropped"], lost);
+    assert_eq!(gaps[0].detail["reason"], "write_failed");
+    assert_eq!(events.len() as u64, 1 + sent.len() as u64 - lost + 1);
 }
 
 #[test]

@@ -4,6 +4,7 @@ use super::*;
 use crate::audit::jsonl::read_jsonl;
 use crate::audit::outputs::MAX_ATTEMPTS;
 use crate::audit::sqlite_store::{all_events, thread_events};
+use crate::audit::test_pg_front::{relay, unix_socket_of};
 use crate::audit::test_util::{remove_db, temp_path};
 use crate::audit_event::{Operation, SessionContext};
 use crate::config::shared_schema::SHARED_SCHEMA;
@@ -464,13 +465,7 @@ fn a_stalled_postgres_output_delays_and_drops_only_its_own_events() {
 /// connection unanswered until `release` sends (or hangs up), then relays
 /// it and every later one: a database that stalls, then answers.
 fn stalling_front(server: &PgTarget) -> (u16, mpsc::Sender<()>) {
-    use std::os::unix::net::UnixStream;
-    let shown = server.shown();
-    let at = shown.split_once('@').map_or("", |(_, at)| at);
-    let (dir, rest) = at.rsplit_once(':').unwrap_or_default();
-    assert!(dir.starts_with('/'), "a Unix socket test server: {shown}");
-    let port = rest.split('/').next().unwrap_or_default();
-    let socket = std::path::Path::new(dir).join(format!(".s.PGSQL.{port}"));
+    let socket = unix_socket_of(server);
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let front = listener.local_addr().unwrap().port();
     let (release, gate) = mpsc::channel::<()>();
@@ -481,13 +476,9 @@ fn stalling_front(server: &PgTarget) -> (u16, mpsc::Sender<()>) {
             if let Some(gate) = gate.take() {
                 let _ = gate.recv();
             }
-            let Ok(server) = UnixStream::connect(&socket) else {
+            if relay(client, &socket).is_none() {
                 return;
-            };
-            let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-            let (mut c_out, mut s_in) = (client, server);
-            std::thread::spawn(move || std::io::copy(&mut c_in, &mut s_out));
-            std::thread::spawn(move || std::io::copy(&mut s_in, &mut c_out));
+            }
         }
     });
     (front, release)
