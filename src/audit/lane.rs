@@ -35,6 +35,8 @@ pub struct LaneState {
     /// left with a writer that did not exit at shutdown.
     lost: AtomicU64,
     stopping: AtomicBool,
+    /// Whether the log has said this output's writer thread is gone.
+    writer_gone_logged: AtomicBool,
     progress: Mutex<Progress>,
     progress_cv: Condvar,
 }
@@ -144,7 +146,10 @@ impl Lane {
             Ok(()) => {
                 s.enqueued.fetch_add(1, Ordering::SeqCst);
             }
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+            Err(refused) => {
+                if matches!(refused, TrySendError::Disconnected(_)) {
+                    self.writer_gone();
+                }
                 let now = now_millis();
                 s.drop_last_ms.store(now, Ordering::SeqCst);
                 let _ =
@@ -158,6 +163,20 @@ impl Lane {
 
     pub fn name(&self) -> &'static str {
         self.name
+    }
+
+    /// The writer thread ended while the sink runs (it panicked): every
+    /// later event of this output is lost, and no gap record can say so.
+    /// Logged at ERROR once.
+    fn writer_gone(&self) {
+        let s = &self.state;
+        if !s.stopping() && !s.writer_gone_logged.swap(true, Ordering::SeqCst) {
+            tracing::error!(
+                output = self.name,
+                "audit writer thread is gone (it panicked): this output's events are lost \
+                 from now on, counted as dropped and lost but recorded in no gap record"
+            );
+        }
     }
 
     /// Best effort: if the queue is full the writer is busy anyway.
@@ -269,5 +288,59 @@ impl Lane {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc::sync_channel;
+
+    use super::*;
+    use crate::audit_event::{Operation, SessionContext};
+
+    /// A lane whose writer thread has ended, having run `writer`.
+    fn lane_after(writer: impl FnOnce() + Send + 'static) -> Lane {
+        let (tx, rx) = sync_channel(4);
+        let writer = std::thread::spawn(move || {
+            let _queue = rx;
+            writer();
+        });
+        while !writer.is_finished() {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        Lane::new("sqlite", tx, Arc::default(), writer)
+    }
+
+    /// The log of offering `lane` three events.
+    fn offer_three(lane: &Lane) -> String {
+        let ev = Arc::new(AuditEvent::new(
+            &SessionContext::internal(),
+            Operation::ReadLatest,
+        ));
+        let ((), log) = crate::test_log::captured(|| {
+            for _ in 0..3 {
+                lane.offer(&ev);
+            }
+        });
+        log
+    }
+
+    #[test]
+    fn events_offered_after_the_writer_panicked_are_lost_and_logged_once() {
+        let lane = lane_after(|| panic!("an audit writer that fails"));
+        let log = offer_three(&lane);
+        assert_eq!((lane.stats().dropped, lane.lost()), (3, 3));
+        assert_eq!(log.matches("ERROR").count(), 1, "{log}");
+        assert!(log.contains("output=\"sqlite\""), "{log}");
+        assert!(log.contains("writer thread is gone"), "{log}");
+    }
+
+    #[test]
+    fn a_writer_stopped_at_shutdown_is_not_reported_gone() {
+        let lane = lane_after(|| {});
+        lane.stop();
+        let log = offer_three(&lane);
+        assert_eq!(lane.lost(), 3);
+        assert!(!log.contains("ERROR"), "{log}");
     }
 }
