@@ -35,6 +35,8 @@ mod test_log;
 #[cfg(test)]
 mod test_metrics;
 #[cfg(test)]
+mod test_pg_front;
+#[cfg(test)]
 mod test_pg_server;
 pub mod timestamp;
 pub mod wire;

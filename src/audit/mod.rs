@@ -31,8 +31,6 @@ mod sqlite_retention;
 mod sqlite_store;
 mod stats;
 #[cfg(test)]
-mod test_pg_front;
-#[cfg(test)]
 mod test_util;
 mod timeline;
 mod writer;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::audit::outputs::{Output, Target, RETRY_BUDGET};
-use crate::audit::test_pg_front::PgFront;
+use crate::test_pg_front::PgFront;
 use crate::audit_event::BlobDigest;
 use crate::config::shared_schema::SHARED_SCHEMA;
 use crate::test_pg_server::PgSchema;

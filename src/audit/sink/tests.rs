@@ -4,7 +4,7 @@ use super::*;
 use crate::audit::jsonl::read_jsonl;
 use crate::audit::outputs::MAX_ATTEMPTS;
 use crate::audit::sqlite_store::{all_events, thread_events};
-use crate::audit::test_pg_front::{relay, unix_socket_of};
+use crate::test_pg_front::{relay, unix_socket_of};
 use crate::audit::test_util::{remove_db, temp_path};
 use crate::audit_event::{Operation, SessionContext};
 use crate::config::shared_schema::SHARED_SCHEMA;
