@@ -373,7 +373,11 @@ where
                 "malformed {} message",
                 char::from(tag)
             ))),
-            Frontend::Flush | Frontend::Terminate | Frontend::Copy | Frontend::Other(_) => {
+            Frontend::CopyEnd => {
+                self.queue.copy_ended();
+                Ok(ClientStep::Forward)
+            }
+            Frontend::Flush | Frontend::Terminate | Frontend::CopyData | Frontend::Other(_) => {
                 Ok(ClientStep::Forward)
             }
         }

@@ -366,7 +366,7 @@ impl ServerModel {
                 self.fail("42883");
                 self.ready();
             }
-            Frontend::Flush | Frontend::Copy => {}
+            Frontend::Flush | Frontend::CopyData | Frontend::CopyEnd => {}
             Frontend::Terminate => self.closed = true,
             Frontend::Other(t) if b"PBEDCQSF".contains(&t) && t == tag => {
                 // A known message whose body does not read: ERROR 08P01.

@@ -499,4 +499,5 @@ fn an_error_at_the_proxys_parse_still_reaches_the_client() {
 }
 
 mod client_encoding;
+mod copy_in;
 mod lookups;
