@@ -274,6 +274,11 @@ impl ServerModel {
         }
         match message {
             Frontend::Parse { name, sql, .. } => {
+                // exec_parse_message drops the unnamed statement first,
+                // whether or not the new text parses.
+                if name.is_empty() {
+                    self.statements.remove(name);
+                }
                 if self.aborted(sql) {
                     self.fail("25P02");
                 } else if !name.is_empty() && self.statements.contains_key(name) {
