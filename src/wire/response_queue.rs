@@ -11,8 +11,9 @@
 //! CopyInResponse until it reads the client's CopyDone or CopyFail) the
 //! server ignores Sync, so a Sync the client sends before it ends the copy
 //! expects nothing either. Every operation touches only the entries it
-//! adds or removes, so a deep pipeline costs the same per message as a
-//! shallow one.
+//! adds or removes (a CopyInResponse also reads those the client queued
+//! between its statement and its end of the copy), so a deep pipeline
+//! costs the same per message as a shallow one.
 
 use std::collections::VecDeque;
 
