@@ -194,3 +194,68 @@ def test_a_parked_head_read_takes_its_claim_whatever_the_client_did_to_its_name(
         s.close()
     taken = audited(tproxy, thread, "claim_taken")
     assert len(taken) == 1, tproxy.audit(thread)
+
+
+def read_through(s: R.Session, last: bytes) -> list[tuple[bytes, bytes]]:
+    """Messages up to and including the first of type `last`."""
+    out = []
+    while True:
+        tag, payload = s.read()
+        out.append((tag, payload))
+        if tag == last:
+            return out
+
+
+def extended_copy(s: R.Session, order: str) -> list[bytes]:
+    """COPY FROM STDIN over the extended protocol, as libpq's PQexecParams
+    sends it (a Sync after Execute, read by the server in copy-in mode and
+    ignored, and one after CopyDone or CopyFail): the types of what the
+    server answers, up to its single ReadyForQuery."""
+    _, errs = s.simple_query("create temp table if not exists copy_t (x int)")
+    assert errs == [], errs
+    start = [R.parse("", "copy copy_t from stdin"), R.bind("", ""), R.describe_portal(),
+             R.execute(), R.sync()]
+    end = R.msg(b"f", R.cstr("client gave up")) if order == "fail" else R.msg(b"c")
+    rest = [R.msg(b"d", b"1\n"), end, R.sync()]
+    if order == "pipelined":
+        msgs = exchange(s, *start, *rest)
+    else:
+        s.send(b"".join(start))
+        msgs = read_through(s, b"G") + exchange(s, *rest)
+    return [t for t, _ in msgs if t not in (b"N", b"S")]
+
+
+@pytest.mark.parametrize("order", ["sync-before-copy-in", "pipelined", "fail"])
+def test_extended_copy_from_stdin_answers_as_postgres_does(order, pg, dbname, tproxy):
+    answers = []
+    for port in (pg.port, tproxy.port):
+        s = open_session(port, dbname)
+        try:
+            answers.append(extended_copy(s, order))
+            rows, errs = s.simple_query("select 1")
+            assert (rows, errs) == ([[b"1"]], [])
+        finally:
+            s.close()
+    direct, proxied = answers
+    assert direct == ([b"1", b"2", b"n", b"G", b"E", b"Z"] if order == "fail"
+                      else [b"1", b"2", b"n", b"G", b"C", b"Z"]), direct
+    assert proxied == direct
+
+
+def test_a_failed_parse_of_the_unnamed_statement_leaves_none(tables, pg, dbname, direct_dsn,
+                                                              tproxy):
+    # PostgreSQL drops the unnamed write before it parses the bad text: the
+    # Bind names no statement (26000), straight or through the proxy.
+    for port in (pg.port, tproxy.port):
+        thread = f"tt-unnamed-{uuid.uuid4().hex[:6]}"
+        s = open_session(port, dbname)
+        try:
+            assert errors_of(exchange(s, R.parse("", WRITE_SQL), R.sync())) == []
+            assert errors_of(exchange(s, R.parse("", "this is not sql"), R.sync())) == ["42601"]
+            msgs = exchange(s, R.bind("", "", write_params(thread)), R.execute(), R.sync())
+            assert errors_of(msgs) == ["26000"], msgs
+            rows, errs = s.simple_query("select 1")
+            assert (rows, errs) == ([[b"1"]], [])
+        finally:
+            s.close()
+        assert row_count(direct_dsn, thread) == 0

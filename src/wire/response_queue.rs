@@ -7,9 +7,13 @@
 //! after an ErrorResponse in the extended protocol the server skips every
 //! message up to the next Sync, so those entries are dropped; a simple
 //! Query and a FunctionCall end at ReadyForQuery; Flush, CopyData and
-//! CopyDone expect nothing. Every operation touches only the entries it
-//! adds or removes, so a deep pipeline costs the same per message as a
-//! shallow one.
+//! CopyDone expect nothing. In copy-in mode (from the server's
+//! CopyInResponse until it reads the client's CopyDone or CopyFail) the
+//! server ignores Sync, so a Sync the client sends before it ends the copy
+//! expects nothing either. Every operation touches only the entries it
+//! adds or removes (a CopyInResponse also reads those the client queued
+//! between its statement and its end of the copy), so a deep pipeline
+//! costs the same per message as a shallow one.
 
 use std::collections::VecDeque;
 
@@ -60,6 +64,11 @@ pub enum Expect {
     Query,
     /// FunctionCallResponse, then ReadyForQuery.
     FunctionCall,
+    /// Nothing: where the client ended a COPY (CopyDone or CopyFail)
+    /// before the server's CopyInResponse arrived. That CopyInResponse
+    /// drops the Syncs queued before this mark, which the server reads in
+    /// copy-in mode and ignores.
+    CopyEnded,
 }
 
 impl Expect {
@@ -114,6 +123,9 @@ pub struct ResponseQueue<T> {
     /// The server failed an extended-protocol message and is discarding
     /// input up to the next Sync; requests pushed meanwhile get no answer.
     skipping_to_sync: bool,
+    /// The server is in copy-in mode and the client has not ended the
+    /// copy yet: the server ignores the client's Syncs meanwhile.
+    copy_in: bool,
 }
 
 impl<T> Default for ResponseQueue<T> {
@@ -127,6 +139,7 @@ impl<T> ResponseQueue<T> {
         ResponseQueue {
             entries: VecDeque::with_capacity(8),
             skipping_to_sync: false,
+            copy_in: false,
         }
     }
 
@@ -141,6 +154,9 @@ impl<T> ResponseQueue<T> {
     /// Queues the response to a request forwarded to the server. False
     /// when the server will not answer it (it is skipping to a Sync).
     pub fn push(&mut self, expect: Expect, route: Route, payload: Option<T>) -> bool {
+        if self.copy_in && expect == Expect::Sync {
+            return false;
+        }
         if self.skipping_to_sync {
             if expect != Expect::Sync {
                 return false;
@@ -153,6 +169,50 @@ impl<T> ResponseQueue<T> {
             payload,
         });
         true
+    }
+
+    /// The client ended a COPY (CopyDone or CopyFail). In copy-in mode
+    /// that ends the mode; before the server's CopyInResponse arrives it
+    /// leaves a mark for it. With nothing outstanding no CopyInResponse
+    /// can come, and the server ignores the message.
+    pub fn copy_ended(&mut self) {
+        if self.copy_in {
+            self.copy_in = false;
+        } else if !self.entries.is_empty() && !self.skipping_to_sync {
+            self.entries.push_back(Entry {
+                expect: Expect::CopyEnded,
+                route: Route::Forward,
+                payload: None,
+            });
+        }
+    }
+
+    /// The server's CopyInResponse to the front entry: the Syncs queued
+    /// after it up to the client's end of the copy get no answer. Without
+    /// that end queued, the client's Syncs get none until it ends the copy.
+    fn copy_in_began(&mut self) {
+        let end = self
+            .entries
+            .iter()
+            .skip(1)
+            .position(|e| e.expect == Expect::CopyEnded)
+            .map(|at| at + 1);
+        let mut until = end.unwrap_or(self.entries.len());
+        let mut at = 1;
+        while at < until {
+            if self.entries[at].expect == Expect::Sync {
+                self.entries.remove(at);
+                until -= 1;
+            } else {
+                at += 1;
+            }
+        }
+        match end {
+            Some(_) => {
+                self.entries.remove(until);
+            }
+            None => self.copy_in = true,
+        }
     }
 
     /// Queues the response for the client message with type `tag`, if it
@@ -169,6 +229,10 @@ impl<T> ResponseQueue<T> {
             b'S' => Expect::Sync,
             b'Q' => Expect::Query,
             b'F' => Expect::FunctionCall,
+            b'c' | b'f' => {
+                self.copy_ended();
+                return false;
+            }
             _ => return false,
         };
         self.push(expect, Route::Forward, payload);
@@ -225,6 +289,11 @@ impl<T> ResponseQueue<T> {
         if matches!(tag, b'N' | b'A' | b'S') {
             return Ok(Progress::Async);
         }
+        if tag == b'E' {
+            // An error ends copy-in mode: the server reads the client's
+            // Syncs again.
+            self.copy_in = false;
+        }
         let Some(front) = self.entries.front() else {
             // A FATAL error can arrive unasked (administrator shutdown).
             return if tag == b'E' {
@@ -235,6 +304,10 @@ impl<T> ResponseQueue<T> {
         };
         let route = front.route;
         let expect = front.expect.clone();
+        if tag == b'G' && matches!(expect, Expect::Execute | Expect::Query) {
+            self.copy_in_began();
+            return Ok(Progress::Within { route });
+        }
         match (tag, &expect) {
             (b'Z', e) if e.ends_at_ready() => self.complete(route.at_ready(), leaving),
             (b'Z', _) => {
@@ -276,7 +349,7 @@ impl<T> ResponseQueue<T> {
             | (b'T' | b'n', Expect::DescribeStatement | Expect::DescribePortal)
             | (b'C' | b'I' | b's', Expect::Execute) => self.complete(route, leaving),
             (b't', Expect::DescribeStatement)
-            | (b'D' | b'G' | b'H' | b'W' | b'd' | b'c', Expect::Execute)
+            | (b'D' | b'H' | b'W' | b'd' | b'c', Expect::Execute)
             | (b'V', Expect::FunctionCall)
             | (_, Expect::Query) => Ok(Progress::Within { route }),
             _ => Err(self.desync(tag)),
@@ -297,7 +370,7 @@ impl<T> ResponseQueue<T> {
         if let Some(e) = self.entries.front() {
             leaving(e);
         }
-        match self.entries.pop_front() {
+        let done = match self.entries.pop_front() {
             Some(e) => e,
             // Callers check for a front entry before completing it.
             None => Entry {
@@ -305,7 +378,16 @@ impl<T> ResponseQueue<T> {
                 route: Route::Forward,
                 payload: None,
             },
+        };
+        // The end of a COPY that never began: the server ignored it.
+        while self
+            .entries
+            .front()
+            .is_some_and(|e| e.expect == Expect::CopyEnded)
+        {
+            self.entries.pop_front();
         }
+        done
     }
 
     /// Lets a deep pipeline's buffer go once it is answered.
@@ -457,6 +539,115 @@ mod tests {
         q.push_for_client(b'c', 0, None);
         assert_eq!(feed(&mut q, b"GCZ").len(), 1);
         assert!(q.idle());
+    }
+
+    /// The client's CopyDone (or CopyFail), as the tracker reports it.
+    fn end_copy(q: &mut Q) {
+        q.copy_ended();
+    }
+
+    /// A round the server answers after a COPY: the queue is in step.
+    fn select_round(q: &mut Q) {
+        assert!(q.idle(), "nothing is owed after the COPY");
+        push_all(q, b"PBES");
+        assert_eq!(feed(q, b"12DCZ").len(), 4);
+        assert!(q.idle());
+    }
+
+    #[test]
+    fn extended_copy_in_ignores_the_sync_sent_before_copy_in_response() {
+        // libpq's PQexecParams: Parse Bind Describe Execute Sync, then
+        // CopyInResponse, the data, CopyDone and a second Sync.
+        let mut q = Q::new();
+        push_all(&mut q, b"PBDES");
+        assert_eq!(feed(&mut q, b"12nG").len(), 3);
+        push_all(&mut q, b"dd");
+        end_copy(&mut q);
+        push_all(&mut q, b"S");
+        assert_eq!(feed(&mut q, b"CZ").len(), 2);
+        select_round(&mut q);
+    }
+
+    #[test]
+    fn a_sync_sent_in_copy_in_mode_gets_no_answer() {
+        let mut q = Q::new();
+        push_all(&mut q, b"PBES");
+        feed(&mut q, b"12G");
+        push_all(&mut q, b"dSHd");
+        end_copy(&mut q);
+        push_all(&mut q, b"S");
+        assert_eq!(feed(&mut q, b"CZ").len(), 2);
+        select_round(&mut q);
+    }
+
+    #[test]
+    fn extended_copy_in_sent_whole_before_copy_in_response() {
+        // The Sync before CopyDone is read in copy-in mode; the one after
+        // it is answered.
+        let mut q = Q::new();
+        push_all(&mut q, b"PBDES");
+        push_all(&mut q, b"d");
+        end_copy(&mut q);
+        push_all(&mut q, b"S");
+        assert_eq!(feed(&mut q, b"12nGCZ").len(), 5);
+        select_round(&mut q);
+    }
+
+    #[test]
+    fn copy_fail_ends_copy_in_with_an_error() {
+        let mut q = Q::new();
+        push_all(&mut q, b"PBDES");
+        feed(&mut q, b"12nG");
+        push_all(&mut q, b"d");
+        end_copy(&mut q);
+        push_all(&mut q, b"S");
+        assert_eq!(feed(&mut q, b"EZ").len(), 2);
+        select_round(&mut q);
+    }
+
+    #[test]
+    fn an_error_in_copy_in_mode_skips_to_the_clients_next_sync() {
+        // The data is refused before the client ends the copy; the server
+        // skips the rest of it and answers the Sync after CopyDone.
+        let mut q = Q::new();
+        push_all(&mut q, b"PBDES");
+        feed(&mut q, b"12nG");
+        push_all(&mut q, b"d");
+        assert_eq!(feed(&mut q, b"E").len(), 1);
+        push_all(&mut q, b"d");
+        end_copy(&mut q);
+        push_all(&mut q, b"S");
+        assert_eq!(feed(&mut q, b"Z").len(), 1);
+        select_round(&mut q);
+    }
+
+    #[test]
+    fn the_end_of_a_copy_that_never_began_is_ignored() {
+        // The COPY fails before CopyInResponse: its Sync is answered, the
+        // data and CopyDone are skipped, and so is the mark they left.
+        let mut q = Q::new();
+        push_all(&mut q, b"PBES");
+        push_all(&mut q, b"d");
+        end_copy(&mut q);
+        push_all(&mut q, b"S");
+        assert_eq!(feed(&mut q, b"12EZZ").len(), 5);
+        select_round(&mut q);
+    }
+
+    #[test]
+    fn simple_query_copy_in() {
+        let mut q = Q::new();
+        push_all(&mut q, b"Q");
+        assert!(feed(&mut q, b"G").is_empty());
+        push_all(&mut q, b"d");
+        end_copy(&mut q);
+        assert_eq!(feed(&mut q, b"CZ").len(), 1);
+        select_round(&mut q);
+        // The same with the whole COPY sent before CopyInResponse.
+        push_all(&mut q, b"Q");
+        end_copy(&mut q);
+        assert_eq!(feed(&mut q, b"GCZ").len(), 1);
+        select_round(&mut q);
     }
 
     #[test]

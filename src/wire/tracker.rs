@@ -226,6 +226,11 @@ impl<H: Hooks> Tracker<H> {
             Change::Define { name, statement } if tag == b'1' => {
                 self.statements.insert(name, statement);
             }
+            // The server drops the unnamed statement before it parses the
+            // text that replaces it, so a failed Parse leaves none.
+            Change::Define { name, .. } if tag == b'E' && name.is_empty() => {
+                self.statements.remove(b"");
+            }
             Change::Bind { portal, binding } if tag == b'2' => {
                 self.portals.insert(portal, binding);
             }
@@ -373,7 +378,11 @@ where
                 "malformed {} message",
                 char::from(tag)
             ))),
-            Frontend::Flush | Frontend::Terminate | Frontend::Copy | Frontend::Other(_) => {
+            Frontend::CopyEnd => {
+                self.queue.copy_ended();
+                Ok(ClientStep::Forward)
+            }
+            Frontend::Flush | Frontend::Terminate | Frontend::CopyData | Frontend::Other(_) => {
                 Ok(ClientStep::Forward)
             }
         }

@@ -274,6 +274,11 @@ impl ServerModel {
         }
         match message {
             Frontend::Parse { name, sql, .. } => {
+                // exec_parse_message drops the unnamed statement first,
+                // whether or not the new text parses.
+                if name.is_empty() {
+                    self.statements.remove(name);
+                }
                 if self.aborted(sql) {
                     self.fail("25P02");
                 } else if !name.is_empty() && self.statements.contains_key(name) {
@@ -366,7 +371,7 @@ impl ServerModel {
                 self.fail("42883");
                 self.ready();
             }
-            Frontend::Flush | Frontend::Copy => {}
+            Frontend::Flush | Frontend::CopyData | Frontend::CopyEnd => {}
             Frontend::Terminate => self.closed = true,
             Frontend::Other(t) if b"PBEDCQSF".contains(&t) && t == tag => {
                 // A known message whose body does not read: ERROR 08P01.

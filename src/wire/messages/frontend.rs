@@ -44,8 +44,10 @@ pub enum Frontend<'a> {
     Flush,
     FunctionCall,
     Terminate,
-    /// CopyData, CopyDone, CopyFail: part of a COPY the server drives.
-    Copy,
+    /// CopyData: part of a COPY the server drives.
+    CopyData,
+    /// CopyDone or CopyFail: the client's end of a COPY FROM STDIN.
+    CopyEnd,
     /// A message whose body does not read as its tag says (the server
     /// rejects it), or a tag the tracker has no use for.
     Other(u8),
@@ -95,7 +97,8 @@ impl<'a> Frontend<'a> {
             b'H' => Frontend::Flush,
             b'F' => Frontend::FunctionCall,
             b'X' => Frontend::Terminate,
-            b'd' | b'c' | b'f' => Frontend::Copy,
+            b'd' => Frontend::CopyData,
+            b'c' | b'f' => Frontend::CopyEnd,
             other => Frontend::Other(other),
         })
     }

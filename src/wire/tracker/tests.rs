@@ -203,6 +203,33 @@ fn a_failed_redefinition_keeps_the_confirmed_statement() {
 }
 
 #[test]
+fn a_failed_parse_of_the_unnamed_statement_drops_the_previous_one() {
+    let mut t = tracker();
+    client(&mut t, &[parse("", "insert guarded"), sync()]);
+    server(&mut t, &[msg(b'1', b""), ready(b'I')]);
+    // PostgreSQL drops the unnamed statement before it parses the new text.
+    client(&mut t, &[parse("", "bad sql"), sync()]);
+    server(&mut t, &[error(), ready(b'I')]);
+    bind_sees(&mut t, "");
+    assert_eq!(t.hooks.binds, [false]);
+}
+
+#[test]
+fn a_parse_of_the_unnamed_statement_skipped_after_an_error_keeps_it() {
+    let mut t = tracker();
+    client(&mut t, &[parse("", "insert guarded"), sync()]);
+    server(&mut t, &[msg(b'1', b""), ready(b'I')]);
+    // The Parse never reaches the server's parser: nothing is dropped.
+    client(
+        &mut t,
+        &[parse("s1", "bad sql"), parse("", "select 1"), sync()],
+    );
+    server(&mut t, &[error(), ready(b'I')]);
+    bind_sees(&mut t, "");
+    assert_eq!(t.hooks.binds, [true]);
+}
+
+#[test]
 fn a_close_skipped_after_an_error_is_not_applied() {
     let mut t = tracker();
     defined_guarded(&mut t);
@@ -499,4 +526,5 @@ fn an_error_at_the_proxys_parse_still_reaches_the_client() {
 }
 
 mod client_encoding;
+mod copy_in;
 mod lookups;

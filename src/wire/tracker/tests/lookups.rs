@@ -292,6 +292,8 @@ fn answer(t: &mut Tracker<Marks>, ok: bool, in_block: bool) -> Vec<Vec<u8>> {
             out
         }
         (Expect::Startup | Expect::FunctionCall, _) => vec![ready(status)],
+        // The queue never leaves the end of a COPY at its front.
+        (Expect::CopyEnded, _) => Vec::new(),
         (_, false) => vec![error()],
         (Expect::ParseComplete, true) => vec![msg(b'1', b"")],
         (Expect::BindComplete, true) => vec![msg(b'2', b"")],
