@@ -150,8 +150,10 @@ fn apply_claim(
                 Some(&hint),
             ))
         }
-        // A running head outside any lease: nothing was claimed.
-        ClaimDecision::Serve { .. } if req.head == Head::Running => None,
+        // A running head outside any lease: nothing was claimed. A holder
+        // reading its head again: its claim_taken already says who holds
+        // the claim since when, and the read is recorded as one.
+        ClaimDecision::Serve { .. } if req.head == Head::Running || res.held_already => None,
         ClaimDecision::Serve { takeover } => {
             let op = if *takeover {
                 Operation::ClaimTakeover

@@ -112,6 +112,7 @@ fn a_refused_running_head_names_the_run_and_a_served_one_records_nothing() {
     let served = Resolution {
         decision: ClaimDecision::Serve { takeover: false },
         waited_ms: 0,
+        held_already: false,
         displaced: None,
         epoch: None,
         takeover: None,
@@ -136,6 +137,7 @@ fn a_refused_running_head_names_the_run_and_a_served_one_records_nothing() {
             reason: Refusal::RunInProgress { lease },
         },
         waited_ms: 0,
+        held_already: false,
         displaced: None,
         epoch: None,
         takeover: None,
@@ -257,6 +259,19 @@ fn a_refused_claim_replaces_the_row_and_swallows_the_rest_of_its_answer() {
     assert_eq!(ops(&mut st), [Operation::ReadLatest]);
 }
 
+/// A parked head's claim served without a wait or a takeover, to a
+/// reader that took it now or (`held_already`) held it before.
+fn served_at_once(held_already: bool) -> Resolution {
+    Resolution {
+        decision: crate::policy::claims::ClaimDecision::Serve { takeover: false },
+        waited_ms: 0,
+        held_already,
+        displaced: None,
+        epoch: Some(1),
+        takeover: None,
+    }
+}
+
 #[test]
 fn a_head_read_served_after_a_wait_and_a_takeover_records_the_row_the_client_got() {
     use crate::policy::claims::{ClaimDecision, TAKEOVER_LAPSED};
@@ -268,8 +283,8 @@ fn a_head_read_served_after_a_wait_and_a_takeover_records_the_row_the_client_got
         decision: ClaimDecision::Serve { takeover: true },
         waited_ms: 40,
         displaced: Some(other_session()),
-        epoch: Some(2),
         takeover: Some(TAKEOVER_LAPSED),
+        ..served_at_once(false)
     };
     assert!(st.apply_claim(&req, &served).is_none());
     let routes = server_routes(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
@@ -288,6 +303,28 @@ fn a_head_read_served_after_a_wait_and_a_takeover_records_the_row_the_client_got
     assert_eq!(events[1].detail["takeover"], TAKEOVER_LAPSED);
     assert_eq!(events[2].detail["rows"], 1);
     assert_eq!(events[2].detail["parked"], true);
+}
+
+#[test]
+fn a_holder_reading_its_head_again_records_the_read_and_no_second_claim() {
+    let mut st = claiming_state(&[], "worker");
+    for held_already in [false, true] {
+        let req = read_parked_head(&mut st)
+            .claim
+            .expect("a claim is requested");
+        assert!(st
+            .apply_claim(&req, &served_at_once(held_already))
+            .is_none());
+        server(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
+    }
+    assert_eq!(
+        ops(&mut st),
+        [
+            Operation::ClaimTaken,
+            Operation::ReadLatest,
+            Operation::ReadLatest
+        ]
+    );
 }
 
 /// A READ(latest) of t1's parked head sent as a simple Query with
@@ -354,6 +391,7 @@ fn refuse_parked_claim(st: &mut SessionState, verdict: ServerVerdict) -> Option<
                 },
             },
             waited_ms: 0,
+            held_already: false,
             displaced: None,
             epoch: None,
             takeover: None,
