@@ -31,7 +31,6 @@ pub enum Operation {
     WriteRejected,
     ClaimTaken,
     ClaimConsumed,
-    ClaimLapsed,
     ClaimRefused,
     ClaimWaited,
     ClaimTakeover,
@@ -49,7 +48,7 @@ pub enum Operation {
 
 impl Operation {
     /// Every variant, so names can be parsed back without a second table.
-    pub const ALL: [Operation; 26] = [
+    pub const ALL: [Operation; 25] = [
         Operation::ReadLatest,
         Operation::ReadById,
         Operation::ReadList,
@@ -65,7 +64,6 @@ impl Operation {
         Operation::WriteRejected,
         Operation::ClaimTaken,
         Operation::ClaimConsumed,
-        Operation::ClaimLapsed,
         Operation::ClaimRefused,
         Operation::ClaimWaited,
         Operation::ClaimTakeover,
@@ -96,7 +94,6 @@ impl Operation {
             Operation::WriteRejected => "write_rejected",
             Operation::ClaimTaken => "claim_taken",
             Operation::ClaimConsumed => "claim_consumed",
-            Operation::ClaimLapsed => "claim_lapsed",
             Operation::ClaimRefused => "claim_refused",
             Operation::ClaimWaited => "claim_waited",
             Operation::ClaimTakeover => "claim_takeover",

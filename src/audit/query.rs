@@ -199,6 +199,16 @@ mod tests {
     }
 
     #[test]
+    fn a_lapse_is_no_operation_of_its_own() {
+        // The proxy learns of a lapse only when a reader takes the claim
+        // over: `claim_takeover` names the lapsed holder and the reason.
+        let unknown = EventFilter::parse(None, None, &["claim_lapsed".into()], now()).unwrap_err();
+        let listed = format!("{unknown:#}");
+        assert!(listed.contains("claim_takeover"), "{listed}");
+        assert!(!listed.contains("claim_lapsed,"), "{listed}");
+    }
+
+    #[test]
     fn lists_threads_most_recent_first() {
         let path = temp_path("threads", "sqlite");
         let mut store = Store::open(&path).unwrap();

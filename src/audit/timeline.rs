@@ -166,7 +166,6 @@ fn phrase(ev: &AuditEvent) -> String {
         }
         Operation::ClaimTaken => format!("resume claimed by session {}", ev.session_id),
         Operation::ClaimConsumed => "claim consumed: resume completed".to_string(),
-        Operation::ClaimLapsed => "claim lapsed: holder did not finish".to_string(),
         Operation::ClaimRefused => "claim refused: resume already claimed".to_string(),
         Operation::ClaimWaited => "waited for another session's claim".to_string(),
         Operation::ClaimTakeover => "claim taken over from a lapsed holder".to_string(),

@@ -103,6 +103,9 @@ pub struct Resolution {
     /// `Serve` or `Refuse` (never `RetryAfter`).
     pub decision: ClaimDecision,
     pub waited_ms: i64,
+    /// The reader held this claim already (its holder reading the head
+    /// again): nothing new was decided.
+    pub held_already: bool,
     /// The holder a takeover displaced.
     pub displaced: Option<Holder>,
     /// Why the displaced holder's claim could be taken over.
@@ -185,6 +188,7 @@ impl ClaimsLeg {
                         reason: Refusal::ShuttingDown,
                     },
                     waited_ms,
+                    held_already: false,
                     displaced: None,
                     takeover: None,
                     epoch: None,
@@ -194,6 +198,7 @@ impl ClaimsLeg {
                 return Resolution {
                     decision: session_ended(),
                     waited_ms,
+                    held_already: false,
                     displaced: None,
                     takeover: None,
                     epoch: None,
@@ -251,6 +256,7 @@ impl ClaimsLeg {
                     return Resolution {
                         decision,
                         waited_ms,
+                        held_already: matches!(outcome, Ok(ClaimOutcome::AlreadyHeld(_))),
                         displaced,
                         takeover,
                         epoch,
@@ -273,6 +279,7 @@ impl ClaimsLeg {
             // The store's clock matters only to a busy claim's wait.
             decision: decide_at(&Ok(ClaimOutcome::AlreadyHeld(record)), &self.policy, 0, 0),
             waited_ms: 0,
+            held_already: true,
             displaced: None,
             takeover: None,
             epoch,
@@ -295,6 +302,7 @@ impl ClaimsLeg {
         Resolution {
             decision,
             waited_ms: 0,
+            held_already: false,
             displaced: None,
             takeover: None,
             epoch: None,

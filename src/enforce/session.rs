@@ -125,6 +125,10 @@ pub struct SessionEnforcer {
     /// The claim of the head row held back from the client, until the
     /// relay releases it decided.
     held: Option<Arc<ClaimTicket>>,
+    /// The head row of the answer in front was refused (the client got
+    /// the claim's refusal instead): that answer's completion records no
+    /// read, the `claim_refused` record standing for it.
+    head_refused: bool,
 }
 
 impl SessionEnforcer {
@@ -145,6 +149,7 @@ impl SessionEnforcer {
             late: LateGate::default(),
             shared_session: SharedSessionWatch::default(),
             held: None,
+            head_refused: false,
         }
     }
 

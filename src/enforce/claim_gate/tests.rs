@@ -10,8 +10,13 @@ use crate::test_metrics::has_line;
 
 /// A leg whose claim store never answers.
 pub(crate) fn leg_on_unreachable_store() -> ClaimsLeg {
+    leg_on(Arc::new(crate::test_pg_server::unreachable()))
+}
+
+/// A leg on `store`, remembering no claim yet.
+fn leg_on(store: Arc<ClaimStore>) -> ClaimsLeg {
     ClaimsLeg {
-        store: Arc::new(crate::test_pg_server::unreachable()),
+        store,
         proxy_id: "proxy-a".into(),
         lapse_ms: 1_000,
         timings: LiveClaimsTimings::new(ClaimsTimings::default()),
@@ -28,6 +33,12 @@ pub(crate) fn leg_on_unreachable_store() -> ClaimsLeg {
 }
 
 fn running_head_read() -> ClaimRequest {
+    head_read(Head::Running, "")
+}
+
+/// session 7's read of t1's head c1, parked on the interrupts
+/// `fingerprint` names, or running.
+fn head_read(head: Head, fingerprint: &str) -> ClaimRequest {
     ClaimRequest {
         key: ClaimKey {
             at: CheckpointRef {
@@ -35,7 +46,7 @@ fn running_head_read() -> ClaimRequest {
                 checkpoint_ns: String::new(),
                 checkpoint_id: "c1".into(),
             },
-            fingerprint: String::new(),
+            fingerprint: fingerprint.into(),
         },
         holder: Holder {
             proxy_id: "proxy-a".into(),
@@ -43,7 +54,7 @@ fn running_head_read() -> ClaimRequest {
             client_addr: "127.0.0.1:1".into(),
             application_name: "app".into(),
         },
-        head: Head::Running,
+        head,
     }
 }
 
@@ -66,4 +77,23 @@ fn a_running_head_served_with_its_run_lease_unknown_is_counted() {
         has_line(&body, "resumeguard_run_lease_unchecked_total 1"),
         "{body}"
     );
+}
+
+#[test]
+fn a_holder_reading_its_parked_head_again_is_served_the_claim_it_held_already() {
+    let db = crate::test_pg_server::PgSchema::new("gate-held-again");
+    let store = Arc::new(db.open());
+    let req = head_read(Head::Parked, "f1");
+    let decided = |leg: &Arc<ClaimsLeg>| {
+        let ticket = ClaimTicket::new(Arc::clone(leg), req.clone(), None);
+        ticket.decide(&|| false);
+        let res = ticket.resolution.into_inner().expect("decided");
+        assert_eq!(res.decision, ClaimDecision::Serve { takeover: false });
+        res.held_already
+    };
+    let leg = Arc::new(leg_on(Arc::clone(&store)));
+    assert!(!decided(&leg), "the first read takes the claim");
+    assert!(decided(&leg), "answered from the leg's memory");
+    let forgetful = Arc::new(leg_on(store));
+    assert!(decided(&forgetful), "answered by the store");
 }

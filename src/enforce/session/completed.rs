@@ -11,6 +11,7 @@ use crate::saver::classify::StatementKind;
 use crate::wire::messages::error_response::error_fields;
 
 pub(super) fn handle(session: &mut SessionEnforcer, watch: Watch, ok: bool) {
+    let refused = std::mem::take(&mut session.head_refused);
     if let Some(check) = &watch.fence {
         if !ok {
             session.fenced_in_transaction(check);
@@ -21,8 +22,6 @@ pub(super) fn handle(session: &mut SessionEnforcer, watch: Watch, ok: bool) {
     if !ok {
         return;
     }
-    crate::metrics::forks_served(watch.forks.len());
-    let events = watch.events(&session.ctx);
     if let Some(leg) = &session.shared.legs.claims {
         if let Some(row) = watch.finished_head() {
             session.late.read_finished(&row.at, &row.metadata);
@@ -31,6 +30,13 @@ pub(super) fn handle(session: &mut SessionEnforcer, watch: Watch, ok: bool) {
             leg.parked.read(&thread, &ns, parked);
         }
     }
+    if refused {
+        // The client got the refusal, not the rows: the claim's record
+        // is the read's.
+        return;
+    }
+    crate::metrics::forks_served(watch.forks.len());
+    let events = watch.events(&session.ctx);
     if matches!(watch.class.kind, StatementKind::Read(_)) {
         session.ready_events.extend(events);
     } else {

@@ -24,7 +24,8 @@ pub(super) fn handle(session: &mut SessionEnforcer) -> Option<Bytes> {
 impl SessionEnforcer {
     /// A held head row's claim was decided: what this session now holds
     /// is remembered for fencing, the decision audited; returns the
-    /// refusal the client gets instead of the row, if any.
+    /// refusal the client gets instead of the row, if any (the answer's
+    /// completion then records no read).
     pub fn claim_resolved(&mut self, req: &ClaimRequest, res: &Resolution) -> Option<Bytes> {
         if req.head == Head::Parked {
             match res.epoch {
@@ -44,13 +45,15 @@ impl SessionEnforcer {
             ) => Some(inspection_remedy_of(leg)),
             _ => None,
         };
-        apply_claim(
+        let refusal = apply_claim(
             &self.ctx,
             req,
             res,
             remedy.as_deref(),
             &mut self.ready_events,
-        )
+        );
+        self.head_refused |= refusal.is_some();
+        refusal
     }
 }
 
@@ -147,8 +150,10 @@ fn apply_claim(
                 Some(&hint),
             ))
         }
-        // A running head outside any lease: nothing was claimed.
-        ClaimDecision::Serve { .. } if req.head == Head::Running => None,
+        // A running head outside any lease: nothing was claimed. A holder
+        // reading its head again: its claim_taken already says who holds
+        // the claim since when, and the read is recorded as one.
+        ClaimDecision::Serve { .. } if req.head == Head::Running || res.held_already => None,
         ClaimDecision::Serve { takeover } => {
             let op = if *takeover {
                 Operation::ClaimTakeover

@@ -104,7 +104,7 @@ fn assert_refused_and_rest_swallowed(st: &mut SessionState, error: Option<Bytes>
 
 #[test]
 fn a_refused_running_head_names_the_run_and_a_served_one_records_nothing() {
-    use crate::claims::{Holder, RunLease};
+    use crate::claims::RunLease;
     use crate::policy::claims::{ClaimDecision, Refusal};
     let cp = br#"{"updated_channels": ["branch:to:after"]}"#;
     let mut st = claiming_state(&[], "worker");
@@ -112,6 +112,7 @@ fn a_refused_running_head_names_the_run_and_a_served_one_records_nothing() {
     let served = Resolution {
         decision: ClaimDecision::Serve { takeover: false },
         waited_ms: 0,
+        held_already: false,
         displaced: None,
         epoch: None,
         takeover: None,
@@ -126,12 +127,7 @@ fn a_refused_running_head_names_the_run_and_a_served_one_records_nothing() {
         checkpoint_ns: String::new(),
         answered_checkpoint_id: "ck0".into(),
         fingerprint: "0123456789abcdef".repeat(4),
-        holder: Holder {
-            proxy_id: "proxy-b".into(),
-            session_id: 3,
-            client_addr: "10.0.0.9:5000".into(),
-            application_name: "approver".into(),
-        },
+        holder: other_session(),
         answered_at_ms: 0,
         last_write_ms: 5,
         until_ms: 10_005,
@@ -141,6 +137,7 @@ fn a_refused_running_head_names_the_run_and_a_served_one_records_nothing() {
             reason: Refusal::RunInProgress { lease },
         },
         waited_ms: 0,
+        held_already: false,
         displaced: None,
         epoch: None,
         takeover: None,
@@ -253,12 +250,81 @@ fn a_refused_claim_replaces_the_row_and_swallows_the_rest_of_its_answer() {
     let verdict = read_parked_head(&mut st);
     let refusal = refuse_parked_claim(&mut st, verdict);
     assert_refused_and_rest_swallowed(&mut st, refusal);
-    let ops: Vec<_> = std::mem::take(&mut st.ready_events)
-        .into_iter()
-        .map(|e| e.operation)
-        .collect();
-    assert!(ops.contains(&Operation::ClaimRefused), "{ops:?}");
+    // The refusal is the read's record: the client never got the row.
+    assert_eq!(ops(&mut st), [Operation::ClaimRefused]);
     assert!(st.is_idle());
+    // The next read of the head, served, is recorded as one.
+    read_parked_head(&mut st);
+    server(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
+    assert_eq!(ops(&mut st), [Operation::ReadLatest]);
+}
+
+/// A parked head's claim served without a wait or a takeover, to a
+/// reader that took it now or (`held_already`) held it before.
+fn served_at_once(held_already: bool) -> Resolution {
+    Resolution {
+        decision: crate::policy::claims::ClaimDecision::Serve { takeover: false },
+        waited_ms: 0,
+        held_already,
+        displaced: None,
+        epoch: Some(1),
+        takeover: None,
+    }
+}
+
+#[test]
+fn a_head_read_served_after_a_wait_and_a_takeover_records_the_row_the_client_got() {
+    use crate::policy::claims::{ClaimDecision, TAKEOVER_LAPSED};
+    let mut st = claiming_state(&[], "worker");
+    let req = read_parked_head(&mut st)
+        .claim
+        .expect("a claim is requested");
+    let served = Resolution {
+        decision: ClaimDecision::Serve { takeover: true },
+        waited_ms: 40,
+        displaced: Some(other_session()),
+        takeover: Some(TAKEOVER_LAPSED),
+        ..served_at_once(false)
+    };
+    assert!(st.apply_claim(&req, &served).is_none());
+    let routes = server_routes(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
+    assert_eq!(routes, [Route::Forward, Route::Forward]);
+    let events = std::mem::take(&mut st.ready_events);
+    let ops: Vec<_> = events.iter().map(|e| e.operation).collect();
+    assert_eq!(
+        ops,
+        [
+            Operation::ClaimWaited,
+            Operation::ClaimTakeover,
+            Operation::ReadLatest
+        ]
+    );
+    assert_eq!(events[1].detail["displaced"]["proxy_id"], "proxy-b");
+    assert_eq!(events[1].detail["takeover"], TAKEOVER_LAPSED);
+    assert_eq!(events[2].detail["rows"], 1);
+    assert_eq!(events[2].detail["parked"], true);
+}
+
+#[test]
+fn a_holder_reading_its_head_again_records_the_read_and_no_second_claim() {
+    let mut st = claiming_state(&[], "worker");
+    for held_already in [false, true] {
+        let req = read_parked_head(&mut st)
+            .claim
+            .expect("a claim is requested");
+        assert!(st
+            .apply_claim(&req, &served_at_once(held_already))
+            .is_none());
+        server(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
+    }
+    assert_eq!(
+        ops(&mut st),
+        [
+            Operation::ClaimTaken,
+            Operation::ReadLatest,
+            Operation::ReadLatest
+        ]
+    );
 }
 
 /// A READ(latest) of t1's parked head sent as a simple Query with
@@ -300,28 +366,32 @@ fn query_parked_head(st: &mut SessionState) -> ServerVerdict {
     st.on_server(&row).unwrap()
 }
 
-/// The claim the parked head's row is held for, refused: the error the
-/// client gets instead of the row.
-fn refuse_parked_claim(st: &mut SessionState, verdict: ServerVerdict) -> Option<Bytes> {
-    use crate::claims::Holder;
-    use crate::policy::claims::{ClaimDecision, Refusal};
-    let req = verdict.claim.expect("a claim is requested");
-    let winner = Holder {
+/// A session of another proxy, the claim's holder before this one.
+fn other_session() -> crate::claims::Holder {
+    crate::claims::Holder {
         proxy_id: "proxy-b".into(),
         session_id: 3,
         client_addr: "10.0.0.9:5000".into(),
         application_name: "approver".into(),
-    };
+    }
+}
+
+/// The claim the parked head's row is held for, refused: the error the
+/// client gets instead of the row.
+fn refuse_parked_claim(st: &mut SessionState, verdict: ServerVerdict) -> Option<Bytes> {
+    use crate::policy::claims::{ClaimDecision, Refusal};
+    let req = verdict.claim.expect("a claim is requested");
     st.apply_claim(
         &req,
         &Resolution {
             decision: ClaimDecision::Refuse {
                 reason: Refusal::Answered {
-                    by: winner,
+                    by: other_session(),
                     at_ms: 0,
                 },
             },
             waited_ms: 0,
+            held_already: false,
             displaced: None,
             epoch: None,
             takeover: None,

@@ -50,6 +50,7 @@ fn a_write_continuing_a_claimed_checkpoint_fails_closed_while_the_store_cannot_a
     let served = Resolution {
         decision: ClaimDecision::Serve { takeover: false },
         waited_ms: 0,
+        held_already: false,
         displaced: None,
         epoch: Some(1),
         takeover: None,
@@ -96,6 +97,7 @@ fn a_holders_write_keeps_its_claim_from_lapsing_until_the_write_can_commit() {
     let served = Resolution {
         decision: ClaimDecision::Serve { takeover: false },
         waited_ms: 0,
+        held_already: false,
         displaced: None,
         epoch: Some(1),
         takeover: None,
@@ -131,6 +133,7 @@ fn a_granted_claim_holds_work_and_a_refused_one_does_not() {
     let resolution = |decision| Resolution {
         decision,
         waited_ms: 0,
+        held_already: false,
         displaced: None,
         epoch: Some(1),
         takeover: None,
