@@ -45,11 +45,16 @@ pub enum Operation {
     EvidenceLost,
     /// Claims an operator released through the admin API or the console.
     ClaimReleased,
+    /// A client statement the proxy refused before it ran (one on the
+    /// proxy's own schema, an unrecognized checkpoint statement, a guarded
+    /// channel-history read, a checkpoint statement in SQL PREPARE,
+    /// EXECUTE or DECLARE).
+    StatementRefused,
 }
 
 impl Operation {
     /// Every variant, so names can be parsed back without a second table.
-    pub const ALL: [Operation; 26] = [
+    pub const ALL: [Operation; 27] = [
         Operation::ReadLatest,
         Operation::ReadById,
         Operation::ReadList,
@@ -76,6 +81,7 @@ impl Operation {
         Operation::ConfigReloaded,
         Operation::EvidenceLost,
         Operation::ClaimReleased,
+        Operation::StatementRefused,
     ];
 
     /// The snake_case name, identical to the serde representation.
@@ -107,6 +113,7 @@ impl Operation {
             Operation::ConfigReloaded => "config_reloaded",
             Operation::EvidenceLost => "evidence_lost",
             Operation::ClaimReleased => "claim_released",
+            Operation::StatementRefused => "statement_refused",
         }
     }
 

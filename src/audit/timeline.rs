@@ -194,6 +194,10 @@ fn phrase(ev: &AuditEvent) -> String {
             Some(n) => format!("{n} claim(s) released by an operator"),
             None => "claims released by an operator".to_string(),
         },
+        Operation::StatementRefused => match ev.detail.get("reason").and_then(|r| r.as_str()) {
+            Some(reason) => format!("statement refused: {reason}"),
+            None => "statement refused".to_string(),
+        },
         Operation::ConfigReloaded => match ev.detail.get("part").and_then(|c| c.as_str()) {
             Some(part) => format!("configuration reloaded (SIGHUP): {part}"),
             None => "configuration reloaded (SIGHUP)".to_string(),

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use super::sync;
 use super::unknown_saver::unknown_refusal;
 use super::{Binding, Prepared, SessionEnforcer};
+use crate::enforce::events::{statement_refused, StatementRefusal};
 use crate::enforce::evidence::continuation;
 use crate::enforce::fencing::{FenceStep, Fenced};
 use crate::enforce::history::history_refusal;
@@ -54,7 +55,7 @@ pub(super) fn handle(
     // profile recognizes (classified unrecognized, and only then refused)
     // fails here, before anything of it runs.
     if matches!(statement.class.kind, StatementKind::Unrecognized) {
-        if let Some(refusal) = unknown_refusal(&statement.class) {
+        if let Some(refusal) = unknown_refusal(session, &statement.class) {
             return Ok(Bound::Refuse(refusal));
         }
     }
@@ -66,6 +67,14 @@ pub(super) fn handle(
         // Only a channel-history read names channels a Bind could ask for.
         history @ StatementKind::ChannelHistoryRead { .. } => {
             if let Some(refusal) = history_refusal(history, &bound) {
+                tracing::warn!(statement = history.label(), "{}", shown(&refusal.message));
+                let event = statement_refused(
+                    &session.ctx,
+                    StatementRefusal::ChannelHistory,
+                    Some(history.label()),
+                    &refusal,
+                );
+                session.ready_events.push(event);
                 return Ok(Bound::Refuse(refusal));
             }
             None
