@@ -85,7 +85,7 @@ pub(super) fn handle(
     };
     if let Some(decoded) = &record {
         let rejection = match decoded {
-            Err(error) => session.undecodable(&statement.class.kind, error),
+            Err(error) => session.undecodable(&statement.class.kind, &bound, error),
             Ok(rec) => {
                 let rules = Arc::clone(&session.shared.legs.validity);
                 session.validity.check(&rules, &statement.class.kind, rec)
@@ -153,10 +153,19 @@ impl SessionEnforcer {
     /// must read them (channel rules, consume-once): it is refused then.
     /// With no such leg it passes as it would without the proxy, said at
     /// WARN.
-    fn undecodable(&self, kind: &StatementKind, error: &DecodeError) -> Option<Rejection> {
+    fn undecodable(
+        &self,
+        kind: &StatementKind,
+        bound: &BoundParams,
+        error: &DecodeError,
+    ) -> Option<Rejection> {
         let legs = &self.shared.legs;
         if !legs.validity.is_empty() || legs.claims.is_some() {
-            return Some(Rejection::undecodable(error));
+            let readable = kind
+                .insert_shape()
+                .map(|shape| WriteRecord::decode_readable(shape, bound))
+                .unwrap_or_default();
+            return Some(Rejection::undecodable(readable, error));
         }
         tracing::warn!(
             statement = kind.label(),
