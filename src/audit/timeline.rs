@@ -386,6 +386,20 @@ mod tests {
     }
 
     #[test]
+    fn says_which_statement_was_refused() {
+        let refused =
+            AuditEvent::new(&ctx(3), Operation::StatementRefused).with_detail(serde_json::json!({
+                "refusal": "own_schema",
+                "reason": "resumeguard: schema resumeguard belongs to resumeguard",
+            }));
+        let text = render_timeline(&[refused]);
+        assert!(
+            text.contains("statement refused: resumeguard: schema resumeguard belongs"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn names_the_approver_and_labels_hand_updates() {
         let mut update = ev(4, Operation::CheckpointPut, "t-1")
             .with_detail(serde_json::json!({"source": "update", "approver": {"user_id": "bob"}}));
