@@ -44,11 +44,16 @@ pub enum Operation {
     EvidenceLost,
     /// Claims an operator released through the admin API or the console.
     ClaimReleased,
+    /// A client statement the proxy refused before it ran (one on the
+    /// proxy's own schema, an unrecognized checkpoint statement, a guarded
+    /// channel-history read, a checkpoint statement in SQL PREPARE,
+    /// EXECUTE or DECLARE).
+    StatementRefused,
 }
 
 impl Operation {
     /// Every variant, so names can be parsed back without a second table.
-    pub const ALL: [Operation; 25] = [
+    pub const ALL: [Operation; 26] = [
         Operation::ReadLatest,
         Operation::ReadById,
         Operation::ReadList,
@@ -74,6 +79,7 @@ impl Operation {
         Operation::ConfigReloaded,
         Operation::EvidenceLost,
         Operation::ClaimReleased,
+        Operation::StatementRefused,
     ];
 
     /// The snake_case name, identical to the serde representation.
@@ -104,6 +110,7 @@ impl Operation {
             Operation::ConfigReloaded => "config_reloaded",
             Operation::EvidenceLost => "evidence_lost",
             Operation::ClaimReleased => "claim_released",
+            Operation::StatementRefused => "statement_refused",
         }
     }
 

@@ -12,13 +12,13 @@ use axum::http::StatusCode;
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::auth;
+use super::auth::{self, PeerAddr};
 use super::blocking::{blocking, with_store};
-use super::claims_release::release_claims;
+use super::claims_release::{release_claims, Requester};
 use super::console;
 use super::json_error::json_error;
 use super::ledger::thread_ledger;
@@ -177,7 +177,11 @@ struct ReleaseRequest {
     checkpoint: Option<String>,
 }
 
-async fn release(State(s): State<Shared>, body: Bytes) -> Response {
+async fn release(
+    State(s): State<Shared>,
+    peer: Option<Extension<PeerAddr>>,
+    body: Bytes,
+) -> Response {
     let req: ReleaseRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
@@ -185,7 +189,11 @@ async fn release(State(s): State<Shared>, body: Bytes) -> Response {
             return json_error(StatusCode::BAD_REQUEST, &msg);
         }
     };
-    match release_claims(s, req.thread, req.checkpoint, "admin_api").await {
+    let requester = Requester {
+        addr: peer.map(|Extension(p)| p.0),
+        via: "admin_api",
+    };
+    match release_claims(s, req.thread, req.checkpoint, requester).await {
         Ok(n) => Json(json!({"released": n})).into_response(),
         Err(e) => json_error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
     }

@@ -193,6 +193,10 @@ fn phrase(ev: &AuditEvent) -> String {
             Some(n) => format!("{n} claim(s) released by an operator"),
             None => "claims released by an operator".to_string(),
         },
+        Operation::StatementRefused => match ev.detail.get("reason").and_then(|r| r.as_str()) {
+            Some(reason) => format!("statement refused: {reason}"),
+            None => "statement refused".to_string(),
+        },
         Operation::ConfigReloaded => match ev.detail.get("part").and_then(|c| c.as_str()) {
             Some(part) => format!("configuration reloaded (SIGHUP): {part}"),
             None => "configuration reloaded (SIGHUP)".to_string(),
@@ -376,6 +380,20 @@ mod tests {
             text.contains(
                 "audit trail pruned: rows before 2024-04-01T00:00:00.000Z removed (2 rows)"
             ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn says_which_statement_was_refused() {
+        let refused =
+            AuditEvent::new(&ctx(3), Operation::StatementRefused).with_detail(serde_json::json!({
+                "refusal": "own_schema",
+                "reason": "resumeguard: schema resumeguard belongs to resumeguard",
+            }));
+        let text = render_timeline(&[refused]);
+        assert!(
+            text.contains("statement refused: resumeguard: schema resumeguard belongs"),
             "{text}"
         );
     }

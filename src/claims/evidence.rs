@@ -493,13 +493,20 @@ fn item(ev: &Evidence) -> Option<EvidenceItem<'_>> {
 const PROGRESS: &str = "run-level __resume__ recorded";
 
 /// Evidence that will never be applied: counted and audited
-/// (`evidence_lost`), so the trail shows which thread's claim lapses
+/// (`evidence_lost`), so the trail shows which checkpoint's claim lapses
 /// instead of being consumed or released.
 fn lost(audit: &AuditRecorder, ev: &Evidence, reason: &'static str) {
     metrics::counter!(crate::metrics::EVIDENCE_LOST, "reason" => reason).increment(1);
     let mut e = AuditEvent::new(&SessionContext::internal(), Operation::EvidenceLost);
     if let Some(thread) = ev.thread_id() {
         e = e.with_thread(thread.to_owned());
+    }
+    // The checkpoint whose claim the evidence was for, where it names one.
+    if let Evidence::Progress { at, .. }
+    | Evidence::Consumed { at, .. }
+    | Evidence::MovedOn { parent: at } = ev
+    {
+        e = e.with_checkpoint(at.checkpoint_ns.clone(), at.checkpoint_id.clone());
     }
     audit(e.with_detail(json!({ "evidence": ev.kind(), "reason": reason })));
 }
@@ -733,6 +740,26 @@ mod tests {
         assert_eq!(audited.len(), 1);
         assert_eq!(audited[0].operation, Operation::EvidenceLost);
         assert_eq!(audited[0].detail["unapplied"], 2);
+    }
+
+    #[test]
+    fn lost_evidence_names_its_checkpoint() {
+        let audited = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let into = Arc::clone(&audited);
+        let audit: AuditRecorder = Arc::new(move |e| into.lock().unwrap().push(e));
+        let parent = CheckpointRef {
+            thread_id: "t1".into(),
+            checkpoint_ns: String::new(),
+            checkpoint_id: "c1".into(),
+        };
+        lost(&audit, &Evidence::MovedOn { parent }, "queue_full");
+        let audited = audited.lock().unwrap();
+        assert_eq!(audited.len(), 1);
+        assert_eq!(audited[0].operation, Operation::EvidenceLost);
+        assert_eq!(audited[0].thread_id.as_deref(), Some("t1"));
+        assert_eq!(audited[0].checkpoint_ns.as_deref(), Some(""));
+        assert_eq!(audited[0].checkpoint_id.as_deref(), Some("c1"));
+        assert_eq!(audited[0].detail["reason"], "queue_full");
     }
 
     #[test]

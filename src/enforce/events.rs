@@ -15,6 +15,7 @@ use crate::saver::classify::{ReadMode, ReadShape, RowsDeleted, StatementKind};
 use crate::saver::reserved::{INTERRUPT, NULL_TASK, RESUME};
 use crate::saver::typed_blob::blob_to_json;
 use crate::saver::write_record::WriteRecord;
+use crate::wire::tracker::Refusal;
 
 impl Watch {
     /// Audit events for a statement that completed without error.
@@ -260,6 +261,50 @@ pub fn fenced(ctx: &SessionContext, w: &FencedWrite<'_>) -> AuditEvent {
         holder: w.current.map(|c| HolderDetail::of(&c.holder)),
         epoch: w.current.map(|c| c.epoch),
         interrupt: w.current.map(|c| c.key.short_fingerprint()),
+    }))
+}
+
+/// Which of the proxy's refusals of a client statement a
+/// `statement_refused` record is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StatementRefusal {
+    /// A statement on the proxy's own schema (claims, audit trail).
+    OwnSchema,
+    /// A checkpoint statement no saver profile recognizes, under
+    /// `[enforce] unknown_saver = "refuse"`.
+    UnknownSaver,
+    /// A channel-history read naming a channel only the checkpoint read
+    /// may return.
+    ChannelHistory,
+    /// A checkpoint statement in SQL PREPARE, EXECUTE or DECLARE.
+    SqlForm,
+}
+
+#[derive(Debug, Serialize)]
+struct StatementRefusedDetail<'a> {
+    refusal: StatementRefusal,
+    sqlstate: &'a str,
+    reason: &'a str,
+    why: Option<&'a str>,
+    statement: Option<&'a str>,
+}
+
+/// The `statement_refused` record of a client statement refused before it
+/// ran: which refusal, the error the client got (its SQLSTATE, message
+/// and DETAIL) and the statement's classification label, never its text.
+pub fn statement_refused(
+    ctx: &SessionContext,
+    refusal: StatementRefusal,
+    statement: Option<&str>,
+    refused: &Refusal,
+) -> AuditEvent {
+    AuditEvent::new(ctx, Operation::StatementRefused).with_detail(detail(&StatementRefusedDetail {
+        refusal,
+        sqlstate: refused.sqlstate,
+        reason: &refused.message,
+        why: Some(refused.detail.as_str()).filter(|d| !d.is_empty()),
+        statement,
     }))
 }
 

@@ -52,10 +52,11 @@ impl Rejection {
     }
 
     /// The refusal of a checkpoint write whose values the proxy cannot
-    /// decode, where a leg must read them to guard it.
-    pub fn undecodable(error: &DecodeError) -> Self {
+    /// decode, where a leg must read them to guard it; `readable` holds
+    /// the columns that do decode, for the audit record.
+    pub fn undecodable(readable: WriteRecord, error: &DecodeError) -> Self {
         Rejection {
-            record: WriteRecord::default(),
+            record: readable,
             message: format!(
                 "resumeguard: checkpoint write rejected: its parameters do not decode: {error}"
             ),

@@ -45,33 +45,55 @@ impl WriteRecord {
             let value = bound
                 .value(*param, column_kind(column))
                 .map_err(|e| e.in_field(static_name(column)))?;
-            match (column.as_str(), value) {
-                (_, Value::Null) => {}
-                ("thread_id", v) => rec.thread_id = text(v),
-                ("checkpoint_ns", v) => rec.checkpoint_ns = text(v),
-                ("checkpoint_id", v) => rec.checkpoint_id = text(v),
-                ("parent_checkpoint_id", v) => rec.parent_checkpoint_id = text(v),
-                ("task_id", v) => rec.task_id = text(v),
-                ("task_path", v) => rec.task_path = text(v),
-                ("channel", v) => rec.channel = text(v),
-                ("version", v) => rec.version = text(v),
-                ("type", v) => rec.type_tag = text(v),
-                ("idx", v) => rec.idx = v.as_int(),
-                ("blob", Value::Bytes(b)) => rec.blob = Some(b),
-                ("checkpoint", v) => rec.checkpoint = text(v),
-                ("metadata", v) => rec.metadata = text(v),
-                _ => {}
+            rec.set(column, value);
+        }
+        rec.id_from_document();
+        Ok(rec)
+    }
+
+    /// The columns that decode, those that do not left `None`: what the
+    /// audit record of a write refused as undecodable can still say of it
+    /// (usually its thread and checkpoint).
+    pub fn decode_readable(shape: &InsertShape, bound: &BoundParams) -> Self {
+        let mut rec = WriteRecord::default();
+        for (column, param) in &shape.columns {
+            if let Ok(value) = bound.value(*param, column_kind(column)) {
+                rec.set(column, value);
             }
         }
-        // The shallow saver's checkpoint INSERT has no checkpoint_id
-        // column: the id is the document's.
-        if rec.checkpoint_id.is_none() {
-            rec.checkpoint_id = rec
+        rec.id_from_document();
+        rec
+    }
+
+    fn set(&mut self, column: &str, value: Value) {
+        match (column, value) {
+            (_, Value::Null) => {}
+            ("thread_id", v) => self.thread_id = text(v),
+            ("checkpoint_ns", v) => self.checkpoint_ns = text(v),
+            ("checkpoint_id", v) => self.checkpoint_id = text(v),
+            ("parent_checkpoint_id", v) => self.parent_checkpoint_id = text(v),
+            ("task_id", v) => self.task_id = text(v),
+            ("task_path", v) => self.task_path = text(v),
+            ("channel", v) => self.channel = text(v),
+            ("version", v) => self.version = text(v),
+            ("type", v) => self.type_tag = text(v),
+            ("idx", v) => self.idx = v.as_int(),
+            ("blob", Value::Bytes(b)) => self.blob = Some(b),
+            ("checkpoint", v) => self.checkpoint = text(v),
+            ("metadata", v) => self.metadata = text(v),
+            _ => {}
+        }
+    }
+
+    /// The shallow saver's checkpoint INSERT has no checkpoint_id column:
+    /// the id is the document's.
+    fn id_from_document(&mut self) {
+        if self.checkpoint_id.is_none() {
+            self.checkpoint_id = self
                 .checkpoint
                 .as_deref()
                 .and_then(|doc| super::checkpoint_row::document_id(doc).ok());
         }
-        Ok(rec)
     }
 }
 

@@ -18,8 +18,9 @@ use super::lists::short;
 use super::{Shared, PAGE_SIZE};
 use crate::admin::alert::alert;
 use crate::admin::auth::ConsoleSession;
+use crate::admin::auth::PeerAddr;
 use crate::admin::blocking::{blocking, with_store};
-use crate::admin::claims_release::release_claims;
+use crate::admin::claims_release::{release_claims, Requester};
 use crate::admin::html_escape::{esc, url};
 use crate::admin::views::ClaimView;
 use crate::claims::ClaimState;
@@ -200,6 +201,7 @@ pub struct ReleaseForm {
 pub async fn release(
     State(s): State<Shared>,
     session: Option<Extension<ConsoleSession>>,
+    peer: Option<Extension<PeerAddr>>,
     Form(form): Form<ReleaseForm>,
 ) -> Response {
     if let Some(Extension(session)) = &session {
@@ -211,7 +213,11 @@ pub async fn release(
     }
     let checkpoint = Some(form.checkpoint).filter(|c| !c.is_empty());
     let thread = form.thread.clone();
-    let (status, said) = match release_claims(Arc::clone(&s), form.thread, checkpoint, "console").await
+    let requester = Requester {
+        addr: peer.map(|Extension(p)| p.0),
+        via: "console",
+    };
+    let (status, said) = match release_claims(Arc::clone(&s), form.thread, checkpoint, requester).await
     {
         Ok(n) => (
             StatusCode::OK,

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use super::sync;
 use super::unknown_saver::unknown_refusal;
 use super::{Binding, Prepared, SessionEnforcer};
+use crate::enforce::events::{statement_refused, StatementRefusal};
 use crate::enforce::evidence::continuation;
 use crate::enforce::fencing::{FenceStep, Fenced};
 use crate::enforce::history::history_refusal;
@@ -54,7 +55,7 @@ pub(super) fn handle(
     // profile recognizes (classified unrecognized, and only then refused)
     // fails here, before anything of it runs.
     if matches!(statement.class.kind, StatementKind::Unrecognized) {
-        if let Some(refusal) = unknown_refusal(&statement.class) {
+        if let Some(refusal) = unknown_refusal(session, &statement.class) {
             return Ok(Bound::Refuse(refusal));
         }
     }
@@ -66,6 +67,14 @@ pub(super) fn handle(
         // Only a channel-history read names channels a Bind could ask for.
         history @ StatementKind::ChannelHistoryRead { .. } => {
             if let Some(refusal) = history_refusal(history, &bound) {
+                tracing::warn!(statement = history.label(), "{}", shown(&refusal.message));
+                let event = statement_refused(
+                    &session.ctx,
+                    StatementRefusal::ChannelHistory,
+                    Some(history.label()),
+                    &refusal,
+                );
+                session.ready_events.push(event);
                 return Ok(Bound::Refuse(refusal));
             }
             None
@@ -76,7 +85,7 @@ pub(super) fn handle(
     };
     if let Some(decoded) = &record {
         let rejection = match decoded {
-            Err(error) => session.undecodable(&statement.class.kind, error),
+            Err(error) => session.undecodable(&statement.class.kind, &bound, error),
             Ok(rec) => {
                 let rules = Arc::clone(&session.shared.legs.validity);
                 session.validity.check(&rules, &statement.class.kind, rec)
@@ -144,10 +153,19 @@ impl SessionEnforcer {
     /// must read them (channel rules, consume-once): it is refused then.
     /// With no such leg it passes as it would without the proxy, said at
     /// WARN.
-    fn undecodable(&self, kind: &StatementKind, error: &DecodeError) -> Option<Rejection> {
+    fn undecodable(
+        &self,
+        kind: &StatementKind,
+        bound: &BoundParams,
+        error: &DecodeError,
+    ) -> Option<Rejection> {
         let legs = &self.shared.legs;
         if !legs.validity.is_empty() || legs.claims.is_some() {
-            return Some(Rejection::undecodable(error));
+            let readable = kind
+                .insert_shape()
+                .map(|shape| WriteRecord::decode_readable(shape, bound))
+                .unwrap_or_default();
+            return Some(Rejection::undecodable(readable, error));
         }
         tracing::warn!(
             statement = kind.label(),

@@ -22,7 +22,7 @@ pub(super) fn handle(session: &mut SessionEnforcer, sql: &str) -> Result<Option<
         }
     }
     let class = session.shared.classifier.classify(sql);
-    if let Some(refusal) = unknown_refusal(&class) {
+    if let Some(refusal) = unknown_refusal(session, &class) {
         return Err(refusal);
     }
     Ok(class.kind.is_checkpoint_traffic().then(|| Watch {

@@ -2,6 +2,8 @@
 //! proxy cannot watch are refused while any leg is on.
 
 use super::{Prepared, SessionEnforcer};
+use crate::enforce::events::{statement_refused, StatementRefusal};
+use crate::log_text::shown;
 use crate::saver::classify::Classified;
 use crate::wire::tracker::{Refusal, FEATURE_NOT_SUPPORTED};
 
@@ -27,16 +29,27 @@ pub(super) fn declare(session: &mut SessionEnforcer, inner: &str) -> Result<(), 
 
 impl SessionEnforcer {
     /// A checkpoint statement in a form the proxy cannot watch: refused
-    /// while any leg is on.
-    fn unwatchable(&self, class: &Classified, form: &str) -> Result<(), Refusal> {
+    /// while any leg is on, logged at WARN and recorded in the audit trail
+    /// (`statement_refused`).
+    fn unwatchable(&mut self, class: &Classified, form: &str) -> Result<(), Refusal> {
         if !class.kind.is_checkpoint_traffic() || !self.shared.legs.any() {
             return Ok(());
         }
-        Err(Refusal {
+        let statement = class.kind.label();
+        let refusal = Refusal {
             sqlstate: FEATURE_NOT_SUPPORTED,
             message: format!("resumeguard: checkpoint statements cannot run through {form}"),
             detail: "prepare checkpoint statements with the protocol's Parse, as the savers do"
                 .into(),
-        })
+        };
+        tracing::warn!(statement, "{}", shown(&refusal.message));
+        let event = statement_refused(
+            &self.ctx,
+            StatementRefusal::SqlForm,
+            Some(statement),
+            &refusal,
+        );
+        self.ready_events.push(event);
+        Err(refusal)
     }
 }

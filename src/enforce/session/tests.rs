@@ -313,5 +313,6 @@ fn read_head(st: &mut SessionState, checkpoint: &[u8], pending: Option<&[u8]>) -
 mod claims;
 mod commit;
 mod fencing;
+mod refusals;
 mod statements;
 mod validity;

@@ -153,6 +153,29 @@ fn an_undecodable_write_is_refused_while_consume_once_must_read_it() {
 }
 
 #[test]
+fn an_undecodable_write_is_recorded_with_the_columns_that_decode() {
+    // Only idx fails: the record names the write's thread, checkpoint,
+    // task, channel and value digest, so `audit --thread t1` finds it.
+    let mut st = claiming_state(&[], "worker");
+    client(&mut st, &[parse("w", WRITE_SQL)]);
+    let refused = st.on_client(&write_bind_with_idx(b"zero")).unwrap();
+    assert!(refused.is_some(), "refused");
+    let events = std::mem::take(&mut st.ready_events);
+    let [ev] = events.as_slice() else {
+        panic!("one record: {events:?}");
+    };
+    assert_eq!(ev.operation, Operation::WriteRejected);
+    assert_eq!(ev.thread_id.as_deref(), Some("t1"));
+    assert_eq!(ev.checkpoint_ns.as_deref(), Some(""));
+    assert_eq!(ev.checkpoint_id.as_deref(), Some("ck1"));
+    assert_eq!(ev.task_id.as_deref(), Some("task-1"));
+    assert_eq!(ev.channels, ["approved"]);
+    assert_eq!(ev.blob_sha256.len(), 1);
+    let reason = ev.detail["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("do not decode"), "{reason}");
+}
+
+#[test]
 fn a_value_postgresql_reads_is_not_refused_as_undecodable() {
     let mut st = claiming_state(&[], "worker");
     client(&mut st, &[parse("w", WRITE_SQL)]);
@@ -275,7 +298,8 @@ fn a_query_the_proxy_refuses_itself_takes_a_waiting_blob_refusal_with_it() {
         .expect("refused");
     let text = String::from_utf8_lossy(&refused);
     assert!(!text.contains(&hex::encode("23514")), "{text}");
-    // The blob's refusal does not land on the next statement.
+    // The blob's refusal does not land on the next statement: only the
+    // Query's own refusal is recorded.
     assert_eq!(st.on_client(&msg(b'Q', b"SELECT 1\0")).unwrap(), None);
-    assert!(ops(&mut st).is_empty());
+    assert_eq!(ops(&mut st), vec![Operation::StatementRefused]);
 }

@@ -1,0 +1,118 @@
+//! Statements the proxy refuses before they run each leave a
+//! `statement_refused` record naming the session, the refusal and the
+//! statement's kind: one on the proxy's own schema, a checkpoint statement
+//! no profile recognizes, a guarded channel-history read, a checkpoint
+//! statement in SQL DECLARE.
+
+use serde_json::json;
+
+use super::*;
+use crate::audit::AuditEvent;
+use crate::saver::classify::tests::housekeeping_sql::DELTA_STAGE2;
+
+fn client_ctx() -> SessionContext {
+    SessionContext {
+        session_id: 9,
+        client_addr: "10.0.0.9:5000".into(),
+        user: "app".into(),
+        database: "lg".into(),
+        application_name: "worker".into(),
+    }
+}
+
+fn session(classifier: Classifier) -> SessionState {
+    SessionState::new(Arc::new(classifier), Legs::default(), client_ctx())
+}
+
+fn langgraph() -> Classifier {
+    Classifier::new(vec![SaverProfile::langgraph_python()])
+}
+
+/// A simple Query the proxy replaces with its refusal.
+fn refused_query(st: &mut SessionState, text: &[u8]) {
+    let replaced = st.on_client(&msg(b'Q', text)).unwrap();
+    assert!(replaced.is_some(), "refused");
+}
+
+/// The one record the refusal left, checked for the session it names.
+fn the_refusal(st: &mut SessionState) -> AuditEvent {
+    let events = std::mem::take(&mut st.ready_events);
+    assert_eq!(events.len(), 1, "{events:?}");
+    let ev = events.into_iter().next().expect("one event");
+    assert_eq!(ev.operation, Operation::StatementRefused);
+    assert_eq!(
+        (ev.session_id, ev.client_addr.as_str(), ev.user.as_str()),
+        (9, "10.0.0.9:5000", "app")
+    );
+    assert_eq!(ev.application_name, "worker");
+    ev
+}
+
+/// A client message the proxy refuses, saying `says` at WARN: the record
+/// it left.
+fn refused_at_warn(st: &mut SessionState, frame: &[u8], says: &str) -> AuditEvent {
+    let (replaced, log) = crate::test_log::captured(|| st.on_client(frame).unwrap());
+    assert!(replaced.is_some(), "refused");
+    assert!(log.contains("WARN") && log.contains(says), "{log}");
+    the_refusal(st)
+}
+
+#[test]
+fn a_statement_on_the_proxys_schema_is_audited() {
+    let mut st = session(langgraph());
+    refused_query(&mut st, b"DELETE FROM resumeguard.claims\0");
+    let ev = the_refusal(&mut st);
+    assert_eq!(ev.detail["refusal"], "own_schema");
+    assert_eq!(ev.detail["sqlstate"], "42501");
+    let reason = ev.detail["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("belongs to resumeguard"), "{reason}");
+    assert_eq!(
+        ev.detail["why"],
+        "DELETE names it; clients may only SELECT from it"
+    );
+    assert_eq!(ev.detail["statement"], json!(null));
+    assert!(
+        !ev.detail.to_string().contains("resumeguard.claims"),
+        "{}",
+        ev.detail
+    );
+}
+
+#[test]
+fn an_unknown_checkpoint_statement_refused_is_audited() {
+    use crate::saver::unknown::UnknownSaverPolicy;
+    let mut st = session(langgraph().with_unknown_policy(UnknownSaverPolicy::Refuse));
+    refused_query(&mut st, b"UPDATE checkpoints SET metadata = '{}'\0");
+    let ev = the_refusal(&mut st);
+    assert_eq!(ev.detail["refusal"], "unknown_saver");
+    assert_eq!(
+        ev.detail["sqlstate"],
+        crate::saver::unknown::REFUSAL_SQLSTATE
+    );
+    assert_eq!(ev.detail["statement"], "unrecognized");
+    assert!(!ev.detail.to_string().contains("UPDATE"), "{}", ev.detail);
+}
+
+#[test]
+fn a_history_read_naming_resume_is_audited_and_logged() {
+    let mut st = session(langgraph());
+    client(&mut st, &[parse("h", DELTA_STAGE2)]);
+    let mut params: Vec<Option<&[u8]>> = vec![Some(b"x"); 12];
+    params[6] = Some(b"__resume__");
+    let ev = refused_at_warn(&mut st, &bind("h", &[], &params, &[]), "__resume__");
+    assert_eq!(ev.detail["refusal"], "channel_history");
+    assert_eq!(ev.detail["sqlstate"], "0A000");
+    let reason = ev.detail["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("names channel __resume__"), "{reason}");
+}
+
+#[test]
+fn a_checkpoint_statement_in_a_cursor_is_audited_and_logged() {
+    let mut st = session(langgraph());
+    let declare = format!("DECLARE c CURSOR FOR {READ_SQL}\0");
+    let refusal = "cannot run through a cursor";
+    let ev = refused_at_warn(&mut st, &msg(b'Q', declare.as_bytes()), refusal);
+    assert_eq!(ev.detail["refusal"], "sql_form");
+    assert_eq!(ev.detail["sqlstate"], "0A000");
+    assert_eq!(ev.detail["statement"], "read_latest");
+}
