@@ -153,3 +153,87 @@ fn a_granted_claim_holds_work_and_a_refused_one_does_not() {
         "the holder's run has not written its next checkpoint"
     );
 }
+
+/// A session whose fence checks the server runs in the write's own
+/// transaction (the claims schema is in the session's database).
+fn fencing_in_transaction_state() -> SessionState {
+    use crate::enforce::claim_gate::InTransactionFence;
+    let mut st = claiming_state(&[], "worker");
+    let database = st.ctx.database.clone();
+    let shared = Arc::get_mut(&mut st.shared).expect("the session's only enforcement");
+    let leg = shared.legs.claims.as_mut().expect("the claims leg");
+    Arc::get_mut(leg)
+        .expect("the session's only leg")
+        .fence_in_transaction = Some(InTransactionFence {
+        database,
+        schema: "resumeguard".into(),
+    });
+    st
+}
+
+/// Whether the client's Bind went out behind the server's fence check.
+fn injects_fence_check(step: Option<Vec<u8>>) -> bool {
+    step.is_some_and(|bytes| String::from_utf8_lossy(&bytes).contains(".fence_write("))
+}
+
+#[test]
+fn a_pipelined_write_after_a_sync_is_fenced_again_in_its_own_transaction() {
+    let mut st = fencing_in_transaction_state();
+    client(&mut st, &[parse("w", WRITE_SQL)]);
+    // put_writes answering the interrupt on ck1: the server checks it.
+    let writes = st.on_client(&task_write_bind(b"ck1")).unwrap();
+    assert!(injects_fence_check(writes), "put_writes is checked");
+    client(&mut st, &[execute()]);
+    // A second write of the same transaction rides on that check.
+    let again = st.on_client(&task_write_bind(b"ck1")).unwrap();
+    assert_eq!(again, None, "checked once per transaction");
+    // The Sync ends the implicit transaction; the child of ck1, sent
+    // before any answer, runs in the next one and is checked there.
+    client(&mut st, &[execute(), msg(b'S', b""), parse("c", PUT_SQL)]);
+    let child = st.on_client(&put_bind_of(b"ck2", Some(b"ck1"))).unwrap();
+    assert!(
+        injects_fence_check(child),
+        "the child is checked in its own transaction"
+    );
+    client(&mut st, &[execute(), msg(b'S', b"")]);
+    // The first transaction commits; in the second the server's check
+    // finds the claim taken over: the child's audit names what it continued.
+    let checked = [
+        msg(b'3', b""),
+        msg(b'1', b""),
+        msg(b'2', b""),
+        msg(b'D', &[0, 1, 0, 0, 0, 1, b't']),
+        msg(b'C', b"SELECT 1\0"),
+        msg(b'3', b""),
+        msg(b'3', b""),
+    ];
+    let write = [msg(b'2', b""), msg(b'C', b"INSERT 0 1\0")];
+    let first: Vec<Vec<u8>> = [
+        &[msg(b'1', b"")][..],
+        &checked,
+        &write,
+        &write,
+        &[ready(b'I')],
+    ]
+    .concat();
+    server(&mut st, &first);
+    std::mem::take(&mut st.ready_events);
+    let raised = msg(
+        b'E',
+        b"SERROR\0CRGF01\0Mwrite fenced\0Dtaken over\0Hsuperseded_holder\0\0",
+    );
+    let second = [
+        msg(b'1', b""),
+        msg(b'3', b""),
+        msg(b'1', b""),
+        msg(b'2', b""),
+        raised,
+        ready(b'I'),
+    ];
+    server(&mut st, &second);
+    let events = std::mem::take(&mut st.ready_events);
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].operation, Operation::WriteFenced);
+    assert_eq!(events[0].detail["continues"], "ck1");
+    assert_eq!(events[0].detail["fence"], "superseded_holder");
+}
