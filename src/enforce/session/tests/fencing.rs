@@ -237,3 +237,28 @@ fn a_pipelined_write_after_a_sync_is_fenced_again_in_its_own_transaction() {
     assert_eq!(events[0].detail["continues"], "ck1");
     assert_eq!(events[0].detail["fence"], "superseded_holder");
 }
+
+#[test]
+fn a_write_after_a_rollback_in_the_same_segment_is_fenced_again() {
+    let mut st = fencing_in_transaction_state();
+    client(
+        &mut st,
+        &[
+            parse("w", WRITE_SQL),
+            parse("r", "ROLLBACK"),
+            msg(b'S', b""),
+        ],
+    );
+    server(&mut st, &[msg(b'1', b""), msg(b'1', b""), ready(b'I')]);
+    client(&mut st, &[msg(b'Q', b"BEGIN\0")]);
+    let writes = st.on_client(&task_write_bind(b"ck1")).unwrap();
+    assert!(injects_fence_check(writes), "put_writes is checked");
+    client(&mut st, &[execute(), bind("r", &[], &[], &[]), execute()]);
+    // Sent before any answer: the write after the ROLLBACK runs in
+    // another transaction, checked there.
+    let again = st.on_client(&task_write_bind(b"ck1")).unwrap();
+    assert!(
+        injects_fence_check(again),
+        "checked again after the ROLLBACK"
+    );
+}
