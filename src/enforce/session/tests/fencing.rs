@@ -74,21 +74,20 @@ fn a_write_continuing_a_claimed_checkpoint_fails_closed_while_the_store_cannot_a
     assert_eq!(events[0].task_id.as_deref(), Some("task-1"));
 }
 
-#[test]
-fn a_holders_write_keeps_its_claim_from_lapsing_until_the_write_can_commit() {
-    use crate::claims::clock::wall_clock_ms as now_ms;
+/// A session on `store` served the claim on the parked ck1 of t1, which
+/// the store took for it at `taken_at`, for 30 s: the session and the
+/// claim it asked.
+fn holding_the_claim(
+    store: &Arc<crate::claims::ClaimStore>,
+    taken_at: i64,
+) -> (SessionState, ClaimRequest) {
     use crate::claims::ClaimOutcome;
-    use crate::policy::claims::{ClaimDecision, COMMIT_COVER_MS};
+    use crate::policy::claims::ClaimDecision;
 
-    // The test server runs on this host: its clock is this host's.
-    let db = crate::test_pg_server::PgSchema::new("session-cover");
-    let store = Arc::new(db.open());
-    let mut st = claiming_state_on(store.clone(), &[], "worker");
+    let mut st = claiming_state_on(Arc::clone(store), &[], "worker");
     client(&mut st, &[parse("w", WRITE_SQL), msg(b'S', b"")]);
     server(&mut st, &[msg(b'1', b""), ready(b'I')]);
     let req = read_parked_head(&mut st).claim.expect("a claim is asked");
-    // The claim was taken long enough ago that it lapses within the cover.
-    let taken_at = now_ms() - 29_500;
     let outcome = store
         .try_claim(&req.key, &req.holder, taken_at, 30_000)
         .expect("claim");
@@ -102,6 +101,31 @@ fn a_holders_write_keeps_its_claim_from_lapsing_until_the_write_can_commit() {
     };
     assert!(st.apply_claim(&req, &served).is_none());
     server(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
+    (st, req)
+}
+
+/// Another proxy's session, racing for the same claim.
+fn racing_holder() -> crate::claims::Holder {
+    crate::claims::Holder {
+        proxy_id: "proxy-b".into(),
+        session_id: 9,
+        client_addr: "10.0.0.9:5009".into(),
+        application_name: "racer".into(),
+    }
+}
+
+#[test]
+fn a_holders_write_keeps_its_claim_from_lapsing_until_the_write_can_commit() {
+    use crate::claims::clock::wall_clock_ms as now_ms;
+    use crate::claims::ClaimOutcome;
+    use crate::policy::claims::COMMIT_COVER_MS;
+
+    // The test server runs on this host: its clock is this host's.
+    let db = crate::test_pg_server::PgSchema::new("session-cover");
+    let store = Arc::new(db.open());
+    // The claim was taken long enough ago that it lapses within the cover.
+    let taken_at = now_ms() - 29_500;
+    let (mut st, req) = holding_the_claim(&store, taken_at);
     // The holder's task write on the parked checkpoint passes...
     let before = now_ms();
     assert_eq!(st.on_client(&task_write_bind(b"ck1")).unwrap(), None);
@@ -113,14 +137,8 @@ fn a_holders_write_keeps_its_claim_from_lapsing_until_the_write_can_commit() {
         row.lapse_at_ms,
         before + COMMIT_COVER_MS
     );
-    let other = crate::claims::Holder {
-        proxy_id: "proxy-b".into(),
-        session_id: 9,
-        client_addr: "10.0.0.9:5009".into(),
-        application_name: "racer".into(),
-    };
     let racer = store
-        .try_claim(&req.key, &other, taken_at + 30_000, 30_000)
+        .try_claim(&req.key, &racing_holder(), taken_at + 30_000, 30_000)
         .expect("claim");
     assert!(matches!(racer, ClaimOutcome::Busy(_)), "{racer:?}");
 }
@@ -261,4 +279,32 @@ fn a_write_after_a_rollback_in_the_same_segment_is_fenced_again() {
         injects_fence_check(again),
         "checked again after the ROLLBACK"
     );
+}
+
+#[test]
+fn a_pipelined_write_after_a_sync_is_looked_up_again_and_sees_a_takeover() {
+    use crate::claims::clock::wall_clock_ms as now_ms;
+    use crate::claims::ClaimOutcome;
+
+    let db = crate::test_pg_server::PgSchema::new("session-pipelined-fence");
+    let store = Arc::new(db.open());
+    let (mut st, req) = holding_the_claim(&store, now_ms());
+    // The holder's put_writes passes; its Sync goes out.
+    assert_eq!(st.on_client(&task_write_bind(b"ck1")).unwrap(), None);
+    client(&mut st, &[execute(), msg(b'S', b"")]);
+    // Another session takes the claim over before the child is sent.
+    store.release("t1", Some("ck1")).expect("release");
+    let racer = store
+        .try_claim(&req.key, &racing_holder(), now_ms(), 30_000)
+        .expect("claim");
+    assert!(matches!(racer, ClaimOutcome::Taken(_)), "{racer:?}");
+    // The child, in the next transaction, is asked of the store again.
+    client(&mut st, &[parse("c", PUT_SQL)]);
+    let child = st
+        .on_client(&put_bind_of(b"ck2", Some(b"ck1")))
+        .unwrap()
+        .expect("fenced");
+    assert!(is_raise(&child));
+    let text = crate::wire::reject::readable(&child);
+    assert!(text.contains("RGF01"), "{text}");
 }
