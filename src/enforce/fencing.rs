@@ -30,7 +30,15 @@
 //!   lapse before the commit.
 //!
 //! Any verdict is kept until the transaction ends, so a `put_writes`
-//! batch and its checkpoint ask once. What a session needs to know of its
+//! batch and its checkpoint ask once. The end is seen from the client's
+//! side of a pipeline, where the next transaction's writes are tracked
+//! before the server has answered the last one: every Sync, and a bound
+//! `COMMIT` or `ROLLBACK`, ends it, since the client side cannot always
+//! tell whether a block opened in SQL text spans a Sync. A write in such a block after a
+//! Sync is checked again: in its transaction, by one more `fence_write` in
+//! the same round trip; by lookup, with one more round trip to the store.
+//! What a check's answer needs later (its audit record) rides with the
+//! write's watch, not here. What a session needs to know of its
 //! own claims (the generations it took, the parked checkpoints it read,
 //! the checkpoints it created) is kept here, in memory, bounded.
 
@@ -155,8 +163,8 @@ impl FenceGate {
         self.created.retain(|c| c != at);
     }
 
-    /// The transaction ended (committed or rolled back): later writes ask
-    /// again.
+    /// The transaction ended (committed or rolled back), or may have (a
+    /// client's Sync): later writes ask again.
     pub fn end_transaction(&mut self) {
         self.decided.clear();
         self.checking.clear();

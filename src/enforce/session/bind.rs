@@ -42,8 +42,10 @@ pub(super) fn handle(
             })
         }
         // It discards the blob with everything else: nothing to refuse.
+        // The writes after it run in another transaction: fenced again.
         Some(TransactionEnd::Rollback) => {
             session.validity.rolled_back();
+            session.fencing.end_transaction();
             return Ok(Bound::Forward(None));
         }
         None => {}

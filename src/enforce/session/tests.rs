@@ -188,6 +188,11 @@ fn blob_bind(blob: &[u8]) -> Vec<u8> {
 
 /// A put of checkpoint `id` of t1/"" with no parent.
 fn put_bind_at(id: &[u8]) -> Vec<u8> {
+    put_bind_of(id, None)
+}
+
+/// A put of checkpoint `id` of t1/"", the child of `parent`.
+fn put_bind_of(id: &[u8], parent: Option<&[u8]>) -> Vec<u8> {
     bind(
         "c",
         &[],
@@ -195,7 +200,7 @@ fn put_bind_at(id: &[u8]) -> Vec<u8> {
             Some(b"t1"),
             Some(b""),
             Some(id),
-            None,
+            parent,
             Some(br#"{"v": 4, "channel_values": {}}"#),
             Some(b"{}"),
         ],

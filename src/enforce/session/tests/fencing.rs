@@ -75,21 +75,20 @@ fn a_write_continuing_a_claimed_checkpoint_fails_closed_while_the_store_cannot_a
     assert_eq!(events[0].task_id.as_deref(), Some("task-1"));
 }
 
-#[test]
-fn a_holders_write_keeps_its_claim_from_lapsing_until_the_write_can_commit() {
-    use crate::claims::clock::wall_clock_ms as now_ms;
+/// A session on `store` served the claim on the parked ck1 of t1, which
+/// the store took for it at `taken_at`, for 30 s: the session and the
+/// claim it asked.
+fn holding_the_claim(
+    store: &Arc<crate::claims::ClaimStore>,
+    taken_at: i64,
+) -> (SessionState, ClaimRequest) {
     use crate::claims::ClaimOutcome;
-    use crate::policy::claims::{ClaimDecision, COMMIT_COVER_MS};
+    use crate::policy::claims::ClaimDecision;
 
-    // The test server runs on this host: its clock is this host's.
-    let db = crate::test_pg_server::PgSchema::new("session-cover");
-    let store = Arc::new(db.open());
-    let mut st = claiming_state_on(store.clone(), &[], "worker");
+    let mut st = claiming_state_on(Arc::clone(store), &[], "worker");
     client(&mut st, &[parse("w", WRITE_SQL), msg(b'S', b"")]);
     server(&mut st, &[msg(b'1', b""), ready(b'I')]);
     let req = read_parked_head(&mut st).claim.expect("a claim is asked");
-    // The claim was taken long enough ago that it lapses within the cover.
-    let taken_at = now_ms() - 29_500;
     let outcome = store
         .try_claim(&req.key, &req.holder, taken_at, 30_000)
         .expect("claim");
@@ -104,6 +103,31 @@ fn a_holders_write_keeps_its_claim_from_lapsing_until_the_write_can_commit() {
     };
     assert!(st.apply_claim(&req, &served).is_none());
     server(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
+    (st, req)
+}
+
+/// Another proxy's session, racing for the same claim.
+fn racing_holder() -> crate::claims::Holder {
+    crate::claims::Holder {
+        proxy_id: "proxy-b".into(),
+        session_id: 9,
+        client_addr: "10.0.0.9:5009".into(),
+        application_name: "racer".into(),
+    }
+}
+
+#[test]
+fn a_holders_write_keeps_its_claim_from_lapsing_until_the_write_can_commit() {
+    use crate::claims::clock::wall_clock_ms as now_ms;
+    use crate::claims::ClaimOutcome;
+    use crate::policy::claims::COMMIT_COVER_MS;
+
+    // The test server runs on this host: its clock is this host's.
+    let db = crate::test_pg_server::PgSchema::new("session-cover");
+    let store = Arc::new(db.open());
+    // The claim was taken long enough ago that it lapses within the cover.
+    let taken_at = now_ms() - 29_500;
+    let (mut st, req) = holding_the_claim(&store, taken_at);
     // The holder's task write on the parked checkpoint passes...
     let before = now_ms();
     assert_eq!(st.on_client(&task_write_bind(b"ck1")).unwrap(), None);
@@ -115,14 +139,8 @@ fn a_holders_write_keeps_its_claim_from_lapsing_until_the_write_can_commit() {
         row.lapse_at_ms,
         before + COMMIT_COVER_MS
     );
-    let other = crate::claims::Holder {
-        proxy_id: "proxy-b".into(),
-        session_id: 9,
-        client_addr: "10.0.0.9:5009".into(),
-        application_name: "racer".into(),
-    };
     let racer = store
-        .try_claim(&req.key, &other, taken_at + 30_000, 30_000)
+        .try_claim(&req.key, &racing_holder(), taken_at + 30_000, 30_000)
         .expect("claim");
     assert!(matches!(racer, ClaimOutcome::Busy(_)), "{racer:?}");
 }
@@ -155,4 +173,141 @@ fn a_granted_claim_holds_work_and_a_refused_one_does_not() {
         st.run_open(),
         "the holder's run has not written its next checkpoint"
     );
+}
+
+/// A session whose fence checks the server runs in the write's own
+/// transaction (the claims schema is in the session's database).
+fn fencing_in_transaction_state() -> SessionState {
+    use crate::enforce::claim_gate::InTransactionFence;
+    let mut st = claiming_state(&[], "worker");
+    let database = st.ctx.database.clone();
+    let shared = Arc::get_mut(&mut st.shared).expect("the session's only enforcement");
+    let leg = shared.legs.claims.as_mut().expect("the claims leg");
+    Arc::get_mut(leg)
+        .expect("the session's only leg")
+        .fence_in_transaction = Some(InTransactionFence {
+        database,
+        schema: "resumeguard".into(),
+    });
+    st
+}
+
+/// Whether the client's Bind went out behind the server's fence check.
+fn injects_fence_check(step: Option<Vec<u8>>) -> bool {
+    step.is_some_and(|bytes| String::from_utf8_lossy(&bytes).contains(".fence_write("))
+}
+
+#[test]
+fn a_pipelined_write_after_a_sync_is_fenced_again_in_its_own_transaction() {
+    let mut st = fencing_in_transaction_state();
+    client(&mut st, &[parse("w", WRITE_SQL)]);
+    // put_writes answering the interrupt on ck1: the server checks it.
+    let writes = st.on_client(&task_write_bind(b"ck1")).unwrap();
+    assert!(injects_fence_check(writes), "put_writes is checked");
+    client(&mut st, &[execute()]);
+    // A second write of the same transaction rides on that check.
+    let again = st.on_client(&task_write_bind(b"ck1")).unwrap();
+    assert_eq!(again, None, "checked once per transaction");
+    // The Sync ends the implicit transaction; the child of ck1, sent
+    // before any answer, runs in the next one and is checked there.
+    client(&mut st, &[execute(), msg(b'S', b""), parse("c", PUT_SQL)]);
+    let child = st.on_client(&put_bind_of(b"ck2", Some(b"ck1"))).unwrap();
+    assert!(
+        injects_fence_check(child),
+        "the child is checked in its own transaction"
+    );
+    client(&mut st, &[execute(), msg(b'S', b"")]);
+    // The first transaction commits; in the second the server's check
+    // finds the claim taken over: the child's audit names what it continued.
+    let checked = [
+        msg(b'3', b""),
+        msg(b'1', b""),
+        msg(b'2', b""),
+        msg(b'D', &[0, 1, 0, 0, 0, 1, b't']),
+        msg(b'C', b"SELECT 1\0"),
+        msg(b'3', b""),
+        msg(b'3', b""),
+    ];
+    let write = [msg(b'2', b""), msg(b'C', b"INSERT 0 1\0")];
+    let first: Vec<Vec<u8>> = [
+        &[msg(b'1', b"")][..],
+        &checked,
+        &write,
+        &write,
+        &[ready(b'I')],
+    ]
+    .concat();
+    server(&mut st, &first);
+    std::mem::take(&mut st.ready_events);
+    let raised = msg(
+        b'E',
+        b"SERROR\0CRGF01\0Mwrite fenced\0Dtaken over\0Hsuperseded_holder\0\0",
+    );
+    let second = [
+        msg(b'1', b""),
+        msg(b'3', b""),
+        msg(b'1', b""),
+        msg(b'2', b""),
+        raised,
+        ready(b'I'),
+    ];
+    server(&mut st, &second);
+    let events = std::mem::take(&mut st.ready_events);
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].operation, Operation::WriteFenced);
+    assert_eq!(events[0].detail["continues"], "ck1");
+    assert_eq!(events[0].detail["fence"], "superseded_holder");
+}
+
+#[test]
+fn a_write_after_a_rollback_in_the_same_segment_is_fenced_again() {
+    let mut st = fencing_in_transaction_state();
+    client(
+        &mut st,
+        &[
+            parse("w", WRITE_SQL),
+            parse("r", "ROLLBACK"),
+            msg(b'S', b""),
+        ],
+    );
+    server(&mut st, &[msg(b'1', b""), msg(b'1', b""), ready(b'I')]);
+    client(&mut st, &[msg(b'Q', b"BEGIN\0")]);
+    let writes = st.on_client(&task_write_bind(b"ck1")).unwrap();
+    assert!(injects_fence_check(writes), "put_writes is checked");
+    client(&mut st, &[execute(), bind("r", &[], &[], &[]), execute()]);
+    // Sent before any answer: the write after the ROLLBACK runs in
+    // another transaction, checked there.
+    let again = st.on_client(&task_write_bind(b"ck1")).unwrap();
+    assert!(
+        injects_fence_check(again),
+        "checked again after the ROLLBACK"
+    );
+}
+
+#[test]
+fn a_pipelined_write_after_a_sync_is_looked_up_again_and_sees_a_takeover() {
+    use crate::claims::clock::wall_clock_ms as now_ms;
+    use crate::claims::ClaimOutcome;
+
+    let db = crate::test_pg_server::PgSchema::new("session-pipelined-fence");
+    let store = Arc::new(db.open());
+    let (mut st, req) = holding_the_claim(&store, now_ms());
+    // The holder's put_writes passes; its Sync goes out.
+    assert_eq!(st.on_client(&task_write_bind(b"ck1")).unwrap(), None);
+    client(&mut st, &[execute(), msg(b'S', b"")]);
+    // Another session takes the claim over before the child is sent.
+    store.release("t1", Some("ck1")).expect("release");
+    let racer = store
+        .try_claim(&req.key, &racing_holder(), now_ms(), 30_000)
+        .expect("claim");
+    assert!(matches!(racer, ClaimOutcome::Taken(_)), "{racer:?}");
+    // The child, in the next transaction, is asked of the store again.
+    client(&mut st, &[parse("c", PUT_SQL)]);
+    let child = st
+        .on_client(&put_bind_of(b"ck2", Some(b"ck1")))
+        .unwrap()
+        .expect("fenced");
+    assert!(is_raise(&child));
+    let text = crate::wire::reject::readable(&child);
+    assert!(text.contains("RGF01"), "{text}");
 }
