@@ -12,8 +12,10 @@ use crate::wire::tracker::Refusal;
 
 pub(super) fn handle(session: &mut SessionEnforcer, sql: &str) -> Result<Option<Watch>, Refusal> {
     // A simple Query ends the segment (and the implicit transaction) as a
-    // Sync does: a blob refusal still waiting is raised in its place,
-    // unless the Query rolls the blob back with everything else.
+    // Sync does: the fence verdicts end, and a blob refusal still waiting
+    // is raised in its place, unless the Query rolls the blob back with
+    // everything else.
+    session.fencing.end_transaction();
     if session.validity.waiting() {
         if transaction_end(sql) == Some(TransactionEnd::Rollback) {
             session.validity.rolled_back();
