@@ -14,6 +14,18 @@ pub struct FenceCheck {
     pub continues: CheckpointRef,
     pub statement: &'static str,
     pub record: Arc<WriteRecord>,
-    /// The server's error, once it raised one: message, detail, reason.
-    pub raised: Option<(String, String, String)>,
+    /// The server's error, once it raised one.
+    pub raised: Option<CheckError>,
+}
+
+/// The error the server raised in the check's place: the fence's own
+/// (SQLSTATE `RGF01`, its reason in the hint), or any other that stopped
+/// the check (a lock or statement timeout, a deadlock).
+#[derive(Debug, Clone, Default)]
+pub struct CheckError {
+    pub sqlstate: String,
+    pub message: String,
+    pub detail: String,
+    /// The fence's reason (`superseded_holder`, `other_proxy`, ...).
+    pub hint: String,
 }

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use super::*;
 use crate::audit::outputs::{Output, Target, RETRY_BUDGET};
-use crate::test_pg_front::PgFront;
 use crate::audit_event::BlobDigest;
 use crate::config::shared_schema::SHARED_SCHEMA;
+use crate::test_pg_front::PgFront;
 use crate::test_pg_server::PgSchema;
 
 fn ctx(session_id: u64) -> SessionContext {

@@ -4,10 +4,10 @@ use super::*;
 use crate::audit::jsonl::read_jsonl;
 use crate::audit::outputs::MAX_ATTEMPTS;
 use crate::audit::sqlite_store::{all_events, thread_events};
-use crate::test_pg_front::{relay, unix_socket_of};
 use crate::audit::test_util::{remove_db, temp_path};
 use crate::audit_event::{Operation, SessionContext};
 use crate::config::shared_schema::SHARED_SCHEMA;
+use crate::test_pg_front::{relay, unix_socket_of};
 use rusqlite::Connection;
 
 fn ctx() -> SessionContext {

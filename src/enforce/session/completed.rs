@@ -4,7 +4,7 @@
 
 use super::SessionEnforcer;
 use crate::claims::evidence::Evidence;
-use crate::enforce::fence_check::FenceCheck;
+use crate::enforce::fence_check::{CheckError, FenceCheck};
 use crate::enforce::watch::Watch;
 use crate::log_text::shown;
 use crate::saver::classify::StatementKind;
@@ -61,23 +61,38 @@ pub(super) fn answer_error(_session: &mut SessionEnforcer, watch: &mut Watch, fr
     let Some(check) = watch.fence.as_mut() else {
         return;
     };
-    let (mut message, mut detail, mut hint) = (String::new(), String::new(), String::new());
+    let mut raised = CheckError::default();
     for (code, value) in error_fields(frame) {
         let text = String::from_utf8_lossy(value).into_owned();
         match code {
-            b'M' => message = text,
-            b'D' => detail = text,
-            b'H' => hint = text,
+            b'C' => raised.sqlstate = text,
+            b'M' => raised.message = text,
+            b'D' => raised.detail = text,
+            b'H' => raised.hint = text,
             _ => {}
         }
     }
-    check.raised = Some((message, detail, hint));
+    check.raised = Some(raised);
 }
 
 impl SessionEnforcer {
     /// The audit record of a write the server fenced in its transaction.
     fn fenced_in_transaction(&mut self, check: &FenceCheck) {
-        let (message, detail, reason) = check.raised.clone().unwrap_or_default();
+        let CheckError {
+            sqlstate,
+            message,
+            detail,
+            hint: reason,
+        } = check.raised.clone().unwrap_or_default();
+        if sqlstate != crate::policy::claims::SQLSTATE_WRITE_FENCED {
+            // The check itself failed (a lock or statement timeout, a
+            // deadlock): the write's transaction fails with that error,
+            // which the client gets; nothing was fenced.
+            tracing::warn!(thread = %shown(&check.continues.thread_id),
+                checkpoint = %shown(&check.continues.checkpoint_id), sqlstate = %shown(&sqlstate),
+                "the fence check before a write failed, and the write with it: {}", shown(&message));
+            return;
+        }
         tracing::warn!(thread = %shown(&check.continues.thread_id),
             checkpoint = %shown(&check.continues.checkpoint_id), "{}", shown(&message));
         crate::metrics::fenced_in_transaction(&reason);

@@ -311,3 +311,32 @@ fn a_pipelined_write_after_a_sync_is_looked_up_again_and_sees_a_takeover() {
     let text = crate::wire::reject::readable(&child);
     assert!(text.contains("RGF01"), "{text}");
 }
+
+#[test]
+fn a_fence_check_that_fails_for_another_reason_is_not_recorded_as_fenced() {
+    let mut st = fencing_in_transaction_state();
+    client(&mut st, &[parse("w", WRITE_SQL)]);
+    let writes = st.on_client(&task_write_bind(b"ck1")).unwrap();
+    assert!(injects_fence_check(writes), "put_writes is checked");
+    client(&mut st, &[execute(), msg(b'S', b"")]);
+    // The check waits out its lock timeout: the write's transaction fails
+    // with that error, and nothing was fenced.
+    let timed_out = msg(
+        b'E',
+        b"SERROR\0C55P03\0Mcanceling statement due to lock timeout\0\0",
+    );
+    let answers = [
+        msg(b'1', b""),
+        msg(b'3', b""),
+        msg(b'1', b""),
+        msg(b'2', b""),
+        timed_out,
+        ready(b'I'),
+    ];
+    let routes = server_routes(&mut st, &answers);
+    assert!(routes.contains(&Route::Forward), "{routes:?}");
+    assert!(
+        ops(&mut st).is_empty(),
+        "a failed check is not a fenced write"
+    );
+}
