@@ -192,6 +192,19 @@ fn fencing_in_transaction_state() -> SessionState {
     st
 }
 
+/// The server's answers, up to ReadyForQuery, to a write sent behind its
+/// fence check when the check raises `error` (an ErrorResponse body).
+fn check_raised(error: &[u8]) -> [Vec<u8>; 6] {
+    [
+        msg(b'1', b""),
+        msg(b'3', b""),
+        msg(b'1', b""),
+        msg(b'2', b""),
+        msg(b'E', error),
+        ready(b'I'),
+    ]
+}
+
 /// Whether the client's Bind went out behind the server's fence check.
 fn injects_fence_check(step: Option<Vec<u8>>) -> bool {
     step.is_some_and(|bytes| String::from_utf8_lossy(&bytes).contains(".fence_write("))
@@ -239,18 +252,8 @@ fn a_pipelined_write_after_a_sync_is_fenced_again_in_its_own_transaction() {
     .concat();
     server(&mut st, &first);
     std::mem::take(&mut st.ready_events);
-    let raised = msg(
-        b'E',
-        b"SERROR\0CRGF01\0Mwrite fenced\0Dtaken over\0Hsuperseded_holder\0\0",
-    );
-    let second = [
-        msg(b'1', b""),
-        msg(b'3', b""),
-        msg(b'1', b""),
-        msg(b'2', b""),
-        raised,
-        ready(b'I'),
-    ];
+    let second =
+        check_raised(b"SERROR\0CRGF01\0Mwrite fenced\0Dtaken over\0Hsuperseded_holder\0\0");
     server(&mut st, &second);
     let events = std::mem::take(&mut st.ready_events);
     assert_eq!(events.len(), 1, "{events:?}");
@@ -321,18 +324,7 @@ fn a_fence_check_that_fails_for_another_reason_is_not_recorded_as_fenced() {
     client(&mut st, &[execute(), msg(b'S', b"")]);
     // The check waits out its lock timeout: the write's transaction fails
     // with that error, and nothing was fenced.
-    let timed_out = msg(
-        b'E',
-        b"SERROR\0C55P03\0Mcanceling statement due to lock timeout\0\0",
-    );
-    let answers = [
-        msg(b'1', b""),
-        msg(b'3', b""),
-        msg(b'1', b""),
-        msg(b'2', b""),
-        timed_out,
-        ready(b'I'),
-    ];
+    let answers = check_raised(b"SERROR\0C55P03\0Mcanceling statement due to lock timeout\0\0");
     let routes = server_routes(&mut st, &answers);
     assert!(routes.contains(&Route::Forward), "{routes:?}");
     assert!(
