@@ -11,18 +11,13 @@
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 
+#[path = "shared/harness_args.rs"]
+mod harness_args;
+
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let flag = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
-    let (Some(listen), Some(upstream)) = (flag("--listen"), flag("--upstream")) else {
-        eprintln!("usage: copy_relay serve --listen HOST:PORT --upstream HOST:PORT");
-        std::process::exit(2);
-    };
+    let (listen, upstream) = harness_args::listen_and_upstream(
+        "copy_relay serve --listen HOST:PORT --upstream HOST:PORT",
+    );
     let listener = match TcpListener::bind(&listen) {
         Ok(l) => l,
         Err(e) => {

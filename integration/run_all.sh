@@ -163,7 +163,7 @@ fi
 # ---------------------------------------------------------------- 4. release build
 if [ "${RG_SKIP_BUILD:-0}" != "1" ]; then
     log "cargo build --release"
-    cargo build --release --bin resumeguard --example copy_relay --example latency_relay \
+    cargo build --release --bin resumeguard --example copy_relay --example event_loop_relay --example latency_relay \
         || { echo "run_all: cargo build --release FAILED" >&2; exit 1; }
 fi
 
