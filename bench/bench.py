@@ -349,25 +349,63 @@ TXNS_RE = re.compile(r"^number of transactions actually processed: ([0-9]+)", re
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a whole process (all its threads), from /proc/PID/stat."""
+def cpu_times(pid: int) -> tuple[float, float]:
+    """utime and stime of a whole process (all its threads), from /proc/PID/stat."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a whole process (all its threads)."""
+    return sum(cpu_times(pid))
+
+
+class SwitchCounter:
+    """`perf stat` (software counters, which work where hardware ones do
+    not) attached to a whole process, its threads and the threads it starts
+    while attached: context switches and CPU migrations over one run."""
+
+    EVENTS = ("context-switches", "cpu-migrations")
+
+    def __init__(self, pid: int, work: Path):
+        self.out = work / f"perf-stat-{pid}.csv"
+        self.proc = subprocess.Popen(["perf", "stat", "-x", ",", "-e", ",".join(self.EVENTS),
+                                      "-p", str(pid), "-o", str(self.out)],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        # perf attaches to every thread before the run starts.
+        time.sleep(0.3)
+
+    def stop(self) -> dict[str, float]:
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(timeout=60)
+        counts = {}
+        for line in self.out.read_text().splitlines():
+            f = line.split(",")
+            if len(f) > 2 and f[2] in self.EVENTS and f[0].replace(".", "", 1).isdigit():
+                counts[f[2]] = float(f[0])
+        return counts
 
 
 def run_pgbench(pg_bin: Path, port: int, args: list[str], duration: int, who=None,
-                sslmode: str | None = None) -> tuple[float, float | None]:
+                sslmode: str | None = None, switches: Path | None = None) -> tuple[float, float | None]:
     """TPS, and the CPU the process behind `port` spent per transaction (µs)
     when it is one of ours to watch (`who`). `sslmode`: libpq's, for a TLS
-    target."""
+    target. The watched process's user-space share (µs per transaction)
+    goes into `LAST_COUNTS`, and with `switches` (a directory for perf's
+    output) its context switches and migrations per transaction."""
     argv = [str(pg_bin / "pgbench"), "-h", HOST, "-p", str(port), "-U", USER, "-n",
             "-T", str(duration), *args, DB]
     env = pg_env()
     if sslmode:
         env["PGSSLMODE"] = sslmode
-    cpu_before = cpu_seconds(who.pid) if who is not None and who.poll() is None else None
+    LAST_COUNTS.clear()
+    watched = who is not None and who.poll() is None
+    counter = SwitchCounter(who.pid, switches) if watched and switches else None
+    cpu_before = cpu_times(who.pid) if watched else None
     cp = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                         timeout=duration + 120, env=env)
+    counts = counter.stop() if counter else {}
     m = TPS_RE.search(cp.stdout)
     if cp.returncode != 0 or not m:
         if who is not None and who.poll() is not None:
@@ -378,8 +416,17 @@ def run_pgbench(pg_bin: Path, port: int, args: list[str], duration: int, who=Non
     cpu_us = None
     txns = TXNS_RE.search(cp.stdout)
     if cpu_before is not None and txns and int(txns.group(1)) > 0:
-        cpu_us = (cpu_seconds(who.pid) - cpu_before) * 1e6 / int(txns.group(1))
+        n = int(txns.group(1))
+        user, system = cpu_times(who.pid)
+        cpu_us = (user + system - sum(cpu_before)) * 1e6 / n
+        LAST_COUNTS["user-us"] = (user - cpu_before[0]) * 1e6 / n
+        LAST_COUNTS.update({k: v / n for k, v in counts.items()})
     return float(m.group(1)), cpu_us
+
+
+# Per transaction, of the last run_pgbench that watched a process: its
+# user-space CPU (µs) and, when counted, context switches and migrations.
+LAST_COUNTS: dict[str, float] = {}
 
 
 def pgbench_suite(a, pg: Postgres, targets: dict[str, int], who: dict,
@@ -393,6 +440,9 @@ def pgbench_suite(a, pg: Postgres, targets: dict[str, int], who: dict,
         run_pgbench(a.pg_bin, targets[t], base + ["-S", "-M", "prepared"], a.warmup, who.get(t),
                     sslmodes.get(t))
     cpu = {(w, m, t): [] for (w, m) in cells for t in names}
+    switches = {(w, m, t): [] for (w, m) in cells for t in names}
+    user = {(w, m, t): [] for (w, m) in cells for t in names}
+    counting = a.work if a.perf_stat else None
     total = a.rounds * len(cells) * len(names)
     k = 0
     for r in range(a.rounds):
@@ -404,11 +454,16 @@ def pgbench_suite(a, pg: Postgres, targets: dict[str, int], who: dict,
                 k += 1
                 extra = ["-S"] if w == "select-only" else []
                 tps, cpu_us = run_pgbench(a.pg_bin, targets[t], base + extra + ["-M", m],
-                                          a.duration, who.get(t), sslmodes.get(t))
+                                          a.duration, who.get(t), sslmodes.get(t), counting)
                 results[(w, m, t)].append(tps)
                 if cpu_us is not None:
                     cpu[(w, m, t)].append(cpu_us)
                 cpu_note = f" {cpu_us:7.1f} µs CPU/tx" if cpu_us is not None else ""
+                if "user-us" in LAST_COUNTS:
+                    user[(w, m, t)].append(LAST_COUNTS["user-us"])
+                if "context-switches" in LAST_COUNTS:
+                    switches[(w, m, t)].append(LAST_COUNTS["context-switches"])
+                    cpu_note += f" {LAST_COUNTS['context-switches']:5.2f} switches/tx"
                 log(f"pgbench [{k}/{total}] round {r + 1} {w:11s} {m:8s} {t:22s} {tps:10.1f} tps{cpu_note}")
     out = []
     for (w, m) in cells:
@@ -423,6 +478,10 @@ def pgbench_suite(a, pg: Postgres, targets: dict[str, int], who: dict,
                 "ratio_min": min(ratios), "ratio_max": max(ratios),
                 "cpu_us_per_tx": cpu[(w, m, t)],
                 "median_cpu_us_per_tx": median(cpu[(w, m, t)]) if cpu[(w, m, t)] else None,
+                "user_us_per_tx": user[(w, m, t)],
+                "median_user_us_per_tx": median(user[(w, m, t)]) if user[(w, m, t)] else None,
+                "switches_per_tx": switches[(w, m, t)],
+                "median_switches_per_tx": median(switches[(w, m, t)]) if switches[(w, m, t)] else None,
             })
     return {"clients": a.clients, "threads": a.threads, "scale": a.scale, "rounds": a.rounds,
             "duration_s": a.duration, "sslmodes": sslmodes, "cells": out}
@@ -916,6 +975,28 @@ def describe_config(res: dict, name: str, args: list[str]) -> str:
     return " ".join(words) or "(no extra args)"
 
 
+def fmt_cpu(c: dict) -> str:
+    v, u = c.get("median_cpu_us_per_tx"), c.get("median_user_us_per_tx")
+    return "" if v is None else f"{v:.1f}" if u is None else f"{v:.1f} ({u:.1f})"
+
+
+def fmt_switches(c: dict) -> str:
+    v = c.get("median_switches_per_tx")
+    return "" if v is None else f"{v:.2f}"
+
+
+def per_mode_rows(cells: dict, targets: list[str], fmt) -> list[str]:
+    """A table's rows, one per workload and mode that has a value, and the
+    blank line after it."""
+    rows = []
+    for w in ("select-only", "tpcb-like"):
+        for mo in ("simple", "extended", "prepared"):
+            values = [fmt(cells[(w, mo, t)]) if (w, mo, t) in cells else "" for t in targets]
+            if any(values):
+                rows.append("| " + " | ".join([w, mo] + values) + " |")
+    return rows + [""]
+
+
 def render_md(res: dict) -> str:
     m = res["machine"]
     L = [f"# resumeguard benchmark{' (smoke)' if res['smoke'] else ''}", "",
@@ -958,20 +1039,22 @@ def render_md(res: dict) -> str:
         if watched:
             L += ["### CPU per transaction", "",
                   "The proxy process's utime + stime (`/proc/PID/stat`, all threads) over each "
-                  "pgbench run ÷ transactions: µs, median over rounds. Far steadier than TPS on a "
+                  "pgbench run ÷ transactions: µs, median over rounds, with the user-space part "
+                  "(utime) in brackets; the rest is the kernel's. Far steadier than TPS on a "
                   "shared host.", "",
                   "| workload | mode | " + " | ".join(f"{t} µs" for t in watched) + " |",
                   "|" + "---|" * (2 + len(watched))]
-            for w in ("select-only", "tpcb-like"):
-                for mo in ("simple", "extended", "prepared"):
-                    row = [w, mo]
-                    for t in watched:
-                        c = cells.get((w, mo, t))
-                        v = c.get("median_cpu_us_per_tx") if c else None
-                        row.append(f"{v:.1f}" if v is not None else "")
-                    if any(row[2:]):
-                        L.append("| " + " | ".join(row) + " |")
-            L.append("")
+            L += per_mode_rows(cells, watched, fmt_cpu)
+        counted = [t for t in watched
+                   if any(c.get("median_switches_per_tx") is not None
+                          for c in pb["cells"] if c["target"] == t)]
+        if counted:
+            L += ["### Context switches per transaction", "",
+                  "`perf stat -e context-switches` attached to the proxy process (every thread, "
+                  "and those it starts) over each pgbench run ÷ transactions: median over rounds.",
+                  "", "| workload | mode | " + " | ".join(counted) + " |",
+                  "|" + "---|" * (2 + len(counted))]
+            L += per_mode_rows(cells, counted, fmt_switches)
         if res.get("targets"):
             L += ["### Targets", ""]
             for line in res["targets"]:
@@ -1011,6 +1094,28 @@ def render_md(res: dict) -> str:
     return "\n".join(L)
 
 
+def peer_targets(cells: dict, proxy_names: list[str], sslmodes: dict) -> list[str]:
+    """Each configuration against PgBouncer (the TLS one for a TLS
+    configuration), per mode: CPU per transaction ÷ PgBouncer's and TPS ÷
+    PgBouncer's, each the median of per-round ratios (rounds are
+    interleaved, so a round's two runs saw the same host)."""
+    lines = []
+    for p in proxy_names:
+        bouncer = PGBOUNCER_TLS if p in sslmodes else "pgbouncer"
+        for mo in ("simple", "extended", "prepared"):
+            c, b = cells.get(("select-only", mo, p)), cells.get(("select-only", mo, bouncer))
+            if not c or not b:
+                continue
+            tps = median([x / y for x, y in zip(c["tps"], b["tps"])])
+            line = f"{p} select-only -M {mo} vs {bouncer}: TPS {tps:.3f}× " \
+                   f"({'meets' if tps >= 1.0 else 'MISSES'} ≥ 1.00×)"
+            if c["cpu_us_per_tx"] and b["cpu_us_per_tx"]:
+                cpu = median([x / y for x, y in zip(c["cpu_us_per_tx"], b["cpu_us_per_tx"])])
+                line += f"; CPU/tx {cpu:.3f}× ({'meets' if cpu <= 1.0 else 'MISSES'} ≤ 1.00×)"
+            lines.append(line)
+    return lines
+
+
 def check_targets(res: dict, proxy_names: list[str]) -> list[str]:
     lines = []
     pb = res.get("pgbench")
@@ -1025,16 +1130,9 @@ def check_targets(res: dict, proxy_names: list[str]) -> list[str]:
                 ok = c["ratio_to_direct"] >= 0.85
                 line = f"{p} select-only -M {mo}: {c['ratio_to_direct']:.3f}× direct " \
                        f"({'meets' if ok else 'MISSES'} ≥ 0.85×"
-                # TLS configurations are held against the PgBouncer with TLS.
+                # TLS configurations are held against PgBouncer with TLS only
+                # (peer_targets).
                 tls = p in res.get("config_sslmode", {})
-                bouncer = PGBOUNCER_TLS if tls else "pgbouncer"
-                if ("select-only", mo, bouncer) in cells:
-                    b = cells[("select-only", mo, bouncer)]
-                    mine, theirs = c.get("median_cpu_us_per_tx"), b.get("median_cpu_us_per_tx")
-                    vs = median([x / y for x, y in zip(c["tps"], b["tps"])])
-                    line += f"; {vs:.3f}× {bouncer}, {'ahead' if vs > 1 else 'BEHIND'}"
-                    if mine and theirs:
-                        line += f"; CPU/tx {mine:.1f} vs {theirs:.1f} µs"
                 for base in [] if tls else baselines:
                     if ("select-only", mo, base) in cells:
                         r = cells[("select-only", mo, base)]
@@ -1046,6 +1144,7 @@ def check_targets(res: dict, proxy_names: list[str]) -> list[str]:
                             line += (f"; CPU/tx {mine:.1f} vs {theirs:.1f} µs = {mine / theirs:.3f}× "
                                      f"({'meets' if within else 'MISSES'} ≤ 1.10×)")
                 lines.append(line + ")")
+        lines += peer_targets(cells, proxy_names, res.get("config_sslmode", {}))
     mem = res.get("memory")
     if mem:
         for p in proxy_names:
@@ -1140,6 +1239,9 @@ def main() -> int:
     ap.add_argument("--distance-concurrency-ms", type=float, default=1.0,
                     help="the one-way latency the concurrency run uses")
     ap.add_argument("--distance-rounds", type=int, help="concurrency rounds (default 3; smoke 1)")
+    ap.add_argument("--perf-stat", action="store_true",
+                    help="pgbench: count each watched process's context switches and CPU "
+                         "migrations per transaction with perf stat")
     ap.add_argument("--profiler", choices=("auto", "perf", "callgrind"), default="auto",
                     help="for --parts profile (not in the default parts)")
     ap.add_argument("--profile-modes", default="prepared,simple,extended")
