@@ -2,10 +2,12 @@
 //! client→server and server→client, each on a thread of its own, sharing
 //! the session's protocol state.
 //!
-//! Blocking threads rather than an event loop: the relay is bound by
-//! system calls and wake-ups, and a thread blocked in `recv` is woken by
-//! the kernel straight onto whichever core is free, where one event loop
-//! serializes every session on one core (measured: docs/performance.md).
+//! Blocking threads: a thread blocked in `recv` is woken by the kernel
+//! straight onto whichever core is free, where one event loop serializes
+//! every session on one core. One loop per core owning its sessions wakes
+//! less often and costs less per transaction (docs/performance.md, "Where
+//! the CPU goes"); the session's blocking steps (a claim's store call,
+//! waiting for answers, the startup deadline) are written for threads.
 //! The state lock is never held across a read or a write.
 
 use std::io::Write;
