@@ -9,7 +9,7 @@
 #      13-18 server binaries) when its package-lock.json changed,
 #   3. cargo test --all-targets          (unit + Rust integration tests)
 #   4. cargo build --release             (the binary the Python suite drives, and the
-#                                         benchmark's copy-relay baseline)
+#                                         benchmark's copy-relay and event-loop baselines)
 #   5. bench/run.sh --smoke              (benchmark smoke; RG_SKIP_BENCH=1 skips it)
 #   6. pytest integration/               (real PostgreSQL 15, psql, pgbench, LangGraph)
 #
