@@ -226,10 +226,16 @@ def test_the_console_follows_approvals_through_a_browser(console, browser):
         # A late duplicate: the answered thread answered again.
         with pytest.raises(psycopg.Error):
             answer(dsn, thread, "eve")
+        # A statement on the proxy's own schema: refused before it ran.
+        with pytest.raises(psycopg.Error) as own:
+            with psycopg.connect(dsn, autocommit=True) as c:
+                c.execute("delete from resumeguard.claims")
+        assert own.value.sqlstate == "42501", own.value
         d.get(f"{base}/ui/refused")
-        wait_until(d, lambda d: raced in live_text(d) and "late duplicate" in live_text(d), 10,
-                   "no refusals on Refused")
+        wait_until(d, lambda d: raced in live_text(d) and "late duplicate" in live_text(d)
+                   and "statement refused" in live_text(d), 10, "no refusals on Refused")
         assert "racer refused" in live_text(d), live_text(d)
+        assert "belongs to resumeguard" in live_text(d), live_text(d)
         shot(d, "refused")
 
         # The parked task's write replayed by another client while the claim is held:

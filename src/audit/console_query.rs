@@ -27,8 +27,8 @@ pub enum ConsoleList {
     Waiting,
     /// Each interrupt's first answer since it was parked.
     Answered,
-    /// Claims refused (racers, inspections during a run) and late
-    /// duplicates.
+    /// Claims refused (racers, inspections during a run), late
+    /// duplicates, and client statements refused before they ran.
     Refused,
     Forks,
     Rejected,
@@ -40,7 +40,7 @@ impl ConsoleList {
         match self {
             ConsoleList::Waiting => "'interrupt_parked'",
             ConsoleList::Answered => "'resume_recorded'",
-            ConsoleList::Refused => "'claim_refused', 'late_duplicate'",
+            ConsoleList::Refused => "'claim_refused', 'late_duplicate', 'statement_refused'",
             ConsoleList::Forks => "'fork_served'",
             ConsoleList::Rejected => "'write_rejected'",
             ConsoleList::Fenced => "'write_fenced'",
@@ -426,6 +426,32 @@ mod tests {
             ..first
         };
         assert_eq!(threads(&path, ConsoleList::Forks, &one), ["t0"]);
+        remove_db(&path);
+    }
+
+    #[test]
+    fn refused_lists_statements_refused_beside_claims_refused() {
+        let path = temp_path("console-refused", "sqlite");
+        let mut store = Store::open(&path).unwrap();
+        let own_schema = AuditEvent::new(&SessionContext::default(), Operation::StatementRefused)
+            .with_detail(serde_json::json!({"refusal": "own_schema"}));
+        let events = [
+            ev(Operation::ClaimRefused, "raced", "c"),
+            own_schema,
+            ev(Operation::ForkServed, "forked", "c"),
+        ];
+        store.append(events.iter()).unwrap();
+        let all = ConsoleFilter {
+            limit: 10,
+            ..ConsoleFilter::default()
+        };
+        let listed = console_list(&path, ConsoleList::Refused, &all).unwrap();
+        let operations: Vec<_> = listed.iter().map(|l| l.event.operation).collect();
+        assert_eq!(
+            operations,
+            [Operation::StatementRefused, Operation::ClaimRefused],
+            "newest first, nothing else"
+        );
         remove_db(&path);
     }
 }

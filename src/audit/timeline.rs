@@ -166,9 +166,17 @@ fn phrase(ev: &AuditEvent) -> String {
         }
         Operation::ClaimTaken => format!("resume claimed by session {}", ev.session_id),
         Operation::ClaimConsumed => "claim consumed: resume completed".to_string(),
-        Operation::ClaimRefused => "claim refused: resume already claimed".to_string(),
+        // The record's reason (appended below) says why: answered, in
+        // flight, a store that could not be reached, a run holding it.
+        Operation::ClaimRefused => match ev.detail.get("head").and_then(|h| h.as_str()) {
+            Some("running") => "read refused while a run holds the thread".to_string(),
+            _ => "claim refused".to_string(),
+        },
         Operation::ClaimWaited => "waited for another session's claim".to_string(),
-        Operation::ClaimTakeover => "claim taken over from a lapsed holder".to_string(),
+        Operation::ClaimTakeover => match ev.detail.get("takeover").and_then(|t| t.as_str()) {
+            Some(why) => format!("claim taken over from its holder ({why})"),
+            None => "claim taken over from its holder".to_string(),
+        },
         Operation::EventsDropped => {
             let n = ev.detail.get("dropped").and_then(|d| d.as_u64());
             let n = n.map(|n| format!("{n} ")).unwrap_or_default();
@@ -193,8 +201,9 @@ fn phrase(ev: &AuditEvent) -> String {
             Some(n) => format!("{n} claim(s) released by an operator"),
             None => "claims released by an operator".to_string(),
         },
-        Operation::StatementRefused => match ev.detail.get("reason").and_then(|r| r.as_str()) {
-            Some(reason) => format!("statement refused: {reason}"),
+        // Which refusal it was; the reason is appended below.
+        Operation::StatementRefused => match ev.detail.get("refusal").and_then(|r| r.as_str()) {
+            Some(kind) => format!("statement refused ({})", kind.replace('_', " ")),
             None => "statement refused".to_string(),
         },
         Operation::ConfigReloaded => match ev.detail.get("part").and_then(|c| c.as_str()) {
@@ -306,7 +315,7 @@ mod tests {
             "run parked: interrupt recorded by task …55556666",
             "resume claimed by session 2",
             &format!("answer recorded (sha256 {}…)", &answer_sha[..8]),
-            "claim refused: resume already claimed: held by session 2",
+            "claim refused: held by session 2",
             "claim consumed: resume completed",
         ];
         let mut last = 0;
@@ -393,9 +402,35 @@ mod tests {
             }));
         let text = render_timeline(&[refused]);
         assert!(
-            text.contains("statement refused: resumeguard: schema resumeguard belongs"),
-            "{text}"
+            text.contains(
+                "statement refused (own schema): resumeguard: schema resumeguard belongs to resumeguard\n"
+            ),
+            "the reason once, after the kind of refusal: {text}"
         );
+    }
+
+    #[test]
+    fn says_why_a_claim_was_refused_or_taken_over() {
+        let running = ev(3, Operation::ClaimRefused, "t-1").with_detail(serde_json::json!({
+            "head": "running",
+            "reason": "a run is in progress on thread \"t-1\"",
+        }));
+        let unreachable = ev(4, Operation::ClaimRefused, "t-1").with_detail(serde_json::json!({
+            "head": "parked",
+            "reason": "the claim store is unreachable",
+        }));
+        let takeover = ev(5, Operation::ClaimTakeover, "t-1").with_detail(serde_json::json!({
+            "takeover": "lapsed claim: its holder recorded no evidence of a run in time",
+        }));
+        let text = render_timeline(&[running, unreachable, takeover]);
+        for line in [
+            "read refused while a run holds the thread: a run is in progress on thread \"t-1\"",
+            "claim refused: the claim store is unreachable",
+            "claim taken over from its holder (lapsed claim: its holder recorded no evidence of a run in time)",
+        ] {
+            assert!(text.contains(line), "{line:?} in:\n{text}");
+        }
+        assert!(!text.contains("already claimed"), "{text}");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::Search;
 use crate::admin::html_escape::{esc, url};
-use crate::audit::{ConsoleList, ListedEvent};
+use crate::audit::{ConsoleList, ListedEvent, Operation};
 
 /// A list page's title and the sentence under it.
 pub fn heading(list: ConsoleList) -> (&'static str, &'static str) {
@@ -23,7 +23,7 @@ pub fn heading(list: ConsoleList) -> (&'static str, &'static str) {
         ),
         ConsoleList::Refused => (
             "Refused",
-            "Racers refused a claimed approval, late duplicate answers, and reads refused while a run held the thread.",
+            "Racers refused a claimed approval, late duplicate answers, reads refused while a run held the thread, and statements refused before they ran (on the proxy's own schema, or checkpoint statements the proxy cannot follow).",
         ),
         ConsoleList::Forks => (
             "Forks served",
@@ -128,10 +128,11 @@ pub fn table(
 fn cells(list: ConsoleList, r: &ListedEvent, now: SystemTime, show_values: bool) -> Vec<String> {
     let ev = &r.event;
     let d = &ev.detail;
-    let thread = thread_link(
-        ev.thread_id.as_deref().unwrap_or(""),
-        ev.checkpoint_ns.as_deref(),
-    );
+    let thread = match ev.thread_id.as_deref() {
+        Some(t) => thread_link(t, ev.checkpoint_ns.as_deref()),
+        // A refused statement that names no thread.
+        None => "—".to_owned(),
+    };
     let when = time(&ev.time, now);
     match list {
         ConsoleList::Waiting => vec![
@@ -157,7 +158,8 @@ fn cells(list: ConsoleList, r: &ListedEvent, now: SystemTime, show_values: bool)
         ],
         ConsoleList::Refused => {
             let (kind, class) = match (ev.operation, text(d, "head").as_str()) {
-                (crate::audit::Operation::LateDuplicate, _) => ("late duplicate", "warn"),
+                (Operation::LateDuplicate, _) => ("late duplicate", "warn"),
+                (Operation::StatementRefused, _) => ("statement refused", "bad"),
                 (_, "running") => ("read during a run", "info"),
                 _ => ("racer refused", "bad"),
             };
@@ -388,6 +390,25 @@ mod tests {
         assert_eq!(node(&d), "review");
         let run = serde_json::json!({"task_path": "", "run_level": true});
         assert_eq!(node(&run), "(run)");
+    }
+
+    #[test]
+    fn a_refused_statement_without_a_thread_is_listed_as_one() {
+        let refused = crate::audit::AuditEvent::new(
+            &crate::audit::SessionContext::default(),
+            Operation::StatementRefused,
+        )
+        .with_detail(serde_json::json!({"refusal": "own_schema", "reason": "<own schema>"}));
+        let row = ListedEvent {
+            id: 1,
+            event: refused,
+            approver: None,
+            parked_at: None,
+        };
+        let cells = cells(ConsoleList::Refused, &row, SystemTime::now(), false);
+        assert_eq!(cells[0], "—", "no thread link to nowhere");
+        assert!(cells[1].contains("statement refused"), "{}", cells[1]);
+        assert!(cells[4].contains("&lt;own schema&gt;"), "{}", cells[4]);
     }
 
     #[test]
