@@ -104,6 +104,7 @@ impl FollowedRules {
 mod tests {
     use super::*;
     use crate::audit::AuditSink;
+    use crate::enforce::own_schema::OwnSchema;
     use crate::saver::profile::SaverProfile;
     use crate::wire::connection::message as msg;
     use crate::wire::guard::ClientStep;
@@ -250,6 +251,22 @@ mod tests {
             !write(&mut open, b'I'),
             "the rules still hold after the swap"
         );
+    }
+
+    #[test]
+    fn a_parse_text_remembered_as_plain_is_read_again_under_replaced_legs() {
+        let source = reloadable();
+        let mut open = session(&source);
+        let text = msg(b'P', b"\0DELETE FROM elsewhere.t\0\0\0");
+        let steps = client(&mut open, &[text.clone(), msg(b'S', b"")]);
+        assert_eq!(steps, [ClientStep::Forward, ClientStep::Forward]);
+        server(&mut open, &[msg(b'1', b""), msg(b'Z', b"I")]);
+        source.replace_legs(|legs| Legs {
+            own_schema: Arc::new(OwnSchema::new("elsewhere")),
+            ..legs.clone()
+        });
+        let steps = client(&mut open, &[text]);
+        assert!(matches!(steps[0], ClientStep::Replace(_)), "{steps:?}");
     }
 
     #[test]

@@ -44,6 +44,7 @@ use crate::saver::bind::BoundParams;
 use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::classify::Classified;
 use crate::wire::guard::{ClientError, ServerStep};
+use crate::wire::last_text::LastText;
 use crate::wire::messages::bind::Bind;
 use crate::wire::tracker::{Bound, Hooks, Refusal, TxnStatus};
 
@@ -125,6 +126,10 @@ pub struct SessionEnforcer {
     /// The claim of the head row held back from the client, until the
     /// relay releases it decided.
     held: Option<Arc<ClaimTicket>>,
+    /// The last Parse text classified as ordinary traffic (under
+    /// `shared`), with how it ends the transaction. Only texts `admit`
+    /// let through are parsed, so it is admitted too.
+    plain_parse: LastText<Option<TransactionEnd>>,
     /// The head row of the answer in front was refused (the client got
     /// the claim's refusal instead): that answer's completion records no
     /// read, the `claim_refused` record standing for it.
@@ -150,6 +155,7 @@ impl SessionEnforcer {
             shared_session: SharedSessionWatch::default(),
             held: None,
             head_refused: false,
+            plain_parse: LastText::default(),
         }
     }
 
@@ -271,6 +277,7 @@ impl Hooks for SessionEnforcer {
     fn next_client_message(&mut self, idle: bool) {
         if let Some(shared) = self.rules.as_mut().and_then(|r| r.replaced(idle)) {
             self.shared = shared;
+            self.plain_parse.forget();
         }
     }
 

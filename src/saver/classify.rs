@@ -266,6 +266,13 @@ impl Classifier {
         Arc::clone(&self.other)
     }
 
+    /// Whether `class` is [`Classifier::other`]'s shared result, which
+    /// classifying a text yields with no other effect (nothing cached,
+    /// logged or counted).
+    pub fn is_other(&self, class: &Arc<Classified>) -> bool {
+        Arc::ptr_eq(class, &self.other)
+    }
+
     /// Takes room for a text of `len` bytes in the cache, if it fits.
     fn reserve_cache_bytes(&self, len: usize) -> bool {
         len <= CACHE_TEXT_MAX

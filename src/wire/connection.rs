@@ -22,7 +22,7 @@ use std::io::Read;
 use std::ops::Deref;
 use std::time::Instant;
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 
 use super::client_stream::ClientStream;
 use super::messages::read::HEADER_LEN;
@@ -110,7 +110,7 @@ impl ReadBuffer {
         if passing.forward && n > 0 {
             send(&self.bytes[..n])?;
         }
-        let _ = self.bytes.split_to(n);
+        self.bytes.advance(n);
         passing.left -= n;
         Ok(())
     }
@@ -166,7 +166,7 @@ where
 
     /// Drops the first `n` buffered bytes (routed).
     pub fn consume(&mut self, n: usize) {
-        let _ = self.buffer.bytes.split_to(n);
+        self.buffer.bytes.advance(n);
     }
 
     /// The last message routed continues past the buffer: its remaining

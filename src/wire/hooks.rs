@@ -60,7 +60,8 @@ pub trait Hooks {
     /// A statement text (of a Parse or a Query) before anything else
     /// reads it: why the server may not get it at all, if it may not.
     fn admit(&mut self, sql: &str) -> Result<(), Refusal>;
-    /// A statement text: its annotation, and SQL the server gets instead.
+    /// A Parse's statement text, one `admit` let through: its annotation,
+    /// and SQL the server gets instead.
     fn parse(&mut self, sql: &str) -> (Self::Statement, Option<String>);
     /// The annotation of a statement nobody watches.
     fn plain(&self) -> Self::Statement;

@@ -12,6 +12,7 @@ pub mod guard;
 pub mod hooks;
 pub mod injected;
 pub mod keepalive;
+pub mod last_text;
 pub mod listener;
 pub mod messages;
 pub mod proxy;

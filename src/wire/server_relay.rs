@@ -6,7 +6,7 @@ use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 
 use super::client_stream::ClientStream;
 use super::connection::{peek_header, Connection, FrameError, Passing, STREAM_ABOVE};
@@ -202,24 +202,26 @@ fn track_server(
             }
             break;
         }
-        let frame = buf.split_to(h.total_len);
-        let mut step = guard.on_server(&frame)?;
+        // Read in place; only a held message is split off the buffer.
+        let frame = &buf[..h.total_len];
+        let mut step = guard.on_server(frame)?;
         if plaintext_client && h.tag == b'R' && !guard.started() {
-            if let Some(offer) = sasl_plus::without_plus(&frame) {
+            if let Some(offer) = sasl_plus::without_plus(frame) {
                 step.replace = Some(offer);
             }
         }
         if let Some(ticket) = step.hold.take() {
             held = Some(Held {
-                frame,
+                frame: buf.split_to(h.total_len),
                 replace: step.replace,
                 ticket,
             });
             break;
         }
         if step.route == Route::Forward {
-            out.extend_from_slice(step.replace.as_deref().unwrap_or(&frame));
+            out.extend_from_slice(step.replace.as_deref().unwrap_or(frame));
         }
+        buf.advance(h.total_len);
         fatal |= step.fatal;
         if let Some((pid, key)) = step.backend_key {
             proxy.cancel_keys.insert((pid, key.clone()), ());

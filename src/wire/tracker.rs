@@ -21,6 +21,7 @@ use bytes::Bytes;
 use super::client_text;
 use super::guard::{ClientError, ClientStep, Guard, ServerStep};
 use super::injected::{Answer, Injection, ANSWERS};
+use super::last_text::LastText;
 use super::messages::backend::Backend;
 use super::messages::bind::Bind;
 use super::messages::extended_query::parse_frame;
@@ -57,6 +58,8 @@ pub struct Tracker<H: Hooks> {
     txn: TxnStatus,
     /// The first ReadyForQuery arrived: authentication is over.
     started: bool,
+    /// The last Parse text found without SQL-level commands.
+    plain_text: LastText<()>,
 }
 
 impl<H: Hooks> Tracker<H> {
@@ -70,6 +73,7 @@ impl<H: Hooks> Tracker<H> {
             segment: 0,
             txn: TxnStatus::Idle,
             started: false,
+            plain_text: LastText::default(),
         }
     }
 

@@ -7,6 +7,10 @@ use crate::log_text::shown;
 use crate::wire::tracker::Refusal;
 
 pub(super) fn handle(session: &mut SessionEnforcer, sql: &str) -> Result<(), Refusal> {
+    // The Parse text sent again: admitted before, under the same rules.
+    if session.plain_parse.get(sql).is_some() {
+        return Ok(());
+    }
     let own = &session.shared.legs.own_schema;
     let Err(breach) = own.check(sql) else {
         return Ok(());

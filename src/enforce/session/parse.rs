@@ -7,6 +7,13 @@ use crate::enforce::transaction_end::transaction_end;
 use crate::policy::claims::has_inspection_hint;
 
 pub(super) fn handle(session: &mut SessionEnforcer, sql: &str) -> (Prepared, Option<String>) {
+    if let Some(ends_transaction) = session.plain_parse.get(sql) {
+        let plain = Prepared {
+            ends_transaction,
+            ..session.prepared(session.shared.classifier.other())
+        };
+        return (plain, None);
+    }
     let class = session.shared.classifier.classify(sql);
     let replacement = match (&class.fork_sql, session.shared.legs.fork_filter) {
         (Some(sql), true) => Some(sql.clone()),
@@ -26,5 +33,10 @@ pub(super) fn handle(session: &mut SessionEnforcer, sql: &str) -> (Prepared, Opt
         inspect_hint,
         ends_transaction: transaction_end(sql),
     };
+    // Ordinary traffic is classified with no other effect, never
+    // rewritten and never hinted: the same text prepares the same again.
+    if session.shared.classifier.is_other(&prepared.class) {
+        session.plain_parse.remember(sql, prepared.ends_transaction);
+    }
     (prepared, replacement)
 }

@@ -11,7 +11,7 @@ use super::super::client_text;
 use super::super::guard::{ClientError, ClientStep};
 use super::super::reject::raising_query;
 use super::super::response_queue::{Expect, Route};
-use super::super::sql_commands::{scan, SqlCommand};
+use super::super::sql_commands::{scan, SqlCommand, Unreadable};
 use super::names::{Change, Executes, Lookup, Statement};
 use super::sql_changes::SqlChanges;
 use super::{never_prepared, unsendable, Hooks, Refusal, Tracker, FEATURE_NOT_SUPPORTED};
@@ -27,7 +27,7 @@ impl<H: Hooks> Tracker<H> {
         let (annotation, replacement) = self.hooks.parse(text);
         let replacement = replacement.map(|r| client_text::encode(&r).into_owned());
         let mut statement = Statement::new(annotation);
-        match scan(text) {
+        match self.commands_in(text) {
             Ok(found) if found.is_empty() => {}
             Ok(found) => {
                 // One statement per Parse; its EXECUTEs are checked when a
@@ -47,6 +47,20 @@ impl<H: Hooks> Tracker<H> {
             Err(e) => statement.refused = Some(Box::new(unreadable(&e.0))),
         }
         (statement, replacement)
+    }
+
+    /// The SQL-level commands of a Parse's `text`; a text found to have
+    /// none is remembered, and not scanned again when it is sent again
+    /// next.
+    fn commands_in(&mut self, text: &str) -> Result<Vec<SqlCommand>, Unreadable> {
+        if self.plain_text.get(text).is_some() {
+            return Ok(Vec::new());
+        }
+        let found = scan(text);
+        if found.as_ref().is_ok_and(Vec::is_empty) {
+            self.plain_text.remember(text, ());
+        }
+        found
     }
 
     /// Checks a PREPARE or DECLARE body: for PREPARE, the annotation of

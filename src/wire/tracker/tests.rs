@@ -320,6 +320,23 @@ fn sql_execute_of_an_unknown_name_is_refused_and_of_a_plain_one_passes() {
 }
 
 #[test]
+fn a_parse_text_sent_again_is_read_as_the_first_time_and_the_next_text_anew() {
+    let mut t = tracker();
+    for _ in 0..2 {
+        assert_eq!(
+            client(&mut t, &[parse("", "select 1")]),
+            [ClientStep::Forward]
+        );
+        server(&mut t, &[msg(b'1', b"")]);
+        assert_eq!(bind_sees(&mut t, ""), ClientStep::Forward);
+        server(&mut t, &[msg(b'2', b"")]);
+    }
+    client(&mut t, &[parse("", "EXECUTE nowhere")]);
+    server(&mut t, &[msg(b'1', b"")]);
+    assert!(matches!(bind_sees(&mut t, ""), ClientStep::Replace(_)));
+}
+
+#[test]
 fn a_bind_waits_when_an_earlier_sync_may_have_changed_its_statement() {
     let mut t = tracker();
     defined_guarded(&mut t);

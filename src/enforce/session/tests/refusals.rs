@@ -116,3 +116,14 @@ fn a_checkpoint_statement_in_a_cursor_is_audited_and_logged() {
     assert_eq!(ev.detail["sqlstate"], "0A000");
     assert_eq!(ev.detail["statement"], "read_latest");
 }
+
+#[test]
+fn a_text_admitted_before_admits_no_other() {
+    let mut st = session(langgraph());
+    for _ in 0..2 {
+        let parsed = st.on_client(&msg(b'P', b"\0select 1\0\0\0")).unwrap();
+        assert!(parsed.is_none(), "admitted");
+    }
+    refused_query(&mut st, b"DELETE FROM resumeguard.claims\0");
+    assert_eq!(the_refusal(&mut st).detail["refusal"], "own_schema");
+}

@@ -114,3 +114,19 @@ fn an_unknown_checkpoint_statement_passes_under_warn() {
         None
     );
 }
+
+#[test]
+fn a_parse_text_sent_again_prepares_the_same_and_the_next_text_anew() {
+    let mut st = state();
+    for _ in 0..2 {
+        let (plain, rewrite) = Hooks::parse(&mut *st, "COMMIT");
+        assert_eq!(plain.ends_transaction, Some(TransactionEnd::Commit));
+        assert!(!plain.class.kind.is_checkpoint_traffic() && rewrite.is_none());
+    }
+    for _ in 0..2 {
+        let (write, _) = Hooks::parse(&mut *st, WRITE_SQL);
+        assert!(write.class.kind.is_checkpoint_traffic());
+        assert_eq!(write.ends_transaction, None);
+    }
+    assert_eq!(Hooks::parse(&mut *st, "select 1").0.ends_transaction, None);
+}
