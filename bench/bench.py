@@ -970,6 +970,7 @@ def fmt_ratio(c) -> str:
 def describe_config(res: dict, name: str, args: list[str]) -> str:
     """A configuration as its line in proxy-configs.conf would give it."""
     words = [f"bin={res['config_bin'][name]}"] if name in res.get("config_bin", {}) else []
+    words += ["bound"] if name in res.get("config_bound", []) else []
     words += [f"sslmode={res['config_sslmode'][name]}"] if name in res.get("config_sslmode", {}) else []
     words += [f"{k}={v}" for k, v in res["config_env"].get(name, {}).items()] + args
     return " ".join(words) or "(no extra args)"
@@ -1121,7 +1122,7 @@ def check_targets(res: dict, proxy_names: list[str]) -> list[str]:
     pb = res.get("pgbench")
     if pb:
         cells = {(c["workload"], c["mode"], c["target"]): c for c in pb["cells"]}
-        baselines = [b for b in proxy_names if b in CONFIG_BIN]
+        baselines = [b for b in proxy_names if b in CONFIG_BIN and b not in CONFIG_BOUND]
         for p in proxy_names:
             if ("select-only", "simple", p) not in cells or p in CONFIG_BIN:
                 continue
@@ -1168,8 +1169,12 @@ def parse_proxy_configs(a) -> dict[str, list[str]]:
             raise SystemExit(f"bad or duplicate proxy config name {name!r}")
         parts = set(ALL_PARTS)
         env = {}
-        while args and (args[0].startswith(("parts=", "bin=", "sslmode="))
+        while args and (args[0].startswith(("parts=", "bin=", "sslmode=")) or args[0] == "bound"
                         or re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", args[0])):
+            if args[0] == "bound":
+                CONFIG_BOUND.add(name)
+                args.pop(0)
+                continue
             if args[0].startswith("bin="):
                 CONFIG_BIN[name] = REPO / args.pop(0)[len("bin="):]
                 continue
@@ -1196,6 +1201,9 @@ CONFIG_PARTS: dict[str, set] = {}
 CONFIG_ENV: dict[str, dict] = {}
 # Configurations that run a baseline binary instead of resumeguard.
 CONFIG_BIN: dict[str, Path] = {}
+# Baselines that bound a design rather than set a target: measured beside
+# the others and held against PgBouncer, but not a "within 1.10×" baseline.
+CONFIG_BOUND: set[str] = set()
 # Configurations whose clients connect with this libpq sslmode (TLS rows).
 CONFIG_SSLMODE: dict[str, str] = {}
 # The PgBouncer that terminates client TLS, run when some configuration does.
@@ -1287,6 +1295,7 @@ def main() -> int:
                  "config_env": {n: CONFIG_ENV[n] for n in proxies},
                  "config_bin": {n: str(CONFIG_BIN[n].relative_to(REPO)) for n in proxies if n in CONFIG_BIN},
                  "config_sslmode": {n: CONFIG_SSLMODE[n] for n in proxies if n in CONFIG_SSLMODE},
+                 "config_bound": sorted(n for n in proxies if n in CONFIG_BOUND),
                  "machine": machine_info(a)}
     try:
         log(f"machine: {res['machine']}")

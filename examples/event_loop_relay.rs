@@ -87,6 +87,8 @@ struct Pipe {
     end: usize,
     /// The source said end of file (passed on once the buffer is empty).
     eof: bool,
+    /// That end of file was passed on (the destination's write side shut).
+    passed_eof: bool,
 }
 
 impl Pipe {
@@ -96,6 +98,7 @@ impl Pipe {
             start: 0,
             end: 0,
             eof: false,
+            passed_eof: false,
         }
     }
 }
@@ -213,7 +216,10 @@ fn pump(conn: &mut Conn, dir: usize) -> bool {
             }
         }
         if pipe.eof {
-            let _ = conn.sides[dst].sock.shutdown(Shutdown::Write);
+            if !pipe.passed_eof {
+                pipe.passed_eof = true;
+                let _ = conn.sides[dst].sock.shutdown(Shutdown::Write);
+            }
             return !conn.pipes[dst].eof;
         }
         let s = &mut conn.sides[src];
