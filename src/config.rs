@@ -59,6 +59,9 @@ pub struct Config {
     pub max_message_bytes: usize,
     /// Client connections served at once; more are refused with 53300.
     pub max_client_conn: usize,
+    /// Event loops relaying sessions without TLS (default: one per core);
+    /// 0: every session relays on two threads of its own.
+    pub event_loops: usize,
     pub audit: AuditConfig,
     pub managed: ManagedConfig,
     pub enforce: EnforceConfig,
@@ -227,6 +230,7 @@ impl Default for Config {
             shutdown_grace_ms: 10_000,
             max_message_bytes: relay.max_message_bytes,
             max_client_conn: relay.max_client_conn,
+            event_loops: relay.event_loops,
             audit: AuditConfig::default(),
             managed: ManagedConfig::default(),
             enforce: EnforceConfig::default(),
@@ -267,6 +271,7 @@ impl Config {
             keepalive: self.keepalive,
             max_message_bytes: self.max_message_bytes,
             max_client_conn: self.max_client_conn,
+            event_loops: self.event_loops,
             ..RelayConfig::default()
         })
     }

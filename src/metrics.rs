@@ -38,6 +38,9 @@ pub const RUN_LEASE_UNCHECKED: &str = "resumeguard_run_lease_unchecked_total";
 pub const CLAIMS_RECONNECTS: &str = "resumeguard_claims_reconnects_total";
 /// Client connections accepted (cancel requests included).
 pub const CLIENT_CONNECTIONS: &str = "resumeguard_client_connections_total";
+/// Sessions by where they relay: begun on an event loop, begun on threads
+/// of their own, or moved from a loop to threads before a store call.
+pub const RELAYED_SESSIONS: &str = "resumeguard_relayed_sessions_total";
 /// Reads of a superseded checkpoint served without its recorded
 /// `__resume__` writes.
 pub const FORKS_SERVED: &str = "resumeguard_forks_served_total";

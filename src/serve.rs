@@ -198,6 +198,11 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
                 chain_check: ChainCheck::default(),
                 control: Some(Arc::clone(&reloader) as Arc<dyn AdminControl>),
             };
+            // The relay's loops start with the proxy, not with its first
+            // session: their descriptors and threads are part of its base.
+            if let Some(loops) = proxy.event_loops() {
+                tracing::info!(event_loops = loops.count(), "relay event loops started");
+            }
             let nofile = open_file_limit(proxy.config.max_client_conn);
             let admin_limits = AdminLimits::new(cfg.admin.max_connections, nofile);
             let max_connections = admin_limits.max_connections;

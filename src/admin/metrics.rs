@@ -19,7 +19,7 @@ use super::AdminError;
 use crate::audit::{AuditSink, AuditStats};
 use crate::metrics::{
     CLAIMS, CLAIMS_AHEAD, CLAIMS_CONSUMED, CLAIMS_RECONNECTS, CLAIMS_STORE_SECONDS, CLAIM_WAITS,
-    CLIENT_CONNECTIONS, CONNECTIONS_REFUSED, EVIDENCE_FLUSH_TIMEOUTS, EVIDENCE_LOST,
+    CLIENT_CONNECTIONS, CONNECTIONS_REFUSED, RELAYED_SESSIONS, EVIDENCE_FLUSH_TIMEOUTS, EVIDENCE_LOST,
     EVIDENCE_PENDING, EVIDENCE_RETRIES, FENCED, FENCE_CHECKS, FENCE_LOOKUPS, FORKS_SERVED,
     KEEPALIVE_ERRORS, LATE_DUPLICATES, OWN_SCHEMA_REFUSED, REFUSED, RUN_LEASE_UNCHECKED,
     SHARED_SESSIONS, STATEMENTS, STATEMENT_CLASSES, STATEMENT_SECONDS, TAKEOVERS, UPSTREAM_ERRORS,
@@ -79,6 +79,11 @@ const KNOWN: &[(&str, &str, &[&str])] = &[
     (CLAIMS_RECONNECTS, "connection", &["decision", "liveness"]),
     (UPSTREAM_ERRORS, "kind", &["connect", "lost"]),
     (CONNECTIONS_REFUSED, "reason", &["max_client_conn"]),
+    (
+        RELAYED_SESSIONS,
+        "relay",
+        &["event_loop", "threads", "moved_to_threads"],
+    ),
     (STATEMENTS, "class", STATEMENT_CLASSES),
 ];
 
@@ -135,6 +140,11 @@ pub fn describe() {
     describe_counter!(
         CONNECTIONS_REFUSED,
         "Client connections refused at startup, by reason (max_client_conn)"
+    );
+    describe_counter!(
+        RELAYED_SESSIONS,
+        "Sessions by where they relay (relay): begun on an event loop, begun on threads, \
+         moved from a loop to threads before a call to the claim store"
     );
     describe_counter!(
         STATEMENTS,

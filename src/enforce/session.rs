@@ -293,6 +293,13 @@ impl Hooks for SessionEnforcer {
         self.run_open
     }
 
+    /// With consume-once on, the hooks of checkpoint statements ask the
+    /// claim store (fence lookups, late duplicates, withdrawn claims); a
+    /// text naming none of the savers' tables never becomes one.
+    fn may_block(&self, sql: &str) -> bool {
+        self.shared.legs.claims.is_some() && self.shared.classifier.names_saver_tables(sql)
+    }
+
     fn flush(&mut self) {
         outbox::flush(self)
     }

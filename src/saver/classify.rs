@@ -261,6 +261,20 @@ impl Classifier {
         self.unknown_policy
     }
 
+    /// Whether `sql` names a table of a saver profile anywhere (the test
+    /// before every classification, so a text it is false for is
+    /// ordinary traffic).
+    pub fn names_saver_tables(&self, sql: &str) -> bool {
+        match &self.prefilter {
+            Some(p) => p.is_match(sql),
+            None => self.profiles.iter().any(|p| {
+                p.table_names()
+                    .iter()
+                    .any(|t| !t.is_empty() && contains_ignore_case(sql, t))
+            }),
+        }
+    }
+
     /// The shared result for ordinary traffic (no allocation).
     pub fn other(&self) -> Arc<Classified> {
         Arc::clone(&self.other)

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 
+use super::client_stream::ClientStream;
 use super::connection::{peek_header, Connection, Passing, STREAM_ABOVE};
 use super::first_packet::is_timeout;
 use super::guard::{ClientStep, Guard};
@@ -17,7 +18,8 @@ use super::sasl_plus;
 use super::session_end::End;
 use super::upstream::Upstream;
 
-/// Client → server: frame, track, forward. Runs on its own thread. The
+/// Client → server: frame, track, forward. Runs on its own thread,
+/// reading `conn` (after what it already holds, unless `read_first`). The
 /// client's end-of-file (a half-close, or a TLS close_notify) is passed
 /// on to the server, whose answers to everything sent before it are still
 /// relayed until the server closes, as a client of PostgreSQL's own would
@@ -26,10 +28,11 @@ use super::upstream::Upstream;
 pub(super) fn client_to_server(
     proxy: &Proxy,
     handle: &SessionHandle,
-    early: BytesMut,
+    conn: Connection<Arc<ClientStream>>,
+    read_first: bool,
     deadline: Instant,
 ) -> End {
-    let end = relay_client(proxy, handle, early, deadline);
+    let end = relay_client(proxy, handle, conn, read_first, deadline);
     match end {
         End::ClientClosed => handle.client_finished(),
         End::Shutdown => {
@@ -46,12 +49,17 @@ pub(super) fn client_to_server(
 /// tokens): a larger one is refused before it is buffered.
 pub const MAX_PRE_AUTH_MESSAGE: usize = 65_536;
 
-fn relay_client(proxy: &Proxy, handle: &SessionHandle, early: BytesMut, deadline: Instant) -> End {
+fn relay_client(
+    proxy: &Proxy,
+    handle: &SessionHandle,
+    mut conn: Connection<Arc<ClientStream>>,
+    read_first: bool,
+    deadline: Instant,
+) -> End {
     let server = &*handle.server;
     let upstream_tls = matches!(server, Upstream::Tls(_));
-    let mut conn = Connection::new(Arc::clone(&handle.client), &early);
     let mut out = BytesMut::new();
-    let mut read_more = early.is_empty();
+    let mut read_more = read_first;
     let mut started = false;
     loop {
         if !started {
@@ -99,7 +107,12 @@ fn relay_client(proxy: &Proxy, handle: &SessionHandle, early: BytesMut, deadline
                 } else {
                     MAX_PRE_AUTH_MESSAGE
                 };
-                track_client(st.as_mut(), conn.buffered(), &mut out, max, upstream_tls)
+                let limits = Limits {
+                    max,
+                    upstream_tls,
+                    on_loop: false,
+                };
+                track_client(st.as_mut(), conn.buffered(), &mut out, limits)
             }
             Err(_) => return End::Error("session state poisoned".into()),
         };
@@ -164,27 +177,43 @@ fn await_answers(handle: &SessionHandle) -> bool {
     settled
 }
 
-/// What one pass over the client's buffered bytes left to do.
 /// Why a client message is not forwarded, and the session ends.
 #[derive(Debug, PartialEq, Eq)]
-enum Refused {
+pub(super) enum Refused {
     /// It breaks the protocol.
     Invalid(String),
     /// It asks for channel binding the proxy cannot carry.
     ChannelBinding(sasl_plus::BindingRefusal),
 }
 
-struct TrackedClient {
+/// What one pass over the client's buffered bytes left to do.
+pub(super) struct TrackedClient {
     /// Bytes consumed (forwarded as they are, or as `out`).
-    ready: usize,
+    pub ready: usize,
     /// Why the next message is refused.
-    refused: Option<Refused>,
+    pub refused: Option<Refused>,
     /// The next message waits for the server's answers.
-    awaiting: bool,
+    pub awaiting: bool,
+    /// The next message may block the tracking thread: a relay serving
+    /// many sessions on one thread moves this one to its own threads
+    /// before it offers the message again.
+    pub may_block: bool,
     /// The client sent Terminate: the server closing next is expected.
-    terminated: bool,
+    pub terminated: bool,
     /// The last message consumed streams on: the rest of its body.
-    passing: Option<Passing>,
+    pub passing: Option<Passing>,
+}
+
+/// How a pass over the client's bytes reads them.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limits {
+    /// The largest message accepted.
+    pub max: usize,
+    /// The upstream connection has TLS (see `sasl_plus.rs`).
+    pub upstream_tls: bool,
+    /// The relay serves many sessions on this thread: a message that
+    /// may block stops the pass (see [`Guard::may_block`]).
+    pub on_loop: bool,
 }
 
 /// Frames and tracks the complete client messages at the front of `buf`,
@@ -192,18 +221,23 @@ struct TrackedClient {
 /// [`Guard::client_streams`]). When the guard rewrites a message, `out`
 /// receives everything consumed (rewritten where needed); otherwise it
 /// stays empty and the consumed bytes are forwarded unchanged. Over an
-/// `upstream_tls` connection, a SASL start asking for channel binding is
+/// upstream TLS connection, a SASL start asking for channel binding is
 /// refused (see `sasl_plus.rs`).
-fn track_client(
+pub(super) fn track_client(
     guard: &mut dyn Guard,
     buf: &[u8],
     out: &mut BytesMut,
-    max: usize,
-    upstream_tls: bool,
+    limits: Limits,
 ) -> TrackedClient {
+    let Limits {
+        max,
+        upstream_tls,
+        on_loop,
+    } = limits;
     let mut ready = 0;
     let mut copied = 0;
     let mut awaiting = false;
+    let mut may_block = false;
     let mut terminated = false;
     let mut passing = None;
     let refused = loop {
@@ -221,6 +255,10 @@ fn track_client(
         } else {
             buf.len()
         };
+        if on_loop && whole && guard.may_block(&buf[ready..end]) {
+            may_block = true;
+            break None;
+        }
         terminated |= h.tag == b'X';
         if whole && h.tag == b'p' && !guard.started() {
             if let Some(refusal) = sasl_plus::binding_refused(&buf[ready..end], upstream_tls) {
@@ -259,6 +297,7 @@ fn track_client(
         ready,
         refused,
         awaiting,
+        may_block,
         terminated,
         passing,
     }

@@ -93,6 +93,15 @@ impl ClientStream {
         matches!(self, ClientStream::Tls(_))
     }
 
+    /// The socket of a connection without TLS, for a relay that waits for
+    /// its readiness itself (and makes it non-blocking).
+    pub fn plain(&self) -> Option<&TcpStream> {
+        match self {
+            ClientStream::Plain(s) => Some(s),
+            ClientStream::Tls(_) => None,
+        }
+    }
+
     fn socket(&self) -> &TcpStream {
         match self {
             ClientStream::Plain(s) => s,

@@ -3,10 +3,11 @@
 //! the framing that splits those bytes into messages. One read and the
 //! framing of what it brought happen here and in the socket's own file.
 //!
-//! A session has two of them, one per direction, each owned by the thread
-//! that reads it. Writes to a socket come from the other direction's
-//! thread (a client's answers are relayed by the server-side thread), so a
-//! connection holds its socket by a shared handle and never writes to it.
+//! A session has two of them, one per direction, each owned by whatever
+//! reads it (a relay thread, or the event loop serving the session).
+//! Writes to a socket come from the other direction (a client's answers
+//! are relayed by the server side), so a connection holds its socket by a
+//! shared handle and never writes to it.
 //!
 //! The read buffer offers the socket as much room as recent reads used: a
 //! little for an idle or OLTP session (little resident memory per
@@ -53,6 +54,8 @@ pub struct Passing {
 pub struct ReadBuffer {
     pub bytes: BytesMut,
     want: usize,
+    /// The last read filled all the room it was offered: more may wait.
+    filled: bool,
 }
 
 impl Default for ReadBuffer {
@@ -60,6 +63,7 @@ impl Default for ReadBuffer {
         ReadBuffer {
             bytes: BytesMut::new(),
             want: MIN_READ,
+            filled: false,
         }
     }
 }
@@ -73,8 +77,15 @@ impl ReadBuffer {
         // only what this read may use.
         self.bytes.resize(start + self.want, 0);
         let read = from.read(&mut self.bytes[start..]);
-        let n = *read.as_ref().unwrap_or(&0);
+        let Ok(n) = read else {
+            // Nothing arrived (a timeout, a non-blocking socket with
+            // nothing to read): the room stays as recent reads sized it.
+            self.bytes.truncate(start);
+            self.filled = false;
+            return read;
+        };
         self.bytes.truncate(start + n);
+        self.filled = n == self.want;
         if n == self.want {
             self.want = (self.want * 2).min(MAX_READ);
         } else if n < self.want / 4 {
@@ -152,6 +163,12 @@ where
     /// Reads once: the byte count, 0 when the peer closed.
     pub fn read(&mut self) -> std::io::Result<usize> {
         self.buffer.fill(&*self.socket)
+    }
+
+    /// The last read filled all the room it was offered, so more may be
+    /// waiting; a shorter one emptied what the kernel held.
+    pub fn read_filled(&self) -> bool {
+        self.buffer.filled
     }
 
     /// Bytes read and not yet routed.

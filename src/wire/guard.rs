@@ -101,6 +101,10 @@ pub trait Guard: Send {
     fn settled(&self) -> bool;
     /// The startup exchange (authentication included) is over.
     fn started(&self) -> bool;
+    /// Whether tracking this client message may block the calling thread
+    /// (a call to a store). A relay serving many sessions on one thread
+    /// moves this one to threads of its own before it tracks the message.
+    fn may_block(&mut self, frame: &[u8]) -> bool;
     /// Hands what the guard recorded to its stores; never blocks.
     fn flush(&mut self);
     /// The client connection is gone.

@@ -124,6 +124,11 @@ pub trait Hooks {
     fn holds_work(&self) -> bool {
         false
     }
+    /// Whether a statement text (of a Parse or a Query) may make a later
+    /// hook block on a store (see [`super::guard::Guard::may_block`]).
+    fn may_block(&self, _sql: &str) -> bool {
+        false
+    }
     /// Hands what was recorded to its stores; never blocks.
     fn flush(&mut self) {}
     /// The client connection is gone.

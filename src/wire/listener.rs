@@ -17,8 +17,8 @@ const DRAIN_POLL: Duration = Duration::from_millis(20);
 /// How long closed sessions get to notice before the listener returns.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
-/// Accepts connections until `stop` resolves. Each session runs on
-/// threads of its own. Sessions of an `inspection` listener never claim.
+/// Accepts connections until `stop` resolves. Each session starts on a
+/// thread of its own (see `session.rs` for where it relays). Sessions of an `inspection` listener never claim.
 pub async fn run(
     proxy: Arc<Proxy>,
     listener: TcpListener,
@@ -71,8 +71,8 @@ fn spawn_session(
         .name("rg-session".into())
         .stack_size(THREAD_STACK)
         .spawn(move || {
-            let _live = for_thread.sessions.adopt();
-            serve_client(Arc::clone(&for_thread), stream, peer, inspection);
+            let live = for_thread.sessions.adopt();
+            serve_client(Arc::clone(&for_thread), stream, peer, inspection, live);
         });
     if let Err(e) = spawned {
         // The closure never ran: undo the count it would have dropped.

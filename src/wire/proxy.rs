@@ -2,7 +2,7 @@
 //! guard factory, the cancel-key registry, the live sessions.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -10,6 +10,7 @@ use dashmap::DashMap;
 
 use crate::wire::client_stream::ClientTls;
 use crate::wire::draining::Draining;
+use crate::wire::event_loop::EventLoops;
 use crate::wire::guard::GuardFactory;
 use crate::wire::keepalive::Keepalive;
 use crate::wire::messages::startup::write_cancel_request;
@@ -34,9 +35,17 @@ pub struct RelayConfig {
     pub max_message_bytes: usize,
     /// Largest server message accepted.
     pub max_backend_message_bytes: usize,
-    /// Client connections served at once (each is two threads and an
-    /// upstream connection); more are answered 53300 and closed.
+    /// Client connections served at once (each an upstream connection);
+    /// more are answered 53300 and closed.
     pub max_client_conn: usize,
+    /// Event loops relaying sessions without TLS (see `event_loop.rs`);
+    /// 0: every session relays on two threads of its own.
+    pub event_loops: usize,
+}
+
+/// One event loop per core.
+pub fn default_event_loops() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 impl Default for RelayConfig {
@@ -51,6 +60,7 @@ impl Default for RelayConfig {
             max_message_bytes: (1 << 30) - 1,
             max_backend_message_bytes: i32::MAX as usize,
             max_client_conn: 2_000,
+            event_loops: default_event_loops(),
         }
     }
 }
@@ -66,6 +76,8 @@ pub struct Proxy {
     pub next_session_id: AtomicU64,
     /// Live sessions, for draining at shutdown.
     pub sessions: Registry,
+    /// The event loops, started with the first session that needs them.
+    loops: OnceLock<Option<EventLoops>>,
 }
 
 impl Proxy {
@@ -76,7 +88,25 @@ impl Proxy {
             cancel_keys: DashMap::new(),
             next_session_id: AtomicU64::new(1),
             sessions: Registry::default(),
+            loops: OnceLock::new(),
         }
+    }
+
+    /// The event loops sessions relay on, started on first use; none when
+    /// configured so, or when they cannot start (said once, as an ERROR:
+    /// sessions then relay on threads).
+    pub fn event_loops(&self) -> Option<&EventLoops> {
+        self.loops
+            .get_or_init(|| match self.config.event_loops {
+                0 => None,
+                n => EventLoops::start(n)
+                    .inspect_err(|e| {
+                        tracing::error!(error = %e, loops = n,
+                            "cannot start the event loops: sessions relay on threads of their own")
+                    })
+                    .ok(),
+            })
+            .as_ref()
     }
 
     /// The same proxy, with a shutdown flag shared with what grants its

@@ -1,6 +1,6 @@
 //! The live sessions of one proxy process, so shutdown can reach them:
-//! each session blocks in a read on its own threads, and only closing
-//! its sockets wakes it.
+//! a session on threads of its own blocks in reads, and an event loop
+//! waits for its sockets; closing a session's sockets wakes either.
 
 use std::collections::HashMap;
 use std::net::Shutdown;
@@ -13,7 +13,7 @@ use super::draining::Draining;
 use super::guard::{Guard, SessionInfo};
 use super::upstream::Upstream;
 
-/// Why a session's relay threads are stopping; the first reason set wins.
+/// Why a session's relay is stopping; the first reason set wins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopReason {
     /// The proxy is shutting down: tell the client (FATAL 57P01).
@@ -96,9 +96,10 @@ impl SessionHandle {
         }
     }
 
-    /// Asks both relay threads to stop: records `reason` unless another
+    /// Asks the session's relay to stop: records `reason` unless another
     /// was recorded first, and closes the upstream socket, which wakes the
-    /// thread reading it. Returns whether this call set the reason.
+    /// thread reading it (or the event loop waiting for it). Returns
+    /// whether this call set the reason.
     pub fn stop(&self, reason: StopReason) -> bool {
         let code = match reason {
             StopReason::Shutdown => SHUTDOWN,
@@ -149,33 +150,35 @@ pub fn closable(guard: &dyn Guard) -> bool {
     guard.is_idle() && !guard.holds_work()
 }
 
-/// Every session thread counted, and the relaying ones reachable.
+/// Every session counted, and the relaying ones reachable.
 #[derive(Default)]
 pub struct Registry {
     draining: Draining,
-    /// Session threads alive, from spawn to exit (startup included).
-    live: AtomicUsize,
-    sessions: Mutex<HashMap<u64, Arc<SessionHandle>>>,
+    /// Sessions alive, from their accept to their end (startup included),
+    /// on whichever thread or loop serves them.
+    live: Arc<AtomicUsize>,
+    sessions: Arc<Mutex<HashMap<u64, Arc<SessionHandle>>>>,
 }
 
-/// Counts a session thread as live until dropped.
-pub struct LiveGuard<'a>(&'a Registry);
+/// Counts a session as live until dropped; it goes where the session
+/// goes (its startup thread, an event loop, its relay threads).
+pub struct LiveGuard(Arc<AtomicUsize>);
 
-impl Drop for LiveGuard<'_> {
+impl Drop for LiveGuard {
     fn drop(&mut self) {
-        self.0.live.fetch_sub(1, Ordering::AcqRel);
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 /// Keeps a session reachable until dropped.
-pub struct Registered<'a> {
-    registry: &'a Registry,
+pub struct Registered {
+    sessions: Arc<Mutex<HashMap<u64, Arc<SessionHandle>>>>,
     id: u64,
 }
 
-impl Drop for Registered<'_> {
+impl Drop for Registered {
     fn drop(&mut self) {
-        if let Ok(mut map) = self.registry.sessions.lock() {
+        if let Ok(mut map) = self.sessions.lock() {
             map.remove(&self.id);
         }
     }
@@ -197,21 +200,24 @@ impl Registry {
         self.live.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// The guard for a thread counted by [`Registry::spawning`].
-    pub fn adopt(&self) -> LiveGuard<'_> {
-        LiveGuard(self)
+    /// The guard for a session counted by [`Registry::spawning`].
+    pub fn adopt(&self) -> LiveGuard {
+        LiveGuard(Arc::clone(&self.live))
     }
 
-    /// Session threads still alive.
+    /// Sessions still alive.
     pub fn live(&self) -> usize {
         self.live.load(Ordering::Acquire)
     }
 
-    pub fn register(&self, id: u64, handle: Arc<SessionHandle>) -> Registered<'_> {
+    pub fn register(&self, id: u64, handle: Arc<SessionHandle>) -> Registered {
         if let Ok(mut map) = self.sessions.lock() {
             map.insert(id, handle);
         }
-        Registered { registry: self, id }
+        Registered {
+            sessions: Arc::clone(&self.sessions),
+            id,
+        }
     }
 
     /// Whether shutdown has begun: sessions close at their next idle point.
@@ -219,8 +225,7 @@ impl Registry {
         self.draining.is_set()
     }
 
-    /// Begins shutdown: idle sessions are closed now (their threads are
-    /// blocked in reads); busy ones close when their work is done (see
+    /// Begins shutdown: idle sessions are closed now (they wait for reads); busy ones close when their work is done (see
     /// [`closable`]).
     pub fn begin_drain(&self) {
         self.draining.set();

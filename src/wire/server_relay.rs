@@ -18,23 +18,26 @@ use super::registry::{closable, SessionHandle, StopReason};
 use super::response_queue::{Desync, Route};
 use super::sasl_plus;
 use super::session_end::End;
+use super::upstream::Upstream;
 use crate::log_text::shown;
 
 /// A write buffer grown past this is replaced once sent.
 const SHRINK_ABOVE: usize = 1024 * 1024;
 
 /// Server → client: frame, match against the response queue, route. Runs
-/// on the session's own thread.
+/// on the session's own thread, reading `conn` (what it holds is the start
+/// of a message still arriving); `server_said_fatal`: the server already
+/// sent a FATAL error.
 pub(super) fn server_to_client(
     proxy: &Proxy,
     handle: &SessionHandle,
     keys: &Mutex<Vec<(i32, Vec<u8>)>>,
+    mut conn: Connection<Arc<Upstream>>,
+    mut server_said_fatal: bool,
 ) -> End {
     let mut client = &*handle.client;
     let state = &*handle.state;
-    let mut conn = Connection::new(Arc::clone(&handle.server), &[]);
     let mut out = BytesMut::new();
-    let mut server_said_fatal = false;
     // A client's stream is settled before its relay starts.
     let plaintext_client = !handle.client.is_tls();
     loop {
@@ -152,24 +155,24 @@ pub(super) fn server_to_client(
 }
 
 /// What one batch of server messages left for the relay to do.
-struct Tracked {
-    fatal: bool,
+pub(super) struct Tracked {
+    pub fatal: bool,
     /// A message held until its ticket is decided.
-    held: Option<Held>,
+    pub held: Option<Held>,
     /// The last message routed streams on: the rest of its body.
-    passing: Option<Passing>,
+    pub passing: Option<Passing>,
 }
 
 /// A message held back from the client while its ticket is decided.
-struct Held {
-    frame: BytesMut,
-    replace: Option<bytes::Bytes>,
-    ticket: HeldTicket,
+pub(super) struct Held {
+    pub frame: BytesMut,
+    pub replace: Option<bytes::Bytes>,
+    pub ticket: HeldTicket,
 }
 
 /// Why the server's side of a session can no longer be followed.
 #[derive(Debug, thiserror::Error)]
-enum LostTrack {
+pub(super) enum LostTrack {
     #[error("upstream protocol violation: {0}")]
     Framing(FrameError),
     #[error(transparent)]
@@ -183,7 +186,7 @@ enum LostTrack {
 /// [`Guard::server_streams`]). An error means the session can no longer
 /// be followed. A `plaintext_client` is never offered SCRAM-SHA-256-PLUS
 /// (see `sasl_plus.rs`).
-fn track_server(
+pub(super) fn track_server(
     proxy: &Proxy,
     guard: &mut dyn Guard,
     keys: &Mutex<Vec<(i32, Vec<u8>)>>,
@@ -262,7 +265,7 @@ fn stream_server(
 
 /// Whether a draining proxy closes the session now (a poisoned state
 /// closes it).
-fn idle(state: &Mutex<Box<dyn Guard>>) -> bool {
+pub(super) fn idle(state: &Mutex<Box<dyn Guard>>) -> bool {
     state.lock().map(|s| closable(s.as_ref())).unwrap_or(true)
 }
 
@@ -272,12 +275,11 @@ fn tell_fatal(mut client: &ClientStream, code: &str, message: &str) {
     let _ = client.write_all(&error_response(Severity::Fatal, code, message, None));
 }
 
+/// What a client is told when the proxy shuts its session down.
+pub(super) const SHUTTING_DOWN: &str = "terminating connection: resumeguard is shutting down";
+
 fn close_for_shutdown(client: &ClientStream) -> End {
-    tell_fatal(
-        client,
-        sqlstate::ADMIN_SHUTDOWN,
-        "terminating connection: resumeguard is shutting down",
-    );
+    tell_fatal(client, sqlstate::ADMIN_SHUTDOWN, SHUTTING_DOWN);
     End::Shutdown
 }
 

@@ -543,6 +543,21 @@ where
         self.started
     }
 
+    /// Only a statement text can make a session's later hooks reach a
+    /// store: a Parse's or a Query's (a Query carries SQL PREPARE and
+    /// DECLARE with their statements).
+    fn may_block(&mut self, frame: &[u8]) -> bool {
+        if !matches!(frame.first(), Some(b'P' | b'Q')) {
+            return false;
+        }
+        match Frontend::read(frame) {
+            Frontend::Parse { sql, .. } | Frontend::Query { sql } => {
+                self.hooks.may_block(&client_text::decode(sql))
+            }
+            _ => false,
+        }
+    }
+
     fn flush(&mut self) {
         self.hooks.flush()
     }

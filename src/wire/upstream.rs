@@ -4,12 +4,13 @@
 //!
 //! Either may carry TLS (see `upstream_tls.rs`; over TCP only).
 //!
-//! Blocking sockets: each session relays on two threads of its own (see
-//! `session.rs`), and both use the one socket through `&self`.
+//! Both directions of a session use the one socket through `&self`: two
+//! relay threads with a blocking socket, or an event loop with a
+//! non-blocking one (see `session.rs`).
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
-use std::os::unix::io::AsRawFd;
+use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
@@ -61,7 +62,8 @@ impl std::fmt::Display for UpstreamAddr {
     }
 }
 
-/// One upstream connection, read by one thread and written by another.
+/// One upstream connection, read by one side of a session's relay and
+/// written by the other.
 pub enum Upstream {
     Tcp(TcpStream),
     Unix(UnixStream),
@@ -85,6 +87,39 @@ impl Upstream {
             Upstream::Tcp(s) => (&*s).write_all(buf),
             Upstream::Unix(s) => (&*s).write_all(buf),
             Upstream::Tls(t) => (&**t).write_all(buf),
+        }
+    }
+
+    /// Writes what the socket takes now (a non-blocking socket may take
+    /// less, or nothing: `WouldBlock`).
+    pub fn write(&self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Upstream::Tcp(s) => (&*s).write(buf),
+            Upstream::Unix(s) => (&*s).write(buf),
+            Upstream::Tls(t) => (&**t).write(buf),
+        }
+    }
+
+    /// The socket of a connection without TLS, for a relay that waits for
+    /// its readiness itself.
+    pub fn plain_fd(&self) -> Option<RawFd> {
+        match self {
+            Upstream::Tcp(s) => Some(s.as_raw_fd()),
+            Upstream::Unix(s) => Some(s.as_raw_fd()),
+            Upstream::Tls(_) => None,
+        }
+    }
+
+    /// Makes reads and writes return at once (`WouldBlock`) or wait; a
+    /// connection without TLS only.
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        match self {
+            Upstream::Tcp(s) => s.set_nonblocking(on),
+            Upstream::Unix(s) => s.set_nonblocking(on),
+            Upstream::Tls(_) => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "a TLS connection stays blocking",
+            )),
         }
     }
 

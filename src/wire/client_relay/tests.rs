@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 
-use super::track_client;
+use super::{track_client, Limits};
 use crate::audit::{AuditSink, SessionContext};
 use crate::enforce::{Enforcement, Legs, SessionGuard};
 use crate::saver::classify::saver_sql::UPSERT_BLOBS;
@@ -68,7 +68,12 @@ pub(in crate::wire) fn session() -> SessionGuard {
 /// Offers the first `have` bytes of `frame` (a pass of the relay).
 fn offer(st: &mut SessionGuard, frame: &[u8], have: usize) -> (usize, Option<Passing>, BytesMut) {
     let mut out = BytesMut::new();
-    let tracked = track_client(st, &frame[..have], &mut out, MAX, false);
+    let limits = Limits {
+        max: MAX,
+        upstream_tls: false,
+        on_loop: false,
+    };
+    let tracked = track_client(st, &frame[..have], &mut out, limits);
     assert_eq!(tracked.refused, None);
     (tracked.ready, tracked.passing, out)
 }

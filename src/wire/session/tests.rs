@@ -1,7 +1,8 @@
 //! Whole connections through `serve_client` on loopback sockets, against
 //! a scripted server that shows what reached it and when: first packets
 //! closed as PostgreSQL closes them, and a client's end-of-file passed on
-//! while the server's answers still come back.
+//! while the server's answers still come back, on an event loop and on
+//! threads. Its helpers serve the event loop's own tests too.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -17,7 +18,7 @@ use crate::wire::proxy::{Proxy, RelayConfig};
 use crate::wire::response_queue::Desync;
 use crate::wire::upstream::UpstreamAddr;
 
-const IO_TIMEOUT: Duration = Duration::from_secs(10);
+pub(in crate::wire) const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Lets everything through: these tests are about the relay's edges.
 struct PassThrough;
@@ -50,6 +51,9 @@ impl Guard for PassThrough {
     fn started(&self) -> bool {
         true
     }
+    fn may_block(&mut self, _: &[u8]) -> bool {
+        false
+    }
     fn flush(&mut self) {}
     fn closed(&mut self) {}
 }
@@ -60,35 +64,49 @@ impl GuardFactory for PassThrough {
     }
 }
 
-fn proxy(upstream: SocketAddr) -> Arc<Proxy> {
+/// A proxy in front of `upstream` whose sessions relay on event loops.
+pub(in crate::wire) fn proxy(upstream: SocketAddr) -> Arc<Proxy> {
+    proxy_with(upstream, 1, Arc::new(PassThrough))
+}
+
+/// A proxy in front of `upstream` with `event_loops` loops (0: sessions
+/// relay on threads) and the guards of `guards`.
+pub(in crate::wire) fn proxy_with(
+    upstream: SocketAddr,
+    event_loops: usize,
+    guards: Arc<dyn GuardFactory>,
+) -> Arc<Proxy> {
     let config = RelayConfig {
         upstream: UpstreamAddr::Tcp(upstream.to_string()),
         connect_timeout: IO_TIMEOUT,
         startup_timeout: IO_TIMEOUT,
+        event_loops,
         ..RelayConfig::default()
     };
-    Arc::new(Proxy::new(config, Arc::new(PassThrough)))
+    Arc::new(Proxy::new(config, guards))
 }
 
 /// An address nothing listens on.
-fn nowhere() -> SocketAddr {
+pub(in crate::wire) fn nowhere() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap()
 }
 
 /// A client connected to a proxy session served on its own thread.
-fn connect_through(proxy: Arc<Proxy>) -> (TcpStream, JoinHandle<()>) {
+pub(in crate::wire) fn connect_through(proxy: Arc<Proxy>) -> (TcpStream, JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
     client.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
     let (accepted, peer) = listener.accept().unwrap();
-    let session = std::thread::spawn(move || serve_client(proxy, accepted, peer, false));
+    proxy.sessions.spawning();
+    let live = proxy.sessions.adopt();
+    let session = std::thread::spawn(move || serve_client(proxy, accepted, peer, false, live));
     (client, session)
 }
 
 /// A server that runs `script` on its one connection; the thread returns
 /// what the script returns.
-fn scripted_server<T: Send + 'static>(
+pub(in crate::wire) fn scripted_server<T: Send + 'static>(
     script: impl FnOnce(TcpStream) -> T + Send + 'static,
 ) -> (SocketAddr, JoinHandle<T>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -101,7 +119,7 @@ fn scripted_server<T: Send + 'static>(
     (addr, server)
 }
 
-fn startup(version: u32) -> Vec<u8> {
+pub(in crate::wire) fn startup(version: u32) -> Vec<u8> {
     let body = b"user\0alice\0database\0db\0\0";
     let mut p = ((8 + body.len()) as i32).to_be_bytes().to_vec();
     p.extend_from_slice(&version.to_be_bytes());
@@ -109,32 +127,32 @@ fn startup(version: u32) -> Vec<u8> {
     p
 }
 
-fn message(tag: u8, body: &[u8]) -> Vec<u8> {
+pub(in crate::wire) fn message(tag: u8, body: &[u8]) -> Vec<u8> {
     let mut m = vec![tag];
     m.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
     m.extend_from_slice(body);
     m
 }
 
-fn read_exact_vec(sock: &mut TcpStream, n: usize) -> Vec<u8> {
+pub(in crate::wire) fn read_exact_vec(sock: &mut TcpStream, n: usize) -> Vec<u8> {
     let mut buf = vec![0; n];
     sock.read_exact(&mut buf).unwrap();
     buf
 }
 
 /// Reads one length-prefixed first packet, or one typed message.
-fn read_packet(sock: &mut TcpStream) -> Vec<u8> {
+pub(in crate::wire) fn read_packet(sock: &mut TcpStream) -> Vec<u8> {
     let len = read_exact_vec(sock, 4);
     let n = i32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
     [len, read_exact_vec(sock, n - 4)].concat()
 }
 
-fn read_message(sock: &mut TcpStream) -> Vec<u8> {
+pub(in crate::wire) fn read_message(sock: &mut TcpStream) -> Vec<u8> {
     let tag = read_exact_vec(sock, 1);
     [tag, read_packet(sock)].concat()
 }
 
-fn read_to_end(sock: &mut TcpStream) -> Vec<u8> {
+pub(in crate::wire) fn read_to_end(sock: &mut TcpStream) -> Vec<u8> {
     let mut out = Vec::new();
     sock.read_to_end(&mut out).unwrap();
     out
@@ -142,6 +160,12 @@ fn read_to_end(sock: &mut TcpStream) -> Vec<u8> {
 
 #[test]
 fn a_half_closed_client_gets_the_answers_sent_after_its_end() {
+    for event_loops in [0, 1] {
+        half_closed_client_gets_the_answers_sent_after_its_end(event_loops);
+    }
+}
+
+fn half_closed_client_gets_the_answers_sent_after_its_end(event_loops: usize) {
     let login = [message(b'R', &[0, 0, 0, 0]), message(b'Z', b"I")].concat();
     let answer = [message(b'C', b"SELECT 1\0"), message(b'Z', b"I")].concat();
     let (login_sent, answer_sent) = (login.clone(), answer.clone());
@@ -155,7 +179,7 @@ fn a_half_closed_client_gets_the_answers_sent_after_its_end() {
         sock.write_all(&answer_sent).unwrap();
         (first, query, after)
     });
-    let (mut client, session) = connect_through(proxy(addr));
+    let (mut client, session) = connect_through(proxy_with(addr, event_loops, Arc::new(PassThrough)));
     let query = message(b'Q', b"select 1\0");
     client.write_all(&startup(196_608)).unwrap();
     client.write_all(&query).unwrap();
@@ -172,6 +196,12 @@ fn a_half_closed_client_gets_the_answers_sent_after_its_end() {
 
 #[test]
 fn a_startup_then_end_of_file_gets_the_whole_login() {
+    for event_loops in [0, 1] {
+        startup_then_end_of_file_gets_the_whole_login(event_loops);
+    }
+}
+
+fn startup_then_end_of_file_gets_the_whole_login(event_loops: usize) {
     let login = [message(b'R', &[0, 0, 0, 0]), message(b'Z', b"I")].concat();
     let sent = login.clone();
     let (addr, server) = scripted_server(move |mut sock| {
@@ -180,7 +210,7 @@ fn a_startup_then_end_of_file_gets_the_whole_login() {
         sock.write_all(&sent).unwrap();
         after
     });
-    let (mut client, session) = connect_through(proxy(addr));
+    let (mut client, session) = connect_through(proxy_with(addr, event_loops, Arc::new(PassThrough)));
     client.write_all(&startup(196_608)).unwrap();
     client.shutdown(Shutdown::Write).unwrap();
     assert_eq!(read_to_end(&mut client), login);

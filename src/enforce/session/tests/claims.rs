@@ -446,3 +446,27 @@ fn an_interrupt_write_whose_text_is_not_utf8_is_still_seen() {
         "the write parked its head"
     );
 }
+
+#[test]
+fn only_texts_naming_saver_tables_may_block_and_only_with_consume_once_on() {
+    use crate::wire::guard::Guard;
+    let query = |sql: &str| msg(b'Q', format!("{sql}\0").as_bytes());
+    let pgbench = "SELECT abalance FROM pgbench_accounts WHERE aid = 7";
+    let prepare = format!("PREPARE r AS {READ_SQL}");
+    let mut claiming = claiming_state(&[], "app");
+    for (frame, blocks) in [
+        (parse("s", READ_SQL), true),
+        (parse("w", WRITE_SQL), true),
+        (query(&prepare), true),
+        (parse("p", pgbench), false),
+        (query(pgbench), false),
+        (bind("s", &[], &[Some(b"t1"), Some(b"")], &[1]), false),
+        (execute(), false),
+    ] {
+        assert_eq!(claiming.0.may_block(&frame), blocks, "{frame:?}");
+    }
+    // Without consume-once no hook reaches a store.
+    let mut plain = state();
+    assert!(!plain.0.may_block(&parse("s", READ_SQL)));
+    assert!(!plain.0.may_block(&query(&prepare)));
+}
