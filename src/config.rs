@@ -59,7 +59,8 @@ pub struct Config {
     pub max_message_bytes: usize,
     /// Client connections served at once; more are refused with 53300.
     pub max_client_conn: usize,
-    /// Event loops relaying sessions without TLS (default: one per core);
+    /// Event loops relaying sessions without TLS (default: one per two
+    /// cores);
     /// 0: every session relays on two threads of its own.
     pub event_loops: usize,
     pub audit: AuditConfig,

@@ -1,6 +1,7 @@
-//! The relay's event loops: one thread per core, each waiting on the
-//! sockets of many sessions at once (epoll, through `mio`), so one wake-up
-//! serves whatever became ready on any of them, as PgBouncer's loop does.
+//! The relay's event loops (`event_loops`, one per two cores by default):
+//! threads each waiting on the sockets of many sessions at once (epoll,
+//! through `mio`), so one wake-up serves whatever became ready on any of
+//! them, as PgBouncer's loop does.
 //! A thread per direction per session instead wakes for every message
 //! (docs/performance.md, "Where the CPU goes").
 //!
@@ -13,9 +14,9 @@
 //! at its deadline is ended as a thread's timed-out read would end it.
 
 use std::io;
+use std::os::unix::io::AsRawFd;
 use std::os::unix::io::RawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::os::unix::io::AsRawFd;
 use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -72,6 +73,7 @@ impl EventLoops {
                 waker: Arc::clone(&waker),
                 sessions: Slab::new(),
                 starting: Vec::new(),
+                again: Vec::new(),
             };
             std::thread::Builder::new()
                 .name(format!("rg-loop-{n}"))
@@ -93,9 +95,13 @@ impl EventLoops {
     /// Hands a session to the next loop. A session without TLS on either
     /// side can be served by one; another, or one no loop took, comes
     /// back.
-    pub(super) fn adopt(&self, session: Relayed, relay: Relay) -> Result<(), Box<(Relayed, Relay)>> {
-        let plain = session.handle.client.plain().is_some()
-            && session.handle.server.plain_fd().is_some();
+    pub(super) fn adopt(
+        &self,
+        session: Relayed,
+        relay: Relay,
+    ) -> Result<(), Box<(Relayed, Relay)>> {
+        let plain =
+            session.handle.client.plain().is_some() && session.handle.server.plain_fd().is_some();
         if !plain || nonblocking(&session, true).is_err() {
             let _ = nonblocking(&session, false);
             return Err(Box::new((session, relay)));
@@ -146,6 +152,9 @@ struct Worker {
     /// The sessions still authenticating (key and id), whose startup
     /// deadline the loop keeps.
     starting: Vec<(usize, u64)>,
+    /// The sessions that yielded with more to move (key and id): driven
+    /// again after the next wait, which then does not wait.
+    again: Vec<(usize, u64)>,
 }
 
 /// The sockets of a session: the client's token is `2 × key`, the
@@ -159,9 +168,13 @@ impl Worker {
         let mut events = Events::with_capacity(EVENTS);
         let mut orphaned = false;
         loop {
-            let timeout = self.next_deadline().map(|at| {
-                at.saturating_duration_since(Instant::now()) + Duration::from_millis(1)
-            });
+            let timeout = if self.again.is_empty() {
+                self.next_deadline().map(|at| {
+                    at.saturating_duration_since(Instant::now()) + Duration::from_millis(1)
+                })
+            } else {
+                Some(Duration::ZERO)
+            };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() != io::ErrorKind::Interrupted {
                     tracing::error!(error = %e, "an event loop cannot wait: its sessions end");
@@ -184,6 +197,11 @@ impl Worker {
             }
             orphaned |= self.take_sessions();
             self.take_decisions();
+            for (key, id) in std::mem::take(&mut self.again) {
+                if self.sessions.get(key).is_some_and(|s| s.session.id == id) {
+                    self.drive(key);
+                }
+            }
             self.end_overdue();
             if orphaned && self.sessions.is_empty() {
                 return;
@@ -242,24 +260,26 @@ impl Worker {
         let Some(s) = self.sessions.get_mut(key) else {
             return;
         };
-        match s.drive() {
-            Next::Waits => {
-                let Some(ticket) = s.ticket_to_decide() else {
-                    return;
-                };
-                let (id, server) = (s.session.id, Arc::clone(&s.session.handle.server));
-                if let Err(e) = self.decide(key, id, Arc::clone(&ticket.0), Arc::clone(&server)) {
-                    tracing::error!(error = %e, "cannot start a thread to decide a claim: \
-                        deciding it on the event loop, whose other sessions wait meanwhile");
-                    ticket.0.decide(&|| server.peer_closed());
-                    if let Some(s) = self.sessions.get_mut(key) {
-                        s.decided();
-                    }
-                    self.drive(key);
-                }
+        let next = s.drive();
+        let (id, ticket) = (s.session.id, s.ticket_to_decide());
+        let server = Arc::clone(&s.session.handle.server);
+        match next {
+            Next::Waits => {}
+            Next::Yields => self.again.push((key, id)),
+            Next::Ended(end) => return self.end(key, end),
+            Next::ToThreads => return self.move_to_threads(key),
+        }
+        let Some(ticket) = ticket else {
+            return;
+        };
+        if let Err(e) = self.decide(key, id, Arc::clone(&ticket.0), Arc::clone(&server)) {
+            tracing::error!(error = %e, "cannot start a thread to decide a claim: deciding it \
+                on the event loop, whose other sessions wait meanwhile");
+            ticket.0.decide(&|| server.peer_closed());
+            if let Some(s) = self.sessions.get_mut(key) {
+                s.decided();
             }
-            Next::Ended(end) => self.end(key, end),
-            Next::ToThreads => self.move_to_threads(key),
+            self.drive(key);
         }
     }
 

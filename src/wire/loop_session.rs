@@ -67,10 +67,16 @@ enum Step {
     ToThreads,
 }
 
+/// Rounds of steps one drive takes before the loop's other sessions get
+/// their turn (each moves at most one read per direction).
+const TURN: usize = 32;
+
 /// Where the loop takes a session after driving it.
 pub(super) enum Next {
     /// It waits for its sockets on the loop.
     Waits,
+    /// It has more to move, after the loop's other sessions had a turn.
+    Yields,
     Ended(End),
     /// It relays on threads from here (see [`LoopSession::into_threads`]).
     ToThreads,
@@ -140,7 +146,6 @@ impl LoopSession {
         self.to_decide.take()
     }
 
-
     /// Whether authentication is still going on past `now`'s deadline.
     pub fn startup_overdue(&mut self, now: Instant) -> bool {
         if !self.started {
@@ -169,7 +174,7 @@ impl LoopSession {
     }
 
     fn drive_steps(&mut self) -> Next {
-        loop {
+        for _ in 0..TURN {
             if let Some(end) = self.stopped() {
                 return Next::Ended(end);
             }
@@ -193,6 +198,7 @@ impl LoopSession {
                 return Next::Waits;
             }
         }
+        Next::Yields
     }
 
     /// How the session ends when it was told to stop, or when a draining
@@ -204,8 +210,7 @@ impl LoopSession {
             None => {}
         }
         let drained = self.relay.pending.to_client.is_empty() && self.held.is_none();
-        if self.session.proxy.sessions.draining() && drained && idle(&self.session.handle.state)
-        {
+        if self.session.proxy.sessions.draining() && drained && idle(&self.session.handle.state) {
             return Some(self.close_for_shutdown());
         }
         None
@@ -304,7 +309,8 @@ impl LoopSession {
         if let Some(end) = self.stopped() {
             return end;
         }
-        let fatal = |msg: &str| error_response(Severity::Fatal, sqlstate::CONNECTION_FAILURE, msg, None);
+        let fatal =
+            |msg: &str| error_response(Severity::Fatal, sqlstate::CONNECTION_FAILURE, msg, None);
         match error {
             None if self.session.handle.client_left() => End::ClientClosed,
             None => {

@@ -43,9 +43,12 @@ pub struct RelayConfig {
     pub event_loops: usize,
 }
 
-/// One event loop per core.
+/// One event loop per two cores (at least one): a proxy shares its host
+/// with the database or its clients, and on two cores one loop served
+/// more sessions per wake-up and spent less CPU per transaction than two
+/// (docs/performance.md, "Where the CPU goes").
 pub fn default_event_loops() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    std::thread::available_parallelism().map_or(1, |n| n.get().div_ceil(2))
 }
 
 impl Default for RelayConfig {

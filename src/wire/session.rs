@@ -2,8 +2,8 @@
 //! messages, client→server and server→client, sharing the session's
 //! protocol state.
 //!
-//! Where it relays: a session without TLS goes to an event loop (one per
-//! core, each serving many sessions; see `event_loop.rs`), which wakes
+//! Where it relays: a session without TLS goes to an event loop (each
+//! serving many sessions; see `event_loop.rs`), which wakes
 //! once for whatever is ready on any of them, where a thread per
 //! direction wakes for every message (docs/performance.md, "Where the CPU
 //! goes"). A session moves from its loop to threads of its own before its

@@ -179,7 +179,8 @@ fn half_closed_client_gets_the_answers_sent_after_its_end(event_loops: usize) {
         sock.write_all(&answer_sent).unwrap();
         (first, query, after)
     });
-    let (mut client, session) = connect_through(proxy_with(addr, event_loops, Arc::new(PassThrough)));
+    let (mut client, session) =
+        connect_through(proxy_with(addr, event_loops, Arc::new(PassThrough)));
     let query = message(b'Q', b"select 1\0");
     client.write_all(&startup(196_608)).unwrap();
     client.write_all(&query).unwrap();
@@ -210,7 +211,8 @@ fn startup_then_end_of_file_gets_the_whole_login(event_loops: usize) {
         sock.write_all(&sent).unwrap();
         after
     });
-    let (mut client, session) = connect_through(proxy_with(addr, event_loops, Arc::new(PassThrough)));
+    let (mut client, session) =
+        connect_through(proxy_with(addr, event_loops, Arc::new(PassThrough)));
     client.write_all(&startup(196_608)).unwrap();
     client.shutdown(Shutdown::Write).unwrap();
     assert_eq!(read_to_end(&mut client), login);
