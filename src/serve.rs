@@ -29,6 +29,7 @@ use resumeguard::pg::{connection_string, upstream_addr};
 use resumeguard::pg::{PgTarget, DEFAULT_SCHEMA};
 use resumeguard::policy::ChannelRules;
 use resumeguard::wire::draining::Draining;
+use resumeguard::wire::event_loop::EventLoops;
 use resumeguard::wire::upstream::UpstreamAddr;
 use resumeguard::wire::{listener, proxy::Proxy};
 
@@ -198,11 +199,7 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
                 chain_check: ChainCheck::default(),
                 control: Some(Arc::clone(&reloader) as Arc<dyn AdminControl>),
             };
-            // The relay's loops start with the proxy, not with its first
-            // session: their descriptors and threads are part of its base.
-            if let Some(loops) = proxy.event_loops() {
-                tracing::info!(event_loops = loops.count(), "relay event loops started");
-            }
+            let loops = EventLoops::configured(proxy.config.event_loops);
             let nofile = open_file_limit(proxy.config.max_client_conn);
             let admin_limits = AdminLimits::new(cfg.admin.max_connections, nofile);
             let max_connections = admin_limits.max_connections;
@@ -247,6 +244,7 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
             });
             let main_loop = listener::run(
                 Arc::clone(&proxy),
+                loops.clone(),
                 listener,
                 false,
                 stopped(stop_rx.clone()),
@@ -254,7 +252,7 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
             let inspection_loop = async {
                 if let Some(l) = inspection {
                     let stop = stopped(stop_rx.clone());
-                    listener::run(Arc::clone(&proxy), l, true, stop).await;
+                    listener::run(Arc::clone(&proxy), loops.clone(), l, true, stop).await;
                 }
             };
             tokio::join!(main_loop, inspection_loop);

@@ -27,7 +27,7 @@ use slab::Slab;
 
 use super::guard::Ticket;
 use super::loop_session::{LoopSession, Next};
-use super::session::{Relay, Relayed, THREAD_STACK};
+use super::relayed::{Relay, Relayed, THREAD_STACK};
 use super::session_end::End;
 use super::upstream::Upstream;
 
@@ -87,9 +87,24 @@ impl EventLoops {
         })
     }
 
-    /// How many loops there are.
-    pub fn count(&self) -> usize {
-        self.loops.len()
+    /// The loops `count` asks for (none for 0); when they cannot start,
+    /// none either, said as an ERROR: sessions then relay on threads of
+    /// their own.
+    pub fn configured(count: usize) -> Option<Arc<EventLoops>> {
+        if count == 0 {
+            return None;
+        }
+        match EventLoops::start(count) {
+            Ok(loops) => {
+                tracing::info!(event_loops = count, "relay event loops started");
+                Some(Arc::new(loops))
+            }
+            Err(e) => {
+                tracing::error!(error = %e, event_loops = count,
+                    "cannot start the event loops: sessions relay on threads of their own");
+                None
+            }
+        }
     }
 
     /// Hands a session to the next loop. A session without TLS on either

@@ -7,10 +7,12 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 
+use super::event_loop::EventLoops;
 use super::messages::error_response::{error_response, Severity};
 use super::messages::sqlstate;
 use super::proxy::Proxy;
-use super::session::{serve_client, THREAD_STACK};
+use super::relayed::THREAD_STACK;
+use super::session::serve_client;
 
 /// How often the drain looks at the count of live sessions.
 const DRAIN_POLL: Duration = Duration::from_millis(20);
@@ -18,9 +20,11 @@ const DRAIN_POLL: Duration = Duration::from_millis(20);
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 /// Accepts connections until `stop` resolves. Each session starts on a
-/// thread of its own (see `session.rs` for where it relays). Sessions of an `inspection` listener never claim.
+/// thread of its own, and relays on one of the `loops` when it can (see
+/// `session.rs`). Sessions of an `inspection` listener never claim.
 pub async fn run(
     proxy: Arc<Proxy>,
+    loops: Option<Arc<EventLoops>>,
     listener: TcpListener,
     inspection: bool,
     stop: impl std::future::Future<Output = ()>,
@@ -30,7 +34,9 @@ pub async fn run(
         tokio::select! {
             _ = &mut stop => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => spawn_session(&proxy, stream, peer, inspection),
+                Ok((stream, peer)) => {
+                    spawn_session(&proxy, loops.as_ref(), stream, peer, inspection)
+                }
                 Err(e) => {
                     // Out of descriptors and the like: back off, keep serving.
                     tracing::warn!(error = %e, "accept failed");
@@ -43,6 +49,7 @@ pub async fn run(
 
 fn spawn_session(
     proxy: &Arc<Proxy>,
+    loops: Option<&Arc<EventLoops>>,
     stream: tokio::net::TcpStream,
     peer: std::net::SocketAddr,
     inspection: bool,
@@ -67,12 +74,20 @@ fn spawn_session(
     };
     proxy.sessions.spawning();
     let for_thread = Arc::clone(proxy);
+    let loops = loops.cloned();
     let spawned = std::thread::Builder::new()
         .name("rg-session".into())
         .stack_size(THREAD_STACK)
         .spawn(move || {
             let live = for_thread.sessions.adopt();
-            serve_client(Arc::clone(&for_thread), stream, peer, inspection, live);
+            serve_client(
+                Arc::clone(&for_thread),
+                loops,
+                stream,
+                peer,
+                inspection,
+                live,
+            );
         });
     if let Err(e) = spawned {
         // The closure never ran: undo the count it would have dropped.

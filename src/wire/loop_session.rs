@@ -20,8 +20,8 @@ use super::guard::HeldTicket;
 use super::messages::error_response::{error_response, Severity};
 use super::messages::sqlstate;
 use super::registry::{closable, StopReason};
+use super::relayed::{Relay, Relayed};
 use super::server_relay::{idle, track_server, Held, SHUTTING_DOWN};
-use super::session::{Relay, Relayed};
 use super::session_end::End;
 use crate::log_text::shown;
 

@@ -21,6 +21,7 @@ pub mod proxy;
 pub mod refusal;
 pub mod registry;
 pub mod reject;
+mod relayed;
 pub mod response_queue;
 pub mod sasl_plus;
 pub mod server_cert_verifier;

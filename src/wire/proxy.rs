@@ -2,7 +2,7 @@
 //! guard factory, the cancel-key registry, the live sessions.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -10,7 +10,6 @@ use dashmap::DashMap;
 
 use crate::wire::client_stream::ClientTls;
 use crate::wire::draining::Draining;
-use crate::wire::event_loop::EventLoops;
 use crate::wire::guard::GuardFactory;
 use crate::wire::keepalive::Keepalive;
 use crate::wire::messages::startup::write_cancel_request;
@@ -79,8 +78,6 @@ pub struct Proxy {
     pub next_session_id: AtomicU64,
     /// Live sessions, for draining at shutdown.
     pub sessions: Registry,
-    /// The event loops, started with the first session that needs them.
-    loops: OnceLock<Option<EventLoops>>,
 }
 
 impl Proxy {
@@ -91,25 +88,7 @@ impl Proxy {
             cancel_keys: DashMap::new(),
             next_session_id: AtomicU64::new(1),
             sessions: Registry::default(),
-            loops: OnceLock::new(),
         }
-    }
-
-    /// The event loops sessions relay on, started on first use; none when
-    /// configured so, or when they cannot start (said once, as an ERROR:
-    /// sessions then relay on threads).
-    pub fn event_loops(&self) -> Option<&EventLoops> {
-        self.loops
-            .get_or_init(|| match self.config.event_loops {
-                0 => None,
-                n => EventLoops::start(n)
-                    .inspect_err(|e| {
-                        tracing::error!(error = %e, loops = n,
-                            "cannot start the event loops: sessions relay on threads of their own")
-                    })
-                    .ok(),
-            })
-            .as_ref()
     }
 
     /// The same proxy, with a shutdown flag shared with what grants its

@@ -11,14 +11,15 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::wire::event_loop::EventLoops;
 use crate::wire::guard::{
     ClientError, ClientStep, Guard, GuardFactory, HeldTicket, ServerStep, SessionInfo, Ticket,
 };
 use crate::wire::proxy::{Proxy, RelayConfig};
 use crate::wire::response_queue::Desync;
 use crate::wire::session::tests::{
-    connect_through, message, proxy_with, read_message, read_packet, read_to_end, startup,
-    IO_TIMEOUT,
+    connect_through, connect_through_loops, message, proxy_with, read_message, read_packet,
+    read_to_end, scripted_server, startup, IO_TIMEOUT,
 };
 use crate::wire::upstream::UpstreamAddr;
 
@@ -186,7 +187,13 @@ fn answer() -> Vec<u8> {
 
 /// Logs in through the proxy: the client socket, past the login.
 fn logged_in(proxy: Arc<Proxy>) -> (TcpStream, JoinHandle<()>) {
-    let (mut client, session) = connect_through(proxy);
+    let loops = EventLoops::configured(proxy.config.event_loops);
+    logged_in_on(proxy, loops)
+}
+
+/// Logs in through the proxy, relayed on `loops`.
+fn logged_in_on(proxy: Arc<Proxy>, loops: Option<Arc<EventLoops>>) -> (TcpStream, JoinHandle<()>) {
+    let (mut client, session) = connect_through_loops(proxy, loops);
     client.write_all(&startup(196_608)).unwrap();
     for expected in [b'R', b'Z'] {
         assert_eq!(read_message(&mut client)[0], expected);
@@ -255,8 +262,9 @@ fn a_held_row_waits_off_the_loop_while_its_other_sessions_go_on() {
     };
     // One loop serves both sessions.
     let proxy = proxy_with(addr, 1, guards(vec![holding, Watching::new()]));
-    let (mut held, held_session) = logged_in(Arc::clone(&proxy));
-    let (mut other, other_session) = logged_in(proxy);
+    let one_loop = EventLoops::configured(1);
+    let (mut held, held_session) = logged_in_on(Arc::clone(&proxy), one_loop.clone());
+    let (mut other, other_session) = logged_in_on(proxy, one_loop);
     held.write_all(&message(b'Q', b"select 1\0")).unwrap();
     // The other session is answered while the first one's row waits.
     for _ in 0..3 {
@@ -283,11 +291,7 @@ fn a_held_row_waits_off_the_loop_while_its_other_sessions_go_on() {
 #[test]
 fn authentication_on_a_loop_ends_at_its_deadline() {
     for event_loops in [0, 1] {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let server = std::thread::spawn(move || {
-            let (mut sock, _) = listener.accept().unwrap();
-            sock.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        let (addr, server) = scripted_server(|mut sock| {
             read_packet(&mut sock);
             // Asks for a password, and waits.
             sock.write_all(&message(b'R', &[0, 0, 0, 3])).unwrap();
@@ -319,4 +323,36 @@ fn authentication_on_a_loop_ends_at_its_deadline() {
         session.join().unwrap();
         assert_eq!(server.join().unwrap(), b"", "{event_loops} loops");
     }
+}
+
+#[test]
+fn a_client_that_does_not_read_stops_its_loop_reading_the_server() {
+    const FLOOD: usize = 128 << 20;
+    let (addr, server) = scripted_server(|mut sock| {
+        read_packet(&mut sock);
+        sock.write_all(&login()).unwrap();
+        read_message(&mut sock);
+        // Rows until the proxy stops taking them: how much went.
+        sock.set_write_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        let row = message(b'D', &[0u8; 65_536]);
+        let mut sent = 0;
+        while sent < FLOOD {
+            if sock.write_all(&row).is_err() {
+                break;
+            }
+            sent += row.len();
+        }
+        sent
+    });
+    let (mut client, session) = logged_in(proxy_with(addr, 1, guards(vec![Watching::new()])));
+    client.write_all(&message(b'Q', b"select rows\0")).unwrap();
+    let sent = server.join().unwrap();
+    // What the sockets' buffers hold, and one read of the proxy's.
+    assert!(
+        sent < FLOOD / 4,
+        "{sent} bytes went to a client that reads nothing"
+    );
+    drop(client);
+    session.join().unwrap();
 }

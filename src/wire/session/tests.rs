@@ -13,6 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::serve_client;
+use crate::wire::event_loop::EventLoops;
 use crate::wire::guard::{ClientError, ClientStep, Guard, GuardFactory, ServerStep, SessionInfo};
 use crate::wire::proxy::{Proxy, RelayConfig};
 use crate::wire::response_queue::Desync;
@@ -92,15 +93,27 @@ pub(in crate::wire) fn nowhere() -> SocketAddr {
     listener.local_addr().unwrap()
 }
 
-/// A client connected to a proxy session served on its own thread.
+/// A client connected to a proxy session served on its own thread (and
+/// relayed on an event loop when the proxy's configuration has any).
 pub(in crate::wire) fn connect_through(proxy: Arc<Proxy>) -> (TcpStream, JoinHandle<()>) {
+    let loops = EventLoops::configured(proxy.config.event_loops);
+    connect_through_loops(proxy, loops)
+}
+
+/// A client connected to a proxy session served on its own thread and
+/// relayed on `loops` (when there are any).
+pub(in crate::wire) fn connect_through_loops(
+    proxy: Arc<Proxy>,
+    loops: Option<Arc<EventLoops>>,
+) -> (TcpStream, JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
     client.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
     let (accepted, peer) = listener.accept().unwrap();
     proxy.sessions.spawning();
     let live = proxy.sessions.adopt();
-    let session = std::thread::spawn(move || serve_client(proxy, accepted, peer, false, live));
+    let session =
+        std::thread::spawn(move || serve_client(proxy, loops, accepted, peer, false, live));
     (client, session)
 }
 
