@@ -49,17 +49,21 @@ struct LoopHandle {
     waker: Arc<Waker>,
 }
 
-/// A held message's ticket was decided: of session `key` (the session
-/// with this id, should the key have been reused).
+/// The ticket of session `key`'s held message is decided (`id` tells
+/// that session from a later one given the same key).
 struct Decided {
     key: usize,
     id: u64,
 }
 
 impl EventLoops {
-    /// Starts `count` loops (at least one).
+    /// Starts `count` loops (at least one); when one cannot start, those
+    /// started end.
     pub fn start(count: usize) -> io::Result<EventLoops> {
-        let mut loops = Vec::with_capacity(count.max(1));
+        let mut started = EventLoops {
+            loops: Vec::with_capacity(count.max(1)),
+            next: AtomicUsize::new(0),
+        };
         for n in 0..count.max(1) {
             let poll = Poll::new()?;
             let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
@@ -79,12 +83,9 @@ impl EventLoops {
                 .name(format!("rg-loop-{n}"))
                 .stack_size(THREAD_STACK)
                 .spawn(move || worker.run())?;
-            loops.push(LoopHandle { adopt, waker });
+            started.loops.push(LoopHandle { adopt, waker });
         }
-        Ok(EventLoops {
-            loops,
-            next: AtomicUsize::new(0),
-        })
+        Ok(started)
     }
 
     /// The loops `count` asks for (none for 0); when they cannot start,
@@ -117,7 +118,11 @@ impl EventLoops {
     ) -> Result<(), Box<(Relayed, Relay)>> {
         let plain =
             session.handle.client.plain().is_some() && session.handle.server.plain_fd().is_some();
-        if !plain || nonblocking(&session, true).is_err() {
+        if !plain {
+            return Err(Box::new((session, relay)));
+        }
+        if let Err(e) = nonblocking(&session, true) {
+            tracing::warn!(error = %e, "a session's sockets stay blocking: it relays on threads");
             let _ = nonblocking(&session, false);
             return Err(Box::new((session, relay)));
         }

@@ -22,9 +22,10 @@ use super::session_end::End;
 use super::upstream::Upstream;
 use crate::log_text::shown;
 
-/// Stack of each relay thread: the deepest paths are sqlparser's recursive
-/// descent (its own depth limit applies) and SQLite; only touched pages
-/// count as resident.
+/// Stack of each thread that runs a session's guard (relay threads, event
+/// loops, decisions): the deepest paths are sqlparser's recursive descent
+/// (its own depth limit applies) and SQLite; only touched pages count as
+/// resident.
 pub const THREAD_STACK: usize = 1024 * 1024;
 
 /// A session past its startup packet, wherever it relays: what ends it
