@@ -8,7 +8,8 @@
 //! from it waits to be written, so a session buffers at most one read
 //! per direction (plus what the guard put in place of it).
 
-use std::io::{ErrorKind, Write};
+use std::io::{ErrorKind, Read, Write};
+use std::ops::Deref;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,12 +17,13 @@ use std::time::Instant;
 use bytes::BytesMut;
 
 use super::client_relay::{track_client, Limits, Refused, MAX_PRE_AUTH_MESSAGE};
+use super::connection::Connection;
 use super::guard::HeldTicket;
 use super::messages::error_response::{error_response, Severity};
 use super::messages::sqlstate;
 use super::registry::{closable, StopReason};
 use super::relayed::{Relay, Relayed};
-use super::server_relay::{idle, track_server, Held, SHUTTING_DOWN};
+use super::server_relay::{idle, track_server, Held, SHRINK_ABOVE, SHUTTING_DOWN};
 use super::session_end::End;
 use crate::log_text::shown;
 
@@ -280,25 +282,14 @@ impl LoopSession {
         if !self.relay.pending.to_client.is_empty() || !self.server_ready.read {
             return Step::Stuck;
         }
-        match self.relay.server.read() {
-            Ok(n) if n > 0 => {
-                if !self.relay.server.read_filled() {
-                    self.server_ready.read_short();
-                }
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                self.server_ready.read = false;
-                return Step::Stuck;
-            }
-            Err(e) if e.kind() == ErrorKind::Interrupted => return Step::Moved,
-            read => return Step::Ended(self.server_gone(read.err())),
+        match read_ready(&mut self.relay.server, &mut self.server_ready) {
+            Got::Bytes => {}
+            Got::Nothing => return Step::Stuck,
+            Got::Again => return Step::Moved,
+            Got::End => return Step::Ended(self.server_gone(None)),
+            Got::Failed(e) => return Step::Ended(self.server_gone(Some(e))),
         }
-        let to_client = &mut self.relay.pending.to_client;
-        let streaming = self.relay.server.pass_streaming(|chunk| {
-            to_client.extend_from_slice(chunk);
-            Ok(())
-        });
-        if let Ok(true) = streaming {
+        if stream_into(&mut self.relay.server, &mut self.relay.pending.to_client) {
             return Step::Moved;
         }
         self.route_server()
@@ -434,35 +425,23 @@ impl LoopSession {
             if !self.client_ready.read {
                 return Step::Stuck;
             }
-            match self.relay.client.read() {
-                Ok(0) => {
+            match read_ready(&mut self.relay.client, &mut self.client_ready) {
+                Got::Bytes => {}
+                Got::Nothing => return Step::Stuck,
+                Got::Again => return Step::Moved,
+                Got::End => {
                     // Passed on as PostgreSQL's own client would end; the
                     // server's answers still come back until it closes.
                     self.client_done = true;
                     self.session.handle.client_finished();
                     return Step::Moved;
                 }
-                Ok(_) => {
-                    if !self.relay.client.read_filled() {
-                        self.client_ready.read_short();
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    self.client_ready.read = false;
-                    return Step::Stuck;
-                }
-                Err(e) if e.kind() == ErrorKind::Interrupted => return Step::Moved,
-                Err(e) => return Step::Ended(End::Error(format!("client read: {e}"))),
+                Got::Failed(e) => return Step::Ended(End::Error(format!("client read: {e}"))),
             }
             read = true;
         }
         self.relay.read_client = true;
-        let to_server = &mut self.relay.pending.to_server;
-        let streaming = self.relay.client.pass_streaming(|chunk| {
-            to_server.extend_from_slice(chunk);
-            Ok(())
-        });
-        if let Ok(true) = streaming {
+        if stream_into(&mut self.relay.client, &mut self.relay.pending.to_server) {
             return Step::Moved;
         }
         self.route_client(read)
@@ -562,6 +541,55 @@ impl LoopSession {
     }
 }
 
+/// What one non-blocking read of a side brought.
+enum Got {
+    Bytes,
+    /// Nothing waits (the side's readiness is cleared).
+    Nothing,
+    /// A signal came first: read again.
+    Again,
+    /// The peer's end.
+    End,
+    Failed(std::io::Error),
+}
+
+/// Reads `conn` once, keeping its readiness (`ready`) as the read found it.
+fn read_ready<S>(conn: &mut Connection<S>, ready: &mut Ready) -> Got
+where
+    S: Deref,
+    for<'a> &'a S::Target: Read,
+{
+    match conn.read() {
+        Ok(0) => Got::End,
+        Ok(_) => {
+            if !conn.read_filled() {
+                ready.read_short();
+            }
+            Got::Bytes
+        }
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+            ready.read = false;
+            Got::Nothing
+        }
+        Err(e) if e.kind() == ErrorKind::Interrupted => Got::Again,
+        Err(e) => Got::Failed(e),
+    }
+}
+
+/// Moves what `conn` holds of a message streaming past the guard into
+/// `pending` (unless it is dropped): true while more of it is to come.
+fn stream_into<S>(conn: &mut Connection<S>, pending: &mut BytesMut) -> bool
+where
+    S: Deref,
+    for<'a> &'a S::Target: Read,
+{
+    let streaming = conn.pass_streaming(|chunk| {
+        pending.extend_from_slice(chunk);
+        Ok(())
+    });
+    matches!(streaming, Ok(true))
+}
+
 /// Writes `bytes` now as far as the socket takes them, keeping the rest
 /// in `pending` (after what already waits there).
 fn send(
@@ -612,9 +640,6 @@ fn write_some(
     }
     Ok(wrote)
 }
-
-/// A write buffer grown past this is replaced once drained.
-const SHRINK_ABOVE: usize = 1024 * 1024;
 
 #[cfg(test)]
 mod tests;

@@ -22,7 +22,7 @@ use super::upstream::Upstream;
 use crate::log_text::shown;
 
 /// A write buffer grown past this is replaced once sent.
-const SHRINK_ABOVE: usize = 1024 * 1024;
+pub(super) const SHRINK_ABOVE: usize = 1024 * 1024;
 
 /// Server → client: frame, match against the response queue, route. Runs
 /// on the session's own thread, reading `conn` (what it holds is the start
