@@ -500,15 +500,15 @@ mod tests {
                 fence_lookups: Arc::default(),
             })
         });
-        let enforcement = Reloadable::new(Enforcement {
-            classifier: rules.classifier,
-            legs: Legs {
+        let enforcement = Reloadable::new(Enforcement::new(
+            rules.classifier,
+            Legs {
                 validity: rules.validity,
                 claims,
                 ..Legs::default()
             },
-            audit: AuditSink::disabled(),
-        });
+            AuditSink::disabled(),
+        ));
         let guards = Arc::new(Arc::clone(&enforcement));
         let proxy = Arc::new(Proxy::new(RelayConfig::default(), guards));
         let running = Running {

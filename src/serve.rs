@@ -163,11 +163,7 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
             let listener = TcpListener::from_std(listener)?;
             let local = listener.local_addr()?;
             let (stop_tx, stop_rx) = watch::channel(false);
-            let enforcement = Reloadable::new(Enforcement {
-                classifier: rules.classifier,
-                legs,
-                audit: audit.clone(),
-            });
+            let enforcement = Reloadable::new(Enforcement::new(rules.classifier, legs, audit.clone()));
             let proxy = Arc::new(
                 Proxy::new(
                     cfg.relay(upstream.clone())?,

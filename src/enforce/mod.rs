@@ -50,6 +50,7 @@ use crate::policy::ChannelRules;
 use crate::saver::classify::Classifier;
 use crate::wire::guard::{Guard, GuardFactory, SessionInfo};
 use crate::wire::refusal::Refusal;
+use crate::wire::text_screen::TextScreen;
 use crate::wire::tracker::Tracker;
 use claim_gate::ClaimsLeg;
 use own_schema::OwnSchema;
@@ -95,6 +96,9 @@ pub struct Enforcement {
     pub classifier: Arc<Classifier>,
     pub legs: Legs,
     pub audit: AuditSink,
+    /// The saver profiles' table names and the words the own-schema check
+    /// looks for (see [`Enforcement::ordinary`]).
+    screen: TextScreen,
 }
 
 /// One session's guard: the protocol tracker with the session's enforcer
@@ -102,6 +106,27 @@ pub struct Enforcement {
 pub type SessionGuard = Tracker<SessionEnforcer>;
 
 impl Enforcement {
+    pub fn new(classifier: Arc<Classifier>, legs: Legs, audit: AuditSink) -> Self {
+        let words: Vec<&str> = classifier
+            .table_names()
+            .chain(legs.own_schema.words())
+            .collect();
+        let screen = TextScreen::new(words);
+        Enforcement {
+            classifier,
+            legs,
+            audit,
+            screen,
+        }
+    }
+
+    /// Whether a statement text is ordinary traffic: it names no saver
+    /// table (so it classifies as no checkpoint statement), cannot touch
+    /// the proxy's schema, and carries no SQL-level command. A text with
+    /// a backslash is never ordinary: an escape may spell any name.
+    pub fn ordinary(&self, sql: &str) -> bool {
+        !sql.contains('\\') && self.screen.ordinary(sql)
+    }
     /// A session's guard, before its startup exchange.
     pub fn session(
         self: &Arc<Self>,
@@ -146,3 +171,6 @@ impl GuardFactory for Arc<Enforcement> {
         Some(own.refusal(&breach))
     }
 }
+
+#[cfg(test)]
+mod tests;

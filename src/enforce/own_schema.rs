@@ -157,6 +157,12 @@ impl OwnSchema {
         &self.name
     }
 
+    /// The words without which a text with no backslash cannot touch the
+    /// schema: its name and [`WATCHED`].
+    pub fn words(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.name.as_str()).chain(WATCHED)
+    }
+
     /// Whether a client statement text may run; the refusal it gets if not.
     pub fn admit(&self, sql: &str) -> Result<(), Refusal> {
         self.check(sql).map_err(|breach| self.refusal(&breach))

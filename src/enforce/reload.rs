@@ -39,13 +39,15 @@ impl Reloadable {
     /// place of the current ones; the legs' switches, the claims leg and
     /// the audit sink stay as they are.
     pub fn replace(&self, classifier: Arc<Classifier>, validity: Arc<ChannelRules>) {
-        self.current.rcu(|now| Enforcement {
-            classifier: Arc::clone(&classifier),
-            legs: Legs {
-                validity: Arc::clone(&validity),
-                ..now.legs.clone()
-            },
-            audit: now.audit.clone(),
+        self.current.rcu(|now| {
+            Enforcement::new(
+                Arc::clone(&classifier),
+                Legs {
+                    validity: Arc::clone(&validity),
+                    ..now.legs.clone()
+                },
+                now.audit.clone(),
+            )
         });
         self.generation.fetch_add(1, Ordering::Release);
     }
@@ -56,10 +58,12 @@ impl Reloadable {
     /// configuration's switches and claims settings), made from them; the
     /// classifier and the audit sink stay.
     pub fn replace_legs(&self, legs: impl Fn(&Legs) -> Legs) {
-        self.current.rcu(|now| Enforcement {
-            classifier: Arc::clone(&now.classifier),
-            legs: legs(&now.legs),
-            audit: now.audit.clone(),
+        self.current.rcu(|now| {
+            Enforcement::new(
+                Arc::clone(&now.classifier),
+                legs(&now.legs),
+                now.audit.clone(),
+            )
         });
         self.generation.fetch_add(1, Ordering::Release);
     }
@@ -135,11 +139,11 @@ mod tests {
     }
 
     fn reloadable() -> Arc<Reloadable> {
-        Reloadable::new(Enforcement {
-            classifier: classifier(),
-            legs: Legs::default(),
-            audit: AuditSink::disabled(),
-        })
+        Reloadable::new(Enforcement::new(
+            classifier(),
+            Legs::default(),
+            AuditSink::disabled(),
+        ))
     }
 
     /// A session of `source` past its startup exchange.
@@ -275,11 +279,11 @@ mod tests {
             fork_filter: false,
             ..Legs::default()
         };
-        let source = Reloadable::new(Enforcement {
-            classifier: classifier(),
-            legs: claims_off,
-            audit: AuditSink::disabled(),
-        });
+        let source = Reloadable::new(Enforcement::new(
+            classifier(),
+            claims_off,
+            AuditSink::disabled(),
+        ));
         let before = source.current();
         source.replace(classifier(), items_rules());
         let after = source.current();

@@ -130,6 +130,10 @@ pub struct SessionEnforcer {
     /// `shared`), with how it ends the transaction. Only texts `admit`
     /// let through are parsed, so it is admitted too.
     plain_parse: LastText<Option<TransactionEnd>>,
+    /// The last statement text screened (under `shared`), and whether it
+    /// was ordinary: the relay's test before a message, the tracker's
+    /// command scan and each hook ask it of the same text in turn.
+    screened: LastText<bool>,
     /// The head row of the answer in front was refused (the client got
     /// the claim's refusal instead): that answer's completion records no
     /// read, the `claim_refused` record standing for it.
@@ -156,6 +160,7 @@ impl SessionEnforcer {
             held: None,
             head_refused: false,
             plain_parse: LastText::default(),
+            screened: LastText::default(),
         }
     }
 
@@ -168,6 +173,17 @@ impl SessionEnforcer {
     /// Where committed writes' claim evidence goes, with consume-once on.
     fn evidence_sender(&self) -> Option<&EvidenceSender> {
         self.shared.legs.claims.as_ref()?.evidence.as_ref()
+    }
+
+    /// Whether `sql` is ordinary traffic under the current rule set (see
+    /// [`Enforcement::ordinary`]), screened once however often it is asked.
+    fn is_ordinary(&mut self, sql: &str) -> bool {
+        if let Some(ordinary) = self.screened.get(sql) {
+            return ordinary;
+        }
+        let ordinary = self.shared.ordinary(sql);
+        self.screened.remember(sql, ordinary);
+        ordinary
     }
 
     fn prepared(&self, class: Arc<Classified>) -> Prepared {
@@ -278,6 +294,7 @@ impl Hooks for SessionEnforcer {
         if let Some(shared) = self.rules.as_mut().and_then(|r| r.replaced(idle)) {
             self.shared = shared;
             self.plain_parse.forget();
+            self.screened.forget();
         }
     }
 
@@ -296,8 +313,14 @@ impl Hooks for SessionEnforcer {
     /// With consume-once on, the hooks of checkpoint statements ask the
     /// claim store (fence lookups, late duplicates, withdrawn claims); a
     /// text naming none of the savers' tables never becomes one.
-    fn may_block(&self, sql: &str) -> bool {
-        self.shared.legs.claims.is_some() && self.shared.classifier.names_saver_tables(sql)
+    fn may_block(&mut self, sql: &str) -> bool {
+        self.shared.legs.claims.is_some()
+            && !self.is_ordinary(sql)
+            && self.shared.classifier.names_saver_tables(sql)
+    }
+
+    fn ordinary(&mut self, sql: &str) -> bool {
+        self.is_ordinary(sql)
     }
 
     fn flush(&mut self) {

@@ -261,6 +261,11 @@ impl Classifier {
         self.unknown_policy
     }
 
+    /// Every profile's table names (some may be empty).
+    pub fn table_names(&self) -> impl Iterator<Item = &str> {
+        self.profiles.iter().flat_map(|p| p.table_names())
+    }
+
     /// Whether `sql` names a table of a saver profile anywhere (the test
     /// before every classification, so a text it is false for is
     /// ordinary traffic).

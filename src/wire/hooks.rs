@@ -126,7 +126,15 @@ pub trait Hooks {
     }
     /// Whether a statement text (of a Parse or a Query) may make a later
     /// hook block on a store (see [`super::guard::Guard::may_block`]).
-    fn may_block(&self, _sql: &str) -> bool {
+    fn may_block(&mut self, _sql: &str) -> bool {
+        false
+    }
+    /// Whether a statement text is ordinary: its [`TextScreen`] (the
+    /// hooks' words and the SQL-level command keywords) finds none of
+    /// its words in it. The tracker reads no commands in such a text.
+    ///
+    /// [`TextScreen`]: super::text_screen::TextScreen
+    fn ordinary(&mut self, _sql: &str) -> bool {
         false
     }
     /// Hands what was recorded to its stores; never blocks.

@@ -29,6 +29,7 @@ mod server_relay;
 pub mod session;
 mod session_end;
 pub mod sql_commands;
+pub mod text_screen;
 pub mod tls_config;
 pub mod tls_stream;
 pub mod tracker;

@@ -96,19 +96,23 @@ pub fn scan(sql: &str) -> Result<Vec<SqlCommand>, Unreadable> {
     Ok(commands)
 }
 
+/// The words a text names a command by (in any ASCII case): a text
+/// without any of them has no command.
+pub const KEYWORDS: [&str; 5] = ["prepare", "execute", "deallocate", "declare", "discard"];
+
 /// The keywords, searched for at once, ASCII case-insensitively (a SIMD
 /// literal search with no scratch state shared between sessions).
-static KEYWORDS: LazyLock<Option<AhoCorasick>> = LazyLock::new(|| {
+static SEARCH: LazyLock<Option<AhoCorasick>> = LazyLock::new(|| {
     AhoCorasick::builder()
         .ascii_case_insensitive(true)
-        .build(["prepare", "execute", "deallocate", "declare", "discard"])
+        .build(KEYWORDS)
         .ok()
 });
 
 fn mentions_keyword(sql: &str) -> bool {
     // The patterns are constants that build; were they ever not to, every
     // text is tokenized (slower, never blind).
-    KEYWORDS.as_ref().is_none_or(|k| k.is_match(sql))
+    SEARCH.as_ref().is_none_or(|k| k.is_match(sql))
 }
 
 fn command_of(tokens: &[&Token]) -> Option<SqlCommand> {

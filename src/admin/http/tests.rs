@@ -37,11 +37,11 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn proxy(upstream: SocketAddr) -> Arc<Proxy> {
-    let enforcement = Arc::new(Enforcement {
-        classifier: Arc::new(Classifier::new(profiles_for(None).unwrap())),
-        legs: Legs::default(),
-        audit: AuditSink::disabled(),
-    });
+    let enforcement = Arc::new(Enforcement::new(
+        Arc::new(Classifier::new(profiles_for(None).unwrap())),
+        Legs::default(),
+        AuditSink::disabled(),
+    ));
     let relay = RelayConfig {
         upstream: UpstreamAddr::Tcp(upstream.to_string()),
         ..RelayConfig::default()

@@ -14,7 +14,10 @@ pub(super) fn handle(session: &mut SessionEnforcer, sql: &str) -> (Prepared, Opt
         };
         return (plain, None);
     }
-    let class = session.shared.classifier.classify(sql);
+    let class = match session.is_ordinary(sql) {
+        true => session.shared.classifier.other(),
+        false => session.shared.classifier.classify(sql),
+    };
     let replacement = match (&class.fork_sql, session.shared.legs.fork_filter) {
         (Some(sql), true) => Some(sql.clone()),
         _ => None,

@@ -23,7 +23,10 @@ pub(super) fn handle(session: &mut SessionEnforcer, sql: &str) -> Result<Option<
             return Err(refusal);
         }
     }
-    let class = session.shared.classifier.classify(sql);
+    let class = match session.is_ordinary(sql) {
+        true => session.shared.classifier.other(),
+        false => session.shared.classifier.classify(sql),
+    };
     if let Some(refusal) = unknown_refusal(session, &class) {
         return Err(refusal);
     }

@@ -32,11 +32,7 @@ struct ServerVerdict {
 impl SessionState {
     fn new(classifier: Arc<Classifier>, legs: Legs, ctx: SessionContext) -> Self {
         let audit = crate::audit::AuditSink::disabled();
-        let shared = Arc::new(Enforcement {
-            classifier,
-            legs,
-            audit,
-        });
+        let shared = Arc::new(Enforcement::new(classifier, legs, audit));
         SessionState(Tracker::new(SessionEnforcer::new(shared, ctx)))
     }
 

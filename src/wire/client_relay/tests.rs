@@ -45,11 +45,11 @@ fn bind(stmt: &str, size: usize) -> Vec<u8> {
 /// A started session with `plain` (not checkpoint traffic) and `blobs`
 /// (the saver's blob upsert) prepared.
 pub(in crate::wire) fn session() -> SessionGuard {
-    let shared = Arc::new(Enforcement {
-        classifier: Arc::new(Classifier::new(vec![SaverProfile::langgraph_python()])),
-        legs: Legs::default(),
-        audit: AuditSink::disabled(),
-    });
+    let shared = Arc::new(Enforcement::new(
+        Arc::new(Classifier::new(vec![SaverProfile::langgraph_python()])),
+        Legs::default(),
+        AuditSink::disabled(),
+    ));
     let mut st = shared.session(SessionContext::default(), false);
     st.on_server(&msg(b'Z', b"I")).unwrap();
     for f in [

@@ -53,7 +53,7 @@ impl<H: Hooks> Tracker<H> {
     /// none is remembered, and not scanned again when it is sent again
     /// next.
     fn commands_in(&mut self, text: &str) -> Result<Vec<SqlCommand>, Unreadable> {
-        if self.plain_text.get(text).is_some() {
+        if self.plain_text.get(text).is_some() || self.hooks.ordinary(text) {
             return Ok(Vec::new());
         }
         let found = scan(text);
@@ -108,6 +108,7 @@ impl<H: Hooks> Tracker<H> {
         let mut refusal = self.hooks.admit(&text).err();
         let scanned = match refusal {
             Some(_) => Ok(Vec::new()),
+            None if self.hooks.ordinary(&text) => Ok(Vec::new()),
             None => scan(&text),
         };
         match scanned {
