@@ -257,11 +257,11 @@ pub fn interrupt_write_bind(stmt: &str) -> Vec<u8> {
 /// A fresh session with the proxy's default enforcement legs (what
 /// `resumeguard serve` runs with).
 pub fn session() -> SessionGuard {
-    let shared = Arc::new(Enforcement {
-        classifier: classifier(),
-        legs: Legs::default(),
-        audit: AuditSink::disabled(),
-    });
+    let shared = Arc::new(Enforcement::new(
+        classifier(),
+        Legs::default(),
+        AuditSink::disabled(),
+    ));
     let mut st = shared.session(SessionContext::default(), false);
     st.on_server(&msg(b'Z', b"I")).unwrap();
     st

@@ -6,7 +6,9 @@ use crate::saver::profile::profiles_for;
 use crate::wire::sql_commands::scan;
 
 fn enforcement() -> Enforcement {
-    let classifier = Arc::new(Classifier::new(profiles_for(None).expect("built-in profiles")));
+    let classifier = Arc::new(Classifier::new(
+        profiles_for(None).expect("built-in profiles"),
+    ));
     Enforcement::new(classifier, Legs::default(), AuditSink::disabled())
 }
 
@@ -65,7 +67,11 @@ fn an_ordinary_text_passes_every_check_it_stands_in_for() {
 #[test]
 fn every_text_a_check_acts_on_is_not_ordinary() {
     let enforcement = enforcement();
-    for sql in TEXTS.iter().skip(4).filter(|s| !s.starts_with("CREATE FUNCTION")) {
+    for sql in TEXTS
+        .iter()
+        .skip(4)
+        .filter(|s| !s.starts_with("CREATE FUNCTION"))
+    {
         assert!(!enforcement.ordinary(sql), "{sql}");
     }
 }

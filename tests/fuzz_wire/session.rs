@@ -42,9 +42,9 @@ pub fn enforcement(unknown: UnknownSaverPolicy, validity: bool) -> Arc<Enforceme
         SaverProfile::langgraph_js(),
     ])
     .with_unknown_policy(unknown);
-    Arc::new(Enforcement {
-        classifier: Arc::new(classifier),
-        legs: Legs {
+    Arc::new(Enforcement::new(
+        Arc::new(classifier),
+        Legs {
             validity: Arc::new(if validity {
                 items_rule()
             } else {
@@ -52,8 +52,8 @@ pub fn enforcement(unknown: UnknownSaverPolicy, validity: bool) -> Arc<Enforceme
             }),
             ..Legs::default()
         },
-        audit: AuditSink::disabled(),
-    })
+        AuditSink::disabled(),
+    ))
 }
 
 /// `RG_FUZZ_TRACE=1`: print every message of a session (to reproduce a
