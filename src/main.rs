@@ -2,7 +2,6 @@
 //! shows its configuration, `audit` reads the audit trail, `claims` and
 //! `rules` are the operator's views.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::SystemTime;
@@ -21,6 +20,7 @@ use resumeguard::saver::profile::profiles_for;
 
 mod audit_cmd;
 mod config_cmd;
+mod logging;
 mod reload;
 mod serve;
 mod serve_config;
@@ -219,33 +219,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(format: LogFormat) {
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(log_filter(std::env::var("RUST_LOG").ok().as_deref()))
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
-        LogFormat::Json => logs.json().init(),
-    }
-}
-
-/// The log filter: `RUST_LOG`, else `resumeguard=info`. sqlparser logs
-/// the SQL it parses (literals included) at debug level, so it stays at
-/// `warn` unless `RUST_LOG` names it.
-fn log_filter(rust_log: Option<&str>) -> tracing_subscriber::EnvFilter {
-    let spec = rust_log.unwrap_or("resumeguard=info");
-    let spec = if spec.contains("sqlparser") {
-        spec.to_owned()
-    } else {
-        format!("{spec},sqlparser=warn")
-    };
-    tracing_subscriber::EnvFilter::try_new(&spec)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("resumeguard=info,sqlparser=warn"))
-}
-
 fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    logging::init(cli.log_format);
     match cli.command {
         Command::Serve(args) => serve(args.loader()),
         Command::Config { command } => config_cmd::run(command),
