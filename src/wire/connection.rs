@@ -19,6 +19,7 @@
 //! message, so every direction frames by that header before looking
 //! inside.
 
+use std::cell::RefCell;
 use std::io::Read;
 use std::ops::Deref;
 use std::time::Instant;
@@ -31,6 +32,9 @@ use super::messages::read::HEADER_LEN;
 /// Smallest and largest room offered to one read.
 const MIN_READ: usize = 2 * 1024;
 const MAX_READ: usize = 256 * 1024;
+/// Reads offered at most this much room go through the reading thread's
+/// scratch room (grown to the largest such read, zeroed once).
+const SCRATCH_MAX: usize = 16 * 1024;
 /// A drained buffer whose allocation grew past this is dropped.
 const SHRINK_ABOVE: usize = 1024 * 1024;
 
@@ -48,6 +52,10 @@ pub struct Passing {
     pub left: usize,
     /// They go to the peer (else they are dropped).
     pub forward: bool,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Bytes read and not yet consumed, in `bytes`.
@@ -71,26 +79,53 @@ impl Default for ReadBuffer {
 impl ReadBuffer {
     /// Reads once from `from`, appending what arrived: the byte count, 0
     /// at end of file.
-    pub fn fill(&mut self, mut from: impl Read) -> std::io::Result<usize> {
-        let start = self.bytes.len();
-        // Zeroed room (safe code cannot read into uninitialized memory);
-        // only what this read may use.
-        self.bytes.resize(start + self.want, 0);
-        let read = from.read(&mut self.bytes[start..]);
+    pub fn fill(&mut self, from: impl Read) -> std::io::Result<usize> {
+        let read = if self.want <= SCRATCH_MAX {
+            SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+                Ok(mut room) => self.fill_through(&mut room, from),
+                Err(_) => self.fill_in_place(from),
+            })
+        } else {
+            self.fill_in_place(from)
+        };
         let Ok(n) = read else {
             // Nothing arrived (a timeout, a non-blocking socket with
             // nothing to read): the room stays as recent reads sized it.
-            self.bytes.truncate(start);
             self.filled = false;
             return read;
         };
-        self.bytes.truncate(start + n);
         self.filled = n == self.want;
         if n == self.want {
             self.want = (self.want * 2).min(MAX_READ);
         } else if n < self.want / 4 {
             self.want = (self.want / 2).max(MIN_READ);
         }
+        read
+    }
+
+    /// Reads into the thread's scratch room and appends what arrived: a
+    /// copy of the bytes read, where zeroing room in `bytes` would write
+    /// every byte offered.
+    fn fill_through(&mut self, room: &mut Vec<u8>, mut from: impl Read) -> std::io::Result<usize> {
+        if room.len() < self.want {
+            room.resize(self.want, 0);
+        }
+        let n = from.read(&mut room[..self.want])?;
+        let got = room[..self.want]
+            .get(..n)
+            .ok_or(std::io::ErrorKind::InvalidData)?;
+        self.bytes.extend_from_slice(got);
+        Ok(n)
+    }
+
+    /// Reads into zeroed room at the end of `bytes` (safe code cannot
+    /// read into uninitialized memory): a large read, written once.
+    fn fill_in_place(&mut self, mut from: impl Read) -> std::io::Result<usize> {
+        let start = self.bytes.len();
+        self.bytes.resize(start + self.want, 0);
+        let read = from.read(&mut self.bytes[start..]);
+        let n = *read.as_ref().unwrap_or(&0);
+        self.bytes.truncate(start + n.min(self.want));
         read
     }
 
