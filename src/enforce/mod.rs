@@ -124,8 +124,8 @@ impl Enforcement {
     /// table (so it classifies as no checkpoint statement), cannot touch
     /// the proxy's schema, and carries no SQL-level command. A text with
     /// a backslash is never ordinary: an escape may spell any name.
-    pub fn ordinary(&self, sql: &str) -> bool {
-        !sql.contains('\\') && self.screen.ordinary(sql)
+    pub fn ordinary(&self, sql: &[u8]) -> bool {
+        !sql.contains(&b'\\') && self.screen.ordinary(sql)
     }
     /// A session's guard, before its startup exchange.
     pub fn session(

@@ -43,6 +43,7 @@ use crate::claims::evidence::{Evidence, EvidenceSender};
 use crate::saver::bind::BoundParams;
 use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::classify::Classified;
+use crate::wire::client_text;
 use crate::wire::guard::{ClientError, ServerStep};
 use crate::wire::last_text::LastText;
 use crate::wire::messages::bind::Bind;
@@ -177,7 +178,7 @@ impl SessionEnforcer {
 
     /// Whether `sql` is ordinary traffic under the current rule set (see
     /// [`Enforcement::ordinary`]), screened once however often it is asked.
-    fn is_ordinary(&mut self, sql: &str) -> bool {
+    fn is_ordinary(&mut self, sql: &[u8]) -> bool {
         if let Some(ordinary) = self.screened.get(sql) {
             return ordinary;
         }
@@ -313,14 +314,17 @@ impl Hooks for SessionEnforcer {
     /// With consume-once on, the hooks of checkpoint statements ask the
     /// claim store (fence lookups, late duplicates, withdrawn claims); a
     /// text naming none of the savers' tables never becomes one.
-    fn may_block(&mut self, sql: &str) -> bool {
+    fn may_block(&mut self, sql: &[u8]) -> bool {
         self.shared.legs.claims.is_some()
             && !self.is_ordinary(sql)
-            && self.shared.classifier.names_saver_tables(sql)
+            && self
+                .shared
+                .classifier
+                .names_saver_tables(&client_text::decode(sql))
     }
 
     fn ordinary(&mut self, sql: &str) -> bool {
-        self.is_ordinary(sql)
+        self.is_ordinary(sql.as_bytes())
     }
 
     fn flush(&mut self) {

@@ -124,9 +124,10 @@ pub trait Hooks {
     fn holds_work(&self) -> bool {
         false
     }
-    /// Whether a statement text (of a Parse or a Query) may make a later
-    /// hook block on a store (see [`super::guard::Guard::may_block`]).
-    fn may_block(&mut self, _sql: &str) -> bool {
+    /// Whether a statement text (of a Parse or a Query, its bytes as the
+    /// client sent them) may make a later hook block on a store (see
+    /// [`super::guard::Guard::may_block`]).
+    fn may_block(&mut self, _sql: &[u8]) -> bool {
         false
     }
     /// Whether a statement text is ordinary: its [`TextScreen`] (the

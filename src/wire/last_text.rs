@@ -10,7 +10,7 @@ const KEEP_TEXT_MAX: usize = 4 * 1024;
 /// One remembered text and what the check found in it.
 #[derive(Debug)]
 pub struct LastText<T> {
-    text: String,
+    text: Vec<u8>,
     /// `None` while no text is remembered.
     found: Option<T>,
 }
@@ -18,28 +18,31 @@ pub struct LastText<T> {
 impl<T> Default for LastText<T> {
     fn default() -> Self {
         LastText {
-            text: String::new(),
+            text: Vec::new(),
             found: None,
         }
     }
 }
 
 impl<T: Clone> LastText<T> {
-    /// What the check found in `text`, if `text` is the one remembered.
-    pub fn get(&self, text: &str) -> Option<T> {
+    /// What the check found in `text`, if `text` is the one remembered
+    /// (the same bytes, whether read as a `str` or as the client sent them).
+    pub fn get(&self, text: &(impl AsRef<[u8]> + ?Sized)) -> Option<T> {
+        let text = text.as_ref();
         self.found.as_ref().filter(|_| self.text == text).cloned()
     }
 
     /// Remembers `text` (in place of the last one) and what was found in
     /// it; a text above [`KEEP_TEXT_MAX`] is not kept, and nothing is
     /// remembered then.
-    pub fn remember(&mut self, text: &str, found: T) {
+    pub fn remember(&mut self, text: &(impl AsRef<[u8]> + ?Sized), found: T) {
+        let text = text.as_ref();
         self.text.clear();
         if text.len() > KEEP_TEXT_MAX {
             self.found = None;
             return;
         }
-        self.text.push_str(text);
+        self.text.extend_from_slice(text);
         self.found = Some(found);
     }
 
@@ -61,6 +64,7 @@ mod tests {
         assert_eq!(last.get("SELECT 1"), Some(1));
         assert_eq!(last.get("SELECT 2"), None);
         assert_eq!(last.get("select 1"), None);
+        assert_eq!(last.get(&b"SELECT 1"[..]), Some(1), "the same bytes");
         last.remember("SELECT 2", 2);
         assert_eq!(last.get("SELECT 1"), None);
         assert_eq!(last.get("SELECT 2"), Some(2));

@@ -37,8 +37,11 @@ impl TextScreen {
         TextScreen { words }
     }
 
-    /// Whether `sql` holds none of the words, in any ASCII case.
-    pub fn ordinary(&self, sql: &str) -> bool {
+    /// Whether `sql` holds none of the words, in any ASCII case. The words
+    /// are ASCII, so a text's bytes as the client sent them (in any
+    /// encoding [`super::client_text`] reads) get the verdict its decoded
+    /// text gets.
+    pub fn ordinary(&self, sql: &[u8]) -> bool {
         self.words.as_ref().is_some_and(|w| !w.is_match(sql))
     }
 }
@@ -50,10 +53,10 @@ mod tests {
     #[test]
     fn a_text_without_the_words_is_ordinary() {
         let screen = TextScreen::new(["checkpoints", "resumeguard"]);
-        assert!(screen.ordinary("SELECT abalance FROM pgbench_accounts WHERE aid = 7"));
-        assert!(screen.ordinary(""));
-        assert!(!screen.ordinary("select * from CheckPoints"));
-        assert!(!screen.ordinary("SELECT * FROM ResumeGuard.claims"));
+        assert!(screen.ordinary("SELECT abalance FROM pgbench_accounts WHERE aid = 7".as_bytes()));
+        assert!(screen.ordinary("".as_bytes()));
+        assert!(!screen.ordinary("select * from CheckPoints".as_bytes()));
+        assert!(!screen.ordinary("SELECT * FROM ResumeGuard.claims".as_bytes()));
     }
 
     #[test]
@@ -61,16 +64,19 @@ mod tests {
         let screen = TextScreen::new([]);
         for keyword in KEYWORDS {
             let upper = keyword.to_ascii_uppercase();
-            assert!(!screen.ordinary(&format!("{upper} s")), "{keyword}");
+            assert!(
+                !screen.ordinary(format!("{upper} s").as_bytes()),
+                "{keyword}"
+            );
         }
-        assert!(!screen.ordinary("/* x */ prepare q AS SELECT 1"));
-        assert!(screen.ordinary("SELECT 1"));
+        assert!(!screen.ordinary("/* x */ prepare q AS SELECT 1".as_bytes()));
+        assert!(screen.ordinary("SELECT 1".as_bytes()));
     }
 
     #[test]
     fn empty_words_are_left_out() {
         let screen = TextScreen::new(["", "blobs"]);
-        assert!(screen.ordinary("SELECT 1"));
-        assert!(!screen.ordinary("SELECT * FROM blobs"));
+        assert!(screen.ordinary("SELECT 1".as_bytes()));
+        assert!(!screen.ordinary("SELECT * FROM blobs".as_bytes()));
     }
 }

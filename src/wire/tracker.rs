@@ -551,9 +551,7 @@ where
             return false;
         }
         match Frontend::read(frame) {
-            Frontend::Parse { sql, .. } | Frontend::Query { sql } => {
-                self.hooks.may_block(&client_text::decode(sql))
-            }
+            Frontend::Parse { sql, .. } | Frontend::Query { sql } => self.hooks.may_block(sql),
             _ => false,
         }
     }

@@ -8,7 +8,7 @@ use crate::wire::tracker::Refusal;
 
 pub(super) fn handle(session: &mut SessionEnforcer, sql: &str) -> Result<(), Refusal> {
     // The Parse text sent again: admitted before, under the same rules.
-    if session.plain_parse.get(sql).is_some() || session.is_ordinary(sql) {
+    if session.plain_parse.get(sql).is_some() || session.is_ordinary(sql.as_bytes()) {
         return Ok(());
     }
     let own = &session.shared.legs.own_schema;

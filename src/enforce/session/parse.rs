@@ -14,7 +14,7 @@ pub(super) fn handle(session: &mut SessionEnforcer, sql: &str) -> (Prepared, Opt
         };
         return (plain, None);
     }
-    let class = match session.is_ordinary(sql) {
+    let class = match session.is_ordinary(sql.as_bytes()) {
         true => session.shared.classifier.other(),
         false => session.shared.classifier.classify(sql),
     };

@@ -23,7 +23,7 @@ pub(super) fn handle(session: &mut SessionEnforcer, sql: &str) -> Result<Option<
             return Err(refusal);
         }
     }
-    let class = match session.is_ordinary(sql) {
+    let class = match session.is_ordinary(sql.as_bytes()) {
         true => session.shared.classifier.other(),
         false => session.shared.classifier.classify(sql),
     };

@@ -462,9 +462,18 @@ fn only_texts_naming_saver_tables_may_block_and_only_with_consume_once_on() {
         (query(pgbench), false),
         (bind("s", &[], &[Some(b"t1"), Some(b"")], &[1]), false),
         (execute(), false),
+        // A LATIN1 text, not UTF-8: the same verdict from its bytes.
+        (msg(b'Q', b"SELECT '\xe9' FROM checkpoints\0"), true),
+        (msg(b'Q', b"SELECT '\xe9' FROM t\0"), false),
     ] {
         assert_eq!(claiming.0.may_block(&frame), blocks, "{frame:?}");
     }
+    // Asked twice, the same text gets the same answer (the second from
+    // the session's memory of it).
+    assert!(claiming.0.may_block(&query(&prepare)));
+    assert!(claiming.0.may_block(&query(&prepare)));
+    assert!(!claiming.0.may_block(&query(pgbench)));
+    assert!(!claiming.0.may_block(&query(pgbench)));
     // Without consume-once no hook reaches a store.
     let mut plain = state();
     assert!(!plain.0.may_block(&parse("s", READ_SQL)));
