@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use rustls::{Connection, ServerConfig, ServerConnection};
 
+use super::socket_io;
 use super::tls_config::{self, TlsConfigError, ALPN_POSTGRESQL};
 use super::tls_stream::TlsStream;
 
@@ -134,7 +135,7 @@ impl ClientStream {
 impl Read for &ClientStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
-            ClientStream::Plain(s) => (&*s).read(buf),
+            ClientStream::Plain(s) => socket_io::recv(s, buf),
             ClientStream::Tls(t) => (&**t).read(buf),
         }
     }
@@ -143,7 +144,7 @@ impl Read for &ClientStream {
 impl Write for &ClientStream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
-            ClientStream::Plain(s) => (&*s).write(buf),
+            ClientStream::Plain(s) => socket_io::send(s, buf),
             ClientStream::Tls(t) => (&**t).write(buf),
         }
     }

@@ -28,6 +28,7 @@ pub mod server_cert_verifier;
 mod server_relay;
 pub mod session;
 mod session_end;
+pub mod socket_io;
 pub mod sql_commands;
 pub mod text_screen;
 pub mod tls_config;

@@ -14,6 +14,7 @@ use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
+use super::socket_io;
 use super::tls_stream::TlsStream;
 
 /// Where the upstream server listens.
@@ -74,28 +75,35 @@ pub enum Upstream {
 impl Read for &Upstream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
-            Upstream::Tcp(s) => (&*s).read(buf),
-            Upstream::Unix(s) => (&*s).read(buf),
+            Upstream::Tcp(s) => socket_io::recv(s, buf),
+            Upstream::Unix(s) => socket_io::recv(s, buf),
             Upstream::Tls(t) => (&**t).read(buf),
         }
     }
 }
 
 impl Upstream {
-    pub fn write_all(&self, buf: &[u8]) -> io::Result<()> {
-        match self {
-            Upstream::Tcp(s) => (&*s).write_all(buf),
-            Upstream::Unix(s) => (&*s).write_all(buf),
-            Upstream::Tls(t) => (&**t).write_all(buf),
+    pub fn write_all(&self, mut buf: &[u8]) -> io::Result<()> {
+        if let Upstream::Tls(t) = self {
+            return (&**t).write_all(buf);
         }
+        while !buf.is_empty() {
+            match self.write(buf) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => buf = &buf[n..],
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// Writes what the socket takes now (a non-blocking socket may take
     /// less, or nothing: `WouldBlock`).
     pub fn write(&self, buf: &[u8]) -> io::Result<usize> {
         match self {
-            Upstream::Tcp(s) => (&*s).write(buf),
-            Upstream::Unix(s) => (&*s).write(buf),
+            Upstream::Tcp(s) => socket_io::send(s, buf),
+            Upstream::Unix(s) => socket_io::send(s, buf),
             Upstream::Tls(t) => (&**t).write(buf),
         }
     }
