@@ -281,15 +281,17 @@ impl Worker {
             return;
         };
         let next = s.drive();
-        let (id, ticket) = (s.session.id, s.ticket_to_decide());
-        let server = Arc::clone(&s.session.handle.server);
+        let id = s.session.id;
+        let held = s
+            .ticket_to_decide()
+            .map(|ticket| (ticket, Arc::clone(&s.session.handle.server)));
         match next {
             Next::Waits => {}
             Next::Yields => self.again.push((key, id)),
             Next::Ended(end) => return self.end(key, end),
             Next::ToThreads => return self.move_to_threads(key),
         }
-        let Some(ticket) = ticket else {
+        let Some((ticket, server)) = held else {
             return;
         };
         if let Err(e) = self.decide(key, id, Arc::clone(&ticket.0), Arc::clone(&server)) {
