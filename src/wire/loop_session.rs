@@ -355,7 +355,16 @@ impl LoopSession {
                     self.decided = false;
                 }
                 relay.server.shrink_if_drained();
-                Step::Moved
+                // What was routed goes out now, as the client side's does,
+                // not a round later.
+                let client = &*handle.client;
+                let wrote = write_some(&mut relay.pending.to_client, &mut self.client_ready, |b| {
+                    (&*client).write(b)
+                });
+                match wrote {
+                    Ok(_) => Step::Moved,
+                    Err(e) => Step::Ended(End::Error(format!("client write: {e}"))),
+                }
             }
             Err(lost) => {
                 // What this batch routed is dropped, as on threads: the
