@@ -106,6 +106,8 @@ pub struct Enforcement {
 pub type SessionGuard = Tracker<SessionEnforcer>;
 
 impl Enforcement {
+    /// What the sessions share, with the screen of ordinary texts built
+    /// for these saver profiles and this own schema.
     pub fn new(classifier: Arc<Classifier>, legs: Legs, audit: AuditSink) -> Self {
         let words: Vec<&str> = classifier
             .table_names()
@@ -127,6 +129,7 @@ impl Enforcement {
     pub fn ordinary(&self, sql: &[u8]) -> bool {
         !sql.contains(&b'\\') && self.screen.ordinary(sql)
     }
+
     /// A session's guard, before its startup exchange.
     pub fn session(
         self: &Arc<Self>,

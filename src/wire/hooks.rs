@@ -130,9 +130,10 @@ pub trait Hooks {
     fn may_block(&mut self, _sql: &[u8]) -> bool {
         false
     }
-    /// Whether a statement text is ordinary: its [`TextScreen`] (the
-    /// hooks' words and the SQL-level command keywords) finds none of
-    /// its words in it. The tracker reads no commands in such a text.
+    /// Whether a statement text is ordinary: a [`TextScreen`] of the
+    /// hooks' words, which always holds the SQL-level command keywords,
+    /// finds none of them in it. The tracker reads no commands in such a
+    /// text.
     ///
     /// [`TextScreen`]: super::text_screen::TextScreen
     fn ordinary(&mut self, _sql: &str) -> bool {
