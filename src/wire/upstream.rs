@@ -82,30 +82,30 @@ impl Read for &Upstream {
     }
 }
 
-impl Upstream {
-    pub fn write_all(&self, mut buf: &[u8]) -> io::Result<()> {
-        if let Upstream::Tls(t) = self {
-            return (&**t).write_all(buf);
-        }
-        while !buf.is_empty() {
-            match self.write(buf) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => buf = &buf[n..],
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-
-    /// Writes what the socket takes now (a non-blocking socket may take
-    /// less, or nothing: `WouldBlock`).
-    pub fn write(&self, buf: &[u8]) -> io::Result<usize> {
+/// Written through a shared reference, as `&TcpStream` is.
+impl Write for &Upstream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
             Upstream::Tcp(s) => socket_io::send(s, buf),
             Upstream::Unix(s) => socket_io::send(s, buf),
             Upstream::Tls(t) => (&**t).write(buf),
         }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Upstream {
+    pub fn write_all(&self, buf: &[u8]) -> io::Result<()> {
+        Write::write_all(&mut &*self, buf)
+    }
+
+    /// Writes what the socket takes now (a non-blocking socket may take
+    /// less, or nothing: `WouldBlock`).
+    pub fn write(&self, buf: &[u8]) -> io::Result<usize> {
+        Write::write(&mut &*self, buf)
     }
 
     /// The socket of a connection without TLS, for a relay that waits for
