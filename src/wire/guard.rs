@@ -79,12 +79,13 @@ pub trait Guard: Send {
     /// False buffers more; the relay asks again after the next read, and
     /// a message never allowed to stream is offered whole.
     fn client_streams(&mut self, prefix: &[u8]) -> bool;
-    /// Whether a server message with this type byte, too large to buffer
-    /// cheaply, may stream: [`Guard::on_server`] is then called with its
-    /// header and the body bytes read so far, and must neither hold nor
-    /// replace it; the rest goes to the client as it arrives (or is
-    /// dropped, when its route is [`Route::Swallow`]).
-    fn server_streams(&mut self, tag: u8) -> bool;
+    /// The route of a server message with this type byte when it is a
+    /// row (DataRow or CopyData) of an answer nobody watches: such a
+    /// message changes nothing the guard follows, so the relay routes it
+    /// without [`Guard::on_server`], and one too large to buffer cheaply
+    /// streams (what of it has arrived goes on, the rest as it arrives).
+    /// `None`: the message goes through [`Guard::on_server`] whole.
+    fn unwatched_row(&self, tag: u8) -> Option<Route>;
     /// Applies the decided ticket of the held message: `None` lets the
     /// message through, `Some` is what the client gets instead (the rest
     /// of that statement's answer is then swallowed).

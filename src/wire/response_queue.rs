@@ -244,10 +244,9 @@ impl<T> ResponseQueue<T> {
         self.entries.iter().filter_map(|e| e.payload.as_ref())
     }
 
-    /// What the next server message answers.
-    #[cfg(test)]
-    pub fn front_expect(&self) -> Option<&Expect> {
-        self.entries.front().map(|e| &e.expect)
+    /// The entry whose answer arrives now.
+    pub fn front(&self) -> Option<&Entry<T>> {
+        self.entries.front()
     }
 
     /// The payload of the entry queued last.

@@ -177,15 +177,16 @@ pub(super) enum LostTrack {
     Framing(FrameError),
     #[error(transparent)]
     Desync(#[from] Desync),
-    #[error("the guard acted on a message it let stream")]
-    GuardActedOnStream,
 }
 
 /// Frames, tracks and routes the complete server messages in `buf` into
 /// `out`, and a large incomplete one the guard lets stream (see
-/// [`Guard::server_streams`]). An error means the session can no longer
+/// [`Guard::unwatched_row`]). An error means the session can no longer
 /// be followed. A `plaintext_client` is never offered SCRAM-SHA-256-PLUS
 /// (see `sasl_plus.rs`).
+///
+/// Consecutive messages that go on unchanged are copied to `out` in one
+/// piece.
 pub(super) fn track_server(
     proxy: &Proxy,
     guard: &mut dyn Guard,
@@ -196,24 +197,52 @@ pub(super) fn track_server(
     let mut fatal = false;
     let mut held = None;
     let mut passing = None;
-    while let Some(h) =
-        peek_header(buf, proxy.config.max_backend_message_bytes).map_err(LostTrack::Framing)?
+    // `buf[run..at]` goes on unchanged; `buf[..at]` is routed.
+    let mut run = 0;
+    let mut at = 0;
+    while let Some(h) = peek_header(&buf[at..], proxy.config.max_backend_message_bytes)
+        .map_err(LostTrack::Framing)?
     {
-        if buf.len() < h.total_len {
-            if h.total_len > STREAM_ABOVE && guard.server_streams(h.tag) {
-                passing = Some(stream_server(guard, buf, out, h.total_len)?);
+        let end = at + h.total_len;
+        if let Some(route) = guard.unwatched_row(h.tag) {
+            if buf.len() < end {
+                if h.total_len > STREAM_ABOVE {
+                    out.extend_from_slice(&buf[run..at]);
+                    buf.advance(at);
+                    (run, at) = (0, 0);
+                    passing = Some(stream_row(buf, out, route, h.total_len));
+                }
+                break;
             }
+            if route != Route::Forward {
+                out.extend_from_slice(&buf[run..at]);
+                run = end;
+            }
+            at = end;
+            continue;
+        }
+        if buf.len() < end {
             break;
         }
         // Read in place; only a held message is split off the buffer.
-        let frame = &buf[..h.total_len];
+        let frame = &buf[at..end];
         let mut step = guard.on_server(frame)?;
         if plaintext_client && h.tag == b'R' && !guard.started() {
             if let Some(offer) = sasl_plus::without_plus(frame) {
                 step.replace = Some(offer);
             }
         }
+        fatal |= step.fatal;
+        if let Some((pid, key)) = step.backend_key.take() {
+            proxy.cancel_keys.insert((pid, key.clone()), ());
+            if let Ok(mut k) = keys.lock() {
+                k.push((pid, key));
+            }
+        }
         if let Some(ticket) = step.hold.take() {
+            out.extend_from_slice(&buf[run..at]);
+            buf.advance(at);
+            (run, at) = (0, 0);
             held = Some(Held {
                 frame: buf.split_to(h.total_len),
                 replace: step.replace,
@@ -221,18 +250,17 @@ pub(super) fn track_server(
             });
             break;
         }
-        if step.route == Route::Forward {
-            out.extend_from_slice(step.replace.as_deref().unwrap_or(frame));
-        }
-        buf.advance(h.total_len);
-        fatal |= step.fatal;
-        if let Some((pid, key)) = step.backend_key {
-            proxy.cancel_keys.insert((pid, key.clone()), ());
-            if let Ok(mut k) = keys.lock() {
-                k.push((pid, key));
+        if step.route != Route::Forward || step.replace.is_some() {
+            out.extend_from_slice(&buf[run..at]);
+            if step.route == Route::Forward {
+                out.extend_from_slice(step.replace.as_deref().unwrap_or_default());
             }
+            run = end;
         }
+        at = end;
     }
+    out.extend_from_slice(&buf[run..at]);
+    buf.advance(at);
     Ok(Tracked {
         fatal,
         held,
@@ -240,27 +268,17 @@ pub(super) fn track_server(
     })
 }
 
-/// Routes the front of a message that streams: what of it is in `buf`
-/// goes to `out` (unless swallowed), the rest passes as it arrives.
-fn stream_server(
-    guard: &mut dyn Guard,
-    buf: &mut BytesMut,
-    out: &mut BytesMut,
-    total_len: usize,
-) -> Result<Passing, LostTrack> {
-    let prefix = buf.split();
-    let step = guard.on_server(&prefix)?;
-    if step.hold.is_some() || step.replace.is_some() || step.fatal || step.backend_key.is_some() {
-        return Err(LostTrack::GuardActedOnStream);
-    }
-    let forward = step.route == Route::Forward;
+/// Routes the front of a row that streams (`buf` holds what of it has
+/// arrived): it goes to `out` unless its route drops it, and the rest
+/// passes as it arrives.
+fn stream_row(buf: &mut BytesMut, out: &mut BytesMut, route: Route, total_len: usize) -> Passing {
+    let forward = route == Route::Forward;
     if forward {
-        out.extend_from_slice(&prefix);
+        out.extend_from_slice(buf);
     }
-    Ok(Passing {
-        left: total_len - prefix.len(),
-        forward,
-    })
+    let left = total_len - buf.len();
+    buf.clear();
+    Passing { left, forward }
 }
 
 /// Whether a draining proxy closes the session now (a poisoned state

@@ -501,16 +501,24 @@ where
         }
     }
 
-    /// A DataRow or CopyData of an answer nobody watches streams.
-    fn server_streams(&mut self, tag: u8) -> bool {
-        let watched = matches!(
-            self.queue.front_payload_mut(),
+    /// A DataRow or CopyData belongs to the front Execute or Query; with
+    /// no watch on that answer, it takes the answer's route and changes
+    /// nothing (the queue reads it as within the answer).
+    fn unwatched_row(&self, tag: u8) -> Option<Route> {
+        if !matches!(tag, b'D' | b'd') {
+            return None;
+        }
+        let front = self.queue.front()?;
+        let unwatched = match &front.payload {
             Some(Pending {
-                change: Change::Answer { watch: Some(_), .. },
+                change: Change::Answer { watch, .. },
                 ..
-            })
-        );
-        matches!(tag, b'D' | b'd') && !watched
+            }) => watch.is_none(),
+            Some(_) => false,
+            None => true,
+        };
+        (unwatched && matches!(front.expect, Expect::Execute | Expect::Query))
+            .then_some(front.route)
     }
 
     fn release(&mut self) -> Option<Bytes> {

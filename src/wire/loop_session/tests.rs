@@ -16,7 +16,7 @@ use crate::wire::guard::{
     ClientError, ClientStep, Guard, GuardFactory, HeldTicket, ServerStep, SessionInfo, Ticket,
 };
 use crate::wire::proxy::{Proxy, RelayConfig};
-use crate::wire::response_queue::Desync;
+use crate::wire::response_queue::{Desync, Route};
 use crate::wire::session::tests::{
     connect_through, connect_through_loops, message, proxy_with, read_message, read_packet,
     read_to_end, scripted_server, startup, IO_TIMEOUT,
@@ -92,8 +92,8 @@ impl Guard for Watching {
     fn client_streams(&mut self, _: &[u8]) -> bool {
         false
     }
-    fn server_streams(&mut self, _: u8) -> bool {
-        false
+    fn unwatched_row(&self, _: u8) -> Option<Route> {
+        None
     }
     fn release(&mut self) -> Option<Bytes> {
         None

@@ -1,13 +1,18 @@
-//! Which server messages stream past the guard, and what of them goes on
+//! Which server messages pass the guard unread, and stream, and what of them goes on
 //! at once: a real session guard (the Python saver's profile).
 
-use bytes::BytesMut;
+use std::sync::{Arc, Mutex};
 
-use super::stream_server;
+use bytes::{Bytes, BytesMut};
+
+use super::{stream_row, track_server};
 use crate::saver::classify::saver_sql::SELECT_SQL;
 use crate::wire::client_relay::tests::{msg, session};
 use crate::wire::connection::{Passing, STREAM_ABOVE};
-use crate::wire::guard::Guard;
+use crate::wire::guard::{ClientError, ClientStep, Guard, HeldTicket, ServerStep, Ticket};
+use crate::wire::response_queue::Desync;
+use crate::wire::response_queue::Route;
+use crate::wire::session::tests::{nowhere, proxy};
 
 #[test]
 fn a_row_nobody_watches_streams_from_its_front() {
@@ -15,11 +20,11 @@ fn a_row_nobody_watches_streams_from_its_front() {
     st.on_client(&msg(b'Q', b"select repeat('x', 1000000)\0"))
         .unwrap();
     st.on_server(&msg(b'T', b"\0\0")).unwrap();
-    assert!(Guard::server_streams(&mut st, b'D'));
+    assert_eq!(Guard::unwatched_row(&st, b'D'), Some(Route::Forward));
     let row = msg(b'D', &vec![b'x'; 4 * STREAM_ABOVE]);
     let mut buf = BytesMut::from(&row[..1000]);
     let mut out = BytesMut::new();
-    let passing = stream_server(&mut st, &mut buf, &mut out, row.len()).unwrap();
+    let passing = stream_row(&mut buf, &mut out, Route::Forward, row.len());
     assert!(buf.is_empty());
     assert_eq!(&out[..], &row[..1000]);
     assert_eq!(
@@ -41,8 +46,8 @@ fn rows_of_a_watched_answer_are_read_whole() {
     let sql = format!("{SELECT_SQL}WHERE thread_id = 't' AND checkpoint_ns = '' ORDER BY checkpoint_id DESC LIMIT 1\0");
     st.on_client(&msg(b'Q', sql.as_bytes())).unwrap();
     st.on_server(&msg(b'T', b"\0\0")).unwrap();
-    assert!(!Guard::server_streams(&mut st, b'D'));
-    assert!(!Guard::server_streams(&mut st, b'd'));
+    assert_eq!(Guard::unwatched_row(&st, b'D'), None);
+    assert_eq!(Guard::unwatched_row(&st, b'd'), None);
 }
 
 #[test]
@@ -50,6 +55,125 @@ fn only_rows_and_copy_data_stream() {
     let mut st = session();
     st.on_client(&msg(b'Q', b"select 1\0")).unwrap();
     for tag in [b'T', b'C', b'E', b'N', b'Z', b'S', b'A'] {
-        assert!(!Guard::server_streams(&mut st, tag), "{}", tag as char);
+        assert_eq!(Guard::unwatched_row(&st, tag), None, "{}", tag as char);
     }
+}
+
+/// Routes by type byte: rows pass unread ('D' on, 'd' dropped), 'N' is
+/// swallowed, 'T' replaced, 'H' held; anything else goes on.
+struct ByTag;
+
+#[derive(Debug)]
+struct Undecided;
+
+impl Ticket for Undecided {
+    fn decide(&self, _: &dyn Fn() -> bool) {}
+}
+
+impl Guard for ByTag {
+    fn on_client(&mut self, _: &[u8]) -> Result<ClientStep, ClientError> {
+        Ok(ClientStep::Forward)
+    }
+    fn on_server(&mut self, frame: &[u8]) -> Result<ServerStep, Desync> {
+        let mut step = ServerStep::default();
+        match frame[0] {
+            b'D' | b'd' => panic!("a row that passes unread was read"),
+            b'N' => step.route = Route::Swallow,
+            b'T' => step.replace = Some(Bytes::from_static(b"new T")),
+            b'H' => step.hold = Some(HeldTicket(Arc::new(Undecided))),
+            _ => {}
+        }
+        Ok(step)
+    }
+    fn client_streams(&mut self, _: &[u8]) -> bool {
+        false
+    }
+    fn unwatched_row(&self, tag: u8) -> Option<Route> {
+        match tag {
+            b'D' => Some(Route::Forward),
+            b'd' => Some(Route::Swallow),
+            _ => None,
+        }
+    }
+    fn release(&mut self) -> Option<Bytes> {
+        None
+    }
+    fn is_idle(&self) -> bool {
+        true
+    }
+    fn holds_work(&self) -> bool {
+        false
+    }
+    fn settled(&self) -> bool {
+        true
+    }
+    fn started(&self) -> bool {
+        true
+    }
+    fn may_block(&mut self, _: &[u8]) -> bool {
+        false
+    }
+    fn flush(&mut self) {}
+    fn closed(&mut self) {}
+}
+
+/// `buf` tracked by [`ByTag`]: what went to the client, and what was
+/// held.
+fn tracked(buf: &mut BytesMut) -> (Vec<u8>, Option<Vec<u8>>) {
+    let proxy = proxy(nowhere());
+    let keys = Mutex::new(Vec::new());
+    let mut out = BytesMut::new();
+    let tracked = track_server(&proxy, &mut ByTag, &keys, (buf, &mut out), false).unwrap();
+    (out.to_vec(), tracked.held.map(|h| h.frame.to_vec()))
+}
+
+#[test]
+fn every_message_takes_its_own_route_among_runs_that_go_on_unchanged() {
+    let part = |tag: u8, body: &[u8]| msg(tag, body);
+    let messages = [
+        part(b'1', b""),
+        part(b'D', b"row 1"),
+        part(b'N', b"notice"),
+        part(b'D', b"row 2"),
+        part(b'd', b"copy"),
+        part(b'T', b"old T"),
+        part(b'D', b"row 3"),
+        part(b'C', b"SELECT 3\0"),
+    ];
+    let mut buf = BytesMut::from(&messages.concat()[..]);
+    let (out, held) = tracked(&mut buf);
+    let expected = [
+        &messages[0][..],
+        &messages[1],
+        &messages[3],
+        b"new T",
+        &messages[6],
+        &messages[7],
+    ]
+    .concat();
+    assert_eq!(out, expected);
+    assert_eq!(held, None);
+    assert!(buf.is_empty());
+}
+
+#[test]
+fn a_held_message_stops_the_run_and_what_follows_it_stays_buffered() {
+    let before = [
+        msg(b'D', b"row 1"),
+        msg(b'N', b"notice"),
+        msg(b'D', b"row 2"),
+    ];
+    let hold = msg(b'H', b"held");
+    let after = [msg(b'D', b"row 3"), msg(b'C', b"SELECT 3\0")].concat();
+    let incomplete = &msg(b'D', b"row 4")[..7];
+    let mut buf = BytesMut::from(&[&before.concat()[..], &hold, &after, incomplete].concat()[..]);
+    let (out, held) = tracked(&mut buf);
+    assert_eq!(out, [&before[0][..], &before[2]].concat());
+    assert_eq!(held, Some(hold));
+    assert_eq!(&buf[..], &[&after[..], incomplete].concat()[..]);
+    // Tracked again later, the rest goes on up to the incomplete row.
+    let (out, held) = tracked(&mut buf);
+    assert_eq!(out, after);
+    assert_eq!(held, None);
+    assert_eq!(&buf[..], incomplete);
 }

@@ -16,7 +16,7 @@ use super::serve_client;
 use crate::wire::event_loop::EventLoops;
 use crate::wire::guard::{ClientError, ClientStep, Guard, GuardFactory, ServerStep, SessionInfo};
 use crate::wire::proxy::{Proxy, RelayConfig};
-use crate::wire::response_queue::Desync;
+use crate::wire::response_queue::{Desync, Route};
 use crate::wire::upstream::UpstreamAddr;
 
 pub(in crate::wire) const IO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -34,8 +34,8 @@ impl Guard for PassThrough {
     fn client_streams(&mut self, _: &[u8]) -> bool {
         false
     }
-    fn server_streams(&mut self, _: u8) -> bool {
-        false
+    fn unwatched_row(&self, _: u8) -> Option<Route> {
+        None
     }
     fn release(&mut self) -> Option<Bytes> {
         None

@@ -270,7 +270,7 @@ fn pending_tags(t: &mut Tracker<Marks>) -> Vec<&'static str> {
 
 /// What PostgreSQL would send for the queue's front entry.
 fn answer(t: &mut Tracker<Marks>, ok: bool, in_block: bool) -> Vec<Vec<u8>> {
-    let Some(expect) = t.queue.front_expect().cloned() else {
+    let Some(expect) = t.queue.front().map(|e| e.expect.clone()) else {
         return Vec::new();
     };
     let status = if in_block { b'T' } else { b'I' };
