@@ -14,7 +14,7 @@
 //! - [`wire`]: frames, relays and tracks protocol state; knows nothing of
 //!   LangGraph.
 //! - Leaves: [`metrics`], [`timestamp`], [`error_chain`], [`log_text`],
-//!   [`fd_limit`].
+//!   [`log_scope`], [`fd_limit`].
 
 pub mod admin;
 pub mod audit;
@@ -24,6 +24,7 @@ pub mod config;
 pub mod enforce;
 pub mod error_chain;
 pub mod fd_limit;
+pub mod log_scope;
 pub mod log_text;
 pub mod managed_pg;
 pub mod metrics;

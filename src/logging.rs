@@ -1,9 +1,10 @@
 //! Where the proxy's logs go, and which: `RUST_LOG`, else
 //! `resumeguard=info`. A filter of targets and levels alone (almost every
-//! setting) is static: entering a session's span, which the relay does
-//! each time it moves a session's bytes, then takes no lock and keeps no
-//! per-span state. Only a setting with span or field directives (`[…]`)
-//! needs the full `EnvFilter`.
+//! setting) is static: entering a session's span then takes no lock and
+//! keeps no per-span state. Only a setting with span or field directives
+//! (`[…]`) needs the full `EnvFilter`. The subscriber is wrapped in
+//! [`LazyEnter`], so an event loop's turn enters its session's span only
+//! when something in the turn logs.
 
 use std::io::IsTerminal;
 use std::str::FromStr;
@@ -12,6 +13,8 @@ use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
+
+use resumeguard::log_scope::LazyEnter;
 
 use super::LogFormat;
 
@@ -31,10 +34,10 @@ pub fn init(format: LogFormat) {
     let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let filtered = tracing_subscriber::registry().with(targets).with(spans);
     match format {
-        LogFormat::Text => filtered
-            .with(logs.with_ansi(std::io::stderr().is_terminal()))
-            .init(),
-        LogFormat::Json => filtered.with(logs.json()).init(),
+        LogFormat::Text => {
+            LazyEnter::new(filtered.with(logs.with_ansi(std::io::stderr().is_terminal()))).init()
+        }
+        LogFormat::Json => LazyEnter::new(filtered.with(logs.json())).init(),
     }
 }
 

@@ -36,6 +36,7 @@ const LAYERS: &[&[&str]] = &[
         "timestamp",
         "error_chain",
         "log_text",
+        "log_scope",
         "fd_limit",
     ],
 ];

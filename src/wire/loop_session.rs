@@ -167,10 +167,11 @@ impl LoopSession {
         !self.started
     }
 
-    /// Moves bytes until nothing more can move, inside the session's span.
+    /// Moves bytes until nothing more can move, inside the session's span
+    /// (entered only if something logs meanwhile: see `log_scope`).
     pub fn drive(&mut self) -> Next {
         let span = std::mem::replace(&mut self.session.span, tracing::Span::none());
-        let next = span.in_scope(|| self.drive_steps());
+        let next = crate::log_scope::in_scope(&span, || self.drive_steps());
         self.session.span = span;
         next
     }
