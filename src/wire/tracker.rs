@@ -89,15 +89,13 @@ impl<H: Hooks> Tracker<H> {
     /// A statement name as the server will see it when it reaches the
     /// message being tracked now.
     fn statement(&self, name: &[u8]) -> Lookup<Statement<H::Statement>> {
-        self.unanswered
+        match self
+            .unanswered
             .statement(name, self.statements.get(name), self.segment)
-    }
-
-    /// A portal name as the server will see it when it reaches the
-    /// message being tracked now.
-    fn portal(&self, name: &[u8]) -> Lookup<Portal<H::Portal, H::Statement>> {
-        self.unanswered
-            .portal(name, self.portals.get(name), self.segment)
+        {
+            Lookup::Known(s) => Lookup::Known(s.cloned()),
+            Lookup::Ambiguous => Lookup::Ambiguous,
+        }
     }
 
     /// Routes the rest of the front statement's answer away from the
@@ -162,7 +160,7 @@ impl<H: Hooks> Tracker<H> {
         let change = Change::Bind {
             portal: bind.portal.to_vec(),
             binding: Portal {
-                annotation,
+                annotation: annotation.map(Box::new),
                 commands: statement.commands.clone(),
             },
         };
@@ -304,13 +302,19 @@ where
             }
             Frontend::Bind(bind) => self.bind(&bind, frame),
             Frontend::Execute { portal } => {
-                let binding = match self.portal(portal) {
-                    Lookup::Known(b) => b,
-                    Lookup::Ambiguous => return Ok(ClientStep::AwaitServer),
-                };
+                // The portal as the server will see it (read in place: the
+                // hooks are a field of their own).
+                let binding =
+                    match self
+                        .unanswered
+                        .portal(portal, self.portals.get(portal), self.segment)
+                    {
+                        Lookup::Known(b) => b,
+                        Lookup::Ambiguous => return Ok(ClientStep::AwaitServer),
+                    };
                 let watch = self
                     .hooks
-                    .execute(binding.as_ref().and_then(|b| b.annotation.as_ref()));
+                    .execute(binding.and_then(|b| b.annotation.as_deref()));
                 let commands = binding
                     .map(|b| SqlChanges::new(commands_of(&b.commands).iter().cloned(), false))
                     .unwrap_or_default();
@@ -331,12 +335,17 @@ where
                         }
                         Lookup::Ambiguous => return Ok(ClientStep::AwaitServer),
                     },
-                    Target::Portal => match self.portal(name) {
-                        Lookup::Known(b) => self
-                            .hooks
-                            .describe_portal(b.as_ref().and_then(|b| b.annotation.as_ref())),
-                        Lookup::Ambiguous => return Ok(ClientStep::AwaitServer),
-                    },
+                    Target::Portal => {
+                        match self
+                            .unanswered
+                            .portal(name, self.portals.get(name), self.segment)
+                        {
+                            Lookup::Known(b) => self
+                                .hooks
+                                .describe_portal(b.and_then(|b| b.annotation.as_deref())),
+                            Lookup::Ambiguous => return Ok(ClientStep::AwaitServer),
+                        }
+                    }
                 };
                 let expect = match target {
                     Target::Statement => Expect::DescribeStatement,

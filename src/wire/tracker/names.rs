@@ -48,7 +48,9 @@ impl<S> Statement<S> {
 
 #[derive(Debug, Clone)]
 pub(super) struct Portal<P, S> {
-    pub(super) annotation: Option<P>,
+    /// Boxed: only a watched portal has one, and queue entries carrying
+    /// a Bind's portal move by value on every message.
+    pub(super) annotation: Option<Box<P>>,
     pub(super) commands: SharedCommands<S>,
 }
 

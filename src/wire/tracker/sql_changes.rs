@@ -19,8 +19,13 @@ pub(super) struct SqlChange<S> {
     pub(super) decides: bool,
 }
 
+/// An answer's changes: none for almost every answer, so the queue entry
+/// carrying them stays one pointer wide and nothing is allocated.
 #[derive(Debug)]
-pub(super) struct SqlChanges<S> {
+pub(super) struct SqlChanges<S>(Option<Box<Changes<S>>>);
+
+#[derive(Debug)]
+struct Changes<S> {
     changes: Vec<SqlChange<S>>,
     /// Changes before this one are applied.
     next: usize,
@@ -39,11 +44,7 @@ pub(super) struct Confirmed<S> {
 
 impl<S> Default for SqlChanges<S> {
     fn default() -> Self {
-        SqlChanges {
-            changes: Vec::new(),
-            next: 0,
-            forget_all_at: None,
-        }
+        SqlChanges(None)
     }
 }
 
@@ -72,6 +73,9 @@ impl<S> SqlChanges<S> {
                 decides: false,
             })
             .collect();
+        if changes.is_empty() {
+            return SqlChanges(None);
+        }
         let forget_all_at = changes
             .iter()
             .rposition(|c| c.command == SqlCommand::DeallocateAll);
@@ -86,21 +90,26 @@ impl<S> SqlChanges<S> {
             }
             change.decides = seen.insert(name);
         }
-        SqlChanges {
+        SqlChanges(Some(Box::new(Changes {
             changes,
             next: 0,
             forget_all_at,
-        }
+        })))
     }
 
     /// The changes not yet applied.
     pub(super) fn pending(&self) -> &[SqlChange<S>] {
-        self.changes.get(self.next..).unwrap_or_default()
+        self.0
+            .as_deref()
+            .and_then(|c| c.changes.get(c.next..))
+            .unwrap_or_default()
     }
 
     /// Whether a `DEALLOCATE ALL` is still to be applied.
     pub(super) fn forgets_all(&self) -> bool {
-        self.forget_all_at.is_some_and(|at| at >= self.next)
+        self.0
+            .as_deref()
+            .is_some_and(|c| c.forget_all_at.is_some_and(|at| at >= c.next))
     }
 
     /// The statements the pending changes decide: each name, and the
@@ -118,17 +127,18 @@ impl<S> SqlChanges<S> {
     /// Takes the next change if the CommandComplete `tag` confirms it (an
     /// EXECUTE'd statement's own tag can come in between).
     pub(super) fn confirm_next(&mut self, tag: &[u8]) -> Option<Confirmed<S>> {
-        let at = self.next;
-        let change = self.changes.get_mut(at)?;
+        let c = self.0.as_deref_mut()?;
+        let at = c.next;
+        let change = c.changes.get_mut(at)?;
         if !change.command.confirmed_by(tag) {
             return None;
         }
-        self.next += 1;
+        c.next += 1;
         Some(Confirmed {
             command: std::mem::replace(&mut change.command, SqlCommand::DeallocateAll),
             defines: change.defines.take(),
             decided: change.decides,
-            ended_forget_all: self.forget_all_at == Some(at),
+            ended_forget_all: c.forget_all_at == Some(at),
         })
     }
 }
@@ -220,6 +230,8 @@ mod tests {
     #[test]
     fn no_commands_allocate_nothing() {
         let c = SqlChanges::<u32>::new(Vec::new(), true);
-        assert_eq!(c.changes.capacity(), 0);
+        assert!(c.0.is_none());
+        let execute = (SqlCommand::Execute { name: "a".into() }, None);
+        assert!(SqlChanges::<u32>::new(vec![execute], false).0.is_none());
     }
 }

@@ -419,12 +419,12 @@ impl<H: Hooks> Unanswered<H> {
     /// A statement name as the server will see it when it reaches the
     /// message being tracked now (`now`: the client's Sync count), from
     /// its `confirmed` state and the changes still unanswered.
-    pub(super) fn statement(
-        &self,
+    pub(super) fn statement<'a>(
+        &'a self,
         name: &[u8],
-        confirmed: Option<&Statement<H::Statement>>,
+        confirmed: Option<&'a Statement<H::Statement>>,
         now: u64,
-    ) -> Lookup<Statement<H::Statement>> {
+    ) -> Lookup<&'a Statement<H::Statement>> {
         let own = self.statements.get(name);
         let mut latest = own.and_then(|o| o.changes.latest());
         let mut alike = own.is_none_or(|o| o.changes.all_alike(confirmed));
@@ -442,12 +442,12 @@ impl<H: Hooks> Unanswered<H> {
         settle(confirmed, latest, alike, now)
     }
 
-    pub(super) fn portal(
-        &self,
+    pub(super) fn portal<'a>(
+        &'a self,
         name: &[u8],
-        confirmed: Option<&Portal<H::Portal, H::Statement>>,
+        confirmed: Option<&'a Portal<H::Portal, H::Statement>>,
         now: u64,
-    ) -> Lookup<Portal<H::Portal, H::Statement>> {
+    ) -> Lookup<&'a Portal<H::Portal, H::Statement>> {
         let own = self.portals.get(name);
         let latest = own.and_then(NameChanges::latest);
         let alike = own.is_none_or(|o| o.all_alike(confirmed));
@@ -458,20 +458,20 @@ impl<H: Hooks> Unanswered<H> {
 /// The state a name will have, from its confirmed state, its latest
 /// unanswered change and whether every one of them leaves it alike the
 /// confirmed state.
-fn settle<T: Clone>(
-    confirmed: Option<&T>,
-    latest: Option<(Sent, Option<&T>)>,
+fn settle<'a, T>(
+    confirmed: Option<&'a T>,
+    latest: Option<(Sent, Option<&'a T>)>,
     all_alike: bool,
     now: u64,
-) -> Lookup<T> {
+) -> Lookup<&'a T> {
     match latest {
-        None => Lookup::Known(confirmed.cloned()),
+        None => Lookup::Known(confirmed),
         // A change sent since the latest Sync: if it fails, the server
         // skips everything up to the next Sync, this message included.
-        Some((sent, effect)) if sent.segment == now => Lookup::Known(effect.cloned()),
+        Some((sent, effect)) if sent.segment == now => Lookup::Known(effect),
         // Whichever of the earlier changes the server accepts, the name
         // ends up the same.
-        Some(_) if all_alike => Lookup::Known(confirmed.cloned()),
+        Some(_) if all_alike => Lookup::Known(confirmed),
         Some(_) => Lookup::Ambiguous,
     }
 }
