@@ -24,6 +24,13 @@ const ESCAPE_LEAD: u8 = 0xEF;
 /// otherwise with every byte outside UTF-8, and every byte of a genuine
 /// escape character, read as its escape.
 pub fn decode(sql: &[u8]) -> Cow<'_, str> {
+    // ASCII, the usual statement, holds no escape lead byte: the search
+    // for one is skipped.
+    if sql.is_ascii() {
+        if let Ok(text) = std::str::from_utf8(sql) {
+            return Cow::Borrowed(text);
+        }
+    }
     if let Ok(text) = std::str::from_utf8(sql) {
         if !sql.contains(&ESCAPE_LEAD) || !text.chars().any(is_escape) {
             return Cow::Borrowed(text);

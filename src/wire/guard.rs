@@ -98,7 +98,10 @@ pub trait Guard: Send {
     /// draining proxy keeps the session open while it is idle, until the
     /// work is done or the grace period ends.
     fn holds_work(&self) -> bool;
-    /// No answer is owed for a Sync the client sent before its latest one.
+    /// No answer the guard follows (one that changes a statement or
+    /// portal, or one it watches) is owed for a Sync the client sent
+    /// before its latest one: a message that waited
+    /// ([`ClientStep::AwaitServer`]) reads the same now.
     fn settled(&self) -> bool;
     /// The startup exchange (authentication included) is over.
     fn started(&self) -> bool;

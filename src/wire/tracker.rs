@@ -318,12 +318,11 @@ where
                 let commands = binding
                     .map(|b| SqlChanges::new(commands_of(&b.commands).iter().cloned(), false))
                     .unwrap_or_default();
-                let change = Change::Answer {
-                    watch: watch.map(Box::new),
-                    commands,
-                    resets_unnamed: false,
-                };
-                self.push(Expect::Execute, Route::Forward, Some(change));
+                self.push(
+                    Expect::Execute,
+                    Route::Forward,
+                    Change::answer(watch, commands),
+                );
                 Ok(ClientStep::Forward)
             }
             Frontend::Describe { target, name } => {
@@ -351,12 +350,8 @@ where
                     Target::Statement => Expect::DescribeStatement,
                     Target::Portal => Expect::DescribePortal,
                 };
-                let change = Change::Answer {
-                    watch: watch.map(Box::new),
-                    commands: SqlChanges::default(),
-                    resets_unnamed: false,
-                };
-                self.push(expect, Route::Forward, Some(change));
+                let change = Change::answer(watch, SqlChanges::default());
+                self.push(expect, Route::Forward, change);
                 Ok(ClientStep::Forward)
             }
             Frontend::Close { target, name } => {
@@ -551,7 +546,8 @@ where
         self.hooks.holds_work()
     }
 
-    /// No answer is owed for a message sent before the latest Sync.
+    /// No change, and no watched answer, is owed for a message sent
+    /// before the latest Sync.
     fn settled(&self) -> bool {
         self.unanswered.settled(self.segment)
     }

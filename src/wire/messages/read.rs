@@ -27,7 +27,7 @@ pub enum ReadError {
 /// Reads a NUL-terminated string at the front of `buf`, returning it and
 /// the rest; `None` without a terminator.
 pub fn cstr(buf: &[u8]) -> Option<(&[u8], &[u8])> {
-    let end = buf.iter().position(|b| *b == 0)?;
+    let end = memchr::memchr(0, buf)?;
     Some((&buf[..end], &buf[end + 1..]))
 }
 

@@ -92,6 +92,25 @@ pub(super) enum Change<H: Hooks> {
     },
 }
 
+impl<H: Hooks> Change<H> {
+    /// What an Execute's or Describe's answer changes: nothing to follow
+    /// when nobody watches it and it runs no SQL command that changes
+    /// statements (the queue entry then carries no change).
+    pub(super) fn answer(
+        watch: Option<H::Watch>,
+        commands: SqlChanges<H::Statement>,
+    ) -> Option<Self> {
+        if watch.is_none() && commands.is_empty() {
+            return None;
+        }
+        Some(Change::Answer {
+            watch: watch.map(Box::new),
+            commands,
+            resets_unnamed: false,
+        })
+    }
+}
+
 pub(super) struct Pending<H: Hooks> {
     /// The client's Sync count when the message was sent.
     pub(super) segment: u64,

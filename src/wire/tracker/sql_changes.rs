@@ -97,6 +97,11 @@ impl<S> SqlChanges<S> {
         })))
     }
 
+    /// No command of the answer changes statements.
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
     /// The changes not yet applied.
     pub(super) fn pending(&self) -> &[SqlChange<S>] {
         self.0
