@@ -27,7 +27,11 @@ pub enum ReadError {
 /// Reads a NUL-terminated string at the front of `buf`, returning it and
 /// the rest; `None` without a terminator.
 pub fn cstr(buf: &[u8]) -> Option<(&[u8], &[u8])> {
-    let end = memchr::memchr(0, buf)?;
+    // The unnamed statement and portal, the usual names, are empty.
+    let end = match buf.first() {
+        Some(0) => 0,
+        _ => memchr::memchr(0, buf)?,
+    };
     Some((&buf[..end], &buf[end + 1..]))
 }
 
@@ -100,5 +104,17 @@ mod tests {
         let (b, rest) = cstr(rest).unwrap();
         assert_eq!((b, rest), (&b"stmt"[..], &b"x"[..]));
         assert!(cstr(b"no terminator").is_none());
+    }
+
+    #[test]
+    fn a_string_ends_at_its_first_nul_whatever_its_length() {
+        for len in [0, 1, 15, 16, 17, 100] {
+            let mut buf = vec![b'x'; len];
+            buf.extend_from_slice(b"\0rest\0");
+            let (s, rest) = cstr(&buf).unwrap();
+            assert_eq!(s.len(), len, "{len}");
+            assert_eq!(rest, b"rest\0", "{len}");
+            assert!(cstr(&buf[..len]).is_none(), "{len} unterminated");
+        }
     }
 }

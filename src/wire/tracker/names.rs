@@ -148,6 +148,9 @@ impl<T> Names<T> {
     pub(super) fn get(&self, name: &[u8]) -> Option<&T> {
         if name.is_empty() {
             self.unnamed.as_ref()
+        } else if self.named.is_empty() {
+            // Usual for the unconfirmed changes: no name to hash.
+            None
         } else {
             self.named.get(name)
         }
