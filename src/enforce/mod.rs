@@ -109,9 +109,11 @@ impl Enforcement {
     /// What the sessions share, with the screen of ordinary texts built
     /// for these saver profiles and this own schema.
     pub fn new(classifier: Arc<Classifier>, legs: Legs, audit: AuditSink) -> Self {
+        // A backslash is among the words: an escape may spell any name.
         let words: Vec<&str> = classifier
             .table_names()
             .chain(legs.own_schema.words())
+            .chain(["\\"])
             .collect();
         let screen = TextScreen::new(words);
         Enforcement {
@@ -127,7 +129,7 @@ impl Enforcement {
     /// the proxy's schema, and carries no SQL-level command. A text with
     /// a backslash is never ordinary: an escape may spell any name.
     pub fn ordinary(&self, sql: &[u8]) -> bool {
-        !sql.contains(&b'\\') && self.screen.ordinary(sql)
+        self.screen.ordinary(sql)
     }
 
     /// A session's guard, before its startup exchange.
