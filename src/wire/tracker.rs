@@ -98,6 +98,14 @@ impl<H: Hooks> Tracker<H> {
         }
     }
 
+    /// Whether an unnamed statement or portal exists, or may exist once
+    /// the server answers what it was sent: a simple Query drops both.
+    fn unnamed_in_use(&self) -> bool {
+        self.statements.get(b"").is_some()
+            || self.portals.get(b"").is_some()
+            || self.unanswered.names_unnamed()
+    }
+
     /// Routes the rest of the front statement's answer away from the
     /// client (the proxy answered it).
     pub fn swallow_front(&mut self) {
@@ -321,7 +329,7 @@ where
                 self.push(
                     Expect::Execute,
                     Route::Forward,
-                    Change::answer(watch, commands),
+                    Change::answer(watch, commands, false),
                 );
                 Ok(ClientStep::Forward)
             }
@@ -350,7 +358,7 @@ where
                     Target::Statement => Expect::DescribeStatement,
                     Target::Portal => Expect::DescribePortal,
                 };
-                let change = Change::answer(watch, SqlChanges::default());
+                let change = Change::answer(watch, SqlChanges::default(), false);
                 self.push(expect, Route::Forward, change);
                 Ok(ClientStep::Forward)
             }

@@ -93,20 +93,22 @@ pub(super) enum Change<H: Hooks> {
 }
 
 impl<H: Hooks> Change<H> {
-    /// What an Execute's or Describe's answer changes: nothing to follow
-    /// when nobody watches it and it runs no SQL command that changes
-    /// statements (the queue entry then carries no change).
+    /// What an answer changes: nothing to follow when nobody watches it,
+    /// it runs no SQL command that changes statements and it drops no
+    /// unnamed statement or portal (the queue entry then carries no
+    /// change).
     pub(super) fn answer(
         watch: Option<H::Watch>,
         commands: SqlChanges<H::Statement>,
+        resets_unnamed: bool,
     ) -> Option<Self> {
-        if watch.is_none() && commands.is_empty() {
+        if watch.is_none() && commands.is_empty() && !resets_unnamed {
             return None;
         }
         Some(Change::Answer {
             watch: watch.map(Box::new),
             commands,
-            resets_unnamed: false,
+            resets_unnamed,
         })
     }
 }

@@ -159,12 +159,14 @@ impl<H: Hooks> Tracker<H> {
                 (ClientStep::Replace(bytes), None)
             }
         };
-        let change = Change::Answer {
-            watch: watch.map(Box::new),
-            commands: SqlChanges::new(commands, true),
-            resets_unnamed: true,
-        };
-        self.push(Expect::Query, Route::Forward, Some(change));
+        // The answer drops the unnamed statement and portal: with neither
+        // in use that changes nothing.
+        let change = Change::answer(
+            watch,
+            SqlChanges::new(commands, true),
+            self.unnamed_in_use(),
+        );
+        self.push(Expect::Query, Route::Forward, change);
         self.segment += 1;
         Ok(step)
     }

@@ -380,6 +380,44 @@ fn discard_all_forgets_every_statement() {
 }
 
 #[test]
+fn a_query_drops_an_unnamed_statement_confirmed_or_still_unanswered() {
+    let mut t = tracker();
+    // Nothing unnamed exists: the answer changes nothing to follow.
+    client(&mut t, &[query("select 1")]);
+    assert!(t.unanswered.is_empty());
+    assert!(t.settled());
+    server(&mut t, &[complete("SELECT 1"), ready(b'I')]);
+
+    // Confirmed before the Query.
+    client(&mut t, &[parse("", "insert guarded"), sync()]);
+    server(&mut t, &[msg(b'1', b""), ready(b'I')]);
+    client(&mut t, &[query("select 1")]);
+    assert!(!t.unanswered.is_empty());
+    server(&mut t, &[complete("SELECT 1"), ready(b'I')]);
+    bind_sees(&mut t, "");
+    assert_eq!(t.hooks.binds, [false]);
+    client(&mut t, &[sync()]);
+    server(&mut t, &[msg(b'2', b""), ready(b'I')]);
+
+    // Still unanswered when the Query is sent.
+    client(
+        &mut t,
+        &[parse("", "insert guarded"), sync(), query("select 1")],
+    );
+    server(
+        &mut t,
+        &[
+            msg(b'1', b""),
+            ready(b'I'),
+            complete("SELECT 1"),
+            ready(b'I'),
+        ],
+    );
+    bind_sees(&mut t, "");
+    assert_eq!(t.hooks.binds, [false]);
+}
+
+#[test]
 fn transaction_status_follows_ready_for_query() {
     let mut t = tracker();
     client(&mut t, &[query("BEGIN")]);

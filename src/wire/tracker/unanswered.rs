@@ -411,6 +411,13 @@ impl<H: Hooks> Unanswered<H> {
             && self.segments.is_empty()
     }
 
+    /// Whether a change waiting for its answer names the unnamed
+    /// statement or portal.
+    pub(super) fn names_unnamed(&self) -> bool {
+        self.statements.get(b"").is_some_and(|s| !s.is_empty())
+            || self.portals.get(b"").is_some_and(|p| !p.is_empty())
+    }
+
     /// No change sent before the latest Sync (`now`) waits for its answer.
     pub(super) fn settled(&self, now: u64) -> bool {
         self.segments.front().is_none_or(|(s, _)| *s >= now)
