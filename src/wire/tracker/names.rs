@@ -96,7 +96,9 @@ impl<H: Hooks> Change<H> {
     /// What an answer changes: nothing to follow when nobody watches it,
     /// it runs no SQL command that changes statements and it drops no
     /// unnamed statement or portal (the queue entry then carries no
-    /// change).
+    /// change). Inlined: a change returned from a call is copied out of
+    /// it, on every Execute.
+    #[inline(always)]
     pub(super) fn answer(
         watch: Option<H::Watch>,
         commands: SqlChanges<H::Statement>,
