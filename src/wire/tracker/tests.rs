@@ -418,6 +418,21 @@ fn a_query_drops_an_unnamed_statement_confirmed_or_still_unanswered() {
 }
 
 #[test]
+fn a_query_in_a_transaction_drops_the_unnamed_portal() {
+    let mut t = tracker();
+    client(&mut t, &[query("BEGIN")]);
+    server(&mut t, &[complete("BEGIN"), ready(b'T')]);
+    client(&mut t, &[parse("s", "select 1"), bind("s"), sync()]);
+    server(&mut t, &[msg(b'1', b""), msg(b'2', b""), ready(b'T')]);
+    // The portal outlives its Sync inside the transaction; the Query
+    // drops it, so its answer carries that change.
+    client(&mut t, &[query("select 1")]);
+    assert!(!t.unanswered.is_empty());
+    server(&mut t, &[complete("SELECT 1"), ready(b'T')]);
+    assert!(t.unanswered.is_empty());
+}
+
+#[test]
 fn transaction_status_follows_ready_for_query() {
     let mut t = tracker();
     client(&mut t, &[query("BEGIN")]);
