@@ -5,7 +5,6 @@
 //! it again.
 
 use regex_automata::dfa::{dense, Automaton, StartKind};
-use regex_automata::util::syntax;
 use regex_automata::{Input, MatchKind};
 
 use super::sql_commands::KEYWORDS;
@@ -55,13 +54,12 @@ impl TextScreen {
 }
 
 /// An automaton matching any of `words` anywhere, ASCII
-/// case-insensitively; each word is matched as its bytes, never as a
-/// pattern.
+/// case-insensitively; each word is matched as its text, never as a
+/// pattern (non-ASCII letters match as their UTF-8 bytes, unfolded).
 fn any_of(words: &[&str]) -> Option<dense::DFA<Vec<u32>>> {
-    let literals: Vec<String> = words.iter().map(|w| literal(w)).collect();
+    let literals: Vec<String> = words.iter().map(|w| regex::escape(w)).collect();
     let pattern = format!("(?i-u:{})", literals.join("|"));
     dense::Builder::new()
-        .syntax(syntax::Config::new().utf8(false))
         .configure(
             dense::Config::new()
                 .start_kind(StartKind::Unanchored)
@@ -69,20 +67,6 @@ fn any_of(words: &[&str]) -> Option<dense::DFA<Vec<u32>>> {
         )
         .build(&pattern)
         .ok()
-}
-
-/// `word` as a pattern that matches its bytes: letters, digits and `_`
-/// as themselves (so that ASCII case folds), any other byte escaped.
-fn literal(word: &str) -> String {
-    let mut pattern = String::with_capacity(word.len());
-    for &b in word.as_bytes() {
-        if b.is_ascii_alphanumeric() || b == b'_' {
-            pattern.push(char::from(b));
-        } else {
-            pattern.push_str(&format!("\\x{b:02x}"));
-        }
-    }
-    pattern
 }
 
 #[cfg(test)]
