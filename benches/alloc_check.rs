@@ -81,7 +81,9 @@ fn run(w: &mut Workload, rounds: usize) -> Counts {
     for _ in 0..rounds {
         for f in &w.client {
             let before = ALLOCS.load(Ordering::Relaxed);
-            w.session.on_client(f).expect("client message refused");
+            w.session
+                .on_client(f, false)
+                .expect("client message refused");
             let n = ALLOCS.load(Ordering::Relaxed) - before;
             if n > 0 {
                 *by_message.entry(format!("F {}", f[0] as char)).or_default() += n;

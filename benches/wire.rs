@@ -47,7 +47,7 @@ fn response_queue(c: &mut Criterion) {
 
 fn round(st: &mut SessionGuard, r: &common::PgbenchRound) -> usize {
     for f in &r.client {
-        st.on_client(black_box(f)).unwrap();
+        st.on_client(black_box(f), false).unwrap();
     }
     let mut forwarded = 0;
     for f in &r.server {

@@ -475,7 +475,7 @@ fn guard_survives_mutated_server_streams() {
             let (mut ci, mut si) = (0, 0);
             loop {
                 while let Some(frame) = client.get(ci) {
-                    match guard.on_client(frame) {
+                    match guard.on_client(frame, false) {
                         Ok(resumeguard::wire::guard::ClientStep::AwaitServer) => break,
                         Ok(_) => ci += 1,
                         Err(_) => return Ok(()),

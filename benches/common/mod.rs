@@ -270,8 +270,8 @@ pub fn session() -> SessionGuard {
 /// A session that has prepared `stmt` = `sql` (Parse + Sync answered).
 pub fn prepared_session(stmt: &str, sql: &str, oids: &[u32]) -> SessionGuard {
     let mut st = session();
-    st.on_client(&parse(stmt, sql, oids)).unwrap();
-    st.on_client(&sync()).unwrap();
+    st.on_client(&parse(stmt, sql, oids), false).unwrap();
+    st.on_client(&sync(), false).unwrap();
     st.on_server(&msg(b'1', b"")).unwrap();
     st.on_server(&ready(b'I')).unwrap();
     st

@@ -157,7 +157,10 @@ mod tests {
     }
 
     fn client(guard: &mut Box<dyn Guard>, frames: &[Vec<u8>]) -> Vec<ClientStep> {
-        frames.iter().map(|f| guard.on_client(f).unwrap()).collect()
+        frames
+            .iter()
+            .map(|f| guard.on_client(f, false).unwrap())
+            .collect()
     }
 
     fn server(guard: &mut Box<dyn Guard>, frames: &[Vec<u8>]) {

@@ -196,7 +196,7 @@ pub(super) struct TrackedClient {
     pub awaiting: bool,
     /// The next message may block the tracking thread: a relay serving
     /// many sessions on one thread moves this one to its own threads
-    /// before it offers the message again.
+    /// before it offers the message again (see [`ClientStep::Blocks`]).
     pub may_block: bool,
     /// The client sent Terminate: the server closing next is expected.
     pub terminated: bool,
@@ -212,7 +212,7 @@ pub(super) struct Limits {
     /// The upstream connection has TLS (see `sasl_plus.rs`).
     pub upstream_tls: bool,
     /// The relay serves many sessions on this thread: a message that
-    /// may block stops the pass (see [`Guard::may_block`]).
+    /// may block stops the pass (see [`ClientStep::Blocks`]).
     pub on_loop: bool,
 }
 
@@ -255,10 +255,6 @@ pub(super) fn track_client(
         } else {
             buf.len()
         };
-        if on_loop && whole && guard.may_block(&buf[ready..end]) {
-            may_block = true;
-            break None;
-        }
         terminated |= h.tag == b'X';
         if whole && h.tag == b'p' && !guard.started() {
             if let Some(refusal) = sasl_plus::binding_refused(&buf[ready..end], upstream_tls) {
@@ -266,7 +262,7 @@ pub(super) fn track_client(
             }
         }
         let mut forward = true;
-        match guard.on_client(&buf[ready..end]) {
+        match guard.on_client(&buf[ready..end], on_loop) {
             Ok(ClientStep::Forward) => {}
             Ok(ClientStep::Replace(replacement)) => {
                 out.extend_from_slice(&buf[copied..ready]);
@@ -276,6 +272,10 @@ pub(super) fn track_client(
             }
             Ok(ClientStep::AwaitServer) => {
                 awaiting = true;
+                break None;
+            }
+            Ok(ClientStep::Blocks) => {
+                may_block = true;
                 break None;
             }
             Err(e) => break Some(Refused::Invalid(e.to_string())),

@@ -8,7 +8,7 @@
 //! Nothing on a loop blocks: sockets are non-blocking, a held row's claim
 //! is decided on a thread of its own (which wakes the loop when done), and
 //! a session whose guard may block (see
-//! [`super::guard::Guard::may_block`]) leaves its loop for threads of its
+//! [`super::guard::ClientStep::Blocks`]) leaves its loop for threads of its
 //! own before it does. Sessions are dealt to the loops in turn. The
 //! startup deadline is kept by the loop: a session still authenticating
 //! at its deadline is ended as a thread's timed-out read would end it.

@@ -21,6 +21,11 @@ pub enum ClientStep {
     /// answers the server still owes for an earlier Sync: send what came
     /// before it, wait until the guard is settled, then offer it again.
     AwaitServer,
+    /// Tracking the message may block the calling thread (a call to a
+    /// store), and the relay serves many sessions on it: nothing was
+    /// tracked. The relay moves the session to threads of its own and
+    /// offers the message again there.
+    Blocks,
 }
 
 /// A client message the proxy cannot let through; the session ends with
@@ -69,7 +74,10 @@ impl Eq for HeldTicket {}
 
 /// One session's watcher, driven by the relay under the session's lock.
 pub trait Guard: Send {
-    fn on_client(&mut self, frame: &[u8]) -> Result<ClientStep, ClientError>;
+    /// `on_loop`: the relay serves many sessions on the calling thread, so
+    /// a message whose tracking may block it is answered
+    /// [`ClientStep::Blocks`] rather than tracked.
+    fn on_client(&mut self, frame: &[u8], on_loop: bool) -> Result<ClientStep, ClientError>;
     fn on_server(&mut self, frame: &[u8]) -> Result<ServerStep, Desync>;
     /// Whether a client message too large to buffer cheaply may stream:
     /// `prefix` is its header and the body bytes read so far. True means
@@ -105,10 +113,6 @@ pub trait Guard: Send {
     fn settled(&self) -> bool;
     /// The startup exchange (authentication included) is over.
     fn started(&self) -> bool;
-    /// Whether tracking this client message may block the calling thread
-    /// (a call to a store). A relay serving many sessions on one thread
-    /// moves this one to threads of its own before it tracks the message.
-    fn may_block(&mut self, frame: &[u8]) -> bool;
     /// Hands what the guard recorded to its stores; never blocks.
     fn flush(&mut self);
     /// The client connection is gone.

@@ -126,7 +126,7 @@ pub trait Hooks {
     }
     /// Whether a statement text (of a Parse or a Query, its bytes as the
     /// client sent them) may make a later hook block on a store (see
-    /// [`super::guard::Guard::may_block`]).
+    /// [`super::guard::ClientStep::Blocks`]).
     fn may_block(&mut self, _sql: &[u8]) -> bool {
         false
     }

@@ -65,7 +65,7 @@ enum Step {
     Stuck,
     Ended(End),
     /// The next client message may block its tracking (see
-    /// [`super::guard::Guard::may_block`]): the session goes to threads.
+    /// [`super::guard::ClientStep::Blocks`]): the session goes to threads.
     ToThreads,
 }
 

@@ -8,7 +8,7 @@
 //! direction wakes for every message (docs/performance.md, "Where the CPU
 //! goes"). A session moves from its loop to threads of its own before its
 //! guard may block (a call to the claim store: see
-//! [`super::guard::Guard::may_block`]), and a TLS session relays on
+//! [`super::guard::ClientStep::Blocks`]), and a TLS session relays on
 //! threads from the start: two, one per direction, blocking in reads.
 //! The state lock is never held across a read or a write.
 

@@ -278,10 +278,22 @@ impl<H: Hooks> Guard for Tracker<H>
 where
     Tracker<H>: Send,
 {
-    /// Tracks one client message on its way to the server.
-    fn on_client(&mut self, frame: &[u8]) -> Result<ClientStep, ClientError> {
+    /// Tracks one client message on its way to the server. Only a
+    /// statement text can make a session's later hooks reach a store: a
+    /// Parse's or a Query's (a Query carries SQL PREPARE and DECLARE with
+    /// their statements); on a loop, the hooks are asked before anything
+    /// is tracked.
+    fn on_client(&mut self, frame: &[u8], on_loop: bool) -> Result<ClientStep, ClientError> {
+        let message = Frontend::read(frame);
+        if on_loop {
+            if let Frontend::Parse { sql, .. } | Frontend::Query { sql } = &message {
+                if self.hooks.may_block(sql) {
+                    return Ok(ClientStep::Blocks);
+                }
+            }
+        }
         self.hooks.next_client_message(self.is_idle());
-        match Frontend::read(frame) {
+        match message {
             Frontend::Parse {
                 name,
                 sql,
@@ -562,19 +574,6 @@ where
 
     fn started(&self) -> bool {
         self.started
-    }
-
-    /// Only a statement text can make a session's later hooks reach a
-    /// store: a Parse's or a Query's (a Query carries SQL PREPARE and
-    /// DECLARE with their statements).
-    fn may_block(&mut self, frame: &[u8]) -> bool {
-        if !matches!(frame.first(), Some(b'P' | b'Q')) {
-            return false;
-        }
-        match Frontend::read(frame) {
-            Frontend::Parse { sql, .. } | Frontend::Query { sql } => self.hooks.may_block(sql),
-            _ => false,
-        }
     }
 
     fn flush(&mut self) {

@@ -142,7 +142,7 @@ impl Session {
         }
         let mut waited = false;
         loop {
-            let step = self.guard.on_client(frame);
+            let step = self.guard.on_client(frame, false);
             if tracing() {
                 eprintln!("client {} -> {step:?}", show(frame));
             }
@@ -171,6 +171,9 @@ impl Session {
                     if !self.open() {
                         return Ok(());
                     }
+                }
+                Ok(ClientStep::Blocks) => {
+                    return Err("a message blocked although not on a loop".into())
                 }
                 // The proxy closes the session: fail closed.
                 Err(_) => {
@@ -218,7 +221,7 @@ impl Session {
         ];
         for round in [vec![query("select 1")], extended.to_vec()] {
             for frame in &round {
-                match self.guard.on_client(frame) {
+                match self.guard.on_client(frame, false) {
                     Ok(ClientStep::Forward) => self.server.receive(frame, &mut self.dice),
                     other => return Err(format!("select 1 not forwarded: {other:?}")),
                 }

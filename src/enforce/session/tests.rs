@@ -37,10 +37,11 @@ impl SessionState {
     }
 
     fn on_client(&mut self, frame: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
-        Ok(match self.0.on_client(frame)? {
+        Ok(match self.0.on_client(frame, false)? {
             ClientStep::Forward => None,
             ClientStep::Replace(bytes) => Some(bytes),
             ClientStep::AwaitServer => panic!("unexpected wait for the server"),
+            ClientStep::Blocks => panic!("a message blocked off a loop"),
         })
     }
 

@@ -57,7 +57,7 @@ pub(in crate::wire) fn session() -> SessionGuard {
         parse("blobs", UPSERT_BLOBS),
         msg(b'S', b""),
     ] {
-        st.on_client(&f).unwrap();
+        st.on_client(&f, false).unwrap();
     }
     for f in [msg(b'1', b""), msg(b'1', b""), msg(b'Z', b"I")] {
         st.on_server(&f).unwrap();

@@ -72,7 +72,11 @@ impl Watching {
 }
 
 impl Guard for Watching {
-    fn on_client(&mut self, frame: &[u8]) -> Result<ClientStep, ClientError> {
+    fn on_client(&mut self, frame: &[u8], on_loop: bool) -> Result<ClientStep, ClientError> {
+        let text = String::from_utf8_lossy(frame);
+        if on_loop && frame[0] == b'Q' && self.blocks_on.is_some_and(|b| text.contains(b)) {
+            return Ok(ClientStep::Blocks);
+        }
         if frame[0] == b'Q' {
             let text = String::from_utf8_lossy(&frame[5..frame.len() - 1]).into_owned();
             let thread = std::thread::current().name().unwrap_or("").to_owned();
@@ -109,10 +113,6 @@ impl Guard for Watching {
     }
     fn started(&self) -> bool {
         self.starts
-    }
-    fn may_block(&mut self, frame: &[u8]) -> bool {
-        let text = String::from_utf8_lossy(frame);
-        frame[0] == b'Q' && self.blocks_on.is_some_and(|b| text.contains(b))
     }
     fn flush(&mut self) {}
     fn closed(&mut self) {}

@@ -17,7 +17,7 @@ use crate::wire::session::tests::{nowhere, proxy};
 #[test]
 fn a_row_nobody_watches_streams_from_its_front() {
     let mut st = session();
-    st.on_client(&msg(b'Q', b"select repeat('x', 1000000)\0"))
+    st.on_client(&msg(b'Q', b"select repeat('x', 1000000)\0"), false)
         .unwrap();
     st.on_server(&msg(b'T', b"\0\0")).unwrap();
     assert_eq!(Guard::unwatched_row(&st, b'D'), Some(Route::Forward));
@@ -44,7 +44,7 @@ fn a_row_nobody_watches_streams_from_its_front() {
 fn rows_of_a_watched_answer_are_read_whole() {
     let mut st = session();
     let sql = format!("{SELECT_SQL}WHERE thread_id = 't' AND checkpoint_ns = '' ORDER BY checkpoint_id DESC LIMIT 1\0");
-    st.on_client(&msg(b'Q', sql.as_bytes())).unwrap();
+    st.on_client(&msg(b'Q', sql.as_bytes()), false).unwrap();
     st.on_server(&msg(b'T', b"\0\0")).unwrap();
     assert_eq!(Guard::unwatched_row(&st, b'D'), None);
     assert_eq!(Guard::unwatched_row(&st, b'd'), None);
@@ -53,7 +53,7 @@ fn rows_of_a_watched_answer_are_read_whole() {
 #[test]
 fn only_rows_and_copy_data_stream() {
     let mut st = session();
-    st.on_client(&msg(b'Q', b"select 1\0")).unwrap();
+    st.on_client(&msg(b'Q', b"select 1\0"), false).unwrap();
     for tag in [b'T', b'C', b'E', b'N', b'Z', b'S', b'A'] {
         assert_eq!(Guard::unwatched_row(&st, tag), None, "{}", tag as char);
     }
@@ -71,7 +71,7 @@ impl Ticket for Undecided {
 }
 
 impl Guard for ByTag {
-    fn on_client(&mut self, _: &[u8]) -> Result<ClientStep, ClientError> {
+    fn on_client(&mut self, _: &[u8], _: bool) -> Result<ClientStep, ClientError> {
         Ok(ClientStep::Forward)
     }
     fn on_server(&mut self, frame: &[u8]) -> Result<ServerStep, Desync> {
@@ -109,9 +109,6 @@ impl Guard for ByTag {
     }
     fn started(&self) -> bool {
         true
-    }
-    fn may_block(&mut self, _: &[u8]) -> bool {
-        false
     }
     fn flush(&mut self) {}
     fn closed(&mut self) {}

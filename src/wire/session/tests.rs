@@ -25,7 +25,7 @@ pub(in crate::wire) const IO_TIMEOUT: Duration = Duration::from_secs(10);
 struct PassThrough;
 
 impl Guard for PassThrough {
-    fn on_client(&mut self, _: &[u8]) -> Result<ClientStep, ClientError> {
+    fn on_client(&mut self, _: &[u8], _: bool) -> Result<ClientStep, ClientError> {
         Ok(ClientStep::Forward)
     }
     fn on_server(&mut self, _: &[u8]) -> Result<ServerStep, Desync> {
@@ -51,9 +51,6 @@ impl Guard for PassThrough {
     }
     fn started(&self) -> bool {
         true
-    }
-    fn may_block(&mut self, _: &[u8]) -> bool {
-        false
     }
     fn flush(&mut self) {}
     fn closed(&mut self) {}

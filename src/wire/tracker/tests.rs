@@ -170,7 +170,10 @@ fn tracker() -> Tracker<Marks> {
 }
 
 fn client(t: &mut Tracker<Marks>, frames: &[Vec<u8>]) -> Vec<ClientStep> {
-    frames.iter().map(|f| t.on_client(f).unwrap()).collect()
+    frames
+        .iter()
+        .map(|f| t.on_client(f, false).unwrap())
+        .collect()
 }
 
 fn server(t: &mut Tracker<Marks>, frames: &[Vec<u8>]) {
@@ -183,7 +186,7 @@ fn server(t: &mut Tracker<Marks>, frames: &[Vec<u8>]) {
 /// guarded statement).
 fn bind_sees(t: &mut Tracker<Marks>, name: &str) -> ClientStep {
     t.hooks.binds.clear();
-    t.on_client(&bind(name)).unwrap()
+    t.on_client(&bind(name), false).unwrap()
 }
 
 fn defined_guarded(t: &mut Tracker<Marks>) {
@@ -344,7 +347,10 @@ fn a_bind_waits_when_an_earlier_sync_may_have_changed_its_statement() {
     let steps = client(&mut t, &[parse("s1", "select 1"), sync()]);
     assert_eq!(steps, [ClientStep::Forward, ClientStep::Forward]);
     assert!(!t.settled());
-    assert_eq!(t.on_client(&bind("s1")).unwrap(), ClientStep::AwaitServer);
+    assert_eq!(
+        t.on_client(&bind("s1"), false).unwrap(),
+        ClientStep::AwaitServer
+    );
     server(&mut t, &[error(), ready(b'I')]);
     assert!(t.settled());
     assert_eq!(bind_sees(&mut t, "s1"), ClientStep::Forward);
@@ -367,7 +373,7 @@ fn changes_that_cannot_matter_never_wait() {
     server(&mut t, &[msg(b'1', b""), ready(b'I')]);
     // Whether or not the second Parse succeeds, `a` is plain.
     client(&mut t, &[parse("a", "select 2"), sync()]);
-    assert_eq!(t.on_client(&bind("a")).unwrap(), ClientStep::Forward);
+    assert_eq!(t.on_client(&bind("a"), false).unwrap(), ClientStep::Forward);
 }
 
 #[test]
@@ -449,10 +455,13 @@ fn a_malformed_message_the_server_answers_ends_the_session() {
     let mut t = tracker();
     // A Query without its NUL, a Describe of neither S nor P: PostgreSQL
     // answers them, so forwarding them untracked would shift every answer.
-    assert!(t.on_client(&msg(b'Q', b"select 1")).is_err());
-    assert!(t.on_client(&msg(b'D', b"Xname\0")).is_err());
+    assert!(t.on_client(&msg(b'Q', b"select 1"), false).is_err());
+    assert!(t.on_client(&msg(b'D', b"Xname\0"), false).is_err());
     // Messages nobody answers pass as they are.
-    assert_eq!(t.on_client(&msg(b'H', b"")).unwrap(), ClientStep::Forward);
+    assert_eq!(
+        t.on_client(&msg(b'H', b""), false).unwrap(),
+        ClientStep::Forward
+    );
 }
 
 #[test]
@@ -494,7 +503,7 @@ fn a_text_the_hooks_refuse_fails_at_its_parse_and_is_never_defined() {
 fn a_query_text_the_hooks_refuse_never_reaches_the_server() {
     let mut t = tracker();
     let step = t
-        .on_client(&query("delete forbidden; prepare p as select 1"))
+        .on_client(&query("delete forbidden; prepare p as select 1"), false)
         .unwrap();
     let ClientStep::Replace(bytes) = step else {
         panic!("{step:?}");

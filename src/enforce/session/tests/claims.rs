@@ -450,11 +450,15 @@ fn an_interrupt_write_whose_text_is_not_utf8_is_still_seen() {
 #[test]
 fn only_texts_naming_saver_tables_may_block_and_only_with_consume_once_on() {
     use crate::wire::guard::Guard;
+    // Offered on a loop: whether the message is refused to the loop.
+    let blocks = |st: &mut SessionState, frame: &[u8]| {
+        matches!(st.0.on_client(frame, true), Ok(ClientStep::Blocks))
+    };
     let query = |sql: &str| msg(b'Q', format!("{sql}\0").as_bytes());
     let pgbench = "SELECT abalance FROM pgbench_accounts WHERE aid = 7";
     let prepare = format!("PREPARE r AS {READ_SQL}");
     let mut claiming = claiming_state(&[], "app");
-    for (frame, blocks) in [
+    for (frame, blocking) in [
         (parse("s", READ_SQL), true),
         (parse("w", WRITE_SQL), true),
         (query(&prepare), true),
@@ -466,16 +470,33 @@ fn only_texts_naming_saver_tables_may_block_and_only_with_consume_once_on() {
         (msg(b'Q', b"SELECT '\xe9' FROM checkpoints\0"), true),
         (msg(b'Q', b"SELECT '\xe9' FROM t\0"), false),
     ] {
-        assert_eq!(claiming.0.may_block(&frame), blocks, "{frame:?}");
+        assert_eq!(blocks(&mut claiming, &frame), blocking, "{frame:?}");
     }
     // Asked twice, the same text gets the same answer (the second from
     // the session's memory of it).
-    assert!(claiming.0.may_block(&query(&prepare)));
-    assert!(claiming.0.may_block(&query(&prepare)));
-    assert!(!claiming.0.may_block(&query(pgbench)));
-    assert!(!claiming.0.may_block(&query(pgbench)));
+    assert!(blocks(&mut claiming, &query(&prepare)));
+    assert!(blocks(&mut claiming, &query(&prepare)));
+    assert!(!blocks(&mut claiming, &query(pgbench)));
+    assert!(!blocks(&mut claiming, &query(pgbench)));
     // Without consume-once no hook reaches a store.
     let mut plain = state();
-    assert!(!plain.0.may_block(&parse("s", READ_SQL)));
-    assert!(!plain.0.may_block(&query(&prepare)));
+    assert!(!blocks(&mut plain, &parse("s", READ_SQL)));
+    assert!(!blocks(&mut plain, &query(&prepare)));
+}
+
+#[test]
+fn a_message_that_blocks_on_a_loop_is_tracked_only_when_offered_off_it() {
+    use crate::wire::guard::Guard;
+    let mut st = claiming_state(&[], "app");
+    let frame = parse("s", READ_SQL);
+    assert!(matches!(
+        st.0.on_client(&frame, true),
+        Ok(ClientStep::Blocks)
+    ));
+    assert!(st.0.is_idle(), "nothing was tracked on the loop");
+    assert!(matches!(
+        st.0.on_client(&frame, false),
+        Ok(ClientStep::Forward)
+    ));
+    assert!(!st.0.is_idle(), "the Parse waits for its answer");
 }

@@ -322,7 +322,7 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
         match client_frame(s) {
             // A message that waits for earlier answers is not sent yet:
             // the relay offers it again once they came.
-            Some(frame) => match t.on_client(&frame) {
+            Some(frame) => match t.on_client(&frame, false) {
                 Ok(_) => {}
                 Err(e) => return Err(TestCaseError::fail(format!("{what}: {}", e.0))),
             },
@@ -402,7 +402,7 @@ fn a_deep_pipeline_answered_leaves_nothing_indexed() {
     }
     frames.push(sync());
     for f in &frames {
-        assert_eq!(t.on_client(f).unwrap(), ClientStep::Forward);
+        assert_eq!(t.on_client(f, false).unwrap(), ClientStep::Forward);
     }
     assert_eq!(t.hooks.binds.len(), 10_000, "every Bind saw its statement");
     assert!(t.hooks.binds.iter().all(|guarded| *guarded));
@@ -431,7 +431,7 @@ fn an_error_deep_in_a_pipeline_forgets_everything_up_to_the_sync() {
     frames.push(sync());
     frames.push(bind_to("p", "a"));
     for f in &frames {
-        assert_eq!(t.on_client(f).unwrap(), ClientStep::Forward);
+        assert_eq!(t.on_client(f, false).unwrap(), ClientStep::Forward);
     }
     // The first Bind fails: the server skips the rest up to the Sync.
     t.on_server(&error()).unwrap();
