@@ -40,6 +40,14 @@ pub struct ServerStep {
     pub route: Route,
     /// The message is a FATAL error: the server closes next.
     pub fatal: bool,
+    /// What few messages ask for besides, boxed: the step of every other
+    /// message stays two words wide, moved and dropped cheaply.
+    pub rare: Option<Box<RareStep>>,
+}
+
+/// The parts of a [`ServerStep`] that few messages have.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct RareStep {
     /// Bytes the client gets in place of this message.
     pub replace: Option<Bytes>,
     /// BackendKeyData seen: (pid, key) for cancel routing.
@@ -47,6 +55,36 @@ pub struct ServerStep {
     /// Hold this message (and everything after it) until the ticket is
     /// decided; see [`Guard::release`].
     pub hold: Option<HeldTicket>,
+}
+
+impl ServerStep {
+    fn rare_mut(&mut self) -> &mut RareStep {
+        self.rare.get_or_insert_with(Box::default)
+    }
+
+    /// The client gets `bytes` in place of this message (nothing changes
+    /// when there are none).
+    pub fn set_replace(&mut self, bytes: Option<Bytes>) {
+        if bytes.is_some() {
+            self.rare_mut().replace = bytes;
+        }
+    }
+
+    pub fn set_backend_key(&mut self, pid: i32, key: Vec<u8>) {
+        self.rare_mut().backend_key = Some((pid, key));
+    }
+
+    pub fn set_hold(&mut self, ticket: HeldTicket) {
+        self.rare_mut().hold = Some(ticket);
+    }
+
+    pub fn hold(&self) -> Option<&HeldTicket> {
+        self.rare.as_ref()?.hold.as_ref()
+    }
+
+    pub fn backend_key(&self) -> Option<&(i32, Vec<u8>)> {
+        self.rare.as_ref()?.backend_key.as_ref()
+    }
 }
 
 /// A decision the guard takes outside the session's lock, because it may

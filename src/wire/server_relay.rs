@@ -10,7 +10,7 @@ use bytes::{Buf, BytesMut};
 
 use super::client_stream::ClientStream;
 use super::connection::{peek_header, Connection, FrameError, Passing, STREAM_ABOVE};
-use super::guard::{Guard, HeldTicket};
+use super::guard::{Guard, HeldTicket, RareStep};
 use super::messages::error_response::{error_response, Severity};
 use super::messages::sqlstate;
 use super::proxy::Proxy;
@@ -228,32 +228,39 @@ pub(super) fn track_server(
         let frame = &buf[at..end];
         let mut step = guard.on_server(frame)?;
         if plaintext_client && h.tag == b'R' && !guard.started() {
-            if let Some(offer) = sasl_plus::without_plus(frame) {
-                step.replace = Some(offer);
-            }
+            step.set_replace(sasl_plus::without_plus(frame));
         }
         fatal |= step.fatal;
-        if let Some((pid, key)) = step.backend_key.take() {
-            proxy.cancel_keys.insert((pid, key.clone()), ());
-            if let Ok(mut k) = keys.lock() {
-                k.push((pid, key));
+        let mut replace = None;
+        if let Some(rare) = step.rare {
+            let RareStep {
+                replace: replacement,
+                backend_key,
+                hold,
+            } = *rare;
+            if let Some((pid, key)) = backend_key {
+                proxy.cancel_keys.insert((pid, key.clone()), ());
+                if let Ok(mut k) = keys.lock() {
+                    k.push((pid, key));
+                }
             }
+            if let Some(ticket) = hold {
+                out.extend_from_slice(&buf[run..at]);
+                buf.advance(at);
+                (run, at) = (0, 0);
+                held = Some(Held {
+                    frame: buf.split_to(h.total_len),
+                    replace: replacement,
+                    ticket,
+                });
+                break;
+            }
+            replace = replacement;
         }
-        if let Some(ticket) = step.hold.take() {
-            out.extend_from_slice(&buf[run..at]);
-            buf.advance(at);
-            (run, at) = (0, 0);
-            held = Some(Held {
-                frame: buf.split_to(h.total_len),
-                replace: step.replace,
-                ticket,
-            });
-            break;
-        }
-        if step.route != Route::Forward || step.replace.is_some() {
+        if step.route != Route::Forward || replace.is_some() {
             out.extend_from_slice(&buf[run..at]);
             if step.route == Route::Forward {
-                out.extend_from_slice(step.replace.as_deref().unwrap_or_default());
+                out.extend_from_slice(replace.as_deref().unwrap_or_default());
             }
             run = end;
         }

@@ -431,7 +431,7 @@ where
             match (message, watch.as_mut()) {
                 (Backend::DataRow, Some(w)) => self.hooks.row(w, frame, &mut step),
                 (Backend::RowDescription, Some(w)) => {
-                    step.replace = self.hooks.row_description(w, frame)
+                    step.set_replace(self.hooks.row_description(w, frame))
                 }
                 (Backend::ErrorResponse { .. }, Some(w)) => self.hooks.answer_error(w, frame),
                 (Backend::CommandComplete { tag: completion }, _) => {
@@ -489,7 +489,7 @@ where
             Backend::CommandComplete { tag } if tag.starts_with(b"ROLLBACK") => {
                 self.hooks.rollback()
             }
-            Backend::BackendKeyData { pid, key } => step.backend_key = Some((pid, key.to_vec())),
+            Backend::BackendKeyData { pid, key } => step.set_backend_key(pid, key.to_vec()),
             _ => {}
         }
         Ok(step)

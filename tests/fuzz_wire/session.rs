@@ -118,7 +118,7 @@ impl Session {
         if tag == 'Z' && step.route != Route::Forward {
             return Err("a ReadyForQuery was kept from the client".into());
         }
-        if step.hold.is_some() {
+        if step.hold().is_some() {
             return Err(format!("{tag:?} held with the claims leg off"));
         }
         if step.fatal {

@@ -20,7 +20,7 @@ pub(super) fn row(
     if watch.fence.is_some() {
         return;
     }
-    step.replace = watch.on_data_row(frame);
+    step.set_replace(watch.on_data_row(frame));
     if let Some(request) = session.claim_request(watch) {
         if let Some(leg) = &session.shared.legs.claims {
             let ticket = Arc::new(ClaimTicket::new(
@@ -28,7 +28,7 @@ pub(super) fn row(
                 request,
                 watch.ahead.take(),
             ));
-            step.hold = Some(HeldTicket(Arc::clone(&ticket) as _));
+            step.set_hold(HeldTicket(Arc::clone(&ticket) as _));
             session.held = Some(ticket);
         }
     }

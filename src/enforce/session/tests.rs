@@ -47,14 +47,14 @@ impl SessionState {
 
     fn on_server(&mut self, frame: &[u8]) -> Result<ServerVerdict, Desync> {
         let step = self.0.on_server(frame)?;
-        let claim = step.hold.map(|_| {
+        let claim = step.hold().map(|_| {
             let ticket = self.0.hooks.held.as_ref().expect("a claim ticket");
             ticket.request.clone()
         });
         Ok(ServerVerdict {
             route: step.route,
             fatal: step.fatal,
-            backend_key: step.backend_key,
+            backend_key: step.backend_key().cloned(),
             claim,
         })
     }

@@ -88,7 +88,7 @@ impl Guard for Watching {
         let mut step = ServerStep::default();
         if frame[0] == b'D' {
             if let Some(gate) = self.gate.take() {
-                step.hold = Some(HeldTicket(gate));
+                step.set_hold(HeldTicket(gate));
             }
         }
         Ok(step)

@@ -79,8 +79,8 @@ impl Guard for ByTag {
         match frame[0] {
             b'D' | b'd' => panic!("a row that passes unread was read"),
             b'N' => step.route = Route::Swallow,
-            b'T' => step.replace = Some(Bytes::from_static(b"new T")),
-            b'H' => step.hold = Some(HeldTicket(Arc::new(Undecided))),
+            b'T' => step.set_replace(Some(Bytes::from_static(b"new T"))),
+            b'H' => step.set_hold(HeldTicket(Arc::new(Undecided))),
             _ => {}
         }
         Ok(step)
@@ -173,4 +173,17 @@ fn a_held_message_stops_the_run_and_what_follows_it_stays_buffered() {
     assert_eq!(out, after);
     assert_eq!(held, None);
     assert_eq!(&buf[..], incomplete);
+}
+
+#[test]
+fn the_step_of_a_plain_message_is_two_words_wide_and_owns_nothing() {
+    // Every server message the guard reads returns a step: its rare parts
+    // live behind one pointer, made only for the messages that have them.
+    assert!(std::mem::size_of::<ServerStep>() <= 2 * std::mem::size_of::<usize>());
+    let mut step = ServerStep::default();
+    step.set_replace(None);
+    assert_eq!(step.rare, None, "no replacement, nothing made");
+    step.set_replace(Some(Bytes::from_static(b"new T")));
+    let replace = step.rare.and_then(|r| r.replace);
+    assert_eq!(replace.as_deref(), Some(&b"new T"[..]));
 }
