@@ -434,19 +434,18 @@ impl<H: Hooks> Unanswered<H> {
     ) -> Lookup<&'a Statement<H::Statement>> {
         let own = self.statements.get(name);
         let mut latest = own.and_then(|o| o.changes.latest());
-        let mut alike = own.is_none_or(|o| o.changes.all_alike(confirmed));
         if let Some(&forget) = self.forget_all.back() {
             // An answer that forgets all and then names this one is later
             // than its own forgetting.
             if latest.is_none_or(|(sent, _)| forget.order > sent.order) {
                 latest = Some((forget, None));
             }
-            let spared = own.map_or(0, |o| o.spared);
-            if self.forget_all.len() > spared {
-                alike &= Statement::alike(None, confirmed);
-            }
         }
-        settle(confirmed, latest, alike, now)
+        settle(confirmed, latest, now, || {
+            let spared = own.map_or(0, |o| o.spared);
+            own.is_none_or(|o| o.changes.all_alike(confirmed))
+                && (self.forget_all.len() <= spared || Statement::alike(None, confirmed))
+        })
     }
 
     pub(super) fn portal<'a>(
@@ -457,19 +456,21 @@ impl<H: Hooks> Unanswered<H> {
     ) -> Lookup<&'a Portal<H::Portal, H::Statement>> {
         let own = self.portals.get(name);
         let latest = own.and_then(NameChanges::latest);
-        let alike = own.is_none_or(|o| o.all_alike(confirmed));
-        settle(confirmed, latest, alike, now)
+        settle(confirmed, latest, now, || {
+            own.is_none_or(|o| o.all_alike(confirmed))
+        })
     }
 }
 
 /// The state a name will have, from its confirmed state, its latest
 /// unanswered change and whether every one of them leaves it alike the
-/// confirmed state.
+/// confirmed state (asked only when the latest change was sent before
+/// the latest Sync).
 fn settle<'a, T>(
     confirmed: Option<&'a T>,
     latest: Option<(Sent, Option<&'a T>)>,
-    all_alike: bool,
     now: u64,
+    all_alike: impl FnOnce() -> bool,
 ) -> Lookup<&'a T> {
     match latest {
         None => Lookup::Known(confirmed),
@@ -478,7 +479,7 @@ fn settle<'a, T>(
         Some((sent, effect)) if sent.segment == now => Lookup::Known(effect),
         // Whichever of the earlier changes the server accepts, the name
         // ends up the same.
-        Some(_) if all_alike => Lookup::Known(confirmed),
+        Some(_) if all_alike() => Lookup::Known(confirmed),
         Some(_) => Lookup::Ambiguous,
     }
 }
