@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import operator
+import random
 import statistics
 import sys
 import threading
@@ -95,13 +96,26 @@ def summary(samples: list[float]) -> dict:
             "min_ms": s[0] * 1e3, "max_ms": s[-1] * 1e3}
 
 
-def rotate(names: list[str], k: int) -> list[str]:
-    k %= len(names)
-    return names[k:] + names[:k]
+def orders(names: list[str]):
+    """The targets in a new random order each time (a fixed seed): a
+    rotation keeps who runs after whom, and a target that always runs
+    after the same one inherits its leftovers (cache, the server's work)."""
+    rng = random.Random(6663)
+    while True:
+        yield rng.sample(names, len(names))
+
+
+def thread_tags(targets: dict[str, str]) -> dict[str, str]:
+    """Each target's thread ids begin alike, with its place among them:
+    its name would put one target's keys in one spot of another's range
+    (`resumeguard-b…` among `resumeguard-<hex>`), and the checkpoint
+    tables' indexes would favour whichever target's keys cluster."""
+    return {t: f"{i:02d}" for i, t in enumerate(targets)}
 
 
 def sync_variant(targets: dict[str, str], iterations: int, warmup: int) -> dict:
     samples = {t: {op: [] for op in OPS} for t in targets}
+    tags = thread_tags(targets)
     savers, graphs = {}, {}
     try:
         for t, dsn in targets.items():
@@ -111,10 +125,10 @@ def sync_variant(targets: dict[str, str], iterations: int, warmup: int) -> dict:
         for t in targets:
             for _ in range(warmup):
                 iteration(graphs[t], "warm")
-        names = list(targets)
-        for i in range(iterations):
-            for t in rotate(names, i):
-                for op, v in iteration(graphs[t], f"sync-{t}").items():
+        order = orders(list(targets))
+        for _ in range(iterations):
+            for t in next(order):
+                for op, v in iteration(graphs[t], f"sync-{tags[t]}").items():
                     samples[t][op].append(v)
     finally:
         for cm, _ in savers.values():
@@ -135,6 +149,7 @@ def saver_pool(dsn: str, min_size: int, max_size: int, timeout: float, **kwargs)
 def pool_variant(targets: dict[str, str], iterations: int, threads: int, rounds: int,
                  warmup: int) -> dict:
     samples = {t: {op: [] for op in OPS} for t in targets}
+    tags = thread_tags(targets)
     pools, graphs, inspectors = {}, {}, {}
     per_thread = max(1, -(-iterations // (rounds * threads)))
     try:
@@ -156,7 +171,7 @@ def pool_variant(targets: dict[str, str], iterations: int, threads: int, rounds:
             def worker() -> None:
                 try:
                     for _ in range(n):
-                        r = iteration(graphs[t], f"pool-{t}", inspectors[t])
+                        r = iteration(graphs[t], f"pool-{tags[t]}", inspectors[t])
                         if record:
                             with lock:
                                 for op, v in r.items():
@@ -177,9 +192,9 @@ def pool_variant(targets: dict[str, str], iterations: int, threads: int, rounds:
 
         for t in targets:
             batch(t, max(1, warmup // 2), record=False)
-        names = list(targets)
-        for r in range(rounds):
-            for t in rotate(names, r):
+        order = orders(list(targets))
+        for _ in range(rounds):
+            for t in next(order):
                 batch(t, per_thread, record=True)
     finally:
         for p in pools.values():

@@ -6,7 +6,7 @@ PostgreSQL through its own latency relay (examples/latency_relay), so a
 proxy's own claims traffic crosses the same distance as the saver's.
 
 Sync saver (PostgresSaver.from_conn_string, one connection per target;
-targets rotate iteration by iteration). Iterations alternate two kinds on a
+targets in a new random order each iteration). Iterations alternate two kinds on a
 fresh thread each:
   A  park, get_state (unmarked, same connection), resume_held
   B  park, get_state_marked (a second connection with
@@ -44,7 +44,7 @@ import psycopg
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.types import Command
 
-from lg_bench import build, rotate, saver_pool, summary
+from lg_bench import build, orders, saver_pool, summary
 
 INSPECTOR = "inspector"
 OPS = ("park", "get_state", "resume_held", "get_state_marked", "resume")
@@ -216,9 +216,9 @@ def sync_variant(targets: dict, counters: dict, iterations: int, warmup: int) ->
         for t in targets:
             for i in range(warmup):
                 iteration(graphs[t], inspectors[t], counters[t], marked=bool(i % 2))
-        names = list(targets)
+        order = orders(list(targets))
         for i in range(iterations):
-            for t in rotate(names, i):
+            for t in next(order):
                 r = iteration(graphs[t], inspectors[t], counters[t], marked=bool(i % 2))
                 for op, v in r["seconds"].items():
                     seconds[t][op].append(v)
@@ -275,9 +275,9 @@ def concurrency_variant(targets: dict, counters: dict, n: int, rounds: int) -> d
             cfgs = [{"configurable": {"thread_id": f"cw-{uuid.uuid4().hex}"}} for _ in range(n)]
             burst(n, lambda i, g=graphs[t], c=cfgs: g.invoke({"items": []}, c[i]))
             burst(n, lambda i, g=graphs[t], c=cfgs: g.invoke(Command(resume=True), c[i]))
-        names = list(targets)
-        for r in range(rounds):
-            for t in rotate(names, r):
+        order = orders(list(targets))
+        for _ in range(rounds):
+            for t in next(order):
                 g = graphs[t]
                 cfgs = [{"configurable": {"thread_id": f"conc-{uuid.uuid4().hex}"}} for _ in range(n)]
                 for op, call in (("park", lambda i: g.invoke({"items": []}, cfgs[i])),
