@@ -178,8 +178,10 @@ impl LoopSession {
 
     fn drive_steps(&mut self) -> Next {
         for _ in 0..TURN {
-            if let Some(end) = self.stopped() {
-                return Next::Ended(end);
+            if self.may_have_stopped() {
+                if let Some(end) = self.stopped() {
+                    return Next::Ended(end);
+                }
             }
             let mut moved = match self.flush() {
                 Ok(moved) => moved,
@@ -202,6 +204,14 @@ impl LoopSession {
             }
         }
         Next::Yields
+    }
+
+    /// Whether [`LoopSession::stopped`] may find an end: the session was
+    /// told to stop, or the proxy is draining. Two loads, asked before
+    /// every round.
+    #[inline]
+    fn may_have_stopped(&self) -> bool {
+        self.session.handle.stopping().is_some() || self.session.proxy.sessions.draining()
     }
 
     /// How the session ends when it was told to stop, or when a draining
