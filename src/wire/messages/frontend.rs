@@ -7,7 +7,7 @@
 //! type.
 
 use super::bind::Bind;
-use super::read::{cstr, HEADER_LEN};
+use super::read::{cstr, long_cstr, HEADER_LEN};
 
 /// Which object a Describe or Close names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +67,7 @@ impl<'a> Frontend<'a> {
         Some(match tag {
             b'P' => {
                 let (name, rest) = cstr(body)?;
-                let (sql, param_types) = cstr(rest)?;
+                let (sql, param_types) = long_cstr(rest)?;
                 Frontend::Parse {
                     name,
                     sql,
@@ -92,7 +92,9 @@ impl<'a> Frontend<'a> {
                     Frontend::Close { target, name }
                 }
             }
-            b'Q' => Frontend::Query { sql: cstr(body)?.0 },
+            b'Q' => Frontend::Query {
+                sql: long_cstr(body)?.0,
+            },
             b'S' => Frontend::Sync,
             b'H' => Frontend::Flush,
             b'F' => Frontend::FunctionCall,

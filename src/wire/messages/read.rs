@@ -25,13 +25,19 @@ pub enum ReadError {
 }
 
 /// Reads a NUL-terminated string at the front of `buf`, returning it and
-/// the rest; `None` without a terminator.
+/// the rest; `None` without a terminator. For the short strings most
+/// messages carry (names, command tags, fields; the unnamed statement
+/// and portal are empty), a plain scan ends before a vector search would
+/// have set up.
 pub fn cstr(buf: &[u8]) -> Option<(&[u8], &[u8])> {
-    // The unnamed statement and portal, the usual names, are empty.
-    let end = match buf.first() {
-        Some(0) => 0,
-        _ => memchr::memchr(0, buf)?,
-    };
+    let end = buf.iter().position(|&b| b == 0)?;
+    Some((&buf[..end], &buf[end + 1..]))
+}
+
+/// [`cstr`] for a string that is usually long, a statement's text: its
+/// end is searched for with vector instructions.
+pub fn long_cstr(buf: &[u8]) -> Option<(&[u8], &[u8])> {
+    let end = memchr::memchr(0, buf)?;
     Some((&buf[..end], &buf[end + 1..]))
 }
 
@@ -108,13 +114,15 @@ mod tests {
 
     #[test]
     fn a_string_ends_at_its_first_nul_whatever_its_length() {
-        for len in [0, 1, 15, 16, 17, 100] {
-            let mut buf = vec![b'x'; len];
-            buf.extend_from_slice(b"\0rest\0");
-            let (s, rest) = cstr(&buf).unwrap();
-            assert_eq!(s.len(), len, "{len}");
-            assert_eq!(rest, b"rest\0", "{len}");
-            assert!(cstr(&buf[..len]).is_none(), "{len} unterminated");
+        for read in [cstr, long_cstr] {
+            for len in [0, 1, 15, 16, 17, 100] {
+                let mut buf = vec![b'x'; len];
+                buf.extend_from_slice(b"\0rest\0");
+                let (s, rest) = read(&buf).unwrap();
+                assert_eq!(s.len(), len, "{len}");
+                assert_eq!(rest, b"rest\0", "{len}");
+                assert!(read(&buf[..len]).is_none(), "{len} unterminated");
+            }
         }
     }
 }
