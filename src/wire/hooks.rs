@@ -35,16 +35,22 @@ pub enum Bound<P, W> {
     Forward(Option<P>),
     /// The server gets these bytes instead of the Bind.
     Replace(Vec<u8>, Option<P>),
-    /// The server first runs the proxy's own statement (see
-    /// [`super::injected`]), watched by `watch`, then gets the Bind. An
-    /// error of that statement is the client's answer.
-    Guarded {
-        injection: Injection,
-        watch: W,
-        portal: Option<P>,
-    },
+    /// The server first runs the proxy's own statement, then gets the
+    /// Bind. Boxed: a watch is large and rare, and every Bind's answer
+    /// moves by value.
+    Guarded(Box<Guarded<P, W>>),
     /// The statement is refused.
     Refuse(Refusal),
+}
+
+/// A Bind the proxy's own statement (see [`super::injected`]) goes
+/// before: an error of that statement is the client's answer.
+#[derive(Debug)]
+pub struct Guarded<P, W> {
+    pub injection: Injection,
+    /// Watches the proxy's statement's answer.
+    pub watch: W,
+    pub portal: Option<P>,
 }
 
 /// What the layer above decides where checkpoint traffic can be seen.

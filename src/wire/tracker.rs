@@ -36,7 +36,7 @@ mod sql_changes;
 mod sql_text;
 mod unanswered;
 
-pub use super::hooks::{Bound, Hooks, TxnStatus};
+pub use super::hooks::{Bound, Guarded, Hooks, TxnStatus};
 pub use super::refusal::{Refusal, FEATURE_NOT_SUPPORTED, INVALID_STATEMENT_NAME};
 use names::{
     apply_command, commands_of, Change, Executes, Lookup, Names, Pending, Portal, Statement,
@@ -153,14 +153,17 @@ impl<H: Hooks> Tracker<H> {
         let (annotation, step) = match self.hooks.bind(&statement.annotation, bind)? {
             Bound::Forward(a) => (a, ClientStep::Forward),
             Bound::Replace(bytes, a) => (a, ClientStep::Replace(bytes)),
-            Bound::Guarded {
-                injection,
-                watch,
-                portal,
-            } => (
-                portal,
-                ClientStep::Replace(self.inject(&injection, watch, frame)?),
-            ),
+            Bound::Guarded(guarded) => {
+                let Guarded {
+                    injection,
+                    watch,
+                    portal,
+                } = *guarded;
+                (
+                    portal,
+                    ClientStep::Replace(self.inject(&injection, watch, frame)?),
+                )
+            }
             Bound::Refuse(refusal) => {
                 return Ok(ClientStep::Replace(self.inject_refusal(&refusal)?));
             }

@@ -25,7 +25,7 @@ use crate::saver::decode_error::DecodeError;
 use crate::saver::write_record::WriteRecord;
 use crate::wire::guard::ClientError;
 use crate::wire::messages::bind::Bind;
-use crate::wire::tracker::Bound;
+use crate::wire::tracker::{Bound, Guarded};
 
 pub(super) fn handle(
     session: &mut SessionEnforcer,
@@ -133,11 +133,11 @@ pub(super) fn handle(
             // Writes are never rewritten: only reads by id are.
             let mut watch = Watch::new(session.shared.classifier.other(), None, false);
             watch.fence = Some(check);
-            Bound::Guarded {
+            Bound::Guarded(Box::new(Guarded {
                 injection,
                 watch,
                 portal: Some(binding),
-            }
+            }))
         }
         (None, Some(bytes)) => Bound::Replace(bytes, Some(binding)),
         (None, None) => Bound::Forward(Some(binding)),

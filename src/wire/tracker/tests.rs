@@ -59,14 +59,14 @@ impl Hooks for Marks {
     fn bind(&mut self, statement: &bool, _bind: &Bind<'_>) -> Result<Bound<(), bool>, ClientError> {
         self.binds.push(*statement);
         if self.guard && *statement {
-            return Ok(Bound::Guarded {
+            return Ok(Bound::Guarded(Box::new(Guarded {
                 injection: Injection {
                     sql: "SELECT check($1)".into(),
                     params: vec![Some("t".into())],
                 },
                 watch: true,
                 portal: Some(()),
-            });
+            })));
         }
         Ok(Bound::Forward(statement.then_some(())))
     }
