@@ -73,15 +73,15 @@ impl Watching {
 
 impl Guard for Watching {
     fn on_client(&mut self, frame: &[u8], on_loop: bool) -> Result<ClientStep, ClientError> {
-        let text = String::from_utf8_lossy(frame);
-        if on_loop && frame[0] == b'Q' && self.blocks_on.is_some_and(|b| text.contains(b)) {
+        if frame[0] != b'Q' {
+            return Ok(ClientStep::Forward);
+        }
+        let text = String::from_utf8_lossy(&frame[5..frame.len() - 1]).into_owned();
+        if on_loop && self.blocks_on.is_some_and(|b| text.contains(b)) {
             return Ok(ClientStep::Blocks);
         }
-        if frame[0] == b'Q' {
-            let text = String::from_utf8_lossy(&frame[5..frame.len() - 1]).into_owned();
-            let thread = std::thread::current().name().unwrap_or("").to_owned();
-            self.seen.lock().unwrap().push((text, thread));
-        }
+        let thread = std::thread::current().name().unwrap_or("").to_owned();
+        self.seen.lock().unwrap().push((text, thread));
         Ok(ClientStep::Forward)
     }
     fn on_server(&mut self, frame: &[u8]) -> Result<ServerStep, Desync> {
