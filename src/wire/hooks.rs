@@ -150,3 +150,18 @@ pub trait Hooks {
     /// The client connection is gone.
     fn closed(&mut self) {}
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_binds_answer_is_as_wide_whatever_a_watch_weighs() {
+        // Every Bind's answer moves by value from the layer above to the
+        // tracker: a watch, however large, stays behind the guarded
+        // variant's pointer.
+        type Light = Bound<u64, ()>;
+        type Heavy = Bound<u64, [u8; 4096]>;
+        assert_eq!(std::mem::size_of::<Heavy>(), std::mem::size_of::<Light>());
+    }
+}
