@@ -178,10 +178,8 @@ impl LoopSession {
 
     fn drive_steps(&mut self) -> Next {
         for _ in 0..TURN {
-            if self.may_have_stopped() {
-                if let Some(end) = self.stopped() {
-                    return Next::Ended(end);
-                }
+            if let Some(end) = self.stopped() {
+                return Next::Ended(end);
             }
             let mut moved = match self.flush() {
                 Ok(moved) => moved,
@@ -206,24 +204,29 @@ impl LoopSession {
         Next::Yields
     }
 
-    /// Whether [`LoopSession::stopped`] may find an end: the session was
-    /// told to stop, or the proxy is draining. Two loads, asked before
-    /// every round.
+    /// How the session ends when it was told to stop, or when a draining
+    /// proxy finds it idle with everything routed written. Asked before
+    /// every round: when neither is set, two loads and no more.
     #[inline]
-    fn may_have_stopped(&self) -> bool {
-        self.session.handle.stopping().is_some() || self.session.proxy.sessions.draining()
+    fn stopped(&mut self) -> Option<End> {
+        let stopping = self.session.handle.stopping();
+        let draining = self.session.proxy.sessions.draining();
+        if stopping.is_none() && !draining {
+            return None;
+        }
+        self.stopping(stopping, draining)
     }
 
-    /// How the session ends when it was told to stop, or when a draining
-    /// proxy finds it idle with everything routed written.
-    fn stopped(&mut self) -> Option<End> {
-        match self.session.handle.stopping() {
+    /// [`LoopSession::stopped`] once a stop or a drain is set.
+    #[cold]
+    fn stopping(&mut self, stopping: Option<StopReason>, draining: bool) -> Option<End> {
+        match stopping {
             Some(StopReason::Shutdown) => return Some(self.close_for_shutdown()),
             Some(StopReason::Quiet) => return Some(End::Quiet),
             None => {}
         }
         let drained = self.relay.pending.to_client.is_empty() && self.held.is_none();
-        if self.session.proxy.sessions.draining() && drained && idle(&self.session.handle.state) {
+        if draining && drained && idle(&self.session.handle.state) {
             return Some(self.close_for_shutdown());
         }
         None
