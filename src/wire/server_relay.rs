@@ -266,8 +266,14 @@ pub(super) fn track_server(
         }
         at = end;
     }
-    out.extend_from_slice(&buf[run..at]);
-    buf.advance(at);
+    if run == 0 && at == buf.len() && out.is_empty() {
+        // The whole read goes on unchanged: the buffers trade places
+        // rather than copy it.
+        std::mem::swap(buf, out);
+    } else {
+        out.extend_from_slice(&buf[run..at]);
+        buf.advance(at);
+    }
     Ok(Tracked {
         fatal,
         held,

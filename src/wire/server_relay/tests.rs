@@ -187,3 +187,31 @@ fn the_step_of_a_plain_message_is_two_words_wide_and_owns_nothing() {
     let replace = step.rare.and_then(|r| r.replace);
     assert_eq!(replace.as_deref(), Some(&b"new T"[..]));
 }
+
+#[test]
+fn a_read_that_goes_on_unchanged_trades_buffers_instead_of_copying() {
+    let proxy = proxy(nowhere());
+    let keys = Mutex::new(Vec::new());
+    let messages = [
+        msg(b'1', b""),
+        msg(b'D', b"row 1"),
+        msg(b'C', b"SELECT 1\0"),
+    ]
+    .concat();
+    let mut buf = BytesMut::from(&messages[..]);
+    let read_at = buf.as_ptr();
+    let mut out = BytesMut::with_capacity(64);
+    track_server(&proxy, &mut ByTag, &keys, (&mut buf, &mut out), false).unwrap();
+    assert_eq!(&out[..], &messages[..]);
+    assert_eq!(out.as_ptr(), read_at, "the bytes read are the bytes sent");
+    assert!(buf.is_empty());
+    assert!(buf.capacity() >= 64, "the read side keeps the other's room");
+
+    // Something already waiting for the client comes first: the read is
+    // appended after it.
+    let mut buf = BytesMut::from(&messages[..]);
+    let mut out = BytesMut::from(&b"waiting"[..]);
+    track_server(&proxy, &mut ByTag, &keys, (&mut buf, &mut out), false).unwrap();
+    assert_eq!(&out[..], &[&b"waiting"[..], &messages].concat()[..]);
+    assert!(buf.is_empty());
+}
