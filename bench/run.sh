@@ -52,7 +52,7 @@ fi
 
 if [ "${RG_SKIP_BUILD:-0}" != 1 ]; then
     say "cargo build --release"
-    cargo build --release --quiet --bin resumeguard --example copy_relay --example event_loop_relay --example latency_relay
+    cargo build --release --quiet --bin resumeguard --example copy_relay --example event_loop_relay --example uring_relay --example latency_relay
 fi
 
 # ---------------------------------------------------------------- run, always clean up
