@@ -9,7 +9,7 @@
 //! `DATABASE_URL=` when listening, as `resumeguard serve` does).
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpStream};
 
 #[path = "shared/harness_args.rs"]
 mod harness_args;
@@ -18,13 +18,7 @@ fn main() {
     let (listen, upstream) = harness_args::listen_and_upstream(
         "copy_relay serve --listen HOST:PORT --upstream HOST:PORT",
     );
-    let listener = match TcpListener::bind(&listen) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("copy_relay: listening on {listen}: {e}");
-            std::process::exit(1);
-        }
-    };
+    let listener = harness_args::listener("copy_relay", &listen);
     println!("DATABASE_URL=postgres://{listen}/postgres");
     for client in listener.incoming().flatten() {
         let upstream = upstream.clone();

@@ -11,7 +11,7 @@
 //! machine's cores; connections are dealt to the loops in turn.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Shutdown, TcpListener};
+use std::net::Shutdown;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 
@@ -35,13 +35,7 @@ fn main() {
         .and_then(|n| n.parse::<usize>().ok())
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
-    let listener = match TcpListener::bind(&listen) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("event_loop_relay: listening on {listen}: {e}");
-            std::process::exit(1);
-        }
-    };
+    let listener = harness_args::listener("event_loop_relay", &listen);
     let mut workers = Vec::new();
     for _ in 0..loops {
         match Worker::start() {

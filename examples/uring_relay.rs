@@ -14,7 +14,7 @@
 //! `--plain-ring` makes each ring without the flags of [`ring`], to price
 //! them.
 
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 
 use io_uring::{opcode, squeue, types, IoUring};
@@ -39,13 +39,7 @@ fn main() {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
     let plain = std::env::args().any(|a| a == "--plain-ring");
-    let listener = match TcpListener::bind(&listen) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("uring_relay: listening on {listen}: {e}");
-            std::process::exit(1);
-        }
-    };
+    let listener = harness_args::listener("uring_relay", &listen);
     println!("DATABASE_URL=postgres://{listen}/postgres");
     let listener_fd = listener.as_raw_fd();
     let threads: Vec<_> = (0..loops)

@@ -1,7 +1,7 @@
 //! The command line the benchmark harness gives every proxy it measures
 //! (`serve --listen HOST:PORT --upstream HOST:PORT` and resumeguard's own
 //! arguments), read by the baseline relays, which ignore what they do not
-//! use.
+//! use, and the listener each binds from it.
 
 /// The value after `--name`, if given.
 pub fn flag(name: &str) -> Option<String> {
@@ -19,6 +19,18 @@ pub fn listen_and_upstream(usage: &str) -> (String, String) {
         _ => {
             eprintln!("usage: {usage}");
             std::process::exit(2);
+        }
+    }
+}
+
+/// The listener on `listen`; if it cannot bind, `program`'s complaint and
+/// exit 1.
+pub fn listener(program: &str, listen: &str) -> std::net::TcpListener {
+    match std::net::TcpListener::bind(listen) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("{program}: listening on {listen}: {e}");
+            std::process::exit(1);
         }
     }
 }
