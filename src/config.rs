@@ -21,7 +21,7 @@ use crate::policy::ChannelRules;
 use crate::saver::unknown::UnknownSaverPolicy;
 use crate::wire::client_stream::ClientTls;
 use crate::wire::keepalive::Keepalive;
-use crate::wire::proxy::RelayConfig;
+use crate::wire::proxy::{LoopIo, RelayConfig};
 use crate::wire::upstream::UpstreamAddr;
 use crate::wire::upstream_tls::{UpstreamTls, UpstreamTlsParams};
 
@@ -63,6 +63,9 @@ pub struct Config {
     /// cores);
     /// 0: every session relays on two threads of its own.
     pub event_loops: usize,
+    /// How the loops wait and write: `io_uring` (epoll where the kernel
+    /// refuses a ring) or `epoll`.
+    pub event_loop_io: LoopIo,
     pub audit: AuditConfig,
     pub managed: ManagedConfig,
     pub enforce: EnforceConfig,
@@ -232,6 +235,7 @@ impl Default for Config {
             max_message_bytes: relay.max_message_bytes,
             max_client_conn: relay.max_client_conn,
             event_loops: relay.event_loops,
+            event_loop_io: relay.event_loop_io,
             audit: AuditConfig::default(),
             managed: ManagedConfig::default(),
             enforce: EnforceConfig::default(),
@@ -273,6 +277,7 @@ impl Config {
             max_message_bytes: self.max_message_bytes,
             max_client_conn: self.max_client_conn,
             event_loops: self.event_loops,
+            event_loop_io: self.event_loop_io,
             ..RelayConfig::default()
         })
     }

@@ -195,7 +195,7 @@ pub fn serve(loader: Loader) -> anyhow::Result<()> {
                 chain_check: ChainCheck::default(),
                 control: Some(Arc::clone(&reloader) as Arc<dyn AdminControl>),
             };
-            let loops = EventLoops::configured(proxy.config.event_loops);
+            let loops = EventLoops::configured(proxy.config.event_loops, proxy.config.event_loop_io);
             let nofile = open_file_limit(proxy.config.max_client_conn);
             let admin_limits = AdminLimits::new(cfg.admin.max_connections, nofile);
             let max_connections = admin_limits.max_connections;

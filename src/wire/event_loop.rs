@@ -1,9 +1,13 @@
 //! The relay's event loops (`event_loops`, one per two cores by default):
-//! threads each waiting on the sockets of many sessions at once (epoll,
-//! through `mio`), so one wake-up serves whatever became ready on any of
-//! them, as PgBouncer's loop does.
-//! A thread per direction per session instead wakes for every message
-//! (docs/performance.md, "Where the CPU goes").
+//! threads each waiting on the sockets of many sessions at once, so one
+//! wake-up serves whatever became ready on any of them, as PgBouncer's
+//! loop does. A thread per direction per session instead wakes for every
+//! message (docs/performance.md, "Where the CPU goes").
+//!
+//! A loop waits on an io_uring (`event_loop_io = "io_uring"`, the
+//! default; see `ring.rs`), whose one system call a turn also submits the
+//! turn's writes, or on epoll (through `mio`), with a system call per
+//! write: where the kernel refuses a ring, and when configured.
 //!
 //! Nothing on a loop blocks: sockets are non-blocking, a held row's claim
 //! is decided on a thread of its own (which wakes the loop when done), and
@@ -27,7 +31,9 @@ use slab::Slab;
 
 use super::guard::Ticket;
 use super::loop_session::{LoopSession, Next};
+use super::proxy::LoopIo;
 use super::relayed::{Relay, Relayed, THREAD_STACK};
+use super::ring::{Done, Ring, RingWaker};
 use super::session_end::End;
 use super::upstream::Upstream;
 
@@ -46,7 +52,87 @@ pub struct EventLoops {
 /// How a session reaches a loop.
 struct LoopHandle {
     adopt: Sender<Box<LoopSession>>,
-    waker: Arc<Waker>,
+    waker: Arc<LoopWaker>,
+}
+
+/// Wakes a loop from another thread (a session handed over, a claim
+/// decided, the proxy's end).
+enum LoopWaker {
+    Epoll(Waker),
+    Ring(RingWaker),
+}
+
+impl LoopWaker {
+    fn wake(&self) -> io::Result<()> {
+        match self {
+            LoopWaker::Epoll(waker) => waker.wake(),
+            LoopWaker::Ring(waker) => waker.wake(),
+        }
+    }
+}
+
+/// What a loop waits on, and the happenings of its last wait.
+enum Waiter {
+    Epoll {
+        poll: Poll,
+        events: Events,
+        /// The last wait's readiness: (token, readable, closed, writable).
+        ready: Vec<(usize, bool, bool, bool)>,
+    },
+    Ring {
+        ring: Box<Ring>,
+        done: Vec<Done>,
+    },
+}
+
+impl Waiter {
+    /// The waiter `io` asks for on the calling thread: a ring, or epoll
+    /// where the kernel refuses one (with why).
+    fn new(io: LoopIo) -> io::Result<(Waiter, LoopWaker, Option<io::Error>)> {
+        let refused = match io {
+            LoopIo::IoUring => match Ring::new() {
+                Ok(ring) => {
+                    let waker = LoopWaker::Ring(ring.waker());
+                    let done = Vec::with_capacity(EVENTS);
+                    let ring = Box::new(ring);
+                    return Ok((Waiter::Ring { ring, done }, waker, None));
+                }
+                Err(e) => Some(e),
+            },
+            LoopIo::Epoll => None,
+        };
+        let poll = Poll::new()?;
+        let waker = LoopWaker::Epoll(Waker::new(poll.registry(), WAKE)?);
+        let events = Events::with_capacity(EVENTS);
+        let ready = Vec::with_capacity(EVENTS);
+        let waiter = Waiter::Epoll {
+            poll,
+            events,
+            ready,
+        };
+        Ok((waiter, waker, refused))
+    }
+}
+
+/// A ring request's tag: the session (its key, and its id's low bits to
+/// tell it from a later one given the key), what the request is, and
+/// which socket (`server`).
+fn tag(key: usize, id: u64, kind: u64, server: bool) -> u64 {
+    ((id & 0xffff_ffff) << 32) | ((key as u64 & 0x3fff_ffff) << 2) | (kind << 1) | u64::from(server)
+}
+/// A socket's readiness watch.
+const WATCH: u64 = 0;
+/// A send.
+const SEND: u64 = 1;
+
+/// A ring completion's (key, id's low bits, kind, server).
+fn untag(tag: u64) -> (usize, u64, u64, bool) {
+    (
+        ((tag >> 2) & 0x3fff_ffff) as usize,
+        tag >> 32,
+        (tag >> 1) & 1,
+        tag & 1 == 1,
+    )
 }
 
 /// The ticket of session `key`'s held message is decided (`id` tells
@@ -57,47 +143,71 @@ struct Decided {
 }
 
 impl EventLoops {
-    /// Starts `count` loops (at least one); when one cannot start, those
+    /// Starts `count` loops (at least one) waiting as `io` asks, with why
+    /// the kernel refused a ring if it did; when one cannot start, those
     /// started end.
-    pub fn start(count: usize) -> io::Result<EventLoops> {
+    pub fn start(count: usize, io: LoopIo) -> io::Result<(EventLoops, Option<io::Error>)> {
         let mut started = EventLoops {
             loops: Vec::with_capacity(count.max(1)),
             next: AtomicUsize::new(0),
         };
+        let mut refused = None;
         for n in 0..count.max(1) {
-            let poll = Poll::new()?;
-            let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
             let (adopt, adopted) = channel();
-            let (decided_tx, decided) = channel();
-            let worker = Worker {
-                poll,
-                adopted,
-                decided,
-                decided_tx,
-                waker: Arc::clone(&waker),
-                sessions: Slab::new(),
-                starting: Vec::new(),
-                again: Vec::new(),
-            };
+            let (made_tx, made) = channel();
             std::thread::Builder::new()
                 .name(format!("rg-loop-{n}"))
                 .stack_size(THREAD_STACK)
-                .spawn(move || worker.run())?;
+                .spawn(move || {
+                    // Made on the loop's thread: only it submits to a ring.
+                    let (waiter, waker, refused) = match Waiter::new(io) {
+                        Ok(made) => made,
+                        Err(e) => return drop(made_tx.send(Err(e))),
+                    };
+                    let waker = Arc::new(waker);
+                    let (decided_tx, decided) = channel();
+                    let worker = Worker {
+                        waiter,
+                        adopted,
+                        decided,
+                        decided_tx,
+                        waker: Arc::clone(&waker),
+                        sessions: Slab::new(),
+                        starting: Vec::new(),
+                        again: Vec::new(),
+                        later: Vec::new(),
+                    };
+                    if made_tx.send(Ok((waker, refused))).is_ok() {
+                        worker.run();
+                    }
+                })?;
+            let (waker, why) = made
+                .recv()
+                .map_err(|_| io::Error::other("an event loop ended as it started"))??;
+            refused = refused.or(why);
             started.loops.push(LoopHandle { adopt, waker });
         }
-        Ok(started)
+        Ok((started, refused))
     }
 
-    /// The loops `count` asks for (none for 0); when they cannot start,
-    /// none either, said as an ERROR: sessions then relay on threads of
-    /// their own.
-    pub fn configured(count: usize) -> Option<Arc<EventLoops>> {
+    /// The loops `count` asks for (none for 0), waiting as `io` asks;
+    /// when they cannot start, none either, said as an ERROR: sessions
+    /// then relay on threads of their own.
+    pub fn configured(count: usize, io: LoopIo) -> Option<Arc<EventLoops>> {
         if count == 0 {
             return None;
         }
-        match EventLoops::start(count) {
-            Ok(loops) => {
-                tracing::info!(event_loops = count, "relay event loops started");
+        match EventLoops::start(count, io) {
+            Ok((loops, refused)) => {
+                let waits = match (io, &refused) {
+                    (LoopIo::IoUring, None) => "io_uring",
+                    _ => "epoll",
+                };
+                if let Some(e) = refused {
+                    tracing::warn!(error = %e,
+                        "the kernel refuses io_uring: the event loops wait on epoll");
+                }
+                tracing::info!(event_loops = count, io = waits, "relay event loops started");
                 Some(Arc::new(loops))
             }
             Err(e) => {
@@ -162,12 +272,12 @@ fn nonblocking(session: &Relayed, on: bool) -> io::Result<()> {
 
 /// One loop's thread and what it owns.
 struct Worker {
-    poll: Poll,
+    waiter: Waiter,
     adopted: Receiver<Box<LoopSession>>,
     decided: Receiver<Decided>,
     /// For the threads that decide tickets, to report back.
     decided_tx: Sender<Decided>,
-    waker: Arc<Waker>,
+    waker: Arc<LoopWaker>,
     sessions: Slab<Box<LoopSession>>,
     /// The sessions still authenticating (key and id), whose startup
     /// deadline the loop keeps.
@@ -175,6 +285,10 @@ struct Worker {
     /// The sessions that yielded with more to move (key and id): driven
     /// again after the next wait, which then does not wait.
     again: Vec<(usize, u64)>,
+    /// Ring completions taken while a session's sends were waited for
+    /// (see [`Worker::settle_sends`]): acted on after the next wait,
+    /// which then does not wait.
+    later: Vec<Done>,
 }
 
 /// The sockets of a session: the client's token is `2 × key`, the
@@ -185,35 +299,19 @@ fn tokens(key: usize) -> (Token, Token) {
 
 impl Worker {
     fn run(mut self) {
-        let mut events = Events::with_capacity(EVENTS);
         let mut orphaned = false;
         loop {
-            let timeout = if self.again.is_empty() {
+            let timeout = if self.again.is_empty() && self.later.is_empty() {
                 self.next_deadline().map(|at| {
                     at.saturating_duration_since(Instant::now()) + Duration::from_millis(1)
                 })
             } else {
                 Some(Duration::ZERO)
             };
-            if let Err(e) = self.poll.poll(&mut events, timeout) {
-                if e.kind() != io::ErrorKind::Interrupted {
-                    tracing::error!(error = %e, "an event loop cannot wait: its sessions end");
-                    self.end_all(&format!("event loop: {e}"));
-                    return;
-                }
-            }
-            for event in events.iter() {
-                if event.token() == WAKE {
-                    continue;
-                }
-                let key = event.token().0 / 2;
-                let server = event.token().0 % 2 == 1;
-                let closed = event.is_read_closed() || event.is_error();
-                let write = event.is_writable() || event.is_write_closed() || event.is_error();
-                if let Some(s) = self.sessions.get_mut(key) {
-                    s.ready(server, event.is_readable(), closed, write);
-                    self.drive(key);
-                }
+            if let Err(e) = self.wait(timeout) {
+                tracing::error!(error = %e, "an event loop cannot wait: its sessions end");
+                self.end_all(&format!("event loop: {e}"));
+                return;
             }
             orphaned |= self.take_sessions();
             self.take_decisions();
@@ -229,6 +327,84 @@ impl Worker {
         }
     }
 
+    /// Waits for at most `timeout` and acts on what happened.
+    fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        match &mut self.waiter {
+            Waiter::Epoll {
+                poll,
+                events,
+                ready,
+            } => {
+                match poll.poll(events, timeout) {
+                    Err(e) if e.kind() != io::ErrorKind::Interrupted => return Err(e),
+                    _ => {}
+                }
+                ready.extend(events.iter().filter(|e| e.token() != WAKE).map(|event| {
+                    let closed = event.is_read_closed() || event.is_error();
+                    let write = event.is_writable() || event.is_write_closed() || event.is_error();
+                    (event.token().0, event.is_readable(), closed, write)
+                }));
+                let mut happened = std::mem::take(ready);
+                for (token, read, closed, write) in happened.drain(..) {
+                    let (key, server) = (token / 2, token % 2 == 1);
+                    if let Some(s) = self.sessions.get_mut(key) {
+                        s.ready(server, read, closed, write);
+                        self.drive(key);
+                    }
+                }
+                if let Waiter::Epoll { ready, .. } = &mut self.waiter {
+                    *ready = happened;
+                }
+            }
+            Waiter::Ring { ring, done } => {
+                done.append(&mut self.later);
+                ring.wait(timeout, done)?;
+                let mut happened = std::mem::take(done);
+                for d in happened.drain(..) {
+                    self.completed(d);
+                }
+                if let Waiter::Ring { done, .. } = &mut self.waiter {
+                    *done = happened;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Acts on a ring request's completion.
+    fn completed(&mut self, done: Done) {
+        let (key, id, kind, server) = untag(done.tag);
+        let Some(s) = self.sessions.get_mut(key) else {
+            return;
+        };
+        if s.session.id & 0xffff_ffff != id {
+            return;
+        }
+        if kind == SEND {
+            if let Err(end) = s.sent(server, done.result, done.cancelled()) {
+                return self.end(key, end);
+            }
+        } else if done.cancelled() {
+            return;
+        } else {
+            let (read, closed) = done.readiness();
+            s.ready(server, read, closed, false);
+            if !done.more {
+                // The kernel ended the watch (it does when it must):
+                // watched again.
+                let fd = fds(s);
+                let fd = if server { fd.1 } else { fd.0 };
+                let tag = tag(key, s.session.id, WATCH, server);
+                if let Waiter::Ring { ring, .. } = &mut self.waiter {
+                    if let Err(e) = ring.watch(fd, tag) {
+                        return self.end(key, End::Error(format!("event loop: {e}")));
+                    }
+                }
+            }
+        }
+        self.drive(key);
+    }
+
     /// Takes the sessions handed over; true once the proxy dropped its
     /// loops (no more will come).
     fn take_sessions(&mut self) -> bool {
@@ -241,17 +417,29 @@ impl Worker {
         }
     }
 
-    fn adopt(&mut self, session: Box<LoopSession>) {
+    fn adopt(&mut self, mut session: Box<LoopSession>) {
         let entry = self.sessions.vacant_entry();
         let key = entry.key();
-        let (client_token, server_token) = tokens(key);
         let (client_fd, server_fd) = fds(&session);
-        let interest = Interest::READABLE | Interest::WRITABLE;
-        let registry = self.poll.registry();
-        let registered = registry
-            .register(&mut SourceFd(&client_fd), client_token, interest)
-            .and_then(|()| registry.register(&mut SourceFd(&server_fd), server_token, interest));
-        self.starting.push((key, session.session.id));
+        let id = session.session.id;
+        let registered = match &mut self.waiter {
+            Waiter::Epoll { poll, .. } => {
+                let (client_token, server_token) = tokens(key);
+                let interest = Interest::READABLE | Interest::WRITABLE;
+                let registry = poll.registry();
+                registry
+                    .register(&mut SourceFd(&client_fd), client_token, interest)
+                    .and_then(|()| {
+                        registry.register(&mut SourceFd(&server_fd), server_token, interest)
+                    })
+            }
+            Waiter::Ring { ring, .. } => {
+                session.write_through_ring();
+                ring.watch(client_fd, tag(key, id, WATCH, false))
+                    .and_then(|()| ring.watch(server_fd, tag(key, id, WATCH, true)))
+            }
+        };
+        self.starting.push((key, id));
         entry.insert(session);
         if let Err(e) = registered {
             tracing::error!(error = %e, "an event loop cannot watch a session: it relays on threads");
@@ -290,6 +478,9 @@ impl Worker {
             Next::Yields => self.again.push((key, id)),
             Next::Ended(end) => return self.end(key, end),
             Next::ToThreads => return self.move_to_threads(key),
+        }
+        if let Err(e) = self.queue_sends(key) {
+            return self.end(key, End::Error(format!("event loop: {e}")));
         }
         let Some((ticket, server)) = held else {
             return;
@@ -331,13 +522,90 @@ impl Worker {
             .map(drop)
     }
 
-    /// Stops watching session `key` and removes it.
+    /// On a ring: queues a send of what waits for each side of session
+    /// `key`, if none is in flight.
+    fn queue_sends(&mut self, key: usize) -> io::Result<()> {
+        let Waiter::Ring { ring, .. } = &mut self.waiter else {
+            return Ok(());
+        };
+        let Some(s) = self.sessions.get_mut(key) else {
+            return Ok(());
+        };
+        let (client_fd, server_fd) = fds(s);
+        let id = s.session.id;
+        for (server, fd) in [(false, client_fd), (true, server_fd)] {
+            if let Some(bytes) = s.next_send(server) {
+                // Safety: the bytes stay unchanged in the session's
+                // queued write until this send's completion is taken
+                // (`sent`), or are never freed (`settle_sends`); a
+                // session leaves the loop only after `settle_sends`.
+                unsafe { ring.send(fd, bytes, tag(key, id, SEND, server)) }?;
+            }
+        }
+        Ok(())
+    }
+
+    /// On a ring: cancels session `key`'s sends in flight and waits for
+    /// their completions (what they wrote counts), so that the session
+    /// writes for itself from here, what they did not write first.
+    /// Other completions that come meanwhile are kept for later.
+    fn settle_sends(&mut self, key: usize) {
+        let Waiter::Ring { ring, .. } = &mut self.waiter else {
+            return;
+        };
+        let Some(s) = self.sessions.get_mut(key) else {
+            return;
+        };
+        let id = s.session.id;
+        for server in [false, true] {
+            if s.send_in_flight(server) {
+                if let Err(e) = ring.cancel(tag(key, id, SEND, server)) {
+                    tracing::error!(error = %e, "an event loop cannot cancel a send");
+                }
+            }
+        }
+        let mut done = Vec::new();
+        while s.send_in_flight(false) || s.send_in_flight(true) {
+            if let Err(e) = ring.wait(None, &mut done) {
+                tracing::error!(error = %e, "an event loop cannot wait for a session's sends");
+                break;
+            }
+            for d in done.drain(..) {
+                let (k, i, kind, server) = untag(d.tag);
+                if (k, i, kind) == (key, id & 0xffff_ffff, SEND) {
+                    let _ = s.sent(server, d.result, d.cancelled());
+                } else {
+                    self.later.push(d);
+                }
+            }
+        }
+        if !s.settle_sends() {
+            tracing::error!("a session's bytes in the kernel's hands are dropped: it ends");
+        }
+    }
+
+    /// Stops watching session `key` and removes it (on a ring, once its
+    /// sends are settled: see [`Worker::settle_sends`]).
     fn remove(&mut self, key: usize) -> Box<LoopSession> {
+        self.settle_sends(key);
         let session = self.sessions.remove(key);
         let (client_fd, server_fd) = fds(&session);
-        let registry = self.poll.registry();
-        let _ = registry.deregister(&mut SourceFd(&client_fd));
-        let _ = registry.deregister(&mut SourceFd(&server_fd));
+        match &mut self.waiter {
+            Waiter::Epoll { poll, .. } => {
+                let registry = poll.registry();
+                let _ = registry.deregister(&mut SourceFd(&client_fd));
+                let _ = registry.deregister(&mut SourceFd(&server_fd));
+            }
+            Waiter::Ring { ring, .. } => {
+                // Submitted now: a watch holds its socket open, and the
+                // session's end closes the descriptors next.
+                for server in [false, true] {
+                    if let Err(e) = ring.cancel(tag(key, session.session.id, WATCH, server)) {
+                        tracing::error!(error = %e, "an event loop cannot stop watching a socket");
+                    }
+                }
+            }
+        }
         session
     }
 

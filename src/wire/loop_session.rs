@@ -21,6 +21,7 @@ use super::connection::Connection;
 use super::guard::HeldTicket;
 use super::messages::error_response::{error_response, Severity};
 use super::messages::sqlstate;
+use super::queued_writes::QueuedWrite;
 use super::registry::{closable, StopReason};
 use super::relayed::{Relay, Relayed};
 use super::server_relay::{idle, track_server, Held, SHRINK_ABOVE, SHUTTING_DOWN};
@@ -104,6 +105,10 @@ pub(super) struct LoopSession {
     to_decide: Option<HeldTicket>,
     /// Authentication is over (before: the startup deadline applies).
     started: bool,
+    /// On a ring loop: the bytes its sends are writing to each side
+    /// (see [`LoopSession::write_through_ring`]).
+    to_client_queued: QueuedWrite,
+    to_server_queued: QueuedWrite,
 }
 
 impl LoopSession {
@@ -120,7 +125,65 @@ impl LoopSession {
             decided: false,
             to_decide: None,
             started: false,
+            to_client_queued: QueuedWrite::default(),
+            to_server_queued: QueuedWrite::default(),
         }
+    }
+
+    /// The loop writes for the session from here (a ring's sends, see
+    /// [`LoopSession::next_send`]): the session's own steps only queue
+    /// what they route, until [`LoopSession::settle_sends`].
+    pub fn write_through_ring(&mut self) {
+        self.client_ready.write = false;
+        self.server_ready.write = false;
+    }
+
+    /// The bytes to send to the client (`server`: to the server) now, if
+    /// none are being sent: they stay unchanged until [`LoopSession::sent`].
+    pub fn next_send(&mut self, server: bool) -> Option<&[u8]> {
+        let pending = &mut self.relay.pending;
+        if server {
+            self.to_server_queued.next(&mut pending.to_server)
+        } else {
+            self.to_client_queued.next(&mut pending.to_client)
+        }
+    }
+
+    /// The send to the client (`server`: to the server) completed with
+    /// `result` (a count or a negated error number; `cancelled`: it was
+    /// cancelled, having written `result` if that is a count).
+    pub fn sent(&mut self, server: bool, result: i32, cancelled: bool) -> Result<(), End> {
+        if server {
+            self.to_server_queued
+                .sent(result, cancelled)
+                .map_err(|e| End::Error(format!("upstream write: {e}")))
+        } else {
+            self.to_client_queued
+                .sent(result, cancelled)
+                .map_err(|e| End::Error(format!("client write: {e}")))
+        }
+    }
+
+    /// Whether a send to the client (`server`: to the server) is in flight.
+    pub fn send_in_flight(&self, server: bool) -> bool {
+        if server {
+            self.to_server_queued.in_flight()
+        } else {
+            self.to_client_queued.in_flight()
+        }
+    }
+
+    /// The session writes for itself again (it ends, or goes to threads),
+    /// with what its sends left unwritten in front of what waits: false
+    /// when a send could not be waited for, whose bytes (and what was to
+    /// follow them) are dropped.
+    pub fn settle_sends(&mut self) -> bool {
+        let pending = &mut self.relay.pending;
+        let client = self.to_client_queued.settle(&mut pending.to_client);
+        let server = self.to_server_queued.settle(&mut pending.to_server);
+        self.client_ready.write = true;
+        self.server_ready.write = true;
+        client && server
     }
 
     /// The loop saw readiness on the client's socket (`server`: on the
@@ -225,7 +288,9 @@ impl LoopSession {
             Some(StopReason::Quiet) => return Some(End::Quiet),
             None => {}
         }
-        let drained = self.relay.pending.to_client.is_empty() && self.held.is_none();
+        let drained = self.relay.pending.to_client.is_empty()
+            && self.to_client_queued.is_empty()
+            && self.held.is_none();
         if draining && drained && idle(&self.session.handle.state) {
             return Some(self.close_for_shutdown());
         }
@@ -293,7 +358,10 @@ impl LoopSession {
             return self.release_held();
         }
         // What was routed goes out before more is read.
-        if !self.relay.pending.to_client.is_empty() || !self.server_ready.read {
+        if !self.relay.pending.to_client.is_empty()
+            || !self.to_client_queued.is_empty()
+            || !self.server_ready.read
+        {
             return Step::Stuck;
         }
         match read_ready(&mut self.relay.server, &mut self.server_ready) {
@@ -440,7 +508,11 @@ impl LoopSession {
         }
         // What was forwarded goes out before more is read; nothing is
         // offered while a server message waits for its decision.
-        if !self.relay.pending.to_server.is_empty() || self.held.is_some() || self.client_done {
+        if !self.relay.pending.to_server.is_empty()
+            || !self.to_server_queued.is_empty()
+            || self.held.is_some()
+            || self.client_done
+        {
             return Step::Stuck;
         }
         let mut read = false;

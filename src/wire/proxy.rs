@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use dashmap::DashMap;
+use serde::{Deserialize, Serialize};
 
 use crate::wire::client_stream::ClientTls;
 use crate::wire::draining::Draining;
@@ -40,6 +41,21 @@ pub struct RelayConfig {
     /// Event loops relaying sessions without TLS (see `event_loop.rs`);
     /// 0: every session relays on two threads of its own.
     pub event_loops: usize,
+    /// How the loops wait for their sockets and write to them.
+    pub event_loop_io: LoopIo,
+}
+
+/// How an event loop waits for its sockets and writes to them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoopIo {
+    /// Readiness and writes as requests on an io_uring, submitted with
+    /// the loop's one wait per turn; epoll where the kernel refuses a
+    /// ring (said in the log).
+    #[default]
+    IoUring,
+    /// epoll readiness, then a system call per read and per write.
+    Epoll,
 }
 
 /// One event loop per two cores (at least one): a proxy shares its host
@@ -63,6 +79,7 @@ impl Default for RelayConfig {
             max_backend_message_bytes: i32::MAX as usize,
             max_client_conn: 2_000,
             event_loops: default_event_loops(),
+            event_loop_io: LoopIo::default(),
         }
     }
 }

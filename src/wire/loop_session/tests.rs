@@ -19,7 +19,7 @@ use crate::wire::proxy::{Proxy, RelayConfig};
 use crate::wire::response_queue::{Desync, Route};
 use crate::wire::session::tests::{
     connect_through, connect_through_loops, message, proxy_with, read_message, read_packet,
-    read_to_end, scripted_server, startup, IO_TIMEOUT,
+    read_to_end, scripted_server, startup, Relaying, EVERY_LOOP, EVERY_RELAY, IO_TIMEOUT,
 };
 use crate::wire::upstream::UpstreamAddr;
 
@@ -187,7 +187,7 @@ fn answer() -> Vec<u8> {
 
 /// Logs in through the proxy: the client socket, past the login.
 fn logged_in(proxy: Arc<Proxy>) -> (TcpStream, JoinHandle<()>) {
-    let loops = EventLoops::configured(proxy.config.event_loops);
+    let loops = EventLoops::configured(proxy.config.event_loops, proxy.config.event_loop_io);
     logged_in_on(proxy, loops)
 }
 
@@ -225,15 +225,21 @@ fn terminate(mut client: TcpStream, session: JoinHandle<()>) {
 
 #[test]
 fn a_message_that_may_block_is_tracked_on_threads_and_the_session_goes_on() {
+    for relay in EVERY_LOOP {
+        a_message_that_may_block_goes_to_threads(relay);
+    }
+}
+
+fn a_message_that_may_block_goes_to_threads(relay: Relaying) {
     let (addr, server) = answering_server(1);
     let guard = Watching {
         blocks_on: Some("checkpoints"),
         ..Watching::new()
     };
     let seen = Arc::clone(&guard.seen);
-    let (mut client, session) = logged_in(proxy_with(addr, 1, guards(vec![guard])));
+    let (mut client, session) = logged_in(proxy_with(addr, relay, guards(vec![guard])));
     for sql in ["select 1", "select * from checkpoints", "select 2"] {
-        assert_eq!(query(&mut client, sql), answer(), "{sql}");
+        assert_eq!(query(&mut client, sql), answer(), "{relay:?}: {sql}");
     }
     terminate(client, session);
     server.join().unwrap();
@@ -248,12 +254,19 @@ fn a_message_that_may_block_is_tracked_on_threads_and_the_session_goes_on() {
             ("select 1", "loop"),
             ("select * from checkpoints", "client"),
             ("select 2", "client")
-        ]
+        ],
+        "{relay:?}"
     );
 }
 
 #[test]
 fn a_held_row_waits_off_the_loop_while_its_other_sessions_go_on() {
+    for relay in EVERY_LOOP {
+        a_held_row_waits_off_the_loop(relay);
+    }
+}
+
+fn a_held_row_waits_off_the_loop(relay: Relaying) {
     let (addr, server) = answering_server(2);
     let gate = Arc::new(Gate::default());
     let holding = Watching {
@@ -261,8 +274,8 @@ fn a_held_row_waits_off_the_loop_while_its_other_sessions_go_on() {
         ..Watching::new()
     };
     // One loop serves both sessions.
-    let proxy = proxy_with(addr, 1, guards(vec![holding, Watching::new()]));
-    let one_loop = EventLoops::configured(1);
+    let proxy = proxy_with(addr, relay, guards(vec![holding, Watching::new()]));
+    let one_loop = EventLoops::configured(1, proxy.config.event_loop_io);
     let (mut held, held_session) = logged_in_on(Arc::clone(&proxy), one_loop.clone());
     let (mut other, other_session) = logged_in_on(proxy, one_loop);
     held.write_all(&message(b'Q', b"select 1\0")).unwrap();
@@ -274,7 +287,7 @@ fn a_held_row_waits_off_the_loop_while_its_other_sessions_go_on() {
     let mut nothing = [0; 1];
     assert!(
         held.read(&mut nothing).is_err(),
-        "the held row reached its client before its decision"
+        "{relay:?}: the held row reached its client before its decision"
     );
     held.set_nonblocking(false).unwrap();
     gate.open();
@@ -290,7 +303,7 @@ fn a_held_row_waits_off_the_loop_while_its_other_sessions_go_on() {
 
 #[test]
 fn authentication_on_a_loop_ends_at_its_deadline() {
-    for event_loops in [0, 1] {
+    for relay in EVERY_RELAY {
         let (addr, server) = scripted_server(|mut sock| {
             read_packet(&mut sock);
             // Asks for a password, and waits.
@@ -301,8 +314,7 @@ fn authentication_on_a_loop_ends_at_its_deadline() {
             upstream: UpstreamAddr::Tcp(addr.to_string()),
             connect_timeout: IO_TIMEOUT,
             startup_timeout: Duration::from_millis(300),
-            event_loops,
-            ..RelayConfig::default()
+            ..relay.config()
         };
         let silent = Watching {
             starts: false,
@@ -317,16 +329,22 @@ fn authentication_on_a_loop_ends_at_its_deadline() {
         let text = String::from_utf8_lossy(&fatal);
         assert!(
             text.contains("authentication timed out"),
-            "{event_loops} loops: {text}"
+            "{relay:?}: {text}"
         );
-        assert!(began.elapsed() < IO_TIMEOUT, "{event_loops} loops");
+        assert!(began.elapsed() < IO_TIMEOUT, "{relay:?}");
         session.join().unwrap();
-        assert_eq!(server.join().unwrap(), b"", "{event_loops} loops");
+        assert_eq!(server.join().unwrap(), b"", "{relay:?}");
     }
 }
 
 #[test]
 fn a_client_that_does_not_read_stops_its_loop_reading_the_server() {
+    for relay in EVERY_LOOP {
+        a_client_that_does_not_read_stops_the_server_read(relay);
+    }
+}
+
+fn a_client_that_does_not_read_stops_the_server_read(relay: Relaying) {
     const FLOOD: usize = 128 << 20;
     let (addr, server) = scripted_server(|mut sock| {
         read_packet(&mut sock);
@@ -345,13 +363,13 @@ fn a_client_that_does_not_read_stops_its_loop_reading_the_server() {
         }
         sent
     });
-    let (mut client, session) = logged_in(proxy_with(addr, 1, guards(vec![Watching::new()])));
+    let (mut client, session) = logged_in(proxy_with(addr, relay, guards(vec![Watching::new()])));
     client.write_all(&message(b'Q', b"select rows\0")).unwrap();
     let sent = server.join().unwrap();
     // What the sockets' buffers hold, and one read of the proxy's.
     assert!(
         sent < FLOOD / 4,
-        "{sent} bytes went to a client that reads nothing"
+        "{relay:?}: {sent} bytes went to a client that reads nothing"
     );
     drop(client);
     session.join().unwrap();

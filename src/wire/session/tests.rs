@@ -15,7 +15,7 @@ use bytes::Bytes;
 use super::serve_client;
 use crate::wire::event_loop::EventLoops;
 use crate::wire::guard::{ClientError, ClientStep, Guard, GuardFactory, ServerStep, SessionInfo};
-use crate::wire::proxy::{Proxy, RelayConfig};
+use crate::wire::proxy::{LoopIo, Proxy, RelayConfig};
 use crate::wire::response_queue::{Desync, Route};
 use crate::wire::upstream::UpstreamAddr;
 
@@ -62,24 +62,56 @@ impl GuardFactory for PassThrough {
     }
 }
 
-/// A proxy in front of `upstream` whose sessions relay on event loops.
+/// A proxy in front of `upstream` whose sessions relay on an event loop.
 pub(in crate::wire) fn proxy(upstream: SocketAddr) -> Arc<Proxy> {
-    proxy_with(upstream, 1, Arc::new(PassThrough))
+    proxy_with(upstream, Relaying::Ring, Arc::new(PassThrough))
 }
 
-/// A proxy in front of `upstream` with `event_loops` loops (0: sessions
-/// relay on threads) and the guards of `guards`.
+/// Where a test proxy's sessions relay.
+#[derive(Debug, Clone, Copy)]
+pub(in crate::wire) enum Relaying {
+    /// On two threads of their own.
+    Threads,
+    /// On an event loop waiting on io_uring.
+    Ring,
+    /// On an event loop waiting on epoll.
+    Epoll,
+}
+
+/// Every way a session relays.
+pub(in crate::wire) const EVERY_RELAY: [Relaying; 3] =
+    [Relaying::Threads, Relaying::Ring, Relaying::Epoll];
+/// Both kinds of event loop.
+pub(in crate::wire) const EVERY_LOOP: [Relaying; 2] = [Relaying::Ring, Relaying::Epoll];
+
+impl Relaying {
+    /// The relay settings of this way (on `RelayConfig`'s defaults).
+    pub(in crate::wire) fn config(self) -> RelayConfig {
+        let (event_loops, event_loop_io) = match self {
+            Relaying::Threads => (0, LoopIo::IoUring),
+            Relaying::Ring => (1, LoopIo::IoUring),
+            Relaying::Epoll => (1, LoopIo::Epoll),
+        };
+        RelayConfig {
+            event_loops,
+            event_loop_io,
+            ..RelayConfig::default()
+        }
+    }
+}
+
+/// A proxy in front of `upstream` relaying as `relay` says, with the
+/// guards of `guards`.
 pub(in crate::wire) fn proxy_with(
     upstream: SocketAddr,
-    event_loops: usize,
+    relay: Relaying,
     guards: Arc<dyn GuardFactory>,
 ) -> Arc<Proxy> {
     let config = RelayConfig {
         upstream: UpstreamAddr::Tcp(upstream.to_string()),
         connect_timeout: IO_TIMEOUT,
         startup_timeout: IO_TIMEOUT,
-        event_loops,
-        ..RelayConfig::default()
+        ..relay.config()
     };
     Arc::new(Proxy::new(config, guards))
 }
@@ -93,7 +125,7 @@ pub(in crate::wire) fn nowhere() -> SocketAddr {
 /// A client connected to a proxy session served on its own thread (and
 /// relayed on an event loop when the proxy's configuration has any).
 pub(in crate::wire) fn connect_through(proxy: Arc<Proxy>) -> (TcpStream, JoinHandle<()>) {
-    let loops = EventLoops::configured(proxy.config.event_loops);
+    let loops = EventLoops::configured(proxy.config.event_loops, proxy.config.event_loop_io);
     connect_through_loops(proxy, loops)
 }
 
@@ -170,12 +202,12 @@ pub(in crate::wire) fn read_to_end(sock: &mut TcpStream) -> Vec<u8> {
 
 #[test]
 fn a_half_closed_client_gets_the_answers_sent_after_its_end() {
-    for event_loops in [0, 1] {
-        half_closed_client_gets_the_answers_sent_after_its_end(event_loops);
+    for relay in EVERY_RELAY {
+        half_closed_client_gets_the_answers_sent_after_its_end(relay);
     }
 }
 
-fn half_closed_client_gets_the_answers_sent_after_its_end(event_loops: usize) {
+fn half_closed_client_gets_the_answers_sent_after_its_end(relay: Relaying) {
     let login = [message(b'R', &[0, 0, 0, 0]), message(b'Z', b"I")].concat();
     let answer = [message(b'C', b"SELECT 1\0"), message(b'Z', b"I")].concat();
     let (login_sent, answer_sent) = (login.clone(), answer.clone());
@@ -189,8 +221,7 @@ fn half_closed_client_gets_the_answers_sent_after_its_end(event_loops: usize) {
         sock.write_all(&answer_sent).unwrap();
         (first, query, after)
     });
-    let (mut client, session) =
-        connect_through(proxy_with(addr, event_loops, Arc::new(PassThrough)));
+    let (mut client, session) = connect_through(proxy_with(addr, relay, Arc::new(PassThrough)));
     let query = message(b'Q', b"select 1\0");
     client.write_all(&startup(196_608)).unwrap();
     client.write_all(&query).unwrap();
@@ -207,12 +238,12 @@ fn half_closed_client_gets_the_answers_sent_after_its_end(event_loops: usize) {
 
 #[test]
 fn a_startup_then_end_of_file_gets_the_whole_login() {
-    for event_loops in [0, 1] {
-        startup_then_end_of_file_gets_the_whole_login(event_loops);
+    for relay in EVERY_RELAY {
+        startup_then_end_of_file_gets_the_whole_login(relay);
     }
 }
 
-fn startup_then_end_of_file_gets_the_whole_login(event_loops: usize) {
+fn startup_then_end_of_file_gets_the_whole_login(relay: Relaying) {
     let login = [message(b'R', &[0, 0, 0, 0]), message(b'Z', b"I")].concat();
     let sent = login.clone();
     let (addr, server) = scripted_server(move |mut sock| {
@@ -221,8 +252,7 @@ fn startup_then_end_of_file_gets_the_whole_login(event_loops: usize) {
         sock.write_all(&sent).unwrap();
         after
     });
-    let (mut client, session) =
-        connect_through(proxy_with(addr, event_loops, Arc::new(PassThrough)));
+    let (mut client, session) = connect_through(proxy_with(addr, relay, Arc::new(PassThrough)));
     client.write_all(&startup(196_608)).unwrap();
     client.shutdown(Shutdown::Write).unwrap();
     assert_eq!(read_to_end(&mut client), login);
