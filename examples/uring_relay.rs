@@ -8,16 +8,20 @@
 //! the bytes, sockets and segments are the same in both.
 //!
 //! `uring_relay serve --listen HOST:PORT --upstream HOST:PORT [--loops N]
-//! [--plain-ring] [ignored...]` (the benchmark harness's command line; it
+//! [--plain-ring] [--poll-reads] [ignored...]` (the benchmark harness's command line; it
 //! prints `DATABASE_URL=` when listening). `--loops` defaults to the
 //! machine's cores; each loop accepts from the one listener.
 //! `--plain-ring` makes each ring without the flags of [`ring`], to price
-//! them.
+//! them. `--poll-reads` reads as resumeguard's ring loops do: a watch on
+//! the ring says a socket is readable, and the loop's own `recv` reads it
+//! (writes stay requests).
 
+use std::io::Read;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 
 use io_uring::{opcode, squeue, types, IoUring};
+use rustix::event::PollFlags;
 use slab::Slab;
 
 /// Room for one read, per direction.
@@ -26,13 +30,16 @@ const BUF: usize = 16 * 1024;
 const RING: u32 = 1024;
 /// The request that accepts the next connection.
 const ACCEPT: u64 = u64::MAX;
+/// A cancellation's own completion.
+const CANCEL: u64 = u64::MAX - 1;
 
 #[path = "shared/harness_args.rs"]
 mod harness_args;
 
 fn main() {
     let (listen, upstream) = harness_args::listen_and_upstream(
-        "uring_relay serve --listen HOST:PORT --upstream HOST:PORT [--loops N] [--plain-ring]",
+        "uring_relay serve --listen HOST:PORT --upstream HOST:PORT [--loops N] [--plain-ring] \
+         [--poll-reads]",
     );
     let loops = harness_args::flag("--loops")
         .and_then(|n| n.parse::<usize>().ok())
@@ -95,10 +102,15 @@ struct Conn {
     closing: bool,
 }
 
-/// What a completed request was: its connection, read or write, direction.
-fn tag(key: usize, write: bool, dir: usize) -> u64 {
-    ((key as u64) << 2) | (u64::from(write) << 1) | dir as u64
+/// What a completed request was: its connection, what it was (`RECV`,
+/// `SEND`, `WATCH`), direction.
+fn tag(key: usize, kind: u64, dir: usize) -> u64 {
+    ((key as u64) << 3) | (kind << 1) | dir as u64
 }
+const RECV: u64 = 0;
+const SEND: u64 = 1;
+/// A readiness watch (`--poll-reads`).
+const WATCH: u64 = 2;
 
 struct Loop {
     ring: IoUring,
@@ -108,7 +120,9 @@ struct Loop {
     /// Requests made while completions were read, queued after them.
     queued: Vec<squeue::Entry>,
     /// The completions of a turn, read off the ring before they are acted on.
-    done: Vec<(u64, i32)>,
+    done: Vec<(u64, i32, u32)>,
+    /// Reads are a watch's readiness, then a `recv` of the loop's own.
+    poll_reads: bool,
 }
 
 impl Loop {
@@ -120,6 +134,7 @@ impl Loop {
             conns: Slab::new(),
             queued: Vec::new(),
             done: Vec::new(),
+            poll_reads: std::env::args().any(|a| a == "--poll-reads"),
         }
     }
 
@@ -144,8 +159,15 @@ impl Loop {
                 return;
             }
             let mut done = std::mem::take(&mut self.done);
-            done.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
-            for &(what, result) in &done {
+            done.extend(
+                self.ring
+                    .completion()
+                    .map(|c| (c.user_data(), c.result(), c.flags())),
+            );
+            for &(what, result, flags) in &done {
+                if what == CANCEL {
+                    continue;
+                }
                 if what == ACCEPT {
                     self.queued.push(self.accept());
                     if result >= 0 {
@@ -154,6 +176,8 @@ impl Loop {
                         let client = unsafe { TcpStream::from_raw_fd(result) };
                         self.adopt(client);
                     }
+                } else if (what >> 1) & 3 == WATCH {
+                    self.readable(what, result, flags);
                 } else {
                     self.completed(what, result);
                 }
@@ -191,8 +215,81 @@ impl Loop {
             in_flight: 0,
             closing: false,
         });
+        if self.poll_reads {
+            for dir in 0..2 {
+                let _ = self.conns[key].socks[dir].set_nonblocking(true);
+                self.watch(key, dir);
+                self.recv_now(key, dir);
+            }
+            return;
+        }
         for dir in 0..2 {
             self.read(key, dir);
+        }
+    }
+
+    /// Watches direction `dir`'s source for bytes or its end: a
+    /// completion each time, until cancelled (see [`Loop::close`]).
+    fn watch(&mut self, key: usize, dir: usize) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        conn.in_flight += 1;
+        let fd = conn.socks[dir].as_raw_fd();
+        let readable = PollFlags::IN | PollFlags::RDHUP;
+        self.queued.push(
+            opcode::PollAdd::new(types::Fd(fd), u32::from(readable.bits()))
+                .multi(true)
+                .build()
+                .user_data(tag(key, WATCH, dir)),
+        );
+    }
+
+    /// A watch's completion: read now (and watch again if the watch
+    /// ended).
+    fn readable(&mut self, what: u64, result: i32, flags: u32) {
+        let key = (what >> 3) as usize;
+        let dir = (what & 1) as usize;
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        let more = io_uring::cqueue::more(flags);
+        if !more {
+            conn.in_flight -= 1;
+        }
+        if conn.closing || result < 0 {
+            return self.close(key);
+        }
+        if !more {
+            self.watch(key, dir);
+        }
+        self.recv_now(key, dir);
+    }
+
+    /// Reads direction `dir` now, unless what it read last is still
+    /// being written.
+    fn recv_now(&mut self, key: usize, dir: usize) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
+        let pipe = &mut conn.pipes[dir];
+        if pipe.len > 0 || pipe.eof || conn.closing {
+            return;
+        }
+        match (&conn.socks[dir]).read(&mut pipe.buf[..]) {
+            Ok(0) => {
+                pipe.eof = true;
+                let _ = conn.socks[1 - dir].shutdown(Shutdown::Write);
+                if conn.pipes[1 - dir].eof {
+                    self.close(key);
+                }
+            }
+            Ok(n) => {
+                pipe.len = n;
+                self.write(key, dir);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => self.close(key),
         }
     }
 
@@ -207,7 +304,7 @@ impl Loop {
         self.queued.push(
             opcode::Recv::new(types::Fd(fd), buf, BUF as u32)
                 .build()
-                .user_data(tag(key, false, dir)),
+                .user_data(tag(key, RECV, dir)),
         );
     }
 
@@ -224,13 +321,13 @@ impl Loop {
         self.queued.push(
             opcode::Send::new(types::Fd(fd), rest.as_ptr(), rest.len() as u32)
                 .build()
-                .user_data(tag(key, true, dir)),
+                .user_data(tag(key, SEND, dir)),
         );
     }
 
     fn completed(&mut self, what: u64, result: i32) {
-        let key = (what >> 2) as usize;
-        let (write, dir) = (what & 2 != 0, (what & 1) as usize);
+        let key = (what >> 3) as usize;
+        let (write, dir) = ((what >> 1) & 3 == SEND, (what & 1) as usize);
         let Some(conn) = self.conns.get_mut(key) else {
             return;
         };
@@ -248,6 +345,9 @@ impl Loop {
                 return self.write(key, dir);
             }
             (pipe.sent, pipe.len) = (0, 0);
+            if self.poll_reads {
+                return self.recv_now(key, dir);
+            }
             return self.read(key, dir);
         }
         if n > 0 {
@@ -263,8 +363,8 @@ impl Loop {
         }
     }
 
-    /// Shuts both sockets (their pending requests complete) and lets the
-    /// connection go once nothing is in flight.
+    /// Shuts both sockets (their pending requests complete; watches are
+    /// cancelled) and lets the connection go once nothing is in flight.
     fn close(&mut self, key: usize) {
         let Some(conn) = self.conns.get_mut(key) else {
             return;
@@ -273,6 +373,13 @@ impl Loop {
             conn.closing = true;
             for s in &conn.socks {
                 let _ = s.shutdown(Shutdown::Both);
+            }
+            if self.poll_reads {
+                for dir in 0..2 {
+                    let watch = tag(key, WATCH, dir);
+                    self.queued
+                        .push(opcode::AsyncCancel::new(watch).build().user_data(CANCEL));
+                }
             }
         }
         if conn.in_flight == 0 {
