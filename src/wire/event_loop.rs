@@ -81,7 +81,10 @@ enum Waiter {
     },
     Ring {
         ring: Box<Ring>,
+        /// Completions taken off the ring; those from `next` on are not
+        /// acted on yet.
         done: Vec<Done>,
+        next: usize,
     },
 }
 
@@ -95,7 +98,12 @@ impl Waiter {
                     let waker = LoopWaker::Ring(ring.waker());
                     let done = Vec::with_capacity(EVENTS);
                     let ring = Box::new(ring);
-                    return Ok((Waiter::Ring { ring, done }, waker, None));
+                    let waiter = Waiter::Ring {
+                        ring,
+                        done,
+                        next: 0,
+                    };
+                    return Ok((waiter, waker, None));
                 }
                 Err(e) => Some(e),
             },
@@ -124,6 +132,9 @@ fn tag(key: usize, id: u64, kind: u64, server: bool) -> u64 {
 const WATCH: u64 = 0;
 /// A send.
 const SEND: u64 = 1;
+/// A completion already acted on, left in the list (see
+/// [`Worker::settle_sends`]).
+const TAKEN: u64 = u64::MAX;
 
 /// A ring completion's (key, id's low bits, kind, server).
 fn untag(tag: u64) -> (usize, u64, u64, bool) {
@@ -175,7 +186,6 @@ impl EventLoops {
                         sessions: Slab::new(),
                         starting: Vec::new(),
                         again: Vec::new(),
-                        later: Vec::new(),
                     };
                     if made_tx.send(Ok((waker, refused))).is_ok() {
                         worker.run();
@@ -285,10 +295,6 @@ struct Worker {
     /// The sessions that yielded with more to move (key and id): driven
     /// again after the next wait, which then does not wait.
     again: Vec<(usize, u64)>,
-    /// Ring completions taken while a session's sends were waited for
-    /// (see [`Worker::settle_sends`]): acted on after the next wait,
-    /// which then does not wait.
-    later: Vec<Done>,
 }
 
 /// The sockets of a session: the client's token is `2 × key`, the
@@ -301,7 +307,8 @@ impl Worker {
     fn run(mut self) {
         let mut orphaned = false;
         loop {
-            let timeout = if self.again.is_empty() && self.later.is_empty() {
+            let backlog = matches!(&self.waiter, Waiter::Ring { done, .. } if !done.is_empty());
+            let timeout = if self.again.is_empty() && !backlog {
                 self.next_deadline().map(|at| {
                     at.saturating_duration_since(Instant::now()) + Duration::from_millis(1)
                 })
@@ -356,23 +363,39 @@ impl Worker {
                     *ready = happened;
                 }
             }
-            Waiter::Ring { ring, done } => {
-                done.append(&mut self.later);
+            Waiter::Ring { ring, done, .. } => {
                 ring.wait(timeout, done)?;
-                let mut happened = std::mem::take(done);
-                for d in happened.drain(..) {
+                while let Some(d) = self.next_done() {
                     self.completed(d);
-                }
-                if let Waiter::Ring { done, .. } = &mut self.waiter {
-                    *done = happened;
                 }
             }
         }
         Ok(())
     }
 
+    /// The next ring completion to act on, if any (the list is emptied
+    /// when all were). Acting on one may take others of the list (a
+    /// session's sends, when it ends) or add to it.
+    fn next_done(&mut self) -> Option<Done> {
+        let Waiter::Ring { done, next, .. } = &mut self.waiter else {
+            return None;
+        };
+        let d = done.get(*next).copied();
+        match d {
+            Some(_) => *next += 1,
+            None => {
+                done.clear();
+                *next = 0;
+            }
+        }
+        d
+    }
+
     /// Acts on a ring request's completion.
     fn completed(&mut self, done: Done) {
+        if done.tag == TAKEN {
+            return;
+        }
         let (key, id, kind, server) = untag(done.tag);
         let Some(s) = self.sessions.get_mut(key) else {
             return;
@@ -547,16 +570,30 @@ impl Worker {
 
     /// On a ring: cancels session `key`'s sends in flight and waits for
     /// their completions (what they wrote counts), so that the session
-    /// writes for itself from here, what they did not write first.
-    /// Other completions that come meanwhile are kept for later.
+    /// writes for itself from here, what they did not write first. Other
+    /// completions that come meanwhile join the list the loop acts on.
     fn settle_sends(&mut self, key: usize) {
-        let Waiter::Ring { ring, .. } = &mut self.waiter else {
+        let Waiter::Ring {
+            ring, done, next, ..
+        } = &mut self.waiter
+        else {
             return;
         };
         let Some(s) = self.sessions.get_mut(key) else {
             return;
         };
         let id = s.session.id;
+        let take = |done: &mut [Done], s: &mut LoopSession| {
+            for d in done {
+                let (k, i, kind, server) = untag(d.tag);
+                if d.tag != TAKEN && (k, i, kind) == (key, id & 0xffff_ffff, SEND) {
+                    let _ = s.sent(server, d.result, d.cancelled());
+                    d.tag = TAKEN;
+                }
+            }
+        };
+        // Completions already taken off the ring and not acted on yet.
+        take(&mut done[*next..], s);
         for server in [false, true] {
             if s.send_in_flight(server) {
                 if let Err(e) = ring.cancel(tag(key, id, SEND, server)) {
@@ -564,20 +601,13 @@ impl Worker {
                 }
             }
         }
-        let mut done = Vec::new();
         while s.send_in_flight(false) || s.send_in_flight(true) {
-            if let Err(e) = ring.wait(None, &mut done) {
+            let from = done.len();
+            if let Err(e) = ring.wait(None, done) {
                 tracing::error!(error = %e, "an event loop cannot wait for a session's sends");
                 break;
             }
-            for d in done.drain(..) {
-                let (k, i, kind, server) = untag(d.tag);
-                if (k, i, kind) == (key, id & 0xffff_ffff, SEND) {
-                    let _ = s.sent(server, d.result, d.cancelled());
-                } else {
-                    self.later.push(d);
-                }
-            }
+            take(&mut done[from..], s);
         }
         if !s.settle_sends() {
             tracing::error!("a session's bytes in the kernel's hands are dropped: it ends");

@@ -153,11 +153,12 @@ impl Ring {
 
     /// Submits what is queued and waits, for at most `timeout` (`None`:
     /// as long as it takes; zero: not at all), for a completion; appends
-    /// the completions to `done`. A wake-up is taken here: it is seen as
+    /// the completions (those that came meanwhile too) to `done`. A wake-up is taken here: it is seen as
     /// the wait's end.
     pub fn wait(&mut self, timeout: Option<Duration>, done: &mut Vec<Done>) -> io::Result<()> {
+        // Even a wait of no time enters with a wait's flag: the work that
+        // posts completions runs only then (`DEFER_TASKRUN`).
         let waited = match timeout {
-            Some(t) if t.is_zero() => self.ring.submit(),
             Some(t) => {
                 let ts = types::Timespec::from(t);
                 let args = types::SubmitArgs::new().timespec(&ts);
