@@ -7,6 +7,11 @@
 //! Backpressure as on threads: a side is not read while what was routed
 //! from it waits to be written, so a session buffers at most one read
 //! per direction (plus what the guard put in place of it).
+//!
+//! On a loop waiting on io_uring the session's steps write nothing
+//! themselves: what they route waits, and the loop sends it with its next
+//! wait ([`LoopSession::next_send`]); until the send completes its bytes
+//! still count as waiting to be written.
 
 use std::io::{ErrorKind, Read, Write};
 use std::ops::Deref;
