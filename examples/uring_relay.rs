@@ -277,17 +277,7 @@ impl Loop {
             return;
         }
         match (&conn.socks[dir]).read(&mut pipe.buf[..]) {
-            Ok(0) => {
-                pipe.eof = true;
-                let _ = conn.socks[1 - dir].shutdown(Shutdown::Write);
-                if conn.pipes[1 - dir].eof {
-                    self.close(key);
-                }
-            }
-            Ok(n) => {
-                pipe.len = n;
-                self.write(key, dir);
-            }
+            Ok(n) => self.got(key, dir, n),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(_) => self.close(key),
         }
@@ -350,13 +340,22 @@ impl Loop {
             }
             return self.read(key, dir);
         }
+        self.got(key, dir, n);
+    }
+
+    /// Direction `dir` read `n` bytes into its empty buffer: they are
+    /// written on. End of file (0) is passed on as a half-close, as
+    /// PostgreSQL's own client would; both ends closed ends the
+    /// connection.
+    fn got(&mut self, key: usize, dir: usize, n: usize) {
+        let Some(conn) = self.conns.get_mut(key) else {
+            return;
+        };
         if n > 0 {
-            pipe.len = n;
+            conn.pipes[dir].len = n;
             return self.write(key, dir);
         }
-        // End of file: passed on as a half-close, as PostgreSQL's own
-        // client would; both ends closed ends the connection.
-        pipe.eof = true;
+        conn.pipes[dir].eof = true;
         let _ = conn.socks[1 - dir].shutdown(Shutdown::Write);
         if conn.pipes[1 - dir].eof {
             self.close(key);

@@ -126,7 +126,7 @@ impl Waiter {
 /// tell it from a later one given the key), what the request is, and
 /// which socket (`server`).
 fn tag(key: usize, id: u64, kind: u64, server: bool) -> u64 {
-    ((id & 0xffff_ffff) << 32) | ((key as u64 & 0x3fff_ffff) << 2) | (kind << 1) | u64::from(server)
+    (id_bits(id) << 32) | ((key as u64 & 0x3fff_ffff) << 2) | (kind << 1) | u64::from(server)
 }
 /// A socket's readiness watch.
 const WATCH: u64 = 0;
@@ -135,6 +135,11 @@ const SEND: u64 = 1;
 /// A completion already acted on, left in the list (see
 /// [`Worker::settle_sends`]).
 const TAKEN: u64 = u64::MAX;
+
+/// The bits of a session's id a ring tag carries.
+fn id_bits(id: u64) -> u64 {
+    id & 0xffff_ffff
+}
 
 /// A ring completion's (key, id's low bits, kind, server).
 fn untag(tag: u64) -> (usize, u64, u64, bool) {
@@ -400,7 +405,7 @@ impl Worker {
         let Some(s) = self.sessions.get_mut(key) else {
             return;
         };
-        if s.session.id & 0xffff_ffff != id {
+        if id_bits(s.session.id) != id {
             return;
         }
         if kind == SEND {
@@ -586,7 +591,7 @@ impl Worker {
         let take = |done: &mut [Done], s: &mut LoopSession| {
             for d in done {
                 let (k, i, kind, server) = untag(d.tag);
-                if d.tag != TAKEN && (k, i, kind) == (key, id & 0xffff_ffff, SEND) {
+                if d.tag != TAKEN && (k, i, kind) == (key, id_bits(id), SEND) {
                     let _ = s.sent(server, d.result, d.cancelled());
                     d.tag = TAKEN;
                 }

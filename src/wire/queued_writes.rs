@@ -102,11 +102,18 @@ mod tests {
         assert_eq!(queued.next(&mut pending).unwrap(), b" world");
     }
 
+    /// `bytes` handed to the kernel, and the session's pending bytes
+    /// emptied by the handover.
+    fn sending(bytes: &[u8]) -> (QueuedWrite, BytesMut) {
+        let mut queued = QueuedWrite::default();
+        let mut pending = BytesMut::from(bytes);
+        queued.next(&mut pending).unwrap();
+        (queued, pending)
+    }
+
     #[test]
     fn a_cancelled_send_settles_its_bytes_in_front_of_the_pending_ones() {
-        let mut queued = QueuedWrite::default();
-        let mut pending = BytesMut::from(&b"first"[..]);
-        queued.next(&mut pending).unwrap();
+        let (mut queued, mut pending) = sending(b"first");
         pending.extend_from_slice(b" then");
         queued.sent(-libc_canceled(), true).unwrap();
         assert!(queued.settle(&mut pending));
@@ -116,9 +123,7 @@ mod tests {
 
     #[test]
     fn a_failed_send_is_its_error_and_a_send_of_nothing_is_no_progress() {
-        let mut queued = QueuedWrite::default();
-        let mut pending = BytesMut::from(&b"x"[..]);
-        queued.next(&mut pending).unwrap();
+        let (mut queued, mut pending) = sending(b"x");
         let e = queued.sent(-32, false).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
         queued.next(&mut pending).unwrap();
@@ -128,9 +133,7 @@ mod tests {
 
     #[test]
     fn bytes_still_in_the_kernels_hands_are_never_freed_under_it() {
-        let mut queued = QueuedWrite::default();
-        let mut pending = BytesMut::from(&b"x"[..]);
-        queued.next(&mut pending).unwrap();
+        let (mut queued, mut pending) = sending(b"x");
         pending.extend_from_slice(b"after");
         assert!(!queued.settle(&mut pending));
         assert!(
