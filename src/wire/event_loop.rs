@@ -412,12 +412,16 @@ impl Worker {
             .filter(|s| id_bits(s.session.id) == id);
         if kind == RECV {
             // The buffer goes back whether or not its session is here.
-            ring.received(&done, |bytes| {
-                if let Some(s) = s {
-                    s.received(server, done.result, bytes);
-                }
+            let here = ring.received(&done, |bytes| {
+                s.map(|s| s.received(server, done.result, bytes)).is_some()
             });
-        } else if let Some(s) = s {
+            if !here {
+                return;
+            }
+        } else {
+            let Some(s) = s else {
+                return;
+            };
             if let Err(end) = s.sent(server, done.result, done.cancelled()) {
                 return self.end(key, end);
             }
