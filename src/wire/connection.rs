@@ -200,12 +200,6 @@ where
         self.buffer.fill(&*self.socket)
     }
 
-    /// Appends bytes read for this side elsewhere (an event loop's ring
-    /// read into a buffer of its own).
-    pub fn received(&mut self, bytes: &[u8]) {
-        self.buffer.bytes.extend_from_slice(bytes);
-    }
-
     /// The last read filled all the room it was offered, so more may be
     /// waiting; a shorter one emptied what the kernel held.
     pub fn read_filled(&self) -> bool {

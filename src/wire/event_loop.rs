@@ -6,9 +6,8 @@
 //!
 //! A loop waits on an io_uring (`event_loop_io = "io_uring"`, the
 //! default; see `ring.rs`), whose one system call a turn also submits the
-//! turn's reads and writes, or on epoll (through `mio`), with a system
-//! call per read and per write: where the kernel refuses a ring, and when
-//! configured.
+//! turn's writes, or on epoll (through `mio`), with a system call per
+//! write: where the kernel refuses a ring, and when configured.
 //!
 //! Nothing on a loop blocks: sockets are non-blocking, a held row's claim
 //! is decided on a thread of its own (which wakes the loop when done), and
@@ -129,12 +128,12 @@ impl Waiter {
 fn tag(key: usize, id: u64, kind: u64, server: bool) -> u64 {
     (id_bits(id) << 32) | ((key as u64 & 0x3fff_ffff) << 2) | (kind << 1) | u64::from(server)
 }
-/// A read.
-const RECV: u64 = 0;
+/// A socket's readiness watch.
+const WATCH: u64 = 0;
 /// A send.
 const SEND: u64 = 1;
 /// A completion already acted on, left in the list (see
-/// [`Worker::settle_ring`]).
+/// [`Worker::settle_sends`]).
 const TAKEN: u64 = u64::MAX;
 
 /// The bits of a session's id a ring tag carries.
@@ -403,27 +402,32 @@ impl Worker {
             return;
         }
         let (key, id, kind, server) = untag(done.tag);
-        let Waiter::Ring { ring, .. } = &mut self.waiter else {
+        let Some(s) = self.sessions.get_mut(key) else {
             return;
         };
-        let s = self
-            .sessions
-            .get_mut(key)
-            .filter(|s| id_bits(s.session.id) == id);
-        if kind == RECV {
-            // The buffer goes back whether or not its session is here.
-            let here = ring.received(&done, |bytes| {
-                s.map(|s| s.received(server, done.result, bytes)).is_some()
-            });
-            if !here {
-                return;
-            }
-        } else {
-            let Some(s) = s else {
-                return;
-            };
+        if id_bits(s.session.id) != id {
+            return;
+        }
+        if kind == SEND {
             if let Err(end) = s.sent(server, done.result, done.cancelled()) {
                 return self.end(key, end);
+            }
+        } else if done.cancelled() {
+            return;
+        } else {
+            let (read, closed) = done.readiness();
+            s.ready(server, read, closed, false);
+            if !done.more {
+                // The kernel ended the watch (it does when it must):
+                // watched again.
+                let fd = fds(s);
+                let fd = if server { fd.1 } else { fd.0 };
+                let tag = tag(key, s.session.id, WATCH, server);
+                if let Waiter::Ring { ring, .. } = &mut self.waiter {
+                    if let Err(e) = ring.watch(fd, tag) {
+                        return self.end(key, End::Error(format!("event loop: {e}")));
+                    }
+                }
             }
         }
         self.drive(key);
@@ -457,9 +461,10 @@ impl Worker {
                         registry.register(&mut SourceFd(&server_fd), server_token, interest)
                     })
             }
-            Waiter::Ring { .. } => {
-                session.through_ring();
-                Ok(())
+            Waiter::Ring { ring, .. } => {
+                session.write_through_ring();
+                ring.watch(client_fd, tag(key, id, WATCH, false))
+                    .and_then(|()| ring.watch(server_fd, tag(key, id, WATCH, true)))
             }
         };
         self.starting.push((key, id));
@@ -502,7 +507,7 @@ impl Worker {
             Next::Ended(end) => return self.end(key, end),
             Next::ToThreads => return self.move_to_threads(key),
         }
-        if let Err(e) = self.queue_requests(key) {
+        if let Err(e) = self.queue_sends(key) {
             return self.end(key, End::Error(format!("event loop: {e}")));
         }
         let Some((ticket, server)) = held else {
@@ -545,10 +550,9 @@ impl Worker {
             .map(drop)
     }
 
-    /// On a ring: queues a read of each side of session `key` that it
-    /// would read, and a send of what waits for each side, where none is
-    /// in flight.
-    fn queue_requests(&mut self, key: usize) -> io::Result<()> {
+    /// On a ring: queues a send of what waits for each side of session
+    /// `key`, if none is in flight.
+    fn queue_sends(&mut self, key: usize) -> io::Result<()> {
         let Waiter::Ring { ring, .. } = &mut self.waiter else {
             return Ok(());
         };
@@ -558,27 +562,22 @@ impl Worker {
         let (client_fd, server_fd) = fds(s);
         let id = s.session.id;
         for (server, fd) in [(false, client_fd), (true, server_fd)] {
-            if s.next_recv(server) {
-                ring.recv(fd, tag(key, id, RECV, server))?;
-            }
             if let Some(bytes) = s.next_send(server) {
                 // Safety: the bytes stay unchanged in the session's
                 // queued write until this send's completion is taken
-                // (`sent`), or are never freed (`settle_ring`); a
-                // session leaves the loop only after `settle_ring`.
+                // (`sent`), or are never freed (`settle_sends`); a
+                // session leaves the loop only after `settle_sends`.
                 unsafe { ring.send(fd, bytes, tag(key, id, SEND, server)) }?;
             }
         }
         Ok(())
     }
 
-    /// On a ring: cancels session `key`'s reads and sends in flight and
-    /// waits for their completions (what they read and wrote counts), so
-    /// that the session reads and writes for itself from here: what its
-    /// reads brought routed first, what its sends did not write sent
-    /// first. Other completions that come meanwhile join the list the
-    /// loop acts on.
-    fn settle_ring(&mut self, key: usize) {
+    /// On a ring: cancels session `key`'s sends in flight and waits for
+    /// their completions (what they wrote counts), so that the session
+    /// writes for itself from here, what they did not write first. Other
+    /// completions that come meanwhile join the list the loop acts on.
+    fn settle_sends(&mut self, key: usize) {
         let Waiter::Ring {
             ring, done, next, ..
         } = &mut self.waiter
@@ -589,61 +588,58 @@ impl Worker {
             return;
         };
         let id = s.session.id;
-        let take = |done: &mut [Done], s: &mut LoopSession, ring: &mut Ring| {
+        let take = |done: &mut [Done], s: &mut LoopSession| {
             for d in done {
                 let (k, i, kind, server) = untag(d.tag);
-                if d.tag == TAKEN || (k, i) != (key, id_bits(id)) {
-                    continue;
-                }
-                if kind == RECV {
-                    ring.received(d, |bytes| s.received(server, d.result, bytes));
-                } else {
+                if d.tag != TAKEN && (k, i, kind) == (key, id_bits(id), SEND) {
                     let _ = s.sent(server, d.result, d.cancelled());
+                    d.tag = TAKEN;
                 }
-                d.tag = TAKEN;
             }
         };
         // Completions already taken off the ring and not acted on yet.
-        take(&mut done[*next..], s, ring);
+        take(&mut done[*next..], s);
         for server in [false, true] {
-            for (kind, in_flight) in [
-                (RECV, s.recv_in_flight(server)),
-                (SEND, s.send_in_flight(server)),
-            ] {
-                if !in_flight {
-                    continue;
-                }
-                if let Err(e) = ring.cancel(tag(key, id, kind, server)) {
-                    tracing::error!(error = %e, "an event loop cannot cancel a session's request");
+            if s.send_in_flight(server) {
+                if let Err(e) = ring.cancel(tag(key, id, SEND, server)) {
+                    tracing::error!(error = %e, "an event loop cannot cancel a send");
                 }
             }
         }
-        while [false, true]
-            .into_iter()
-            .any(|server| s.send_in_flight(server) || s.recv_in_flight(server))
-        {
+        while s.send_in_flight(false) || s.send_in_flight(true) {
             let from = done.len();
             if let Err(e) = ring.wait(None, done) {
-                tracing::error!(error = %e, "an event loop cannot wait for a session's requests");
+                tracing::error!(error = %e, "an event loop cannot wait for a session's sends");
                 break;
             }
-            take(&mut done[from..], s, ring);
+            take(&mut done[from..], s);
         }
-        if !s.settle_ring() {
+        if !s.settle_sends() {
             tracing::error!("a session's bytes in the kernel's hands are dropped: it ends");
         }
     }
 
-    /// Removes session `key` from the loop (on a ring, once its requests
-    /// are settled: see [`Worker::settle_ring`]).
+    /// Stops watching session `key` and removes it (on a ring, once its
+    /// sends are settled: see [`Worker::settle_sends`]).
     fn remove(&mut self, key: usize) -> Box<LoopSession> {
-        self.settle_ring(key);
+        self.settle_sends(key);
         let session = self.sessions.remove(key);
-        if let Waiter::Epoll { poll, .. } = &mut self.waiter {
-            let (client_fd, server_fd) = fds(&session);
-            let registry = poll.registry();
-            let _ = registry.deregister(&mut SourceFd(&client_fd));
-            let _ = registry.deregister(&mut SourceFd(&server_fd));
+        let (client_fd, server_fd) = fds(&session);
+        match &mut self.waiter {
+            Waiter::Epoll { poll, .. } => {
+                let registry = poll.registry();
+                let _ = registry.deregister(&mut SourceFd(&client_fd));
+                let _ = registry.deregister(&mut SourceFd(&server_fd));
+            }
+            Waiter::Ring { ring, .. } => {
+                // Submitted now: a watch holds its socket open, and the
+                // session's end closes the descriptors next.
+                for server in [false, true] {
+                    if let Err(e) = ring.cancel(tag(key, session.session.id, WATCH, server)) {
+                        tracing::error!(error = %e, "an event loop cannot stop watching a socket");
+                    }
+                }
+            }
         }
         session
     }

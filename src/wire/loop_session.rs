@@ -8,12 +8,10 @@
 //! from it waits to be written, so a session buffers at most one read
 //! per direction (plus what the guard put in place of it).
 //!
-//! On a loop waiting on io_uring the session's steps neither read nor
-//! write themselves: a step that would read asks for a read the loop
-//! submits with its next wait ([`LoopSession::next_recv`]), and what a
-//! step routes waits for the loop to send it the same way
-//! ([`LoopSession::next_send`]); until the send completes its bytes still
-//! count as waiting to be written.
+//! On a loop waiting on io_uring the session's steps write nothing
+//! themselves: what they route waits, and the loop sends it with its next
+//! wait ([`LoopSession::next_send`]); until the send completes its bytes
+//! still count as waiting to be written.
 
 use std::io::{ErrorKind, Read, Write};
 use std::ops::Deref;
@@ -28,7 +26,6 @@ use super::connection::Connection;
 use super::guard::HeldTicket;
 use super::messages::error_response::{error_response, Severity};
 use super::messages::sqlstate;
-use super::queued_reads::{Got, QueuedRead};
 use super::queued_writes::QueuedWrite;
 use super::registry::{closable, StopReason};
 use super::relayed::{Relay, Relayed};
@@ -113,12 +110,10 @@ pub(super) struct LoopSession {
     to_decide: Option<HeldTicket>,
     /// Authentication is over (before: the startup deadline applies).
     started: bool,
-    /// On a ring loop: the bytes its sends are writing to each side, and
-    /// each side's read (see [`LoopSession::through_ring`]).
+    /// On a ring loop: the bytes its sends are writing to each side
+    /// (see [`LoopSession::write_through_ring`]).
     to_client_queued: QueuedWrite,
     to_server_queued: QueuedWrite,
-    client_read: QueuedRead,
-    server_read: QueuedRead,
 }
 
 impl LoopSession {
@@ -137,68 +132,15 @@ impl LoopSession {
             started: false,
             to_client_queued: QueuedWrite::default(),
             to_server_queued: QueuedWrite::default(),
-            client_read: QueuedRead::Own,
-            server_read: QueuedRead::Own,
         }
     }
 
-    /// The loop reads and writes for the session from here (a ring's
-    /// requests, see [`LoopSession::next_recv`] and
-    /// [`LoopSession::next_send`]): the session's own steps only ask for
-    /// reads and queue what they route, until [`LoopSession::settle_ring`].
-    pub fn through_ring(&mut self) {
+    /// The loop writes for the session from here (a ring's sends, see
+    /// [`LoopSession::next_send`]): the session's own steps only queue
+    /// what they route, until [`LoopSession::settle_sends`].
+    pub fn write_through_ring(&mut self) {
         self.client_ready.write = false;
         self.server_ready.write = false;
-        self.client_read = QueuedRead::Idle;
-        self.server_read = QueuedRead::Idle;
-    }
-
-    /// Whether a read of the client (`server`: of the server) is to be
-    /// asked for now; it is in flight from here until
-    /// [`LoopSession::received`].
-    pub fn next_recv(&mut self, server: bool) -> bool {
-        self.read_of(server).ask()
-    }
-
-    /// The read of the client (`server`: of the server) completed with
-    /// `result` (a count or a negated error number), having brought
-    /// `bytes`.
-    pub fn received(&mut self, server: bool, result: i32, bytes: &[u8]) {
-        if server {
-            let conn = &mut self.relay.server;
-            self.server_read
-                .completed(result, bytes, |b| conn.received(b));
-        } else {
-            let conn = &mut self.relay.client;
-            self.client_read
-                .completed(result, bytes, |b| conn.received(b));
-        }
-    }
-
-    /// Whether a read of the client (`server`: of the server) is in
-    /// flight.
-    pub fn recv_in_flight(&mut self, server: bool) -> bool {
-        self.read_of(server).in_flight()
-    }
-
-    fn read_of(&mut self, server: bool) -> &mut QueuedRead {
-        if server {
-            &mut self.server_read
-        } else {
-            &mut self.client_read
-        }
-    }
-
-    /// Reads the client (`server`: the server) once, or takes what the
-    /// ring's read brought.
-    fn read_side(&mut self, server: bool) -> Got {
-        if server {
-            let read = self.server_read.take();
-            read.unwrap_or_else(|| read_ready(&mut self.relay.server, &mut self.server_ready))
-        } else {
-            let read = self.client_read.take();
-            read.unwrap_or_else(|| read_ready(&mut self.relay.client, &mut self.client_ready))
-        }
     }
 
     /// The bytes to send to the client (`server`: to the server) now, if
@@ -236,23 +178,16 @@ impl LoopSession {
         }
     }
 
-    /// The session reads and writes for itself again (it ends, or goes to
-    /// threads), with what its sends left unwritten in front of what
-    /// waits, and what its reads brought still to be routed: false when a
-    /// send could not be waited for, whose bytes (and what was to follow
-    /// them) are dropped.
-    pub fn settle_ring(&mut self) -> bool {
+    /// The session writes for itself again (it ends, or goes to threads),
+    /// with what its sends left unwritten in front of what waits: false
+    /// when a send could not be waited for, whose bytes (and what was to
+    /// follow them) are dropped.
+    pub fn settle_sends(&mut self) -> bool {
         let pending = &mut self.relay.pending;
         let client = self.to_client_queued.settle(&mut pending.to_client);
         let server = self.to_server_queued.settle(&mut pending.to_server);
         self.client_ready.write = true;
         self.server_ready.write = true;
-        // The client's bytes are routed before its next read; the
-        // server's are, whoever reads next (see `server_to_client`).
-        if self.client_read.settle() {
-            self.relay.read_client = false;
-        }
-        self.server_read.settle();
         client && server
     }
 
@@ -434,7 +369,7 @@ impl LoopSession {
         {
             return Step::Stuck;
         }
-        match self.read_side(true) {
+        match read_ready(&mut self.relay.server, &mut self.server_ready) {
             Got::Bytes => {}
             Got::Nothing => return Step::Stuck,
             Got::Again => return Step::Moved,
@@ -590,7 +525,7 @@ impl LoopSession {
             if !self.client_ready.read {
                 return Step::Stuck;
             }
-            match self.read_side(false) {
+            match read_ready(&mut self.relay.client, &mut self.client_ready) {
                 Got::Bytes => {}
                 Got::Nothing => return Step::Stuck,
                 Got::Again => return Step::Moved,
@@ -704,6 +639,18 @@ impl LoopSession {
     pub fn into_threads(self) -> (Relayed, Relay) {
         (self.session, self.relay)
     }
+}
+
+/// What one non-blocking read of a side brought.
+enum Got {
+    Bytes,
+    /// Nothing waits (the side's readiness is cleared).
+    Nothing,
+    /// A signal came first: read again.
+    Again,
+    /// The peer's end.
+    End,
+    Failed(std::io::Error),
 }
 
 /// Reads `conn` once, keeping its readiness (`ready`) as the read found it.

@@ -1,13 +1,12 @@
-//! An event loop's io_uring: its sockets' reads and writes, and its
-//! wake-ups, as requests on one ring, so one `io_uring_enter` a turn both
-//! submits every read and write the turn asked for and waits for what
-//! happened next. On epoll the same turn makes a `recvfrom` per read, a
-//! `sendto` per write and an `epoll_wait` (docs/performance.md, "The
-//! readiness model priced").
+//! An event loop's io_uring: its sockets' readiness, its wake-ups and its
+//! writes as requests on one ring, so one `io_uring_enter` a turn both
+//! submits every write the turn queued and waits for what happened next.
+//! On epoll the same turn makes a `sendto` per write and an `epoll_wait`
+//! (docs/performance.md, "The readiness model priced").
 //!
-//! A read lands in a buffer the kernel picks from the ring's own when the
-//! bytes arrive (see `provided_buffers.rs`), so a socket waiting for its
-//! peer pins none.
+//! Reads stay the loop's own non-blocking `recv`, after the ring said a
+//! socket is readable: a request per read would need a buffer per idle
+//! socket, or buffers the kernel picks from, for little more saved.
 //!
 //! The ring is made with the flags liburing recommends for a networking
 //! loop (completions' work runs when the loop waits for them, and only
@@ -15,7 +14,6 @@
 //! no ring, and the loop waits on epoll instead.
 
 use std::io;
-use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,28 +22,38 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use rustix::event::{eventfd, EventfdFlags, PollFlags};
 use rustix::io::Errno;
 
-use super::provided_buffers::{ProvidedBuffers, GROUP};
-
 /// Requests the submission queue holds before a turn's are submitted.
 const ENTRIES: u32 = 1024;
 /// The tag of the loop's wake-up watch.
 const WAKE: u64 = u64::MAX;
 /// The tag of a cancellation's own completion.
 const CANCEL: u64 = u64::MAX - 1;
-/// A read waits for bytes before trying the socket
-/// (`IORING_RECVSEND_POLL_FIRST`): the loop asks for one when the last
-/// read emptied the socket, so a first try would find nothing.
-const RECV_POLL_FIRST: u16 = 1;
+/// What a socket's watch waits for: bytes, the peer's end, and (always
+/// reported) errors and hang-ups.
+const READABLE: PollFlags = PollFlags::IN.union(PollFlags::RDHUP);
+
 /// A request's completion, as the loop acts on it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Done {
     pub tag: u64,
     pub result: i32,
-    /// The buffer a read's bytes are in (see [`Ring::received`]).
-    pub buffer: Option<u16>,
+    /// A watch goes on after this completion (else it ended).
+    pub more: bool,
 }
 
 impl Done {
+    /// A watch's completion: (readable, closed or failed).
+    pub fn readiness(&self) -> (bool, bool) {
+        let Ok(bits) = u16::try_from(self.result) else {
+            // The watch itself failed: the read says why.
+            return (true, true);
+        };
+        let bits = PollFlags::from_bits_retain(bits);
+        let read = bits.intersects(PollFlags::IN | PollFlags::PRI);
+        let closed = bits.intersects(PollFlags::HUP | PollFlags::ERR | PollFlags::RDHUP);
+        (read, closed)
+    }
+
     /// The request was cancelled.
     pub fn cancelled(&self) -> bool {
         self.result == -Errno::CANCELED.raw_os_error()
@@ -68,8 +76,6 @@ impl RingWaker {
 pub(super) struct Ring {
     ring: IoUring,
     wake: Arc<OwnedFd>,
-    /// Registered with `ring`; freed once unregistered (see `Drop`).
-    buffers: ManuallyDrop<ProvidedBuffers>,
 }
 
 impl Ring {
@@ -88,18 +94,9 @@ impl Ring {
             ));
         }
         let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
-        let buffers = ProvidedBuffers::new()?;
-        let (addr, count) = buffers.address();
-        // Safety: the entries stay where they are, and the buffers they
-        // name, until unregistered (see `Drop`).
-        unsafe {
-            ring.submitter()
-                .register_buf_ring_with_flags(addr, count, GROUP, 0)?
-        };
         let mut made = Ring {
             ring,
             wake: Arc::new(wake),
-            buffers: ManuallyDrop::new(buffers),
         };
         made.watch(made.wake.as_raw_fd(), WAKE)?;
         Ok(made)
@@ -109,43 +106,16 @@ impl Ring {
         RingWaker(Arc::clone(&self.wake))
     }
 
-    /// Watches `fd` for bytes: a completion tagged `tag` each time it
-    /// becomes readable, until the kernel ends the watch.
-    fn watch(&mut self, fd: RawFd, tag: u64) -> io::Result<()> {
-        let entry = opcode::PollAdd::new(types::Fd(fd), u32::from(PollFlags::IN.bits()))
+    /// Watches `fd` for bytes or its peer's end: a completion tagged `tag`
+    /// each time it becomes readable, until cancelled (or a completion
+    /// says it ended: see [`Done::more`]).
+    pub fn watch(&mut self, fd: RawFd, tag: u64) -> io::Result<()> {
+        let entry = opcode::PollAdd::new(types::Fd(fd), u32::from(READABLE.bits()))
             .multi(true)
             .build()
             .user_data(tag);
         // Safety: a watch points at no memory.
         unsafe { self.push(&entry) }
-    }
-
-    /// Reads `fd` once its bytes arrive, into a buffer of the ring's: the
-    /// completion, tagged `tag`, has the count (0 at the peer's end) or
-    /// the error, and the buffer ([`Ring::received`]).
-    pub fn recv(&mut self, fd: RawFd, tag: u64) -> io::Result<()> {
-        let entry = opcode::Recv::new(types::Fd(fd), std::ptr::null_mut(), 0)
-            .buf_group(GROUP)
-            .ioprio(RECV_POLL_FIRST)
-            .build()
-            .flags(squeue::Flags::BUFFER_SELECT)
-            .user_data(tag);
-        // Safety: the kernel writes into the ring's buffers only, which
-        // stay registered as long as the ring is.
-        unsafe { self.push(&entry) }
-    }
-
-    /// The bytes a read's completion brought (none for one that brought
-    /// none); the buffer is offered to the kernel again once `take` has
-    /// had them.
-    pub fn received<T>(&mut self, done: &Done, take: impl FnOnce(&[u8]) -> T) -> T {
-        let Some(bid) = done.buffer else {
-            return take(&[]);
-        };
-        let len = usize::try_from(done.result).unwrap_or(0);
-        let taken = take(self.buffers.bytes(bid, len).unwrap_or(&[]));
-        self.buffers.give_back(bid);
-        taken
     }
 
     /// Writes `bytes` to `fd`, completing with the count written (or the
@@ -205,15 +175,11 @@ impl Ring {
         }
         let (mut woke, mut rewatch) = (false, false);
         for c in self.ring.completion() {
-            let (tag, result, flags) = (c.user_data(), c.result(), c.flags());
+            let (tag, result, more) = (c.user_data(), c.result(), cqueue::more(c.flags()));
             match tag {
-                WAKE => (woke, rewatch) = (true, rewatch || !cqueue::more(flags)),
+                WAKE => (woke, rewatch) = (true, rewatch || !more),
                 CANCEL => {}
-                _ => done.push(Done {
-                    tag,
-                    result,
-                    buffer: cqueue::buffer_select(flags),
-                }),
+                _ => done.push(Done { tag, result, more }),
             }
         }
         if woke {
@@ -229,21 +195,6 @@ impl Ring {
     fn take_wakes(&self) {
         let mut count = [0u8; 8];
         let _ = rustix::io::read(self.wake.as_fd(), &mut count);
-    }
-}
-
-impl Drop for Ring {
-    fn drop(&mut self) {
-        // The kernel picks no more of the buffers once this returns (a
-        // read copies into one only on this thread's own entry into the
-        // ring): they can go. Else they stay, never freed.
-        match self.ring.submitter().unregister_buf_ring(GROUP) {
-            // Safety: not used again; the kernel no longer knows them.
-            Ok(()) => unsafe { ManuallyDrop::drop(&mut self.buffers) },
-            Err(e) => {
-                tracing::error!(error = %e, "an event loop cannot unregister its read buffers: they stay");
-            }
-        }
     }
 }
 

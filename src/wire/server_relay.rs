@@ -40,16 +40,8 @@ pub(super) fn server_to_client(
     let mut out = BytesMut::new();
     // A client's stream is settled before its relay starts.
     let plaintext_client = !handle.client.is_tls();
-    // Bytes read before the relay started here (by an event loop's ring,
-    // as the session left it) are routed before the next read.
-    let mut read_next = conn.buffered().is_empty();
     loop {
-        let read = if read_next {
-            conn.read()
-        } else {
-            read_next = true;
-            Ok(conn.buffered().len())
-        };
+        let read = conn.read();
         match (read, handle.stopping()) {
             (Ok(n), None) if n > 0 => {}
             (Err(e), None) if e.kind() == std::io::ErrorKind::Interrupted => continue,

@@ -1,8 +1,7 @@
 //! Sessions on an event loop, whole connections on loopback sockets: a
-//! session moves to threads before a message that may block is tracked
-//! (with what the server sent as it moved), a held row's decision waits
-//! off the loop while the loop's other sessions go on, and authentication
-//! still ends at its deadline.
+//! session moves to threads before a message that may block is tracked,
+//! a held row's decision waits off the loop while the loop's other
+//! sessions go on, and authentication still ends at its deadline.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -59,8 +58,6 @@ struct Watching {
     gate: Option<Arc<Gate>>,
     starts: bool,
     seen: Seen,
-    /// A Query whose text has this in it keeps its loop busy that long.
-    stalls_on: Option<(&'static str, Duration)>,
 }
 
 impl Watching {
@@ -70,7 +67,6 @@ impl Watching {
             gate: None,
             starts: true,
             seen: Seen::default(),
-            stalls_on: None,
         }
     }
 }
@@ -83,9 +79,6 @@ impl Guard for Watching {
         let text = String::from_utf8_lossy(&frame[5..frame.len() - 1]).into_owned();
         if on_loop && self.blocks_on.is_some_and(|b| text.contains(b)) {
             return Ok(ClientStep::Blocks);
-        }
-        if let Some((_, stall)) = self.stalls_on.filter(|(s, _)| text.contains(s)) {
-            std::thread::sleep(stall);
         }
         let thread = std::thread::current().name().unwrap_or("").to_owned();
         self.seen.lock().unwrap().push((text, thread));
@@ -264,71 +257,6 @@ fn a_message_that_may_block_goes_to_threads(relay: Relaying) {
         ],
         "{relay:?}"
     );
-}
-
-#[test]
-fn what_the_server_sent_as_its_session_went_to_threads_reaches_the_client() {
-    for relay in EVERY_LOOP {
-        what_the_server_sent_as_the_session_moved_reaches_the_client(relay);
-    }
-}
-
-/// The server's bytes arrive just after a message that may block, both
-/// while the loop is busy with another session, so that the loop takes
-/// both at once (on a ring: the server's read has brought its bytes when
-/// the session leaves the loop); the server sends nothing more until the
-/// client has them.
-fn what_the_server_sent_as_the_session_moved_reaches_the_client(relay: Relaying) {
-    let status = message(b'S', b"application_name\0moved\0");
-    let (send_now, sends) = std::sync::mpsc::channel::<()>();
-    let (client_has_it, has_it) = std::sync::mpsc::channel::<()>();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let sent = status.clone();
-    let server = std::thread::spawn(move || {
-        let mut busy = listener.accept().unwrap().0;
-        read_packet(&mut busy);
-        busy.write_all(&login()).unwrap();
-        let mut sock = listener.accept().unwrap().0;
-        sock.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-        read_packet(&mut sock);
-        sock.write_all(&login()).unwrap();
-        sends.recv_timeout(IO_TIMEOUT).unwrap();
-        sock.write_all(&sent).unwrap();
-        assert_eq!(read_message(&mut sock)[0], b'Q');
-        has_it.recv_timeout(IO_TIMEOUT).unwrap();
-        sock.write_all(&answer()).unwrap();
-        assert_eq!(read_message(&mut sock)[0], b'X');
-        busy
-    });
-    let stalling = Watching {
-        stalls_on: Some(("stall", Duration::from_millis(200))),
-        ..Watching::new()
-    };
-    let blocking = Watching {
-        blocks_on: Some("checkpoints"),
-        ..Watching::new()
-    };
-    let proxy = proxy_with(addr, relay, guards(vec![stalling, blocking]));
-    let one_loop = EventLoops::configured(1, proxy.config.event_loop_io);
-    let (mut busy, _busy_session) = logged_in_on(Arc::clone(&proxy), one_loop.clone());
-    let (mut client, session) = logged_in_on(proxy, one_loop);
-    busy.write_all(&message(b'Q', b"stall\0")).unwrap();
-    std::thread::sleep(Duration::from_millis(50));
-    client
-        .write_all(&message(b'Q', b"select * from checkpoints\0"))
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(20));
-    send_now.send(()).unwrap();
-    assert_eq!(read_message(&mut client), status, "{relay:?}");
-    client_has_it.send(()).unwrap();
-    let mut got = Vec::new();
-    while got.len() < answer().len() {
-        got.extend_from_slice(&read_message(&mut client));
-    }
-    assert_eq!(got, answer(), "{relay:?}");
-    terminate(client, session);
-    drop(server.join().unwrap());
 }
 
 #[test]
