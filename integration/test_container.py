@@ -237,6 +237,19 @@ def test_the_container_runs_as_the_manifest_says(container):
     assert 'jsonl = "-"  # file /etc/resumeguard/resumeguard.toml' in shown, shown
 
 
+def test_the_containers_loops_wait_on_epoll_where_its_seccomp_forbids_io_uring(container):
+    """Podman's default seccomp profile forbids io_uring: the proxy says so at
+    start, as a WARN, and its event loops wait on epoll (the LangGraph and
+    race tests of this module relay through them)."""
+    cp = container.podman.run("logs", container.name, check=False)
+    logs = cp.stdout + cp.stderr
+    refused = [line for line in logs.splitlines() if "the kernel refuses io_uring" in line]
+    assert len(refused) == 1 and " WARN " in refused[0] and \
+        "the event loops wait on epoll" in refused[0], logs[-3000:]
+    started = [line for line in logs.splitlines() if "relay event loops started" in line]
+    assert len(started) == 1 and 'io="epoll"' in started[0], logs[-3000:]
+
+
 def test_langgraph_parks_and_resumes_through_the_container(container, dbname):
     dsn = container.dsn(dbname)
     thread = f"ct-{uuid.uuid4().hex[:8]}"
