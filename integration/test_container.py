@@ -147,9 +147,11 @@ class Container:
         self.podman, self.name, self.port, self.admin_port, self.token = (
             podman, name, port, admin_port, token)
 
-    def logs(self) -> str:
+    def logs(self, tail: int | None = 6000) -> str:
+        """The container's output: its last `tail` characters (None: all)."""
         cp = self.podman.run("logs", self.name, check=False)
-        return (cp.stdout + cp.stderr)[-6000:]
+        out = cp.stdout + cp.stderr
+        return out if tail is None else out[-tail:]
 
     def dsn(self, dbname: str) -> str:
         return f"postgresql://postgres@{HOST}:{self.port}/{dbname}?connect_timeout=10"
@@ -241,12 +243,12 @@ def test_the_containers_loops_wait_on_epoll_where_its_seccomp_forbids_io_uring(c
     """Podman's default seccomp profile forbids io_uring: the proxy says so at
     start, as a WARN, and its event loops wait on epoll (the LangGraph and
     race tests of this module relay through them)."""
-    cp = container.podman.run("logs", container.name, check=False)
-    logs = cp.stdout + cp.stderr
-    refused = [line for line in logs.splitlines() if "the kernel refuses io_uring" in line]
+    logs = container.logs(tail=None)
+    lines = logs.splitlines()
+    refused = [line for line in lines if "the kernel refuses io_uring" in line]
     assert len(refused) == 1 and " WARN " in refused[0] and \
         "the event loops wait on epoll" in refused[0], logs[-3000:]
-    started = [line for line in logs.splitlines() if "relay event loops started" in line]
+    started = [line for line in lines if "relay event loops started" in line]
     assert len(started) == 1 and 'io="epoll"' in started[0], logs[-3000:]
 
 
