@@ -48,7 +48,7 @@ def claims_until(base: str, thread: str, want, timeout: float = 10.0) -> list[di
 @pytest.fixture(scope="module")
 def proxy(proxy_factory):
     """The suite's proxy with an admin token: ``GET /claims`` needs it."""
-    return proxy_factory(env={"RESUMEGUARD_ADMIN_TOKEN": TOKEN}, name="proxy-housekeeping")
+    return proxy_factory(env={"RESUMEGUARD_ADMIN_TOKEN": TOKEN})
 
 
 @pytest.fixture(scope="module")

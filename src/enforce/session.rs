@@ -22,6 +22,7 @@ mod release;
 mod rows;
 mod sql_forms;
 mod sync;
+mod uncommitted;
 mod unknown_saver;
 
 use std::sync::Arc;
@@ -31,7 +32,6 @@ use bytes::Bytes;
 use super::claim_gate::ClaimTicket;
 use super::fencing::FenceGate;
 use super::late_duplicate::LateGate;
-use super::parked_heads::Interrupt;
 use super::reload::FollowedRules;
 use super::shared_session::SharedSessionWatch;
 use super::transaction_end::TransactionEnd;
@@ -41,13 +41,13 @@ use super::Enforcement;
 use crate::audit::{AuditEvent, SessionContext};
 use crate::claims::evidence::{Evidence, EvidenceSender};
 use crate::saver::bind::BoundParams;
-use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::classify::Classified;
 use crate::wire::client_text;
 use crate::wire::guard::{ClientError, ServerStep};
 use crate::wire::last_text::LastText;
 use crate::wire::messages::bind::Bind;
-use crate::wire::tracker::{Bound, Hooks, Refusal, TxnStatus};
+use crate::wire::tracker::{Bound, Hooks, Refusal, SavepointChange, TxnStatus};
+use uncommitted::Uncommitted;
 
 /// A prepared statement as the enforcer knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,30 +71,6 @@ pub struct Binding {
     record: Option<WriteDecode>,
     rewritten: bool,
     inspect_hint: bool,
-}
-
-/// What the writes of the open transaction did: acted on once it commits,
-/// dropped if it ends otherwise.
-#[derive(Debug, Default)]
-struct Uncommitted {
-    /// Their audit events.
-    events: Vec<AuditEvent>,
-    /// Their claim evidence.
-    evidence: Vec<Evidence>,
-    /// The checkpoints they put.
-    created: Vec<CheckpointRef>,
-    /// Their `__interrupt__` writes: the heads they park (see
-    /// `parked_heads`).
-    parks: Vec<(CheckpointRef, Interrupt)>,
-}
-
-impl Uncommitted {
-    fn clear(&mut self) {
-        self.events.clear();
-        self.evidence.clear();
-        self.created.clear();
-        self.parks.clear();
-    }
 }
 
 pub struct SessionEnforcer {
@@ -284,6 +260,10 @@ impl Hooks for SessionEnforcer {
 
     fn rollback(&mut self) {
         ready::rollback(self)
+    }
+
+    fn savepoint(&mut self, change: SavepointChange<'_>) {
+        ready::savepoint(self, change)
     }
 
     fn parameter_status(&mut self, name: &[u8], value: &[u8]) {

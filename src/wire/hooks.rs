@@ -8,6 +8,7 @@ use super::guard::{ClientError, ServerStep};
 use super::injected::Injection;
 use super::messages::bind::Bind;
 use super::refusal::Refusal;
+pub use super::sql_commands::SavepointChange;
 
 /// ReadyForQuery's transaction status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -109,6 +110,8 @@ pub trait Hooks {
     fn ready(&mut self, status: TxnStatus);
     /// ROLLBACK (or a failed COMMIT) completed.
     fn rollback(&mut self);
+    /// A savepoint command completed.
+    fn savepoint(&mut self, change: SavepointChange<'_>);
     fn parameter_status(&mut self, name: &[u8], value: &[u8]);
 
     /// A client message is about to be tracked; `idle`: nothing is

@@ -2,7 +2,9 @@
 //! `EXECUTE`, `DEALLOCATE`, `DISCARD ALL` and `DECLARE … CURSOR`. A
 //! statement prepared in SQL is the same object a protocol Bind can name,
 //! and SQL `EXECUTE` runs a statement prepared by a protocol Parse, so the
-//! tracker must see these in query texts as it sees Parse and Close.
+//! tracker must see these in query texts as it sees Parse and Close. The
+//! savepoint commands (`SAVEPOINT`, `RELEASE`, `ROLLBACK TO`) are read too:
+//! which of a transaction's statements survive it depends on them.
 //!
 //! Texts are split with sqlparser's tokenizer (quotes, dollar quotes and
 //! comments are understood, nothing is parsed), and only when a cheap scan
@@ -35,6 +37,26 @@ pub enum SqlCommand {
     /// `DECLARE name … CURSOR … FOR inner`: a portal whose rows `FETCH`
     /// and a protocol Execute read.
     Declare { name: Vec<u8>, inner: String },
+    /// `SAVEPOINT name`.
+    Savepoint { name: Vec<u8> },
+    /// `RELEASE [SAVEPOINT] name`.
+    Release { name: Vec<u8> },
+    /// `ROLLBACK [WORK | TRANSACTION] TO [SAVEPOINT] name`.
+    RollbackTo { name: Vec<u8> },
+}
+
+/// A savepoint command the server confirmed: what it did to the open
+/// transaction. A name is the client's bytes, folded as the server folds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SavepointChange<'a> {
+    /// A savepoint of this name was set.
+    Set(&'a [u8]),
+    /// The newest savepoint of this name, and every later one, were
+    /// released: what was done since stays, as part of the enclosing one.
+    Released(&'a [u8]),
+    /// Everything done since the newest savepoint of this name was undone;
+    /// the savepoint stays, later ones are gone.
+    RolledBackTo(&'a [u8]),
 }
 
 impl SqlCommand {
@@ -46,7 +68,28 @@ impl SqlCommand {
             SqlCommand::Deallocate { .. } => Some(b"DEALLOCATE"),
             SqlCommand::DeallocateAll => None,
             SqlCommand::Execute { .. } | SqlCommand::Declare { .. } => None,
+            SqlCommand::Savepoint { .. } => Some(b"SAVEPOINT"),
+            SqlCommand::Release { .. } => Some(b"RELEASE"),
+            SqlCommand::RollbackTo { .. } => Some(b"ROLLBACK"),
         }
+    }
+
+    /// What the command does to the open transaction, for a savepoint
+    /// command.
+    pub fn savepoint(&self) -> Option<SavepointChange<'_>> {
+        match self {
+            SqlCommand::Savepoint { name } => Some(SavepointChange::Set(name)),
+            SqlCommand::Release { name } => Some(SavepointChange::Released(name)),
+            SqlCommand::RollbackTo { name } => Some(SavepointChange::RolledBackTo(name)),
+            _ => None,
+        }
+    }
+
+    /// Whether the tracker applies the command when the server confirms
+    /// it: it changes which statements exist, or what of the open
+    /// transaction survives.
+    pub fn applies_when_confirmed(&self) -> bool {
+        self.changes_namespace() || self.savepoint().is_some()
     }
 
     /// Whether the command changes which statements exist once the server
@@ -98,7 +141,16 @@ pub fn scan(sql: &str) -> Result<Vec<SqlCommand>, Unreadable> {
 
 /// The words a text names a command by (in any ASCII case): a text
 /// without any of them has no command.
-pub const KEYWORDS: [&str; 5] = ["prepare", "execute", "deallocate", "declare", "discard"];
+pub const KEYWORDS: [&str; 8] = [
+    "prepare",
+    "execute",
+    "deallocate",
+    "declare",
+    "discard",
+    "savepoint",
+    "release",
+    "rollback",
+];
 
 /// The keywords, searched for at once, ASCII case-insensitively (a SIMD
 /// literal search with no scratch state shared between sessions).
@@ -148,8 +200,46 @@ fn command_of(tokens: &[&Token]) -> Option<SqlCommand> {
         // EXPLAIN [ANALYZE] EXECUTE name and CREATE TABLE … AS EXECUTE name
         // run the prepared statement too.
         Keyword::EXPLAIN | Keyword::CREATE => embedded_execute(first.keyword, tokens),
+        Keyword::SAVEPOINT => Some(SqlCommand::Savepoint {
+            name: identifier(tokens.get(1)?)?,
+        }),
+        Keyword::RELEASE => Some(SqlCommand::Release {
+            name: savepoint_name(&tokens[1..])?,
+        }),
+        Keyword::ROLLBACK => {
+            let mut rest = &tokens[1..];
+            if matches!(
+                keyword_of(rest.first()),
+                Some(Keyword::WORK | Keyword::TRANSACTION)
+            ) {
+                rest = &rest[1..];
+            }
+            if keyword_of(rest.first()) != Some(Keyword::TO) {
+                return None;
+            }
+            Some(SqlCommand::RollbackTo {
+                name: savepoint_name(&rest[1..])?,
+            })
+        }
         _ => None,
     }
+}
+
+/// `[SAVEPOINT] name`: the name. `SAVEPOINT` alone names a savepoint
+/// called `savepoint`.
+fn savepoint_name(tokens: &[&Token]) -> Option<Vec<u8>> {
+    let named = match (keyword_of(tokens.first()), tokens.get(1)) {
+        (Some(Keyword::SAVEPOINT), Some(name)) => name,
+        _ => tokens.first()?,
+    };
+    identifier(named)
+}
+
+/// The keyword of an unquoted word.
+fn keyword_of(t: Option<&&Token>) -> Option<Keyword> {
+    word(t?)
+        .filter(|w| w.quote_style.is_none())
+        .map(|w| w.keyword)
 }
 
 /// `name … <keyword> statement` (PREPARE's AS, DECLARE's FOR): the name
@@ -312,5 +402,49 @@ mod tests {
             scan("select 'unterminated").is_ok(),
             "no keyword: never tokenized"
         );
+    }
+
+    #[test]
+    fn savepoint_commands_in_every_spelling() {
+        let named = |name: &str| name.as_bytes().to_vec();
+        assert_eq!(
+            names(concat!(
+                "SAVEPOINT _pg3_1; savepoint \"Mixed\"; RELEASE _pg3_1; release savepoint B; ",
+                "ROLLBACK TO _pg3_1; rollback work to savepoint \"Mixed\"; ",
+                "ROLLBACK TRANSACTION TO c; release savepoint"
+            )),
+            vec![
+                SqlCommand::Savepoint {
+                    name: named("_pg3_1")
+                },
+                SqlCommand::Savepoint {
+                    name: named("Mixed")
+                },
+                SqlCommand::Release {
+                    name: named("_pg3_1")
+                },
+                SqlCommand::Release { name: named("b") },
+                SqlCommand::RollbackTo {
+                    name: named("_pg3_1")
+                },
+                SqlCommand::RollbackTo {
+                    name: named("Mixed")
+                },
+                SqlCommand::RollbackTo { name: named("c") },
+                SqlCommand::Release {
+                    name: named("savepoint")
+                },
+            ]
+        );
+        assert!(SqlCommand::RollbackTo { name: named("a") }.confirmed_by(b"ROLLBACK"));
+        assert!(SqlCommand::Release { name: named("a") }.confirmed_by(b"RELEASE"));
+        assert!(SqlCommand::Savepoint { name: named("a") }.confirmed_by(b"SAVEPOINT"));
+    }
+
+    #[test]
+    fn whole_rollbacks_and_other_words_are_no_savepoint_commands() {
+        assert!(names("ROLLBACK; rollback work; ABORT; ROLLBACK AND CHAIN").is_empty());
+        assert!(names("ROLLBACK PREPARED 'x'; COMMIT").is_empty());
+        assert!(names("SELECT release_date FROM releases WHERE note = 'savepoint a'").is_empty());
     }
 }

@@ -36,7 +36,7 @@ mod sql_changes;
 mod sql_text;
 mod unanswered;
 
-pub use super::hooks::{Bound, Guarded, Hooks, TxnStatus};
+pub use super::hooks::{Bound, Guarded, Hooks, SavepointChange, TxnStatus};
 pub use super::refusal::{Refusal, FEATURE_NOT_SUPPORTED, INVALID_STATEMENT_NAME};
 use names::{
     apply_command, commands_of, Change, Executes, Lookup, Names, Pending, Portal, Statement,
@@ -424,6 +424,9 @@ where
         let tag = frame.first().copied().unwrap_or(0);
         let message = Backend::read(frame);
         let mut step = ServerStep::default();
+        // A `ROLLBACK TO` this answer confirmed: its tag is not a whole
+        // rollback's.
+        let mut savepoint_confirmed = false;
         if let Some(Pending {
             change: Change::Answer {
                 watch, commands, ..
@@ -440,7 +443,17 @@ where
                 (Backend::CommandComplete { tag: completion }, _) => {
                     if let Some(confirmed) = commands.confirm_next(completion) {
                         self.unanswered.sql_confirmed(&confirmed, commands);
-                        apply_command(&mut self.statements, confirmed.command, confirmed.defines);
+                        match confirmed.command.savepoint() {
+                            Some(change) => {
+                                savepoint_confirmed = true;
+                                self.hooks.savepoint(change);
+                            }
+                            None => apply_command(
+                                &mut self.statements,
+                                confirmed.command,
+                                confirmed.defines,
+                            ),
+                        }
                     }
                 }
                 _ => {}
@@ -487,9 +500,11 @@ where
                 self.hooks.ready(self.txn);
             }
             // ROLLBACK (also what COMMIT of a failed transaction reports):
-            // nothing written in the transaction survives. A savepoint
-            // rollback reports the same tag and is treated alike.
-            Backend::CommandComplete { tag } if tag.starts_with(b"ROLLBACK") => {
+            // nothing written in the transaction survives. A `ROLLBACK TO`
+            // reports the same tag, and was told to the hooks as what it is.
+            Backend::CommandComplete { tag }
+                if tag.starts_with(b"ROLLBACK") && !savepoint_confirmed =>
+            {
                 self.hooks.rollback()
             }
             Backend::BackendKeyData { pid, key } => step.set_backend_key(pid, key.to_vec()),

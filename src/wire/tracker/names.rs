@@ -241,6 +241,10 @@ pub(super) fn apply_command<S>(
         }
         // The unnamed statement is the protocol's, not SQL's.
         SqlCommand::DeallocateAll => statements.clear_named(),
-        SqlCommand::Execute { .. } | SqlCommand::Declare { .. } => {}
+        SqlCommand::Execute { .. }
+        | SqlCommand::Declare { .. }
+        | SqlCommand::Savepoint { .. }
+        | SqlCommand::Release { .. }
+        | SqlCommand::RollbackTo { .. } => {}
     }
 }

@@ -1,8 +1,9 @@
-//! The SQL `PREPARE` / `DEALLOCATE` commands one answer still owes
-//! confirmation for, in text order: each is applied when its
-//! CommandComplete arrives, and each knows whether it decides what its
-//! statement will hold once the answer is over, so the tracker's index of
-//! unanswered changes follows them one confirmation at a time.
+//! The SQL `PREPARE` / `DEALLOCATE` and savepoint commands one answer
+//! still owes confirmation for, in text order: each is applied when its
+//! CommandComplete arrives, and each `PREPARE` / `DEALLOCATE` knows
+//! whether it decides what its statement will hold once the answer is
+//! over, so the tracker's index of unanswered changes follows them one
+//! confirmation at a time.
 
 use std::collections::HashSet;
 
@@ -66,7 +67,7 @@ impl<S> SqlChanges<S> {
     ) -> Self {
         let mut changes: Vec<SqlChange<S>> = commands
             .into_iter()
-            .filter(|(c, _)| c.changes_namespace())
+            .filter(|(c, _)| c.applies_when_confirmed())
             .map(|(command, defines)| SqlChange {
                 command,
                 defines,

@@ -16,6 +16,8 @@ struct Marks {
     /// What the guard's watch saw: errors, then completions (ok or not).
     guard_errors: usize,
     guard_completed: Vec<bool>,
+    /// Whole rollbacks and savepoint changes, in order.
+    transaction: Vec<String>,
 }
 
 impl Hooks for Marks {
@@ -101,7 +103,18 @@ impl Hooks for Marks {
     }
     fn error(&mut self) {}
     fn ready(&mut self, _status: TxnStatus) {}
-    fn rollback(&mut self) {}
+    fn rollback(&mut self) {
+        self.transaction.push("rollback".into());
+    }
+    fn savepoint(&mut self, change: SavepointChange<'_>) {
+        let (what, name) = match change {
+            SavepointChange::Set(name) => ("set", name),
+            SavepointChange::Released(name) => ("released", name),
+            SavepointChange::RolledBackTo(name) => ("rolled back to", name),
+        };
+        self.transaction
+            .push(format!("{what} {}", String::from_utf8_lossy(name)));
+    }
     fn parameter_status(&mut self, _name: &[u8], _value: &[u8]) {}
 }
 
@@ -607,3 +620,4 @@ fn an_error_at_the_proxys_parse_still_reaches_the_client() {
 mod client_encoding;
 mod copy_in;
 mod lookups;
+mod savepoints;

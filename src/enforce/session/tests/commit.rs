@@ -126,3 +126,84 @@ fn rolled_back_transaction_records_nothing() {
     server(&mut st, &[msg(b'C', b"ROLLBACK\0"), ready(b'I')]);
     assert!(ops(&mut st).is_empty());
 }
+
+/// An interrupt write inside the open transaction block, answered.
+fn write_in_block(st: &mut SessionState) {
+    client(
+        st,
+        &[
+            parse("", WRITE_SQL),
+            interrupt_bind(""),
+            execute(),
+            msg(b'S', b""),
+        ],
+    );
+    server(
+        st,
+        &[
+            msg(b'1', b""),
+            msg(b'2', b""),
+            msg(b'C', b"INSERT 0 1\0"),
+            ready(b'T'),
+        ],
+    );
+}
+
+/// A simple Query the server completes with `tag`, leaving the
+/// transaction in `status`.
+fn simple(st: &mut SessionState, sql: &str, tag: &str, status: u8) {
+    client(st, &[msg(b'Q', format!("{sql}\0").as_bytes())]);
+    server(
+        st,
+        &[msg(b'C', format!("{tag}\0").as_bytes()), ready(status)],
+    );
+}
+
+#[test]
+fn a_write_before_a_savepoint_commits_after_a_rollback_to_it() {
+    let mut st = state();
+    simple(&mut st, "BEGIN", "BEGIN", b'T');
+    write_in_block(&mut st);
+    simple(&mut st, "SAVEPOINT _pg3_1", "SAVEPOINT", b'T');
+    client(&mut st, &[msg(b'Q', b"SELECT 1/0\0")]);
+    let failed = msg(b'E', b"SERROR\0C22012\0Mdivision by zero\0\0");
+    server(&mut st, &[failed, ready(b'E')]);
+    simple(&mut st, "ROLLBACK TO _pg3_1", "ROLLBACK", b'T');
+    assert!(ops(&mut st).is_empty(), "not before the commit");
+    simple(&mut st, "COMMIT", "COMMIT", b'I');
+    assert_eq!(
+        ops(&mut st),
+        [Operation::WritesPut, Operation::InterruptParked]
+    );
+}
+
+/// An interrupt write in savepoint `a`, which `end` ends, then a commit:
+/// the operations recorded.
+fn write_in_savepoint(end: &[(&str, &str)]) -> Vec<Operation> {
+    let mut st = state();
+    simple(&mut st, "BEGIN", "BEGIN", b'T');
+    simple(&mut st, "SAVEPOINT a", "SAVEPOINT", b'T');
+    write_in_block(&mut st);
+    for (sql, tag) in end {
+        simple(&mut st, sql, tag, b'T');
+    }
+    simple(&mut st, "COMMIT", "COMMIT", b'I');
+    ops(&mut st)
+}
+
+#[test]
+fn a_write_a_rollback_to_undid_is_not_recorded() {
+    let undone = [
+        ("ROLLBACK TO SAVEPOINT a", "ROLLBACK"),
+        ("RELEASE a", "RELEASE"),
+    ];
+    assert!(write_in_savepoint(&undone).is_empty());
+}
+
+#[test]
+fn a_write_in_a_released_savepoint_commits_with_the_transaction() {
+    assert_eq!(
+        write_in_savepoint(&[("RELEASE a", "RELEASE")]),
+        [Operation::WritesPut, Operation::InterruptParked]
+    );
+}
