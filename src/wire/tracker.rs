@@ -424,8 +424,12 @@ where
         let tag = frame.first().copied().unwrap_or(0);
         let message = Backend::read(frame);
         let mut step = ServerStep::default();
-        // A `ROLLBACK TO` this answer confirmed: its tag is not a whole
-        // rollback's.
+        // A savepoint command this message confirmed: a `ROLLBACK TO`'s tag
+        // is not a whole rollback's. (The tag of a whole ROLLBACK earlier in
+        // the same text is taken for a later `ROLLBACK TO`'s confirmation;
+        // that `ROLLBACK TO` then fails, its savepoint gone with the
+        // transaction, and the failure drops what the transaction wrote, as
+        // the whole rollback would have.)
         let mut savepoint_confirmed = false;
         if let Some(Pending {
             change: Change::Answer {

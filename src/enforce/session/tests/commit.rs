@@ -207,3 +207,26 @@ fn a_write_in_a_released_savepoint_commits_with_the_transaction() {
         [Operation::WritesPut, Operation::InterruptParked]
     );
 }
+
+#[test]
+fn a_whole_rollback_before_a_rollback_to_in_one_text_drops_the_writes() {
+    let mut st = state();
+    simple(&mut st, "BEGIN", "BEGIN", b'T');
+    write_in_block(&mut st);
+    client(
+        &mut st,
+        &[msg(b'Q', b"SAVEPOINT a; ROLLBACK; ROLLBACK TO a\0")],
+    );
+    let no_transaction = msg(b'E', b"SERROR\0C25P01\0Mno transaction\0\0");
+    server(
+        &mut st,
+        &[
+            msg(b'C', b"SAVEPOINT\0"),
+            msg(b'C', b"ROLLBACK\0"),
+            no_transaction,
+            ready(b'I'),
+        ],
+    );
+    assert!(ops(&mut st).is_empty());
+    assert!(st.is_idle());
+}
