@@ -249,7 +249,8 @@ pub fn describe() {
     describe_counter!(
         EVIDENCE_LOST,
         "Claim evidence never applied (each also audited as evidence_lost), by reason: \
-         retry_queue_full, queue_full, worker_gone, shutdown"
+         retry_queue_full, queue_full, worker_gone, shutdown, unknown_savepoint (a ROLLBACK \
+         TO a savepoint the session was not seen to set)"
     );
     describe_counter!(
         CLAIMS_AHEAD,

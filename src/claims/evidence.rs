@@ -496,8 +496,14 @@ const PROGRESS: &str = "run-level __resume__ recorded";
 /// (`evidence_lost`), so the trail shows which checkpoint's claim lapses
 /// instead of being consumed or released.
 fn lost(audit: &AuditRecorder, ev: &Evidence, reason: &'static str) {
+    audit(lost_event(&SessionContext::internal(), ev, reason));
+}
+
+/// Counts `ev` as never to be applied, for `reason`, and returns its
+/// `evidence_lost` audit event, recorded for `ctx`.
+pub fn lost_event(ctx: &SessionContext, ev: &Evidence, reason: &'static str) -> AuditEvent {
     metrics::counter!(crate::metrics::EVIDENCE_LOST, "reason" => reason).increment(1);
-    let mut e = AuditEvent::new(&SessionContext::internal(), Operation::EvidenceLost);
+    let mut e = AuditEvent::new(ctx, Operation::EvidenceLost);
     if let Some(thread) = ev.thread_id() {
         e = e.with_thread(thread.to_owned());
     }
@@ -508,7 +514,7 @@ fn lost(audit: &AuditRecorder, ev: &Evidence, reason: &'static str) {
     {
         e = e.with_checkpoint(at.checkpoint_ns.clone(), at.checkpoint_id.clone());
     }
-    audit(e.with_detail(json!({ "evidence": ev.kind(), "reason": reason })));
+    e.with_detail(json!({ "evidence": ev.kind(), "reason": reason }))
 }
 
 impl Evidence {

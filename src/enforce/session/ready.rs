@@ -3,6 +3,7 @@
 
 use super::uncommitted::UnknownSavepoint;
 use super::SessionEnforcer;
+use crate::claims::evidence::lost_event;
 use crate::wire::tracker::{SavepointChange, TxnStatus};
 
 pub(super) fn error(session: &mut SessionEnforcer) {
@@ -61,12 +62,18 @@ pub(super) fn savepoint(session: &mut SessionEnforcer, change: SavepointChange<'
     if session.uncommitted.rolled_back_to(name) == Err(UnknownSavepoint) {
         // Never set through this session as far as the proxy read it: what
         // the rollback undid is unknown, so nothing the transaction wrote
-        // is acted on (a claim it would have consumed lapses instead).
+        // is acted on (a claim it would have consumed lapses instead), and
+        // each piece of claim evidence dropped is counted and audited lost.
         tracing::error!(
             savepoint = ?String::from_utf8_lossy(name),
+            evidence = session.uncommitted.evidence.len(),
             "ROLLBACK TO a savepoint this session was not seen to set: the transaction's \
              claim evidence and audit events are dropped"
         );
+        for ev in &session.uncommitted.evidence {
+            let lost = lost_event(&session.ctx, ev, "unknown_savepoint");
+            session.ready_events.push(lost);
+        }
         session.uncommitted.clear();
     }
 }

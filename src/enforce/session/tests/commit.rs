@@ -230,3 +230,35 @@ fn a_whole_rollback_before_a_rollback_to_in_one_text_drops_the_writes() {
     assert!(ops(&mut st).is_empty());
     assert!(st.is_idle());
 }
+
+#[test]
+fn a_rollback_to_an_unknown_savepoint_drops_the_writes_and_audits_their_evidence_lost() {
+    let mut st = claiming_state(&[], "app");
+    simple(&mut st, "BEGIN", "BEGIN", b'T');
+    client(
+        &mut st,
+        &[
+            parse("c", PUT_SQL),
+            put_bind_of(b"ck2", Some(b"ck1")),
+            execute(),
+            msg(b'S', b""),
+        ],
+    );
+    let put = [
+        msg(b'1', b""),
+        msg(b'2', b""),
+        msg(b'C', b"INSERT 0 1\0"),
+        ready(b'T'),
+    ];
+    server(&mut st, &put);
+    // Set where the proxy could not read it (say a spelling it does not
+    // fold as the server does): the server knows it, the session does not.
+    simple(&mut st, "ROLLBACK TO b", "ROLLBACK", b'T');
+    let lost = std::mem::take(&mut st.ready_events);
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert_eq!(lost[0].operation, Operation::EvidenceLost);
+    assert_eq!(lost[0].thread_id.as_deref(), Some("t1"));
+    assert_eq!(lost[0].detail["reason"], "unknown_savepoint");
+    simple(&mut st, "COMMIT", "COMMIT", b'I');
+    assert!(ops(&mut st).is_empty(), "the put is not acted on");
+}
