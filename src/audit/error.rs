@@ -79,10 +79,13 @@ pub enum AuditError {
 
 impl AuditError {
     /// Whether the output could not be reached at all, so the write was
-    /// not tried: a database restarting or failing over, not a batch the
-    /// output refused.
+    /// not tried: a database restarting, failing over or not known yet (the
+    /// managed server still starting), not a batch the output refused.
     pub fn is_unreachable(&self) -> bool {
-        matches!(self, AuditError::PostgresUnreachable { .. })
+        matches!(
+            self,
+            AuditError::PostgresUnreachable { .. } | AuditError::PostgresUnknown
+        )
     }
 }
 

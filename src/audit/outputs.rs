@@ -4,8 +4,9 @@
 //! It is given up, its events counted as lost, after [`MAX_ATTEMPTS`]
 //! writes the output refused, once it has failed for [`RETRY_BUDGET`], or
 //! when too many events wait. A write that could not reach the output (the
-//! PostgreSQL database restarting or failing over) costs no attempt: such
-//! an outage is retried for the whole budget. Losses, including events the
+//! PostgreSQL database restarting, failing over, or not known yet while
+//! the managed server starts) costs no attempt: such an outage is retried
+//! for the whole budget. Losses, including events the
 //! queue refused, sit in the output's [`LossLedger`] until a write
 //! succeeds: that write carries an `events_dropped` gap record saying how
 //! many were lost, why, and when. Failing and recovering are logged at

@@ -2,9 +2,10 @@
 //! `test_pg_server`), each test in a schema of its own.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::*;
-use crate::audit::outputs::{Output, Target, RETRY_BUDGET};
+use crate::audit::outputs::{Output, Target, MAX_ATTEMPTS, RETRY_BUDGET};
 use crate::audit_event::BlobDigest;
 use crate::config::shared_schema::SHARED_SCHEMA;
 use crate::test_pg_front::PgFront;
@@ -224,19 +225,26 @@ fn numbered(n: u64, time: &str) -> Vec<Arc<AuditEvent>> {
 }
 
 #[test]
-fn before_its_database_is_known_the_output_keeps_then_loses_events_and_says_so_after() {
+fn before_its_database_is_known_the_output_keeps_events_for_its_budget_then_loses_them_and_says_so_after(
+) {
     let db = PgSchema::new("audit_unknown");
     let slot = TargetSlot::default();
+    let budget = Duration::from_millis(300);
     let mut out = Output::new(
         Target::Postgres(Box::new(PgTrail::new(Arc::clone(&slot)))),
         "proxy-a",
-    );
-    // The first batch is kept for a retry, the second joins it; the third
-    // failure gives all of them up.
+    )
+    .with_retry_budget(budget);
+    // Nothing reached a database: no write costs an attempt, so batches
+    // wait past the refused writes' limit, for the whole budget.
     assert!(out.write(&numbered(2, "2026-11-30T10:00:00.000Z")));
     assert!(!out.is_settled());
-    assert!(out.write(&numbered(3, "2026-11-30T10:00:00.000Z")));
+    for _ in 0..MAX_ATTEMPTS {
+        assert!(out.write(&numbered(1, "2026-11-30T10:00:00.000Z")));
+    }
     assert_eq!(out.write_lost(), 0, "retained, not lost yet");
+    assert_eq!(out.retained(), 5);
+    std::thread::sleep(budget);
     assert!(out.write(&[]));
     assert_eq!(out.write_lost(), 5);
 
