@@ -175,7 +175,9 @@ impl<H: Hooks> Tracker<H> {
 fn unreadable(error: &str) -> Refusal {
     Refusal {
         sqlstate: FEATURE_NOT_SUPPORTED,
-        message: "resumeguard cannot read this text's PREPARE, EXECUTE or DECLARE".into(),
+        message:
+            "resumeguard cannot read this text's PREPARE, EXECUTE, DECLARE or savepoint commands"
+                .into(),
         detail: format!("tokenizer: {error}"),
     }
 }
