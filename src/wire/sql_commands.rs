@@ -61,7 +61,8 @@ pub enum SavepointChange<'a> {
 
 impl SqlCommand {
     /// The CommandComplete tag the server answers a successful command
-    /// with, for commands that change the namespace.
+    /// with, for the commands applied when confirmed (`DEALLOCATE ALL` has
+    /// two: see [`SqlCommand::confirmed_by`]).
     pub fn completion_tag(&self) -> Option<&'static [u8]> {
         match self {
             SqlCommand::Prepare { .. } => Some(b"PREPARE"),
@@ -89,15 +90,9 @@ impl SqlCommand {
     /// it: it changes which statements exist, or what of the open
     /// transaction survives.
     pub fn applies_when_confirmed(&self) -> bool {
-        self.changes_namespace() || self.savepoint().is_some()
-    }
-
-    /// Whether the command changes which statements exist once the server
-    /// confirms it.
-    pub fn changes_namespace(&self) -> bool {
-        matches!(
+        !matches!(
             self,
-            SqlCommand::Prepare { .. } | SqlCommand::Deallocate { .. } | SqlCommand::DeallocateAll
+            SqlCommand::Execute { .. } | SqlCommand::Declare { .. }
         )
     }
 
