@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import platform
 import pwd
@@ -72,6 +73,27 @@ def port_accepts(port: int) -> bool:
 
 def median(xs):
     return statistics.median(xs) if xs else None
+
+
+def median_interval(xs, level: float = 0.95):
+    """A distribution-free confidence interval for the median of xs: the
+    order statistics x(k) and x(n+1-k) for the largest k whose coverage,
+    1 - 2 P(Binomial(n, 1/2) < k), is still at least `level`. Returns
+    (low, high, coverage), or None when even the whole range covers less
+    (fewer than 6 values at 95%)."""
+    n = len(xs)
+    below, best = 0.0, None  # below: P(Binomial(n, 1/2) < k)
+    for k in range(1, n // 2 + 1):
+        below += math.comb(n, k - 1) / 2 ** n
+        coverage = 1 - 2 * below
+        if coverage < level:
+            break
+        best = (k, coverage)
+    if best is None:
+        return None
+    k, coverage = best
+    s = sorted(xs)
+    return s[k - 1], s[n - k], coverage
 
 
 def as_postgres() -> list[str]:
@@ -1095,11 +1117,22 @@ def render_md(res: dict) -> str:
     return "\n".join(L)
 
 
+def interval_note(ratios: list[float]) -> str:
+    """Where the median of per-round ratios may lie, for a reader to tell a
+    miss from noise: '; median within 0.951–1.012 (98%)'."""
+    iv = median_interval(ratios)
+    if iv is None:
+        return "; too few rounds for an interval on the median"
+    lo, hi, coverage = iv
+    return f"; median within {lo:.3f}–{hi:.3f} ({coverage:.0%})"
+
+
 def peer_targets(cells: dict, proxy_names: list[str], sslmodes: dict) -> list[str]:
     """Each configuration against PgBouncer (the TLS one for a TLS
     configuration), per mode: CPU per transaction ÷ PgBouncer's and TPS ÷
     PgBouncer's, each the median of per-round ratios (rounds are
-    interleaved, so a round's two runs saw the same host)."""
+    interleaved, so a round's two runs saw the same host) with the interval
+    where that median lies at 95% confidence or more."""
     lines = []
     for p in proxy_names:
         bouncer = PGBOUNCER_TLS if p in sslmodes else "pgbouncer"
@@ -1107,12 +1140,15 @@ def peer_targets(cells: dict, proxy_names: list[str], sslmodes: dict) -> list[st
             c, b = cells.get(("select-only", mo, p)), cells.get(("select-only", mo, bouncer))
             if not c or not b:
                 continue
-            tps = median([x / y for x, y in zip(c["tps"], b["tps"])])
+            ratios = [x / y for x, y in zip(c["tps"], b["tps"])]
+            tps = median(ratios)
             line = f"{p} select-only -M {mo} vs {bouncer}: TPS {tps:.3f}× " \
-                   f"({'meets' if tps >= 1.0 else 'MISSES'} ≥ 1.00×)"
+                   f"({'meets' if tps >= 1.0 else 'MISSES'} ≥ 1.00×{interval_note(ratios)})"
             if c["cpu_us_per_tx"] and b["cpu_us_per_tx"]:
-                cpu = median([x / y for x, y in zip(c["cpu_us_per_tx"], b["cpu_us_per_tx"])])
-                line += f"; CPU/tx {cpu:.3f}× ({'meets' if cpu <= 1.0 else 'MISSES'} ≤ 1.00×)"
+                ratios = [x / y for x, y in zip(c["cpu_us_per_tx"], b["cpu_us_per_tx"])]
+                cpu = median(ratios)
+                line += f"; CPU/tx {cpu:.3f}× ({'meets' if cpu <= 1.0 else 'MISSES'} ≤ 1.00×" \
+                        f"{interval_note(ratios)})"
             lines.append(line)
     return lines
 
