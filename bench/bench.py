@@ -289,7 +289,7 @@ class Resumeguard:
 
 class PgBouncer:
     def __init__(self, procs: Procs, work: Path, upstream_port: int, pool_size: int,
-                 max_clients: int, tag: str, tls: bool = False):
+                 max_clients: int, tag: str, tls: bool = False, unpooled: bool = False):
         self.procs = procs
         self.port = free_port()
         self.dir = work / f"pgbouncer-{tag}"
@@ -318,6 +318,12 @@ logfile = {self.dir / 'pgbouncer.log'}
 log_connections = 0
 log_disconnections = 0
 """)
+        if unpooled:
+            # Each server connection serves one client and is closed, as
+            # every other target's upstream connection is: its backend
+            # starts cold in each run instead of warm from the last one.
+            with open(ini, "a") as f:
+                f.write("server_lifetime = 0\n")
         if tls:
             # The same certificate as the TLS resumeguard configurations; a
             # client without TLS is refused, as under `--require-tls`.
@@ -1129,14 +1135,14 @@ def interval_note(ratios: list[float]) -> str:
 
 def peer_targets(cells: dict, proxy_names: list[str], sslmodes: dict) -> list[str]:
     """Each configuration against PgBouncer (the TLS one for a TLS
-    configuration), per mode: CPU per transaction ÷ PgBouncer's and TPS ÷
-    PgBouncer's, each the median of per-round ratios (rounds are
+    configuration; the unpooled one too when it ran), per mode: CPU per
+    transaction ÷ PgBouncer's and TPS ÷ PgBouncer's, each the median of per-round ratios (rounds are
     interleaved, so a round's two runs saw the same host) with the interval
     where that median lies at 95% confidence or more."""
     lines = []
     for p in proxy_names:
-        bouncer = PGBOUNCER_TLS if p in sslmodes else "pgbouncer"
-        for mo in ("simple", "extended", "prepared"):
+        bouncers = [PGBOUNCER_TLS] if p in sslmodes else ["pgbouncer", PGBOUNCER_UNPOOLED]
+        for bouncer, mo in [(b, mo) for b in bouncers for mo in ("simple", "extended", "prepared")]:
             c, b = cells.get(("select-only", mo, p)), cells.get(("select-only", mo, bouncer))
             if not c or not b:
                 continue
@@ -1201,7 +1207,8 @@ def parse_proxy_configs(a) -> dict[str, list[str]]:
             continue
         words = shlex.split(line)
         name, args = words[0], words[1:]
-        if name in ("direct", "pgbouncer") or name in out or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        reserved = ("direct", "pgbouncer", PGBOUNCER_TLS, PGBOUNCER_UNPOOLED)
+        if name in reserved or name in out or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
             raise SystemExit(f"bad or duplicate proxy config name {name!r}")
         parts = set(ALL_PARTS)
         env = {}
@@ -1244,6 +1251,9 @@ CONFIG_BOUND: set[str] = set()
 CONFIG_SSLMODE: dict[str, str] = {}
 # The PgBouncer that terminates client TLS, run when some configuration does.
 PGBOUNCER_TLS = "pgbouncer-tls"
+# The PgBouncer whose server connections serve one client each
+# (`--pgbouncer-unpooled`).
+PGBOUNCER_UNPOOLED = "pgbouncer-unpooled"
 
 
 def in_part(name: str, part: str) -> bool:
@@ -1268,6 +1278,9 @@ def main() -> int:
     ap.add_argument("--duration", type=int, help="seconds per pgbench run")
     ap.add_argument("--warmup", type=int)
     ap.add_argument("--no-pgbouncer", action="store_true")
+    ap.add_argument("--pgbouncer-unpooled", action="store_true",
+                    help="pgbench: also a PgBouncer whose server connections serve one client "
+                         "each (server_lifetime = 0), held against like the pooled one")
     ap.add_argument("--workloads", default="select-only,tpcb-like")
     ap.add_argument("--lg-python")
     ap.add_argument("--lg-iterations", type=int)
@@ -1345,10 +1358,14 @@ def main() -> int:
                for n, args in proxies.items() if shared & CONFIG_PARTS[n]}
         for n, r in rgs.items():
             log(f"resumeguard '{n}' on {HOST}:{r.port} (pid {r.proc.pid}) args {r.args}")
-        pgb = pgb_tls = None
+        pgb = pgb_tls = pgb_unpooled = None
         if not a.no_pgbouncer and ("pgbench" in parts):
             pgb = PgBouncer(procs, work, pg.port, pool_size=a.clients + 12, max_clients=200, tag="main").start()
             log(f"pgbouncer (session mode) on {HOST}:{pgb.port}")
+            if a.pgbouncer_unpooled:
+                pgb_unpooled = PgBouncer(procs, work, pg.port, pool_size=a.clients + 12,
+                                         max_clients=200, tag="unpooled", unpooled=True).start()
+                log(f"pgbouncer (session mode, server_lifetime = 0) on {HOST}:{pgb_unpooled.port}")
             if any(in_part(n, "pgbench") for n in CONFIG_SSLMODE):
                 pgb_tls = PgBouncer(procs, work, pg.port, pool_size=a.clients + 12, max_clients=200,
                                     tag="tls", tls=True).start()
@@ -1366,14 +1383,15 @@ def main() -> int:
                        **{n: r.port for n, r in rgs.items() if in_part(n, "pgbench")}}
             who = {n: r.proc for n, r in rgs.items()}
             sslmodes = {n: m for n, m in CONFIG_SSLMODE.items() if n in targets}
-            for name, bouncer in (("pgbouncer", pgb), (PGBOUNCER_TLS, pgb_tls)):
+            for name, bouncer in (("pgbouncer", pgb), (PGBOUNCER_TLS, pgb_tls),
+                                  (PGBOUNCER_UNPOOLED, pgb_unpooled)):
                 if bouncer:
                     targets[name] = bouncer.port
                     who[name] = bouncer.proc
             if pgb_tls:
                 sslmodes[PGBOUNCER_TLS] = "require"
             res["pgbench"] = pgbench_suite(a, pg, targets, who, sslmodes)
-        for bouncer in (pgb, pgb_tls):
+        for bouncer in (pgb, pgb_tls, pgb_unpooled):
             if bouncer:
                 bouncer.stop()
         if "langgraph" in parts:
