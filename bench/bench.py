@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
 import math
 import os
@@ -1128,7 +1129,7 @@ def interval_note(ratios: list[float]) -> str:
     miss from noise: '; median within 0.951–1.012 (98%)'."""
     iv = median_interval(ratios)
     if iv is None:
-        return "; too few rounds for an interval on the median"
+        return "; no interval under 6 rounds"
     lo, hi, coverage = iv
     return f"; median within {lo:.3f}–{hi:.3f} ({coverage:.0%})"
 
@@ -1136,13 +1137,14 @@ def interval_note(ratios: list[float]) -> str:
 def peer_targets(cells: dict, proxy_names: list[str], sslmodes: dict) -> list[str]:
     """Each configuration against PgBouncer (the TLS one for a TLS
     configuration; the unpooled one too when it ran), per mode: CPU per
-    transaction ÷ PgBouncer's and TPS ÷ PgBouncer's, each the median of per-round ratios (rounds are
-    interleaved, so a round's two runs saw the same host) with the interval
-    where that median lies at 95% confidence or more."""
+    transaction ÷ PgBouncer's and TPS ÷ PgBouncer's, each the median of
+    per-round ratios (rounds are interleaved, so a round's two runs saw the
+    same host) with the interval where that median lies at 95% confidence
+    or more."""
     lines = []
     for p in proxy_names:
         bouncers = [PGBOUNCER_TLS] if p in sslmodes else ["pgbouncer", PGBOUNCER_UNPOOLED]
-        for bouncer, mo in [(b, mo) for b in bouncers for mo in ("simple", "extended", "prepared")]:
+        for bouncer, mo in itertools.product(bouncers, ("simple", "extended", "prepared")):
             c, b = cells.get(("select-only", mo, p)), cells.get(("select-only", mo, bouncer))
             if not c or not b:
                 continue
