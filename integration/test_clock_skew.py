@@ -12,10 +12,16 @@ they front (real PostgreSQL 15, real LangGraph).
   ahead saw the claim as lapsed at once, took it over, and two holders fired.)
 - The other way round, a claim held through the proxy ahead is taken over through
   the one behind once it lapses on the database's clock, not 30 s later.
+- The audit trail both append to in PostgreSQL (``[audit] postgres = true``) reads a
+  thread parked through the proxy ahead and answered through the one behind in the
+  order it happened: the answer's own times are 30 s before the park's, but the
+  trail is ordered on the database's clock.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 import uuid
 from datetime import datetime
@@ -25,9 +31,9 @@ from types import SimpleNamespace
 import pytest
 
 import racer as R
-from conftest import HOST, run_audit_cli
+from conftest import HOST, proxy_binary, run_audit_cli
 from test_claims_pg import ledger, race
-from test_consume_once import one_resumer, park
+from test_consume_once import in_process_resume, one_resumer, park
 
 SKEW_S = 30
 LAPSE_MS = 4000
@@ -44,14 +50,18 @@ pytestmark = pytest.mark.skipif(
 def start(proxy_factory, workdir, pg, dbname: str, name: str, skewed: bool):
     state = workdir / f"skew-state-{name}-{uuid.uuid4().hex[:6]}"
     cfg = workdir / f"skew-{name}.toml"
-    cfg.write_text(f'[claims]\nproxy_id = "{name}"\nlapse_ms = {LAPSE_MS}\n'
+    upstream = f"postgres://postgres@{HOST}:{pg.port}/{dbname}"
+    cfg.write_text(f'upstream = "{upstream}"\n\n[audit]\npostgres = true\n\n'
+                   f'[claims]\nproxy_id = "{name}"\nlapse_ms = {LAPSE_MS}\n'
                    f'holder_gone_grace_ms = 1000\nprogress_hold_ms = 10000\n')
     kw = {}
     if skewed:
         kw = {"env": {"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": f"+{SKEW_S}s",
                       "FAKETIME_DONT_FAKE_MONOTONIC": "1"}}
-    return proxy_factory("--config", str(cfg), "--state-dir", str(state), name=name,
-                         upstream=f"postgres://postgres@{HOST}:{pg.port}/{dbname}", **kw)
+    proxy = proxy_factory("--config", str(cfg), "--state-dir", str(state), name=name,
+                          upstream=upstream, **kw)
+    proxy.skew_cfg = cfg
+    return proxy
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +144,39 @@ def test_a_claim_held_ahead_is_taken_over_behind_once_it_lapses(skew):
     assert r["ok"], r
     assert LAPSE_MS / 1000 - 0.5 <= waited < LAPSE_MS / 1000 + SKEW_S / 2, waited
     assert [row[0] for row in ledger(skew, thread)] == [ids[0]]
+
+
+def shared_trail(proxy, thread: str, want: set[str], timeout: float = 15.0) -> list[dict]:
+    """``resumeguard audit --thread T --json`` with the proxy's configuration: the
+    PostgreSQL trail every replica appends to, once it holds the operations
+    ``want`` (the trail is written asynchronously) or the time is up."""
+    deadline = time.monotonic() + timeout
+    while True:
+        cp = subprocess.run([str(proxy_binary()), "audit", "--config", str(proxy.skew_cfg),
+                             "--thread", thread, "--json"],
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+        events = json.loads(cp.stdout) if cp.returncode == 0 else []
+        if want <= {e["operation"] for e in events} or time.monotonic() > deadline:
+            assert cp.returncode == 0, cp.stderr
+            return events
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(120)
+def test_the_shared_trail_reads_a_park_ahead_and_its_answer_behind_in_the_order_they_happened(
+        skew):
+    thread = f"skew-trail-{uuid.uuid4().hex[:8]}"
+    park(skew.ahead.dsn(skew.dbname), thread)
+    answered = in_process_resume(skew.behind.dsn(skew.dbname), thread, "skew-trail")
+    assert answered["ok"], answered
+    events = shared_trail(skew.behind, thread, {"interrupt_parked", "resume_recorded"})
+    ops = [(e["operation"], e["proxy_id"]) for e in events]
+    print(f"the shared trail of a thread parked {SKEW_S} s ahead and answered behind: {ops}")
+    parked = ops.index(("interrupt_parked", "skew-ahead"))
+    answer = ops.index(("resume_recorded", "skew-behind"))
+    assert parked < answer, ops
+    # Each record keeps its replica's time: the answer's reads 30 s before the park's.
+    at = {e["operation"]: datetime.fromisoformat(e["time"].replace("Z", "+00:00"))
+          for e in events if e["operation"] in ("interrupt_parked", "resume_recorded")}
+    early = (at["interrupt_parked"] - at["resume_recorded"]).total_seconds()
+    assert SKEW_S - 10 < early < SKEW_S + 5, early

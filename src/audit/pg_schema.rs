@@ -11,8 +11,12 @@ pub const AUDIT_VERSION: i32 = 2;
 /// The first version whose audit records carry their chain's hashes.
 pub const AUDIT_CHAIN_VERSION: i32 = 4;
 
+/// The first version whose audit records carry their time on the
+/// database's clock.
+pub const AUDIT_DB_CLOCK_VERSION: i32 = 17;
+
 /// The audit trail's steps, each at its version of the shared schema.
-pub const AUDIT_MIGRATIONS: [Migration; 2] = [
+pub const AUDIT_MIGRATIONS: [Migration; 3] = [
     Migration {
         version: AUDIT_VERSION,
         sql: events_table,
@@ -20,6 +24,10 @@ pub const AUDIT_MIGRATIONS: [Migration; 2] = [
     Migration {
         version: AUDIT_CHAIN_VERSION,
         sql: chain_columns,
+    },
+    Migration {
+        version: AUDIT_DB_CLOCK_VERSION,
+        sql: db_clock_column,
     },
 ];
 
@@ -70,6 +78,23 @@ fn chain_columns(s: &str) -> String {
         r#"
 ALTER TABLE {s}.audit_events ADD COLUMN prev_hash text, ADD COLUMN hash text;
 CREATE INDEX audit_events_chain ON {s}.audit_events (proxy_id, id);
+"#
+    )
+}
+
+/// Each audit record's time on the database's clock (`db_time`): its
+/// replica's time moved by how far that replica's clock was from the
+/// database's when the record was written, so the records of replicas
+/// whose clocks disagree read back in the order they happened. Rows
+/// written before, or by an older replica, have none: their own time
+/// stands in (`coalesce(db_time, time)`). No index: a thread's records
+/// are found by the thread's index and sorted. A column with no default
+/// is added without rewriting the table, so the replicas' writes wait a
+/// moment, not for an index build over a large trail.
+fn db_clock_column(s: &str) -> String {
+    format!(
+        r#"
+ALTER TABLE {s}.audit_events ADD COLUMN db_time timestamptz;
 "#
     )
 }

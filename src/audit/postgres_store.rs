@@ -10,14 +10,14 @@
 //! no DDL.
 
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use postgres::types::ToSql;
 use postgres::{Client, GenericClient, Row, Statement};
 
 use super::chain::{link, ChainedRow, Heads, Verdict, Verifier, CHAIN_STARTS};
 use super::error::AuditError;
-use super::pg_schema::{AUDIT_CHAIN_VERSION, AUDIT_VERSION};
+use super::pg_schema::{AUDIT_CHAIN_VERSION, AUDIT_DB_CLOCK_VERSION, AUDIT_VERSION};
 use super::query::{EventFilter, ThreadSummary};
 use super::sqlite_store::column;
 use crate::audit_event::{AuditEvent, Operation, SessionContext};
@@ -268,13 +268,19 @@ fn connect(database: &TrailDatabase) -> Result<Link, SchemaError> {
 }
 
 /// One statement appending a batch: the parameters are one array per
-/// column, unnested in event order (so ids follow it).
+/// column, unnested in event order (so ids follow it), and the writer's
+/// clock as the batch leaves, in µs since the epoch: each record's
+/// `db_time` is its time moved by how far the writer's clock is behind
+/// the server's (the wire's one-way trip counts as skew, well under the
+/// clocks' disagreement it corrects).
 fn insert_sql(s: &str) -> String {
     format!(
-        r#"INSERT INTO {s}.audit_events (time, proxy_id, session_id, client_addr, "user",
-    "database", application_name, operation, thread_id, checkpoint_ns, checkpoint_id,
+        r#"INSERT INTO {s}.audit_events (time, db_time, proxy_id, session_id, client_addr,
+    "user", "database", application_name, operation, thread_id, checkpoint_ns, checkpoint_id,
     parent_checkpoint_id, task_id, channels, blob_sha256, detail, prev_hash, hash)
-SELECT e.t::timestamptz, e.p, e.s, e.ca, e.u, e.d, e.an, e.op, e.th, e.ns, e.ck, e.pa, e.ta,
+SELECT e.t::timestamptz,
+    e.t::timestamptz + (clock_timestamp() - to_timestamp($19::int8 / 1000000.0)),
+    e.p, e.s, e.ca, e.u, e.d, e.an, e.op, e.th, e.ns, e.ck, e.pa, e.ta,
     e.ch::json, e.bl::json, e.de::json, e.ph, e.h
 FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[],
     $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[],
@@ -305,6 +311,8 @@ struct Columns<'a> {
     detail: Vec<String>,
     prev_hash: Vec<String>,
     hash: Vec<String>,
+    /// The writer's clock as the batch leaves (µs since the epoch).
+    sent_micros: i64,
 }
 
 impl<'a> Columns<'a> {
@@ -344,10 +352,11 @@ impl<'a> Columns<'a> {
                 .push(encoded(serde_json::to_string(&ev.blob_sha256))?);
             c.detail.push(encoded(serde_json::to_string(&ev.detail))?);
         }
+        c.sent_micros = sent_micros(SystemTime::now());
         Ok(c)
     }
 
-    fn params(&self) -> [&(dyn ToSql + Sync); 18] {
+    fn params(&self) -> [&(dyn ToSql + Sync); 19] {
         [
             &self.time,
             &self.proxy_id,
@@ -367,9 +376,23 @@ impl<'a> Columns<'a> {
             &self.detail,
             &self.prev_hash,
             &self.hash,
+            &self.sent_micros,
         ]
     }
 }
+
+/// `at` in µs since the Unix epoch (before it: negative; beyond `i64`:
+/// saturated, as a clock that far off is wrong whatever it says).
+fn sent_micros(at: SystemTime) -> i64 {
+    match at.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_micros()).unwrap_or(i64::MAX),
+        Err(e) => i64::try_from(e.duration().as_micros()).map_or(i64::MIN, |m| -m),
+    }
+}
+
+/// A record's time on the database's clock, where it has one (see
+/// `pg_schema::db_clock_column`), else its replica's.
+const DB_CLOCK_TIME: &str = "coalesce(db_time, time)";
 
 /// The columns read back, in [`row_to_event`]'s order; times as the trail
 /// writes them (RFC 3339 UTC, milliseconds).
@@ -409,17 +432,19 @@ pub(super) fn read_error(target: &PgTarget) -> impl Fn(postgres::Error) -> Audit
     }
 }
 
-/// Every replica's events for `thread_id`, by time (then as written), and
-/// every gap record written since the thread's first event (the thread's
-/// own events may be among those lost, on any replica).
+/// Every replica's events for `thread_id`, by time on the database's
+/// clock (then as written), and every gap record written since the
+/// thread's first event (the thread's own events may be among those lost,
+/// on any replica). Each event keeps its replica's time.
 pub fn thread_events(target: &PgTarget, thread_id: &str) -> Result<Vec<AuditEvent>, AuditError> {
-    let mut client = reader(target)?;
+    let mut client = reader_at(target, AUDIT_DB_CLOCK_VERSION)?;
     let s = target.schema();
+    let at = DB_CLOCK_TIME;
     let sql = format!(
         "{} WHERE id IN (SELECT id FROM {s}.audit_events WHERE thread_id = $1 \
          UNION ALL SELECT id FROM {s}.audit_events WHERE operation = 'events_dropped' \
-         AND time >= (SELECT min(time) FROM {s}.audit_events WHERE thread_id = $1)) \
-         ORDER BY time, id",
+         AND {at} >= (SELECT min({at}) FROM {s}.audit_events WHERE thread_id = $1)) \
+         ORDER BY {at}, id",
         select(s)
     );
     let rows = client
@@ -468,20 +493,22 @@ pub fn verify(target: &PgTarget) -> Result<Verdict, AuditError> {
 }
 
 /// The threads with events in the filter's window (and of its
-/// operations), over every replica, the most recently active first.
+/// operations), over every replica, the most recently active first: times,
+/// windows and order on the database's clock.
 pub fn threads(target: &PgTarget, filter: &EventFilter) -> Result<Vec<ThreadSummary>, AuditError> {
-    let mut client = reader(target)?;
+    let mut client = reader_at(target, AUDIT_DB_CLOCK_VERSION)?;
     let s = target.schema();
     let ops: Vec<&str> = filter.ops.iter().map(|o| o.as_str()).collect();
-    let utc = r#"to_char(max(time) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')"#;
+    let at = DB_CLOCK_TIME;
+    let utc = format!(r#"to_char(max({at}) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')"#);
     let sql = format!(
         "SELECT thread_id, count(*), {first}, {utc}, \
-         (array_agg(operation ORDER BY time DESC, id DESC))[1] \
+         (array_agg(operation ORDER BY {at} DESC, id DESC))[1] \
          FROM {s}.audit_events WHERE thread_id IS NOT NULL \
-         AND ($1::text IS NULL OR time >= $1::text::timestamptz) \
-         AND ($2::text IS NULL OR time <= $2::text::timestamptz) \
+         AND ($1::text IS NULL OR {at} >= $1::text::timestamptz) \
+         AND ($2::text IS NULL OR {at} <= $2::text::timestamptz) \
          AND (cardinality($3::text[]) = 0 OR operation = ANY($3::text[])) \
-         GROUP BY thread_id ORDER BY max(time) DESC, thread_id",
+         GROUP BY thread_id ORDER BY max({at}) DESC, thread_id",
         first = utc.replace("max(", "min(")
     );
     let rows = client

@@ -2,7 +2,7 @@
 //! `test_pg_server`), each test in a schema of its own.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use super::*;
 use crate::audit::outputs::{Output, Target, MAX_ATTEMPTS, RETRY_BUDGET};
@@ -174,6 +174,72 @@ fn appends_batches_and_reads_a_thread_back_in_time_order_over_replicas() {
         ..EventFilter::default()
     };
     assert_eq!(threads(target, &late).unwrap().len(), 1);
+}
+
+/// Appends `events` as a replica whose clock reads `clock` as the batch
+/// leaves (the events carry times of that clock too).
+fn append_on_clock(db: &PgSchema, events: &[&AuditEvent], clock: SystemTime) {
+    let schema = db.target().schema().to_owned();
+    let mut client = plain(db);
+    let insert = client.prepare(&insert_sql(&schema)).expect("prepare");
+    let mut heads = Heads::default();
+    let mut load = |proxy: &str| head_of(&mut plain(db), &schema, proxy);
+    let Ok(mut columns) = Columns::of(events, &mut heads, &mut load) else {
+        panic!("columns");
+    };
+    columns.sent_micros = sent_micros(clock);
+    client.execute(&insert, &columns.params()).expect("insert");
+}
+
+#[test]
+fn replicas_whose_clocks_disagree_read_back_in_the_order_they_wrote() {
+    let db = PgSchema::new("audit_db_clock");
+    let now = || crate::timestamp::format_rfc3339_millis(SystemTime::now());
+    let mut ahead = PgTrail::new(slot_of(&db));
+    let parked = event("proxy-ahead", &now(), Operation::InterruptParked, "t1");
+    append(&mut ahead, std::slice::from_ref(&parked));
+    // The replica that answers next runs 15 s behind: its record's time,
+    // and its clock as the batch leaves, are both 15 s back.
+    let behind = SystemTime::now() - Duration::from_secs(15);
+    let answered = event(
+        "proxy-behind",
+        &crate::timestamp::format_rfc3339_millis(behind),
+        Operation::ResumeRecorded,
+        "t1",
+    );
+    append_on_clock(&db, &[&answered], behind);
+    let taken = event("proxy-ahead", &now(), Operation::ClaimConsumed, "t1");
+    append(&mut ahead, std::slice::from_ref(&taken));
+
+    assert_eq!(
+        thread_events(db.target(), "t1").unwrap(),
+        vec![parked.clone(), answered, taken],
+        "as written, not by each replica's own time; each keeps its own time"
+    );
+    let drift: f64 = plain(&db)
+        .query_one(
+            &format!(
+                "SELECT extract(epoch FROM db_time - time)::float8 FROM {}.audit_events \
+                 WHERE proxy_id = 'proxy-behind'",
+                db.target().schema()
+            ),
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(
+        (14.0..16.0).contains(&drift),
+        "moved onto the database's clock by {drift} s"
+    );
+    let listed = threads(db.target(), &EventFilter::default()).unwrap();
+    let (first, last) = (listed[0].first.as_str(), listed[0].last.as_str());
+    assert!(
+        parked.time.as_str() <= first && first <= last,
+        "the thread's first time is the park's on the database's clock, not the time \
+         of the replica behind ({first}, {last}; parked {})",
+        parked.time
+    );
+    assert_eq!(listed[0].last_operation, "claim_consumed");
 }
 
 #[test]
