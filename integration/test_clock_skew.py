@@ -20,8 +20,6 @@ they front (real PostgreSQL 15, real LangGraph).
 
 from __future__ import annotations
 
-import json
-import subprocess
 import time
 import uuid
 from datetime import datetime
@@ -31,7 +29,8 @@ from types import SimpleNamespace
 import pytest
 
 import racer as R
-from conftest import HOST, proxy_binary, run_audit_cli
+from conftest import HOST, run_audit_cli
+from test_audit_replicas import timeline
 from test_claims_pg import ledger, race
 from test_consume_once import in_process_resume, one_resumer, park
 
@@ -60,7 +59,7 @@ def start(proxy_factory, workdir, pg, dbname: str, name: str, skewed: bool):
                       "FAKETIME_DONT_FAKE_MONOTONIC": "1"}}
     proxy = proxy_factory("--config", str(cfg), "--state-dir", str(state), name=name,
                           upstream=upstream, **kw)
-    proxy.skew_cfg = cfg
+    proxy.cfg = cfg  # for the audit command (test_audit_replicas.timeline)
     return proxy
 
 
@@ -146,22 +145,6 @@ def test_a_claim_held_ahead_is_taken_over_behind_once_it_lapses(skew):
     assert [row[0] for row in ledger(skew, thread)] == [ids[0]]
 
 
-def shared_trail(proxy, thread: str, want: set[str], timeout: float = 15.0) -> list[dict]:
-    """``resumeguard audit --thread T --json`` with the proxy's configuration: the
-    PostgreSQL trail every replica appends to, once it holds the operations
-    ``want`` (the trail is written asynchronously) or the time is up."""
-    deadline = time.monotonic() + timeout
-    while True:
-        cp = subprocess.run([str(proxy_binary()), "audit", "--config", str(proxy.skew_cfg),
-                             "--thread", thread, "--json"],
-                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
-        events = json.loads(cp.stdout) if cp.returncode == 0 else []
-        if want <= {e["operation"] for e in events} or time.monotonic() > deadline:
-            assert cp.returncode == 0, cp.stderr
-            return events
-        time.sleep(0.2)
-
-
 @pytest.mark.timeout(120)
 def test_the_shared_trail_reads_a_park_ahead_and_its_answer_behind_in_the_order_they_happened(
         skew):
@@ -169,7 +152,7 @@ def test_the_shared_trail_reads_a_park_ahead_and_its_answer_behind_in_the_order_
     park(skew.ahead.dsn(skew.dbname), thread)
     answered = in_process_resume(skew.behind.dsn(skew.dbname), thread, "skew-trail")
     assert answered["ok"], answered
-    events = shared_trail(skew.behind, thread, {"interrupt_parked", "resume_recorded"})
+    events = timeline(skew.behind, thread, {"interrupt_parked", "resume_recorded"})
     ops = [(e["operation"], e["proxy_id"]) for e in events]
     print(f"the shared trail of a thread parked {SKEW_S} s ahead and answered behind: {ops}")
     parked = ops.index(("interrupt_parked", "skew-ahead"))

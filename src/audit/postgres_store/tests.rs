@@ -194,9 +194,13 @@ fn append_on_clock(db: &PgSchema, events: &[&AuditEvent], clock: SystemTime) {
 #[test]
 fn replicas_whose_clocks_disagree_read_back_in_the_order_they_wrote() {
     let db = PgSchema::new("audit_db_clock");
-    let now = || crate::timestamp::format_rfc3339_millis(SystemTime::now());
     let mut ahead = PgTrail::new(slot_of(&db));
-    let parked = event("proxy-ahead", &now(), Operation::InterruptParked, "t1");
+    let parked = event(
+        "proxy-ahead",
+        &AuditEvent::now_string(),
+        Operation::InterruptParked,
+        "t1",
+    );
     append(&mut ahead, std::slice::from_ref(&parked));
     // The replica that answers next runs 15 s behind: its record's time,
     // and its clock as the batch leaves, are both 15 s back.
@@ -208,7 +212,12 @@ fn replicas_whose_clocks_disagree_read_back_in_the_order_they_wrote() {
         "t1",
     );
     append_on_clock(&db, &[&answered], behind);
-    let taken = event("proxy-ahead", &now(), Operation::ClaimConsumed, "t1");
+    let taken = event(
+        "proxy-ahead",
+        &AuditEvent::now_string(),
+        Operation::ClaimConsumed,
+        "t1",
+    );
     append(&mut ahead, std::slice::from_ref(&taken));
 
     assert_eq!(
