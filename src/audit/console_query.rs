@@ -2,11 +2,12 @@
 //! lists (interrupts waiting now, answers, refusals, forks served, writes
 //! rejected or fenced), newest first, paged by record id (keyset: never
 //! more than a page is read), filtered by thread, approver and time
-//! window; of this replica's SQLite file or of the PostgreSQL table every
-//! replica writes, in the same SQL spelled for each. Each list walks the
-//! records of its operations from the newest; what decides whether a
-//! record belongs (answered since? the first answer?) looks only at the
-//! same thread's records, by the thread index.
+//! window (on the replica's clock in its SQLite file, on the database's in
+//! the PostgreSQL table every replica writes); of either, in the same SQL
+//! spelled for each. Each list walks the records of its operations from
+//! the newest; what decides whether a record belongs (answered since? the
+//! first answer?) looks only at the same thread's records, by the thread
+//! index.
 
 use std::path::Path;
 
@@ -61,6 +62,8 @@ struct Dialect {
     /// The placeholder of the `n`th bound value, a time to compare with
     /// the time column.
     time_param: fn(usize) -> String,
+    /// The time the window compares, of the record `x`.
+    window_time: &'static str,
     /// The function giving the position of its second text in its first.
     find: &'static str,
 }
@@ -73,6 +76,7 @@ impl Dialect {
             time_text: |c| c.to_owned(),
             param: |n| format!("?{n}"),
             time_param: |n| format!("?{n}"),
+            window_time: "x.time",
             find: "instr",
         }
     }
@@ -86,6 +90,9 @@ impl Dialect {
             },
             param: |n| format!("${n}"),
             time_param: |n| format!("${n}::text::timestamptz"),
+            // Every replica writes the table: on the database's clock (the
+            // statement's only table is `x`'s).
+            window_time: postgres_store::DB_CLOCK_TIME,
             find: "strpos",
         }
     }
@@ -191,12 +198,12 @@ impl Dialect {
         }
         if let Some(s) = &filter.since {
             bind(&mut sql, b, Bound::Text(s.clone()), self.time_param, |p| {
-                format!(" AND x.time >= {p}")
+                format!(" AND {} >= {p}", self.window_time)
             });
         }
         if let Some(u) = &filter.until {
             bind(&mut sql, b, Bound::Text(u.clone()), self.time_param, |p| {
-                format!(" AND x.time <= {p}")
+                format!(" AND {} <= {p}", self.window_time)
             });
         }
         if let Some(before) = filter.before_id {
@@ -244,7 +251,8 @@ pub struct ConsoleFilter {
     pub thread: Option<String>,
     /// Part of the approver's JSON (case-insensitive): answers only.
     pub approver: Option<String>,
-    /// RFC 3339 bounds, inclusive, as the trail stores times.
+    /// RFC 3339 bounds, inclusive, as the trail stores times; of the
+    /// shared table, on the database's clock.
     pub since: Option<String>,
     pub until: Option<String>,
     /// Records older than this id (the previous page's last).
@@ -313,7 +321,7 @@ pub fn console_list_postgres(
         })
         .collect();
     let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p.as_ref()).collect();
-    let mut client = postgres_store::reader(target)?;
+    let mut client = postgres_store::clock_reader(target)?;
     let rows = client
         .query(&sql, &refs)
         .map_err(postgres_store::read_error(target))?;

@@ -17,7 +17,7 @@ use postgres::{Client, GenericClient, Row, Statement};
 
 use super::chain::{link, ChainedRow, Heads, Verdict, Verifier, CHAIN_STARTS};
 use super::error::AuditError;
-use super::pg_schema::{AUDIT_CHAIN_VERSION, AUDIT_DB_CLOCK_VERSION, AUDIT_VERSION};
+use super::pg_schema::{AUDIT_CHAIN_VERSION, AUDIT_DB_CLOCK_VERSION};
 use super::query::{EventFilter, ThreadSummary};
 use super::sqlite_store::column;
 use crate::audit_event::{AuditEvent, Operation, SessionContext};
@@ -392,7 +392,7 @@ fn sent_micros(at: SystemTime) -> i64 {
 
 /// A record's time on the database's clock, where it has one (see
 /// `pg_schema::db_clock_column`), else its replica's.
-const DB_CLOCK_TIME: &str = "coalesce(db_time, time)";
+pub(super) const DB_CLOCK_TIME: &str = "coalesce(db_time, time)";
 
 /// The columns read back, in [`row_to_event`]'s order; times as the trail
 /// writes them (RFC 3339 UTC, milliseconds).
@@ -406,12 +406,14 @@ FROM {s}.audit_events"#
     )
 }
 
-/// An operator's connection: the table must exist; nothing is created.
-pub(super) fn reader(target: &PgTarget) -> Result<Client, AuditError> {
-    reader_at(target, AUDIT_VERSION)
+/// An operator's connection to a schema whose records have their time on
+/// the database's clock ([`DB_CLOCK_TIME`]): the table must exist; nothing
+/// is created.
+pub(super) fn clock_reader(target: &PgTarget) -> Result<Client, AuditError> {
+    reader_at(target, AUDIT_DB_CLOCK_VERSION)
 }
 
-/// [`reader`] of a schema at `version` or later.
+/// An operator's connection to a schema at `version` or later.
 fn reader_at(target: &PgTarget, version: i32) -> Result<Client, AuditError> {
     connect_schema(
         target,
@@ -437,7 +439,7 @@ pub(super) fn read_error(target: &PgTarget) -> impl Fn(postgres::Error) -> Audit
 /// thread's first event (the thread's own events may be among those lost,
 /// on any replica). Each event keeps its replica's time.
 pub fn thread_events(target: &PgTarget, thread_id: &str) -> Result<Vec<AuditEvent>, AuditError> {
-    let mut client = reader_at(target, AUDIT_DB_CLOCK_VERSION)?;
+    let mut client = clock_reader(target)?;
     let s = target.schema();
     let at = DB_CLOCK_TIME;
     let sql = format!(
@@ -496,7 +498,7 @@ pub fn verify(target: &PgTarget) -> Result<Verdict, AuditError> {
 /// operations), over every replica, the most recently active first: times,
 /// windows and order on the database's clock.
 pub fn threads(target: &PgTarget, filter: &EventFilter) -> Result<Vec<ThreadSummary>, AuditError> {
-    let mut client = reader_at(target, AUDIT_DB_CLOCK_VERSION)?;
+    let mut client = clock_reader(target)?;
     let s = target.schema();
     let ops: Vec<&str> = filter.ops.iter().map(|o| o.as_str()).collect();
     let at = DB_CLOCK_TIME;

@@ -252,6 +252,61 @@ fn replicas_whose_clocks_disagree_read_back_in_the_order_they_wrote() {
 }
 
 #[test]
+fn the_consoles_time_windows_on_the_shared_trail_are_on_the_databases_clock() {
+    use crate::audit::console_query::{console_list_postgres, ConsoleFilter, ConsoleList};
+    use crate::timestamp::format_rfc3339_millis;
+
+    let db = PgSchema::new("audit_console_clock");
+    // Two refusals now: one through a replica on time, one through a
+    // replica 15 s behind, whose record says 15 s ago.
+    let on_time = event(
+        "proxy-on-time",
+        &AuditEvent::now_string(),
+        Operation::ClaimRefused,
+        "t-on-time",
+    );
+    append(
+        &mut PgTrail::new(slot_of(&db)),
+        std::slice::from_ref(&on_time),
+    );
+    let behind = SystemTime::now() - Duration::from_secs(15);
+    let late = event(
+        "proxy-behind",
+        &format_rfc3339_millis(behind),
+        Operation::ClaimRefused,
+        "t-behind",
+    );
+    append_on_clock(&db, &[&late], behind);
+    let ago = |s: u64| {
+        Some(format_rfc3339_millis(
+            SystemTime::now() - Duration::from_secs(s),
+        ))
+    };
+    let listed = |since: Option<String>, until: Option<String>| -> Vec<String> {
+        let filter = ConsoleFilter {
+            since,
+            until,
+            limit: 10,
+            ..ConsoleFilter::default()
+        };
+        console_list_postgres(db.target(), ConsoleList::Refused, &filter)
+            .unwrap()
+            .into_iter()
+            .map(|l| l.event.thread_id.unwrap_or_default())
+            .collect()
+    };
+    assert_eq!(
+        listed(ago(5), None),
+        ["t-behind", "t-on-time"],
+        "the last 5 s on the database's clock hold both refusals"
+    );
+    assert!(
+        listed(None, ago(10)).is_empty(),
+        "neither happened 10 s ago on the database's clock"
+    );
+}
+
+#[test]
 fn sql_looking_event_text_is_stored_verbatim() {
     let db = PgSchema::new("audit_verbatim");
     let mut trail = PgTrail::new(slot_of(&db));
