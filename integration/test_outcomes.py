@@ -406,7 +406,8 @@ def test_invalid_write(env):
 
 def test_unknown_saver(env):
     """Under `[enforce] unknown_saver = "refuse"` a statement on the checkpoint
-    tables that no saver profile recognizes fails 0A000 before it runs."""
+    tables that no saver profile recognizes fails 0A000 before it runs, however
+    it spells their names."""
     sql = "update checkpoints set metadata = metadata where thread_id = %s"
     thread = tid("unknown")
     park(env.direct, thread)
@@ -418,6 +419,14 @@ def test_unknown_saver(env):
     assert refused.value.sqlstate == "0A000", refused.value
     assert refused.value.diag.message_primary.startswith(
         "resumeguard: checkpoint statement not recognized"), refused.value.diag.message_primary
+    # The table named through Unicode escapes: the same table to the server.
+    escaped = sql.replace("checkpoints", 'U&"checkpo\\0069nts"')
+    with connect(env.direct) as c:
+        assert c.execute(escaped, (thread,)).rowcount == 2      # stock: it runs
+    with connect(dsn_of(env.guard, env)) as c:
+        with pytest.raises(psycopg.Error) as refused:
+            c.execute(escaped, (thread,))
+    assert refused.value.sqlstate == "0A000", refused.value
 
 
 def test_own_schema(env):

@@ -31,6 +31,7 @@ pub mod metrics;
 pub mod pg;
 pub mod policy;
 pub mod saver;
+mod sql_tokens;
 #[cfg(test)]
 mod test_log;
 #[cfg(test)]

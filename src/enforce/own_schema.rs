@@ -4,9 +4,10 @@
 //! rows, call into it or put it on `search_path` are refused with 42501
 //! before the server sees them, in simple and extended protocol alike.
 //!
-//! The check reads the statement text (`lexed`: PostgreSQL's own rules for
-//! identifiers, quotes and `standard_conforming_strings`), and the bodies
-//! of `DO` blocks and function definitions as statements of their own.
+//! The check reads the statement text (`sql_tokens`: PostgreSQL's own
+//! rules for identifiers, quotes and `standard_conforming_strings`), and
+//! the bodies of `DO` blocks and function definitions as statements of
+//! their own.
 //! What the server builds from text at run time (PL/pgSQL `EXECUTE` of a
 //! concatenation, a setting read from a table) is beyond a text check:
 //! there a role the application cannot log in as is the boundary
@@ -15,10 +16,8 @@
 
 use aho_corasick::AhoCorasick;
 
+use crate::sql_tokens::{lex, split_identifiers, LexError, Lexeme};
 use crate::wire::refusal::Refusal;
-use lexed::{lex, split_identifiers, LexError, Lexeme};
-
-mod lexed;
 
 /// insufficient_privilege: what a client gets for a statement on the
 /// proxy's schema.

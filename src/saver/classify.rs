@@ -15,6 +15,7 @@ use aho_corasick::AhoCorasick;
 use dashmap::DashMap;
 
 use crate::log_text::shown;
+use crate::sql_tokens::{lex, Lexeme};
 use sqlparser::ast::{
     visit_relations, OnConflictAction, OnInsert, SetExpr, Statement, TableFactor, TableObject,
 };
@@ -209,12 +210,25 @@ const CACHE_LIMIT: usize = 10_000;
 const CACHE_BYTES: usize = 8 << 20;
 const CACHE_TEXT_MAX: usize = 64 << 10;
 
+/// What opens a `U&"…"` identifier, whose escapes can spell a table's
+/// name without writing it.
+const UNICODE_NAME: &str = "u&\"";
+
+/// The profile whose table a text names.
+enum Naming<'a> {
+    /// Written out: the parse reads the statement's shape.
+    Written(&'a SaverProfile),
+    /// Only through `U&"…"` escapes (or in a text with one that cannot be
+    /// read): never enforced, so made loud as unrecognized.
+    Escaped(&'a SaverProfile, Unenforced),
+}
+
 /// Classifies SQL texts against the loaded saver profiles.
 pub struct Classifier {
     profiles: Vec<SaverProfile>,
-    /// Any profile's table name, ASCII case-insensitively: one SIMD
-    /// literal search decides that ordinary traffic is not checkpoint
-    /// traffic.
+    /// Any profile's table name, and [`UNICODE_NAME`], ASCII
+    /// case-insensitively: one SIMD literal search decides that ordinary
+    /// traffic is not checkpoint traffic.
     prefilter: Option<AhoCorasick>,
     cache: DashMap<String, Arc<Classified>>,
     /// Bytes of SQL text held by `cache`.
@@ -226,11 +240,14 @@ pub struct Classifier {
 impl Classifier {
     /// A classifier that forwards unrecognized checkpoint statements.
     pub fn new(profiles: Vec<SaverProfile>) -> Self {
-        let names: Vec<&str> = profiles
+        let mut names: Vec<&str> = profiles
             .iter()
             .flat_map(|p| p.table_names())
             .filter(|t| !t.is_empty())
             .collect();
+        if !names.is_empty() {
+            names.push(UNICODE_NAME);
+        }
         // Literals always build; without a prefilter every text would go
         // through the per-profile search below (slower, not blind).
         let prefilter = (!names.is_empty())
@@ -266,17 +283,13 @@ impl Classifier {
         self.profiles.iter().flat_map(|p| p.table_names())
     }
 
-    /// Whether `sql` names a table of a saver profile anywhere (the test
-    /// before every classification, so a text it is false for is
-    /// ordinary traffic).
+    /// Whether `sql` may name a table of a saver profile, written out or
+    /// through a `U&"…"` escape (the test before every classification, so
+    /// a text it is false for is ordinary traffic).
     pub fn names_saver_tables(&self, sql: &str) -> bool {
         match &self.prefilter {
             Some(p) => p.is_match(sql),
-            None => self.profiles.iter().any(|p| {
-                p.table_names()
-                    .iter()
-                    .any(|t| !t.is_empty() && contains_ignore_case(sql, t))
-            }),
+            None => self.profiles.iter().any(|p| names_table_of(p, sql)),
         }
     }
 
@@ -313,17 +326,16 @@ impl Classifier {
         if self.prefilter.as_ref().is_some_and(|p| !p.is_match(sql)) {
             return self.other();
         }
-        let Some(profile) = self
-            .profiles
-            .iter()
-            .find(|p| p.table_names().iter().any(|t| contains_ignore_case(sql, t)))
-        else {
+        let Some(naming) = self.naming(sql) else {
             return self.other();
         };
         let result = match self.cache.get(sql) {
             Some(hit) => Arc::clone(hit.value()),
             None => {
-                let mut result = self.classify_uncached(sql, profile);
+                let mut result = match naming {
+                    Naming::Written(profile) => self.classify_uncached(sql, profile),
+                    Naming::Escaped(profile, what) => Classified::unrecognized(profile, what),
+                };
                 if let Some(what) = &result.unenforced {
                     tracing::debug!(sql = %shown(sql.trim()), statement = %shown(&what.statement), "unrecognized checkpoint statement");
                     if self.unknown_policy == UnknownSaverPolicy::Refuse {
@@ -343,6 +355,42 @@ impl Classifier {
             UnknownLog::global().report(profile, what, self.unknown_policy);
         }
         result
+    }
+
+    /// The first profile whose table `sql` names, and how.
+    fn naming(&self, sql: &str) -> Option<Naming<'_>> {
+        if let Some(profile) = self.profiles.iter().find(|p| names_table_of(p, sql)) {
+            return Some(Naming::Written(profile));
+        }
+        if !contains_ignore_case(sql, UNICODE_NAME) {
+            return None;
+        }
+        let escaped = |reason: &str| Unenforced {
+            statement: "unparsed".into(),
+            reason: reason.into(),
+            legs_off: ALL_LEGS,
+        };
+        let Ok(lexemes) = lex(sql) else {
+            // The names the server will read cannot be known: loud, as a
+            // text that does not parse is.
+            return self.profiles.first().map(|p| {
+                Naming::Escaped(p, escaped("a U&\"…\" name in a text that cannot be read"))
+            });
+        };
+        let names = lexemes
+            .iter()
+            .filter_map(Lexeme::name)
+            .collect::<Vec<_>>()
+            .join(" ");
+        self.profiles
+            .iter()
+            .find(|p| names_table_of(p, &names))
+            .map(|p| {
+                Naming::Escaped(
+                    p,
+                    escaped("a checkpoint table named through a U&\"…\" escape"),
+                )
+            })
     }
 
     fn classify_uncached(&self, sql: &str, first: &SaverProfile) -> Classified {
@@ -390,6 +438,14 @@ impl Classifier {
             Err(what) => Classified::unrecognized(profile, what),
         }
     }
+}
+
+/// Whether `text` holds one of `profile`'s table names, in any case.
+fn names_table_of(profile: &SaverProfile, text: &str) -> bool {
+    profile
+        .table_names()
+        .iter()
+        .any(|t| !t.is_empty() && contains_ignore_case(text, t))
 }
 
 /// Case-insensitive substring search without allocating.

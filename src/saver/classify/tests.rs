@@ -182,6 +182,41 @@ fn unknown_shapes_on_checkpoint_tables_are_unrecognized() {
 }
 
 #[test]
+fn a_checkpoint_table_named_through_unicode_escapes_is_unrecognized() {
+    let c = classifier();
+    for sql in [
+        r#"UPDATE U&"checkpo\0069nts" SET metadata = metadata WHERE thread_id = $1"#,
+        r#"insert into u&"checkpoint\005fblobs" values ($1, $2, $3, $4, $5, $6)"#,
+        r#"DELETE FROM public.U&"checkpoint!005fwrites" UESCAPE '!'"#,
+        r#"SELECT * FROM U&"\+000063heckpoints""#,
+        // An escape the server refuses: what it names cannot be known.
+        r#"DELETE FROM U&"checkpo\zzzznts""#,
+    ] {
+        let class = c.classify(sql);
+        assert_eq!(class.kind, StatementKind::Unrecognized, "{sql}");
+        let what = class.unenforced.as_ref().expect("says why");
+        assert!(what.reason.contains("U&"), "{sql}: {}", what.reason);
+    }
+    for sql in [
+        r#"SELECT U&"d\0061ta" FROM t"#,
+        r#"SELECT U&'checkpo\0069nts'"#,
+    ] {
+        assert!(Arc::ptr_eq(&c.classify(sql), &c.other()), "{sql}");
+    }
+    assert!(
+        c.names_saver_tables(r#"SELECT U&"d\0061ta" FROM t"#),
+        "a maybe"
+    );
+}
+
+#[test]
+fn a_checkpoint_table_named_through_unicode_escapes_is_refused_when_unknowns_are() {
+    let c = classifier().with_unknown_policy(UnknownSaverPolicy::Refuse);
+    let class = c.classify(r#"UPDATE U&"checkpo\0069nts" SET metadata = '{}'"#);
+    assert!(class.refusal.is_some(), "{class:?}");
+}
+
+#[test]
 fn a_mention_in_a_literal_is_not_checkpoint_traffic() {
     assert_eq!(kind("SELECT 'checkpoints are nice'"), StatementKind::Other);
 }

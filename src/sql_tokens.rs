@@ -1,7 +1,9 @@
-//! A statement text's tokens as PostgreSQL reads them, for the own-schema
-//! check: identifiers resolved (unquoted ones folded to lower case, quoted
-//! and `U&"…"` ones exact), string constants with their value under each
-//! setting of `standard_conforming_strings`, whitespace and comments gone.
+//! A statement text's tokens as PostgreSQL reads them, for the checks that
+//! must see names however they are spelled (the own-schema check, the
+//! classifier's search for checkpoint tables): identifiers resolved
+//! (unquoted ones folded to lower case, quoted and `U&"…"` ones exact),
+//! string constants with their value under each setting of
+//! `standard_conforming_strings`, whitespace and comments gone.
 //! sqlparser's tokenizer splits the text (quotes, dollar quotes, nested
 //! comments); nothing is parsed.
 
@@ -10,7 +12,7 @@ use sqlparser::tokenizer::{Token, Tokenizer, Word};
 
 /// One token of a statement text.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Lexeme {
+pub(crate) enum Lexeme {
     /// An identifier or key word as PostgreSQL resolves it; `quoted`:
     /// written in double quotes (then never a key word).
     Name {
@@ -32,12 +34,12 @@ pub(super) enum Lexeme {
 
 impl Lexeme {
     /// Whether this is the unquoted key word (or identifier) `word`.
-    pub(super) fn is_word(&self, word: &str) -> bool {
+    pub(crate) fn is_word(&self, word: &str) -> bool {
         matches!(self, Lexeme::Name { name, quoted: false } if name == word)
     }
 
     /// The name this lexeme resolves to, if it is a name.
-    pub(super) fn name(&self) -> Option<&str> {
+    pub(crate) fn name(&self) -> Option<&str> {
         match self {
             Lexeme::Name { name, .. } => Some(name),
             _ => None,
@@ -47,7 +49,7 @@ impl Lexeme {
 
 /// Why a text's tokens cannot be known.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum LexError {
+pub(crate) enum LexError {
     /// The tokenizer (or a `U&` escape) failed.
     Unreadable(String),
     /// A `'…'` string ends elsewhere when `standard_conforming_strings` is
@@ -57,7 +59,7 @@ pub(super) enum LexError {
 }
 
 /// The lexemes of `sql`.
-pub(super) fn lex(sql: &str) -> Result<Vec<Lexeme>, LexError> {
+pub(crate) fn lex(sql: &str) -> Result<Vec<Lexeme>, LexError> {
     // Raw: a '…' string's text as written, so both readings can be made.
     let tokens = Tokenizer::new(&PostgreSqlDialect {}, sql)
         .with_unescape(false)
@@ -239,7 +241,7 @@ fn ends_alike(raw: &str) -> bool {
 /// setting's text (`SplitIdentifierString`: `search_path` in `set_config`,
 /// a qualified name in a `regclass` string): unquoted ones folded to lower
 /// case, quoted ones exact. `None`: the server refuses the text.
-pub(super) fn split_identifiers(text: &str, separator: char) -> Option<Vec<String>> {
+pub(crate) fn split_identifiers(text: &str, separator: char) -> Option<Vec<String>> {
     let mut names = Vec::new();
     let mut chars = text.chars().peekable();
     let skip_space = |chars: &mut std::iter::Peekable<std::str::Chars<'_>>| {
