@@ -196,6 +196,39 @@ def test_a_parked_head_read_takes_its_claim_whatever_the_client_did_to_its_name(
     assert len(taken) == 1, tproxy.audit(thread)
 
 
+def fetch_of_a_bound_read(port: int, dbname: str, thread: str) -> list[tuple[bytes, bytes]]:
+    """In a transaction, the saver's READ(latest) bound by the protocol to
+    the portal ``p6`` and not executed; then SQL ``FETCH ALL FROM p6``."""
+    s = open_session(port, dbname)
+    try:
+        _, errs = s.simple_query("BEGIN")
+        assert errs == [], errs
+        msgs = exchange(s, R.parse("r6", READ_SQL), R.bind("p6", "r6", [thread.encode(), b""]),
+                        R.sync())
+        assert errors_of(msgs) == [], msgs
+        s.send(R.query("FETCH ALL FROM p6"))
+        return s.until_ready()
+    finally:
+        s.close()
+
+
+def test_a_parked_head_bound_by_the_protocol_cannot_be_read_by_sql_fetch(
+        tables, pg, dbname, direct_dsn, tproxy):
+    """SQL FETCH reads a portal a protocol Bind made, and its rows would reach
+    the client unwatched: straight to PostgreSQL the parked head is served;
+    through the proxy the FETCH fails 0A000, with no row and no claim."""
+    thread = f"tr-fetch-{uuid.uuid4().hex[:6]}"
+    S.park("conn", direct_dsn, thread)
+    msgs = fetch_of_a_bound_read(pg.port, dbname, thread)
+    assert errors_of(msgs) == [], msgs
+    assert sum(t == b"D" for t, _ in msgs) == 1
+
+    msgs = fetch_of_a_bound_read(tproxy.port, dbname, thread)
+    assert errors_of(msgs) == ["0A000"], msgs
+    assert not any(t == b"D" for t, _ in msgs)
+    assert audited(tproxy, thread, "claim_taken", timeout=1) == []
+
+
 def read_through(s: R.Session, last: bytes) -> list[tuple[bytes, bytes]]:
     """Messages up to and including the first of type `last`."""
     out = []

@@ -202,6 +202,10 @@ impl Hooks for SessionEnforcer {
         sql_forms::declare(self, inner)
     }
 
+    fn sql_fetch(&mut self, portal: &Binding) -> Result<(), Refusal> {
+        sql_forms::fetch(self, portal)
+    }
+
     fn bind(
         &mut self,
         statement: &Prepared,

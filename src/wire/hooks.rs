@@ -78,6 +78,10 @@ pub trait Hooks {
     fn sql_execute(&mut self, statement: &Self::Statement) -> Result<(), Refusal>;
     /// SQL `DECLARE … CURSOR FOR inner`.
     fn sql_declare(&mut self, inner: &str) -> Result<(), Refusal>;
+    /// SQL `FETCH` from a portal a protocol Bind made, with this
+    /// annotation: its rows would reach the client without the watch an
+    /// Execute of it gets.
+    fn sql_fetch(&mut self, portal: &Self::Portal) -> Result<(), Refusal>;
     /// A Bind of a statement with this annotation, read by the codec.
     fn bind(
         &mut self,

@@ -1,8 +1,9 @@
 //! SQL-level commands that act on the protocol's own namespaces: `PREPARE`,
-//! `EXECUTE`, `DEALLOCATE`, `DISCARD ALL` and `DECLARE … CURSOR`. A
-//! statement prepared in SQL is the same object a protocol Bind can name,
-//! and SQL `EXECUTE` runs a statement prepared by a protocol Parse, so the
-//! tracker must see these in query texts as it sees Parse and Close. The
+//! `EXECUTE`, `DEALLOCATE`, `DISCARD ALL`, `DECLARE … CURSOR` and `FETCH`.
+//! A statement prepared in SQL is the same object a protocol Bind can name,
+//! SQL `EXECUTE` runs a statement prepared by a protocol Parse, and SQL
+//! `FETCH` reads the rows of a portal a protocol Bind made, so the tracker
+//! must see these in query texts as it sees Parse, Close and Execute. The
 //! savepoint commands (`SAVEPOINT`, `RELEASE`, `ROLLBACK TO`) are read too:
 //! which of a transaction's statements survive it depends on them.
 //!
@@ -37,6 +38,9 @@ pub enum SqlCommand {
     /// `DECLARE name … CURSOR … FOR inner`: a portal whose rows `FETCH`
     /// and a protocol Execute read.
     Declare { name: Vec<u8>, inner: String },
+    /// `FETCH [direction] [FROM | IN] name`: reads rows of the portal
+    /// `name`, one a protocol Bind made among them. (`MOVE` reads none.)
+    Fetch { name: Vec<u8> },
     /// `SAVEPOINT name`.
     Savepoint { name: Vec<u8> },
     /// `RELEASE [SAVEPOINT] name`.
@@ -68,7 +72,9 @@ impl SqlCommand {
             SqlCommand::Prepare { .. } => Some(b"PREPARE"),
             SqlCommand::Deallocate { .. } => Some(b"DEALLOCATE"),
             SqlCommand::DeallocateAll => None,
-            SqlCommand::Execute { .. } | SqlCommand::Declare { .. } => None,
+            SqlCommand::Execute { .. } | SqlCommand::Declare { .. } | SqlCommand::Fetch { .. } => {
+                None
+            }
             SqlCommand::Savepoint { .. } => Some(b"SAVEPOINT"),
             SqlCommand::Release { .. } => Some(b"RELEASE"),
             SqlCommand::RollbackTo { .. } => Some(b"ROLLBACK"),
@@ -92,7 +98,7 @@ impl SqlCommand {
     pub fn applies_when_confirmed(&self) -> bool {
         !matches!(
             self,
-            SqlCommand::Execute { .. } | SqlCommand::Declare { .. }
+            SqlCommand::Execute { .. } | SqlCommand::Declare { .. } | SqlCommand::Fetch { .. }
         )
     }
 
@@ -136,12 +142,13 @@ pub fn scan(sql: &str) -> Result<Vec<SqlCommand>, Unreadable> {
 
 /// The words a text names a command by (in any ASCII case): a text
 /// without any of them has no command.
-pub const KEYWORDS: [&str; 8] = [
+pub const KEYWORDS: [&str; 9] = [
     "prepare",
     "execute",
     "deallocate",
     "declare",
     "discard",
+    "fetch",
     "savepoint",
     "release",
     "rollback",
@@ -192,6 +199,11 @@ fn command_of(tokens: &[&Token]) -> Option<SqlCommand> {
         }
         Keyword::DECLARE => named_statement(&tokens[1..], Keyword::FOR)
             .map(|(name, inner)| SqlCommand::Declare { name, inner }),
+        // The portal's name ends the command, after any direction and
+        // FROM or IN.
+        Keyword::FETCH => Some(SqlCommand::Fetch {
+            name: identifier(tokens.get(1..)?.last()?)?,
+        }),
         // EXPLAIN [ANALYZE] EXECUTE name and CREATE TABLE … AS EXECUTE name
         // run the prepared statement too.
         Keyword::EXPLAIN | Keyword::CREATE => embedded_execute(first.keyword, tokens),
@@ -388,6 +400,23 @@ mod tests {
         };
         assert_eq!(name, b"c");
         assert!(inner.contains("checkpoints"), "{inner}");
+    }
+
+    #[test]
+    fn fetch_names_the_portal_it_reads() {
+        assert_eq!(
+            names(
+                r#"FETCH ALL FROM "P1"; fetch next in c2; FETCH 10 c3; fetch forward all from c4; MOVE 1 IN c5"#
+            ),
+            vec![
+                SqlCommand::Fetch { name: "P1".into() },
+                SqlCommand::Fetch { name: "c2".into() },
+                SqlCommand::Fetch { name: "c3".into() },
+                SqlCommand::Fetch { name: "c4".into() },
+            ]
+        );
+        assert!(names("fetch").is_empty(), "no portal named");
+        assert!(names("select 'fetch all from p'").is_empty());
     }
 
     #[test]

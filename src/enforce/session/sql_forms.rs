@@ -1,7 +1,7 @@
-//! SQL PREPARE, EXECUTE and DECLARE: checkpoint statements in forms the
-//! proxy cannot watch are refused while any leg is on.
+//! SQL PREPARE, EXECUTE, DECLARE and FETCH: checkpoint statements in forms
+//! the proxy cannot watch are refused while any leg is on.
 
-use super::{Prepared, SessionEnforcer};
+use super::{Binding, Prepared, SessionEnforcer};
 use crate::enforce::events::{statement_refused, StatementRefusal};
 use crate::log_text::shown;
 use crate::saver::classify::Classified;
@@ -27,6 +27,13 @@ pub(super) fn declare(session: &mut SessionEnforcer, inner: &str) -> Result<(), 
     session.unwatchable(&class, "a cursor")
 }
 
+/// A portal of a checkpoint statement, bound by the protocol, read by SQL
+/// FETCH: its rows would pass unwatched (a parked head unclaimed, a fork's
+/// recorded answer unfiltered).
+pub(super) fn fetch(session: &mut SessionEnforcer, portal: &Binding) -> Result<(), Refusal> {
+    session.unwatchable(&portal.class, "SQL FETCH")
+}
+
 impl SessionEnforcer {
     /// A checkpoint statement in a form the proxy cannot watch: refused
     /// while any leg is on, logged at WARN and recorded in the audit trail
@@ -39,7 +46,7 @@ impl SessionEnforcer {
         let refusal = Refusal {
             sqlstate: FEATURE_NOT_SUPPORTED,
             message: format!("resumeguard: checkpoint statements cannot run through {form}"),
-            detail: "prepare checkpoint statements with the protocol's Parse, as the savers do"
+            detail: "run checkpoint statements with the protocol's Parse, Bind and Execute, as the savers do"
                 .into(),
         };
         tracing::warn!(statement, "{}", shown(&refusal.message));

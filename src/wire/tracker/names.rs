@@ -243,6 +243,7 @@ pub(super) fn apply_command<S>(
         SqlCommand::DeallocateAll => statements.clear_named(),
         SqlCommand::Execute { .. }
         | SqlCommand::Declare { .. }
+        | SqlCommand::Fetch { .. }
         | SqlCommand::Savepoint { .. }
         | SqlCommand::Release { .. }
         | SqlCommand::RollbackTo { .. } => {}

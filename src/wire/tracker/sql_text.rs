@@ -73,17 +73,23 @@ impl<H: Hooks> Tracker<H> {
         }
     }
 
-    /// Checks the SQL `EXECUTE`s among `commands`: refused when they run a
-    /// statement the hooks refuse, or one the proxy never saw prepared.
-    /// `defined`: names (re)defined earlier in the same text.
+    /// Checks the SQL `EXECUTE`s and `FETCH`es among `commands`: refused
+    /// when they run a statement the hooks refuse, or one the proxy never
+    /// saw prepared, or read a watched portal. `defined`: names
+    /// (re)defined earlier in the same text.
     pub(super) fn executes(
         &mut self,
         commands: &[(SqlCommand, Option<H::Statement>)],
         defined: &[(Vec<u8>, Option<H::Statement>)],
     ) -> Executes {
         for (command, _) in commands {
-            let SqlCommand::Execute { name } = command else {
-                continue;
+            let name = match command {
+                SqlCommand::Execute { name } => name,
+                SqlCommand::Fetch { name } => match self.fetch(name) {
+                    Executes::Allowed => continue,
+                    outcome => return outcome,
+                },
+                _ => continue,
             };
             let annotation = match defined.iter().rev().find(|(n, _)| n == name) {
                 Some((_, s)) => s.clone(),
@@ -100,6 +106,23 @@ impl<H: Hooks> Tracker<H> {
             }
         }
         Executes::Allowed
+    }
+
+    /// Checks a SQL `FETCH` from the portal `name`: a portal the hooks
+    /// watch (bound by the protocol; SQL cursors of watched statements
+    /// are refused when declared) is theirs to allow.
+    fn fetch(&mut self, name: &[u8]) -> Executes {
+        let portal = match self
+            .unanswered
+            .portal(name, self.portals.get(name), self.segment)
+        {
+            Lookup::Known(portal) => portal.and_then(|p| p.annotation.as_deref()),
+            Lookup::Ambiguous => return Executes::Ambiguous,
+        };
+        match portal.map(|p| self.hooks.sql_fetch(p)) {
+            Some(Err(refusal)) => Executes::Refused(refusal),
+            Some(Ok(())) | None => Executes::Allowed,
+        }
     }
 
     pub(super) fn query(&mut self, sql: &[u8]) -> Result<ClientStep, ClientError> {

@@ -57,6 +57,9 @@ impl Hooks for Marks {
     fn sql_declare(&mut self, inner: &str) -> Result<(), Refusal> {
         self.sql_prepare(inner).map(|_| ())
     }
+    fn sql_fetch(&mut self, _portal: &()) -> Result<(), Refusal> {
+        Err(refusal("fetch"))
+    }
     fn query_refused(&mut self) {}
     fn bind(&mut self, statement: &bool, _bind: &Bind<'_>) -> Result<Bound<(), bool>, ClientError> {
         self.binds.push(*statement);
@@ -145,6 +148,12 @@ fn parse(name: &str, sql: &str) -> Vec<u8> {
 
 fn bind(stmt: &str) -> Vec<u8> {
     let mut b = cs(&["", stmt]);
+    b.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+    msg(b'B', &b)
+}
+
+fn bind_to(portal: &str, statement: &str) -> Vec<u8> {
+    let mut b = cs(&[portal, statement]);
     b.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
     msg(b'B', &b)
 }
@@ -310,17 +319,25 @@ fn sql_prepare_of_plain_text_defines_the_name_on_its_answer() {
     assert_eq!(t.hooks.binds, [false]);
 }
 
+/// `sql` refused as a simple Query and, in a Parse, at its Bind (`after`:
+/// the transaction status the refusal leaves).
+fn refused_as_query_and_at_bind(t: &mut Tracker<Marks>, sql: &str, after: u8) {
+    let steps = client(t, &[query(sql)]);
+    assert!(
+        matches!(steps[0], ClientStep::Replace(_)),
+        "{sql}: {steps:?}"
+    );
+    server(t, &[error(), ready(after)]);
+    client(t, &[parse("", sql)]);
+    server(t, &[msg(b'1', b"")]);
+    assert!(matches!(bind_sees(t, ""), ClientStep::Replace(_)), "{sql}");
+}
+
 #[test]
 fn sql_execute_of_a_guarded_statement_is_refused() {
     let mut t = tracker();
     defined_guarded(&mut t);
-    let steps = client(&mut t, &[query("EXECUTE s1('t', 1)")]);
-    assert!(matches!(steps[0], ClientStep::Replace(_)), "{steps:?}");
-    // Through Parse as well: refused at its Bind.
-    server(&mut t, &[error(), ready(b'I')]);
-    client(&mut t, &[parse("", "execute s1('t')")]);
-    server(&mut t, &[msg(b'1', b"")]);
-    assert!(matches!(bind_sees(&mut t, ""), ClientStep::Replace(_)));
+    refused_as_query_and_at_bind(&mut t, "EXECUTE s1('t', 1)", b'I');
 }
 
 #[test]
@@ -332,6 +349,38 @@ fn sql_execute_of_an_unknown_name_is_refused_and_of_a_plain_one_passes() {
     ));
     let mut t = tracker();
     let steps = client(&mut t, &[query("PREPARE p AS select 1; EXECUTE p")]);
+    assert_eq!(steps, [ClientStep::Forward]);
+}
+
+#[test]
+fn sql_fetch_of_a_watched_portal_is_refused_and_of_a_plain_one_passes() {
+    let mut t = tracker();
+    defined_guarded(&mut t);
+    client(&mut t, &[query("BEGIN")]);
+    server(&mut t, &[complete("BEGIN"), ready(b'T')]);
+    let bound = [
+        bind_to("w", "s1"),
+        parse("p", "select 1"),
+        bind_to("q", "p"),
+        sync(),
+    ];
+    client(&mut t, &bound);
+    // Before the server answers the Binds, which portals exist is not
+    // known yet: the text waits.
+    assert_eq!(
+        t.on_client(&query("FETCH ALL FROM w"), false).unwrap(),
+        ClientStep::AwaitServer
+    );
+    let answers = [msg(b'2', b""), msg(b'1', b""), msg(b'2', b""), ready(b'T')];
+    server(&mut t, &answers);
+    refused_as_query_and_at_bind(&mut t, "FETCH ALL FROM w", b'E');
+
+    let mut t = tracker();
+    client(&mut t, &[query("BEGIN")]);
+    server(&mut t, &[complete("BEGIN"), ready(b'T')]);
+    client(&mut t, &bound[1..]);
+    server(&mut t, &answers[1..]);
+    let steps = client(&mut t, &[query("FETCH 10 FROM q; fetch all from nowhere")]);
     assert_eq!(steps, [ClientStep::Forward]);
 }
 

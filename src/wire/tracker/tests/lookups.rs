@@ -9,7 +9,7 @@ use proptest::prelude::*;
 
 use super::super::names::{Change, Lookup, Portal, Statement};
 use super::super::*;
-use super::{client, cs, msg, parse, query, ready, sync, tracker, Marks};
+use super::{bind_to, client, cs, msg, parse, query, ready, sync, tracker, Marks};
 use crate::wire::response_queue::Expect;
 use crate::wire::sql_commands::SqlCommand;
 
@@ -213,12 +213,6 @@ fn step() -> impl Strategy<Value = Step> {
         (prop::bool::weighted(0.8), any::<bool>())
             .prop_map(|(ok, in_block)| Step::Answer { ok, in_block }),
     ]
-}
-
-fn bind_to(portal: &str, statement: &str) -> Vec<u8> {
-    let mut b = cs(&[portal, statement]);
-    b.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
-    msg(b'B', &b)
 }
 
 fn execute(portal: &str) -> Vec<u8> {
