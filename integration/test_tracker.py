@@ -196,20 +196,40 @@ def test_a_parked_head_read_takes_its_claim_whatever_the_client_did_to_its_name(
     assert len(taken) == 1, tproxy.audit(thread)
 
 
-def fetch_of_a_bound_read(port: int, dbname: str, thread: str) -> list[tuple[bytes, bytes]]:
-    """In a transaction, the saver's READ(latest) bound by the protocol to
-    the portal ``p6`` and not executed; then SQL ``FETCH ALL FROM p6``."""
+def read_bound_then(port: int, dbname: str, thread: str, portal: str,
+                    *then: list[bytes]) -> list[tuple[bytes, bytes]]:
+    """In a transaction, the saver's READ(latest) of `thread` bound by the
+    protocol to `portal` and not executed; then each exchange of `then`
+    (none failing but the last): the last one's answers."""
     s = open_session(port, dbname)
     try:
         _, errs = s.simple_query("BEGIN")
         assert errs == [], errs
-        msgs = exchange(s, R.parse("r6", READ_SQL), R.bind("p6", "r6", [thread.encode(), b""]),
+        msgs = exchange(s, R.parse("", READ_SQL), R.bind(portal, "", [thread.encode(), b""]),
                         R.sync())
-        assert errors_of(msgs) == [], msgs
-        s.send(R.query("FETCH ALL FROM p6"))
-        return s.until_ready()
+        for messages in then:
+            assert errors_of(msgs) == [], msgs
+            msgs = exchange(s, *messages)
+        return msgs
     finally:
         s.close()
+
+
+def served_straight_refused_through(pg, dbname, direct_dsn, tproxy, sqlstate: str, portal: str,
+                                    *then: list[bytes]) -> str:
+    """A parked thread's head bound to `portal` and read by `then`: served
+    straight to PostgreSQL, refused with `sqlstate` through the proxy, no row.
+    The thread."""
+    thread = f"tr-portal-{uuid.uuid4().hex[:6]}"
+    S.park("conn", direct_dsn, thread)
+    msgs = read_bound_then(pg.port, dbname, thread, portal, *then)
+    assert errors_of(msgs) == [], msgs
+    assert sum(t == b"D" for t, _ in msgs) == 1
+
+    msgs = read_bound_then(tproxy.port, dbname, thread, portal, *then)
+    assert errors_of(msgs) == [sqlstate], msgs
+    assert not any(t == b"D" for t, _ in msgs)
+    return thread
 
 
 def test_a_parked_head_bound_by_the_protocol_cannot_be_read_by_sql_fetch(
@@ -217,16 +237,19 @@ def test_a_parked_head_bound_by_the_protocol_cannot_be_read_by_sql_fetch(
     """SQL FETCH reads a portal a protocol Bind made, and its rows would reach
     the client unwatched: straight to PostgreSQL the parked head is served;
     through the proxy the FETCH fails 0A000, with no row and no claim."""
-    thread = f"tr-fetch-{uuid.uuid4().hex[:6]}"
-    S.park("conn", direct_dsn, thread)
-    msgs = fetch_of_a_bound_read(pg.port, dbname, thread)
-    assert errors_of(msgs) == [], msgs
-    assert sum(t == b"D" for t, _ in msgs) == 1
-
-    msgs = fetch_of_a_bound_read(tproxy.port, dbname, thread)
-    assert errors_of(msgs) == ["0A000"], msgs
-    assert not any(t == b"D" for t, _ in msgs)
+    thread = served_straight_refused_through(pg, dbname, direct_dsn, tproxy, "0A000", "p6",
+                                             [R.query("FETCH ALL FROM p6")])
     assert audited(tproxy, thread, "claim_taken", timeout=1) == []
+
+
+def test_the_unnamed_portal_an_empty_query_keeps_is_not_read_unwatched(
+        tables, pg, dbname, direct_dsn, tproxy):
+    """An empty Query keeps the unnamed portal, where any other Query drops it:
+    straight to PostgreSQL the parked head bound before it is served by a later
+    Execute; through the proxy, which saw no Bind since the Query, that Execute
+    gets the server's own 34000, with no row."""
+    served_straight_refused_through(pg, dbname, direct_dsn, tproxy, "34000", "",
+                                    [R.query("")], [R.execute(), R.sync()])
 
 
 def read_through(s: R.Session, last: bytes) -> list[tuple[bytes, bytes]]:

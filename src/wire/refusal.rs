@@ -12,4 +12,6 @@ pub struct Refusal {
     pub detail: String,
 }
 
-pub use super::messages::sqlstate::{FEATURE_NOT_SUPPORTED, INVALID_STATEMENT_NAME};
+pub use super::messages::sqlstate::{
+    FEATURE_NOT_SUPPORTED, INVALID_STATEMENT_NAME, UNDEFINED_CURSOR,
+};

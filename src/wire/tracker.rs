@@ -37,7 +37,9 @@ mod sql_text;
 mod unanswered;
 
 pub use super::hooks::{Bound, Guarded, Hooks, SavepointChange, TxnStatus};
-pub use super::refusal::{Refusal, FEATURE_NOT_SUPPORTED, INVALID_STATEMENT_NAME};
+pub use super::refusal::{
+    Refusal, FEATURE_NOT_SUPPORTED, INVALID_STATEMENT_NAME, UNDEFINED_CURSOR,
+};
 use names::{
     apply_command, commands_of, Change, Executes, Lookup, Names, Pending, Portal, Statement,
 };
@@ -335,6 +337,17 @@ where
                         Lookup::Known(b) => b,
                         Lookup::Ambiguous => return Ok(ClientStep::AwaitServer),
                     };
+                // Only a Bind makes the unnamed portal (a cursor cannot be
+                // named ""), and every Bind is tracked: one the tracker
+                // does not know of is either not there, or left by a text
+                // the server read otherwise than the tracker (an empty
+                // Query keeps it; a Query that fails to parse too). The
+                // server's own error, without asking it.
+                if binding.is_none() && portal.is_empty() {
+                    return Ok(ClientStep::Replace(
+                        self.inject_refusal(&no_unnamed_portal())?,
+                    ));
+                }
                 let watch = self
                     .hooks
                     .execute(binding.and_then(|b| b.annotation.as_deref()));
@@ -615,6 +628,15 @@ fn never_prepared(name: &str) -> Refusal {
         detail:
             "resumeguard runs only statements prepared on this connection by Parse or SQL PREPARE"
                 .into(),
+    }
+}
+
+/// An Execute of the unnamed portal where the proxy saw none bound.
+fn no_unnamed_portal() -> Refusal {
+    Refusal {
+        sqlstate: UNDEFINED_CURSOR,
+        message: "portal \"\" does not exist".into(),
+        detail: "resumeguard runs only the unnamed portal a Bind on this connection made".into(),
     }
 }
 

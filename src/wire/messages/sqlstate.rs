@@ -15,6 +15,8 @@ pub const INTERNAL_ERROR: &str = "XX000";
 pub const TOO_MANY_CONNECTIONS: &str = "53300";
 /// A statement name the proxy never saw prepared.
 pub const INVALID_STATEMENT_NAME: &str = "26000";
+/// A portal that does not exist (undefined_cursor).
+pub const UNDEFINED_CURSOR: &str = "34000";
 /// A form the proxy refuses to pass unchecked, or a frontend protocol it
 /// does not speak.
 pub const FEATURE_NOT_SUPPORTED: &str = "0A000";

@@ -158,6 +158,12 @@ fn bind_to(portal: &str, statement: &str) -> Vec<u8> {
     msg(b'B', &b)
 }
 
+fn execute(portal: &str) -> Vec<u8> {
+    let mut b = cs(&[portal]);
+    b.extend_from_slice(&0i32.to_be_bytes());
+    msg(b'E', &b)
+}
+
 fn close_statement(name: &str) -> Vec<u8> {
     let mut b = vec![b'S'];
     b.extend(cs(&[name]));
@@ -382,6 +388,41 @@ fn sql_fetch_of_a_watched_portal_is_refused_and_of_a_plain_one_passes() {
     server(&mut t, &answers[1..]);
     let steps = client(&mut t, &[query("FETCH 10 FROM q; fetch all from nowhere")]);
     assert_eq!(steps, [ClientStep::Forward]);
+}
+
+#[test]
+fn an_execute_of_an_unnamed_portal_no_bind_made_gets_the_servers_error_from_the_proxy() {
+    let mut t = tracker();
+    client(&mut t, &[query("BEGIN")]);
+    server(&mut t, &[complete("BEGIN"), ready(b'T')]);
+    // Bound and executed in one pipeline: the Bind's answer is owed.
+    let steps = client(
+        &mut t,
+        &[parse("", "select 1"), bind(""), execute(""), sync()],
+    );
+    assert!(steps.iter().all(|s| *s == ClientStep::Forward), "{steps:?}");
+    server(
+        &mut t,
+        &[
+            msg(b'1', b""),
+            msg(b'2', b""),
+            complete("SELECT 1"),
+            ready(b'T'),
+        ],
+    );
+    // The tracker drops the unnamed portal at a Query's answer (the server
+    // keeps it through an empty Query): an Execute of it is refused
+    // rather than run unseen.
+    client(&mut t, &[query("select 2")]);
+    server(&mut t, &[complete("SELECT 1"), ready(b'T')]);
+    let steps = client(&mut t, &[execute("")]);
+    let [ClientStep::Replace(bytes)] = steps.as_slice() else {
+        panic!("{steps:?}")
+    };
+    let text = String::from_utf8_lossy(bytes);
+    assert!(text.contains(&hex::encode("34000")), "{text}");
+    // A named portal the tracker does not know may be a SQL cursor.
+    assert_eq!(client(&mut t, &[execute("c")]), [ClientStep::Forward]);
 }
 
 #[test]

@@ -9,7 +9,7 @@ use proptest::prelude::*;
 
 use super::super::names::{Change, Lookup, Portal, Statement};
 use super::super::*;
-use super::{bind_to, client, cs, msg, parse, query, ready, sync, tracker, Marks};
+use super::{bind_to, client, cs, execute, msg, parse, query, ready, sync, tracker, Marks};
 use crate::wire::response_queue::Expect;
 use crate::wire::sql_commands::SqlCommand;
 
@@ -213,12 +213,6 @@ fn step() -> impl Strategy<Value = Step> {
         (prop::bool::weighted(0.8), any::<bool>())
             .prop_map(|(ok, in_block)| Step::Answer { ok, in_block }),
     ]
-}
-
-fn execute(portal: &str) -> Vec<u8> {
-    let mut b = cs(&[portal]);
-    b.extend_from_slice(&0i32.to_be_bytes());
-    msg(b'E', &b)
 }
 
 fn target(kind: u8, name: &str) -> Vec<u8> {
