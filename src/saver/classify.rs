@@ -289,7 +289,10 @@ impl Classifier {
     pub fn names_saver_tables(&self, sql: &str) -> bool {
         match &self.prefilter {
             Some(p) => p.is_match(sql),
-            None => self.profiles.iter().any(|p| names_table_of(p, sql)),
+            None => {
+                self.profiles.iter().any(|p| names_table_of(p, sql))
+                    || (!self.profiles.is_empty() && contains_ignore_case(sql, UNICODE_NAME))
+            }
         }
     }
 
