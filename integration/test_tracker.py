@@ -252,6 +252,37 @@ def test_the_unnamed_portal_an_empty_query_keeps_is_not_read_unwatched(
                                     [R.query("")], [R.execute(), R.sync()])
 
 
+def execute_hidden_in_a_string(port: int, dbname: str, thread: str) -> list[tuple[bytes, bytes]]:
+    """The saver's READ(latest) prepared by Parse as ``r7``; then, with
+    ``standard_conforming_strings`` off, a Query whose ``EXECUTE r7`` the
+    standard reading holds inside a string."""
+    s = open_session(port, dbname)
+    try:
+        assert errors_of(exchange(s, R.parse("r7", READ_SQL), R.sync())) == []
+        _, errs = s.simple_query("SET standard_conforming_strings = off")
+        assert errs == [], errs
+        return exchange(s, R.query(f"SELECT 'a\\'' ; EXECUTE r7('{thread}', '') ; --'"))
+    finally:
+        s.close()
+
+
+def test_an_execute_a_backslash_hides_from_the_standard_reading_is_refused(
+        tables, pg, dbname, direct_dsn, tproxy):
+    """With standard_conforming_strings off, ``'a\\''`` ends at its second
+    quote, and the EXECUTE after it runs: straight to PostgreSQL the parked
+    head is served by SQL EXECUTE; through the proxy the text, whose commands
+    the two readings disagree on, fails 0A000 before it runs."""
+    thread = f"tr-scs-{uuid.uuid4().hex[:6]}"
+    S.park("conn", direct_dsn, thread)
+    msgs = execute_hidden_in_a_string(pg.port, dbname, thread)
+    assert errors_of(msgs) == [], msgs
+    assert sum(t == b"D" for t, _ in msgs) == 2          # the SELECT's row and the head
+
+    msgs = execute_hidden_in_a_string(tproxy.port, dbname, thread)
+    assert errors_of(msgs) == ["0A000"], msgs
+    assert not any(t == b"D" for t, _ in msgs)
+
+
 def read_through(s: R.Session, last: bytes) -> list[tuple[bytes, bytes]]:
     """Messages up to and including the first of type `last`."""
     out = []

@@ -16,11 +16,14 @@ use std::borrow::Cow;
 use std::sync::LazyLock;
 
 use aho_corasick::AhoCorasick;
-use sqlparser::dialect::PostgreSqlDialect;
+use sqlparser::dialect::{Dialect, PostgreSqlDialect};
 use sqlparser::keywords::Keyword;
 use sqlparser::tokenizer::{Token, Tokenizer, Whitespace, Word};
 
 use super::client_text;
+use backslash_escapes::BackslashEscapes;
+
+mod backslash_escapes;
 
 /// One namespace-changing or namespace-reading command of a query text.
 /// A name is the client's bytes, as a protocol message would carry it.
@@ -124,7 +127,27 @@ pub fn scan(sql: &str) -> Result<Vec<SqlCommand>, Unreadable> {
     if !mentions_keyword(sql) {
         return Ok(Vec::new());
     }
-    let tokens = Tokenizer::new(&PostgreSqlDialect {}, sql)
+    let commands = commands_read_by(&PostgreSqlDialect {}, sql)?;
+    // With `standard_conforming_strings` off a backslash may end a string
+    // elsewhere, and text the standard reading holds in a string run as
+    // commands. Read so, a text that does not tokenize fails on the
+    // server as well (a simple Query or a Parse is lexed whole before
+    // anything of it runs), so only the standard reading's commands can.
+    if sql.contains('\\') {
+        if let Ok(escaped) = commands_read_by(&BackslashEscapes, sql) {
+            if escaped != commands {
+                return Err(Unreadable(
+                    "its commands differ when standard_conforming_strings is off".into(),
+                ));
+            }
+        }
+    }
+    Ok(commands)
+}
+
+/// The commands of `sql` as `dialect` tokenizes it.
+fn commands_read_by(dialect: &dyn Dialect, sql: &str) -> Result<Vec<SqlCommand>, Unreadable> {
+    let tokens = Tokenizer::new(dialect, sql)
         .tokenize()
         .map_err(|e| Unreadable(e.to_string()))?;
     let mut commands = Vec::new();
@@ -417,6 +440,28 @@ mod tests {
         );
         assert!(names("fetch").is_empty(), "no portal named");
         assert!(names("select 'fetch all from p'").is_empty());
+    }
+
+    #[test]
+    fn commands_a_string_hides_only_when_backslashes_escape_are_unreadable() {
+        // Standard: one string, then nothing. Backslashes escaping: the
+        // string ends at `\'`, and EXECUTE runs.
+        let hidden = r"SELECT 'a\'' ; EXECUTE s1 ; --'";
+        assert!(scan(hidden).is_err(), "{hidden}");
+        let fetch = r"SELECT 'a\'' ; FETCH ALL FROM p ; --'";
+        assert!(scan(fetch).is_err(), "{fetch}");
+        // Read alike both ways.
+        assert_eq!(
+            names(r"EXECUTE s1('C:\dir'); SELECT E'\'' "),
+            vec![SqlCommand::Execute { name: "s1".into() }]
+        );
+        // A string the other reading never ends: the server would refuse
+        // the whole text, so the standard reading's commands stand.
+        assert_eq!(
+            names(r"SELECT 'C:\' ; EXECUTE s1"),
+            vec![SqlCommand::Execute { name: "s1".into() }]
+        );
+        assert!(names(r"UPDATE t SET path = 'C:\' WHERE release_date > now()").is_empty());
     }
 
     #[test]

@@ -199,7 +199,7 @@ fn unreadable(error: &str) -> Refusal {
     Refusal {
         sqlstate: FEATURE_NOT_SUPPORTED,
         message:
-            "resumeguard cannot read this text's PREPARE, EXECUTE, DECLARE or savepoint commands"
+            "resumeguard cannot read this text's PREPARE, EXECUTE, DECLARE, FETCH or savepoint commands"
                 .into(),
         detail: format!("tokenizer: {error}"),
     }
