@@ -427,6 +427,23 @@ def test_unknown_saver(env):
         with pytest.raises(psycopg.Error) as refused:
             c.execute(escaped, (thread,))
     assert refused.value.sqlstate == "0A000", refused.value
+    # With standard_conforming_strings off, `'a\''` ends at its second quote
+    # and the DELETE after it runs (a simple Query: psycopg's ClientCursor).
+    hidden = "select 'a\\'' ; delete from checkpoint_writes where thread_id = '{}' ; --'"
+    for via, expect in ((env.direct, None), (dsn_of(env.guard, env), "0A000")):
+        mine = tid("hidden")
+        park(env.direct, mine)
+        with connect(via, autocommit=True) as c:
+            c.execute("set standard_conforming_strings = off")
+            try:
+                psycopg.ClientCursor(c).execute(hidden.format(mine))
+                outcome = None
+            except psycopg.Error as e:
+                outcome = e.sqlstate
+        with connect(env.direct) as c:
+            left = c.execute("select count(*) from checkpoint_writes where thread_id = %s",
+                             (mine,)).fetchone()[0]
+        assert (outcome, left > 0) == (expect, expect is not None), (via, outcome, left)
 
 
 def test_own_schema(env):

@@ -15,7 +15,7 @@ use aho_corasick::AhoCorasick;
 use dashmap::DashMap;
 
 use crate::log_text::shown;
-use crate::sql_tokens::{lex, Lexeme};
+use crate::sql_tokens::{lex, LexError, Lexeme};
 use sqlparser::ast::{
     visit_relations, OnConflictAction, OnInsert, SetExpr, Statement, TableFactor, TableObject,
 };
@@ -218,9 +218,11 @@ const UNICODE_NAME: &str = "u&\"";
 enum Naming<'a> {
     /// Written out: the parse reads the statement's shape.
     Written(&'a SaverProfile),
-    /// Only through `U&"…"` escapes (or in a text with one that cannot be
-    /// read): never enforced, so made loud as unrecognized.
-    Escaped(&'a SaverProfile, Unenforced),
+    /// In a way the parse cannot read as the server will: only through
+    /// `U&"…"` escapes, or in a text whose strings end elsewhere when
+    /// `standard_conforming_strings` is off. Never enforced, so made loud
+    /// as unrecognized.
+    Unreadable(&'a SaverProfile, Unenforced),
 }
 
 /// Classifies SQL texts against the loaded saver profiles.
@@ -337,7 +339,7 @@ impl Classifier {
             None => {
                 let mut result = match naming {
                     Naming::Written(profile) => self.classify_uncached(sql, profile),
-                    Naming::Escaped(profile, what) => Classified::unrecognized(profile, what),
+                    Naming::Unreadable(profile, what) => Classified::unrecognized(profile, what),
                 };
                 if let Some(what) = &result.unenforced {
                     tracing::debug!(sql = %shown(sql.trim()), statement = %shown(&what.statement), "unrecognized checkpoint statement");
@@ -362,22 +364,30 @@ impl Classifier {
 
     /// The first profile whose table `sql` names, and how.
     fn naming(&self, sql: &str) -> Option<Naming<'_>> {
-        if let Some(profile) = self.profiles.iter().find(|p| names_table_of(p, sql)) {
-            return Some(Naming::Written(profile));
-        }
-        if !contains_ignore_case(sql, UNICODE_NAME) {
-            return None;
-        }
         let escaped = |reason: &str| Unenforced {
             statement: "unparsed".into(),
             reason: reason.into(),
             legs_off: ALL_LEGS,
         };
+        if let Some(profile) = self.profiles.iter().find(|p| names_table_of(p, sql)) {
+            // The parse reads strings as with the setting on; with it off,
+            // a name the parse finds in a string may be a table's.
+            if sql.contains('\\') && matches!(lex(sql), Err(LexError::Ambiguous)) {
+                return Some(Naming::Unreadable(
+                    profile,
+                    escaped("a string that ends elsewhere when standard_conforming_strings is off"),
+                ));
+            }
+            return Some(Naming::Written(profile));
+        }
+        if !contains_ignore_case(sql, UNICODE_NAME) {
+            return None;
+        }
         let Ok(lexemes) = lex(sql) else {
             // The names the server will read cannot be known: loud, as a
             // text that does not parse is.
             return self.profiles.first().map(|p| {
-                Naming::Escaped(p, escaped("a U&\"…\" name in a text that cannot be read"))
+                Naming::Unreadable(p, escaped("a U&\"…\" name in a text that cannot be read"))
             });
         };
         let names = lexemes
@@ -389,7 +399,7 @@ impl Classifier {
             .iter()
             .find(|p| names_table_of(p, &names))
             .map(|p| {
-                Naming::Escaped(
+                Naming::Unreadable(
                     p,
                     escaped("a checkpoint table named through a U&\"…\" escape"),
                 )

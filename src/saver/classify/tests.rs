@@ -217,6 +217,22 @@ fn a_checkpoint_table_named_through_unicode_escapes_is_refused_when_unknowns_are
 }
 
 #[test]
+fn a_checkpoint_table_a_backslash_may_take_out_of_a_string_is_unrecognized() {
+    // With standard_conforming_strings off the string ends at `\'`, and
+    // the DELETE runs.
+    let class = classifier().classify(r"SELECT 'a\'' ; DELETE FROM checkpoints ; --'");
+    assert_eq!(class.kind, StatementKind::Unrecognized);
+    let what = class.unenforced.as_ref().expect("says why");
+    assert!(
+        what.reason.contains("standard_conforming_strings"),
+        "{}",
+        what.reason
+    );
+    // Read alike both ways: the parse decides (a mention in a string).
+    assert_eq!(kind(r"SELECT 'checkpoints\d'"), StatementKind::Other);
+}
+
+#[test]
 fn a_mention_in_a_literal_is_not_checkpoint_traffic() {
     assert_eq!(kind("SELECT 'checkpoints are nice'"), StatementKind::Other);
 }
