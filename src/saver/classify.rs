@@ -364,7 +364,7 @@ impl Classifier {
 
     /// The first profile whose table `sql` names, and how.
     fn naming(&self, sql: &str) -> Option<Naming<'_>> {
-        let escaped = |reason: &str| Unenforced {
+        let unreadable = |reason: &str| Unenforced {
             statement: "unparsed".into(),
             reason: reason.into(),
             legs_off: ALL_LEGS,
@@ -375,7 +375,9 @@ impl Classifier {
             if sql.contains('\\') && matches!(lex(sql), Err(LexError::Ambiguous)) {
                 return Some(Naming::Unreadable(
                     profile,
-                    escaped("a string that ends elsewhere when standard_conforming_strings is off"),
+                    unreadable(
+                        "a string that ends elsewhere when standard_conforming_strings is off",
+                    ),
                 ));
             }
             return Some(Naming::Written(profile));
@@ -387,7 +389,10 @@ impl Classifier {
             // The names the server will read cannot be known: loud, as a
             // text that does not parse is.
             return self.profiles.first().map(|p| {
-                Naming::Unreadable(p, escaped("a U&\"…\" name in a text that cannot be read"))
+                Naming::Unreadable(
+                    p,
+                    unreadable("a U&\"…\" name in a text that cannot be read"),
+                )
             });
         };
         let names = lexemes
@@ -401,7 +406,7 @@ impl Classifier {
             .map(|p| {
                 Naming::Unreadable(
                     p,
-                    escaped("a checkpoint table named through a U&\"…\" escape"),
+                    unreadable("a checkpoint table named through a U&\"…\" escape"),
                 )
             })
     }
