@@ -38,6 +38,7 @@ const LAYERS: &[&[&str]] = &[
         "log_text",
         "log_scope",
         "fd_limit",
+        "sql_tokens",
     ],
 ];
 
