@@ -197,6 +197,14 @@ fn tracker() -> Tracker<Marks> {
     t
 }
 
+/// A tracker whose session is inside a transaction block.
+fn in_block() -> Tracker<Marks> {
+    let mut t = tracker();
+    client(&mut t, &[query("BEGIN")]);
+    server(&mut t, &[complete("BEGIN"), ready(b'T')]);
+    t
+}
+
 fn client(t: &mut Tracker<Marks>, frames: &[Vec<u8>]) -> Vec<ClientStep> {
     frames
         .iter()
@@ -381,9 +389,7 @@ fn sql_fetch_of_a_watched_portal_is_refused_and_of_a_plain_one_passes() {
     server(&mut t, &answers);
     refused_as_query_and_at_bind(&mut t, "FETCH ALL FROM w", b'E');
 
-    let mut t = tracker();
-    client(&mut t, &[query("BEGIN")]);
-    server(&mut t, &[complete("BEGIN"), ready(b'T')]);
+    let mut t = in_block();
     client(&mut t, &bound[1..]);
     server(&mut t, &answers[1..]);
     let steps = client(&mut t, &[query("FETCH 10 FROM q; fetch all from nowhere")]);
@@ -392,9 +398,7 @@ fn sql_fetch_of_a_watched_portal_is_refused_and_of_a_plain_one_passes() {
 
 #[test]
 fn an_execute_of_an_unnamed_portal_no_bind_made_gets_the_servers_error_from_the_proxy() {
-    let mut t = tracker();
-    client(&mut t, &[query("BEGIN")]);
-    server(&mut t, &[complete("BEGIN"), ready(b'T')]);
+    let mut t = in_block();
     // Bound and executed in one pipeline: the Bind's answer is owed.
     let steps = client(
         &mut t,
@@ -528,9 +532,7 @@ fn a_query_drops_an_unnamed_statement_confirmed_or_still_unanswered() {
 
 #[test]
 fn a_query_in_a_transaction_drops_the_unnamed_portal() {
-    let mut t = tracker();
-    client(&mut t, &[query("BEGIN")]);
-    server(&mut t, &[complete("BEGIN"), ready(b'T')]);
+    let mut t = in_block();
     client(&mut t, &[parse("s", "select 1"), bind("s"), sync()]);
     server(&mut t, &[msg(b'1', b""), msg(b'2', b""), ready(b'T')]);
     // The portal outlives its Sync inside the transaction; the Query
@@ -543,9 +545,7 @@ fn a_query_in_a_transaction_drops_the_unnamed_portal() {
 
 #[test]
 fn transaction_status_follows_ready_for_query() {
-    let mut t = tracker();
-    client(&mut t, &[query("BEGIN")]);
-    server(&mut t, &[complete("BEGIN"), ready(b'T')]);
+    let mut t = in_block();
     assert_eq!(t.txn_status(), TxnStatus::InBlock);
     assert!(!t.is_idle());
     client(&mut t, &[query("select 1/0")]);

@@ -4,10 +4,6 @@
 
 use super::*;
 
-fn execute() -> Vec<u8> {
-    msg(b'E', &[0, 0, 0, 0, 0])
-}
-
 fn copy_data() -> Vec<u8> {
     msg(b'd', b"1\n")
 }
@@ -25,7 +21,12 @@ fn extended_copy_from_stdin_answers_one_ready_for_query_for_two_syncs() {
     let mut t = tracker();
     client(
         &mut t,
-        &[parse("", "copy t from stdin"), bind(""), execute(), sync()],
+        &[
+            parse("", "copy t from stdin"),
+            bind(""),
+            execute(""),
+            sync(),
+        ],
     );
     server(
         &mut t,

@@ -2,14 +2,12 @@
 //! at its own CommandComplete, in text order, never one the server skipped,
 //! and a `ROLLBACK TO` never as a whole rollback.
 
-use super::{bind, client, complete, error, msg, parse, query, ready, server, sync, tracker};
+use super::{
+    bind, client, complete, error, execute, msg, parse, query, ready, server, sync, tracker,
+};
 
 fn told(t: &super::Tracker<super::Marks>) -> Vec<&str> {
     t.hooks.transaction.iter().map(String::as_str).collect()
-}
-
-fn execute() -> Vec<u8> {
-    msg(b'E', b"\0\0\0\0\0")
 }
 
 #[test]
@@ -78,7 +76,7 @@ fn a_prepared_rollback_to_is_told_at_each_execute_that_completes() {
         &[
             parse("r", "ROLLBACK TO SAVEPOINT _pg3_1"),
             bind("r"),
-            execute(),
+            execute(""),
             sync(),
         ],
     );
@@ -94,7 +92,7 @@ fn a_prepared_rollback_to_is_told_at_each_execute_that_completes() {
     assert_eq!(told(&t), ["set _pg3_1", "rolled back to _pg3_1"]);
     // A second run fails (say the savepoint was released meanwhile): not
     // told, and no whole rollback either.
-    client(&mut t, &[bind("r"), execute(), sync()]);
+    client(&mut t, &[bind("r"), execute(""), sync()]);
     server(&mut t, &[msg(b'2', b""), error(), ready(b'E')]);
     assert_eq!(told(&t), ["set _pg3_1", "rolled back to _pg3_1"]);
 }
