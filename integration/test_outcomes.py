@@ -427,23 +427,34 @@ def test_unknown_saver(env):
         with pytest.raises(psycopg.Error) as refused:
             c.execute(escaped, (thread,))
     assert refused.value.sqlstate == "0A000", refused.value
-    # With standard_conforming_strings off, `'a\''` ends at its second quote
-    # and the DELETE after it runs (a simple Query: psycopg's ClientCursor).
-    hidden = "select 'a\\'' ; delete from checkpoint_writes where thread_id = '{}' ; --'"
-    for via, expect in ((env.direct, None), (dsn_of(env.guard, env), "0A000")):
-        mine = tid("hidden")
-        park(env.direct, mine)
-        with connect(via, autocommit=True) as c:
-            c.execute("set standard_conforming_strings = off")
-            try:
-                psycopg.ClientCursor(c).execute(hidden.format(mine))
-                outcome = None
-            except psycopg.Error as e:
-                outcome = e.sqlstate
-        with connect(env.direct) as c:
-            left = c.execute("select count(*) from checkpoint_writes where thread_id = %s",
-                             (mine,)).fetchone()[0]
-        assert (outcome, left > 0) == (expect, expect is not None), (via, outcome, left)
+    # With standard_conforming_strings off, `'a\''` ends at its second quote;
+    # in SJIS 表 is 0x95 0x5C, and `E'表'` ends where, read as UTF-8, its
+    # backslash escapes the quote. Either way the DELETE after it runs (a
+    # simple Query: psycopg's ClientCursor).
+    hidden = {
+        "standard_conforming_strings = off":
+            "select 'a\\'' ; delete from checkpoint_writes where thread_id = '{}' ; --'",
+        # (the thread in dollar quotes: read as UTF-8 the whole text is then
+        # one SELECT of a string, which the classifier reads as no checkpoint
+        # statement at all)
+        "client_encoding = 'SJIS'":
+            "select E'表' ; delete from checkpoint_writes where thread_id = $t${}$t$ ; --'",
+    }
+    for setting, text in hidden.items():
+        for via, expect in ((env.direct, None), (dsn_of(env.guard, env), "0A000")):
+            mine = tid("hidden")
+            park(env.direct, mine)
+            with connect(via, autocommit=True) as c:
+                c.execute(f"set {setting}")
+                try:
+                    psycopg.ClientCursor(c).execute(text.format(mine))
+                    outcome = None
+                except psycopg.Error as e:
+                    outcome = e.sqlstate
+            with connect(env.direct) as c:
+                left = c.execute("select count(*) from checkpoint_writes where thread_id = %s",
+                                 (mine,)).fetchone()[0]
+            assert (outcome, left > 0) == (expect, expect is not None), (setting, via, outcome, left)
 
 
 def test_own_schema(env):

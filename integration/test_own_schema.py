@@ -195,6 +195,36 @@ def test_a_refusal_inside_a_transaction_aborts_it(proxy, schema_dsn):
     assert rows_of(schema_dsn, thread)[0] == 1
 
 
+def test_a_delete_a_multibyte_character_hides_in_a_string_is_refused(proxy, schema_dsn, pg):
+    """In SJIS (as in BIG5 and GBK) a character's second byte may be a
+    backslash: 表 is 0x95 0x5C, and read as UTF-8 that backslash escapes the
+    quote after it, so the DELETE reads as part of a string. Straight to
+    PostgreSQL the claim is deleted (rolled back here); through the proxy the
+    text fails 42501 and the claim stays."""
+    thread = seed(schema_dsn)
+    text = (f"SELECT E'表' ; DELETE FROM resumeguard.claims WHERE thread_id = '{thread}'"
+            " ; --'").encode("shift_jis")
+    assert b"\x95\\'" in text
+    for port in (proxy.port, pg.port):
+        sess = pgraw.login(HOST, port, SUPERUSER, SCHEMA_DB)
+        try:
+            assert sess.simple_query("SET client_encoding = 'SJIS'")[1] == []
+            assert sess.simple_query("BEGIN")[1] == []
+            sess.send(pgraw.query(text))
+            out = sess.until_ready()
+            errors = [pgraw.parse_error_fields(p) for t, p in out if t == b"E"]
+            done = [p.rstrip(b"\0") for t, p in out if t == b"C"]
+            if port == proxy.port:
+                assert [t for t, _ in out] == [b"E", b"Z"], out
+                assert_denied(errors[0], "SJIS")
+            else:
+                assert errors == [] and done[-1] == b"DELETE 1", out   # stock: it deletes
+            sess.simple_query("ROLLBACK")
+        finally:
+            sess.close()
+        assert rows_of(schema_dsn, thread)[0] == 1
+
+
 def test_search_path_refused_then_the_unqualified_delete_misses(proxy, schema_dsn):
     """SET search_path = resumeguard is refused, so `DELETE FROM claims` that
     follows resolves to no table (42P01) and the claim stays; straight to

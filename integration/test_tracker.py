@@ -252,18 +252,35 @@ def test_the_unnamed_portal_an_empty_query_keeps_is_not_read_unwatched(
                                     [R.query("")], [R.execute(), R.sync()])
 
 
-def execute_hidden_in_a_string(port: int, dbname: str, thread: str) -> list[tuple[bytes, bytes]]:
-    """The saver's READ(latest) prepared by Parse as ``r7``; then, with
-    ``standard_conforming_strings`` off, a Query whose ``EXECUTE r7`` the
-    standard reading holds inside a string."""
+def execute_after(port: int, dbname: str, setting: str, text: bytes) -> list[tuple[bytes, bytes]]:
+    """The saver's READ(latest) prepared by Parse as ``r7``; then ``SET setting``
+    and the Query ``text``."""
     s = open_session(port, dbname)
     try:
         assert errors_of(exchange(s, R.parse("r7", READ_SQL), R.sync())) == []
-        _, errs = s.simple_query("SET standard_conforming_strings = off")
+        _, errs = s.simple_query(f"SET {setting}")
         assert errs == [], errs
-        return exchange(s, R.query(f"SELECT 'a\\'' ; EXECUTE r7('{thread}', '') ; --'"))
+        return exchange(s, R.query(text))
     finally:
         s.close()
+
+
+def hidden_execute_served_straight_refused_through(pg, dbname, direct_dsn, tproxy,
+                                                   setting: str, text: str, encoding: str):
+    """Straight to PostgreSQL the parked head is served by the ``EXECUTE r7`` in
+    ``text`` (``{}``: the thread), sent in ``encoding`` after ``SET setting``;
+    through the proxy the text fails 0A000 before it runs."""
+    thread = f"tr-hidden-{uuid.uuid4().hex[:6]}"
+    S.park("conn", direct_dsn, thread)
+    sent = text.format(thread).encode(encoding)
+    msgs = execute_after(pg.port, dbname, setting, sent)
+    assert errors_of(msgs) == [], msgs
+    assert sum(t == b"D" for t, _ in msgs) == 2          # the SELECT's row and the head
+
+    msgs = execute_after(tproxy.port, dbname, setting, sent)
+    assert errors_of(msgs) == ["0A000"], msgs
+    assert not any(t == b"D" for t, _ in msgs)
+    return sent
 
 
 def test_an_execute_a_backslash_hides_from_the_standard_reading_is_refused(
@@ -272,15 +289,22 @@ def test_an_execute_a_backslash_hides_from_the_standard_reading_is_refused(
     quote, and the EXECUTE after it runs: straight to PostgreSQL the parked
     head is served by SQL EXECUTE; through the proxy the text, whose commands
     the two readings disagree on, fails 0A000 before it runs."""
-    thread = f"tr-scs-{uuid.uuid4().hex[:6]}"
-    S.park("conn", direct_dsn, thread)
-    msgs = execute_hidden_in_a_string(pg.port, dbname, thread)
-    assert errors_of(msgs) == [], msgs
-    assert sum(t == b"D" for t, _ in msgs) == 2          # the SELECT's row and the head
+    hidden_execute_served_straight_refused_through(
+        pg, dbname, direct_dsn, tproxy, "standard_conforming_strings = off",
+        "SELECT 'a\\'' ; EXECUTE r7('{}', '') ; --'", "utf-8")
 
-    msgs = execute_hidden_in_a_string(tproxy.port, dbname, thread)
-    assert errors_of(msgs) == ["0A000"], msgs
-    assert not any(t == b"D" for t, _ in msgs)
+
+def test_an_execute_a_multibyte_character_hides_from_the_utf8_reading_is_refused(
+        tables, pg, dbname, direct_dsn, tproxy):
+    """In SJIS (as in BIG5 and GBK) a character's second byte may be a
+    backslash: 表 is 0x95 0x5C, and read as UTF-8 that backslash escapes the
+    quote after it and holds the EXECUTE inside the string. Straight to
+    PostgreSQL the parked head is served; through the proxy the text, whose
+    commands differ in that encoding, fails 0A000 before it runs."""
+    sent = hidden_execute_served_straight_refused_through(
+        pg, dbname, direct_dsn, tproxy, "client_encoding = 'SJIS'",
+        "SELECT E'表' ; EXECUTE r7('{}', '') ; --'", "shift_jis")
+    assert b"\x95\\'" in sent
 
 
 def read_through(s: R.Session, last: bytes) -> list[tuple[bytes, bytes]]:

@@ -17,6 +17,7 @@
 use aho_corasick::AhoCorasick;
 
 use crate::sql_tokens::{lex, split_identifiers, LexError, Lexeme};
+use crate::wire::multibyte_readings;
 use crate::wire::refusal::Refusal;
 
 /// insufficient_privilege: what a client gets for a statement on the
@@ -179,9 +180,22 @@ impl OwnSchema {
         }
     }
 
-    /// Checks one client statement text (one or more statements).
+    /// Checks one client statement text (one or more statements), also as
+    /// the server reads it in a client encoding whose characters may end
+    /// in a backslash (SJIS, BIG5, GBK: see [`multibyte_readings`]), where
+    /// a string may end elsewhere. A reading that does not tokenize is
+    /// one the server rejects in that encoding.
     pub fn check(&self, sql: &str) -> Result<(), Breach> {
-        self.check_text(sql, 0, false)
+        self.check_text(sql, 0, false)?;
+        if !self.may_touch(sql, false) {
+            return Ok(());
+        }
+        for reading in multibyte_readings::readings(sql) {
+            if !matches!(lex(&reading), Err(LexError::Unreadable(_))) {
+                self.check_text(&reading, 0, false)?;
+            }
+        }
+        Ok(())
     }
 
     /// Checks a StartupMessage's parameters: `search_path` set at login

@@ -16,6 +16,7 @@ use dashmap::DashMap;
 
 use crate::log_text::shown;
 use crate::sql_tokens::{lex, LexError, Lexeme};
+use crate::wire::multibyte_readings;
 use sqlparser::ast::{
     visit_relations, OnConflictAction, OnInsert, SetExpr, Statement, TableFactor, TableObject,
 };
@@ -377,6 +378,17 @@ impl Classifier {
                     profile,
                     unreadable(
                         "a string that ends elsewhere when standard_conforming_strings is off",
+                    ),
+                ));
+            }
+            // In SJIS, BIG5 and the like a backslash may be part of the
+            // character before it, and a string end elsewhere.
+            if !multibyte_readings::readings(sql).is_empty() {
+                return Some(Naming::Unreadable(
+                    profile,
+                    unreadable(
+                        "a backslash that is part of the character before it in a client \
+                         encoding such as SJIS, BIG5 or GBK",
                     ),
                 ));
             }

@@ -13,8 +13,14 @@ use std::borrow::Cow;
 
 /// Byte `b` read as a character is `ESCAPED_BYTES + b`: U+F780 to U+F7FF
 /// for the bytes 0x80 to 0xFF (only bytes of that range are ever outside
-/// UTF-8).
+/// UTF-8), and [`HELD_BACKSLASH`] for a backslash.
 const ESCAPED_BYTES: u32 = 0xF700;
+
+/// A backslash byte read as part of the character before it, as the
+/// server reads it in a client encoding such as SJIS (see
+/// [`super::multibyte_readings`]): a character of its own, so that it
+/// escapes nothing, and the client's backslash again when encoded.
+pub const HELD_BACKSLASH: char = '\u{F75C}';
 
 /// The first byte of every escape character in UTF-8: a text without it
 /// holds none.
@@ -77,7 +83,7 @@ fn escaped_byte(c: char) -> Option<u8> {
     u32::from(c)
         .checked_sub(ESCAPED_BYTES)
         .and_then(|b| u8::try_from(b).ok())
-        .filter(|b| *b >= 0x80)
+        .filter(|b| *b >= 0x80 || *b == b'\\')
 }
 
 fn is_escape(c: char) -> bool {

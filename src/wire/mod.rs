@@ -17,6 +17,7 @@ pub mod last_text;
 pub mod listener;
 mod loop_session;
 pub mod messages;
+pub mod multibyte_readings;
 pub mod proxy;
 mod queued_writes;
 pub mod refusal;

@@ -20,7 +20,8 @@ use sqlparser::dialect::{Dialect, PostgreSqlDialect};
 use sqlparser::keywords::Keyword;
 use sqlparser::tokenizer::{Token, Tokenizer, Whitespace, Word};
 
-use super::client_text;
+use super::client_text::{self, HELD_BACKSLASH};
+use super::multibyte_readings;
 use backslash_escapes::BackslashEscapes;
 
 mod backslash_escapes;
@@ -127,26 +128,60 @@ pub fn scan(sql: &str) -> Result<Vec<SqlCommand>, Unreadable> {
     if !mentions_keyword(sql) {
         return Ok(Vec::new());
     }
-    let commands = commands_read_by(&PostgreSqlDialect {}, sql)?;
+    let commands = commands_read_by(&PostgreSqlDialect {}, sql, Literals::Kept)?;
     // With `standard_conforming_strings` off a backslash may end a string
     // elsewhere, and text the standard reading holds in a string run as
     // commands. Read so, a text that does not tokenize fails on the
     // server as well (a simple Query or a Parse is lexed whole before
     // anything of it runs), so only the standard reading's commands can.
     if sql.contains('\\') {
-        if let Ok(escaped) = commands_read_by(&BackslashEscapes, sql) {
+        if let Ok(escaped) = commands_read_by(&BackslashEscapes, sql, Literals::Kept) {
             if escaped != commands {
                 return Err(Unreadable(
                     "its commands differ when standard_conforming_strings is off".into(),
                 ));
             }
         }
+        // In SJIS, BIG5 and the like a backslash may be part of the
+        // character before it. Those readings are compared by shape: what
+        // a string holds reads differently in them anyway.
+        let readings = multibyte_readings::readings(sql);
+        if !readings.is_empty() {
+            let shape = commands_read_by(&PostgreSqlDialect {}, sql, Literals::Blank)?;
+            for reading in &readings {
+                for dialect in [&PostgreSqlDialect {} as &dyn Dialect, &BackslashEscapes] {
+                    if commands_read_by(dialect, reading, Literals::Blank)
+                        .is_ok_and(|theirs| theirs != shape)
+                    {
+                        return Err(Unreadable(
+                            "its commands differ in a client encoding whose characters may end \
+                             in a backslash (SJIS, BIG5, GBK)"
+                                .into(),
+                        ));
+                    }
+                }
+            }
+        }
     }
     Ok(commands)
 }
 
+/// How the statement a command holds is rejoined.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Literals {
+    /// As written.
+    Kept,
+    /// Each literal as `''`, and a backslash held in a character as a
+    /// backslash: what is left is the statement's shape.
+    Blank,
+}
+
 /// The commands of `sql` as `dialect` tokenizes it.
-fn commands_read_by(dialect: &dyn Dialect, sql: &str) -> Result<Vec<SqlCommand>, Unreadable> {
+fn commands_read_by(
+    dialect: &dyn Dialect,
+    sql: &str,
+    literals: Literals,
+) -> Result<Vec<SqlCommand>, Unreadable> {
     let tokens = Tokenizer::new(dialect, sql)
         .tokenize()
         .map_err(|e| Unreadable(e.to_string()))?;
@@ -156,7 +191,7 @@ fn commands_read_by(dialect: &dyn Dialect, sql: &str) -> Result<Vec<SqlCommand>,
             .iter()
             .filter(|t| !matches!(t, Token::Whitespace(_)))
             .collect();
-        if let Some(command) = command_of(&significant) {
+        if let Some(command) = command_of(&significant, literals) {
             commands.push(command);
         }
     }
@@ -192,10 +227,10 @@ fn mentions_keyword(sql: &str) -> bool {
     SEARCH.as_ref().is_none_or(|k| k.is_match(sql))
 }
 
-fn command_of(tokens: &[&Token]) -> Option<SqlCommand> {
+fn command_of(tokens: &[&Token], literals: Literals) -> Option<SqlCommand> {
     let first = word(tokens.first()?)?;
     match first.keyword {
-        Keyword::PREPARE => named_statement(&tokens[1..], Keyword::AS)
+        Keyword::PREPARE => named_statement(&tokens[1..], Keyword::AS, literals)
             .map(|(name, inner)| SqlCommand::Prepare { name, inner }),
         Keyword::EXECUTE => Some(SqlCommand::Execute {
             name: identifier(tokens.get(1)?)?,
@@ -220,7 +255,7 @@ fn command_of(tokens: &[&Token]) -> Option<SqlCommand> {
                 .is_some_and(|w| w.keyword == Keyword::ALL);
             all.then_some(SqlCommand::DeallocateAll)
         }
-        Keyword::DECLARE => named_statement(&tokens[1..], Keyword::FOR)
+        Keyword::DECLARE => named_statement(&tokens[1..], Keyword::FOR, literals)
             .map(|(name, inner)| SqlCommand::Declare { name, inner }),
         // The portal's name ends the command, after any direction and
         // FROM or IN.
@@ -274,10 +309,14 @@ fn keyword_of(t: Option<&&Token>) -> Option<Keyword> {
 
 /// `name … <keyword> statement` (PREPARE's AS, DECLARE's FOR): the name
 /// and the text of the statement it holds.
-fn named_statement(tokens: &[&Token], keyword: Keyword) -> Option<(Vec<u8>, String)> {
+fn named_statement(
+    tokens: &[&Token],
+    keyword: Keyword,
+    literals: Literals,
+) -> Option<(Vec<u8>, String)> {
     let name = identifier(tokens.first()?)?;
     let at = top_level_position(tokens, keyword)?;
-    Some((name, text_of(&tokens[at + 1..])))
+    Some((name, text_of(&tokens[at + 1..], literals)))
 }
 
 fn embedded_execute(first: Keyword, tokens: &[&Token]) -> Option<SqlCommand> {
@@ -330,7 +369,7 @@ fn identifier(t: &Token) -> Option<Vec<u8>> {
 }
 
 /// The text of `tokens`, re-joined (enough to classify the statement).
-fn text_of(tokens: &[&Token]) -> String {
+fn text_of(tokens: &[&Token], literals: Literals) -> String {
     let mut out = String::new();
     for t in tokens {
         if !out.is_empty() {
@@ -338,8 +377,22 @@ fn text_of(tokens: &[&Token]) -> String {
         }
         match t {
             Token::Whitespace(Whitespace::SingleLineComment { .. }) => {}
+            Token::SingleQuotedString(_)
+            | Token::EscapedStringLiteral(_)
+            | Token::DollarQuotedString(_)
+            | Token::NationalStringLiteral(_)
+            | Token::UnicodeStringLiteral(_)
+            | Token::HexStringLiteral(_)
+            | Token::SingleQuotedByteStringLiteral(_)
+                if literals == Literals::Blank =>
+            {
+                out.push_str("''")
+            }
             other => out.push_str(&other.to_string()),
         }
+    }
+    if literals == Literals::Blank && out.contains(HELD_BACKSLASH) {
+        out = out.replace(HELD_BACKSLASH, "\\");
     }
     out
 }
@@ -462,6 +515,44 @@ mod tests {
             vec![SqlCommand::Execute { name: "s1".into() }]
         );
         assert!(names(r"UPDATE t SET path = 'C:\' WHERE release_date > now()").is_empty());
+    }
+
+    #[test]
+    fn commands_a_multibyte_character_hides_are_unreadable() {
+        // SJIS 表 is 0x95 0x5C: the server reads E'表', then EXECUTE and
+        // FETCH; read as UTF-8 the backslash escapes the quote.
+        for hidden in [
+            &b"SELECT E'\x95\\' ; EXECUTE r7 ; --'"[..],
+            b"SELECT E'\x95\\' ; FETCH ALL FROM p6 ; --'",
+            b"SELECT E'x' , E'\x95\\' ; EXECUTE r7 ; --'",
+        ] {
+            let text = client_text::decode(hidden);
+            assert!(scan(&text).is_err(), "{text}");
+        }
+        // The same character where the backslash escapes nothing, or a
+        // name holding it, reads alike.
+        let plain = client_text::decode(b"SAVEPOINT s ; SELECT '\x95\\'");
+        assert_eq!(
+            scan(&plain),
+            Ok(vec![SqlCommand::Savepoint { name: "s".into() }])
+        );
+        let named = client_text::decode(b"EXECUTE \"\x95\\\"");
+        assert_eq!(
+            scan(&named),
+            Ok(vec![SqlCommand::Execute {
+                name: b"\x95\\".to_vec()
+            }])
+        );
+        // UTF-8 ぁ (0xE3 0x81 0x81) pairs its last byte with the backslash
+        // in SJIS: an escape in a PREPARE's string is a different
+        // character there, and the same shape.
+        assert_eq!(
+            names("PREPARE p AS SELECT E'ぁ\\n', 1"),
+            vec![SqlCommand::Prepare {
+                name: "p".into(),
+                inner: "SELECT E'ぁ\n' , 1".into()
+            }]
+        );
     }
 
     #[test]

@@ -219,6 +219,20 @@ fn texts_that_read_two_ways_are_refused_when_they_mention_it() {
 }
 
 #[test]
+fn a_statement_a_multibyte_character_hides_in_a_string_is_refused() {
+    let decoded = |sql: &[u8]| crate::wire::client_text::decode(sql).into_owned();
+    // SJIS 表 is 0x95 0x5C: the server reads E'表', and the DELETE runs.
+    let sql = decoded(b"SELECT E'\x95\\' ; DELETE FROM resumeguard.claims ; --'");
+    assert_eq!(refused(&sql), Breach::Changes { verb: "DELETE" });
+    // The character where the backslash escapes nothing; a reading the
+    // server rejects (its string never ends); a character that holds no
+    // backslash (é is 0xC3 0xA9).
+    admitted(&decoded(b"SELECT $$\x95\\$$ FROM resumeguard.claims"));
+    admitted(&decoded(b"SELECT E'\x95\\\\' FROM resumeguard.claims"));
+    admitted("SELECT E'\u{e9}\\\\' FROM resumeguard.claims");
+}
+
+#[test]
 fn unreadable_texts_are_refused_only_when_they_mention_it() {
     assert!(matches!(
         refused("DELETE FROM resumeguard.claims WHERE x = 'unterminated"),

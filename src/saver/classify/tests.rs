@@ -233,6 +233,19 @@ fn a_checkpoint_table_a_backslash_may_take_out_of_a_string_is_unrecognized() {
 }
 
 #[test]
+fn a_checkpoint_table_a_multibyte_character_may_take_out_of_a_string_is_unrecognized() {
+    // SJIS 表 is 0x95 0x5C: the server reads E'表', and the DELETE runs.
+    let sql = crate::wire::client_text::decode(b"SELECT E'\x95\\' ; DELETE FROM checkpoints ; --'");
+    let class = classifier().classify(&sql);
+    assert_eq!(class.kind, StatementKind::Unrecognized);
+    let what = class.unenforced.as_ref().expect("says why");
+    assert!(what.reason.contains("SJIS"), "{}", what.reason);
+    // A character whose bytes hold no backslash in any such encoding
+    // (é is 0xC3 0xA9): the parse decides.
+    assert_eq!(kind("SELECT E'checkpoints é\\\\'"), StatementKind::Other);
+}
+
+#[test]
 fn a_mention_in_a_literal_is_not_checkpoint_traffic() {
     assert_eq!(kind("SELECT 'checkpoints are nice'"), StatementKind::Other);
 }
