@@ -142,28 +142,35 @@ pub fn scan(sql: &str) -> Result<Vec<SqlCommand>, Unreadable> {
                 ));
             }
         }
-        // In SJIS, BIG5 and the like a backslash may be part of the
-        // character before it. Those readings are compared by shape: what
-        // a string holds reads differently in them anyway.
-        let readings = multibyte_readings::readings(sql);
-        if !readings.is_empty() {
-            let shape = commands_read_by(&PostgreSqlDialect {}, sql, Literals::Blank)?;
-            for reading in &readings {
-                for dialect in [&PostgreSqlDialect {} as &dyn Dialect, &BackslashEscapes] {
-                    if commands_read_by(dialect, reading, Literals::Blank)
-                        .is_ok_and(|theirs| theirs != shape)
-                    {
-                        return Err(Unreadable(
-                            "its commands differ in a client encoding whose characters may end \
-                             in a backslash (SJIS, BIG5, GBK)"
-                                .into(),
-                        ));
-                    }
-                }
-            }
+        if differs_in_a_multibyte_encoding(sql)? {
+            return Err(Unreadable(
+                "its commands differ in a client encoding whose characters may end in a \
+                 backslash (SJIS, BIG5, GBK)"
+                    .into(),
+            ));
         }
     }
     Ok(commands)
+}
+
+/// Whether `sql`'s commands differ in shape as SJIS, BIG5 and the like
+/// read it, where a backslash may be part of the character before it
+/// (with `standard_conforming_strings` on or off). Shapes, because what
+/// a string holds reads differently in those encodings anyway.
+fn differs_in_a_multibyte_encoding(sql: &str) -> Result<bool, Unreadable> {
+    let readings = multibyte_readings::readings(sql);
+    if readings.is_empty() {
+        return Ok(false);
+    }
+    let shape = commands_read_by(&PostgreSqlDialect {}, sql, Literals::Blank)?;
+    Ok(readings.iter().any(|reading| {
+        [&PostgreSqlDialect {} as &dyn Dialect, &BackslashEscapes]
+            .into_iter()
+            .any(|dialect| {
+                commands_read_by(dialect, reading, Literals::Blank)
+                    .is_ok_and(|theirs| theirs != shape)
+            })
+    }))
 }
 
 /// How the statement a command holds is rejoined.
