@@ -665,6 +665,39 @@ def test_stray_resume_after_completion_is_inert(co, form):
     assert late[0]["detail"]["answered_by"]["application_name"] == "first-resumer", late
 
 
+def test_a_resumer_whose_client_encoding_the_server_converts_does_not_fire_twice(co):
+    """A thread id outside ASCII, resumed at once by a racer in UTF-8 and one whose
+    client_encoding is SJIS: the server converts the SJIS bytes to the same thread,
+    where the proxy reads other characters (ﾃｩ is 0xC3 0xA9 in SJIS, é read as UTF-8).
+    Stock: both fire. Proxy: one fires; the SJIS racer is refused 0A000 before its
+    node ran, as it is alone, audited claim_refused."""
+    sjis = "&options=-c%20client_encoding%3DSJIS"
+    fired = {}
+    for via in ("direct", "A"):
+        thread = f"ﾃｩ-{via}-{uuid.uuid4().hex[:6]}"
+        iid = park(co.dsn(via), thread)[0]["id"]
+        job = {"thread": thread, "graph": "one", "form": "bare", "gate_ms": 300,
+               "interrupt_id": iid, "rep": 0}
+        racers = Racers(co, [co.dsn(via), co.dsn(via) + sjis], "conn", [job], f"enc-{via}")
+        try:
+            runs = racers.run_all()
+        finally:
+            racers.kill()
+        fired[via] = (sorted(r[0] for r in ledger(co, thread)), runs[0], thread)
+    stock, _, _ = fired["direct"]
+    assert len(stock) == 2, stock                      # stock: the gate fired twice
+    rows, results, thread = fired["A"]
+    utf8, converted = results
+    assert rows == [utf8["id"]] and utf8["ok"], (rows, results)
+    assert not converted["ok"], converted
+    err = converted["error"]
+    assert err["sqlstate"] == "0A000" and "client_encoding SJIS" in err["message"], err
+    # Audited under the thread id the proxy read: the SJIS bytes as UTF-8.
+    as_read = thread.encode("shift_jis").decode("utf-8")
+    evs = audit_ops(co, as_read, lambda e: ops(e, "claim_refused"), proxies=("A",))
+    assert [e["detail"]["sqlstate"] for e in ops(evs, "claim_refused")] == ["0A000"], evs
+
+
 def test_two_gates_map_late_duplicate_leaves_gate2_parked(co):
     """prep -> gate1 -> gate2, map form: after gate1 is answered, a late duplicate keyed
     to gate1's interrupt id runs nothing and leaves gate2 parked (as stock); gate2 can

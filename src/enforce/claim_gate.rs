@@ -351,6 +351,25 @@ impl ClaimTicket {
             resolution: OnceLock::new(),
         }
     }
+
+    /// A ticket decided already: refused for `reason`, the store not asked.
+    pub fn refused(leg: Arc<ClaimsLeg>, request: ClaimRequest, reason: Refusal) -> Self {
+        let resolution = Resolution {
+            decision: ClaimDecision::Refuse { reason },
+            waited_ms: 0,
+            held_already: false,
+            displaced: None,
+            takeover: None,
+            epoch: None,
+        };
+        count_decision(request.head, &resolution);
+        ClaimTicket {
+            leg,
+            request,
+            ahead: Mutex::new(None),
+            resolution: OnceLock::from(resolution),
+        }
+    }
 }
 
 impl std::fmt::Debug for ClaimsLeg {

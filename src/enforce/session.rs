@@ -12,6 +12,7 @@ mod admit;
 mod bind;
 mod completed;
 mod describe;
+mod encodings;
 mod execute;
 mod outbox;
 mod parameter_status;
@@ -47,6 +48,7 @@ use crate::wire::guard::{ClientError, ServerStep};
 use crate::wire::last_text::LastText;
 use crate::wire::messages::bind::Bind;
 use crate::wire::tracker::{Bound, Hooks, Refusal, SavepointChange, TxnStatus};
+use encodings::Encodings;
 use uncommitted::Uncommitted;
 
 /// A prepared statement as the enforcer knows it.
@@ -111,6 +113,8 @@ pub struct SessionEnforcer {
     /// was ordinary: the relay's test before a message, the tracker's
     /// command scan and each hook ask it of the same text in turn.
     screened: LastText<bool>,
+    /// The client and database encodings the server last reported.
+    encodings: Encodings,
     /// The head row of the answer in front was refused (the client got
     /// the claim's refusal instead): that answer's completion records no
     /// read, the `claim_refused` record standing for it.
@@ -136,6 +140,7 @@ impl SessionEnforcer {
             shared_session: SharedSessionWatch::default(),
             held: None,
             head_refused: false,
+            encodings: Encodings::default(),
             plain_parse: LastText::default(),
             screened: LastText::default(),
         }

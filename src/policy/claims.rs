@@ -23,6 +23,10 @@
 //!   ended the reader's own session while its read waited for the claim;
 //!   nothing it wrote could commit, so it is not served (the connection
 //!   is gone: this one is in class 08 on purpose).
+//! - `0A000` feature_not_supported, [`Refusal::ClientEncoding`]: the
+//!   reader's client encoding is converted by the server and the head's
+//!   key holds characters outside ASCII; the same resume succeeds in the
+//!   database's encoding.
 //!
 //! - `RGF01` (class `RG`, resumeguard's own), [`WriteVerdict::Fenced`]: a
 //!   write continuing a claimed checkpoint came from a session other than
@@ -47,6 +51,8 @@ pub const SQLSTATE_IN_FLIGHT: &str = "55006";
 pub const SQLSTATE_STORE_UNAVAILABLE: &str = "58000";
 /// [`Refusal::SessionEnded`]: connection_failure.
 pub const SQLSTATE_SESSION_ENDED: &str = "08006";
+/// [`Refusal::ClientEncoding`]: feature_not_supported.
+pub const SQLSTATE_CLIENT_ENCODING: &str = "0A000";
 
 /// SQLSTATE for a write fenced off a claimed checkpoint.
 pub const SQLSTATE_WRITE_FENCED: &str = "RGF01";
@@ -87,6 +93,11 @@ pub enum Refusal {
     /// The server ended the reader's own session while it waited: its
     /// node would run with nothing it writes able to commit.
     SessionEnded,
+    /// The reader's session is in this client encoding, which the server
+    /// converts, and the head's key holds characters outside ASCII: the
+    /// bytes the proxy read are not the thread's, so no claim can be
+    /// checked for it.
+    ClientEncoding(String),
 }
 
 /// What the wire layer does with the read.
@@ -238,6 +249,7 @@ impl Refusal {
             Refusal::StoreUnavailable(..) => "store_unavailable",
             Refusal::ShuttingDown => "shutting_down",
             Refusal::SessionEnded => "session_ended",
+            Refusal::ClientEncoding(_) => "client_encoding",
         }
     }
 
@@ -248,6 +260,7 @@ impl Refusal {
             Refusal::InFlight { .. } | Refusal::ShuttingDown => SQLSTATE_IN_FLIGHT,
             Refusal::StoreUnavailable(..) => SQLSTATE_STORE_UNAVAILABLE,
             Refusal::SessionEnded => SQLSTATE_SESSION_ENDED,
+            Refusal::ClientEncoding(_) => SQLSTATE_CLIENT_ENCODING,
         }
     }
 
@@ -300,6 +313,12 @@ impl Refusal {
                 "resumeguard: the server ended this session while its read of parked {what} \
                  waited for the claim; nothing was served and no node ran"
             ),
+            Refusal::ClientEncoding(encoding) => format!(
+                "resumeguard: read of {what} refused (fail closed): the server converts this \
+                 session's client_encoding {encoding} to the database's, so the key's characters \
+                 outside ASCII are not the bytes the proxy read, and no claim can be checked \
+                 for them; no node ran"
+            ),
         }
     }
 
@@ -338,6 +357,11 @@ impl Refusal {
             Refusal::SessionEnded => {
                 "Resume again on a new connection; the thread continues with the first \
                  reader once the claim's holder is gone."
+            }
+            Refusal::ClientEncoding(_) => {
+                "Resume with client_encoding set to the database's encoding (PGCLIENTENCODING, \
+                 or options=-c client_encoding=UTF8); threads whose keys are ASCII resume in \
+                 any encoding."
             }
         }
     }

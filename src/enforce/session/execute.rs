@@ -52,6 +52,15 @@ impl SessionEnforcer {
             return None;
         }
         let (thread, ns) = watch.head_address()?;
+        // A key the server converts is refused at the head row: asked now,
+        // it would claim other characters' thread.
+        if self
+            .encodings
+            .converts_any([thread.as_str(), ns.as_str()].into_iter())
+            .is_some()
+        {
+            return None;
+        }
         let key = leg.parked.expected(&thread, &ns)?;
         let holder = leg.holder(&self.ctx);
         if leg.held.answer(&key, &holder, Instant::now()).is_some() {

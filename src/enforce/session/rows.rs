@@ -1,5 +1,7 @@
 //! The rows of a watched answer: a head row's rewrite and the claim it is
-//! held for, and the RowDescription that loses the head column.
+//! held for (refused at once where the server converts the session's
+//! encoding and the head's key is not ASCII), and the RowDescription that
+//! loses the head column.
 
 use std::sync::Arc;
 
@@ -8,6 +10,7 @@ use bytes::Bytes;
 use super::SessionEnforcer;
 use crate::enforce::claim_gate::{ClaimRequest, ClaimTicket, Head};
 use crate::enforce::watch::Watch;
+use crate::policy::claims::Refusal;
 use crate::wire::guard::{HeldTicket, ServerStep};
 use crate::wire::messages::row_description::drop_last_column_description;
 
@@ -23,11 +26,14 @@ pub(super) fn row(
     step.set_replace(watch.on_data_row(frame));
     if let Some(request) = session.claim_request(watch) {
         if let Some(leg) = &session.shared.legs.claims {
-            let ticket = Arc::new(ClaimTicket::new(
-                Arc::clone(leg),
-                request,
-                watch.ahead.take(),
-            ));
+            let leg = Arc::clone(leg);
+            let ticket = Arc::new(match session.encodings.converts_key(&request.key) {
+                Some(encoding) => {
+                    let reason = Refusal::ClientEncoding(encoding.to_owned());
+                    ClaimTicket::refused(leg, request, reason)
+                }
+                None => ClaimTicket::new(leg, request, watch.ahead.take()),
+            });
             step.set_hold(HeldTicket(Arc::clone(&ticket) as _));
             session.held = Some(ticket);
         }

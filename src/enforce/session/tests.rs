@@ -258,6 +258,11 @@ fn claiming_state_on(
 /// Drives a READ(latest) whose row is parked; returns the verdict of the
 /// DataRow.
 fn read_parked_head(st: &mut SessionState) -> ServerVerdict {
+    read_parked_head_of(st, b"t1")
+}
+
+/// [`read_parked_head`] of `thread`.
+fn read_parked_head_of(st: &mut SessionState, thread: &[u8]) -> ServerVerdict {
     let pending = bytea_2d(&[&[
         b"task-1",
         b"__interrupt__",
@@ -266,7 +271,7 @@ fn read_parked_head(st: &mut SessionState) -> ServerVerdict {
         b"~__pregel_pull, gate",
         b"-3",
     ]]);
-    read_head(st, br#"{"v": 4}"#, Some(&pending))
+    read_head_of(st, thread, br#"{"v": 4}"#, Some(&pending))
 }
 
 /// A binary bytea[] of `rows` rows (the saver's 2-D layout).
@@ -285,12 +290,22 @@ fn bytea_2d(rows: &[&[&[u8]]]) -> Vec<u8> {
 /// Drives a READ(latest) returning one row with this checkpoint JSON and
 /// pending writes; returns the verdict of the DataRow.
 fn read_head(st: &mut SessionState, checkpoint: &[u8], pending: Option<&[u8]>) -> ServerVerdict {
+    read_head_of(st, b"t1", checkpoint, pending)
+}
+
+/// [`read_head`] of `thread`.
+fn read_head_of(
+    st: &mut SessionState,
+    thread: &[u8],
+    checkpoint: &[u8],
+    pending: Option<&[u8]>,
+) -> ServerVerdict {
     client(st, &[parse("_pg3_0", READ_SQL), msg(b'S', b"")]);
     server(st, &[msg(b'1', b""), ready(b'I')]);
     client(
         st,
         &[
-            bind("_pg3_0", &[], &[Some(b"t1"), Some(b"")], &[1]),
+            bind("_pg3_0", &[], &[Some(thread), Some(b"")], &[1]),
             msg(b'D', b"P\0"),
             execute(),
             msg(b'S', b""),
@@ -300,7 +315,7 @@ fn read_head(st: &mut SessionState, checkpoint: &[u8], pending: Option<&[u8]>) -
     let mut jsonb = vec![1u8];
     jsonb.extend_from_slice(checkpoint);
     let row = crate::wire::messages::data_row::data_row(&[
-        Some(b"t1"),
+        Some(thread),
         Some(&jsonb),
         Some(b""),
         Some(b"ck1"),

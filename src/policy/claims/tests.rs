@@ -574,3 +574,14 @@ fn a_holders_write_is_covered_until_it_can_commit_only_when_the_claim_would_go_f
         assert_eq!(commit_cover(&verdict, &near, T0), None, "{verdict:?}");
     }
 }
+
+#[test]
+fn a_key_the_server_converts_is_refused_as_not_supported_in_that_encoding() {
+    let refusal = Refusal::ClientEncoding("SJIS".into());
+    assert_eq!(refusal.sqlstate(), "0A000");
+    assert_eq!(refusal.metric_label(), "client_encoding");
+    let message = refusal.message(&key());
+    assert!(message.contains("client_encoding SJIS"), "{message}");
+    assert!(message.contains("thread \"t-1\""), "{message}");
+    assert!(refusal.hint().contains("client_encoding"));
+}
