@@ -36,8 +36,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
+import pgraw
 import racer as R
 from conftest import HOST, free_port, port_accepts, proxy_binary, run_audit_cli
+from test_tracker import READ_SQL
 
 # The integration core, run per PostgreSQL major by full_matrix.sh (RG_CO_STACKS=versions).
 pytestmark = pytest.mark.core
@@ -696,6 +698,47 @@ def test_a_resumer_whose_client_encoding_the_server_converts_does_not_fire_twice
     as_read = thread.encode("shift_jis").decode("utf-8")
     evs = audit_ops(co, as_read, lambda e: ops(e, "claim_refused"), proxies=("A",))
     assert [e["detail"]["sqlstate"] for e in ops(evs, "claim_refused")] == ["0A000"], evs
+
+
+def read_head_behind_set(port: int, dbname: str, thread: str, encoding: str | None) -> list[str]:
+    """In one pipeline (one Sync): ``SET client_encoding`` to ``encoding`` (with
+    one), then the saver's read of ``thread``'s head, its id in that encoding. The
+    server reports the new encoding just before its ReadyForQuery, after the head's
+    row. The types of what it answers, then the SQLSTATEs of its errors."""
+    s = pgraw.login(HOST, port, "postgres", dbname)
+    setting = b""
+    if encoding:
+        setting = (pgraw.parse("", f"SET client_encoding TO {encoding}") + pgraw.bind("", "")
+                   + pgraw.execute())
+    try:
+        s.send(setting + pgraw.parse("", READ_SQL)
+               + pgraw.bind("", "", [thread.encode("shift_jis" if encoding == "SJIS" else "utf-8"),
+                                     b""]) + pgraw.execute() + pgraw.sync())
+        out = s.until_ready()
+    finally:
+        s.close()
+    return ([t.decode() for t, _ in out]
+            + [pgraw.parse_error_fields(p)["C"] for t, p in out if t == b"E"])
+
+
+def test_a_read_behind_a_pipelined_encoding_change_is_not_a_second_claim(co, pg):
+    """A reader in UTF-8 holds the claim of a parked thread whose id is outside
+    ASCII (read with nothing before it in its pipeline); a second reader pipelines SET client_encoding TO SJIS and its read of
+    the head, whose row the server sends before it reports the change. Stock: both
+    get the row. Proxy: the second is refused 0A000 (it cannot be keyed), where
+    reading its SJIS bytes as UTF-8 it would have claimed another thread."""
+    got = {}
+    for via in ("direct", "A"):
+        thread = f"ﾃｩ-pipe-{via}-{uuid.uuid4().hex[:6]}"
+        park(co.dsn(via), thread)
+        port = co.a.port if via == "A" else pg.port
+        first = read_head_behind_set(port, co.dbname, thread, None)
+        second = read_head_behind_set(port, co.dbname, thread, "SJIS")
+        got[via] = (first, second)
+    assert "D" in got["direct"][0] and "D" in got["direct"][1], got   # stock: both served
+    first, second = got["A"]
+    assert "D" in first and "E" not in first, first
+    assert "D" not in second and second[-1] == "0A000", second
 
 
 def test_two_gates_map_late_duplicate_leaves_gate2_parked(co):

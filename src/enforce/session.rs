@@ -316,6 +316,11 @@ impl Hooks for SessionEnforcer {
         self.is_ordinary(sql.as_bytes())
     }
 
+    fn function_call(&mut self) {
+        // It may call set_config: the client encoding may change.
+        self.encodings.unsettle();
+    }
+
     fn flush(&mut self) {
         outbox::flush(self)
     }

@@ -121,6 +121,8 @@ pub trait Hooks {
     /// A client message is about to be tracked; `idle`: nothing is
     /// outstanding and no transaction is open before it.
     fn next_client_message(&mut self, _idle: bool) {}
+    /// A FunctionCall (its body is never read) was forwarded.
+    fn function_call(&mut self) {}
     /// Whether a Bind of a statement with this annotation is read past its
     /// names (for its parameters); one that is not may stream past.
     fn reads_bind(&self, _statement: &Self::Statement) -> bool {

@@ -411,6 +411,7 @@ where
                 Ok(step)
             }
             Frontend::FunctionCall => {
+                self.hooks.function_call();
                 self.push(Expect::FunctionCall, Route::Forward, None);
                 self.segment += 1;
                 Ok(ClientStep::Forward)

@@ -4,6 +4,14 @@
 //! outside ASCII as the proxy reads them are not the characters the
 //! server stores, and another session in another encoding names the
 //! same thread with other bytes. Such a key cannot be claimed.
+//!
+//! The server reports a changed encoding just before its next
+//! ReadyForQuery, after the rows of any statement sent behind the change
+//! in the same pipeline. So from a statement that is not checkpoint
+//! traffic (any of which may change the encoding: `SET`, `RESET`,
+//! `DISCARD`, `set_config`, a `COMMIT` ending a `SET LOCAL`, a function)
+//! to the next ReadyForQuery, the encoding is unsettled, and counted as
+//! converted.
 
 use crate::claims::ClaimKey;
 
@@ -11,7 +19,14 @@ use crate::claims::ClaimKey;
 pub(super) struct Encodings {
     client: Option<String>,
     server: Option<String>,
+    /// A statement that may change the encoding was sent since the last
+    /// ReadyForQuery.
+    unsettled: bool,
 }
+
+/// What [`Encodings::converted`] names while the encoding is unsettled.
+const UNSETTLED: &str = "(changed or not by a statement earlier in this pipeline, and not yet \
+                         reported)";
 
 impl Encodings {
     /// A ParameterStatus: takes `client_encoding` and `server_encoding`.
@@ -24,10 +39,23 @@ impl Encodings {
         *slot = Some(String::from_utf8_lossy(value).into_owned());
     }
 
+    /// A statement that may change the encoding was sent.
+    pub(super) fn unsettle(&mut self) {
+        self.unsettled = true;
+    }
+
+    /// A ReadyForQuery: every change before it has been reported.
+    pub(super) fn settle(&mut self) {
+        self.unsettled = false;
+    }
+
     /// The client encoding, when the server converts between it and the
-    /// database's (neither reported: none; the database's not reported:
-    /// UTF8, every database's default).
+    /// database's, or may (unsettled); neither reported: none; the
+    /// database's not reported: UTF8, every database's default.
     pub(super) fn converted(&self) -> Option<&str> {
+        if self.unsettled {
+            return Some(UNSETTLED);
+        }
         let client = self.client.as_deref()?;
         let server = self.server.as_deref().unwrap_or("UTF8");
         let raw = |e: &str| e.eq_ignore_ascii_case("SQL_ASCII");
@@ -98,5 +126,15 @@ mod tests {
             ("client_encoding", "UTF8"),
         ]);
         assert_eq!(back.converted(), None);
+    }
+
+    #[test]
+    fn a_statement_that_may_change_the_encoding_unsettles_it_until_ready() {
+        let mut e = reported(&[("server_encoding", "UTF8"), ("client_encoding", "UTF8")]);
+        e.unsettle();
+        assert_eq!(e.converts_any(["ﾃｩ-1"].into_iter()), Some(UNSETTLED));
+        assert_eq!(e.converts_any(["t-1"].into_iter()), None);
+        e.settle();
+        assert_eq!(e.converted(), None);
     }
 }

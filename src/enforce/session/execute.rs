@@ -11,7 +11,11 @@ use crate::policy::claims::is_inspection;
 use crate::saver::classify::StatementKind;
 
 pub(super) fn handle(session: &mut SessionEnforcer, portal: Option<&Binding>) -> Option<Watch> {
-    let b = portal?;
+    let Some(b) = portal else {
+        // Not checkpoint traffic: it may change the client encoding.
+        session.encodings.unsettle();
+        return None;
+    };
     let mut w = Watch::new(
         Arc::clone(&b.class),
         Some(Arc::clone(&b.bound)),

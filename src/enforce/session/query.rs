@@ -30,6 +30,11 @@ pub(super) fn handle(session: &mut SessionEnforcer, sql: &str) -> Result<Option<
     if let Some(refusal) = unknown_refusal(session, &class) {
         return Err(refusal);
     }
+    // Any other statement, or one beside it in the text, may change the
+    // client encoding before this text's rows are sent.
+    if !class.kind.is_checkpoint_traffic() || has_more_than_one_statement(sql) {
+        session.encodings.unsettle();
+    }
     Ok(class.kind.is_checkpoint_traffic().then(|| Watch {
         executed_at: Some(Instant::now()),
         ..Watch::new(class, None, false)
@@ -41,4 +46,10 @@ pub(super) fn handle(session: &mut SessionEnforcer, sql: &str) -> Result<Option<
 /// the blob it refuses (raised later, it would land on another statement).
 pub(super) fn refused(session: &mut SessionEnforcer) {
     session.validity.rolled_back();
+}
+
+/// Whether `sql` may hold more than one statement: a `;` before its last
+/// non-blank character (one in a string counts too).
+fn has_more_than_one_statement(sql: &str) -> bool {
+    sql.trim_end().trim_end_matches(';').contains(';')
 }

@@ -258,11 +258,11 @@ fn claiming_state_on(
 /// Drives a READ(latest) whose row is parked; returns the verdict of the
 /// DataRow.
 fn read_parked_head(st: &mut SessionState) -> ServerVerdict {
-    read_parked_head_of(st, b"t1")
+    read_parked_head_of(st, b"t1", &[])
 }
 
-/// [`read_parked_head`] of `thread`.
-fn read_parked_head_of(st: &mut SessionState, thread: &[u8]) -> ServerVerdict {
+/// [`read_parked_head`] of `thread`, behind the statements `pipelined`.
+fn read_parked_head_of(st: &mut SessionState, thread: &[u8], pipelined: &[&str]) -> ServerVerdict {
     let pending = bytea_2d(&[&[
         b"task-1",
         b"__interrupt__",
@@ -271,7 +271,7 @@ fn read_parked_head_of(st: &mut SessionState, thread: &[u8]) -> ServerVerdict {
         b"~__pregel_pull, gate",
         b"-3",
     ]]);
-    read_head_of(st, thread, br#"{"v": 4}"#, Some(&pending))
+    read_head_of(st, thread, br#"{"v": 4}"#, Some(&pending), pipelined)
 }
 
 /// A binary bytea[] of `rows` rows (the saver's 2-D layout).
@@ -290,7 +290,7 @@ fn bytea_2d(rows: &[&[&[u8]]]) -> Vec<u8> {
 /// Drives a READ(latest) returning one row with this checkpoint JSON and
 /// pending writes; returns the verdict of the DataRow.
 fn read_head(st: &mut SessionState, checkpoint: &[u8], pending: Option<&[u8]>) -> ServerVerdict {
-    read_head_of(st, b"t1", checkpoint, pending)
+    read_head_of(st, b"t1", checkpoint, pending, &[])
 }
 
 /// [`read_head`] of `thread`.
@@ -299,9 +299,15 @@ fn read_head_of(
     thread: &[u8],
     checkpoint: &[u8],
     pending: Option<&[u8]>,
+    pipelined: &[&str],
 ) -> ServerVerdict {
     client(st, &[parse("_pg3_0", READ_SQL), msg(b'S', b"")]);
     server(st, &[msg(b'1', b""), ready(b'I')]);
+    // Each of `pipelined` run by the unnamed statement, in the read's
+    // segment before it.
+    for sql in pipelined {
+        client(st, &[parse("", sql), bind("", &[], &[], &[]), execute()]);
+    }
     client(
         st,
         &[
@@ -311,6 +317,9 @@ fn read_head_of(
             msg(b'S', b""),
         ],
     );
+    for _ in pipelined {
+        server(st, &[msg(b'1', b""), msg(b'2', b""), msg(b'C', b"SET\0")]);
+    }
     server(st, &[msg(b'2', b""), msg(b'T', b"\0\0")]);
     let mut jsonb = vec![1u8];
     jsonb.extend_from_slice(checkpoint);

@@ -181,19 +181,21 @@ fn a_parked_head_whose_key_the_server_converts_is_refused_without_asking_the_sto
     use crate::policy::claims::{ClaimDecision, Refusal};
     // What the claim of `thread`'s parked head is decided as before the
     // store is asked, once the server reported `encodings` for the client.
-    let decided_at_once = |encodings: &[&str], thread: &[u8]| {
+    let decided_at_once = |encodings: &[&str], thread: &[u8], pipelined: &[&str]| {
         let mut st = claiming_state(&[], "worker");
         let status = |name: &str, value: &str| msg(b'S', format!("{name}\0{value}\0").as_bytes());
         server(&mut st, &[status("server_encoding", "UTF8")]);
         for encoding in encodings {
             server(&mut st, &[status("client_encoding", encoding)]);
         }
-        assert!(read_parked_head_of(&mut st, thread).claim.is_some());
+        assert!(read_parked_head_of(&mut st, thread, pipelined)
+            .claim
+            .is_some());
         let ticket = st.held.take().expect("the row is held");
         ticket.resolution.get().map(|r| r.decision.clone())
     };
     // ﾃｩ is 0xC3 0xA9 in SJIS: read as UTF-8, é, another thread's id.
-    let converted = decided_at_once(&["SJIS"], b"\xc3\xa9-1");
+    let converted = decided_at_once(&["SJIS"], b"\xc3\xa9-1", &[]);
     assert!(
         matches!(
             &converted,
@@ -203,8 +205,22 @@ fn a_parked_head_whose_key_the_server_converts_is_refused_without_asking_the_sto
     );
     // An ASCII key in that encoding, and the key once the session is back
     // in the database's encoding, are asked of the store.
-    assert_eq!(decided_at_once(&["SJIS"], b"t1"), None);
-    assert_eq!(decided_at_once(&["SJIS", "UTF8"], b"\xc3\xa9-1"), None);
+    assert_eq!(decided_at_once(&["SJIS"], b"t1", &[]), None);
+    assert_eq!(decided_at_once(&["SJIS", "UTF8"], b"\xc3\xa9-1", &[]), None);
+    // Behind another statement in its pipeline, whose change of encoding
+    // the server reports only after the row: refused as converted.
+    let behind = decided_at_once(&["UTF8"], b"\xc3\xa9-1", &["SET client_encoding TO SJIS"]);
+    assert!(
+        matches!(
+            &behind,
+            Some(ClaimDecision::Refuse { reason: Refusal::ClientEncoding(e) }) if e.contains("pipeline")
+        ),
+        "{behind:?}"
+    );
+    assert_eq!(
+        decided_at_once(&["UTF8"], b"t1", &["SET client_encoding TO SJIS"]),
+        None
+    );
 }
 
 /// The heads the session's claims leg knows parked.
