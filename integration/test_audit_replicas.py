@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -114,11 +115,15 @@ def test_one_timeline_shows_every_replicas_decisions_on_a_thread(proxy_factory, 
     assert by_op(events, "claim_refused") == [by["refused"]], events
     assert {e["proxy_id"] for e in events} == {a.name, b.name}
     # One timeline, ordered on the database's clock; each record shows its replica's
-    # own time, so records of two replicas a write's trip apart may read either way,
-    # but each replica's own records are in its time order.
+    # own time, so records a write's trip apart (two replicas', or one replica's in
+    # two batches, each moved by the skew measured on its own trip) may read either
+    # way by milliseconds, never by more than a trip on a loaded host.
     for proxy in (a.name, b.name):
-        times = [e["time"] for e in events if e["proxy_id"] == proxy]
-        assert times == sorted(times), f"{proxy}'s records in its time order"
+        times = [datetime.fromisoformat(e["time"].replace("Z", "+00:00"))
+                 for e in events if e["proxy_id"] == proxy]
+        back = max((max(times[:i]) - t for i, t in enumerate(times) if i),
+                   default=timedelta(0))
+        assert back < timedelta(milliseconds=100), f"{proxy}'s records {back} out of its time order"
     text = audit(a, "--thread", thread)
     assert text.returncode == 0, text.stderr
     head = text.stdout.splitlines()[0]
