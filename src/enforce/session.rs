@@ -321,6 +321,11 @@ impl Hooks for SessionEnforcer {
         self.encodings.unsettle();
     }
 
+    fn drained(&mut self) {
+        // Every change of encoding sent has been reported.
+        self.encodings.settle();
+    }
+
     fn flush(&mut self) {
         outbox::flush(self)
     }

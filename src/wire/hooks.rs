@@ -123,6 +123,9 @@ pub trait Hooks {
     fn next_client_message(&mut self, _idle: bool) {}
     /// A FunctionCall (its body is never read) was forwarded.
     fn function_call(&mut self) {}
+    /// A ReadyForQuery answered the last segment sent: nothing is
+    /// outstanding (after [`Hooks::ready`]).
+    fn drained(&mut self) {}
     /// Whether a Bind of a statement with this annotation is read past its
     /// names (for its parameters); one that is not may stream past.
     fn reads_bind(&self, _statement: &Self::Statement) -> bool {

@@ -516,6 +516,9 @@ where
                     self.portals.clear();
                 }
                 self.hooks.ready(self.txn);
+                if self.queue.idle() {
+                    self.hooks.drained();
+                }
             }
             // ROLLBACK (also what COMMIT of a failed transaction reports):
             // nothing written in the transaction survives. A `ROLLBACK TO`

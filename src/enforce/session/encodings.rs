@@ -10,8 +10,8 @@
 //! in the same pipeline. So from a statement that is not checkpoint
 //! traffic (any of which may change the encoding: `SET`, `RESET`,
 //! `DISCARD`, `set_config`, a `COMMIT` ending a `SET LOCAL`, a function)
-//! to the next ReadyForQuery, the encoding is unsettled, and counted as
-//! converted.
+//! until a ReadyForQuery answers the last segment sent, the encoding is
+//! unsettled, and counted as converted.
 
 use crate::claims::ClaimKey;
 
@@ -44,7 +44,8 @@ impl Encodings {
         self.unsettled = true;
     }
 
-    /// A ReadyForQuery: every change before it has been reported.
+    /// A ReadyForQuery answered the last segment sent: every change has
+    /// been reported.
     pub(super) fn settle(&mut self) {
         self.unsettled = false;
     }

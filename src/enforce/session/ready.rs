@@ -11,7 +11,6 @@ pub(super) fn error(session: &mut SessionEnforcer) {
 }
 
 pub(super) fn handle(session: &mut SessionEnforcer, status: TxnStatus) {
-    session.encodings.settle();
     match status {
         // Committed (or never in a transaction): writes are durable.
         TxnStatus::Idle if !session.segment_failed => {

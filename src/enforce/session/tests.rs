@@ -263,15 +263,47 @@ fn read_parked_head(st: &mut SessionState) -> ServerVerdict {
 
 /// [`read_parked_head`] of `thread`, behind the statements `pipelined`.
 fn read_parked_head_of(st: &mut SessionState, thread: &[u8], pipelined: &[&str]) -> ServerVerdict {
-    let pending = bytea_2d(&[&[
+    read_head_of(
+        st,
+        thread,
+        br#"{"v": 4}"#,
+        Some(&parked_pending()),
+        pipelined,
+    )
+}
+
+/// The pending writes of a head parked on one interrupt.
+fn parked_pending() -> Vec<u8> {
+    bytea_2d(&[&[
         b"task-1",
         b"__interrupt__",
         b"msgpack",
         b"\x91\xa1q",
         b"~__pregel_pull, gate",
         b"-3",
-    ]]);
-    read_head_of(st, thread, br#"{"v": 4}"#, Some(&pending), pipelined)
+    ]])
+}
+
+/// The head row of `thread`, parked on one interrupt.
+fn parked_head_row(thread: &[u8]) -> Vec<u8> {
+    head_row(thread, br#"{"v": 4}"#, Some(&parked_pending()))
+}
+
+/// The saver's head row of `thread`.
+fn head_row(thread: &[u8], checkpoint: &[u8], pending: Option<&[u8]>) -> Vec<u8> {
+    let mut jsonb = vec![1u8];
+    jsonb.extend_from_slice(checkpoint);
+    crate::wire::messages::data_row::data_row(&[
+        Some(thread),
+        Some(&jsonb),
+        Some(b""),
+        Some(b"ck1"),
+        None,
+        Some(b"\x01{}"),
+        None,
+        pending,
+    ])
+    .to_vec()
 }
 
 /// A binary bytea[] of `rows` rows (the saver's 2-D layout).
@@ -321,19 +353,8 @@ fn read_head_of(
         server(st, &[msg(b'1', b""), msg(b'2', b""), msg(b'C', b"SET\0")]);
     }
     server(st, &[msg(b'2', b""), msg(b'T', b"\0\0")]);
-    let mut jsonb = vec![1u8];
-    jsonb.extend_from_slice(checkpoint);
-    let row = crate::wire::messages::data_row::data_row(&[
-        Some(thread),
-        Some(&jsonb),
-        Some(b""),
-        Some(b"ck1"),
-        None,
-        Some(b"\x01{}"),
-        None,
-        pending,
-    ]);
-    st.on_server(&row).unwrap()
+    st.on_server(&head_row(thread, checkpoint, pending))
+        .unwrap()
 }
 
 mod claims;

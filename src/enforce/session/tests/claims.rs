@@ -223,6 +223,70 @@ fn a_parked_head_whose_key_the_server_converts_is_refused_without_asking_the_sto
     );
 }
 
+#[test]
+fn an_earlier_segments_ready_for_query_does_not_settle_a_later_change() {
+    use crate::policy::claims::{ClaimDecision, Refusal};
+    let mut st = claiming_state(&[], "worker");
+    client(&mut st, &[parse("_pg3_0", READ_SQL), msg(b'S', b"")]);
+    server(&mut st, &[msg(b'1', b""), ready(b'I')]);
+    // Two segments sent at once: a plain statement; then SET and the read.
+    let plain = [
+        parse("", "SELECT 1"),
+        bind("", &[], &[], &[]),
+        execute(),
+        msg(b'S', b""),
+    ];
+    let set = [
+        parse("", "SET client_encoding TO SJIS"),
+        bind("", &[], &[], &[]),
+        execute(),
+    ];
+    client(&mut st, &[&plain[..], &set[..]].concat());
+    client(
+        &mut st,
+        &[
+            bind("_pg3_0", &[], &[Some(b"\xc3\xa9-1"), Some(b"")], &[1]),
+            msg(b'D', b"P\0"),
+            execute(),
+            msg(b'S', b""),
+        ],
+    );
+    // The first segment's ReadyForQuery comes before the change is made.
+    let first = [
+        msg(b'1', b""),
+        msg(b'2', b""),
+        msg(b'C', b"SELECT 1\0"),
+        ready(b'I'),
+    ];
+    server(&mut st, &first);
+    server(
+        &mut st,
+        &[
+            msg(b'1', b""),
+            msg(b'2', b""),
+            msg(b'C', b"SET\0"),
+            msg(b'2', b""),
+        ],
+    );
+    server(&mut st, &[msg(b'T', b"\0\0")]);
+    assert!(st
+        .on_server(&parked_head_row(b"\xc3\xa9-1"))
+        .unwrap()
+        .claim
+        .is_some());
+    let ticket = st.held.take().expect("the row is held");
+    let decided = ticket.resolution.get().map(|r| &r.decision);
+    assert!(
+        matches!(
+            decided,
+            Some(ClaimDecision::Refuse {
+                reason: Refusal::ClientEncoding(_)
+            })
+        ),
+        "{decided:?}"
+    );
+}
+
 /// The heads the session's claims leg knows parked.
 fn parked_heads(st: &SessionState) -> Arc<crate::enforce::parked_heads::ParkedHeads> {
     match &st.shared.legs.claims {
