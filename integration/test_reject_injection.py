@@ -223,3 +223,16 @@ def test_message_the_database_encoding_cannot_hold_is_still_23514(pg, rproxy, la
     assert [e.get("C") for e in errors] == ["23514"], errors
     assert "inj-latin1-\\u{1f4a5}-" in errors[0]["M"], errors[0]
     assert stored_writes(pg.dsn(latin1_db, options="-c client_encoding=UTF8"), task) == 0
+
+
+def test_message_the_client_encoding_cannot_hold_is_still_23514(pg, rproxy, dbname):
+    """The message names the thread as the proxy read it: an SJIS client's ﾃｩ
+    (0xC3 0xA9) read as UTF-8 is é, which the server cannot convert back to SJIS
+    for the client; the message falls back to its ASCII form, not to 22P05."""
+    blob = b"\xa4boom"  # msgpack fixstr, for an integer channel
+    thread = "inj-sjis-ﾃｩ-".encode("shift_jis") + uuid.uuid4().hex[:8].encode()
+    errors, task = raw_write(rproxy.port, dbname, thread, blob, channel=b"count",
+                             client_encoding="SJIS")
+    assert [e.get("C") for e in errors] == ["23514"], errors
+    assert "inj-sjis-\\u{e9}-" in errors[0]["M"], errors[0]
+    assert stored_writes(pg.dsn(dbname), task) == 0

@@ -14,10 +14,12 @@
 //! hex digits that the server decodes with
 //! `convert_from(decode('…','hex'),'UTF8')`. The statement is a fixed
 //! template plus `[0-9a-f]` runs, whatever the text and whatever
-//! `standard_conforming_strings` or any other setting says. A database
-//! whose encoding cannot hold a character of the text gets the same text
-//! with non-ASCII characters written as `\u{…}` escapes, so the raised
-//! SQLSTATE is the requested one there too.
+//! `standard_conforming_strings` or any other setting says. Where the
+//! database's encoding, or the client's the server converts the error to,
+//! cannot hold a character of the text, the same text is raised with its
+//! non-ASCII characters written as `\u{…}` escapes, so the raised SQLSTATE
+//! is the requested one there too (the server would otherwise report its
+//! failure to convert the message, 22P05, in its place).
 
 use bytes::BytesMut;
 
@@ -51,13 +53,14 @@ pub fn raising_query(sqlstate: &str, message: &str, detail: &str) -> Result<Vec<
     Ok(Vec::from(out))
 }
 
-/// The `DO` block: the texts are decoded into variables first (falling
-/// back to their ASCII form when the database encoding lacks a character),
-/// then raised.
+/// The `DO` block: the texts are decoded into variables and converted to
+/// the client's encoding first (falling back to their ASCII form when the
+/// database's or the client's encoding lacks a character), then raised.
 fn raising_sql(sqlstate: &str, message: &str, detail: &str) -> String {
     format!(
         "DO $resumeguard$ DECLARE m text; d text; BEGIN \
          BEGIN m := {}; d := {}; \
+         PERFORM convert_to(m, pg_client_encoding()), convert_to(d, pg_client_encoding()); \
          EXCEPTION WHEN untranslatable_character OR character_not_in_repertoire THEN \
          m := {}; d := {}; END; \
          RAISE EXCEPTION USING ERRCODE = {}, MESSAGE = m, DETAIL = d; \
