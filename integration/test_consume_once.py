@@ -667,6 +667,34 @@ def test_stray_resume_after_completion_is_inert(co, form):
     assert late[0]["detail"]["answered_by"]["application_name"] == "first-resumer", late
 
 
+def test_a_late_duplicate_whose_client_encoding_the_server_converts_is_refused(co):
+    """A bare resume after the thread completed, of a thread whose id is outside
+    ASCII, from a session whose client_encoding is SJIS: the store cannot be asked
+    whether the interrupt was answered for the bytes the proxy read (another
+    thread's, as UTF-8). Stock: served the finished state in silence. Proxy: its
+    __resume__ write is refused 0A000 before it is forwarded, nothing run, audited
+    write_fenced."""
+    sjis = "&options=-c%20client_encoding%3DSJIS"
+    outcome = {}
+    for via in ("direct", "A"):
+        thread = f"ﾃｩ-late-{via}-{uuid.uuid4().hex[:6]}"
+        iid = park(co.dsn(via), thread)[0]["id"]
+        first = in_process_resume(co.dsn(via), thread, "first", interrupt_id=iid)
+        assert first["ok"], first
+        stray = in_process_resume(co.dsn(via) + sjis, thread, "stray", interrupt_id=iid)
+        assert ledger(co, thread) == [("first", "gate", json.dumps("v-first"))], via
+        outcome[via] = (stray, thread)
+    (stock, _), (proxied, thread) = outcome["direct"], outcome["A"]
+    assert stock["ok"] and stock["values"]["approved"] == "v-first", stock   # stock: silent
+    assert not proxied["ok"], proxied
+    err = proxied["error"]
+    assert err["sqlstate"] == "0A000" and "client_encoding SJIS" in err["message"], err
+    assert "whether its interrupt was answered" in err["message"], err
+    as_read = thread.encode("shift_jis").decode("utf-8")
+    evs = audit_ops(co, as_read, lambda e: ops(e, "write_fenced"), proxies=("A",))
+    assert [e["detail"]["fence"] for e in ops(evs, "write_fenced")] == ["client_encoding"], evs
+
+
 def test_a_resumer_whose_client_encoding_the_server_converts_does_not_fire_twice(co):
     """A thread id outside ASCII, resumed at once by a racer in UTF-8 and one whose
     client_encoding is SJIS: the server converts the SJIS bytes to the same thread,

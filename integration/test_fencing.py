@@ -241,6 +241,32 @@ def test_a_replayed_write_from_a_session_that_never_held_the_claim_is_fenced(fx)
     assert outcome == {"direct": ([None], 1), "proxies": ([FENCED, FENCED], 0)}
 
 
+def test_a_replayed_write_whose_client_encoding_the_server_converts_is_not_written(fx):
+    """As above, for a thread whose id is outside ASCII, replayed through fx-A from a
+    session whose client_encoding is SJIS: the server converts its bytes to the
+    held thread, where the proxy reads another (ﾃｩ is 0xC3 0xA9 in SJIS, é read as
+    UTF-8), which no claim holds. Stock: written. By lookup the store cannot be
+    asked for the thread, and the write is refused 0A000, audited write_fenced; in
+    the write's transaction the server checks the client's own bytes, converted as
+    the write's are, and fences it RGF01."""
+    sjis = "&options=-c%20client_encoding%3DSJIS"
+    outcome = {}
+    for via in ("direct", "proxies"):
+        dsn = fx.direct if via == "direct" else fx.dsn("A")
+        thread = f"fx-ﾃｩ-{via}-{uuid.uuid4().hex[:8]}"
+        replayer = (fx.direct if via == "direct" else fx.dsn("A", "replayer")) + sjis
+        states, rows = replays_during_a_holders_gate(fx, dsn, thread, f"e{via[0]}", [replayer])
+        outcome[via] = (states, rows)
+    refused = "0A000" if fx.place == "lookup" else FENCED
+    assert outcome == {"direct": ([None], 1), "proxies": ([refused], 0)}
+    if fx.place == "lookup":
+        evs = audit_ops(fx, thread.encode("shift_jis").decode("utf-8"),
+                        lambda e: ops(e, "write_fenced"), proxies=("A",))
+        fences = [(e["detail"]["fence"], e["detail"]["sqlstate"])
+                  for e in ops(evs, "write_fenced")]
+        assert fences == [("client_encoding", "0A000")], evs
+
+
 def metric(env: Env, name: str, label: str) -> dict[str, float]:
     """fx-A's metric `name` (a counter, or a histogram's _count), by `label`."""
     deadline = time.time() + 10

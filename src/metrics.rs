@@ -197,6 +197,13 @@ pub fn fenced_in_transaction(reason: &str) {
     counter!(FENCED, "reason" => reason).increment(1);
 }
 
+/// A write continuing a checkpoint refused before any lookup, because
+/// none could be made for it: `client_encoding` (the server converts the
+/// session's encoding and the key holds characters outside ASCII).
+pub fn fenced_unchecked(reason: &'static str) {
+    counter!(FENCED, "reason" => reason).increment(1);
+}
+
 /// A write continuing a checkpoint was decided by one store lookup with
 /// outcome `lookup` (`cached`: decided earlier in the same transaction,
 /// no lookup), and refused for `fenced` when it was.

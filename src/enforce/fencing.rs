@@ -47,6 +47,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::claim_gate::{ClaimsLeg, InTransactionFence};
+use super::converted_write::{self, Unchecked};
 use super::events::{fenced, FencedWrite};
 use super::evidence::{Continuation, Step};
 use super::fence_check::FenceCheck;
@@ -245,6 +246,7 @@ impl FenceGate {
         leg: &ClaimsLeg,
         ctx: &SessionContext,
         session: &Holder,
+        converted: Option<&str>,
         (cont, kind_label, rec): (&Continuation, &'static str, &Arc<WriteRecord>),
     ) -> FenceStep {
         let at = &cont.at;
@@ -283,6 +285,12 @@ impl FenceGate {
             });
             let injection = self.injection(fence, leg.fence_cover_ms(), session, at, answer);
             return FenceStep::InTransaction(Box::new((injection, check)));
+        }
+        if let Some(encoding) = converted {
+            crate::metrics::fenced_unchecked("client_encoding");
+            let (refusal, event) =
+                converted_write::refused(ctx, (at, kind_label, rec), encoding, Unchecked::Holder);
+            return FenceStep::Refuse(Box::new(Fenced { refusal, event }));
         }
         match self.lookup_step(leg, ctx, session, (cont, kind_label, rec)) {
             Some(fenced) => FenceStep::Refuse(Box::new(fenced)),

@@ -18,6 +18,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::claim_gate::ClaimsLeg;
+use super::converted_write::{self, Unchecked};
 use super::events::{detail, fenced, record_write, FencedWrite};
 use super::evidence::{continuation, Step};
 use super::holder_detail::HolderDetail;
@@ -87,6 +88,7 @@ impl LateGate {
         leg: &ClaimsLeg,
         ctx: &SessionContext,
         approver_in: impl Fn(&str) -> Option<String>,
+        converted: impl Fn(&CheckpointRef) -> Option<String>,
         (kind, rec): (&StatementKind, &WriteRecord),
     ) -> Option<LateDuplicate> {
         let cont = continuation(kind, rec)?;
@@ -95,6 +97,16 @@ impl LateGate {
         }
         let at = &cont.at;
         let (_, metadata) = self.finished.iter().find(|(c, _)| c == at)?;
+        if let Some(encoding) = converted(at) {
+            crate::metrics::late_duplicate("client_encoding");
+            let (refusal, event) = converted_write::refused(
+                ctx,
+                (at, kind.label(), rec),
+                &encoding,
+                Unchecked::Answered,
+            );
+            return Some(LateDuplicate { refusal, event });
+        }
         // The answering run's evidence may still be gathering in this
         // proxy's worker: the store is read after it.
         if let Some(evidence) = &leg.evidence {

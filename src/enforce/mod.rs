@@ -26,6 +26,7 @@
 
 pub mod claim_ahead;
 pub mod claim_gate;
+mod converted_write;
 mod events;
 mod evidence;
 mod fence_check;

@@ -20,6 +20,7 @@ use crate::enforce::validity::Rejection;
 use crate::enforce::watch::{parked_on, Watch, WriteDecode};
 use crate::log_text::shown;
 use crate::saver::bind::BoundParams;
+use crate::saver::checkpoint_ref::CheckpointRef;
 use crate::saver::classify::StatementKind;
 use crate::saver::decode_error::DecodeError;
 use crate::saver::write_record::WriteRecord;
@@ -197,8 +198,14 @@ impl SessionEnforcer {
         // Claims on it may change with this write: asked of the store again.
         leg.held.forget(&cont.at);
         let session = leg.holder(&self.ctx);
-        self.fencing
-            .check(&leg, &self.ctx, &session, (&cont, kind.label(), rec))
+        let converted = self.encodings.converts_at(&cont.at);
+        self.fencing.check(
+            &leg,
+            &self.ctx,
+            &session,
+            converted,
+            (&cont, kind.label(), rec),
+        )
     }
 
     /// With consume-once on: a bare resume's `__resume__` write onto a
@@ -214,7 +221,13 @@ impl SessionEnforcer {
             return None;
         };
         let audit = &self.shared.audit;
-        self.late
-            .check(leg, &self.ctx, |m| audit.approver_in(m), (kind, rec))
+        let converted = |at: &CheckpointRef| self.encodings.converts_at(at).map(str::to_owned);
+        self.late.check(
+            leg,
+            &self.ctx,
+            |m| audit.approver_in(m),
+            converted,
+            (kind, rec),
+        )
     }
 }

@@ -13,7 +13,7 @@
 //! until a ReadyForQuery answers the last segment sent, the encoding is
 //! unsettled, and counted as converted.
 
-use crate::claims::ClaimKey;
+use crate::saver::checkpoint_ref::CheckpointRef;
 
 #[derive(Debug, Default)]
 pub(super) struct Encodings {
@@ -72,10 +72,8 @@ impl Encodings {
         self.converted().filter(|_| texts.any(|t| !t.is_ascii()))
     }
 
-    /// [`Self::converts_any`] of a claim key's thread, namespace and
-    /// checkpoint.
-    pub(super) fn converts_key(&self, key: &ClaimKey) -> Option<&str> {
-        let at = &key.at;
+    /// [`Self::converts_any`] of a checkpoint's thread, namespace and id.
+    pub(super) fn converts_at(&self, at: &CheckpointRef) -> Option<&str> {
         self.converts_any(
             [
                 at.thread_id.as_str(),

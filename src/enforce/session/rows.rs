@@ -27,7 +27,7 @@ pub(super) fn row(
     if let Some(request) = session.claim_request(watch) {
         if let Some(leg) = &session.shared.legs.claims {
             let leg = Arc::clone(leg);
-            let ticket = Arc::new(match session.encodings.converts_key(&request.key) {
+            let ticket = Arc::new(match session.encodings.converts_at(&request.key.at) {
                 Some(encoding) => {
                     let reason = Refusal::ClientEncoding(encoding.to_owned());
                     ClaimTicket::refused(leg, request, reason)

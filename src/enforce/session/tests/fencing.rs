@@ -1,22 +1,27 @@
 //! Writes continuing a claimed checkpoint: fenced while the claims store
-//! cannot answer, kept from lapsing while the holder's write commits, and
-//! the work a granted claim holds open.
+//! cannot answer or cannot be asked for the key, kept from lapsing while
+//! the holder's write commits, and the work a granted claim holds open.
 
 use super::*;
 
 /// The gated task's pending write on `checkpoint_id` of thread t1.
 fn task_write_bind(checkpoint_id: &[u8]) -> Vec<u8> {
+    write_bind(b"t1", checkpoint_id, b"task-1", b"approved")
+}
+
+/// The pending write of `task` to `channel` on `checkpoint_id` of `thread`.
+fn write_bind(thread: &[u8], checkpoint_id: &[u8], task: &[u8], channel: &[u8]) -> Vec<u8> {
     bind(
         "w",
         &[0, 0, 0, 0, 0, 1, 0, 0, 1],
         &[
-            Some(b"t1"),
+            Some(thread),
             Some(b""),
             Some(checkpoint_id),
-            Some(b"task-1"),
+            Some(task),
             Some(b"~__pregel_pull, gate"),
             Some(&[0, 0]),
-            Some(b"approved"),
+            Some(channel),
             Some(b"msgpack"),
             Some(&[0xc3]),
         ],
@@ -331,4 +336,114 @@ fn a_fence_check_that_fails_for_another_reason_is_not_recorded_as_fenced() {
         ops(&mut st).is_empty(),
         "a failed check is not a fenced write"
     );
+}
+
+/// The server reported that it converts the session's SJIS to the
+/// database's UTF8.
+fn converting(st: &mut SessionState) {
+    let status = |name: &str, value: &str| msg(b'S', format!("{name}\0{value}\0").as_bytes());
+    server(
+        st,
+        &[
+            status("server_encoding", "UTF8"),
+            status("client_encoding", "SJIS"),
+        ],
+    );
+}
+
+/// The SQLSTATE of a refusal the session raised in place of a statement.
+fn raised_sqlstate(step: Option<Vec<u8>>) -> String {
+    let raised = step.expect("refused");
+    assert!(is_raise(&raised));
+    let text = crate::wire::reject::readable(&raised);
+    ["0A000", "58000", "RGF01"]
+        .into_iter()
+        .find(|code| text.contains(code))
+        .unwrap_or("none")
+        .to_owned()
+}
+
+// ﾃｩ is 0xC3 0xA9 in SJIS: read as UTF-8, é, another thread's id.
+const CONVERTED_THREAD: &[u8] = b"\xc3\xa9-1";
+
+#[test]
+fn a_write_whose_key_the_server_converts_is_refused_where_the_store_would_be_asked() {
+    // The store's path does not exist: a lookup fails, and a write it
+    // fails for passes unless its session knows the checkpoint claimed.
+    let write = |thread: &[u8], converts: bool| {
+        let mut st = claiming_state(&[], "worker");
+        if converts {
+            converting(&mut st);
+        }
+        client(&mut st, &[parse("w", WRITE_SQL)]);
+        let step = st
+            .on_client(&write_bind(thread, b"ck1", b"task-1", b"approved"))
+            .unwrap();
+        (step, std::mem::take(&mut st.ready_events))
+    };
+    let (step, events) = write(CONVERTED_THREAD, true);
+    assert_eq!(raised_sqlstate(step), "0A000");
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].operation, Operation::WriteFenced);
+    assert_eq!(events[0].detail["fence"], "client_encoding");
+    assert_eq!(events[0].thread_id.as_deref(), Some("é-1"));
+    // An ASCII key in that session, and the key in the database's
+    // encoding, are looked up.
+    assert_eq!(write(b"t1", true).0, None);
+    assert_eq!(write(CONVERTED_THREAD, false).0, None);
+    // Checked in the write's transaction, the server converts the check's
+    // arguments as the write's: asked there.
+    let mut st = fencing_in_transaction_state();
+    converting(&mut st);
+    client(&mut st, &[parse("w", WRITE_SQL)]);
+    let step = st
+        .on_client(&write_bind(
+            CONVERTED_THREAD,
+            b"ck1",
+            b"task-1",
+            b"approved",
+        ))
+        .unwrap();
+    assert!(injects_fence_check(step), "checked in its transaction");
+}
+
+#[test]
+fn a_late_duplicate_whose_key_the_server_converts_is_refused_without_asking_the_store() {
+    use crate::saver::reserved::{NULL_TASK, RESUME};
+    // A bare resume's write onto the finished head this session read;
+    // the store's path does not exist, so its question fails 58000.
+    let resume = |converts: bool| {
+        let mut st = claiming_state(&[], "worker");
+        if converts {
+            converting(&mut st);
+        }
+        let finished = br#"{"v": 4, "updated_channels": ["items"]}"#;
+        let read = read_head_of(&mut st, CONVERTED_THREAD, finished, None, &[]);
+        assert!(read.claim.is_none(), "a finished head asks nothing");
+        server(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
+        client(&mut st, &[parse("w", WRITE_SQL)]);
+        let bind = write_bind(
+            CONVERTED_THREAD,
+            b"ck1",
+            NULL_TASK.as_bytes(),
+            RESUME.as_bytes(),
+        );
+        let step = st.on_client(&bind).unwrap();
+        (step, std::mem::take(&mut st.ready_events))
+    };
+    let (step, events) = resume(true);
+    assert_eq!(raised_sqlstate(step), "0A000");
+    let fenced: Vec<_> = events
+        .iter()
+        .filter(|e| e.operation == Operation::WriteFenced)
+        .collect();
+    assert_eq!(fenced.len(), 1, "{events:?}");
+    assert_eq!(fenced[0].detail["fence"], "client_encoding");
+    let text = fenced[0].detail["reason"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("whether its interrupt was answered"),
+        "{text}"
+    );
+    // In the database's encoding the store is asked.
+    assert_eq!(raised_sqlstate(resume(false).0), "58000");
 }
