@@ -325,6 +325,17 @@ fn read_head(st: &mut SessionState, checkpoint: &[u8], pending: Option<&[u8]>) -
     read_head_of(st, b"t1", checkpoint, pending, &[])
 }
 
+/// The saver's READ(latest) of `thread`, prepared as `_pg3_0`: its Bind,
+/// Describe, Execute and Sync.
+fn head_read(thread: &[u8]) -> [Vec<u8>; 4] {
+    [
+        bind("_pg3_0", &[], &[Some(thread), Some(b"")], &[1]),
+        msg(b'D', b"P\0"),
+        execute(),
+        msg(b'S', b""),
+    ]
+}
+
 /// [`read_head`] of `thread`.
 fn read_head_of(
     st: &mut SessionState,
@@ -340,15 +351,7 @@ fn read_head_of(
     for sql in pipelined {
         client(st, &[parse("", sql), bind("", &[], &[], &[]), execute()]);
     }
-    client(
-        st,
-        &[
-            bind("_pg3_0", &[], &[Some(thread), Some(b"")], &[1]),
-            msg(b'D', b"P\0"),
-            execute(),
-            msg(b'S', b""),
-        ],
-    );
+    client(st, &head_read(thread));
     for _ in pipelined {
         server(st, &[msg(b'1', b""), msg(b'2', b""), msg(b'C', b"SET\0")]);
     }

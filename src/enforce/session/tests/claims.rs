@@ -9,15 +9,7 @@ fn a_read_of_a_parked_head_is_seen_as_parked() {
     let mut st = state();
     client(&mut st, &[parse("_pg3_0", READ_SQL), msg(b'S', b"")]);
     server(&mut st, &[msg(b'1', b""), ready(b'I')]);
-    client(
-        &mut st,
-        &[
-            bind("_pg3_0", &[], &[Some(b"t1"), Some(b"")], &[1]),
-            msg(b'D', b"P\0"),
-            execute(),
-            msg(b'S', b""),
-        ],
-    );
+    client(&mut st, &head_read(b"t1"));
     let pending = bytea_2d(&[&[
         b"task-1",
         b"__interrupt__",
@@ -242,15 +234,7 @@ fn an_earlier_segments_ready_for_query_does_not_settle_a_later_change() {
         execute(),
     ];
     client(&mut st, &[&plain[..], &set[..]].concat());
-    client(
-        &mut st,
-        &[
-            bind("_pg3_0", &[], &[Some(b"\xc3\xa9-1"), Some(b"")], &[1]),
-            msg(b'D', b"P\0"),
-            execute(),
-            msg(b'S', b""),
-        ],
-    );
+    client(&mut st, &head_read(b"\xc3\xa9-1"));
     // The first segment's ReadyForQuery comes before the change is made.
     let first = [
         msg(b'1', b""),
