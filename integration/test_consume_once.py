@@ -695,20 +695,19 @@ def test_a_late_duplicate_whose_client_encoding_the_server_converts_is_refused(c
     assert [e["detail"]["fence"] for e in ops(evs, "write_fenced")] == ["client_encoding"], evs
 
 
-def test_a_resumer_whose_client_encoding_the_server_converts_does_not_fire_twice(co):
-    """A thread id outside ASCII, resumed at once by a racer in UTF-8 and one whose
-    client_encoding is SJIS: the server converts the SJIS bytes to the same thread,
-    where the proxy reads other characters (ﾃｩ is 0xC3 0xA9 in SJIS, é read as UTF-8).
-    Stock: both fire. Proxy: one fires; the SJIS racer is refused 0A000 before its
-    node ran, as it is alone, audited claim_refused."""
+def utf8_and_sjis_racers(co: Env, prefix: str, tag: str) -> tuple[dict, str]:
+    """Parks a thread named ``prefix``-… and races a UTF-8 resumer against one
+    whose client_encoding is SJIS, straight to PostgreSQL and through co-A. Asserts
+    stock fired twice, and through the proxy that the UTF-8 racer alone fired and
+    the SJIS racer was refused 0A000: its error, and the thread through the proxy."""
     sjis = "&options=-c%20client_encoding%3DSJIS"
     fired = {}
     for via in ("direct", "A"):
-        thread = f"ﾃｩ-{via}-{uuid.uuid4().hex[:6]}"
+        thread = f"{prefix}-{via}-{uuid.uuid4().hex[:6]}"
         iid = park(co.dsn(via), thread)[0]["id"]
         job = {"thread": thread, "graph": "one", "form": "bare", "gate_ms": 300,
                "interrupt_id": iid, "rep": 0}
-        racers = Racers(co, [co.dsn(via), co.dsn(via) + sjis], "conn", [job], f"enc-{via}")
+        racers = Racers(co, [co.dsn(via), co.dsn(via) + sjis], "conn", [job], f"{tag}-{via}")
         try:
             runs = racers.run_all()
         finally:
@@ -716,16 +715,40 @@ def test_a_resumer_whose_client_encoding_the_server_converts_does_not_fire_twice
         fired[via] = (sorted(r[0] for r in ledger(co, thread)), runs[0], thread)
     stock, _, _ = fired["direct"]
     assert len(stock) == 2, stock                      # stock: the gate fired twice
-    rows, results, thread = fired["A"]
-    utf8, converted = results
-    assert rows == [utf8["id"]] and utf8["ok"], (rows, results)
-    assert not converted["ok"], converted
-    err = converted["error"]
-    assert err["sqlstate"] == "0A000" and "client_encoding SJIS" in err["message"], err
+    rows, (utf8, sjis_racer), thread = fired["A"]
+    assert rows == [utf8["id"]] and utf8["ok"], (rows, utf8, sjis_racer)
+    assert not sjis_racer["ok"], sjis_racer
+    err = sjis_racer["error"]
+    assert err["sqlstate"] == "0A000", err
+    return err, thread
+
+
+def test_a_resumer_whose_client_encoding_the_server_converts_does_not_fire_twice(co):
+    """A thread id outside ASCII, resumed at once by a racer in UTF-8 and one whose
+    client_encoding is SJIS: the server converts the SJIS bytes to the same thread,
+    where the proxy reads other characters (ﾃｩ is 0xC3 0xA9 in SJIS, é read as UTF-8).
+    Stock: both fire. Proxy: one fires; the SJIS racer is refused 0A000 before its
+    node ran, as it is alone, audited claim_refused."""
+    err, thread = utf8_and_sjis_racers(co, "ﾃｩ", "enc")
+    assert "client_encoding SJIS" in err["message"], err
     # Audited under the thread id the proxy read: the SJIS bytes as UTF-8.
     as_read = thread.encode("shift_jis").decode("utf-8")
     evs = audit_ops(co, as_read, lambda e: ops(e, "claim_refused"), proxies=("A",))
     assert [e["detail"]["sqlstate"] for e in ops(evs, "claim_refused")] == ["0A000"], evs
+
+
+def test_a_resumer_whose_head_row_does_not_decode_does_not_fire(co):
+    """As above, for a thread whose SJIS bytes are not UTF-8 (表 is 0x95 0x5C): the
+    head row the SJIS racer reads does not decode, so the proxy cannot tell whether
+    it is parked. Stock: both fire. Proxy: the UTF-8 racer fires; the SJIS racer is
+    refused 0A000 before its node ran, audited claim_refused with head
+    "undecodable" (the thread as the proxy read it: each byte outside UTF-8 as
+    U+F700 plus the byte)."""
+    err, thread = utf8_and_sjis_racers(co, "表", "undec")
+    assert "does not decode" in err["message"], err
+    as_read = "".join(chr(0xF700 + b) if b >= 0x80 else chr(b) for b in thread.encode("shift_jis"))
+    evs = audit_ops(co, as_read, lambda e: ops(e, "claim_refused"), proxies=("A",))
+    assert [e["detail"]["head"] for e in ops(evs, "claim_refused")] == ["undecodable"], evs
 
 
 def read_head_behind_set(port: int, dbname: str, thread: str, encoding: str | None) -> list[str]:

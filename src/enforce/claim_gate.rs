@@ -95,6 +95,8 @@ pub enum Head {
     Parked,
     /// Not parked, tasks still to run: checked against the run lease.
     Running,
+    /// Its row does not decode: refused without asking the store.
+    Undecodable,
 }
 
 /// How a claim request ended.

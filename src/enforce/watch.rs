@@ -21,6 +21,7 @@ use crate::saver::pending_tasks::has_pending_tasks;
 use crate::saver::reserved::INTERRUPT;
 use crate::saver::value::{ColumnKind, Value};
 use crate::saver::write_record::WriteRecord;
+use crate::wire::client_text;
 use crate::wire::messages::data_row::{data_row, split_data_row};
 
 /// A checkpoint statement in flight: its classification, its parameters
@@ -44,6 +45,8 @@ pub struct Watch {
     pub executed_at: Option<Instant>,
     pub rows: Vec<CheckpointRow>,
     pub row_errors: usize,
+    /// Why the last row did not decode, if it did not.
+    pub(super) undecodable: Option<String>,
     pub(super) forks: Vec<ForkServed>,
     /// The answer is the proxy's own fence check ahead of this write.
     pub fence: Option<FenceCheck>,
@@ -75,6 +78,7 @@ impl Watch {
             executed_at: None,
             rows: Vec::new(),
             row_errors: 0,
+            undecodable: None,
             forks: Vec::new(),
             fence: None,
             ahead: None,
@@ -127,8 +131,10 @@ impl Watch {
         let fields = match split_data_row(frame.get(5..).unwrap_or_default()) {
             Ok(f) => f,
             Err(e) => {
+                let e = DecodeError::from(e);
                 self.row_errors += 1;
-                self.class.report_undecodable_row(&DecodeError::from(e));
+                self.class.report_undecodable_row(&e);
+                self.undecodable = Some(e.to_string());
                 return None;
             }
         };
@@ -149,9 +155,11 @@ impl Watch {
             Err(e) => {
                 self.row_errors += 1;
                 self.class.report_undecodable_row(&e);
+                self.undecodable = Some(e.to_string());
                 return head.map(|_| data_row(fields));
             }
         };
+        self.undecodable = None;
         let replacement =
             head.map(|head| self.serve_fork_filtered(&row, head, fields, formats, &layout));
         self.rows.push(row);
@@ -224,6 +232,38 @@ impl Watch {
             return None;
         }
         self.rows.last()
+    }
+
+    /// For a read of a namespace's head that the consume-once gate looks
+    /// at, whose row did not decode: the key it is refused under (the
+    /// thread and namespace as the client sent them, no checkpoint or
+    /// interrupt) and why.
+    pub fn undecodable_head(&self) -> Option<(ClaimKey, &str)> {
+        let why = self.undecodable.as_deref()?;
+        let StatementKind::Read(shape) = &self.class.kind else {
+            return None;
+        };
+        if shape.mode != ReadMode::Latest || self.inspect {
+            return None;
+        }
+        let bound = self.bound.as_ref()?;
+        let text = |param: Option<usize>| {
+            param
+                .and_then(|i| bound.params.get(i))
+                .and_then(Option::as_ref)
+                .map(|raw| client_text::decode(raw).into_owned())
+                .unwrap_or_default()
+        };
+        let at = CheckpointRef {
+            thread_id: text(shape.thread_param),
+            checkpoint_ns: text(shape.ns_param),
+            checkpoint_id: String::new(),
+        };
+        let key = ClaimKey {
+            at,
+            fingerprint: String::new(),
+        };
+        Some((key, why))
     }
 
     /// For a read of a namespace's head whose last row is parked (carries

@@ -26,7 +26,9 @@
 //! - `0A000` feature_not_supported, [`Refusal::ClientEncoding`]: the
 //!   reader's client encoding is converted by the server and the head's
 //!   key holds characters outside ASCII; the same resume succeeds in the
-//!   database's encoding.
+//!   database's encoding. Also for [`Refusal::Undecodable`]: the head's
+//!   row does not decode (a text that is not UTF-8), so whether it is
+//!   parked cannot be told.
 //!
 //! - `RGF01` (class `RG`, resumeguard's own), [`WriteVerdict::Fenced`]: a
 //!   write continuing a claimed checkpoint came from a session other than
@@ -98,6 +100,9 @@ pub enum Refusal {
     /// bytes the proxy read are not the thread's, so no claim can be
     /// checked for it.
     ClientEncoding(String),
+    /// The head's row does not decode (the text says why): whether it is
+    /// parked cannot be told, so no claim can be checked for it.
+    Undecodable(String),
 }
 
 /// What the wire layer does with the read.
@@ -250,6 +255,7 @@ impl Refusal {
             Refusal::ShuttingDown => "shutting_down",
             Refusal::SessionEnded => "session_ended",
             Refusal::ClientEncoding(_) => "client_encoding",
+            Refusal::Undecodable(_) => "undecodable",
         }
     }
 
@@ -260,7 +266,7 @@ impl Refusal {
             Refusal::InFlight { .. } | Refusal::ShuttingDown => SQLSTATE_IN_FLIGHT,
             Refusal::StoreUnavailable(..) => SQLSTATE_STORE_UNAVAILABLE,
             Refusal::SessionEnded => SQLSTATE_SESSION_ENDED,
-            Refusal::ClientEncoding(_) => SQLSTATE_CLIENT_ENCODING,
+            Refusal::ClientEncoding(_) | Refusal::Undecodable(_) => SQLSTATE_CLIENT_ENCODING,
         }
     }
 
@@ -319,6 +325,12 @@ impl Refusal {
                  outside ASCII are not the bytes the proxy read, and no claim can be checked \
                  for them; no node ran"
             ),
+            Refusal::Undecodable(why) => format!(
+                "resumeguard: read of the head of thread \"{}\", checkpoint_ns \"{}\" refused \
+                 (fail closed): its row does not decode ({why}), so whether it is parked cannot \
+                 be told and no claim can be checked for it; no node ran",
+                key.at.thread_id, key.at.checkpoint_ns
+            ),
         }
     }
 
@@ -362,6 +374,11 @@ impl Refusal {
                 "Resume with client_encoding set to the database's encoding (PGCLIENTENCODING, \
                  or options=-c client_encoding=UTF8); threads whose keys are ASCII resume in \
                  any encoding."
+            }
+            Refusal::Undecodable(_) => {
+                "The proxy reads a checkpoint row whose texts are UTF-8: resume in a UTF8 \
+                 database with client_encoding UTF8 (PGCLIENTENCODING, or options=-c \
+                 client_encoding=UTF8). A read marked as inspection is served unclaimed."
             }
         }
     }

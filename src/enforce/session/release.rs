@@ -140,6 +140,7 @@ fn apply_claim(
                     head: match req.head {
                         Head::Parked => "parked",
                         Head::Running => "running",
+                        Head::Undecodable => "undecodable",
                     },
                 })),
             );

@@ -1,7 +1,7 @@
 //! The rows of a watched answer: a head row's rewrite and the claim it is
 //! held for (refused at once where the server converts the session's
-//! encoding and the head's key is not ASCII), and the RowDescription that
-//! loses the head column.
+//! encoding and the head's key is not ASCII, or the row does not decode),
+//! and the RowDescription that loses the head column.
 
 use std::sync::Arc;
 
@@ -24,20 +24,31 @@ pub(super) fn row(
         return;
     }
     step.set_replace(watch.on_data_row(frame));
-    if let Some(request) = session.claim_request(watch) {
-        if let Some(leg) = &session.shared.legs.claims {
-            let leg = Arc::clone(leg);
-            let ticket = Arc::new(match session.encodings.converts_at(&request.key.at) {
-                Some(encoding) => {
-                    let reason = Refusal::ClientEncoding(encoding.to_owned());
-                    ClaimTicket::refused(leg, request, reason)
-                }
-                None => ClaimTicket::new(leg, request, watch.ahead.take()),
-            });
-            step.set_hold(HeldTicket(Arc::clone(&ticket) as _));
-            session.held = Some(ticket);
+    let Some(leg) = session.shared.legs.claims.as_ref().map(Arc::clone) else {
+        return;
+    };
+    let ticket = if let Some(request) = session.claim_request(watch) {
+        match session.encodings.converts_at(&request.key.at) {
+            Some(encoding) => {
+                let reason = Refusal::ClientEncoding(encoding.to_owned());
+                ClaimTicket::refused(leg, request, reason)
+            }
+            None => ClaimTicket::new(leg, request, watch.ahead.take()),
         }
-    }
+    } else if let Some((key, why)) = watch.undecodable_head() {
+        let request = ClaimRequest {
+            key,
+            holder: leg.holder(&session.ctx),
+            head: Head::Undecodable,
+        };
+        let reason = Refusal::Undecodable(why.to_owned());
+        ClaimTicket::refused(leg, request, reason)
+    } else {
+        return;
+    };
+    let ticket = Arc::new(ticket);
+    step.set_hold(HeldTicket(Arc::clone(&ticket) as _));
+    session.held = Some(ticket);
 }
 
 pub(super) fn description(

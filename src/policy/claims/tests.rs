@@ -585,3 +585,14 @@ fn a_key_the_server_converts_is_refused_as_not_supported_in_that_encoding() {
     assert!(message.contains("thread \"t-1\""), "{message}");
     assert!(refusal.hint().contains("client_encoding"));
 }
+
+#[test]
+fn a_head_row_that_does_not_decode_is_refused_as_not_supported() {
+    let refusal = Refusal::Undecodable("thread_id: text: not valid UTF-8".into());
+    assert_eq!(refusal.sqlstate(), "0A000");
+    assert_eq!(refusal.metric_label(), "undecodable");
+    let message = refusal.message(&key());
+    assert!(message.contains("does not decode (thread_id"), "{message}");
+    assert!(message.contains("thread \"t-1\""), "{message}");
+    assert!(refusal.hint().contains("inspection"));
+}

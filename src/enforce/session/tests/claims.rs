@@ -216,6 +216,32 @@ fn a_parked_head_whose_key_the_server_converts_is_refused_without_asking_the_sto
 }
 
 #[test]
+fn a_head_row_that_does_not_decode_is_refused_without_asking_the_store() {
+    use crate::policy::claims::{ClaimDecision, Refusal};
+    // SJIS 表 is 0x95 0x5C: its row's thread is not UTF-8.
+    let thread = b"\x95\x5c-1";
+    let mut st = claiming_state(&["^inspect"], "worker");
+    let read = read_parked_head_of(&mut st, thread, &[]);
+    assert!(read.claim.is_some(), "the row is held");
+    let ticket = st.held.take().expect("the row is held");
+    let decided = ticket.resolution.get().map(|r| &r.decision);
+    assert!(
+        matches!(
+            decided,
+            Some(ClaimDecision::Refuse { reason: Refusal::Undecodable(why) }) if why.contains("UTF-8")
+        ),
+        "{decided:?}"
+    );
+    assert_eq!(ticket.request.head, Head::Undecodable);
+    assert_eq!(ticket.request.key.at.thread_id, "\u{f795}\\-1");
+    // Marked as inspection, it is served unclaimed, as without the leg.
+    let mut st = claiming_state(&["^inspect"], "inspect-ui");
+    assert!(read_parked_head_of(&mut st, thread, &[]).claim.is_none());
+    let mut st = state();
+    assert!(read_parked_head_of(&mut st, thread, &[]).claim.is_none());
+}
+
+#[test]
 fn an_earlier_segments_ready_for_query_does_not_settle_a_later_change() {
     use crate::policy::claims::{ClaimDecision, Refusal};
     let mut st = claiming_state(&[], "worker");
