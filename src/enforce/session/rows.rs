@@ -24,27 +24,27 @@ pub(super) fn row(
         return;
     }
     step.set_replace(watch.on_data_row(frame));
-    let Some(leg) = session.shared.legs.claims.as_ref().map(Arc::clone) else {
+    let Some(leg) = session.shared.legs.claims.as_ref() else {
         return;
     };
-    let ticket = if let Some(request) = session.claim_request(watch) {
-        match session.encodings.converts_at(&request.key.at) {
-            Some(encoding) => {
-                let reason = Refusal::ClientEncoding(encoding.to_owned());
-                ClaimTicket::refused(leg, request, reason)
-            }
-            None => ClaimTicket::new(leg, request, watch.ahead.take()),
-        }
+    let (request, refusal) = if let Some(request) = session.claim_request(watch) {
+        let converted = session.encodings.converts_at(&request.key.at);
+        let refusal = converted.map(|encoding| Refusal::ClientEncoding(encoding.to_owned()));
+        (request, refusal)
     } else if let Some((key, why)) = watch.undecodable_head() {
         let request = ClaimRequest {
             key,
             holder: leg.holder(&session.ctx),
             head: Head::Undecodable,
         };
-        let reason = Refusal::Undecodable(why.to_owned());
-        ClaimTicket::refused(leg, request, reason)
+        (request, Some(Refusal::Undecodable(why.to_owned())))
     } else {
         return;
+    };
+    let leg = Arc::clone(leg);
+    let ticket = match refusal {
+        Some(reason) => ClaimTicket::refused(leg, request, reason),
+        None => ClaimTicket::new(leg, request, watch.ahead.take()),
     };
     let ticket = Arc::new(ticket);
     step.set_hold(HeldTicket(Arc::clone(&ticket) as _));
