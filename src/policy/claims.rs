@@ -376,9 +376,10 @@ impl Refusal {
                  any encoding."
             }
             Refusal::Undecodable(_) => {
-                "The proxy reads a checkpoint row whose texts are UTF-8: resume in a UTF8 \
-                 database with client_encoding UTF8 (PGCLIENTENCODING, or options=-c \
-                 client_encoding=UTF8). A read marked as inspection is served unclaimed."
+                "The proxy reads a checkpoint row whose texts are UTF-8: resume with \
+                 client_encoding UTF8 (PGCLIENTENCODING, or options=-c client_encoding=UTF8), \
+                 whatever the database's encoding (a key outside ASCII claims only where the \
+                 database is UTF8 too). A read marked as inspection is served unclaimed."
             }
         }
     }
