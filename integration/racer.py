@@ -239,8 +239,22 @@ def resume_once(runner: Runner, job: dict) -> dict:
         out.update(ok=True, values=plain(res), interrupts=interrupts_of(res), error=None)
     except Exception as e:  # the racer reports, the test judges
         out.update(ok=False, values=None, interrupts=[], error=describe_error(e))
+        recover_pipeline(runner)
     out["t_end"] = time.time()
     return out
+
+
+def recover_pipeline(runner: Runner) -> None:
+    """A saver in pipeline mode stays aborted after any error until its pipeline
+    syncs, and LangGraph syncs only after writes: its next read would fail
+    PipelineAborted. Syncing is what an application does to go on."""
+    pipe = getattr(runner.saver, "pipe", None)
+    if pipe is None:
+        return
+    try:
+        pipe.sync()
+    except Exception:  # the aborted segment's own error, reported again
+        pass
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -321,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dsn", required=True)
     ap.add_argument("--ledger-dsn", default=None)
     ap.add_argument("--id", default="r0")
-    ap.add_argument("--saver", choices=("conn", "pool", "async"), default="conn")
+    ap.add_argument("--saver", choices=("conn", "pool", "async", "pipeline", "pool_tx"), default="conn")
     ap.add_argument("--graph", choices=GRAPHS, default="one")
     ap.add_argument("--thread", default=None)
     ap.add_argument("--dir", default=None)

@@ -71,6 +71,8 @@ CI_CELLS = [
     (4, "pool", "bare", 1, (0, 300), 1),
     (4, "async", "bare", 1, (0, 300), 1),
     (4, "conn", "bare", 2, (0, 300), 1),
+    (2, "pipeline", "bare", 1, (0, 300), 1),
+    (2, "pool_tx", "bare", 1, (0, 300), 1),
 ]
 
 
@@ -79,7 +81,7 @@ def full_cells() -> list[tuple]:
     gates = _env_list("RG_CO_GATES", (0, 300), int)
     reps = int(os.environ.get("RG_CO_REPS", "10"))
     forms = _env_list("RG_CO_FORMS", ("bare", "map"))
-    savers = _env_list("RG_CO_SAVERS", ("conn", "pool", "async"))
+    savers = _env_list("RG_CO_SAVERS", ("conn", "pool", "async", "pipeline", "pool_tx"))
     proxies = _env_list("RG_CO_PROXIES", (1, 2), int)
     return [(n, s, f, p, gates, reps) for n, s, f, p in itertools.product(ns, savers, forms, proxies)]
 
@@ -977,6 +979,91 @@ def test_refused_head_read_in_a_simple_query_ends_with_ready_for_query(co):
     err, usable = head_read_as_simple_query(co.dsn("F"), thread)
     assert isinstance(err, psycopg.Error) and err.sqlstate == FAIL_CLOSED, err
     assert usable
+
+
+def pipeline_behind_a_failed_read(env: Env, dsn: str, first) -> dict:
+    """On one connection in pipeline mode, as ``PostgresSaver.from_conn_string(dsn,
+    pipeline=True)`` keeps it: ``first(conn, pipe)`` reads and fails; an INSERT is
+    pipelined behind it before the next Sync; the pipeline syncs and ends. What each
+    step raised, whether the INSERT was kept, and whether the connection answers after."""
+    table = "rg_pipe_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(env.direct, autocommit=True) as c:
+        c.execute(f"create table {table} (v int)")
+    out: dict = {}
+    with psycopg.connect(dsn, autocommit=True, prepare_threshold=0) as conn:
+        with conn.pipeline() as pipe:
+            try:
+                first(conn, pipe)
+                out["read"] = "served"
+            except psycopg.Error as e:
+                out["read"] = e.sqlstate
+            behind = conn.execute(f"insert into {table} values (1)")
+            try:
+                pipe.sync()
+                out["behind"] = behind.statusmessage
+            except psycopg.errors.PipelineAborted:
+                out["behind"] = "skipped"
+        out["after"] = conn.execute("select 1").fetchone()
+    with psycopg.connect(env.direct, autocommit=True) as c:
+        out["kept"] = c.execute(f"select count(*) from {table}").fetchone()[0]
+    return out
+
+
+def test_a_refused_read_in_a_pipeline_fails_the_rest_of_its_segment(co):
+    """A pipeline-mode saver's read of a parked head ends with a Flush, not a Sync.
+    Refused through co-F (its claims store is unreachable), the client is told 58000,
+    and the INSERT it pipelines behind the read before its next Sync is skipped and not
+    kept, as PostgreSQL does after any failed statement (straight to it, a read failing
+    22012); the connection leaves pipeline mode and answers the next query."""
+    from langgraph.checkpoint.postgres import PostgresSaver
+    thread = tid("pipe")
+    park(co.dsn("A"), thread)
+    stock = pipeline_behind_a_failed_read(
+        co, co.direct, lambda conn, pipe: conn.execute("select 1/0").fetchall())
+    assert stock == {"read": "22012", "behind": "skipped", "after": (1,), "kept": 0}, stock
+    refused = pipeline_behind_a_failed_read(
+        co, co.dsn("F"),
+        lambda conn, pipe: PostgresSaver(conn, pipe=pipe).get_tuple(R.L.thread_config(thread)))
+    assert refused == {**stock, "read": FAIL_CLOSED}, refused
+
+
+def read_then_insert_in_one_segment(env: Env, port: int, read: bytes) -> tuple[list[str], int]:
+    """``read`` (Parse, Bind, Describe, Execute), then an INSERT pipelined behind it
+    and one Sync. The types of what the server answers, the SQLSTATEs of its errors
+    last, and how many rows the INSERT left."""
+    table = "rg_seg_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(env.direct, autocommit=True) as c:
+        c.execute(f"create table {table} (v int)")
+    s = pgraw.login(HOST, port, "postgres", env.dbname)
+    try:
+        s.send(read + pgraw.parse("", f"insert into {table} values (1)") + pgraw.bind("", "")
+               + pgraw.execute() + pgraw.sync())
+        out = s.until_ready()
+    finally:
+        s.close()
+    with psycopg.connect(env.direct, autocommit=True) as c:
+        kept = c.execute(f"select count(*) from {table}").fetchone()[0]
+    return ([t.decode() for t, _ in out]
+            + [pgraw.parse_error_fields(p)["C"] for t, p in out if t == b"E"]), kept
+
+
+def test_a_statement_pipelined_behind_a_refused_read_is_skipped(co, pg):
+    """A read of a parked head and an INSERT behind it, one Sync. Refused through
+    co-F (claims store unreachable), the client is answered as PostgreSQL answers a
+    segment whose read fails (straight to it, 22012): the read's ParseComplete,
+    BindComplete and RowDescription, the error, nothing for the INSERT, and the
+    INSERT is not kept."""
+    thread = tid("seg")
+    park(co.dsn("A"), thread)
+    failing = (pgraw.parse("", "select 1 / (random() * 0)::int") + pgraw.bind("", "")
+               + pgraw.describe_portal() + pgraw.execute())
+    stock = read_then_insert_in_one_segment(co, pg.port, failing)
+    assert stock == (["1", "2", "T", "E", "Z", "22012"], 0), stock
+    head = (pgraw.parse("", READ_SQL) + pgraw.bind("", "", [thread.encode(), b""])
+            + pgraw.describe_portal() + pgraw.execute())
+    assert read_then_insert_in_one_segment(co, pg.port, head)[1] == 1   # served, kept
+    refused = read_then_insert_in_one_segment(co, co.f.port, head)
+    assert refused == (["1", "2", "T", "E", "Z", FAIL_CLOSED], 0), refused
 
 
 def test_claims_list_and_release(co):

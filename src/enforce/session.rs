@@ -292,6 +292,10 @@ impl Hooks for SessionEnforcer {
         bind::reads(self, statement)
     }
 
+    fn may_hold(&self, watch: &Watch) -> bool {
+        self.shared.legs.claims.is_some() && watch.is_gated()
+    }
+
     fn release(&mut self) -> Option<Bytes> {
         release::handle(self)
     }

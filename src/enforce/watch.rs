@@ -222,16 +222,16 @@ impl Watch {
         }
     }
 
-    /// The row of a read of a namespace's head that the consume-once gate
-    /// looks at: the last one, unless the read is inspection.
+    /// A read of a namespace's head that the consume-once gate looks at:
+    /// not an inspection.
+    pub fn is_gated(&self) -> bool {
+        matches!(&self.class.kind, StatementKind::Read(shape) if shape.mode == ReadMode::Latest)
+            && !self.inspect
+    }
+
+    /// The row of a read the consume-once gate looks at: the last one.
     fn gated_head(&self) -> Option<&CheckpointRow> {
-        let StatementKind::Read(shape) = &self.class.kind else {
-            return None;
-        };
-        if shape.mode != ReadMode::Latest || self.inspect {
-            return None;
-        }
-        self.rows.last()
+        self.is_gated().then(|| self.rows.last()).flatten()
     }
 
     /// For a read of a namespace's head that the consume-once gate looks
@@ -243,7 +243,7 @@ impl Watch {
         let StatementKind::Read(shape) = &self.class.kind else {
             return None;
         };
-        if shape.mode != ReadMode::Latest || self.inspect {
+        if !self.is_gated() {
             return None;
         }
         let bound = self.bound.as_ref()?;

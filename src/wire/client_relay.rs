@@ -218,9 +218,10 @@ pub(super) struct Limits {
 
 /// Frames and tracks the complete client messages at the front of `buf`,
 /// and a large incomplete one the guard lets stream (see
-/// [`Guard::client_streams`]). When the guard rewrites a message, `out`
-/// receives everything consumed (rewritten where needed); otherwise it
-/// stays empty and the consumed bytes are forwarded unchanged. Over an
+/// [`Guard::client_streams`]). When the guard rewrites a message or puts
+/// bytes of its own before one, `out` receives everything consumed (as
+/// the guard changed it); otherwise it stays empty and the consumed bytes
+/// are forwarded unchanged. Over an
 /// upstream TLS connection, a SASL start asking for channel binding is
 /// refused (see `sasl_plus.rs`).
 pub(super) fn track_client(
@@ -269,6 +270,12 @@ pub(super) fn track_client(
                 out.extend_from_slice(&replacement);
                 copied = end;
                 forward = false;
+            }
+            Ok(ClientStep::Inject(first)) => {
+                out.extend_from_slice(&buf[copied..ready]);
+                out.extend_from_slice(&first);
+                copied = ready;
+                continue;
             }
             Ok(ClientStep::AwaitServer) => {
                 awaiting = true;

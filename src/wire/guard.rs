@@ -17,6 +17,9 @@ pub enum ClientStep {
     Forward,
     /// The server gets these bytes instead of the message.
     Replace(Vec<u8>),
+    /// The server gets these bytes of the proxy's own first; nothing of
+    /// the message was tracked, and the relay offers it again.
+    Inject(Vec<u8>),
     /// The message names a statement or portal whose state depends on
     /// answers the server still owes for an earlier Sync: send what came
     /// before it, wait until the guard is settled, then offer it again.
@@ -146,8 +149,9 @@ pub trait Guard: Send {
     fn holds_work(&self) -> bool;
     /// No answer the guard follows (one that changes a statement or
     /// portal, or one it watches) is owed for a Sync the client sent
-    /// before its latest one: a message that waited
-    /// ([`ClientStep::AwaitServer`]) reads the same now.
+    /// before its latest one (behind an answer that may be held, none at
+    /// all): a message that waited ([`ClientStep::AwaitServer`]) reads
+    /// the same now.
     fn settled(&self) -> bool;
     /// The startup exchange (authentication included) is over.
     fn started(&self) -> bool;

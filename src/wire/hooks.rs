@@ -131,6 +131,12 @@ pub trait Hooks {
     fn reads_bind(&self, _statement: &Self::Statement) -> bool {
         true
     }
+    /// Whether the answer this watch watches may be held for a decision
+    /// (see [`Hooks::row`]): what the client pipelines behind it before
+    /// its next Sync waits for that decision.
+    fn may_hold(&self, _watch: &Self::Watch) -> bool {
+        false
+    }
     /// The ticket of the message held last was decided: what the client
     /// gets instead of that message, if anything (see
     /// [`super::guard::Guard::release`]).

@@ -259,12 +259,27 @@ impl<T> ResponseQueue<T> {
         self.entries.front_mut().and_then(|e| e.payload.as_mut())
     }
 
-    /// Changes where the rest of the front entry's answer goes (the proxy
-    /// answered that request itself).
-    pub fn set_front_route(&mut self, route: Route) {
-        if let Some(front) = self.entries.front_mut() {
-            front.route = route;
+    /// The proxy answered the front request, an Execute, itself. When no
+    /// Sync (nor anything else the server ends with ReadyForQuery) follows
+    /// it yet, the server has not ended its pipeline segment: every entry
+    /// is then answered by the proxy too (PostgreSQL skips what follows a
+    /// failed message up to Sync), and true says the server must be made
+    /// to fail before it reads the client's next message. Otherwise only
+    /// the front entry is, and false is returned.
+    pub fn answer_front(&mut self) -> bool {
+        let open = self
+            .entries
+            .front()
+            .is_some_and(|front| front.expect == Expect::Execute)
+            && !self.entries.iter().any(|e| e.expect.ends_at_ready());
+        for entry in self
+            .entries
+            .iter_mut()
+            .take(if open { usize::MAX } else { 1 })
+        {
+            entry.route = Route::Answered;
         }
+        open
     }
 
     /// True while nothing is outstanding: no request waits for an answer.
@@ -326,6 +341,12 @@ impl<T> ResponseQueue<T> {
                 Ok(Progress::Within { route })
             }
             (b'E', _) => {
+                // The error of a request the proxy answered itself is not
+                // the client's: it had its answer.
+                let route = match route {
+                    Route::Answered => Route::Answered,
+                    _ => Route::Forward,
+                };
                 let done = self.complete_entry(&mut leaving);
                 // The server skips every message up to the next Sync.
                 while let Some(e) = self.entries.front() {
@@ -337,10 +358,7 @@ impl<T> ResponseQueue<T> {
                 }
                 self.skipping_to_sync = self.entries.is_empty();
                 self.release_if_drained();
-                Ok(Progress::Completed {
-                    route: Route::Forward,
-                    done,
-                })
+                Ok(Progress::Completed { route, done })
             }
             (b'1', Expect::ParseComplete)
             | (b'2', Expect::BindComplete)
@@ -515,7 +533,10 @@ mod tests {
         let mut q = Q::new();
         push_all(&mut q, b"Q");
         assert!(feed(&mut q, b"T").is_empty());
-        q.set_front_route(Route::Answered);
+        assert!(
+            !q.answer_front(),
+            "a simple Query ends at its ReadyForQuery"
+        );
         assert!(matches!(
             q.on_server(b'C').unwrap(),
             Progress::Within {
@@ -524,6 +545,60 @@ mod tests {
         ));
         assert_eq!(feed(&mut q, b"Z"), vec![(b'Z', Route::Forward)]);
         assert!(q.idle());
+    }
+
+    #[test]
+    fn an_execute_answered_in_an_open_segment_answers_what_follows_it() {
+        use Route::{Answered, Forward, Swallow};
+        let mut q = Q::new();
+        // A read, and a statement pipelined behind it, with no Sync yet.
+        push_all(&mut q, b"PBEPBE");
+        assert_eq!(feed(&mut q, b"12"), [(b'1', Forward), (b'2', Forward)]);
+        assert!(q.answer_front());
+        assert_eq!(
+            feed(&mut q, b"C12C"),
+            [
+                (b'C', Answered),
+                (b'1', Answered),
+                (b'2', Answered),
+                (b'C', Answered)
+            ]
+        );
+        // The proxy's raising statement, then the client's Sync: the
+        // error is not the client's, and its ReadyForQuery is.
+        q.push(Expect::ParseComplete, Swallow, None);
+        q.push(Expect::BindComplete, Swallow, None);
+        q.push(Expect::Execute, Answered, None);
+        push_all(&mut q, b"PBES");
+        assert_eq!(
+            feed(&mut q, b"12EZ"),
+            [
+                (b'1', Swallow),
+                (b'2', Swallow),
+                (b'E', Answered),
+                (b'Z', Forward)
+            ]
+        );
+        assert!(q.idle());
+    }
+
+    #[test]
+    fn an_execute_answered_after_its_sync_answers_only_itself() {
+        let mut q = Q::new();
+        push_all(&mut q, b"PBESPBES");
+        assert_eq!(feed(&mut q, b"12").len(), 2);
+        assert!(!q.answer_front(), "the server ended the segment");
+        assert_eq!(
+            feed(&mut q, b"CZ12CZ"),
+            [
+                (b'C', Route::Answered),
+                (b'Z', Route::Forward),
+                (b'1', Route::Forward),
+                (b'2', Route::Forward),
+                (b'C', Route::Forward),
+                (b'Z', Route::Forward)
+            ]
+        );
     }
 
     #[test]

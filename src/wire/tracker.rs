@@ -24,7 +24,8 @@ use super::injected::{Answer, Injection, ANSWERS};
 use super::last_text::LastText;
 use super::messages::backend::Backend;
 use super::messages::bind::Bind;
-use super::messages::extended_query::parse_frame;
+use super::messages::error_response::error_fields;
+use super::messages::extended_query::{parse_frame, FLUSH};
 use super::messages::frontend::{Frontend, Target};
 use super::messages::read::HEADER_LEN;
 use super::messages::write::EncodeError;
@@ -62,6 +63,23 @@ pub struct Tracker<H: Hooks> {
     started: bool,
     /// The last Parse text found without SQL-level commands.
     plain_text: LastText<()>,
+    /// The error the proxy answered a statement with in place of its
+    /// answer, in a pipeline segment the server has not ended: the server
+    /// raises it before it reads the client's next message.
+    fail_segment: Option<Bytes>,
+    /// An Execute whose answer may be held was sent in this segment.
+    behind_hold: Option<BehindHold>,
+}
+
+/// Where the client sent an Execute whose answer may be held for a
+/// decision: what it sends behind it before its next Sync waits until the
+/// server answered everything sent (a Flush of the proxy's asks it to),
+/// so that a refusal fails it as PostgreSQL fails what follows an error.
+#[derive(Debug, Clone, Copy)]
+struct BehindHold {
+    segment: u64,
+    /// The proxy's Flush went to the server after it.
+    flushed: bool,
 }
 
 impl<H: Hooks> Tracker<H> {
@@ -76,6 +94,8 @@ impl<H: Hooks> Tracker<H> {
             txn: TxnStatus::Idle,
             started: false,
             plain_text: LastText::default(),
+            fail_segment: None,
+            behind_hold: None,
         }
     }
 
@@ -108,10 +128,46 @@ impl<H: Hooks> Tracker<H> {
             || self.unanswered.names_unnamed()
     }
 
-    /// Routes the rest of the front statement's answer away from the
-    /// client (the proxy answered it).
-    pub fn swallow_front(&mut self) {
-        self.queue.set_front_route(Route::Answered);
+    /// The proxy answered the front statement with `error` in place of
+    /// the rest of its answer, which is routed away from the client. When
+    /// the server has not ended the statement's pipeline segment (no Sync
+    /// sent since), what it ran there after the statement is routed away
+    /// too, and the server raises the error before the client's next
+    /// message: it skips to Sync, as PostgreSQL does after a failed
+    /// statement, and the segment's transaction fails.
+    pub fn answered_front(&mut self, error: &Bytes) {
+        if self.queue.answer_front() {
+            self.fail_segment = Some(error.clone());
+            // What follows fails at the server: nothing waits to learn it.
+            self.behind_hold = None;
+        }
+    }
+
+    /// What the relay does with a client message behind an Execute whose
+    /// answer may be held, in its segment: a Sync, a Flush or a Terminate
+    /// goes on; any other message too once the server answered everything
+    /// sent (the decision is made, or none was needed); otherwise a Flush
+    /// of the proxy's goes first (unless the client sent one), then the
+    /// message waits for those answers.
+    fn behind_hold(&mut self, message: &Frontend<'_>) -> Option<ClientStep> {
+        let behind = self.behind_hold.as_mut()?;
+        if behind.segment != self.segment || self.queue.is_empty() {
+            self.behind_hold = None;
+            return None;
+        }
+        match message {
+            Frontend::Flush => {
+                behind.flushed = true;
+                return None;
+            }
+            Frontend::Sync | Frontend::Terminate => return None,
+            _ => {}
+        }
+        if !behind.flushed {
+            behind.flushed = true;
+            return Some(ClientStep::Inject(FLUSH.to_vec()));
+        }
+        Some(ClientStep::AwaitServer)
     }
 
     fn push(&mut self, expect: Expect, route: Route, change: Option<Change<H>>) {
@@ -185,8 +241,30 @@ impl<H: Hooks> Tracker<H> {
     /// (or a Parse),
     /// with the answers to the injected Parse and Bind swallowed.
     fn inject_refusal(&mut self, refusal: &Refusal) -> Result<Vec<u8>, ClientError> {
-        let bytes = raising_statement(refusal.sqlstate, &refusal.message, &refusal.detail)
-            .map_err(unsendable)?;
+        let raised = [refusal.sqlstate, &refusal.message, &refusal.detail];
+        self.inject_raise(raised, Route::Forward)
+    }
+
+    /// The bytes that make the server raise the `error` the proxy already
+    /// answered the client with: nothing of what they are answered reaches
+    /// the client.
+    fn inject_answered(&mut self, error: &[u8]) -> Result<Vec<u8>, ClientError> {
+        let field = |code: u8| {
+            error_fields(error)
+                .find(|&(c, _)| c == code)
+                .map(|(_, text)| String::from_utf8_lossy(text))
+                .unwrap_or_default()
+        };
+        let raised = [&*field(b'C'), &*field(b'M'), &*field(b'D')];
+        self.inject_raise(raised, Route::Answered)
+    }
+
+    /// The bytes that make the server raise `[sqlstate, message, detail]`,
+    /// the answers to the injected Parse and Bind swallowed, the error
+    /// routed by `route`.
+    fn inject_raise(&mut self, raised: [&str; 3], route: Route) -> Result<Vec<u8>, ClientError> {
+        let [sqlstate, message, detail] = raised;
+        let bytes = raising_statement(sqlstate, message, detail).map_err(unsendable)?;
         let define = Change::Define {
             name: Vec::new(),
             statement: Statement::new(self.hooks.plain()),
@@ -200,7 +278,7 @@ impl<H: Hooks> Tracker<H> {
             },
         };
         self.push(Expect::BindComplete, Route::Swallow, Some(bind));
-        self.push(Expect::Execute, Route::Forward, None);
+        self.push(Expect::Execute, route, None);
         Ok(bytes)
     }
 
@@ -289,7 +367,13 @@ where
     /// their statements); on a loop, the hooks are asked before anything
     /// is tracked.
     fn on_client(&mut self, frame: &[u8], on_loop: bool) -> Result<ClientStep, ClientError> {
+        if let Some(error) = self.fail_segment.take() {
+            return Ok(ClientStep::Inject(self.inject_answered(&error)?));
+        }
         let message = Frontend::read(frame);
+        if let Some(step) = self.behind_hold(&message) {
+            return Ok(step);
+        }
         if on_loop {
             if let Frontend::Parse { sql, .. } | Frontend::Query { sql } = &message {
                 if self.hooks.may_block(sql) {
@@ -351,6 +435,12 @@ where
                 let watch = self
                     .hooks
                     .execute(binding.and_then(|b| b.annotation.as_deref()));
+                if watch.as_ref().is_some_and(|w| self.hooks.may_hold(w)) {
+                    self.behind_hold = Some(BehindHold {
+                        segment: self.segment,
+                        flushed: false,
+                    });
+                }
                 let commands = binding
                     .map(|b| SqlChanges::new(commands_of(&b.commands).iter().cloned(), false))
                     .unwrap_or_default();
@@ -445,6 +535,12 @@ where
         // transaction, and the failure drops what the transaction wrote, as
         // the whole rollback would have.)
         let mut savepoint_confirmed = false;
+        // Nothing the proxy answered itself holds a row for a decision:
+        // the client never sees it.
+        let answered = self
+            .queue
+            .front()
+            .is_some_and(|front| front.route == Route::Answered);
         if let Some(Pending {
             change: Change::Answer {
                 watch, commands, ..
@@ -453,7 +549,7 @@ where
         }) = self.queue.front_payload_mut()
         {
             match (message, watch.as_mut()) {
-                (Backend::DataRow, Some(w)) => self.hooks.row(w, frame, &mut step),
+                (Backend::DataRow, Some(w)) if !answered => self.hooks.row(w, frame, &mut step),
                 (Backend::RowDescription, Some(w)) => {
                     step.set_replace(self.hooks.row_description(w, frame))
                 }
@@ -586,13 +682,13 @@ where
 
     fn release(&mut self) -> Option<Bytes> {
         let refusal = self.hooks.release();
-        if refusal.is_some() {
+        if let Some(error) = &refusal {
             // The refused message's statement must not reach the client:
-            // the rest of its answer is swallowed. A simple Query's
-            // ReadyForQuery still goes on, with the status the server
+            // the rest of its answer is swallowed. The ReadyForQuery of a
+            // segment the server ended already goes on with the status it
             // reports: in a transaction block that is `T` (the server's
             // transaction saw no error), where PostgreSQL would say `E`.
-            self.swallow_front();
+            self.answered_front(error);
         }
         refusal
     }
@@ -606,9 +702,13 @@ where
     }
 
     /// No change, and no watched answer, is owed for a message sent
-    /// before the latest Sync.
+    /// before the latest Sync; behind an Execute whose answer may be held,
+    /// once the proxy's Flush went after it, no answer at all.
     fn settled(&self) -> bool {
-        self.unanswered.settled(self.segment)
+        let waits_behind_hold = self
+            .behind_hold
+            .is_some_and(|b| b.segment == self.segment && b.flushed && !self.queue.is_empty());
+        self.unanswered.settled(self.segment) && !waits_behind_hold
     }
 
     fn started(&self) -> bool {

@@ -157,6 +157,11 @@ impl Session {
                     }
                     break;
                 }
+                Ok(ClientStep::Inject(bytes)) => {
+                    for f in split_frames(&bytes) {
+                        self.server.receive(&f, &mut self.dice);
+                    }
+                }
                 Ok(ClientStep::AwaitServer) => {
                     if waited {
                         return Err("still waiting for the server once it is settled".into());

@@ -37,12 +37,20 @@ impl SessionState {
     }
 
     fn on_client(&mut self, frame: &[u8]) -> Result<Option<Vec<u8>>, ClientError> {
-        Ok(match self.0.on_client(frame, false)? {
-            ClientStep::Forward => None,
-            ClientStep::Replace(bytes) => Some(bytes),
-            ClientStep::AwaitServer => panic!("unexpected wait for the server"),
-            ClientStep::Blocks => panic!("a message blocked off a loop"),
-        })
+        let mut injected = Vec::new();
+        loop {
+            return Ok(match self.0.on_client(frame, false)? {
+                ClientStep::Inject(bytes) => {
+                    injected.extend(bytes);
+                    continue;
+                }
+                ClientStep::Forward if injected.is_empty() => None,
+                ClientStep::Forward => Some([injected, frame.to_vec()].concat()),
+                ClientStep::Replace(bytes) => Some([injected, bytes].concat()),
+                ClientStep::AwaitServer => panic!("unexpected wait for the server"),
+                ClientStep::Blocks => panic!("a message blocked off a loop"),
+            });
+        }
     }
 
     fn on_server(&mut self, frame: &[u8]) -> Result<ServerVerdict, Desync> {
@@ -61,8 +69,8 @@ impl SessionState {
 
     fn apply_claim(&mut self, req: &ClaimRequest, res: &Resolution) -> Option<Bytes> {
         let refusal = self.0.hooks.claim_resolved(req, res);
-        if refusal.is_some() {
-            self.0.swallow_front();
+        if let Some(error) = &refusal {
+            self.0.answered_front(error);
         }
         refusal
     }

@@ -159,3 +159,29 @@ fn messages_before_a_streamed_one_go_first() {
     assert_eq!(ready, buf.len());
     assert_eq!(passing.map(|p| p.left), Some(frame.len() - 1000));
 }
+
+#[test]
+fn bytes_the_guard_puts_first_go_before_the_message_offered_again() {
+    let injected = msg(b'H', b"");
+    let sync = msg(b'S', b"");
+    let frame = bind("plain", 4 * STREAM_ABOVE);
+    let mut buf = sync.clone();
+    buf.extend_from_slice(&frame[..1000]);
+    let mut guard = crate::wire::session::tests::PassThrough {
+        inject_before: Some((b'B', injected.clone())),
+    };
+    let mut out = BytesMut::new();
+    let limits = Limits {
+        max: MAX,
+        upstream_tls: false,
+        on_loop: false,
+    };
+    let tracked = track_client(&mut guard, &buf, &mut out, limits);
+    assert_eq!(tracked.ready, buf.len());
+    // The message still streams on: the rest of its body follows.
+    assert_eq!(
+        tracked.passing.map(|p| (p.left, p.forward)),
+        Some((frame.len() - 1000, true))
+    );
+    assert_eq!(out[..], [&sync[..], &injected, &frame[..1000]].concat()[..]);
+}

@@ -9,6 +9,9 @@ use super::write::{write_cstr, write_message, EncodeError};
 /// No parameter types: the count 0, as a Parse's type section.
 pub const NO_PARAM_TYPES: &[u8] = &[0, 0];
 
+/// A Flush: the server sends what it has answered so far.
+pub const FLUSH: &[u8] = b"H\0\0\0\x04";
+
 /// Appends a Parse of `sql` as statement `name`; `param_types` is the
 /// parameter-type section as a client sent it (count, then the oids).
 pub fn write_parse(

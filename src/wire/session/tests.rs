@@ -22,17 +22,28 @@ use crate::wire::upstream::UpstreamAddr;
 pub(in crate::wire) const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Lets everything through: these tests are about the relay's edges.
-struct PassThrough;
+/// Told to, it puts bytes of its own before the first message of a type
+/// (which may stream).
+#[derive(Default)]
+pub(in crate::wire) struct PassThrough {
+    pub inject_before: Option<(u8, Vec<u8>)>,
+}
 
 impl Guard for PassThrough {
-    fn on_client(&mut self, _: &[u8], _: bool) -> Result<ClientStep, ClientError> {
-        Ok(ClientStep::Forward)
+    fn on_client(&mut self, frame: &[u8], _: bool) -> Result<ClientStep, ClientError> {
+        match self.inject_before.take() {
+            Some((tag, first)) if frame.first() == Some(&tag) => Ok(ClientStep::Inject(first)),
+            other => {
+                self.inject_before = other;
+                Ok(ClientStep::Forward)
+            }
+        }
     }
     fn on_server(&mut self, _: &[u8]) -> Result<ServerStep, Desync> {
         Ok(ServerStep::default())
     }
     fn client_streams(&mut self, _: &[u8]) -> bool {
-        false
+        true
     }
     fn unwatched_row(&self, _: u8) -> Option<Route> {
         None
@@ -58,13 +69,13 @@ impl Guard for PassThrough {
 
 impl GuardFactory for PassThrough {
     fn guard(&self, _: SessionInfo) -> Box<dyn Guard> {
-        Box::new(PassThrough)
+        Box::new(PassThrough::default())
     }
 }
 
 /// A proxy in front of `upstream` whose sessions relay on an event loop.
 pub(in crate::wire) fn proxy(upstream: SocketAddr) -> Arc<Proxy> {
-    proxy_with(upstream, Relaying::Ring, Arc::new(PassThrough))
+    proxy_with(upstream, Relaying::Ring, Arc::new(PassThrough::default()))
 }
 
 /// Where a test proxy's sessions relay.
@@ -221,7 +232,8 @@ fn half_closed_client_gets_the_answers_sent_after_its_end(relay: Relaying) {
         sock.write_all(&answer_sent).unwrap();
         (first, query, after)
     });
-    let (mut client, session) = connect_through(proxy_with(addr, relay, Arc::new(PassThrough)));
+    let (mut client, session) =
+        connect_through(proxy_with(addr, relay, Arc::new(PassThrough::default())));
     let query = message(b'Q', b"select 1\0");
     client.write_all(&startup(196_608)).unwrap();
     client.write_all(&query).unwrap();
@@ -252,7 +264,8 @@ fn startup_then_end_of_file_gets_the_whole_login(relay: Relaying) {
         sock.write_all(&sent).unwrap();
         after
     });
-    let (mut client, session) = connect_through(proxy_with(addr, relay, Arc::new(PassThrough)));
+    let (mut client, session) =
+        connect_through(proxy_with(addr, relay, Arc::new(PassThrough::default())));
     client.write_all(&startup(196_608)).unwrap();
     client.shutdown(Shutdown::Write).unwrap();
     assert_eq!(read_to_end(&mut client), login);

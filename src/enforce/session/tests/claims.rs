@@ -94,6 +94,126 @@ fn assert_refused_and_rest_swallowed(st: &mut SessionState, error: Option<Bytes>
     assert_eq!(routes, [Route::Answered, Route::Forward]);
 }
 
+fn store_unavailable() -> Resolution {
+    use crate::policy::claims::{ClaimDecision, Refusal};
+    Resolution {
+        decision: ClaimDecision::Refuse {
+            reason: Refusal::StoreUnavailable("down".into()),
+        },
+        waited_ms: 0,
+        held_already: false,
+        displaced: None,
+        epoch: None,
+        takeover: None,
+    }
+}
+
+/// A session that sent the saver's read of `thread`'s head ending with a
+/// Flush (psycopg's pipeline mode), then offered a statement behind it:
+/// what the tracker did with that first message.
+fn read_then_offer(thread: &[u8], flush: bool) -> (SessionState, ClientStep) {
+    let mut st = claiming_state(&[], "worker");
+    client(&mut st, &[parse("_pg3_0", READ_SQL), msg(b'S', b"")]);
+    server(&mut st, &[msg(b'1', b""), ready(b'I')]);
+    let [read_bind, describe, read, _] = head_read(thread);
+    client(&mut st, &[read_bind, describe, read]);
+    if flush {
+        client(&mut st, &[msg(b'H', b"")]);
+    }
+    let offered = st.0.on_client(&parse("", "SELECT 2"), false).unwrap();
+    (st, offered)
+}
+
+#[test]
+fn a_statement_behind_a_gated_read_waits_for_its_decision() {
+    // Behind a read with no Flush: the proxy's Flush first, then it waits.
+    let (mut st, offered) = read_then_offer(b"t1", false);
+    assert_eq!(offered, ClientStep::Inject(b"H\0\0\0\x04".to_vec()));
+    let offered = st.0.on_client(&parse("", "SELECT 2"), false).unwrap();
+    assert_eq!(offered, ClientStep::AwaitServer);
+    assert!(!st.0.settled());
+    // The head is not parked: no hold, and once answered it goes on.
+    let row = head_row(b"t1", br#"{"v": 4}"#, None);
+    let answer = [
+        msg(b'2', b""),
+        msg(b'T', b"\0\0"),
+        row,
+        msg(b'C', b"SELECT 1\0"),
+    ];
+    assert!(server(&mut st, &answer).iter().all(|v| v.claim.is_none()));
+    assert!(st.0.settled());
+    let offered = st.0.on_client(&parse("", "SELECT 2"), false).unwrap();
+    assert_eq!(offered, ClientStep::Forward);
+    // Behind the client's own Flush it waits at once; a Sync never waits.
+    let (mut st, offered) = read_then_offer(b"t1", true);
+    assert_eq!(offered, ClientStep::AwaitServer);
+    assert_eq!(
+        st.0.on_client(&msg(b'S', b""), false).unwrap(),
+        ClientStep::Forward
+    );
+    // An inspection read, or one with consume-once off, holds nothing.
+    for mut st in [claiming_state(&["^inspect"], "inspect-ui"), state()] {
+        client(&mut st, &[parse("_pg3_0", READ_SQL), msg(b'S', b"")]);
+        server(&mut st, &[msg(b'1', b""), ready(b'I')]);
+        let [read_bind, describe, read, _] = head_read(b"t1");
+        client(&mut st, &[read_bind, describe, read, parse("", "SELECT 2")]);
+    }
+}
+
+#[test]
+fn a_refusal_in_a_segment_the_server_has_not_ended_fails_that_segment() {
+    let (mut st, offered) = read_then_offer(b"t1", true);
+    assert_eq!(offered, ClientStep::AwaitServer);
+    let answer = [msg(b'2', b""), msg(b'T', b"\0\0"), parked_head_row(b"t1")];
+    let req = server(&mut st, &answer)[2].claim.clone().expect("held");
+    let error = st.apply_claim(&req, &store_unavailable()).expect("refused");
+    assert_eq!(
+        server_routes(&mut st, &[msg(b'C', b"SELECT 1\0")]),
+        [Route::Answered]
+    );
+    assert!(st.0.settled());
+    // The server raises the refusal before the statement that waited, and
+    // skips to Sync, as PostgreSQL does after a failed statement: only
+    // the ReadyForQuery reaches the client.
+    let sent = st
+        .on_client(&parse("", "SELECT 2"))
+        .unwrap()
+        .expect("a raise first");
+    assert!(is_raise(&sent), "{sent:?}");
+    assert!(sent.ends_with(&parse("", "SELECT 2")));
+    let fields: Vec<_> = crate::wire::messages::error_response::error_fields(&error).collect();
+    assert!(fields.contains(&(b'C', &b"58000"[..])));
+    assert!(String::from_utf8_lossy(&sent).contains(&hex::encode("58000")));
+    client(
+        &mut st,
+        &[bind("", &[], &[], &[]), execute(), msg(b'S', b"")],
+    );
+    let raised = msg(b'E', b"SERROR\0C58000\0Mrefused\0\0");
+    assert_eq!(
+        server_routes(
+            &mut st,
+            &[msg(b'1', b""), msg(b'2', b""), raised, ready(b'I')]
+        ),
+        [
+            Route::Swallow,
+            Route::Swallow,
+            Route::Answered,
+            Route::Forward
+        ]
+    );
+    assert!(st.is_idle());
+    // Refused once its segment is ended, nothing more is raised.
+    let mut st = claiming_state(&[], "worker");
+    let req = read_parked_head(&mut st).claim.expect("held");
+    assert!(st.apply_claim(&req, &store_unavailable()).is_some());
+    let ended = [msg(b'C', b"SELECT 1\0"), ready(b'I')];
+    assert_eq!(
+        server_routes(&mut st, &ended),
+        [Route::Answered, Route::Forward]
+    );
+    assert_eq!(st.on_client(&msg(b'S', b"")).unwrap(), None);
+}
+
 #[test]
 fn a_refused_running_head_names_the_run_and_a_served_one_records_nothing() {
     use crate::claims::RunLease;
