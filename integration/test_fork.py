@@ -15,7 +15,9 @@ from __future__ import annotations
 import time
 import uuid
 
+import psycopg
 import pytest
+from langgraph.types import Command
 
 import lg_enforce as E
 
@@ -272,3 +274,44 @@ def test_audit_fork_served_for_fork_only(direct_dsn, proxy_dsn, proxy):
     # the fork event comes after A's resume was recorded, and no fork before it
     ops = [e["operation"] for e in events]
     assert ops.index("resume_recorded") < ops.index("fork_served"), summary
+
+
+# --------------------------------------------------------------------------- rows that do not decode
+def fork_from_sjis(dsn: str, thread_id: str) -> dict:
+    """Park at C and resume it with True in UTF-8, then fork at C with False from a
+    session whose client_encoding is SJIS. The ledger, and what the fork got: its
+    result, or the SQLSTATE it was refused with."""
+    ledger: list = []
+    with E.Driver("conn", dsn) as d:
+        graph = E.build_gate_graph(d.saver, ledger)
+        d.invoke(graph, {"items": [], "approved": None}, E.cfg_of(thread_id))
+        c_id = E.cp_id(d.get_state(graph, E.cfg_of(thread_id)))
+        d.invoke(graph, Command(resume=True), E.cfg_of(thread_id))
+    with E.Driver("conn", dsn + "&options=-c%20client_encoding%3DSJIS") as f:
+        graph = E.build_gate_graph(f.saver, ledger)
+        try:
+            fork = E.strip_interrupts(f.invoke(graph, Command(resume=False),
+                                               E.cfg_of(thread_id, c_id)))
+        except psycopg.Error as e:
+            fork = e.sqlstate
+    return {"ledger": ledger, "fork": fork}
+
+
+def test_a_fork_whose_row_does_not_decode_is_refused(direct_dsn, dbname, proxy_factory):
+    """A fork read by id from a session in SJIS, of a thread named with 表 (0x95 0x5C
+    in SJIS, not UTF-8): the proxy cannot find the answer to hide in a row that does
+    not decode. Stock: the fork is served the first answer and re-fires the gate with
+    it. Proxy (consume-once off, so that no head read is refused first): refused
+    0A000 before any node ran, audited statement_refused."""
+    stock = fork_from_sjis(direct_dsn, tid("表-fk-d"))
+    assert stock == {"ledger": [True, True], "fork": TRUE_FINAL}, stock
+    proxy = proxy_factory(name="fork-only", env={"RESUMEGUARD_ENFORCE_CONSUME_ONCE": "false"})
+    thread = tid("表-fk-p")
+    res = fork_from_sjis(proxy.dsn(dbname), thread)
+    assert res == {"ledger": [True], "fork": "0A000"}, res
+    # Audited under the thread as the proxy read it: each byte outside UTF-8
+    # as U+F700 plus the byte.
+    as_read = "".join(chr(0xF700 + b) if b >= 0x80 else chr(b) for b in thread.encode("shift_jis"))
+    refused = lambda evs: [e for e in evs if e["operation"] == "statement_refused"]  # noqa: E731
+    events = audit_events(proxy, as_read, lambda evs: refused(evs))
+    assert [e["detail"]["refusal"] for e in refused(events)] == ["undecodable_row"], events

@@ -47,7 +47,8 @@ pub enum Operation {
     /// A client statement the proxy refused before it ran (one on the
     /// proxy's own schema, an unrecognized checkpoint statement, a guarded
     /// channel-history read, a checkpoint statement in SQL PREPARE,
-    /// EXECUTE or DECLARE).
+    /// EXECUTE or DECLARE), or a read by id whose row it refused in place
+    /// of the row (one that does not decode).
     StatementRefused,
 }
 

@@ -279,6 +279,9 @@ pub enum StatementRefusal {
     ChannelHistory,
     /// A checkpoint statement in SQL PREPARE, EXECUTE or DECLARE.
     SqlForm,
+    /// A read by id whose row does not decode: what the fork policy hides
+    /// cannot be found in it (refused once it ran, in place of the row).
+    UndecodableRow,
 }
 
 #[derive(Debug, Serialize)]

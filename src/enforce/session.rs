@@ -115,10 +115,11 @@ pub struct SessionEnforcer {
     screened: LastText<bool>,
     /// The client and database encodings the server last reported.
     encodings: Encodings,
-    /// The head row of the answer in front was refused (the client got
-    /// the claim's refusal instead): that answer's completion records no
-    /// read, the `claim_refused` record standing for it.
-    head_refused: bool,
+    /// A row of the answer in front was refused (the client got the
+    /// refusal instead): that answer's completion records no read, the
+    /// refusal's record (`claim_refused`, `statement_refused`) standing
+    /// for it.
+    row_refused: bool,
 }
 
 impl SessionEnforcer {
@@ -139,7 +140,7 @@ impl SessionEnforcer {
             late: LateGate::default(),
             shared_session: SharedSessionWatch::default(),
             held: None,
-            head_refused: false,
+            row_refused: false,
             encodings: Encodings::default(),
             plain_parse: LastText::default(),
             screened: LastText::default(),
@@ -292,8 +293,8 @@ impl Hooks for SessionEnforcer {
         bind::reads(self, statement)
     }
 
-    fn may_hold(&self, watch: &Watch) -> bool {
-        self.shared.legs.claims.is_some() && watch.is_gated()
+    fn may_refuse(&self, watch: &Watch) -> bool {
+        watch.head_column || (self.shared.legs.claims.is_some() && watch.is_gated())
     }
 
     fn release(&mut self) -> Option<Bytes> {

@@ -240,12 +240,34 @@ impl Watch {
     /// interrupt) and why.
     pub fn undecodable_head(&self) -> Option<(ClaimKey, &str)> {
         let why = self.undecodable.as_deref()?;
-        let StatementKind::Read(shape) = &self.class.kind else {
-            return None;
-        };
         if !self.is_gated() {
             return None;
         }
+        let key = ClaimKey {
+            at: self.addressed()?,
+            fingerprint: String::new(),
+        };
+        Some((key, why))
+    }
+
+    /// For a read by id rewritten for the fork policy, whose row did not
+    /// decode: the checkpoint it addresses and why. What the policy hides
+    /// from a fork cannot be found in such a row.
+    pub fn undecodable_fork(&self) -> Option<(CheckpointRef, &str)> {
+        let why = self.undecodable.as_deref()?;
+        if !self.head_column {
+            return None;
+        }
+        Some((self.addressed()?, why))
+    }
+
+    /// The checkpoint a read addresses, from its parameters as the client
+    /// sent them (each byte outside UTF-8 a character of its own; the id
+    /// empty where the read names none).
+    fn addressed(&self) -> Option<CheckpointRef> {
+        let StatementKind::Read(shape) = &self.class.kind else {
+            return None;
+        };
         let bound = self.bound.as_ref()?;
         let text = |param: Option<usize>| {
             param
@@ -254,16 +276,11 @@ impl Watch {
                 .map(|raw| client_text::decode(raw).into_owned())
                 .unwrap_or_default()
         };
-        let at = CheckpointRef {
+        Some(CheckpointRef {
             thread_id: text(shape.thread_param),
             checkpoint_ns: text(shape.ns_param),
-            checkpoint_id: String::new(),
-        };
-        let key = ClaimKey {
-            at,
-            fingerprint: String::new(),
-        };
-        Some((key, why))
+            checkpoint_id: text(shape.id_param),
+        })
     }
 
     /// For a read of a namespace's head whose last row is parked (carries

@@ -53,6 +53,9 @@ pub struct ServerStep {
 pub struct RareStep {
     /// Bytes the client gets in place of this message.
     pub replace: Option<Bytes>,
+    /// Those bytes are an error that answers the whole statement: nothing
+    /// more of its answer reaches the client.
+    pub answers: bool,
     /// BackendKeyData seen: (pid, key) for cancel routing.
     pub backend_key: Option<(i32, Vec<u8>)>,
     /// Hold this message (and everything after it) until the ticket is
@@ -71,6 +74,21 @@ impl ServerStep {
         if bytes.is_some() {
             self.rare_mut().replace = bytes;
         }
+    }
+
+    /// The client gets the error `error` in place of this message, and
+    /// nothing more of its statement's answer.
+    pub fn set_answer(&mut self, error: Bytes) {
+        let rare = self.rare_mut();
+        rare.replace = Some(error);
+        rare.answers = true;
+    }
+
+    /// The error that answers this message's statement, if the proxy
+    /// answered it (see [`ServerStep::set_answer`]).
+    pub fn answer(&self) -> Option<&Bytes> {
+        let rare = self.rare.as_ref().filter(|r| r.answers)?;
+        rare.replace.as_ref()
     }
 
     pub fn set_backend_key(&mut self, pid: i32, key: Vec<u8>) {

@@ -131,10 +131,11 @@ pub trait Hooks {
     fn reads_bind(&self, _statement: &Self::Statement) -> bool {
         true
     }
-    /// Whether the answer this watch watches may be held for a decision
-    /// (see [`Hooks::row`]): what the client pipelines behind it before
-    /// its next Sync waits for that decision.
-    fn may_hold(&self, _watch: &Self::Watch) -> bool {
+    /// Whether the proxy may answer the statement this watch watches with
+    /// a refusal in place of a row (see [`Hooks::row`]), at once or once a
+    /// held row is decided: what the client pipelines behind it before its
+    /// next Sync waits for that.
+    fn may_refuse(&self, _watch: &Self::Watch) -> bool {
         false
     }
     /// The ticket of the message held last was decided: what the client

@@ -233,10 +233,13 @@ pub(super) fn track_server(
         fatal |= step.fatal;
         let mut replace = None;
         if let Some(rare) = step.rare {
+            // An error that answers the whole statement: the guard routes
+            // the rest of its answer.
             let RareStep {
                 replace: replacement,
                 backend_key,
                 hold,
+                answers: _,
             } = *rare;
             if let Some((pid, key)) = backend_key {
                 proxy.cancel_keys.insert((pid, key.clone()), ());

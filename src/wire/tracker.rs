@@ -67,16 +67,17 @@ pub struct Tracker<H: Hooks> {
     /// answer, in a pipeline segment the server has not ended: the server
     /// raises it before it reads the client's next message.
     fail_segment: Option<Bytes>,
-    /// An Execute whose answer may be held was sent in this segment.
-    behind_hold: Option<BehindHold>,
+    /// An Execute the proxy may refuse was sent in this segment.
+    behind_refusable: Option<BehindRefusable>,
 }
 
-/// Where the client sent an Execute whose answer may be held for a
-/// decision: what it sends behind it before its next Sync waits until the
-/// server answered everything sent (a Flush of the proxy's asks it to),
-/// so that a refusal fails it as PostgreSQL fails what follows an error.
+/// Where the client sent an Execute the proxy may answer with a refusal
+/// in place of a row: what it sends behind it before its next Sync waits
+/// until the server answered everything sent (a Flush of the proxy's asks
+/// it to) and the row is decided, so that a refusal fails it as
+/// PostgreSQL fails what follows an error.
 #[derive(Debug, Clone, Copy)]
-struct BehindHold {
+struct BehindRefusable {
     segment: u64,
     /// The proxy's Flush went to the server after it.
     flushed: bool,
@@ -95,7 +96,7 @@ impl<H: Hooks> Tracker<H> {
             started: false,
             plain_text: LastText::default(),
             fail_segment: None,
-            behind_hold: None,
+            behind_refusable: None,
         }
     }
 
@@ -139,20 +140,20 @@ impl<H: Hooks> Tracker<H> {
         if self.queue.answer_front() {
             self.fail_segment = Some(error.clone());
             // What follows fails at the server: nothing waits to learn it.
-            self.behind_hold = None;
+            self.behind_refusable = None;
         }
     }
 
-    /// What the relay does with a client message behind an Execute whose
-    /// answer may be held, in its segment: a Sync, a Flush or a Terminate
+    /// What the relay does with a client message behind an Execute the
+    /// proxy may refuse, in its segment: a Sync, a Flush or a Terminate
     /// goes on; any other message too once the server answered everything
     /// sent (the decision is made, or none was needed); otherwise a Flush
     /// of the proxy's goes first (unless the client sent one), then the
     /// message waits for those answers.
-    fn behind_hold(&mut self, message: &Frontend<'_>) -> Option<ClientStep> {
-        let behind = self.behind_hold.as_mut()?;
+    fn behind_refusable(&mut self, message: &Frontend<'_>) -> Option<ClientStep> {
+        let behind = self.behind_refusable.as_mut()?;
         if behind.segment != self.segment || self.queue.is_empty() {
-            self.behind_hold = None;
+            self.behind_refusable = None;
             return None;
         }
         match message {
@@ -371,7 +372,7 @@ where
             return Ok(ClientStep::Inject(self.inject_answered(&error)?));
         }
         let message = Frontend::read(frame);
-        if let Some(step) = self.behind_hold(&message) {
+        if let Some(step) = self.behind_refusable(&message) {
             return Ok(step);
         }
         if on_loop {
@@ -435,8 +436,8 @@ where
                 let watch = self
                     .hooks
                     .execute(binding.and_then(|b| b.annotation.as_deref()));
-                if watch.as_ref().is_some_and(|w| self.hooks.may_hold(w)) {
-                    self.behind_hold = Some(BehindHold {
+                if watch.as_ref().is_some_and(|w| self.hooks.may_refuse(w)) {
+                    self.behind_refusable = Some(BehindRefusable {
                         segment: self.segment,
                         flushed: false,
                     });
@@ -593,6 +594,10 @@ where
                 }
             }
         }
+        if let Some(error) = step.answer() {
+            let error = error.clone();
+            self.answered_front(&error);
+        }
         // A request the proxy injected failed: the server skips the
         // client's messages up to Sync, so this error is the client's
         // answer.
@@ -702,13 +707,13 @@ where
     }
 
     /// No change, and no watched answer, is owed for a message sent
-    /// before the latest Sync; behind an Execute whose answer may be held,
+    /// before the latest Sync; behind an Execute the proxy may refuse,
     /// once the proxy's Flush went after it, no answer at all.
     fn settled(&self) -> bool {
-        let waits_behind_hold = self
-            .behind_hold
+        let waits_behind_refusable = self
+            .behind_refusable
             .is_some_and(|b| b.segment == self.segment && b.flushed && !self.queue.is_empty());
-        self.unanswered.settled(self.segment) && !waits_behind_hold
+        self.unanswered.settled(self.segment) && !waits_behind_refusable
     }
 
     fn started(&self) -> bool {

@@ -11,7 +11,7 @@ use crate::saver::classify::StatementKind;
 use crate::wire::messages::error_response::error_fields;
 
 pub(super) fn handle(session: &mut SessionEnforcer, watch: Watch, ok: bool) {
-    let refused = std::mem::take(&mut session.head_refused);
+    let refused = std::mem::take(&mut session.row_refused);
     if let Some(check) = &watch.fence {
         if !ok {
             session.fenced_in_transaction(check);
@@ -31,7 +31,7 @@ pub(super) fn handle(session: &mut SessionEnforcer, watch: Watch, ok: bool) {
         }
     }
     if refused {
-        // The client got the refusal, not the rows: the claim's record
+        // The client got the refusal, not the rows: the refusal's record
         // is the read's.
         return;
     }

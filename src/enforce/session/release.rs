@@ -52,7 +52,7 @@ impl SessionEnforcer {
             remedy.as_deref(),
             &mut self.ready_events,
         );
-        self.head_refused |= refusal.is_some();
+        self.row_refused |= refusal.is_some();
         refusal
     }
 }

@@ -127,3 +127,50 @@ fn a_text_admitted_before_admits_no_other() {
     refused_query(&mut st, b"DELETE FROM resumeguard.claims\0");
     assert_eq!(the_refusal(&mut st).detail["refusal"], "own_schema");
 }
+
+#[test]
+fn a_read_by_id_whose_row_does_not_decode_is_refused_in_its_place() {
+    use crate::wire::messages::data_row::data_row;
+    let by_id = READ_SQL.replace(
+        "ORDER BY checkpoint_id DESC LIMIT 1",
+        "AND checkpoint_id = $3",
+    );
+    let mut st = session(langgraph());
+    assert!(
+        st.on_client(&parse("f", &by_id)).unwrap().is_some(),
+        "rewritten"
+    );
+    client(&mut st, &[msg(b'S', b"")]);
+    server(&mut st, &[msg(b'1', b""), ready(b'I')]);
+    // SJIS 表 is 0x95 0x5C: the row's thread is not UTF-8.
+    let thread = b"\x95\x5c-1";
+    let params = [Some(&thread[..]), Some(b""), Some(b"ck1")];
+    client(
+        &mut st,
+        &[bind("f", &[], &params, &[1]), execute(), msg(b'S', b"")],
+    );
+    server(&mut st, &[msg(b'2', b"")]);
+    // The row carries the head's id last, as the rewrite asks.
+    let fields = [Some(&thread[..]), Some(b"\x01{}"), Some(b""), Some(b"ck1")];
+    let rest = [None, Some(&b"\x01{}"[..]), None, None, Some(b"ck2")];
+    let row = data_row(&[&fields[..], &rest[..]].concat());
+    let (step, log) = crate::test_log::captured(|| st.0.on_server(&row).unwrap());
+    let error = step.answer().expect("the row is answered by a refusal");
+    let fields: Vec<_> = crate::wire::messages::error_response::error_fields(error).collect();
+    assert!(fields.contains(&(b'C', &b"0A000"[..])), "{fields:?}");
+    assert_eq!(step.route, Route::Forward);
+    assert!(
+        log.contains("WARN") && log.contains("by id refused"),
+        "{log}"
+    );
+    // Nothing more of its answer reaches the client, but its ReadyForQuery.
+    let rest = server_routes(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
+    assert_eq!(rest, [Route::Answered, Route::Forward]);
+    let ev = the_refusal(&mut st);
+    assert_eq!(ev.detail["refusal"], "undecodable_row");
+    assert_eq!(ev.detail["statement"], "read_by_id");
+    assert_eq!(
+        (ev.thread_id.as_deref(), ev.checkpoint_id.as_deref()),
+        (Some("\u{f795}\\-1"), Some("ck1"))
+    );
+}
