@@ -17,7 +17,7 @@ node, answer, pid); sleep ``gate_ms``; return ``{"approved": answer, ...}``.
 
 Commands (each prints one JSON object on stdout):
 
-  worker --dsn D --ledger-dsn L --id R --saver conn|pool|async --dir DIR --jobs FILE
+  worker --dsn D --ledger-dsn L --id R --saver conn|pool|async|pipeline|pool_tx --dir DIR --jobs FILE
       Imports LangGraph, opens its saver, compiles the graphs, then for every job j
       of the JSON list in FILE ({"thread", "graph", "form": "bare"|"map",
       "value", "gate_ms", "interrupt_id"}): touches DIR/ready-j-R, spins until

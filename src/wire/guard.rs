@@ -167,9 +167,9 @@ pub trait Guard: Send {
     fn holds_work(&self) -> bool;
     /// No answer the guard follows (one that changes a statement or
     /// portal, or one it watches) is owed for a Sync the client sent
-    /// before its latest one (behind an answer that may be held, none at
-    /// all): a message that waited ([`ClientStep::AwaitServer`]) reads
-    /// the same now.
+    /// before its latest one (behind a statement the guard may refuse in
+    /// place of a row, none at all): a message that waited
+    /// ([`ClientStep::AwaitServer`]) reads the same now.
     fn settled(&self) -> bool;
     /// The startup exchange (authentication included) is over.
     fn started(&self) -> bool;

@@ -151,7 +151,8 @@ fn a_statement_behind_a_gated_read_waits_for_its_decision() {
         st.0.on_client(&msg(b'S', b""), false).unwrap(),
         ClientStep::Forward
     );
-    // An inspection read, or one with consume-once off, holds nothing.
+    // An inspection read, or a read with consume-once off, is never
+    // refused: nothing waits behind it.
     for mut st in [claiming_state(&["^inspect"], "inspect-ui"), state()] {
         client(&mut st, &[parse("_pg3_0", READ_SQL), msg(b'S', b"")]);
         server(&mut st, &[msg(b'1', b""), ready(b'I')]);

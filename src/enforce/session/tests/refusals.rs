@@ -145,10 +145,11 @@ fn a_read_by_id_whose_row_does_not_decode_is_refused_in_its_place() {
     // SJIS 表 is 0x95 0x5C: the row's thread is not UTF-8.
     let thread = b"\x95\x5c-1";
     let params = [Some(&thread[..]), Some(b""), Some(b"ck1")];
-    client(
-        &mut st,
-        &[bind("f", &[], &params, &[1]), execute(), msg(b'S', b"")],
-    );
+    client(&mut st, &[bind("f", &[], &params, &[1]), execute()]);
+    // A statement behind it waits for its row, behind a Flush.
+    let behind = st.0.on_client(&parse("", "SELECT 2"), false).unwrap();
+    assert_eq!(behind, ClientStep::Inject(b"H\0\0\0\x04".to_vec()));
+    client(&mut st, &[msg(b'S', b"")]);
     server(&mut st, &[msg(b'2', b"")]);
     // The row carries the head's id last, as the rewrite asks.
     let fields = [Some(&thread[..]), Some(b"\x01{}"), Some(b""), Some(b"ck1")];
