@@ -1066,6 +1066,43 @@ def test_a_statement_pipelined_behind_a_refused_read_is_skipped(co, pg):
     assert refused == (["1", "2", "T", "E", "Z", FAIL_CLOSED], 0), refused
 
 
+def block_after_a_failed_read(dsn: str, read) -> tuple:
+    """On a connection that is not autocommit (psycopg opens a transaction block
+    first, as a pool with its defaults does): ``read(conn)`` fails; then ``select 1``
+    in the same block. The read's SQLSTATE, the block's status after it, and what
+    the next statement got."""
+    with psycopg.connect(dsn) as conn:
+        try:
+            read(conn)
+            got = "served"
+        except psycopg.Error as e:
+            got = e.sqlstate
+        status = conn.info.transaction_status.name
+        try:
+            conn.execute("select 1")
+            after = "ran"
+        except psycopg.Error as e:
+            after = e.sqlstate
+        conn.rollback()
+    return got, status, after
+
+
+def test_a_refused_read_in_a_transaction_block_fails_the_block(co):
+    """A read of a parked head inside a transaction block, refused through co-F
+    (claims store unreachable): the block is reported failed and the next statement
+    in it gets 25P02, as straight to PostgreSQL after a read that fails (22012)."""
+    from langgraph.checkpoint.postgres import PostgresSaver
+    thread = tid("blk")
+    park(co.dsn("A"), thread)
+    failing = lambda c: c.execute("select 1 / (random() * 0)::int").fetchall()  # noqa: E731
+    assert block_after_a_failed_read(co.direct, failing) == ("22012", "INERROR", "25P02")
+    sql = (PostgresSaver.SELECT_SQL
+           + "WHERE thread_id = %s AND checkpoint_ns = %s ORDER BY checkpoint_id DESC LIMIT 1")
+    head = lambda c: c.execute(sql, (thread, "")).fetchall()  # noqa: E731
+    refused = block_after_a_failed_read(co.dsn("F"), head)
+    assert refused == (FAIL_CLOSED, "INERROR", "25P02"), refused
+
+
 def test_claims_list_and_release(co):
     """A long-lived unmarked inspector holds a claim; `claims list` shows it held by
     co-A; `claims release` frees it, so a resume goes through at once (no lapse wait);

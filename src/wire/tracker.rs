@@ -25,7 +25,7 @@ use super::last_text::LastText;
 use super::messages::backend::Backend;
 use super::messages::bind::Bind;
 use super::messages::error_response::error_fields;
-use super::messages::extended_query::{parse_frame, FLUSH};
+use super::messages::extended_query::{parse_frame, FLUSH, SYNC};
 use super::messages::frontend::{Frontend, Target};
 use super::messages::read::HEADER_LEN;
 use super::messages::write::EncodeError;
@@ -47,6 +47,9 @@ use names::{
 use sql_changes::SqlChanges;
 use unanswered::Unanswered;
 
+/// The ReadyForQuery of a failed transaction block.
+const FAILED_BLOCK_READY: &[u8] = b"Z\0\0\0\x05E";
+
 /// How much of a Bind's body may hold its portal and statement names.
 const BIND_NAMES_WITHIN: usize = 64 * 1024;
 
@@ -64,11 +67,25 @@ pub struct Tracker<H: Hooks> {
     /// The last Parse text found without SQL-level commands.
     plain_text: LastText<()>,
     /// The error the proxy answered a statement with in place of its
-    /// answer, in a pipeline segment the server has not ended: the server
-    /// raises it before it reads the client's next message.
-    fail_segment: Option<Bytes>,
+    /// answer, which the server raises before it reads the client's next
+    /// message: in the statement's own segment, or (`sync`) in one of its
+    /// own, to fail the transaction block the statement ran in.
+    fail_next: Option<Failing>,
+    /// The error the proxy answered a statement with, in a segment the
+    /// server had ended: if that segment's ReadyForQuery says a
+    /// transaction block is open, the client is told it failed, and the
+    /// server fails it before the client's next message.
+    fail_at_ready: Option<Bytes>,
     /// An Execute the proxy may refuse was sent in this segment.
     behind_refusable: Option<BehindRefusable>,
+}
+
+/// An error the server raises for the proxy before the client's next
+/// message; with `sync`, followed by a Sync of the proxy's.
+#[derive(Debug)]
+struct Failing {
+    error: Bytes,
+    sync: bool,
 }
 
 /// Where the client sent an Execute the proxy may answer with a refusal
@@ -95,7 +112,8 @@ impl<H: Hooks> Tracker<H> {
             txn: TxnStatus::Idle,
             started: false,
             plain_text: LastText::default(),
-            fail_segment: None,
+            fail_next: None,
+            fail_at_ready: None,
             behind_refusable: None,
         }
     }
@@ -135,12 +153,19 @@ impl<H: Hooks> Tracker<H> {
     /// sent since), what it ran there after the statement is routed away
     /// too, and the server raises the error before the client's next
     /// message: it skips to Sync, as PostgreSQL does after a failed
-    /// statement, and the segment's transaction fails.
+    /// statement, and the segment's transaction fails. When it has, the
+    /// segment's ReadyForQuery decides (a transaction block still open
+    /// must fail, as after an error).
     pub fn answered_front(&mut self, error: &Bytes) {
         if self.queue.answer_front() {
-            self.fail_segment = Some(error.clone());
+            self.fail_next = Some(Failing {
+                error: error.clone(),
+                sync: false,
+            });
             // What follows fails at the server: nothing waits to learn it.
             self.behind_refusable = None;
+        } else {
+            self.fail_at_ready = Some(error.clone());
         }
     }
 
@@ -246,18 +271,24 @@ impl<H: Hooks> Tracker<H> {
         self.inject_raise(raised, Route::Forward)
     }
 
-    /// The bytes that make the server raise the `error` the proxy already
-    /// answered the client with: nothing of what they are answered reaches
-    /// the client.
-    fn inject_answered(&mut self, error: &[u8]) -> Result<Vec<u8>, ClientError> {
+    /// The bytes that make the server raise the error the proxy already
+    /// answered the client with (then Sync, with `sync`): nothing of what
+    /// they are answered reaches the client.
+    fn inject_answered(&mut self, failing: &Failing) -> Result<Vec<u8>, ClientError> {
         let field = |code: u8| {
-            error_fields(error)
+            error_fields(&failing.error)
                 .find(|&(c, _)| c == code)
                 .map(|(_, text)| String::from_utf8_lossy(text))
                 .unwrap_or_default()
         };
         let raised = [&*field(b'C'), &*field(b'M'), &*field(b'D')];
-        self.inject_raise(raised, Route::Answered)
+        let mut bytes = self.inject_raise(raised, Route::Answered)?;
+        if failing.sync {
+            bytes.extend_from_slice(SYNC);
+            self.push(Expect::Sync, Route::Swallow, None);
+            self.segment += 1;
+        }
+        Ok(bytes)
     }
 
     /// The bytes that make the server raise `[sqlstate, message, detail]`,
@@ -368,8 +399,8 @@ where
     /// their statements); on a loop, the hooks are asked before anything
     /// is tracked.
     fn on_client(&mut self, frame: &[u8], on_loop: bool) -> Result<ClientStep, ClientError> {
-        if let Some(error) = self.fail_segment.take() {
-            return Ok(ClientStep::Inject(self.inject_answered(&error)?));
+        if let Some(failing) = self.fail_next.take() {
+            return Ok(ClientStep::Inject(self.inject_answered(&failing)?));
         }
         let message = Frontend::read(frame);
         if let Some(step) = self.behind_refusable(&message) {
@@ -610,6 +641,15 @@ where
                 step.fatal = fatal;
             }
             Backend::ReadyForQuery { status } => {
+                if let Some(error) = self.fail_at_ready.take() {
+                    if status == b'T' {
+                        // The block goes on at the server until the
+                        // proxy's raise, sent before anything else.
+                        step.set_replace(Some(Bytes::from_static(FAILED_BLOCK_READY)));
+                        let sync = true;
+                        self.fail_next = Some(Failing { error, sync });
+                    }
+                }
                 self.started = true;
                 self.txn = TxnStatus::from_byte(status);
                 if self.txn == TxnStatus::Idle {
@@ -689,10 +729,7 @@ where
         let refusal = self.hooks.release();
         if let Some(error) = &refusal {
             // The refused message's statement must not reach the client:
-            // the rest of its answer is swallowed. The ReadyForQuery of a
-            // segment the server ended already goes on with the status it
-            // reports: in a transaction block that is `T` (the server's
-            // transaction saw no error), where PostgreSQL would say `E`.
+            // the rest of its answer is swallowed.
             self.answered_front(error);
         }
         refusal

@@ -12,6 +12,9 @@ pub const NO_PARAM_TYPES: &[u8] = &[0, 0];
 /// A Flush: the server sends what it has answered so far.
 pub const FLUSH: &[u8] = b"H\0\0\0\x04";
 
+/// A Sync: the end of a pipeline segment.
+pub const SYNC: &[u8] = b"S\0\0\0\x04";
+
 /// Appends a Parse of `sql` as statement `name`; `param_types` is the
 /// parameter-type section as a client sent it (count, then the oids).
 pub fn write_parse(

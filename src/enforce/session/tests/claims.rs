@@ -203,7 +203,8 @@ fn a_refusal_in_a_segment_the_server_has_not_ended_fails_that_segment() {
         ]
     );
     assert!(st.is_idle());
-    // Refused once its segment is ended, nothing more is raised.
+    // Refused once its segment is ended, outside a transaction block,
+    // nothing more is raised.
     let mut st = claiming_state(&[], "worker");
     let req = read_parked_head(&mut st).claim.expect("held");
     assert!(st.apply_claim(&req, &store_unavailable()).is_some());
@@ -213,6 +214,41 @@ fn a_refusal_in_a_segment_the_server_has_not_ended_fails_that_segment() {
         [Route::Answered, Route::Forward]
     );
     assert_eq!(st.on_client(&msg(b'S', b"")).unwrap(), None);
+}
+
+#[test]
+fn a_refusal_in_a_transaction_block_fails_the_block() {
+    let mut st = claiming_state(&[], "worker");
+    client(&mut st, &[msg(b'Q', b"BEGIN\0")]);
+    server(&mut st, &[msg(b'C', b"BEGIN\0"), ready(b'T')]);
+    let req = read_parked_head(&mut st).claim.expect("held");
+    assert!(st.apply_claim(&req, &store_unavailable()).is_some());
+    assert_eq!(
+        server_routes(&mut st, &[msg(b'C', b"SELECT 1\0")]),
+        [Route::Answered]
+    );
+    // The segment's ReadyForQuery says the block failed, as after an error.
+    let at_ready = st.0.on_server(&ready(b'T')).unwrap();
+    let told = at_ready.rare.as_ref().and_then(|r| r.replace.clone());
+    assert_eq!(told.as_deref(), Some(&ready(b'E')[..]));
+    // The server fails it before the client's next statement (which then
+    // fails as in any failed block), in a segment of the proxy's own.
+    let next = msg(b'Q', b"select 1\0");
+    let sent = st.on_client(&next).unwrap().expect("a raise first");
+    assert!(is_raise(&sent), "{sent:?}");
+    assert!(sent.ends_with(&[&msg(b'S', b"")[..], &next].concat()));
+    let raised = msg(b'E', b"SERROR\0C58000\0Mrefused\0\0");
+    let proxys = [msg(b'1', b""), msg(b'2', b""), raised, ready(b'E')];
+    let routes = [
+        Route::Swallow,
+        Route::Swallow,
+        Route::Answered,
+        Route::Swallow,
+    ];
+    assert_eq!(server_routes(&mut st, &proxys), routes);
+    let aborted = msg(b'E', b"SERROR\0C25P02\0Mcurrent transaction is aborted\0\0");
+    let clients = server_routes(&mut st, &[aborted, ready(b'E')]);
+    assert_eq!(clients, [Route::Forward, Route::Forward]);
 }
 
 #[test]
