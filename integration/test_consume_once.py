@@ -1103,6 +1103,55 @@ def test_a_refused_read_in_a_transaction_block_fails_the_block(co):
     assert refused == (FAIL_CLOSED, "INERROR", "25P02"), refused
 
 
+def past_a_reads_sync_in_a_block(env: Env, port: int, read: bytes) -> tuple[list[list[str]], int]:
+    """In a transaction block, ``read`` (Parse, Bind, Describe, Execute) and its Sync,
+    then an INSERT and a COMMIT pipelined past that Sync as simple Queries, all sent
+    before any answer. What each of the three got (its messages' types, an error's
+    SQLSTATE, a completion's tag, the ReadyForQuery's status), and the rows kept."""
+    table = "rg_past_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(env.direct, autocommit=True) as c:
+        c.execute(f"create table {table} (v int)")
+    s = pgraw.login(HOST, port, "postgres", env.dbname)
+    try:
+        s.simple_query("begin")
+        s.send(read + pgraw.sync() + pgraw.query(f"insert into {table} values (1)")
+               + pgraw.query("commit"))
+        answers = [s.until_ready() for _ in range(3)]
+    finally:
+        s.close()
+    with psycopg.connect(env.direct, autocommit=True) as c:
+        kept = c.execute(f"select count(*) from {table}").fetchone()[0]
+
+    def said(tag: bytes, payload: bytes) -> str:
+        if tag == b"E":
+            return "E " + pgraw.parse_error_fields(payload)["C"]
+        if tag in (b"C", b"Z"):
+            return f"{tag.decode()} {payload.rstrip(bytes(1)).decode()}"
+        return tag.decode()
+    return [[said(t, p) for t, p in answer] for answer in answers], kept
+
+
+def test_what_is_pipelined_past_a_refused_reads_sync_fails_with_its_block(co, pg):
+    """In a transaction block, a read of a parked head with its Sync, and an INSERT
+    and a COMMIT pipelined past that Sync before any answer. Refused through co-F
+    (claims store unreachable), the INSERT fails 25P02 and the COMMIT rolls back:
+    nothing is kept, as straight to PostgreSQL after a read that fails (22012)."""
+    thread = tid("past")
+    park(co.dsn("A"), thread)
+    failing = (pgraw.parse("", "select 1 / (random() * 0)::int") + pgraw.bind("", "")
+               + pgraw.describe_portal() + pgraw.execute())
+    stock = past_a_reads_sync_in_a_block(co, pg.port, failing)
+    failed = [["1", "2", "T", "E 22012", "Z E"], ["E 25P02", "Z E"], ["C ROLLBACK", "Z I"]]
+    assert stock == (failed, 0), stock
+    head = (pgraw.parse("", READ_SQL) + pgraw.bind("", "", [thread.encode(), b""])
+            + pgraw.describe_portal() + pgraw.execute())
+    served = past_a_reads_sync_in_a_block(co, pg.port, head)
+    assert served[0][1:] == [["C INSERT 0 1", "Z T"], ["C COMMIT", "Z I"]] and served[1] == 1
+    refused = past_a_reads_sync_in_a_block(co, co.f.port, head)
+    failed[0][3] = "E " + FAIL_CLOSED
+    assert refused == (failed, 0), refused
+
+
 def test_claims_list_and_release(co):
     """A long-lived unmarked inspector holds a claim; `claims list` shows it held by
     co-A; `claims release` frees it, so a resume goes through at once (no lapse wait);

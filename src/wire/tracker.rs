@@ -88,16 +88,26 @@ struct Failing {
     sync: bool,
 }
 
-/// Where the client sent an Execute the proxy may answer with a refusal
-/// in place of a row: what it sends behind it before its next Sync waits
-/// until the server answered everything sent (a Flush of the proxy's asks
-/// it to) and the row is decided, so that a refusal fails it as
-/// PostgreSQL fails what follows an error.
+/// Where the client sent an Execute or a Query the proxy may answer with
+/// a refusal in place of a row: what it sends behind it waits until the
+/// server answered everything sent (within the statement's segment, a
+/// Flush of the proxy's asks it to) and the row is decided, so that a
+/// refusal fails it as PostgreSQL fails what follows an error: the rest
+/// of the segment, or of the transaction block the segment left open.
 #[derive(Debug, Clone, Copy)]
 struct BehindRefusable {
     segment: u64,
     /// The proxy's Flush went to the server after it.
     flushed: bool,
+}
+
+impl BehindRefusable {
+    fn at(segment: u64) -> Self {
+        BehindRefusable {
+            segment,
+            flushed: false,
+        }
+    }
 }
 
 impl<H: Hooks> Tracker<H> {
@@ -169,27 +179,31 @@ impl<H: Hooks> Tracker<H> {
         }
     }
 
-    /// What the relay does with a client message behind an Execute the
-    /// proxy may refuse, in its segment: a Sync, a Flush or a Terminate
-    /// goes on; any other message too once the server answered everything
-    /// sent (the decision is made, or none was needed); otherwise a Flush
-    /// of the proxy's goes first (unless the client sent one), then the
-    /// message waits for those answers.
+    /// What the relay does with a client message behind an Execute (or a
+    /// Query) the proxy may refuse: any message goes on once the server
+    /// answered everything sent (the decision is made, or none was
+    /// needed), and a Terminate always. Until then, in the statement's own
+    /// segment a Sync or a Flush goes on, and any other message waits
+    /// behind a Flush of the proxy's (unless the client sent one); past
+    /// the segment's end every message waits for its ReadyForQuery, which
+    /// says whether a transaction block the refusal fails is open.
     fn behind_refusable(&mut self, message: &Frontend<'_>) -> Option<ClientStep> {
         let behind = self.behind_refusable.as_mut()?;
-        if behind.segment != self.segment || self.queue.is_empty() {
+        if self.queue.is_empty() {
             self.behind_refusable = None;
             return None;
         }
+        let ended = behind.segment != self.segment;
         match message {
-            Frontend::Flush => {
+            Frontend::Terminate => return None,
+            Frontend::Flush if !ended => {
                 behind.flushed = true;
                 return None;
             }
-            Frontend::Sync | Frontend::Terminate => return None,
+            Frontend::Sync if !ended => return None,
             _ => {}
         }
-        if !behind.flushed {
+        if !ended && !behind.flushed {
             behind.flushed = true;
             return Some(ClientStep::Inject(FLUSH.to_vec()));
         }
@@ -400,6 +414,8 @@ where
     /// is tracked.
     fn on_client(&mut self, frame: &[u8], on_loop: bool) -> Result<ClientStep, ClientError> {
         if let Some(failing) = self.fail_next.take() {
+            // Decided and failed at the server: nothing waits to learn it.
+            self.behind_refusable = None;
             return Ok(ClientStep::Inject(self.inject_answered(&failing)?));
         }
         let message = Frontend::read(frame);
@@ -468,10 +484,7 @@ where
                     .hooks
                     .execute(binding.and_then(|b| b.annotation.as_deref()));
                 if watch.as_ref().is_some_and(|w| self.hooks.may_refuse(w)) {
-                    self.behind_refusable = Some(BehindRefusable {
-                        segment: self.segment,
-                        flushed: false,
-                    });
+                    self.behind_refusable = Some(BehindRefusable::at(self.segment));
                 }
                 let commands = binding
                     .map(|b| SqlChanges::new(commands_of(&b.commands).iter().cloned(), false))
@@ -744,12 +757,12 @@ where
     }
 
     /// No change, and no watched answer, is owed for a message sent
-    /// before the latest Sync; behind an Execute the proxy may refuse,
-    /// once the proxy's Flush went after it, no answer at all.
+    /// before the latest Sync; behind a statement the proxy may refuse,
+    /// once a Sync or the proxy's Flush went after it, no answer at all.
     fn settled(&self) -> bool {
         let waits_behind_refusable = self
             .behind_refusable
-            .is_some_and(|b| b.segment == self.segment && b.flushed && !self.queue.is_empty());
+            .is_some_and(|b| (b.segment != self.segment || b.flushed) && !self.queue.is_empty());
         self.unanswered.settled(self.segment) && !waits_behind_refusable
     }
 

@@ -14,7 +14,9 @@ use super::super::response_queue::{Expect, Route};
 use super::super::sql_commands::{scan, SqlCommand, Unreadable};
 use super::names::{Change, Executes, Lookup, Statement};
 use super::sql_changes::SqlChanges;
-use super::{never_prepared, unsendable, Hooks, Refusal, Tracker, FEATURE_NOT_SUPPORTED};
+use super::{
+    never_prepared, unsendable, BehindRefusable, Hooks, Refusal, Tracker, FEATURE_NOT_SUPPORTED,
+};
 
 impl<H: Hooks> Tracker<H> {
     /// A Parse's text (as [`client_text`] decodes it): its statement
@@ -182,6 +184,9 @@ impl<H: Hooks> Tracker<H> {
                 (ClientStep::Replace(bytes), None)
             }
         };
+        if watch.as_ref().is_some_and(|w| self.hooks.may_refuse(w)) {
+            self.behind_refusable = Some(BehindRefusable::at(self.segment));
+        }
         // The answer drops the unnamed statement and portal: with neither
         // in use that changes nothing.
         let change = Change::answer(

@@ -252,6 +252,59 @@ fn a_refusal_in_a_transaction_block_fails_the_block() {
 }
 
 #[test]
+fn what_a_client_pipelines_past_a_gated_reads_segment_waits_for_its_ready_for_query() {
+    // In a block, a COMMIT pipelined past the read's Sync: it waits until
+    // the segment's ReadyForQuery, then the block fails before it.
+    let mut st = claiming_state(&[], "worker");
+    client(&mut st, &[msg(b'Q', b"BEGIN\0")]);
+    server(&mut st, &[msg(b'C', b"BEGIN\0"), ready(b'T')]);
+    let req = read_parked_head(&mut st).claim.expect("held");
+    let commit = msg(b'Q', b"COMMIT\0");
+    for waits in [commit.clone(), msg(b'S', b""), msg(b'H', b"")] {
+        let offered = st.0.on_client(&waits, false).unwrap();
+        assert_eq!(offered, ClientStep::AwaitServer, "{waits:?}");
+    }
+    assert!(st.apply_claim(&req, &store_unavailable()).is_some());
+    server(&mut st, &[msg(b'C', b"SELECT 1\0")]);
+    assert!(!st.0.settled());
+    server(&mut st, &[ready(b'T')]);
+    assert!(st.0.settled());
+    let sent = st.on_client(&commit).unwrap().expect("a raise first");
+    assert!(is_raise(&sent), "{sent:?}");
+    assert!(sent.ends_with(&[&msg(b'S', b"")[..], &commit].concat()));
+    // Served, what waited goes on as it is; a Terminate never waits.
+    let mut st = claiming_state(&[], "worker");
+    let req = read_parked_head(&mut st).claim.expect("held");
+    let next = parse("", "SELECT 2");
+    let terminate = msg(b'X', b"");
+    assert_eq!(
+        st.0.on_client(&next, false).unwrap(),
+        ClientStep::AwaitServer
+    );
+    assert_eq!(
+        st.0.on_client(&terminate, false).unwrap(),
+        ClientStep::Forward
+    );
+    let served = Resolution {
+        decision: crate::policy::claims::ClaimDecision::Serve { takeover: false },
+        ..store_unavailable()
+    };
+    assert!(st.apply_claim(&req, &served).is_none());
+    server(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
+    assert_eq!(st.0.on_client(&next, false).unwrap(), ClientStep::Forward);
+    // A read sent as a simple Query: the same wait behind it.
+    let mut st = claiming_state(&[], "worker");
+    let verdict = query_parked_head(&mut st);
+    assert_eq!(
+        st.0.on_client(&next, false).unwrap(),
+        ClientStep::AwaitServer
+    );
+    assert!(refuse_parked_claim(&mut st, verdict).is_some());
+    server(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
+    assert_eq!(st.0.on_client(&next, false).unwrap(), ClientStep::Forward);
+}
+
+#[test]
 fn a_refused_running_head_names_the_run_and_a_served_one_records_nothing() {
     use crate::claims::RunLease;
     use crate::policy::claims::{ClaimDecision, Refusal};
