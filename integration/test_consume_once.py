@@ -1103,15 +1103,17 @@ def test_a_refused_read_in_a_transaction_block_fails_the_block(co):
     assert refused == (FAIL_CLOSED, "INERROR", "25P02"), refused
 
 
-def past_a_reads_sync_in_a_block(env: Env, port: int, read: bytes) -> tuple[list[list[str]], int]:
-    """In a transaction block, ``read`` (Parse, Bind, Describe, Execute) and its Sync,
-    then an INSERT and a COMMIT pipelined past that Sync as simple Queries, all sent
-    before any answer. What each of the three got (its messages' types, an error's
-    SQLSTATE, a completion's tag, the ReadyForQuery's status), and the rows kept."""
+def past_a_reads_sync_in_a_block(direct: str, dbname: str, port: int, read: bytes,
+                                 **params: str) -> tuple[list[list[str]], int]:
+    """Logged in to ``dbname`` at ``port`` with the startup ``params``, in a
+    transaction block: ``read`` (Parse, Bind, Describe, Execute) and its Sync, then an
+    INSERT and a COMMIT pipelined past that Sync as simple Queries, all sent before any
+    answer. What each of the three got (its messages' types, an error's SQLSTATE, a
+    completion's tag, the ReadyForQuery's status), and the rows kept (read ``direct``)."""
     table = "rg_past_" + uuid.uuid4().hex[:8]
-    with psycopg.connect(env.direct, autocommit=True) as c:
+    with psycopg.connect(direct, autocommit=True) as c:
         c.execute(f"create table {table} (v int)")
-    s = pgraw.login(HOST, port, "postgres", env.dbname)
+    s = pgraw.login(HOST, port, "postgres", dbname, **params)
     try:
         s.simple_query("begin")
         s.send(read + pgraw.sync() + pgraw.query(f"insert into {table} values (1)")
@@ -1119,7 +1121,7 @@ def past_a_reads_sync_in_a_block(env: Env, port: int, read: bytes) -> tuple[list
         answers = [s.until_ready() for _ in range(3)]
     finally:
         s.close()
-    with psycopg.connect(env.direct, autocommit=True) as c:
+    with psycopg.connect(direct, autocommit=True) as c:
         kept = c.execute(f"select count(*) from {table}").fetchone()[0]
 
     def said(tag: bytes, payload: bytes) -> str:
@@ -1140,14 +1142,14 @@ def test_what_is_pipelined_past_a_refused_reads_sync_fails_with_its_block(co, pg
     park(co.dsn("A"), thread)
     failing = (pgraw.parse("", "select 1 / (random() * 0)::int") + pgraw.bind("", "")
                + pgraw.describe_portal() + pgraw.execute())
-    stock = past_a_reads_sync_in_a_block(co, pg.port, failing)
+    stock = past_a_reads_sync_in_a_block(co.direct, co.dbname, pg.port, failing)
     failed = [["1", "2", "T", "E 22012", "Z E"], ["E 25P02", "Z E"], ["C ROLLBACK", "Z I"]]
     assert stock == (failed, 0), stock
     head = (pgraw.parse("", READ_SQL) + pgraw.bind("", "", [thread.encode(), b""])
             + pgraw.describe_portal() + pgraw.execute())
-    served = past_a_reads_sync_in_a_block(co, pg.port, head)
+    served = past_a_reads_sync_in_a_block(co.direct, co.dbname, pg.port, head)
     assert served[0][1:] == [["C INSERT 0 1", "Z T"], ["C COMMIT", "Z I"]] and served[1] == 1
-    refused = past_a_reads_sync_in_a_block(co, co.f.port, head)
+    refused = past_a_reads_sync_in_a_block(co.direct, co.dbname, co.f.port, head)
     failed[0][3] = "E " + FAIL_CLOSED
     assert refused == (failed, 0), refused
 

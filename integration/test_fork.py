@@ -20,6 +20,7 @@ import pytest
 from langgraph.types import Command
 
 import lg_enforce as E
+import pgraw
 
 # The integration core, run per PostgreSQL major by full_matrix.sh (RG_CO_STACKS=versions).
 pytestmark = pytest.mark.core
@@ -315,3 +316,35 @@ def test_a_fork_whose_row_does_not_decode_is_refused(direct_dsn, dbname, proxy_f
     refused = lambda evs: [e for e in evs if e["operation"] == "statement_refused"]  # noqa: E731
     events = audit_events(proxy, as_read, lambda evs: refused(evs))
     assert [e["detail"]["refusal"] for e in refused(events)] == ["undecodable_row"], events
+
+
+def test_what_is_pipelined_past_a_refused_fork_read_fails_with_its_block(
+        direct_dsn, dbname, pg, proxy_factory):
+    """The fork read of the test above sent raw from an SJIS session in a transaction
+    block, with an INSERT and a COMMIT pipelined past the read's Sync before any
+    answer, through a proxy with consume-once off (its sessions stay on the event
+    loop): the read is refused 0A000, the INSERT fails 25P02 and the COMMIT rolls
+    back, nothing kept. Straight to PostgreSQL the read is served and the INSERT
+    committed."""
+    from langgraph.checkpoint.postgres.base import BasePostgresSaver
+    from test_consume_once import past_a_reads_sync_in_a_block
+    thread = tid("表-fk-past")
+    with E.Driver("conn", direct_dsn) as d:
+        graph = E.build_gate_graph(d.saver, [])
+        d.invoke(graph, {"items": [], "approved": None}, E.cfg_of(thread))
+        c_id = E.cp_id(d.get_state(graph, E.cfg_of(thread)))
+    sql = (BasePostgresSaver.SELECT_SQL
+           + "WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3")
+    by_id = (pgraw.parse("", sql) + pgraw.bind("", "", [thread.encode("shift_jis"), b"",
+                                                         c_id.encode()])
+             + pgraw.describe_portal() + pgraw.execute())
+    stock = past_a_reads_sync_in_a_block(direct_dsn, dbname, pg.port, by_id,
+                                         client_encoding="SJIS")
+    assert stock == ([["1", "2", "T", "D", "C SELECT 1", "Z T"], ["C INSERT 0 1", "Z T"],
+                      ["C COMMIT", "Z I"]], 1), stock
+    proxy = proxy_factory(name="fork-only-past",
+                          env={"RESUMEGUARD_ENFORCE_CONSUME_ONCE": "false"})
+    refused = past_a_reads_sync_in_a_block(direct_dsn, dbname, proxy.port, by_id,
+                                           client_encoding="SJIS")
+    assert refused == ([["1", "2", "T", "E 0A000", "Z E"], ["E 25P02", "Z E"],
+                        ["C ROLLBACK", "Z I"]], 0), refused
