@@ -1154,6 +1154,51 @@ def test_what_is_pipelined_past_a_refused_reads_sync_fails_with_its_block(co, pg
     assert refused == (failed, 0), refused
 
 
+def canceled_while_it_waits(dsn: str, sql: str, params=(), cancel_after: float = 0.5) -> tuple:
+    """``sql`` on a connection whose client cancels it (libpq's CancelRequest) after
+    ``cancel_after`` s. What it got (its rows, or its SQLSTATE), how long after the
+    cancel that came, and whether the connection answers the next query."""
+    from concurrent.futures import ThreadPoolExecutor
+    with psycopg.connect(dsn, autocommit=True) as conn, ThreadPoolExecutor(1) as pool:
+        def run():
+            try:
+                return conn.execute(sql, params).fetchall()
+            except psycopg.Error as e:
+                return e.sqlstate
+        got = pool.submit(run)
+        time.sleep(cancel_after)
+        canceled_at = time.monotonic()
+        conn.cancel_safe()
+        result = got.result(timeout=30)
+        after = time.monotonic() - canceled_at
+        return result, after, conn.execute("select 1").fetchone() == (1,)
+
+
+def test_a_read_waiting_for_a_claim_is_canceled_as_a_statement_is(co):
+    """A resume's read of a parked head waits while an unmarked get_state in another
+    process holds the claim (up to lapse_ms, 3 s here). Its client cancels the read
+    0.5 s in: it fails 57014 at once, as PostgreSQL cancels a running statement
+    (straight to it, pg_sleep canceled), its connection goes on, and the refusal is
+    audited. Before, the cancel reached only the server, which had finished the read:
+    the read went on waiting, then was served."""
+    from langgraph.checkpoint.postgres import PostgresSaver
+    stock = canceled_while_it_waits(co.direct, "select pg_sleep(10)")
+    assert stock[0] == "57014" and stock[1] < 1.0 and stock[2], stock
+    thread = tid("cancel")
+    park(co.dsn("A"), thread)
+    holder = Inspector(co.dsn("A", "rg-holder"), thread, hold_s=30)
+    try:
+        sql = (PostgresSaver.SELECT_SQL + "WHERE thread_id = %s AND checkpoint_ns = %s "
+               "ORDER BY checkpoint_id DESC LIMIT 1")
+        got, after, usable = canceled_while_it_waits(co.dsn("A", "rg-canceled"), sql, (thread, ""))
+    finally:
+        holder.stop()
+    assert got == "57014" and after < 1.0 and usable, (got, after, usable)
+    evs = audit_ops(co, thread, lambda e: ops(e, "claim_refused"))
+    refused = [e["detail"] for e in ops(evs, "claim_refused")]
+    assert [d["sqlstate"] for d in refused] == ["57014"], refused
+
+
 def test_claims_list_and_release(co):
     """A long-lived unmarked inspector holds a claim; `claims list` shows it held by
     co-A; `claims release` frees it, so a resume goes through at once (no lapse wait);

@@ -323,6 +323,41 @@ def test_lock_busy(env):
     assert time.monotonic() - t0 < 20
 
 
+def test_canceled(env):
+    """A second resume waits for the claim while the first one's gate runs (3 s); its
+    client cancels it 0.5 s in (libpq's CancelRequest): it fails 57014 at once, as a
+    canceled statement does, its node never runs, and the first goes on."""
+    dsn = dsn_of(env.guard, env)
+    thread = tid("canceled")
+    SLOW[thread] = {"gate": 3.0}
+    park(dsn, thread)
+    t, first = in_background(run, dsn, Command(resume="first"), thread)
+    wait_until(lambda: ledger(thread), "the first resume's gate")
+    second = saver(with_app(dsn, "canceled-racer"))
+
+    def resume_second() -> dict:
+        try:
+            return {"ok": True, "values": approval_graph(second).invoke(
+                Command(resume="second"), cfg(thread))}
+        except psycopg.Error as e:
+            return {"ok": False, "sqlstate": e.sqlstate, "message": e.diag.message_primary}
+    try:
+        t2, res = in_background(resume_second)
+        time.sleep(0.5)
+        canceled_at = time.monotonic()
+        second.conn.cancel_safe()
+        t2.join(30)
+        waited = time.monotonic() - canceled_at
+    finally:
+        second.conn.close()
+    t.join(30)
+    assert res["sqlstate"] == "57014", res
+    assert res["message"].startswith("canceling statement due to user request"), res
+    assert waited < 1.0, waited
+    assert first["ok"], first
+    assert ledger(thread) == ["first"]
+
+
 def test_store_unavailable(env):
     """A claims store that cannot be opened: the resume's read of the parked head is
     refused 58000 (fail closed); ordinary queries still pass. Stock resumes."""

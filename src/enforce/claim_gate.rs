@@ -19,7 +19,7 @@ use crate::audit::SessionContext;
 use crate::log_text::shown;
 use crate::metrics::claims_store_call;
 use crate::wire::draining::Draining;
-use crate::wire::guard::Ticket;
+use crate::wire::guard::{Ticket, WaitEnd};
 
 use crate::claims::evidence::EvidenceSender;
 use crate::claims::failure_streak::FailureStreak;
@@ -144,16 +144,18 @@ impl ClaimsLeg {
 
     /// Takes the claim, polling while another live claim holds it. Blocks
     /// the calling session thread (and only it) while it waits.
-    /// `server_closed` tells whether the server has ended the reader's own
+    /// `ends` tells whether the server has ended the reader's own
     /// session: such a reader is never served a parked head, since its
     /// node would run with nothing it writes able to commit (a claim it
-    /// took is then its session's to lose, as a crash's is).
+    /// took is then its session's to lose, as a crash's is); or whether
+    /// the reader's client canceled while it waited, which refuses the
+    /// read as PostgreSQL cancels a statement.
     /// `ahead` is the claim asked beside the read, if it was.
     pub fn resolve(
         &self,
         req: &ClaimRequest,
         ahead: Option<AheadClaim>,
-        server_closed: &dyn Fn() -> bool,
+        ends: &dyn Fn() -> Option<WaitEnd>,
     ) -> Resolution {
         if req.head == Head::Running {
             return self.check_run_lease(req);
@@ -164,9 +166,11 @@ impl ClaimsLeg {
         };
         let mut resolution = match known {
             Some(held) => held,
-            None => self.wait_for_claim(req, ahead, server_closed),
+            None => self.wait_for_claim(req, ahead, ends),
         };
-        if matches!(resolution.decision, ClaimDecision::Serve { .. }) && server_closed() {
+        if matches!(resolution.decision, ClaimDecision::Serve { .. })
+            && ends() == Some(WaitEnd::ServerClosed)
+        {
             resolution.decision = session_ended();
         }
         resolution
@@ -178,7 +182,7 @@ impl ClaimsLeg {
         &self,
         req: &ClaimRequest,
         mut ahead: Option<AheadClaim>,
-        server_closed: &dyn Fn() -> bool,
+        ends: &dyn Fn() -> Option<WaitEnd>,
     ) -> Resolution {
         // A local wait: the monotonic clock, not the claims clock.
         let started = Instant::now();
@@ -196,9 +200,14 @@ impl ClaimsLeg {
                     epoch: None,
                 };
             }
-            if server_closed() {
+            if let Some(end) = ends() {
                 return Resolution {
-                    decision: session_ended(),
+                    decision: match end {
+                        WaitEnd::ServerClosed => session_ended(),
+                        WaitEnd::Canceled => ClaimDecision::Refuse {
+                            reason: Refusal::Canceled,
+                        },
+                    },
                     waited_ms,
                     held_already: false,
                     displaced: None,
@@ -384,13 +393,13 @@ impl std::fmt::Debug for ClaimsLeg {
 
 impl Ticket for ClaimTicket {
     /// Decides once; a ticket already decided keeps its decision.
-    fn decide(&self, server_closed: &dyn Fn() -> bool) {
+    fn decide(&self, ends: &dyn Fn() -> Option<WaitEnd>) {
         self.resolution.get_or_init(|| {
             let ahead = match self.ahead.lock() {
                 Ok(mut ahead) => ahead.take(),
                 Err(poisoned) => poisoned.into_inner().take(),
             };
-            let resolution = self.leg.resolve(&self.request, ahead, server_closed);
+            let resolution = self.leg.resolve(&self.request, ahead, ends);
             count_decision(self.request.head, &resolution);
             resolution
         });

@@ -23,6 +23,9 @@
 //!   ended the reader's own session while its read waited for the claim;
 //!   nothing it wrote could commit, so it is not served (the connection
 //!   is gone: this one is in class 08 on purpose).
+//! - `57014` query_canceled, [`Refusal::Canceled`]: the reader's client
+//!   sent a CancelRequest while its read waited for the claim, and the
+//!   read is canceled as PostgreSQL cancels a statement.
 //! - `0A000` feature_not_supported, [`Refusal::ClientEncoding`]: the
 //!   reader's client encoding is converted by the server and the head's
 //!   key holds characters outside ASCII; the same resume succeeds in the
@@ -53,6 +56,8 @@ pub const SQLSTATE_IN_FLIGHT: &str = "55006";
 pub const SQLSTATE_STORE_UNAVAILABLE: &str = "58000";
 /// [`Refusal::SessionEnded`]: connection_failure.
 pub const SQLSTATE_SESSION_ENDED: &str = "08006";
+/// [`Refusal::Canceled`]: query_canceled.
+pub const SQLSTATE_CANCELED: &str = "57014";
 /// [`Refusal::ClientEncoding`]: feature_not_supported.
 pub const SQLSTATE_CLIENT_ENCODING: &str = "0A000";
 
@@ -95,6 +100,9 @@ pub enum Refusal {
     /// The server ended the reader's own session while it waited: its
     /// node would run with nothing it writes able to commit.
     SessionEnded,
+    /// The reader's client canceled the read (a CancelRequest with its
+    /// backend key) while it waited for the claim.
+    Canceled,
     /// The reader's session is in this client encoding, which the server
     /// converts, and the head's key holds characters outside ASCII: the
     /// bytes the proxy read are not the thread's, so no claim can be
@@ -254,6 +262,7 @@ impl Refusal {
             Refusal::StoreUnavailable(..) => "store_unavailable",
             Refusal::ShuttingDown => "shutting_down",
             Refusal::SessionEnded => "session_ended",
+            Refusal::Canceled => "canceled",
             Refusal::ClientEncoding(_) => "client_encoding",
             Refusal::Undecodable(_) => "undecodable",
         }
@@ -266,6 +275,7 @@ impl Refusal {
             Refusal::InFlight { .. } | Refusal::ShuttingDown => SQLSTATE_IN_FLIGHT,
             Refusal::StoreUnavailable(..) => SQLSTATE_STORE_UNAVAILABLE,
             Refusal::SessionEnded => SQLSTATE_SESSION_ENDED,
+            Refusal::Canceled => SQLSTATE_CANCELED,
             Refusal::ClientEncoding(_) | Refusal::Undecodable(_) => SQLSTATE_CLIENT_ENCODING,
         }
     }
@@ -319,6 +329,10 @@ impl Refusal {
                 "resumeguard: the server ended this session while its read of parked {what} \
                  waited for the claim; nothing was served and no node ran"
             ),
+            Refusal::Canceled => format!(
+                "canceling statement due to user request: the read of parked {what} waited \
+                 for its claim and was canceled by resumeguard; nothing was served and no node ran"
+            ),
             Refusal::ClientEncoding(encoding) => format!(
                 "resumeguard: read of {what} refused (fail closed): the server converts this \
                  session's client_encoding {encoding} to the database's, so the key's characters \
@@ -369,6 +383,10 @@ impl Refusal {
             Refusal::SessionEnded => {
                 "Resume again on a new connection; the thread continues with the first \
                  reader once the claim's holder is gone."
+            }
+            Refusal::Canceled => {
+                "The client canceled the read while another session held the claim; resume \
+                 again to wait for it."
             }
             Refusal::ClientEncoding(_) => {
                 "Resume with client_encoding set to the database's encoding (PGCLIENTENCODING, \

@@ -29,13 +29,13 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
+use super::backend_keys::WaitEnds;
 use super::guard::Ticket;
 use super::loop_session::{LoopSession, Next};
 use super::proxy::LoopIo;
 use super::relayed::{Relay, Relayed, THREAD_STACK};
 use super::ring::{Done, Ring, RingWaker};
 use super::session_end::End;
-use super::upstream::Upstream;
 
 /// The token of a loop's waker.
 const WAKE: Token = Token(usize::MAX);
@@ -500,7 +500,7 @@ impl Worker {
         let id = s.session.id;
         let held = s
             .ticket_to_decide()
-            .map(|ticket| (ticket, Arc::clone(&s.session.handle.server)));
+            .map(|ticket| (ticket, s.session.wait_ends()));
         match next {
             Next::Waits => {}
             Next::Yields => self.again.push((key, id)),
@@ -510,13 +510,13 @@ impl Worker {
         if let Err(e) = self.queue_sends(key) {
             return self.end(key, End::Error(format!("event loop: {e}")));
         }
-        let Some((ticket, server)) = held else {
+        let Some((ticket, ends)) = held else {
             return;
         };
-        if let Err(e) = self.decide(key, id, Arc::clone(&ticket.0), Arc::clone(&server)) {
+        if let Err(e) = self.decide(key, id, Arc::clone(&ticket.0), ends.clone()) {
             tracing::error!(error = %e, "cannot start a thread to decide a claim: deciding it \
                 on the event loop, whose other sessions wait meanwhile");
-            ticket.0.decide(&|| server.peer_closed());
+            ticket.0.decide(&|| ends.now());
             if let Some(s) = self.sessions.get_mut(key) {
                 s.decided();
             }
@@ -532,14 +532,14 @@ impl Worker {
         key: usize,
         id: u64,
         ticket: Arc<dyn Ticket>,
-        server: Arc<Upstream>,
+        ends: WaitEnds,
     ) -> io::Result<()> {
         let (report, waker) = (self.decided_tx.clone(), Arc::clone(&self.waker));
         std::thread::Builder::new()
             .name("rg-decide".into())
             .stack_size(THREAD_STACK)
             .spawn(move || {
-                ticket.decide(&|| server.peer_closed());
+                ticket.decide(&|| ends.now());
                 // The loop has ended when nobody receives.
                 if report.send(Decided { key, id }).is_ok() {
                     if let Err(e) = waker.wake() {

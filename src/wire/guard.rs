@@ -113,10 +113,18 @@ impl ServerStep {
 /// guard keeps the ticket too, and reads the decision from it when the
 /// relay calls [`Guard::release`].
 pub trait Ticket: Send + Sync + std::fmt::Debug {
-    /// Decides; may block the calling relay thread (only it).
-    /// `server_closed` tells, without reading, whether the server has
-    /// ended this session meanwhile.
-    fn decide(&self, server_closed: &dyn Fn() -> bool);
+    /// Decides; may block the calling relay thread (only it). `ends`
+    /// tells, without reading, whether the wait must end undecided now.
+    fn decide(&self, ends: &dyn Fn() -> Option<WaitEnd>);
+}
+
+/// Why a session's wait for a decision ends before the decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitEnd {
+    /// The server ended the session.
+    ServerClosed,
+    /// The client sent a CancelRequest with the session's backend key.
+    Canceled,
 }
 
 /// The relay's share of a ticket; compares by identity only, so steps

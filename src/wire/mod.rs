@@ -1,6 +1,7 @@
 //! The wire layer: framing, relaying, protocol state. It routes what a
 //! session's guard decides; it knows nothing of checkpoints itself.
 
+pub mod backend_keys;
 mod client_relay;
 pub mod client_stream;
 pub mod client_text;

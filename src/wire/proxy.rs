@@ -1,7 +1,7 @@
 //! What every session of one proxy process shares: configuration, the
 //! guard factory, the cancel-key registry, the live sessions.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -90,8 +90,9 @@ pub struct Proxy {
     pub guards: Arc<dyn GuardFactory>,
     /// BackendKeyData of live sessions: a CancelRequest is forwarded only
     /// for a key the proxy handed out, so the proxy cannot be used to
-    /// probe or cancel arbitrary backends.
-    pub cancel_keys: DashMap<(i32, Vec<u8>), ()>,
+    /// probe or cancel arbitrary backends; and it is told to the session
+    /// (see [`super::backend_keys`]).
+    pub cancel_keys: DashMap<(i32, Vec<u8>), Arc<AtomicBool>>,
     pub next_session_id: AtomicU64,
     /// Live sessions, for draining at shutdown.
     pub sessions: Registry,
@@ -140,9 +141,12 @@ impl Proxy {
     /// key the client saw; the proxy passed the server's key through, so
     /// the request goes to the upstream verbatim.
     pub fn forward_cancel(&self, pid: i32, key: Vec<u8>) {
-        if !self.cancel_keys.contains_key(&(pid, key.clone())) {
-            tracing::info!(pid, "cancel request for an unknown backend key ignored");
-            return;
+        match self.cancel_keys.get(&(pid, key.clone())) {
+            Some(session) => session.store(true, Ordering::SeqCst),
+            None => {
+                tracing::info!(pid, "cancel request for an unknown backend key ignored");
+                return;
+            }
         }
         let mut packet = BytesMut::with_capacity(12 + key.len());
         if let Err(e) = write_cancel_request(&mut packet, pid, &key) {

@@ -4,11 +4,12 @@
 
 use std::io::Write;
 use std::net::Shutdown;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::BytesMut;
 
+use super::backend_keys::{BackendKeys, WaitEnds};
 use super::client_relay::client_to_server;
 use super::client_stream::ClientStream;
 use super::connection::Connection;
@@ -39,7 +40,7 @@ pub(super) struct Relayed {
     /// When authentication must be over.
     pub deadline: Instant,
     /// The BackendKeyData the server sent, for cancel requests.
-    pub keys: Mutex<Vec<(i32, Vec<u8>)>>,
+    pub keys: BackendKeys,
     /// Keeps the session reachable (shutdown, the admin API) until it ends.
     pub _registered: Registered,
     /// Counts the session as live until it ends.
@@ -66,6 +67,11 @@ pub(super) struct Pending {
 }
 
 impl Relayed {
+    /// What ends a wait for a decision the session starts now.
+    pub fn wait_ends(&self) -> WaitEnds {
+        self.keys.wait_ends(Arc::clone(&self.handle.server))
+    }
+
     /// Relays on two threads, this one (server → client) and one more
     /// (client → server), until the session ends.
     pub(super) fn on_threads(self, relay: Relay) {
@@ -151,9 +157,7 @@ impl Relayed {
         }
         // The relay is done: nothing else writes to the client now.
         client.close_notify();
-        for (pid, key) in self.keys.into_inner().unwrap_or_default() {
-            self.proxy.cancel_keys.remove(&(pid, key));
-        }
+        self.keys.forget(&self.proxy);
         if let Ok(mut st) = handle.state.lock() {
             if st.started() && matches!(end, End::ServerClosed) {
                 metrics::counter!(crate::metrics::UPSTREAM_ERRORS, "kind" => "lost").increment(1);

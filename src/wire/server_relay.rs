@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::{Buf, BytesMut};
 
+use super::backend_keys::BackendKeys;
 use super::client_stream::ClientStream;
 use super::connection::{peek_header, Connection, FrameError, Passing, STREAM_ABOVE};
 use super::guard::{Guard, HeldTicket, RareStep};
@@ -31,7 +32,7 @@ pub(super) const SHRINK_ABOVE: usize = 1024 * 1024;
 pub(super) fn server_to_client(
     proxy: &Proxy,
     handle: &SessionHandle,
-    keys: &Mutex<Vec<(i32, Vec<u8>)>>,
+    keys: &BackendKeys,
     mut conn: Connection<Arc<Upstream>>,
     mut server_said_fatal: bool,
 ) -> End {
@@ -124,7 +125,8 @@ pub(super) fn server_to_client(
                 }
                 out.clear();
             }
-            ticket.decide(&|| handle.server.peer_closed());
+            let ends = keys.wait_ends(Arc::clone(&handle.server));
+            ticket.decide(&|| ends.now());
             let refusal = match state.lock() {
                 Ok(mut st) => {
                     let refusal = st.release();
@@ -190,7 +192,7 @@ pub(super) enum LostTrack {
 pub(super) fn track_server(
     proxy: &Proxy,
     guard: &mut dyn Guard,
-    keys: &Mutex<Vec<(i32, Vec<u8>)>>,
+    keys: &BackendKeys,
     (buf, out): (&mut BytesMut, &mut BytesMut),
     plaintext_client: bool,
 ) -> Result<Tracked, LostTrack> {
@@ -242,10 +244,7 @@ pub(super) fn track_server(
                 answers: _,
             } = *rare;
             if let Some((pid, key)) = backend_key {
-                proxy.cancel_keys.insert((pid, key.clone()), ());
-                if let Ok(mut k) = keys.lock() {
-                    k.push((pid, key));
-                }
+                keys.record(proxy, pid, key);
             }
             if let Some(ticket) = hold {
                 out.extend_from_slice(&buf[run..at]);

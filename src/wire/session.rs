@@ -20,6 +20,7 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 
+use super::backend_keys::BackendKeys;
 use super::client_stream::ClientStream;
 use super::connection::Connection;
 use super::event_loop::EventLoops;
@@ -210,7 +211,7 @@ fn relay_session(
         span: span.clone(),
         opened,
         deadline: start.deadline,
-        keys: Mutex::new(Vec::new()),
+        keys: BackendKeys::default(),
         _registered: registered,
         _live: live,
     };

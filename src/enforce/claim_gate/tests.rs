@@ -63,7 +63,7 @@ fn a_running_head_served_with_its_run_lease_unknown_is_counted() {
     let leg = leg_on_unreachable_store();
     let (resolution, body) = crate::test_metrics::recorded(|| {
         let ticket = ClaimTicket::new(Arc::new(leg), running_head_read(), None);
-        ticket.decide(&|| false);
+        ticket.decide(&|| None);
         ticket.resolution.into_inner()
     });
     assert!(
@@ -86,7 +86,7 @@ fn a_holder_reading_its_parked_head_again_is_served_the_claim_it_held_already() 
     let req = head_read(Head::Parked, "f1");
     let decided = |leg: &Arc<ClaimsLeg>| {
         let ticket = ClaimTicket::new(Arc::clone(leg), req.clone(), None);
-        ticket.decide(&|| false);
+        ticket.decide(&|| None);
         let res = ticket.resolution.into_inner().expect("decided");
         assert_eq!(res.decision, ClaimDecision::Serve { takeover: false });
         res.held_already
@@ -96,4 +96,45 @@ fn a_holder_reading_its_parked_head_again_is_served_the_claim_it_held_already() 
     assert!(decided(&leg), "answered from the leg's memory");
     let forgetful = Arc::new(leg_on(store));
     assert!(decided(&forgetful), "answered by the store");
+}
+
+#[test]
+fn a_read_waiting_for_another_holders_claim_ends_when_its_client_cancels() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let db = crate::test_pg_server::PgSchema::new("gate-canceled");
+    let store = Arc::new(db.open());
+    let holder = ClaimTicket::new(
+        Arc::new(leg_on(Arc::clone(&store))),
+        head_read(Head::Parked, "f1"),
+        None,
+    );
+    holder.decide(&|| None);
+    let taken = holder.resolution.into_inner().map(|r| r.decision);
+    assert_eq!(taken, Some(ClaimDecision::Serve { takeover: false }));
+    let mut waiting = leg_on(store);
+    waiting.policy = WaitPolicy::Wait {
+        max_wait_ms: 60_000,
+        poll_ms: 5,
+    };
+    let mut reader = head_read(Head::Parked, "f1");
+    reader.holder.session_id = 8;
+    let looked = AtomicUsize::new(0);
+    let (resolution, body) = crate::test_metrics::recorded(|| {
+        let ticket = ClaimTicket::new(Arc::new(waiting), reader, None);
+        // The client cancels once the reader has found the claim held.
+        ticket
+            .decide(&|| (looked.fetch_add(1, Ordering::SeqCst) >= 2).then_some(WaitEnd::Canceled));
+        ticket.resolution.into_inner()
+    });
+    let res = resolution.expect("decided");
+    assert_eq!(
+        res.decision,
+        ClaimDecision::Refuse {
+            reason: Refusal::Canceled
+        }
+    );
+    assert!(res.waited_ms < 60_000, "{res:?}");
+    assert_eq!(Refusal::Canceled.sqlstate(), "57014");
+    let counted = r#"resumeguard_claims_refused_total{reason="canceled"} 1"#;
+    assert!(has_line(&body, counted), "{body}");
 }

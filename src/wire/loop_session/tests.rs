@@ -14,6 +14,7 @@ use bytes::Bytes;
 use crate::wire::event_loop::EventLoops;
 use crate::wire::guard::{
     ClientError, ClientStep, Guard, GuardFactory, HeldTicket, ServerStep, SessionInfo, Ticket,
+    WaitEnd,
 };
 use crate::wire::proxy::{Proxy, RelayConfig};
 use crate::wire::response_queue::{Desync, Route};
@@ -38,7 +39,7 @@ impl Gate {
 }
 
 impl Ticket for Gate {
-    fn decide(&self, _server_closed: &dyn Fn() -> bool) {
+    fn decide(&self, _ends: &dyn Fn() -> Option<WaitEnd>) {
         let mut open = self.open.lock().unwrap();
         while !*open {
             open = self.opened.wait(open).unwrap();

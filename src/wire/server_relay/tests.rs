@@ -1,15 +1,16 @@
 //! Which server messages pass the guard unread, and stream, and what of them goes on
 //! at once: a real session guard (the Python saver's profile).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
 use super::{stream_row, track_server};
 use crate::saver::classify::saver_sql::SELECT_SQL;
+use crate::wire::backend_keys::BackendKeys;
 use crate::wire::client_relay::tests::{msg, session};
 use crate::wire::connection::{Passing, STREAM_ABOVE};
-use crate::wire::guard::{ClientError, ClientStep, Guard, HeldTicket, ServerStep, Ticket};
+use crate::wire::guard::{ClientError, ClientStep, Guard, HeldTicket, ServerStep, Ticket, WaitEnd};
 use crate::wire::response_queue::Desync;
 use crate::wire::response_queue::Route;
 use crate::wire::session::tests::{nowhere, proxy};
@@ -67,7 +68,7 @@ struct ByTag;
 struct Undecided;
 
 impl Ticket for Undecided {
-    fn decide(&self, _: &dyn Fn() -> bool) {}
+    fn decide(&self, _: &dyn Fn() -> Option<WaitEnd>) {}
 }
 
 impl Guard for ByTag {
@@ -118,7 +119,7 @@ impl Guard for ByTag {
 /// held.
 fn tracked(buf: &mut BytesMut) -> (Vec<u8>, Option<Vec<u8>>) {
     let proxy = proxy(nowhere());
-    let keys = Mutex::new(Vec::new());
+    let keys = BackendKeys::default();
     let mut out = BytesMut::new();
     let tracked = track_server(&proxy, &mut ByTag, &keys, (buf, &mut out), false).unwrap();
     (out.to_vec(), tracked.held.map(|h| h.frame.to_vec()))
@@ -191,7 +192,7 @@ fn the_step_of_a_plain_message_is_two_words_wide_and_owns_nothing() {
 #[test]
 fn a_read_that_goes_on_unchanged_trades_buffers_instead_of_copying() {
     let proxy = proxy(nowhere());
-    let keys = Mutex::new(Vec::new());
+    let keys = BackendKeys::default();
     let messages = [
         msg(b'1', b""),
         msg(b'D', b"row 1"),
