@@ -53,6 +53,9 @@ const KNOWN: &[(&str, &str, &[&str])] = &[
             "store_unavailable",
             "shutting_down",
             "session_ended",
+            "canceled",
+            "client_encoding",
+            "undecodable",
         ],
     ),
     (
@@ -205,7 +208,9 @@ pub fn describe() {
         "Reads of a thread's head refused, by reason: answered (55000), in_flight (55006), \
          run_in_progress (55000, run lease), store_unavailable (58000), shutting_down (55006, \
          the proxy is draining), session_ended (08006, the server ended the reader's session \
-         while it waited)"
+         while it waited), canceled (57014, its client canceled it while it waited), \
+         client_encoding (0A000, a converted client encoding and a key outside ASCII), \
+         undecodable (0A000, the head's row does not decode)"
     );
     describe_counter!(
         RUN_LEASE_UNCHECKED,
