@@ -133,8 +133,9 @@ pub trait Hooks {
     }
     /// Whether the proxy may answer the statement this watch watches with
     /// a refusal in place of a row (see [`Hooks::row`]), at once or once a
-    /// held row is decided: what the client pipelines behind it before its
-    /// next Sync waits for that.
+    /// held row is decided: what the client pipelines behind it waits for
+    /// that (past the statement's segment, for that segment's
+    /// ReadyForQuery).
     fn may_refuse(&self, _watch: &Self::Watch) -> bool {
         false
     }

@@ -76,7 +76,8 @@ pub struct Tracker<H: Hooks> {
     /// transaction block is open, the client is told it failed, and the
     /// server fails it before the client's next message.
     fail_at_ready: Option<Bytes>,
-    /// An Execute the proxy may refuse was sent in this segment.
+    /// An Execute or a Query the proxy may refuse was sent, and not all
+    /// of what was sent up to it is answered yet.
     behind_refusable: Option<BehindRefusable>,
 }
 
@@ -659,8 +660,7 @@ where
                         // The block goes on at the server until the
                         // proxy's raise, sent before anything else.
                         step.set_replace(Some(Bytes::from_static(FAILED_BLOCK_READY)));
-                        let sync = true;
-                        self.fail_next = Some(Failing { error, sync });
+                        self.fail_next = Some(Failing { error, sync: true });
                     }
                 }
                 self.started = true;

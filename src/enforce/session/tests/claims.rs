@@ -108,6 +108,14 @@ fn store_unavailable() -> Resolution {
     }
 }
 
+/// A claiming session that has opened a transaction block.
+fn claiming_in_a_block() -> SessionState {
+    let mut st = claiming_state(&[], "worker");
+    client(&mut st, &[msg(b'Q', b"BEGIN\0")]);
+    server(&mut st, &[msg(b'C', b"BEGIN\0"), ready(b'T')]);
+    st
+}
+
 /// A session that sent the saver's read of `thread`'s head ending with a
 /// Flush (psycopg's pipeline mode), then offered a statement behind it:
 /// what the tracker did with that first message.
@@ -218,9 +226,7 @@ fn a_refusal_in_a_segment_the_server_has_not_ended_fails_that_segment() {
 
 #[test]
 fn a_refusal_in_a_transaction_block_fails_the_block() {
-    let mut st = claiming_state(&[], "worker");
-    client(&mut st, &[msg(b'Q', b"BEGIN\0")]);
-    server(&mut st, &[msg(b'C', b"BEGIN\0"), ready(b'T')]);
+    let mut st = claiming_in_a_block();
     let req = read_parked_head(&mut st).claim.expect("held");
     assert!(st.apply_claim(&req, &store_unavailable()).is_some());
     assert_eq!(
@@ -255,9 +261,7 @@ fn a_refusal_in_a_transaction_block_fails_the_block() {
 fn what_a_client_pipelines_past_a_gated_reads_segment_waits_for_its_ready_for_query() {
     // In a block, a COMMIT pipelined past the read's Sync: it waits until
     // the segment's ReadyForQuery, then the block fails before it.
-    let mut st = claiming_state(&[], "worker");
-    client(&mut st, &[msg(b'Q', b"BEGIN\0")]);
-    server(&mut st, &[msg(b'C', b"BEGIN\0"), ready(b'T')]);
+    let mut st = claiming_in_a_block();
     let req = read_parked_head(&mut st).claim.expect("held");
     let commit = msg(b'Q', b"COMMIT\0");
     for waits in [commit.clone(), msg(b'S', b""), msg(b'H', b"")] {
@@ -741,9 +745,7 @@ fn a_refused_head_read_in_a_simple_query_still_ends_at_ready_for_query() {
 
 #[test]
 fn a_refused_head_read_in_a_transaction_block_reports_the_servers_status() {
-    let mut st = claiming_state(&[], "worker");
-    client(&mut st, &[msg(b'Q', b"BEGIN\0")]);
-    server(&mut st, &[msg(b'C', b"BEGIN\0"), ready(b'T')]);
+    let mut st = claiming_in_a_block();
     let verdict = query_parked_head(&mut st);
     let refusal = refuse_parked_claim(&mut st, verdict);
     assert!(refusal.is_some());
