@@ -743,11 +743,13 @@ def test_a_resumer_whose_head_row_does_not_decode_does_not_fire(co):
     """As above, for a thread whose SJIS bytes are not UTF-8 (表 is 0x95 0x5C): the
     head row the SJIS racer reads does not decode, so the proxy cannot tell whether
     it is parked. Stock: both fire. Proxy: the UTF-8 racer fires; the SJIS racer is
-    refused 0A000 before its node ran, audited claim_refused with head
-    "undecodable" (the thread as the proxy read it: each byte outside UTF-8 as
-    U+F700 plus the byte)."""
+    refused 0A000 before its node ran, its error naming the thread in SJIS,
+    audited claim_refused with head "undecodable" (the thread as the proxy read
+    it: each byte outside UTF-8 as U+F700 plus the byte)."""
     err, thread = utf8_and_sjis_racers(co, "表", "undec")
     assert "does not decode" in err["message"], err
+    # The error quotes the thread as the racer sent it, read in its encoding.
+    assert f'thread "{thread}"' in err["message"], err
     as_read = "".join(chr(0xF700 + b) if b >= 0x80 else chr(b) for b in thread.encode("shift_jis"))
     evs = audit_ops(co, as_read, lambda e: ops(e, "claim_refused"), proxies=("A",))
     assert [e["detail"]["head"] for e in ops(evs, "claim_refused")] == ["undecodable"], evs

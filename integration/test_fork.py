@@ -281,7 +281,8 @@ def test_audit_fork_served_for_fork_only(direct_dsn, proxy_dsn, proxy):
 def fork_from_sjis(dsn: str, thread_id: str) -> dict:
     """Park at C and resume it with True in UTF-8, then fork at C with False from a
     session whose client_encoding is SJIS. The ledger, and what the fork got: its
-    result, or the SQLSTATE it was refused with."""
+    result, or the SQLSTATE it was refused with (and the error's message, read in
+    SJIS, as ``said``)."""
     ledger: list = []
     with E.Driver("conn", dsn) as d:
         graph = E.build_gate_graph(d.saver, ledger)
@@ -294,7 +295,7 @@ def fork_from_sjis(dsn: str, thread_id: str) -> dict:
             fork = E.strip_interrupts(f.invoke(graph, Command(resume=False),
                                                E.cfg_of(thread_id, c_id)))
         except psycopg.Error as e:
-            fork = e.sqlstate
+            return {"ledger": ledger, "fork": e.sqlstate, "said": e.diag.message_primary}
     return {"ledger": ledger, "fork": fork}
 
 
@@ -303,13 +304,15 @@ def test_a_fork_whose_row_does_not_decode_is_refused(direct_dsn, dbname, proxy_f
     in SJIS, not UTF-8): the proxy cannot find the answer to hide in a row that does
     not decode. Stock: the fork is served the first answer and re-fires the gate with
     it. Proxy (consume-once off, so that no head read is refused first): refused
-    0A000 before any node ran, audited statement_refused."""
+    0A000 before any node ran, its error naming the thread as the client sent it,
+    audited statement_refused."""
     stock = fork_from_sjis(direct_dsn, tid("表-fk-d"))
     assert stock == {"ledger": [True, True], "fork": TRUE_FINAL}, stock
     proxy = proxy_factory(name="fork-only", env={"RESUMEGUARD_ENFORCE_CONSUME_ONCE": "false"})
     thread = tid("表-fk-p")
     res = fork_from_sjis(proxy.dsn(dbname), thread)
-    assert res == {"ledger": [True], "fork": "0A000"}, res
+    assert res["ledger"] == [True] and res["fork"] == "0A000", res
+    assert f'thread "{thread}"' in res["said"], res
     # Audited under the thread as the proxy read it: each byte outside UTF-8
     # as U+F700 plus the byte.
     as_read = "".join(chr(0xF700 + b) if b >= 0x80 else chr(b) for b in thread.encode("shift_jis"))

@@ -8,6 +8,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use super::read::{cstr, HEADER_LEN};
 use super::write::{write_cstr, write_message};
+use crate::wire::client_text;
 
 /// How bad an error is: FATAL ends the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,7 +20,10 @@ pub enum Severity {
 /// An ErrorResponse, encoded. `S` and `V` carry the severity, `C` the
 /// SQLSTATE, `M` the message; `H` (hint: what the client can do) when
 /// given. A NUL in a text (which would end the field early) is written as
-/// U+FFFD.
+/// U+FFFD. The texts are written in the client's encoding: the proxy's own
+/// words are ASCII, and what it quotes of the client's texts (a thread id
+/// read by [`client_text::decode`]) goes back as the bytes the client
+/// sent, whatever its `client_encoding`.
 pub fn error_response(severity: Severity, code: &str, message: &str, hint: Option<&str>) -> Bytes {
     let sev = match severity {
         Severity::Error => "ERROR",
@@ -37,7 +41,8 @@ pub fn error_response(severity: Severity, code: &str, message: &str, hint: Optio
         for (code, text) in fields {
             let Some(text) = text else { continue };
             out.put_u8(code);
-            write_cstr(out, without_nul(text).as_bytes(), "an error field")?;
+            let text = without_nul(text);
+            write_cstr(out, &client_text::encode(&text), "an error field")?;
         }
         out.put_u8(0);
         Ok(())
@@ -111,6 +116,23 @@ mod tests {
             "x",
             None
         )));
+    }
+
+    #[test]
+    fn a_quoted_client_text_goes_back_as_the_clients_bytes() {
+        // 表 in SJIS (0x95 0x5C) and ﾃｩ (0xC3 0xA9, é read as UTF-8), as a
+        // client in SJIS sent them.
+        let sjis = b"\x95\x5c \xc3\xa9";
+        let read = client_text::decode(sjis);
+        let e = error_response(
+            Severity::Error,
+            "0A000",
+            &format!("thread \"{read}\""),
+            Some(&read),
+        );
+        let fields: Vec<_> = error_fields(&e).collect();
+        assert!(fields.contains(&(b'M', &b"thread \"\x95\x5c \xc3\xa9\""[..])));
+        assert!(fields.contains(&(b'H', &sjis[..])));
     }
 
     #[test]
