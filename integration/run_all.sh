@@ -37,7 +37,7 @@ VENV=".venv"
 JS_DIR="integration/js"
 export PG_BIN
 
-log() { printf '\n=== run_all: %s ===\n' "$*"; }
+log() { printf '\n=== run_all: %s (%s) ===\n' "$*" "$(date -u +%H:%M:%S)"; }
 die() { printf 'run_all: ERROR: %s\n' "$*" >&2; exit 2; }
 
 # ---------------------------------------------------------------- 1. prerequisites
