@@ -294,13 +294,15 @@ def test_late_duplicate_bare_is_served_inert(dsns, jsproxy, via):
 # --------------------------------------------------------------------------- fork
 @pytest.fixture(scope="module")
 def fork_run(dsns):
-    """fork_run(via, form) -> lg.mjs fork's result, run once per module."""
+    """fork_run(via, form) -> lg.mjs fork's result (and the thread, as ``thread``),
+    run once per module."""
     cache: dict = {}
 
     def run(via: str, form: str) -> dict:
         if (via, form) not in cache:
-            cache[(via, form)] = lg("fork", "--dsn", dsns[via], "--thread", tid(f"jf-{form}"),
-                                    "--form", form)
+            thread = tid(f"jf-{form}")
+            cache[(via, form)] = {**lg("fork", "--dsn", dsns[via], "--thread", thread,
+                                       "--form", form), "thread": thread}
         return cache[(via, form)]
     return run
 
@@ -340,6 +342,22 @@ def test_fork_branch_stores_what_it_ran(fork_run, via, form):
     checkpoints read A's true."""
     fork = fork_run(via, form)["fork"]
     assert fork["final_values"] == fork["result"], fork
+
+
+@pytest.mark.parametrize("form", ["bare", "map"])
+def test_a_fork_branch_whose_blobs_were_not_written_is_audited(fork_run, jsproxy, form):
+    """The drop of the test above, said through the proxy: each of the fork's blobs
+    the server kept A's in place of (`INSERT 0 0`) is audited `blob_put` with
+    `detail.written = false`, for the channels whose value the fork changed; A's own
+    blobs were written."""
+    res = fork_run("proxy", form)
+    evs = audit_until(jsproxy, res["thread"], lambda e: any(
+        b["detail"].get("written") is False for b in ops(e, "blob_put")))
+    kept = [b for b in ops(evs, "blob_put") if b["detail"].get("written") is False]
+    assert kept, evs
+    assert {"approved"} <= {c for b in kept for c in b["channels"]}, kept
+    first = [b for b in ops(evs, "blob_put") if b["detail"].get("written") is not False]
+    assert first, "A's blobs were written"
 
 
 # --------------------------------------------------------------------------- validity

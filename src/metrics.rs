@@ -44,6 +44,9 @@ pub const RELAYED_SESSIONS: &str = "resumeguard_relayed_sessions_total";
 /// Reads of a superseded checkpoint served without its recorded
 /// `__resume__` writes.
 pub const FORKS_SERVED: &str = "resumeguard_forks_served_total";
+/// Blob writes the server answered `INSERT 0 0`: a blob with their key was
+/// stored already, and the checkpoint naming it reads that one.
+pub const BLOBS_KEPT: &str = "resumeguard_blobs_kept_total";
 /// Checkpoint writes refused by the validity gate (23514).
 pub const WRITES_REJECTED: &str = "resumeguard_writes_rejected_total";
 /// Client statements refused (42501) for changing, locking or calling
@@ -129,6 +132,11 @@ pub fn forks_served(n: usize) {
     if n > 0 {
         counter!(FORKS_SERVED).increment(n as u64);
     }
+}
+
+/// A blob write kept the blob stored under its key.
+pub fn blob_kept() {
+    counter!(BLOBS_KEPT).increment(1);
 }
 
 /// A read of a parked head was served its claim: taken afresh (`None`),

@@ -18,8 +18,8 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder
 use super::AdminError;
 use crate::audit::{AuditSink, AuditStats};
 use crate::metrics::{
-    CLAIMS, CLAIMS_AHEAD, CLAIMS_CONSUMED, CLAIMS_RECONNECTS, CLAIMS_STORE_SECONDS, CLAIM_WAITS,
-    CLIENT_CONNECTIONS, CONNECTIONS_REFUSED, EVIDENCE_FLUSH_TIMEOUTS, EVIDENCE_LOST,
+    BLOBS_KEPT, CLAIMS, CLAIMS_AHEAD, CLAIMS_CONSUMED, CLAIMS_RECONNECTS, CLAIMS_STORE_SECONDS,
+    CLAIM_WAITS, CLIENT_CONNECTIONS, CONNECTIONS_REFUSED, EVIDENCE_FLUSH_TIMEOUTS, EVIDENCE_LOST,
     EVIDENCE_PENDING, EVIDENCE_RETRIES, FENCED, FENCE_CHECKS, FENCE_LOOKUPS, FORKS_SERVED,
     KEEPALIVE_ERRORS, LATE_DUPLICATES, OWN_SCHEMA_REFUSED, REFUSED, RELAYED_SESSIONS,
     RUN_LEASE_UNCHECKED, SHARED_SESSIONS, STATEMENTS, STATEMENT_CLASSES, STATEMENT_SECONDS,
@@ -94,6 +94,7 @@ const KNOWN: &[(&str, &str, &[&str])] = &[
 const UNLABELLED: &[&str] = &[
     CLIENT_CONNECTIONS,
     FORKS_SERVED,
+    BLOBS_KEPT,
     WRITES_REJECTED,
     OWN_SCHEMA_REFUSED,
     CLAIM_WAITS,
@@ -168,6 +169,10 @@ pub fn describe() {
     describe_counter!(
         FORKS_SERVED,
         "Reads of a superseded checkpoint served without its recorded __resume__ writes"
+    );
+    describe_counter!(
+        BLOBS_KEPT,
+        "Blob writes that inserted no row: a blob with their key was stored already, and the checkpoint naming it reads that one"
     );
     describe_counter!(
         SHARED_SESSIONS,

@@ -115,6 +115,10 @@ impl Watch {
         ev.parent_checkpoint_id = rec.parent_checkpoint_id.clone();
         record_write(&mut ev, rec);
         let mut detail = json!({"statement": self.class.kind.label()});
+        if self.blob_kept {
+            // The server kept the blob stored under this key, not this one.
+            detail["written"] = json!(false);
+        }
         if let Some(idx) = rec.idx {
             detail["idx"] = json!(idx);
         }

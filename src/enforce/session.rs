@@ -252,6 +252,10 @@ impl Hooks for SessionEnforcer {
         rows::description(self, watch, frame)
     }
 
+    fn command_complete(&mut self, watch: &mut Watch, tag: &[u8]) {
+        completed::command_complete(watch, tag)
+    }
+
     fn completed(&mut self, watch: Watch, ok: bool) {
         completed::handle(self, watch, ok)
     }

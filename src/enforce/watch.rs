@@ -52,6 +52,9 @@ pub struct Watch {
     pub fence: Option<FenceCheck>,
     /// For a read of a head expected parked: its claim, asked beside it.
     pub ahead: Option<super::claim_ahead::AheadClaim>,
+    /// A blob write the server answered `INSERT 0 0`: a blob with its key
+    /// was there already, and is what the checkpoint naming it reads.
+    pub blob_kept: bool,
 }
 
 /// A write's row as decoded from its Bind, shared by the validity gate,
@@ -82,6 +85,7 @@ impl Watch {
             forks: Vec::new(),
             fence: None,
             ahead: None,
+            blob_kept: false,
         }
     }
 

@@ -105,6 +105,9 @@ pub trait Hooks {
     fn row(&mut self, watch: &mut Self::Watch, frame: &[u8], step: &mut ServerStep);
     /// A RowDescription of a watched answer: its replacement.
     fn row_description(&mut self, watch: &Self::Watch, frame: &[u8]) -> Option<Bytes>;
+    /// The CommandComplete of a watched statement (`tag`: `INSERT 0 1`
+    /// and the like), before it completes it.
+    fn command_complete(&mut self, _watch: &mut Self::Watch, _tag: &[u8]) {}
     /// A watched statement finished (`ok`: without an error).
     fn completed(&mut self, watch: Self::Watch, ok: bool);
     /// The ErrorResponse of a watched statement, before it completes it.

@@ -600,7 +600,10 @@ where
                     step.set_replace(self.hooks.row_description(w, frame))
                 }
                 (Backend::ErrorResponse { .. }, Some(w)) => self.hooks.answer_error(w, frame),
-                (Backend::CommandComplete { tag: completion }, _) => {
+                (Backend::CommandComplete { tag: completion }, watch) => {
+                    if let Some(w) = watch {
+                        self.hooks.command_complete(w, completion);
+                    }
                     if let Some(confirmed) = commands.confirm_next(completion) {
                         self.unanswered.sql_confirmed(&confirmed, commands);
                         match confirmed.command.savepoint() {

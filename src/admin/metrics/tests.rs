@@ -130,6 +130,7 @@ fn known_label_sets_start_at_zero_and_no_family_is_two_types() {
         "resumeguard_claims_ahead_total{result=\"withdrawn\"} 0",
         "resumeguard_keepalive_errors_total{side=\"upstream\"} 0",
         "resumeguard_evidence_flush_timeouts_total 0",
+        "resumeguard_blobs_kept_total 0",
     ] {
         assert!(has(&body, line), "{line} missing:\n{body}");
     }

@@ -1,6 +1,6 @@
 //! A watched statement's end: its audit events and claim evidence, kept
-//! until the transaction commits, and the error of a write the server
-//! fenced in its transaction.
+//! until the transaction commits, the error of a write the server fenced
+//! in its transaction, and a blob write the server did not make.
 
 use super::SessionEnforcer;
 use crate::claims::evidence::Evidence;
@@ -8,7 +8,46 @@ use crate::enforce::fence_check::{CheckError, FenceCheck};
 use crate::enforce::watch::Watch;
 use crate::log_text::shown;
 use crate::saver::classify::StatementKind;
+use crate::saver::write_record::WriteRecord;
 use crate::wire::messages::error_response::error_fields;
+
+/// A CommandComplete: a blob write that inserted no row (the savers'
+/// `ON CONFLICT … DO NOTHING`) left the blob already stored under its key.
+pub(super) fn command_complete(watch: &mut Watch, tag: &[u8]) {
+    if matches!(watch.class.kind, StatementKind::BlobUpsert(_)) {
+        watch.blob_kept = inserted_rows(tag) == Some(0);
+    }
+}
+
+/// The row count of an `INSERT <oid> <rows>` tag.
+fn inserted_rows(tag: &[u8]) -> Option<u64> {
+    let rest = tag.strip_prefix(b"INSERT ")?;
+    let rows = rest.rsplit(|&b| b == b' ').next()?;
+    std::str::from_utf8(rows).ok()?.parse().ok()
+}
+
+/// Says that a blob write kept the blob already stored under its key: the
+/// checkpoint that names the version reads that one. Harmless when it is
+/// the same value written again; another run's value where a saver numbers
+/// channel versions per thread, not per run (LangGraph.js: a fork's blobs
+/// take the versions the first branch's already have).
+fn say_blob_kept(watch: &Watch) {
+    crate::metrics::blob_kept();
+    let rec = watch.record.as_ref().and_then(|r| r.as_ref().ok());
+    let field = |f: fn(&WriteRecord) -> &Option<String>| {
+        shown(rec.and_then(|r| f(r).as_deref()).unwrap_or_default())
+    };
+    tracing::warn!(
+        thread = %field(|r| &r.thread_id),
+        checkpoint_ns = %field(|r| &r.checkpoint_ns),
+        channel = %field(|r| &r.channel),
+        version = %field(|r| &r.version),
+        "checkpoint blob not written: a blob with its key is stored already (ON CONFLICT DO \
+         NOTHING), and the checkpoint naming this version reads that one; where the saver \
+         numbers channel versions per thread (LangGraph.js), a fork's checkpoint then holds \
+         the first branch's value"
+    );
+}
 
 pub(super) fn handle(session: &mut SessionEnforcer, watch: Watch, ok: bool) {
     let refused = std::mem::take(&mut session.row_refused);
@@ -34,6 +73,9 @@ pub(super) fn handle(session: &mut SessionEnforcer, watch: Watch, ok: bool) {
         // The client got the refusal, not the rows: the refusal's record
         // is the read's.
         return;
+    }
+    if watch.blob_kept {
+        say_blob_kept(&watch);
     }
     crate::metrics::forks_served(watch.forks.len());
     let events = watch.events(&session.ctx);

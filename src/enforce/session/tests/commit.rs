@@ -262,3 +262,32 @@ fn a_rollback_to_an_unknown_savepoint_drops_the_writes_and_audits_their_evidence
     simple(&mut st, "COMMIT", "COMMIT", b'I');
     assert!(ops(&mut st).is_empty(), "the put is not acted on");
 }
+
+#[test]
+fn a_blob_write_that_inserted_no_row_is_recorded_as_not_written_and_counted() {
+    // The same blob key twice: the server keeps the first row
+    // (`ON CONFLICT … DO NOTHING`) and answers the second `INSERT 0 0`.
+    let blob_put = |st: &mut SessionState, tag: &[u8]| {
+        client(st, &[blob_bind(b"\x91\xc0"), execute(), msg(b'S', b"")]);
+        server(st, &[msg(b'2', b""), msg(b'C', tag), ready(b'I')]);
+        std::mem::take(&mut st.ready_events)
+    };
+    let mut st = state();
+    client(&mut st, &[parse("b", BLOB_SQL)]);
+    server(&mut st, &[msg(b'1', b"")]);
+    let (events, counted) = crate::test_metrics::recorded(|| {
+        let written = blob_put(&mut st, b"INSERT 0 1\0");
+        let kept = blob_put(&mut st, b"INSERT 0 0\0");
+        (written, kept)
+    });
+    let (written, kept) = events;
+    for (events, detail) in [(&written, None), (&kept, Some(false))] {
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events[0].operation, Operation::BlobPut);
+        assert_eq!(events[0].detail["written"].as_bool(), detail, "{events:?}");
+    }
+    assert!(
+        crate::test_metrics::has_line(&counted, "resumeguard_blobs_kept_total 1"),
+        "{counted}"
+    );
+}
