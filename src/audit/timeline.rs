@@ -130,6 +130,13 @@ fn phrase(ev: &AuditEvent) -> String {
         Operation::ReadLatest => "read latest checkpoint".to_string(),
         Operation::ReadById => "read checkpoint by id".to_string(),
         Operation::ReadList => "listed checkpoints".to_string(),
+        Operation::BlobPut if ev.detail.get("written").and_then(|w| w.as_bool()) == Some(false) => {
+            format!(
+                "channel value not stored: {} already held a value under its version, which \
+                 the checkpoint reads",
+                ev.channels.join(", ")
+            )
+        }
         Operation::BlobPut => format!(
             "stored {} channel value(s)",
             ev.channels.len().max(ev.blob_sha256.len())
@@ -373,6 +380,22 @@ mod tests {
         assert!(a < read && read < deleted && deleted < b);
         assert!(b < list && list < blobs && blobs < stored && stored < none && none < dropped);
         assert!(text.contains("app=resumeguard  — audit gap"), "{text}");
+    }
+
+    #[test]
+    fn says_that_a_blob_write_kept_the_stored_value() {
+        let mut kept = ev(1, Operation::BlobPut, "t").with_detail(serde_json::json!({
+            "statement": "blob_upsert", "written": false,
+        }));
+        kept.channels = vec!["approved".into()];
+        let text = render_timeline(&[kept]);
+        assert!(
+            text.contains(
+                "channel value not stored: approved already held a value under its version, \
+                 which the checkpoint reads"
+            ),
+            "{text}"
+        );
     }
 
     #[test]
