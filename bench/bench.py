@@ -33,6 +33,7 @@ import os
 import platform
 import pwd
 import re
+import resource
 import shlex
 import shutil
 import signal
@@ -214,6 +215,10 @@ log_min_messages = warning
             raise RuntimeError(f"psql {sql!r}: {cp.stderr}")
         return cp.stdout.strip()
 
+    def postmaster(self) -> int:
+        """The server's first process, from the pid file it writes."""
+        return int((self.data / "postmaster.pid").read_text().split()[0])
+
     def backends(self) -> int:
         return int(self.psql("select count(*) from pg_stat_activity where backend_type = 'client backend'"))
 
@@ -384,6 +389,34 @@ def cpu_times(pid: int) -> tuple[float, float]:
     return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
 
 
+def server_cpu_seconds(postmaster: int) -> float:
+    """utime + stime of a whole PostgreSQL server: the postmaster, every
+    process it has started and not yet reaped, and (its cutime + cstime) every
+    one it has reaped, so backends that ended with their client still count.
+    Read until the reaped part holds still across the reading of the live
+    ones, so a backend reaped meanwhile is counted once."""
+    def reaped() -> float:
+        f = Path(f"/proc/{postmaster}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[13]) + int(f[14])) / CLK_TCK
+
+    while True:
+        before = reaped()
+        live = cpu_seconds(postmaster)
+        for kid in Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split():
+            try:
+                live += cpu_seconds(int(kid))
+            except (FileNotFoundError, ProcessLookupError):
+                pass  # gone between the listing and the reading: the next pass sees it reaped
+        if reaped() == before:
+            return before + live
+
+
+def children_cpu_seconds() -> float:
+    """utime + stime of this process's reaped children (pgbench, once a run ends)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a whole process (all its threads)."""
     return sum(cpu_times(pid))
@@ -417,12 +450,15 @@ class SwitchCounter:
 
 
 def run_pgbench(pg_bin: Path, port: int, args: list[str], duration: int, who=None,
-                sslmode: str | None = None, switches: Path | None = None) -> tuple[float, float | None]:
+                sslmode: str | None = None, switches: Path | None = None,
+                server: int | None = None) -> tuple[float, float | None]:
     """TPS, and the CPU the process behind `port` spent per transaction (µs)
     when it is one of ours to watch (`who`). `sslmode`: libpq's, for a TLS
     target. The watched process's user-space share (µs per transaction)
     goes into `LAST_COUNTS`, and with `switches` (a directory for perf's
-    output) its context switches and migrations per transaction."""
+    output) its context switches and migrations per transaction. With
+    `server` (the postmaster's pid), `LAST_COUNTS` also gets the CPU per
+    transaction of the PostgreSQL server and of pgbench itself."""
     argv = [str(pg_bin / "pgbench"), "-h", HOST, "-p", str(port), "-U", USER, "-n",
             "-T", str(duration), *args, DB]
     env = pg_env()
@@ -432,8 +468,13 @@ def run_pgbench(pg_bin: Path, port: int, args: list[str], duration: int, who=Non
     watched = who is not None and who.poll() is None
     counter = SwitchCounter(who.pid, switches) if watched and switches else None
     cpu_before = cpu_times(who.pid) if watched else None
+    server_before = server_cpu_seconds(server) if server else None
+    client_before = children_cpu_seconds()
     cp = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                         timeout=duration + 120, env=env)
+    # Before perf is reaped, so only pgbench is in the children's time.
+    client_s = children_cpu_seconds() - client_before
+    server_s = server_cpu_seconds(server) - server_before if server else None
     counts = counter.stop() if counter else {}
     m = TPS_RE.search(cp.stdout)
     if cp.returncode != 0 or not m:
@@ -444,6 +485,10 @@ def run_pgbench(pg_bin: Path, port: int, args: list[str], duration: int, who=Non
                            f"{cp.stdout[-2000:]}\n{cp.stderr[-2000:]}")
     cpu_us = None
     txns = TXNS_RE.search(cp.stdout)
+    if server_s is not None and txns and int(txns.group(1)) > 0:
+        n = int(txns.group(1))
+        LAST_COUNTS["server-us"] = server_s * 1e6 / n
+        LAST_COUNTS["client-us"] = client_s * 1e6 / n
     if cpu_before is not None and txns and int(txns.group(1)) > 0:
         n = int(txns.group(1))
         user, system = cpu_times(who.pid)
@@ -453,8 +498,9 @@ def run_pgbench(pg_bin: Path, port: int, args: list[str], duration: int, who=Non
     return float(m.group(1)), cpu_us
 
 
-# Per transaction, of the last run_pgbench that watched a process: its
-# user-space CPU (µs) and, when counted, context switches and migrations.
+# Per transaction, of the last run_pgbench: the watched process's
+# user-space CPU (µs) and, when counted, context switches and migrations;
+# the PostgreSQL server's and pgbench's CPU (µs) when the server was named.
 LAST_COUNTS: dict[str, float] = {}
 
 
@@ -471,7 +517,10 @@ def pgbench_suite(a, pg: Postgres, targets: dict[str, int], who: dict,
     cpu = {(w, m, t): [] for (w, m) in cells for t in names}
     switches = {(w, m, t): [] for (w, m) in cells for t in names}
     user = {(w, m, t): [] for (w, m) in cells for t in names}
+    server = {(w, m, t): [] for (w, m) in cells for t in names}
+    client = {(w, m, t): [] for (w, m) in cells for t in names}
     counting = a.work if a.perf_stat else None
+    postmaster = pg.postmaster()
     total = a.rounds * len(cells) * len(names)
     k = 0
     for r in range(a.rounds):
@@ -483,13 +532,17 @@ def pgbench_suite(a, pg: Postgres, targets: dict[str, int], who: dict,
                 k += 1
                 extra = ["-S"] if w == "select-only" else []
                 tps, cpu_us = run_pgbench(a.pg_bin, targets[t], base + extra + ["-M", m],
-                                          a.duration, who.get(t), sslmodes.get(t), counting)
+                                          a.duration, who.get(t), sslmodes.get(t), counting,
+                                          postmaster)
                 results[(w, m, t)].append(tps)
                 if cpu_us is not None:
                     cpu[(w, m, t)].append(cpu_us)
                 cpu_note = f" {cpu_us:7.1f} µs CPU/tx" if cpu_us is not None else ""
                 if "user-us" in LAST_COUNTS:
                     user[(w, m, t)].append(LAST_COUNTS["user-us"])
+                if "server-us" in LAST_COUNTS:
+                    server[(w, m, t)].append(LAST_COUNTS["server-us"])
+                    client[(w, m, t)].append(LAST_COUNTS["client-us"])
                 if "context-switches" in LAST_COUNTS:
                     switches[(w, m, t)].append(LAST_COUNTS["context-switches"])
                     cpu_note += f" {LAST_COUNTS['context-switches']:5.2f} switches/tx"
@@ -510,6 +563,10 @@ def pgbench_suite(a, pg: Postgres, targets: dict[str, int], who: dict,
                 "user_us_per_tx": user[(w, m, t)],
                 "median_user_us_per_tx": median(user[(w, m, t)]) if user[(w, m, t)] else None,
                 "switches_per_tx": switches[(w, m, t)],
+                "server_us_per_tx": server[(w, m, t)],
+                "median_server_us_per_tx": median(server[(w, m, t)]) if server[(w, m, t)] else None,
+                "client_us_per_tx": client[(w, m, t)],
+                "median_client_us_per_tx": median(client[(w, m, t)]) if client[(w, m, t)] else None,
                 "median_switches_per_tx": median(switches[(w, m, t)]) if switches[(w, m, t)] else None,
             })
     return {"clients": a.clients, "threads": a.threads, "scale": a.scale, "rounds": a.rounds,
@@ -1010,9 +1067,25 @@ def fmt_cpu(c: dict) -> str:
     return "" if v is None else f"{v:.1f}" if u is None else f"{v:.1f} ({u:.1f})"
 
 
+def fmt_host(c: dict) -> str:
+    """PostgreSQL's, pgbench's and (when watched) the proxy's CPU per
+    transaction, and their sum: '61.2 + 14.0 + 18.1 = 93.3'."""
+    server, client = c.get("median_server_us_per_tx"), c.get("median_client_us_per_tx")
+    if server is None or client is None:
+        return ""
+    parts = [server, client] + ([c["median_cpu_us_per_tx"]] if c.get("median_cpu_us_per_tx") else [])
+    return " + ".join(f"{x:.1f}" for x in parts) + f" = {sum(parts):.1f}"
+
+
 def fmt_switches(c: dict) -> str:
     v = c.get("median_switches_per_tx")
     return "" if v is None else f"{v:.2f}"
+
+
+def with_values(pb: dict, targets: list[str], key: str) -> list[str]:
+    """The targets some pgbench cell of which has `key`: a table's columns."""
+    return [t for t in targets
+            if any(c.get(key) is not None for c in pb["cells"] if c["target"] == t)]
 
 
 def per_mode_rows(cells: dict, targets: list[str], fmt) -> list[str]:
@@ -1075,9 +1148,17 @@ def render_md(res: dict) -> str:
                   "| workload | mode | " + " | ".join(f"{t} µs" for t in watched) + " |",
                   "|" + "---|" * (2 + len(watched))]
             L += per_mode_rows(cells, watched, fmt_cpu)
-        counted = [t for t in watched
-                   if any(c.get("median_switches_per_tx") is not None
-                          for c in pb["cells"] if c["target"] == t)]
+        hosted = with_values(pb, targets, "median_server_us_per_tx")
+        if hosted:
+            L += ["### Where the host's CPU goes", "",
+                  "Per transaction, µs, median over rounds: the PostgreSQL server (the postmaster, "
+                  "its live processes and those it reaped, from `/proc`) + pgbench (its rusage) "
+                  "+ the proxy (as above) = their sum. What a proxy costs PostgreSQL and the "
+                  "client shows here beside its own CPU.", "",
+                  "| workload | mode | " + " | ".join(hosted) + " |",
+                  "|" + "---|" * (2 + len(hosted))]
+            L += per_mode_rows(cells, hosted, fmt_host)
+        counted = with_values(pb, watched, "median_switches_per_tx")
         if counted:
             L += ["### Context switches per transaction", "",
                   "`perf stat -e context-switches` attached to the proxy process (every thread, "

@@ -1,12 +1,15 @@
 """The benchmark's lines against PgBouncer: the interval on a median of
 per-round ratios (the order statistics it picks cover the median as often
-as they say; a run with too few rounds says it has none), and which
-PgBouncer each configuration is held against."""
+as they say; a run with too few rounds says it has none), which
+PgBouncer each configuration is held against, and how the host's CPU per
+transaction is counted (a server's processes, live or reaped, once)."""
 
 from __future__ import annotations
 
 import math
+import os
 import random
+import subprocess
 import sys
 from pathlib import Path
 
@@ -70,3 +73,43 @@ def test_without_the_unpooled_pgbouncer_only_the_pooled_one_is_held_against():
     lines = bench.peer_targets(cells, ["rg"], {})
     assert [line.split(":")[0] for line in lines] == [
         f"rg select-only -M {mode} vs pgbouncer" for mode in ("simple", "extended", "prepared")]
+
+
+def burn_child(seconds: float) -> subprocess.Popen:
+    """A child process that spins on the CPU for about `seconds`, then exits."""
+    return subprocess.Popen([sys.executable, "-c",
+                             "import time\nend = time.process_time() + %r\n"
+                             "while time.process_time() < end: pass\n"
+                             "import sys; sys.stdout.write('done\\n'); sys.stdout.flush()\n"
+                             "sys.stdin.read()" % seconds],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def test_a_servers_cpu_counts_its_processes_live_and_reaped_once():
+    """What a server's processes spent counts while they run and after the
+    server reaps them, and the same CPU is not counted twice: measured on this
+    process as the 'postmaster' of two children that each spin 0.3 s."""
+    me = os.getpid()
+    start = bench.server_cpu_seconds(me)
+    a, b = burn_child(0.3), burn_child(0.3)
+    try:
+        assert a.stdout.readline() == "done\n" and b.stdout.readline() == "done\n"
+        live = bench.server_cpu_seconds(me) - start
+        assert 0.55 <= live < 0.9, live             # both alive, counted in /proc
+        a.stdin.close()
+        a.wait()                                     # one reaped: now in cutime
+        mixed = bench.server_cpu_seconds(me) - start
+        assert abs(mixed - live) < 0.1, (live, mixed)
+    finally:
+        b.stdin.close()
+        b.wait()
+    reaped = bench.server_cpu_seconds(me) - start
+    assert abs(reaped - live) < 0.1, (live, reaped)
+
+
+def test_the_hosts_cpu_is_told_as_its_parts_and_their_sum():
+    cell = {"median_server_us_per_tx": 61.24, "median_client_us_per_tx": 14.0,
+            "median_cpu_us_per_tx": 18.1}
+    assert bench.fmt_host(cell) == "61.2 + 14.0 + 18.1 = 93.3"
+    assert bench.fmt_host({**cell, "median_cpu_us_per_tx": None}) == "61.2 + 14.0 = 75.2"
+    assert bench.fmt_host({"median_cpu_us_per_tx": 18.1}) == ""
