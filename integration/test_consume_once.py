@@ -23,6 +23,7 @@ inspection application_name pattern ``^rg-inspect``, an inspection listener and
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -1265,7 +1266,9 @@ def test_resume_landing_mid_winner_run_is_refused(co):
     assert late["ok"], late
     assert sorted(r[1] for r in rows) == ["after", "after", "gate"], rows   # the defect
     late, rows, thread = seen["A"]
-    assert not late["ok"] and late["error"]["sqlstate"] == REFUSED, late
+    # On a miss, what the proxy decided for the thread says which read was served.
+    assert not late["ok"] and late["error"]["sqlstate"] == REFUSED, (
+        late, [(e["operation"], e.get("detail")) for e in co.audit(thread)])
     msg = late["error"]["message"]
     assert "its run is in progress" in msg and "client 127.0.0.1:" in msg, msg
     assert sorted(r[1] for r in rows) == ["after", "gate"], rows
@@ -1277,30 +1280,56 @@ def test_resume_landing_mid_winner_run_is_refused(co):
     assert len(running_refusals(evs)) == 1, evs
 
 
-def test_reads_after_an_answered_run_are_served(co):
-    """The run lease refuses only heads with tasks still to run: once the answering
-    run finished, get_state from another process (pool or not) is served at once, and
-    a marked inspection is served even while the run is in progress."""
-    thread = tid("after-run")
-    park(co.dsn("A"), thread, graph="slow_after")
+@contextlib.contextmanager
+def running_after(co, dsn: str, thread: str, tag: str):
+    """Parks ``thread`` (graph ``slow_after``) and resumes it in a racer process through
+    ``dsn``. Inside the block the racer's ``after`` is running (1.5 s) and the thread's
+    head is past the parked checkpoint: code there runs in this process (no interpreter
+    start-up), well inside that window. On leaving, the racer's resume succeeded."""
+    park(dsn, thread, graph="slow_after")
     parked = head_id(co, thread)
-    winner = one_resumer(co, co.dsn("A"), thread, "ar-", graph="slow_after")
+    winner = one_resumer(co, dsn, thread, tag, graph="slow_after")
     try:
         winner.ready(0)
         winner.go(0)
         wait_for_node(co, thread, "after")
         wait_for_head_past(co, thread, parked)
-        # in this process (no interpreter start-up), well inside `after`'s 1.5 s
+        yield
+        assert winner.results(0)[0]["ok"]
+        winner.finish()
+    finally:
+        winner.kill()
+
+
+def test_a_read_during_a_run_whose_lease_the_store_cannot_say_is_served_and_audited(co):
+    """Through co-F, whose claims store is unreachable, a read of a running head
+    (the answering run's `after` still to run) cannot have its run lease checked:
+    it is served, as straight to PostgreSQL, and the proxy's audit trail records the
+    read as `lease_unchecked`, naming the store's failure, so the trail shows where a
+    late resume could have repeated the run."""
+    thread = tid("unchecked")
+    with running_after(co, co.direct, thread, "uc-"):
+        with R.Runner("conn", co.dsn("F")) as r:
+            assert r.get_state("slow_after", thread).next == ("after",)
+    evs = audit_ops(co, thread, lambda evs: ops(evs, "lease_unchecked"), proxies=("F",))
+    unchecked = ops(evs, "lease_unchecked")
+    assert len(unchecked) == 1, [(e["operation"], e.get("detail")) for e in evs]
+    assert unchecked[0]["detail"]["head"] == "running"
+    assert "claim store failed" in unchecked[0]["detail"]["reason"], unchecked[0]
+
+
+def test_reads_after_an_answered_run_are_served(co):
+    """The run lease refuses only heads with tasks still to run: once the answering
+    run finished, get_state from another process (pool or not) is served at once, and
+    a marked inspection is served even while the run is in progress."""
+    thread = tid("after-run")
+    with running_after(co, co.dsn("A"), thread, "ar-"):
         with R.Runner("conn", co.dsn("A")) as r:
             with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as refused:
                 r.get_state("slow_after", thread)
         assert "its run is in progress" in str(refused.value)
         with R.Runner("conn", co.dsn("A", INSPECT_APP)) as r:
             assert r.get_state("slow_after", thread).next == ("after",)
-        assert winner.results(0)[0]["ok"]
-        winner.finish()
-    finally:
-        winner.kill()
     for saver in ("conn", "pool"):
         done = racer_cli("state", "--dsn", co.dsn("A"), "--thread", thread, "--saver", saver,
                          "--graph", "slow_after")

@@ -50,11 +50,14 @@ pub enum Operation {
     /// EXECUTE or DECLARE), or a read by id whose row it refused in place
     /// of the row (one that does not decode).
     StatementRefused,
+    /// A read of a running head served without its run lease checked:
+    /// the claims store failed to answer for it.
+    LeaseUnchecked,
 }
 
 impl Operation {
     /// Every variant, so names can be parsed back without a second table.
-    pub const ALL: [Operation; 26] = [
+    pub const ALL: [Operation; 27] = [
         Operation::ReadLatest,
         Operation::ReadById,
         Operation::ReadList,
@@ -81,6 +84,7 @@ impl Operation {
         Operation::EvidenceLost,
         Operation::ClaimReleased,
         Operation::StatementRefused,
+        Operation::LeaseUnchecked,
     ];
 
     /// The snake_case name, identical to the serde representation.
@@ -112,6 +116,7 @@ impl Operation {
             Operation::EvidenceLost => "evidence_lost",
             Operation::ClaimReleased => "claim_released",
             Operation::StatementRefused => "statement_refused",
+            Operation::LeaseUnchecked => "lease_unchecked",
         }
     }
 

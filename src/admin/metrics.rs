@@ -220,7 +220,8 @@ pub fn describe() {
     describe_counter!(
         RUN_LEASE_UNCHECKED,
         "Reads of a running head served without their run lease checked: the claim store \
-         failed to answer it (each also an ERROR); a late resume may then repeat a run"
+         failed to answer it (each also an ERROR and a lease_unchecked audit record); a late \
+         resume may then repeat a run"
     );
     describe_counter!(
         FENCED,

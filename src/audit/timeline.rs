@@ -213,6 +213,8 @@ fn phrase(ev: &AuditEvent) -> String {
             Some(kind) => format!("statement refused ({})", kind.replace('_', " ")),
             None => "statement refused".to_string(),
         },
+        // The reason (appended below) names the store's failure.
+        Operation::LeaseUnchecked => "read during a run served unchecked".to_string(),
         Operation::ConfigReloaded => match ev.detail.get("part").and_then(|c| c.as_str()) {
             Some(part) => format!("configuration reloaded (SIGHUP): {part}"),
             None => "configuration reloaded (SIGHUP)".to_string(),
@@ -393,6 +395,22 @@ mod tests {
             text.contains(
                 "channel value not stored: approved already held a value under its version, \
                  which the checkpoint reads"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn says_that_a_read_during_a_run_went_unchecked_and_why() {
+        let unchecked = ev(1, Operation::LeaseUnchecked, "t").with_detail(serde_json::json!({
+            "head": "running",
+            "reason": "run lease unknown (claim store failed: timed out)",
+        }));
+        let text = render_timeline(&[unchecked]);
+        assert!(
+            text.contains(
+                "read during a run served unchecked: run lease unknown (claim store failed: \
+                 timed out)"
             ),
             "{text}"
         );

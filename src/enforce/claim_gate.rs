@@ -114,6 +114,9 @@ pub struct Resolution {
     pub takeover: Option<&'static str>,
     /// The claim generation this session holds, when it was served one.
     pub epoch: Option<i64>,
+    /// A running head served with its run lease unknown: the claim
+    /// store's error when asked for it.
+    pub lease_unknown: Option<String>,
 }
 
 impl ClaimsLeg {
@@ -198,6 +201,7 @@ impl ClaimsLeg {
                     displaced: None,
                     takeover: None,
                     epoch: None,
+                    lease_unknown: None,
                 };
             }
             if let Some(end) = ends() {
@@ -213,6 +217,7 @@ impl ClaimsLeg {
                     displaced: None,
                     takeover: None,
                     epoch: None,
+                    lease_unknown: None,
                 };
             }
             let answered_ahead = ahead.take().and_then(|a| a.answer_for(&req.key));
@@ -271,6 +276,7 @@ impl ClaimsLeg {
                         displaced,
                         takeover,
                         epoch,
+                        lease_unknown: None,
                     };
                 }
             }
@@ -294,6 +300,7 @@ impl ClaimsLeg {
             displaced: None,
             takeover: None,
             epoch,
+            lease_unknown: None,
         })
     }
 
@@ -304,12 +311,16 @@ impl ClaimsLeg {
                 .run_lease(&at.thread_id, &at.checkpoint_ns, Now::STORE)
         });
         let decision = decide_running_head(&lease, &req.holder, self.draining.is_set());
-        if let (Err(e), ClaimDecision::Serve { .. }) = (&lease, &decision) {
-            crate::metrics::run_lease_unchecked();
-            tracing::error!(error = %e, thread = %shown(&at.thread_id),
-                "run lease unknown (claim store failed): running head served unchecked, a late \
-                 resume may repeat another session's run");
-        }
+        let lease_unknown = match (&lease, &decision) {
+            (Err(e), ClaimDecision::Serve { .. }) => {
+                crate::metrics::run_lease_unchecked();
+                tracing::error!(error = %e, thread = %shown(&at.thread_id),
+                    "run lease unknown (claim store failed): running head served unchecked, a \
+                     late resume may repeat another session's run");
+                Some(e.to_string())
+            }
+            _ => None,
+        };
         Resolution {
             decision,
             waited_ms: 0,
@@ -317,6 +328,7 @@ impl ClaimsLeg {
             displaced: None,
             takeover: None,
             epoch: None,
+            lease_unknown,
         }
     }
 
@@ -372,6 +384,7 @@ impl ClaimTicket {
             displaced: None,
             takeover: None,
             epoch: None,
+            lease_unknown: None,
         };
         count_decision(request.head, &resolution);
         ClaimTicket {

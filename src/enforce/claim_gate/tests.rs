@@ -59,20 +59,21 @@ fn head_read(head: Head, fingerprint: &str) -> ClaimRequest {
 }
 
 #[test]
-fn a_running_head_served_with_its_run_lease_unknown_is_counted() {
+fn a_running_head_served_with_its_run_lease_unknown_is_counted_and_says_why() {
     let leg = leg_on_unreachable_store();
     let (resolution, body) = crate::test_metrics::recorded(|| {
         let ticket = ClaimTicket::new(Arc::new(leg), running_head_read(), None);
         ticket.decide(&|| None);
         ticket.resolution.into_inner()
     });
-    assert!(
-        matches!(
-            resolution.map(|r| r.decision),
-            Some(ClaimDecision::Serve { takeover: false })
-        ),
+    let resolution = resolution.expect("decided");
+    assert_eq!(
+        resolution.decision,
+        ClaimDecision::Serve { takeover: false },
         "served: only parked heads fail closed"
     );
+    let why = resolution.lease_unknown.expect("the store's failure kept");
+    assert!(why.contains("claim store unavailable"), "{why}");
     assert!(
         has_line(&body, "resumeguard_run_lease_unchecked_total 1"),
         "{body}"

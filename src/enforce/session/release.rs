@@ -79,6 +79,12 @@ struct RefusedDetail<'a> {
 }
 
 #[derive(Serialize)]
+struct UncheckedDetail<'a> {
+    head: &'a str,
+    reason: &'a str,
+}
+
+#[derive(Serialize)]
 struct TakenDetail<'a> {
     interrupt: &'a str,
     displaced: Option<HolderDetail<'a>>,
@@ -151,10 +157,26 @@ fn apply_claim(
                 Some(&hint),
             ))
         }
+        // A running head whose lease the store could not say: served, and
+        // the trail says it went unchecked.
+        ClaimDecision::Serve { .. } if req.head == Head::Running => {
+            if let Some(error) = &res.lease_unknown {
+                events.push(event(Operation::LeaseUnchecked).with_detail(detail(
+                    &UncheckedDetail {
+                        head: "running",
+                        reason: &format!(
+                            "run lease unknown (claim store failed: {error}); a late resume may \
+                             repeat another session's run"
+                        ),
+                    },
+                )));
+            }
+            None
+        }
         // A running head outside any lease: nothing was claimed. A holder
         // reading its head again: its claim_taken already says who holds
         // the claim since when, and the read is recorded as one.
-        ClaimDecision::Serve { .. } if req.head == Head::Running || res.held_already => None,
+        ClaimDecision::Serve { .. } if res.held_already => None,
         ClaimDecision::Serve { takeover } => {
             let op = if *takeover {
                 Operation::ClaimTakeover

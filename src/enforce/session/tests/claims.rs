@@ -104,6 +104,7 @@ fn store_unavailable() -> Resolution {
         held_already: false,
         displaced: None,
         epoch: None,
+        lease_unknown: None,
         takeover: None,
     }
 }
@@ -308,6 +309,20 @@ fn what_a_client_pipelines_past_a_gated_reads_segment_waits_for_its_ready_for_qu
     assert_eq!(st.0.on_client(&next, false).unwrap(), ClientStep::Forward);
 }
 
+/// A running head served, its run lease checked (`None`) or unknown for
+/// the store's error `lease_unknown`.
+fn running_served(lease_unknown: Option<&str>) -> Resolution {
+    Resolution {
+        decision: crate::policy::claims::ClaimDecision::Serve { takeover: false },
+        waited_ms: 0,
+        held_already: false,
+        displaced: None,
+        epoch: None,
+        lease_unknown: lease_unknown.map(str::to_owned),
+        takeover: None,
+    }
+}
+
 #[test]
 fn a_refused_running_head_names_the_run_and_a_served_one_records_nothing() {
     use crate::claims::RunLease;
@@ -315,15 +330,7 @@ fn a_refused_running_head_names_the_run_and_a_served_one_records_nothing() {
     let cp = br#"{"updated_channels": ["branch:to:after"]}"#;
     let mut st = claiming_state(&[], "worker");
     let req = read_head(&mut st, cp, None).claim.unwrap();
-    let served = Resolution {
-        decision: ClaimDecision::Serve { takeover: false },
-        waited_ms: 0,
-        held_already: false,
-        displaced: None,
-        epoch: None,
-        takeover: None,
-    };
-    assert!(st.apply_claim(&req, &served).is_none());
+    assert!(st.apply_claim(&req, &running_served(None)).is_none());
     assert!(st.ready_events.is_empty(), "{:?}", st.ready_events);
     server(&mut st, &[msg(b'C', b"SELECT 1\0"), ready(b'I')]);
 
@@ -346,6 +353,7 @@ fn a_refused_running_head_names_the_run_and_a_served_one_records_nothing() {
         held_already: false,
         displaced: None,
         epoch: None,
+        lease_unknown: None,
         takeover: None,
     };
     let error = st.apply_claim(&req, &refused);
@@ -357,6 +365,28 @@ fn a_refused_running_head_names_the_run_and_a_served_one_records_nothing() {
         .expect("claim_refused");
     assert_eq!(refusal.detail["head"], "running");
     assert_eq!(refusal.detail["interrupt"], "0123456789ab");
+}
+
+#[test]
+fn a_running_head_served_with_its_lease_unknown_is_audited_as_unchecked() {
+    let cp = br#"{"updated_channels": ["branch:to:after"]}"#;
+    let mut st = claiming_state(&[], "worker");
+    let req = read_head(&mut st, cp, None).claim.unwrap();
+    let served = running_served(Some("claim store unavailable: timed out"));
+    assert!(st.apply_claim(&req, &served).is_none(), "the row goes on");
+    let unchecked: Vec<_> = st
+        .ready_events
+        .iter()
+        .filter(|e| e.operation == Operation::LeaseUnchecked)
+        .collect();
+    assert_eq!(unchecked.len(), 1, "{:?}", st.ready_events);
+    assert_eq!(unchecked[0].thread_id.as_deref(), Some("t1"));
+    assert_eq!(unchecked[0].detail["head"], "running");
+    let reason = unchecked[0].detail["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("claim store failed: claim store unavailable: timed out"),
+        "{reason}"
+    );
 }
 
 #[test]
@@ -603,6 +633,7 @@ fn served_at_once(held_already: bool) -> Resolution {
         held_already,
         displaced: None,
         epoch: Some(1),
+        lease_unknown: None,
         takeover: None,
     }
 }
@@ -729,6 +760,7 @@ fn refuse_parked_claim(st: &mut SessionState, verdict: ServerVerdict) -> Option<
             held_already: false,
             displaced: None,
             epoch: None,
+            lease_unknown: None,
             takeover: None,
         },
     )

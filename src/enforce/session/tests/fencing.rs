@@ -58,6 +58,7 @@ fn a_write_continuing_a_claimed_checkpoint_fails_closed_while_the_store_cannot_a
         held_already: false,
         displaced: None,
         epoch: Some(1),
+        lease_unknown: None,
         takeover: None,
     };
     assert!(st.apply_claim(&req, &served).is_none());
@@ -104,6 +105,7 @@ fn holding_the_claim(
         held_already: false,
         displaced: None,
         epoch: Some(1),
+        lease_unknown: None,
         takeover: None,
     };
     assert!(st.apply_claim(&req, &served).is_none());
@@ -159,6 +161,7 @@ fn a_granted_claim_holds_work_and_a_refused_one_does_not() {
         held_already: false,
         displaced: None,
         epoch: Some(1),
+        lease_unknown: None,
         takeover: None,
     };
     let mut st = claiming_state(&[], "worker");
