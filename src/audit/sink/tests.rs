@@ -356,9 +356,17 @@ fn every_output_names_the_replica_and_postgres_joins_once_its_database_is_known(
     sink.record(numbered(1));
     sink.record(numbered(2).with_thread("t"));
     assert!(sink.flush());
-    let from_pg = crate::audit::postgres_store::thread_events(db.target(), "t").unwrap();
-    let from_sqlite = thread_events(&path, "t").unwrap();
-    let from_jsonl = read_jsonl(&jsonl).unwrap();
+    // PostgreSQL orders a thread's records by the database clock's time,
+    // which each batch corrects by its own reading of the writer's skew:
+    // two records of one millisecond sent in two batches may swap there.
+    // What every output holds is compared, not the order.
+    let by_n = |mut events: Vec<AuditEvent>| {
+        events.sort_by_key(|e| e.detail["n"].as_i64());
+        events
+    };
+    let from_pg = by_n(crate::audit::postgres_store::thread_events(db.target(), "t").unwrap());
+    let from_sqlite = by_n(thread_events(&path, "t").unwrap());
+    let from_jsonl = by_n(read_jsonl(&jsonl).unwrap());
     assert_eq!(from_pg.len(), 2);
     assert_eq!(from_pg, from_sqlite);
     assert_eq!(from_pg, from_jsonl);
