@@ -157,8 +157,9 @@ fn apply_claim(
                 Some(&hint),
             ))
         }
-        // A running head whose lease the store could not say: served, and
-        // the trail says it went unchecked.
+        // A running head: nothing was claimed. Outside any lease it records
+        // nothing more; when the store could not say its lease, the trail
+        // says it was served unchecked.
         ClaimDecision::Serve { .. } if req.head == Head::Running => {
             if let Some(error) = &res.lease_unknown {
                 events.push(event(Operation::LeaseUnchecked).with_detail(detail(
@@ -173,9 +174,8 @@ fn apply_claim(
             }
             None
         }
-        // A running head outside any lease: nothing was claimed. A holder
-        // reading its head again: its claim_taken already says who holds
-        // the claim since when, and the read is recorded as one.
+        // A holder reading its head again: its claim_taken already says who
+        // holds the claim since when, and the read is recorded as one.
         ClaimDecision::Serve { .. } if res.held_already => None,
         ClaimDecision::Serve { takeover } => {
             let op = if *takeover {
